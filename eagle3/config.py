@@ -1,0 +1,374 @@
+"""Typed, nested configuration of the whole pipeline.
+
+One pydantic model per component, unknown keys rejected everywhere (``extra="forbid"``), validated once at load.
+Errors name the fix. YAML in and out; ``--set a.b=c`` overrides are applied to the plain dict before validation so
+that a bad override fails exactly like a bad file.
+
+Layer ids (DESIGN §4). Two conventions exist and the config always names the one it uses:
+
+* ``input_of_layer`` (SGLang's capture convention): id ``i`` is the residual stream *entering* decoder layer ``i``,
+  i.e. HF ``output_hidden_states[i]``. SGLang's default is ``[2, L//2, L-3]``.
+* ``output_of_layer`` (what ``eagle_config.eagle_aux_hidden_state_layer_ids`` in a draft's config.json means):
+  id ``j`` is the output of decoder layer ``j``, so ``j = i - 1``. The safe form to export is ``[1, L//2-1, L-4]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+LayerConvention = Literal["input_of_layer", "output_of_layer"]
+LAYER_CONVENTIONS: tuple[str, ...] = ("input_of_layer", "output_of_layer")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says how to fix it."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """SGLang's default aux layers in the ``input_of_layer`` convention: ``[2, L//2, L-3]``."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def to_export_ids(layer_ids: list[int], convention: LayerConvention) -> list[int]:
+    """Layer ids in the ``output_of_layer`` convention written to a draft's ``eagle_config``."""
+    return list(layer_ids) if convention == "output_of_layer" else [i - 1 for i in layer_ids]
+
+
+def to_sglang_ids(layer_ids: list[int], convention: LayerConvention) -> list[int]:
+    """Layer ids in the ``input_of_layer`` convention (HF ``output_hidden_states`` indices)."""
+    return list(layer_ids) if convention == "input_of_layer" else [j + 1 for j in layer_ids]
+
+
+class TargetConfig(StrictModel):
+    """The served target model. ``model_path`` is a Hub id or a local directory."""
+
+    model_path: str
+    revision: str | None = None
+    num_layers: int = Field(gt=3)
+    hidden_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    context_length: int = Field(default=4096, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    trust_remote_code: bool = False
+
+
+class SourceConfig(StrictModel):
+    """One dataset to draw prompts from. ``adapter`` names a catalog entry (``eagle3 datasets list``)."""
+
+    adapter: str
+    path: str | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    subset: str | None = None
+    split: str | None = None
+    weight: float = Field(default=1.0, gt=0)
+    max_rows: int | None = Field(default=None, gt=0)
+    columns: dict[str, str] = Field(default_factory=dict)
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.adapter
+
+
+class MixConfig(StrictModel):
+    """How many prompts to take in total and how to split them across sources (weights, per-source caps)."""
+
+    total: int | None = Field(default=None, gt=0)
+    seed: int = 0
+
+
+class NormalizeConfig(StrictModel):
+    system_prompt_policy: Literal["keep", "drop", "replace"] = "keep"
+    system_prompt: str | None = None
+    max_prompt_tokens: int = Field(default=2048, gt=0)
+    max_message_chars: int = Field(default=32_000, gt=0)
+    shard_size: int = Field(default=1000, gt=0)
+    near_dup_threshold: float = Field(default=0.9, gt=0, le=1)
+    minhash_num_perm: int = Field(default=64, ge=16)
+    decontam_ngram: int = Field(default=13, ge=3)
+    decontam_threshold: float = Field(default=0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _replace_needs_prompt(self) -> NormalizeConfig:
+        if self.system_prompt_policy == "replace" and not self.system_prompt:
+            raise ValueError("system_prompt_policy 'replace' needs normalize.system_prompt set to the new prompt")
+        return self
+
+
+class RegenConfig(StrictModel):
+    """Regeneration through SGLang-compatible servers. No servers: the reference server is started locally."""
+
+    servers: list[str] = Field(default_factory=list)
+    api: Literal["generate", "openai"] = "generate"
+    concurrency_per_server: int = Field(default=64, gt=0)
+    max_new_tokens: int = Field(default=2048, gt=0)
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = -1
+    stop: list[str] = Field(default_factory=list)
+    keep_truncated: bool = True
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=6, ge=0)
+    backoff_base_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, gt=0)
+    eject_after_failures: int = Field(default=5, gt=0)
+    readmit_after_s: float = Field(default=30.0, gt=0)
+    journal_fsync_every: int = Field(default=16, gt=0)
+    api_key_env: str | None = None
+
+
+class CaptureConfig(StrictModel):
+    """Hidden-state capture. ``aux_layers`` empty means SGLang's default ``[2, L//2, L-3]``."""
+
+    backend: str = "hf"
+    aux_layers: list[int] = Field(default_factory=list)
+    layer_convention: LayerConvention = "input_of_layer"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    batch_tokens: int = Field(default=16_384, gt=0)
+    max_seq_len: int = Field(default=4096, gt=0)
+    truncation: Literal["quarantine", "truncate"] = "quarantine"
+    row_group_bytes: int = Field(default=64 * 2**20, gt=0)
+
+    @field_validator("layer_convention", mode="before")
+    @classmethod
+    def _named_convention(cls, value: Any) -> Any:
+        if value not in LAYER_CONVENTIONS:
+            raise ValueError(
+                f"unknown layer convention {value!r}: set capture.layer_convention to one of "
+                f"{list(LAYER_CONVENTIONS)} ('input_of_layer' is SGLang's capture convention)"
+            )
+        return value
+
+
+class VocabConfig(StrictModel):
+    draft_vocab_size: int = Field(default=32_000, gt=0)
+
+
+class TrainConfig(StrictModel):
+    ttt_steps: int = Field(default=7, gt=0)
+    step_weight_decay: float = Field(default=0.8, gt=0, le=1)
+    lr: float = Field(default=1e-4, gt=0)
+    warmup_ratio: float = Field(default=0.015, ge=0, lt=1)
+    grad_clip: float = Field(default=0.5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    epochs: int = Field(default=1, gt=0)
+    max_steps: int | None = Field(default=None, gt=0)
+    batch_size: int = Field(default=1, gt=0)
+    max_seq_len: int = Field(default=4096, gt=0)
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "bf16"
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    nproc: int = Field(default=1, gt=0)
+    device: str = "auto"
+    save_every: int = Field(default=500, gt=0)
+    keep_last: int = Field(default=3, gt=0)
+    log_every: int = Field(default=10, gt=0)
+    draft_intermediate_size: int | None = Field(default=None, gt=0)
+
+
+class ExportConfig(StrictModel):
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    push_to_hub: str | None = None
+
+
+class ServerLaunchConfig(StrictModel):
+    """Flags shared by every SGLang arm (baseline and speculative must agree on all of them)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=30000, ge=0, lt=65536)
+    tp: int = Field(default=1, gt=0)
+    dtype: str = "auto"
+    context_length: int | None = Field(default=None, gt=0)
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    max_running_requests: int | None = Field(default=None, gt=0)
+    cuda_graph_max_bs: int | None = Field(default=None, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class SpeculativeConfig(StrictModel):
+    algorithm: str = "EAGLE3"
+    num_steps: int = Field(default=3, gt=0)
+    eagle_topk: int = Field(default=1, gt=0)
+    num_draft_tokens: int = Field(default=4, gt=0)
+
+    @model_validator(mode="after")
+    def _topk_one_chain(self) -> SpeculativeConfig:
+        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError(
+                f"with speculative.eagle_topk=1 set speculative.num_draft_tokens to num_steps+1 "
+                f"({self.num_steps + 1}), not {self.num_draft_tokens}"
+            )
+        return self
+
+
+class GateConfig(StrictModel):
+    prompt_sets: dict[str, str] = Field(default_factory=dict)
+    prompts_per_set: int = Field(default=32, gt=0)
+    warmup_requests: int = Field(default=2, ge=0)
+    max_new_tokens: int = Field(default=256, gt=0)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16])
+    decision_concurrency: int = Field(default=1, gt=0)
+    min_speedup: float = Field(default=1.05, gt=0)
+    min_accept: float = Field(default=1.5, ge=1)
+    min_gain_over_champion: float = Field(default=1.0, gt=0)
+    sweep: list[SpeculativeConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _decision_level_is_swept(self) -> GateConfig:
+        if self.decision_concurrency not in self.concurrency:
+            raise ValueError(
+                f"gate.decision_concurrency={self.decision_concurrency} is not in gate.concurrency="
+                f"{self.concurrency}: add it to the sweep"
+            )
+        return self
+
+
+class OrchestrationConfig(StrictModel):
+    task_runner: Literal["thread", "ray"] = "thread"
+    max_workers: int = Field(default=4, gt=0)
+    ray_address: str | None = None
+    progress_every_s: float = Field(default=10.0, gt=0)
+
+
+class DevConfig(StrictModel):
+    """The tiny offline world (``eagle3 dev build-tiny``); only the ``tiny`` recipe enables it."""
+
+    tiny_world: bool = False
+    cache_dir: str | None = None
+
+
+class PipelineConfig(StrictModel):
+    name: str
+    root: str
+    target: TargetConfig
+    sources: list[SourceConfig] = Field(default_factory=list)
+    mix: MixConfig = Field(default_factory=MixConfig)
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
+    regen: RegenConfig = Field(default_factory=RegenConfig)
+    capture: CaptureConfig = Field(default_factory=CaptureConfig)
+    vocab: VocabConfig = Field(default_factory=VocabConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    server: ServerLaunchConfig = Field(default_factory=ServerLaunchConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+    dev: DevConfig = Field(default_factory=DevConfig)
+
+    @model_validator(mode="after")
+    def _resolve_layers(self) -> PipelineConfig:
+        n = self.target.num_layers
+        if not self.capture.aux_layers:
+            self.capture.aux_layers = (
+                default_aux_layers(n)
+                if self.capture.layer_convention == "input_of_layer"
+                else to_export_ids(default_aux_layers(n), "input_of_layer")
+            )
+        _check_layers(self.capture.aux_layers, self.capture.layer_convention, n)
+        return self
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root).expanduser()
+
+    @property
+    def sglang_layer_ids(self) -> list[int]:
+        return to_sglang_ids(self.capture.aux_layers, self.capture.layer_convention)
+
+    @property
+    def export_layer_ids(self) -> list[int]:
+        return to_export_ids(self.capture.aux_layers, self.capture.layer_convention)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def derived(self) -> dict[str, Any]:
+        """Values computed from the config, shown by ``eagle3 config show`` (never read back)."""
+        return {
+            "capture_layers_input_of_layer": self.sglang_layer_ids,
+            "export_layer_ids_output_of_layer": self.export_layer_ids,
+        }
+
+
+def _check_layers(ids: list[int], convention: LayerConvention, num_layers: int) -> None:
+    example = (
+        default_aux_layers(num_layers)
+        if convention == "input_of_layer"
+        else to_export_ids(default_aux_layers(num_layers), "input_of_layer")
+    )
+    fix = f"set capture.aux_layers to 3 ascending ids in the {convention} convention, e.g. {example}"
+    if len(ids) != 3:
+        raise ValueError(f"capture.aux_layers has {len(ids)} ids {ids}, EAGLE-3 fuses exactly 3: {fix}")
+    if len(set(ids)) != 3:
+        raise ValueError(f"capture.aux_layers {ids} repeats a layer: {fix}")
+    if ids != sorted(ids):
+        raise ValueError(f"capture.aux_layers {ids} is not ascending (SGLang concatenates low|mid|high): {fix}")
+    low, high = (1, num_layers - 1) if convention == "input_of_layer" else (0, num_layers - 2)
+    bad = [i for i in ids if not low <= i <= high]
+    if bad:
+        raise ValueError(
+            f"capture.aux_layers {ids}: ids {bad} are outside [{low}, {high}] for a target with "
+            f"num_layers={num_layers} (ids must be < L): {fix}"
+        )
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a plain config dict, in place."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form a.b=value (e.g. --set train.lr=2e-4)")
+        node: Any = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if isinstance(node, list) and part.isdigit():
+                node = node[int(part)]
+                continue
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"override {item!r}: no config section {part!r} (see `eagle3 config show`)")
+            node = node[part]
+        last = parts[-1]
+        value = yaml.safe_load(raw)
+        if isinstance(node, list) and last.isdigit():
+            node[int(last)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[:-1])} is not a section")
+    return data
+
+
+def validate(data: dict[str, Any]) -> PipelineConfig:
+    """Validate a plain dict; errors are flattened into one message per problem, each naming the key."""
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "<root>"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {where!r}: remove it or check the spelling (see `eagle3 config show`)"
+            lines.append(f"{where}: {msg}")
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_yaml(path: Path, overrides: list[str] | None = None) -> PipelineConfig:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    return validate(apply_overrides(data, overrides or []))
+
+
+def with_overrides(config: PipelineConfig, overrides: list[str]) -> PipelineConfig:
+    return validate(apply_overrides(config.model_dump(mode="json"), overrides))

@@ -1,0 +1,196 @@
+"""The one Parquet shard writer and reader every stage uses (STYLE §6).
+
+* explicit schema, footer key-value metadata (strings),
+* row groups sized by bytes, not rows (hidden-state rows are MBs, prompt rows are KBs),
+* shard rotation by row count, file names ``<prefix>-NNNNN.parquet``,
+* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written.
+
+Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the caller
+rebuilds it instead of trusting it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eagle3.runroot import atomic_path, fsync_dir, sha256_file
+
+
+class ShardError(RuntimeError):
+    """A shard that cannot be trusted (truncated, unreadable, or of another schema)."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: Path
+    rows: int
+    bytes: int
+    sha256: str
+
+
+def shard_name(index: int, prefix: str = "shard") -> str:
+    return f"{prefix}-{index:05d}.parquet"
+
+
+class ShardWriter:
+    """Write rows to one or more Parquet shards with byte-sized row groups.
+
+    ``rows_per_shard=None`` writes a single file named ``shard_name(start_index, prefix)``.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        schema: pa.Schema,
+        *,
+        prefix: str = "shard",
+        start_index: int = 0,
+        rows_per_shard: int | None = None,
+        row_group_bytes: int = 64 * 2**20,
+        metadata: Mapping[str, str] | None = None,
+        compression: str = "zstd",
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}
+        self.schema = schema.with_metadata(meta)
+        self.prefix = prefix
+        self.rows_per_shard = rows_per_shard
+        self.row_group_bytes = row_group_bytes
+        self.compression = compression
+        self._index = start_index
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
+        self._rows_in_shard = 0
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffer_bytes = 0
+        self._written: list[ShardInfo] = []
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write_rows(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        rows = list(rows)
+        if rows:
+            self.write_table(pa.Table.from_pylist(rows, schema=self.schema))
+
+    def write_table(self, table: pa.Table) -> None:
+        table = table.cast(self.schema) if table.schema != self.schema else table
+        offset = 0
+        while offset < table.num_rows:
+            room = table.num_rows - offset
+            if self.rows_per_shard is not None:
+                room = min(room, self.rows_per_shard - self._rows_in_shard - self._buffered_rows())
+            piece = table.slice(offset, room)
+            for batch in piece.to_batches():
+                self._buffer.append(batch)
+                self._buffer_bytes += batch.nbytes
+            offset += room
+            if self._buffer_bytes >= self.row_group_bytes:
+                self._flush_row_group()
+            if self.rows_per_shard is not None and self._rows_in_shard + self._buffered_rows() >= self.rows_per_shard:
+                self._finish_shard()
+
+    def close(self) -> list[ShardInfo]:
+        """Flush and finish the open shard; returns every shard written by this writer."""
+        if self._buffer or self._writer is not None:
+            self._finish_shard()
+        return list(self._written)
+
+    def abort(self) -> None:
+        """Drop the unfinished shard (its ``*.tmp``), keeping shards already finished."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+        self._writer, self._tmp, self._buffer, self._buffer_bytes = None, None, [], 0
+
+    def _buffered_rows(self) -> int:
+        return sum(b.num_rows for b in self._buffer)
+
+    def _flush_row_group(self) -> None:
+        if not self._buffer:
+            return
+        if self._writer is None:
+            self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
+            self._writer = pq.ParquetWriter(self._tmp, self.schema, compression=self.compression)
+        table = pa.Table.from_batches(self._buffer, schema=self.schema)
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        self._rows_in_shard += table.num_rows
+        self._buffer, self._buffer_bytes = [], 0
+
+    def _finish_shard(self) -> None:
+        self._flush_row_group()
+        if self._writer is None:  # an empty single-file writer still produces a valid, empty file
+            self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
+            self._writer = pq.ParquetWriter(self._tmp, self.schema, compression=self.compression)
+        self._writer.close()
+        assert self._tmp is not None
+        with open(self._tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        final = self._tmp.with_suffix("")  # strip ".tmp"
+        os.replace(self._tmp, final)
+        fsync_dir(self.out_dir)
+        self._written.append(ShardInfo(final, self._rows_in_shard, final.stat().st_size, sha256_file(final)))
+        self._writer, self._tmp, self._rows_in_shard = None, None, 0
+        self._index += 1
+
+
+def write_table(path: Path, table: pa.Table, *, metadata: Mapping[str, str] | None = None) -> ShardInfo:
+    """Write one small table to exactly ``path`` (atomically), e.g. ``quarantine.parquet``."""
+    path = Path(path)
+    meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+    return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path))
+
+
+def open_shard(path: Path, *, schema: pa.Schema | None = None) -> pq.ParquetFile:
+    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ShardError(f"{path}: unreadable Parquet footer ({exc}); delete it so the stage rebuilds it") from exc
+    if schema is not None:
+        have = pf.schema_arrow
+        missing = [f.name for f in schema if have.get_field_index(f.name) < 0]
+        wrong = [
+            f.name for f in schema if f.name not in missing and not have.field(f.name).type.equals(f.type)
+        ]
+        if missing or wrong:
+            raise ShardError(f"{path}: schema mismatch (missing {missing}, wrong type {wrong})")
+    return pf
+
+
+def shard_metadata(path: Path) -> dict[str, str]:
+    meta = open_shard(path).schema_arrow.metadata or {}
+    return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
+
+
+def iter_batches(path: Path, *, columns: list[str] | None = None, batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
+    yield from open_shard(path).iter_batches(batch_size=batch_size, columns=columns)
+
+
+def shard_is_valid(path: Path, *, schema: pa.Schema | None = None, rows: int | None = None) -> bool:
+    """True when ``path`` opens, matches ``schema`` and (if given) holds ``rows`` rows."""
+    try:
+        pf = open_shard(path, schema=schema)
+    except ShardError:
+        return False
+    return rows is None or pf.metadata.num_rows == rows

@@ -1,0 +1,185 @@
+"""Named recipes: functions that return full, validated pipeline configs.
+
+A variant overrides a base in a few lines. Every recipe is loaded by a test, so none can rot.
+Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``, the tiny world
+under ``cache/``. Nothing resolves from the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from eagle3.config import (
+    ConfigError,
+    DevConfig,
+    GateConfig,
+    MixConfig,
+    PipelineConfig,
+    SourceConfig,
+    TargetConfig,
+    with_overrides,
+)
+
+
+def eagle3_home() -> Path:
+    return Path(os.environ.get("EAGLE3_HOME", "~/.eagle3")).expanduser()
+
+
+def _run_root(name: str) -> str:
+    return str(eagle3_home() / "runs" / name)
+
+
+# The mix of the 10x scaling run (chat-heavy with code, math and reasoning), as Hub sources.
+_HUB_MIX: list[tuple[str, float]] = [
+    ("sharegpt", 1.0),
+    ("ultrachat", 1.0),
+    ("perfect_blend", 1.0),
+    ("openhermes", 0.8),
+    ("magpie", 0.8),
+    ("tulu3", 0.8),
+    ("openthoughts", 0.5),
+    ("opencodeinstruct", 0.5),
+    ("smoltalk", 0.5),
+    ("capybara", 0.3),
+]
+
+
+def _hub_sources() -> list[SourceConfig]:
+    return [SourceConfig(adapter=name, weight=weight) for name, weight in _HUB_MIX]
+
+
+def _gate_sets() -> dict[str, str]:
+    return {"chat": "hub:mt-bench", "math": "hub:gsm8k", "code": "hub:humaneval"}
+
+
+def tiny() -> PipelineConfig:
+    """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server."""
+    from eagle3.dev.world import TinyWorldSpec, world_dir_for
+
+    cache = eagle3_home() / "cache"
+    world = world_dir_for(cache, TinyWorldSpec())
+    data = world / "data"
+    local = SourceConfig(
+        adapter="jsonl",
+        name="local_qa",
+        path=str(data / "local.jsonl"),
+        columns={"user": "question", "assistant": "answer", "id": "uid"},
+    )
+    sources = [
+        SourceConfig(adapter="sharegpt", path=str(data / "sharegpt.json")),
+        SourceConfig(adapter="ultrachat", path=str(data / "ultrachat.parquet")),
+        SourceConfig(adapter="perfect_blend", path=str(data / "perfect_blend.parquet")),
+        SourceConfig(adapter="openhermes", path=str(data / "openhermes.json")),
+        SourceConfig(adapter="magpie", path=str(data / "magpie.jsonl")),
+        SourceConfig(adapter="tulu3", path=str(data / "tulu3.parquet")),
+        local,
+        SourceConfig(adapter="pretokenized", path=str(data / "pretokenized.parquet")),
+    ]
+    config = PipelineConfig(
+        name="tiny",
+        root=_run_root("tiny"),
+        target=TargetConfig(
+            model_path=str(world / "model"),
+            num_layers=8,
+            hidden_size=128,
+            vocab_size=2048,
+            context_length=1024,
+            dtype="float32",
+        ),
+        sources=sources,
+        mix=MixConfig(seed=0),
+        gate=GateConfig(
+            prompt_sets={name: str(data / "bench" / f"{name}.jsonl") for name in ("chat", "math", "code")},
+            prompts_per_set=8,
+            warmup_requests=2,
+            max_new_tokens=64,
+            concurrency=[1, 4],
+            decision_concurrency=1,
+            min_speedup=1.0,
+            min_accept=1.2,
+        ),
+        dev=DevConfig(tiny_world=True, cache_dir=str(cache)),
+    )
+    return with_overrides(
+        config,
+        [
+            "normalize.max_prompt_tokens=512",
+            "normalize.shard_size=200",
+            "regen.concurrency_per_server=16",
+            "regen.max_new_tokens=96",
+            "regen.max_retries=3",
+            "regen.backoff_base_s=0.05",
+            "regen.backoff_max_s=1.0",
+            "capture.dtype=float32",
+            "capture.batch_tokens=4096",
+            "capture.max_seq_len=1024",
+            "capture.row_group_bytes=4194304",
+            "vocab.draft_vocab_size=512",
+            "train.precision=fp32",
+            "train.device=cpu",
+            "train.lr=3e-3",
+            "train.epochs=4",
+            "train.batch_size=4",
+            "train.max_seq_len=1024",
+            "train.save_every=50",
+            "train.log_every=5",
+            "server.context_length=1024",
+            "server.port=0",
+        ],
+    )
+
+
+def llama3_8b() -> PipelineConfig:
+    """Llama-3.1-8B-Instruct target (32 layers, H 4096, vocab 128256) on one 8-GPU node."""
+    return PipelineConfig(
+        name="llama3_8b",
+        root=_run_root("llama3_8b"),
+        target=TargetConfig(
+            model_path="meta-llama/Llama-3.1-8B-Instruct",
+            num_layers=32,
+            hidden_size=4096,
+            vocab_size=128_256,
+            context_length=8192,
+        ),
+        sources=_hub_sources(),
+        mix=MixConfig(total=100_000),
+        gate=GateConfig(prompt_sets=_gate_sets()),
+    )
+
+
+def kimi_k2_5() -> PipelineConfig:
+    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8."""
+    config = PipelineConfig(
+        name="kimi_k2_5",
+        root=_run_root("kimi_k2_5"),
+        target=TargetConfig(
+            model_path="moonshotai/Kimi-K2.5",
+            num_layers=61,
+            hidden_size=7168,
+            vocab_size=163_840,
+            context_length=8192,
+            trust_remote_code=True,
+        ),
+        sources=_hub_sources(),
+        mix=MixConfig(total=88_088),
+        gate=GateConfig(prompt_sets=_gate_sets()),
+    )
+    return with_overrides(config, ["server.tp=8", "train.nproc=8", "train.parallel=fsdp"])
+
+
+RECIPES: dict[str, Callable[[], PipelineConfig]] = {
+    "tiny": tiny,
+    "llama3_8b": llama3_8b,
+    "kimi_k2_5": kimi_k2_5,
+}
+
+
+def load_recipe(name: str, overrides: list[str] | None = None) -> PipelineConfig:
+    try:
+        build = RECIPES[name]
+    except KeyError:
+        raise ConfigError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}") from None
+    config = build()
+    return with_overrides(config, overrides) if overrides else config

@@ -1,0 +1,139 @@
+"""The run root: fingerprinted stage directories, atomic writes and manifests (DESIGN §3).
+
+Every stage writes into ``<root>/<stage>/<fingerprint>/`` and writes ``manifest.json`` last; a stage is done only
+when its manifest exists. Files are written as ``*.tmp`` and renamed into place, so a kill leaves either the old
+state or the new one, never half a file under a final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+
+
+def fingerprint(*parts: Any, length: int = 16) -> str:
+    """Stable short hash of JSON-serialisable parts (dict keys sorted)."""
+    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def stage_dir(root: Path | str, stage: str, fp: str) -> Path:
+    return Path(root) / stage / fp
+
+
+def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a ``*.tmp`` sibling to write; on success it is fsynced and renamed onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("eagle3-pipeline", "torch", "transformers", "pyarrow"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+@dataclass
+class FileEntry:
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path, *, rows: int, base: Path) -> FileEntry:
+        return cls(str(path.relative_to(base)), rows, path.stat().st_size, sha256_file(path))
+
+
+@dataclass
+class Manifest:
+    """What a finished stage directory holds; written last."""
+
+    stage: str
+    fingerprint: str
+    files: list[FileEntry] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=versions)
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    def write(self, directory: Path) -> Path:
+        path = Path(directory) / MANIFEST
+        atomic_write_json(path, asdict(self) | {"rows": self.rows})
+        return path
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest | None:
+        """The manifest of a finished stage directory, or None when the stage is not done."""
+        path = Path(directory) / MANIFEST
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data.pop("rows", None)
+        data["files"] = [FileEntry(**f) for f in data.get("files", [])]
+        return cls(**data)
+
+    def verify(self, directory: Path) -> list[str]:
+        """Problems with the listed files (missing, size or checksum changed); empty when all hold."""
+        problems = []
+        for entry in self.files:
+            path = Path(directory) / entry.path
+            if not path.exists():
+                problems.append(f"{entry.path}: missing")
+            elif path.stat().st_size != entry.bytes or sha256_file(path) != entry.sha256:
+                problems.append(f"{entry.path}: changed since the manifest was written")
+        return problems

@@ -1,0 +1,48 @@
+"""The ``eagle3`` command: the user's face over the flows (long stages) and the library (quick commands).
+
+Long stages run as Prefect flows so they show up in the Prefect UI; quick commands (config, status, preflight,
+serve) call the library directly and never pay Prefect's import and start-up cost. Each stage's commands live in
+``flows/commands/<stage>.py`` with a ``register(app)`` function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import typer
+
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "flows.commands.config",
+    "flows.commands.dev",
+    "flows.commands.run",
+)
+
+app = typer.Typer(
+    name="eagle3",
+    help="Grow EAGLE-3 draft training data with the target itself, train the draft, and gate it for SGLang.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,29 @@
+"""``eagle3 config show``: print the resolved config (recipe + overrides) as YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+import yaml
+
+from flows.commands.common import ConfigOption, RecipeOption, SetOption, resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Inspect the resolved pipeline config.", no_args_is_help=True)
+
+    @group.command("show")
+    def show(
+        recipe: str = RecipeOption,
+        config: Path | None = ConfigOption,
+        set_: list[str] | None = SetOption,
+    ) -> None:
+        """Print the resolved config as YAML, then the values derived from it (aux layer ids)."""
+        cfg = resolve_config(recipe, config, set_)
+        typer.echo(cfg.to_yaml(), nl=False)
+        typer.echo("# derived (not read back):")
+        for line in yaml.safe_dump(cfg.derived(), sort_keys=False, default_flow_style=None).splitlines():
+            typer.echo(f"# {line}")
+
+    app.add_typer(group, name="config")

@@ -1,0 +1,83 @@
+"""Prefect plumbing shared by every task: cache keys from stage fingerprints, progress and table artifacts.
+
+Tasks are thin: they call one library function and add retries, a cache key and artifacts. Cache keys are the
+stage fingerprint plus the shard id, never the task's source code, so editing a docstring does not redo a 50-hour
+regeneration. Artifact keys are lowercase letters, digits and dashes (Prefect's rule).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.context import TaskRunContext
+
+
+def artifact_key(*parts: str) -> str:
+    """A valid Prefect artifact key from free text: lowercase, digits and dashes."""
+    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    return re.sub(r"-{2,}", "-", key)[:100]
+
+
+def cache_key_from(*param_names: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:
+    """A ``cache_key_fn`` that keys on the named parameters only (fingerprints and shard ids)."""
+
+    def key_fn(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+        task = context.task.name if context and context.task else "task"
+        values = "-".join(str(parameters.get(name)) for name in param_names)
+        return f"{task}-{values}"
+
+    return key_fn
+
+
+class Progress:
+    """A Prefect progress artifact with throughput and ETA in its description, throttled to ``every_s``.
+
+    Works in any flow or task run context; ``update`` is cheap to call per sample.
+    """
+
+    def __init__(self, key: str, *, total: int, unit: str = "samples", every_s: float = 10.0) -> None:
+        self.key, self.total, self.unit, self.every_s = artifact_key(key), max(total, 1), unit, every_s
+        self.done = 0
+        self.tokens = 0
+        self._start = time.monotonic()
+        self._last = 0.0
+        self._id: UUID = create_progress_artifact(
+            progress=0.0, key=self.key, description=self._describe()
+        )  # type: ignore[assignment]
+
+    def _describe(self) -> str:
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        tok = f", {self.tokens / elapsed:,.0f} tok/s" if self.tokens else ""
+        eta_txt = f"{eta / 60:,.1f} min" if eta == eta else "unknown"
+        return f"{self.done:,}/{self.total:,} {self.unit} ({rate:,.2f}/s{tok}), ETA {eta_txt}"
+
+    def update(self, done: int, *, tokens: int | None = None, force: bool = False) -> None:
+        self.done = min(done, self.total)
+        if tokens is not None:
+            self.tokens = tokens
+        now = time.monotonic()
+        if force or self.done >= self.total or now - self._last >= self.every_s:
+            self._last = now
+            update_progress_artifact(
+                artifact_id=self._id, progress=100.0 * self.done / self.total, description=self._describe()
+            )
+
+
+def publish_table(key: str, rows: Sequence[Mapping[str, Any]], *, description: str = "") -> None:
+    create_table_artifact(key=artifact_key(key), table=[dict(r) for r in rows], description=description)
+
+
+def publish_markdown(key: str, markdown: str, *, description: str = "") -> None:
+    create_markdown_artifact(key=artifact_key(key), markdown=markdown, description=description)

@@ -1,0 +1,59 @@
+"""Session fixtures shared by the whole suite: the tiny offline world and one Prefect test harness."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tiny world is content-addressed, so sessions reuse one built earlier under the repo's ignored .cache/.
+os.environ.setdefault("EAGLE3_HOME", str(Path(__file__).resolve().parents[1] / ".cache" / "eagle3-home"))
+
+
+def _cache_dir() -> Path:
+    from eagle3.recipes import eagle3_home
+
+    return eagle3_home() / "cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_world():
+    """The default tiny world (sample data, tokenizer, trained tiny Llama), built once and cached on disk."""
+    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+
+    world, _hit = build_tiny_world(_cache_dir(), TinyWorldSpec())
+    return world
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_world):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_world.model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_world, tmp_path_factory):
+    """The ``tiny`` recipe pointed at the session's tiny world and a fresh run root."""
+    from eagle3.recipes import load_recipe
+
+    config = load_recipe("tiny", [f"root={tmp_path_factory.mktemp('run-root')}"])
+    assert Path(config.target.model_path) == Path(tiny_world.model_dir), "tiny recipe and tiny world disagree"
+    return config
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One ephemeral Prefect API for every flow test in the session (~20 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_is_valid, shard_metadata, write_table
+
+SCHEMA = pa.schema([("id", pa.string()), ("blob", pa.binary())])
+
+
+def _rows(n: int, size: int = 1000) -> list[dict]:
+    return [{"id": f"r{i}", "blob": bytes([i % 256]) * size} for i in range(n)]
+
+
+def test_rotates_shards_by_rows_and_reports_what_it_wrote(tmp_path: Path):
+    with ShardWriter(tmp_path, SCHEMA, rows_per_shard=40, metadata={"k": "v"}) as writer:
+        writer.write_rows(_rows(100))
+    infos = writer.close()
+    assert [i.path.name for i in infos] == ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+    assert [i.rows for i in infos] == [40, 40, 20]
+    assert all(i.bytes == i.path.stat().st_size for i in infos)
+    assert shard_metadata(infos[0].path) == {"k": "v"}
+    ids = [r for i in infos for r in pq.read_table(i.path).column("id").to_pylist()]
+    assert ids == [f"r{i}" for i in range(100)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_row_groups_are_sized_by_bytes(tmp_path: Path):
+    with ShardWriter(tmp_path, SCHEMA, row_group_bytes=10_000) as writer:
+        for chunk in range(10):
+            writer.write_rows(_rows(5, size=1000))
+    info = writer.close()[0]
+    meta = pq.ParquetFile(info.path).metadata
+    assert meta.num_rows == 50
+    assert 4 <= meta.num_row_groups <= 6
+
+
+def test_abort_leaves_no_partial_file_under_a_final_name(tmp_path: Path):
+    with pytest.raises(RuntimeError), ShardWriter(tmp_path, SCHEMA, row_group_bytes=1) as writer:
+        writer.write_rows(_rows(3))
+        raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_shard_is_detected(tmp_path: Path):
+    info = write_table(tmp_path / "q.parquet", pa.Table.from_pylist(_rows(20), schema=SCHEMA))
+    assert shard_is_valid(info.path, schema=SCHEMA, rows=20)
+    with open(info.path, "rb+") as fh:
+        fh.truncate(info.bytes - 7)
+    assert not shard_is_valid(info.path, schema=SCHEMA)
+    with pytest.raises(ShardError, match="delete it so the stage rebuilds it"):
+        open_shard(info.path)
+
+
+def test_schema_mismatch_is_refused(tmp_path: Path):
+    other = pa.schema([("id", pa.int64())])
+    info = write_table(tmp_path / "o.parquet", pa.Table.from_pylist([{"id": 1}], schema=other))
+    with pytest.raises(ShardError, match="wrong type"):
+        open_shard(info.path, schema=SCHEMA)
+    assert os.path.exists(info.path)

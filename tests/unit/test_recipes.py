@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from eagle3.config import ConfigError
+from eagle3.recipes import RECIPES, load_recipe
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_loads_and_round_trips(name):
+    cfg = load_recipe(name)
+    assert cfg.name == name
+    assert len(cfg.capture.aux_layers) == 3
+    assert type(cfg).model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "hidden", "vocab", "sglang_ids", "export_ids"),
+    [
+        ("kimi_k2_5", 61, 7168, 163_840, [2, 30, 58], [1, 29, 57]),
+        ("llama3_8b", 32, 4096, 128_256, [2, 16, 29], [1, 15, 28]),
+        ("tiny", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
+    ],
+)
+def test_recipes_derive_aux_layers_from_the_target(name, layers, hidden, vocab, sglang_ids, export_ids):
+    cfg = load_recipe(name)
+    assert (cfg.target.num_layers, cfg.target.hidden_size, cfg.target.vocab_size) == (layers, hidden, vocab)
+    assert cfg.sglang_layer_ids == sglang_ids
+    assert cfg.export_layer_ids == export_ids
+
+
+def test_unknown_recipe_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="kimi_k2_5, llama3_8b, tiny"):
+        load_recipe("kimi")
+
+
+def test_recipe_paths_resolve_from_eagle3_home_not_cwd(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE3_HOME", str(tmp_path))
+    cfg = load_recipe("tiny")
+    assert cfg.root.startswith(str(tmp_path))
+    assert all(s.path is None or s.path.startswith(str(tmp_path)) for s in cfg.sources)

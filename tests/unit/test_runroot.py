@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3.runroot import FileEntry, Manifest, atomic_path, atomic_write_json, fingerprint, stage_dir
+
+
+def test_fingerprint_ignores_key_order_and_sees_values():
+    assert fingerprint({"a": 1, "b": 2}) == fingerprint({"b": 2, "a": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
+
+
+def test_stage_is_done_only_when_its_manifest_exists(tmp_path: Path):
+    d = stage_dir(tmp_path, "prompts", fingerprint("x"))
+    assert Manifest.read(d) is None
+    (d / "shard-00000.parquet").parent.mkdir(parents=True)
+    (d / "shard-00000.parquet").write_bytes(b"abc")
+    m = Manifest("prompts", "fp", files=[FileEntry.of(d / "shard-00000.parquet", rows=3, base=d)], stats={"in": 3})
+    m.write(d)
+    back = Manifest.read(d)
+    assert back is not None and back.rows == 3 and back.stats == {"in": 3}
+    assert back.verify(d) == []
+    (d / "shard-00000.parquet").write_bytes(b"abd")
+    assert back.verify(d) == ["shard-00000.parquet: changed since the manifest was written"]
+
+
+def test_atomic_path_keeps_the_old_file_when_writing_fails(tmp_path: Path):
+    target = tmp_path / "a.json"
+    atomic_write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("partial")
+        raise RuntimeError("boom")
+    assert target.read_text().strip().startswith("{")
+    assert not list(tmp_path.glob("*.tmp"))
