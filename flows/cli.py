@@ -18,6 +18,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.commands.config",
     "flows.commands.dev",
     "flows.commands.run",
+    "flows.commands.gate",
+    "flows.commands.capture",
+    "flows.commands.train",
+    "flows.commands.data",
+    "flows.commands.regen",
 )
 
 app = typer.Typer(

@@ -2,7 +2,8 @@
 
 Regeneration sends these ids to ``/generate`` and capture reads the stored ids back, so nothing downstream
 re-tokenizes model output. Assistant spans are found by incremental rendering: rendering ``messages[:i]`` with a
-generation prompt must be a prefix of rendering ``messages[:i+1]``; the text between them is the assistant turn.
+generation prompt must be a prefix of rendering ``messages[:i+1]``; the text between them is the assistant turn,
+up to and including the end-of-turn (eos) token: template glue after it is never generated, so it is not trained.
 Token ids come from one tokenization of the full text with character offsets, so BPE merges are exactly the ones
 the server would see.
 """
@@ -65,7 +66,11 @@ def assistant_char_spans(tokenizer: Any, messages: Sequence[Message]) -> tuple[s
                 f"chat template is not prefix-stable at turn {i}: rendering the history with a generation prompt "
                 "is not a prefix of rendering it with the assistant reply; use a template without history rewriting"
             )
-        spans.append((len(prefix), len(upto)))
+        end = len(upto)
+        eos = getattr(tokenizer, "eos_token", None)
+        if eos and (cut := upto.rfind(eos, len(prefix))) >= 0:
+            end = cut + len(eos)  # template glue after the end-of-turn token is never generated
+        spans.append((len(prefix), end))
     return full, spans
 
 

@@ -1,0 +1,170 @@
+"""Discovery: resolve the configured sources into ``<root>/catalog/<fp>/catalog.json``.
+
+Per source the catalog records id, revision, config, split, row format (detected and checked against the adapter),
+license, files with sizes and row counts, and the total rows. Local paths (a file, a directory of data files, or a
+glob) are read for schema and rows (Parquet footers, JSONL lines, streamed JSON arrays). Hub ids resolve through
+``huggingface_hub``: online, ``dataset_info`` gives the revision sha, file list, sizes and license, and the split's
+data files are fetched into the HF cache with ``snapshot_download`` (normalization reads them from there); offline
+(``HF_HUB_OFFLINE=1``) the same call resolves the cached snapshot (``refs/<revision>``) without the network.
+
+The fingerprint covers what is cheap to probe: the sources' discovery fields plus each local file's size and mtime,
+or the Hub revision sha; a second run with the same inputs is a manifest hit.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import PipelineConfig, SourceConfig
+from eagle3.data import catalog
+from eagle3.data.adapters import TURN_LIST_KEYS
+from eagle3.data.readers import DATA_SUFFIXES, count_rows, iter_rows
+from eagle3.data.stage import CATALOG_FILE
+from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint, stage_dir
+
+logger = logging.getLogger(__name__)
+
+DISCOVER_VERSION = "1"
+_FIELDS = ("adapter", "path", "hub_id", "revision", "subset", "split", "columns", "name")
+_TURN_FORMATS = {"sharegpt", "messages"}
+
+
+class DiscoveryError(RuntimeError):
+    """A source that cannot be resolved; the message names the dataset and the fix."""
+
+
+def local_files(path: str) -> list[Path]:
+    p = Path(path).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = [f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in DATA_SUFFIXES]
+    else:
+        files = [Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).suffix.lower() in DATA_SUFFIXES]
+    return sorted(files)
+
+
+def split_files(files: list[Path], root: Path, *, split: str, subset: str | None) -> list[Path]:
+    """Data files of one config/split inside a snapshot; all data files when none is named after the split."""
+    rel = [(f, f.relative_to(root).as_posix()) for f in files if ".cache" not in f.parts]
+    if subset:
+        inside = [(f, r) for f, r in rel if r.startswith(f"{subset}/") or f"/{subset}/" in f"/{r}"]
+        rel = inside or rel
+    pattern = re.compile(rf"(^|/|[-_.]){re.escape(split)}(-|\.|/|$)")
+    matched = [f for f, r in rel if pattern.search(r)]
+    return sorted(matched or [f for f, _ in rel])
+
+
+def detect_formats(row: Any) -> set[str]:
+    """Row formats a sample row fits (``columns`` whenever it has flat string columns)."""
+    if not isinstance(row, dict):
+        return set()
+    found = {"pretokenized"} if "input_ids" in row else set()
+    for key in TURN_LIST_KEYS:
+        turns = row.get(key)
+        if isinstance(turns, list) and turns and isinstance(turns[0], dict):
+            first = turns[0]
+            found |= {"sharegpt"} if "from" in first else {"messages"} if "role" in first else set()
+            found |= {"pairs"} if "input" in first else set()
+    if any(isinstance(v, str) for v in row.values()):
+        found.add("columns")
+    return found
+
+
+def check_format(label: str, entry: catalog.DatasetEntry, columns: dict[str, str], row: Any) -> str:
+    """The detected format name; raises when the source's rows do not fit its adapter."""
+    found = detect_formats(row)
+    fmt = entry.row_format
+    if fmt == "auto":
+        fmt = "columns" if "user" in columns else "turns"
+    if fmt == "columns":
+        ok = isinstance(row, dict) and columns.get("user") in row
+    elif fmt in ("turns", "sharegpt", "messages"):
+        ok = bool(found & _TURN_FORMATS) or bool(columns.get("messages") and columns["messages"] in (row or {}))
+    else:
+        ok = fmt in found
+    if not ok:
+        keys = sorted(row)[:12] if isinstance(row, dict) else type(row).__name__
+        raise DiscoveryError(
+            f"source {label!r}: rows look like {sorted(found) or 'nothing known'} (keys {keys}) but adapter "
+            f"{entry.name!r} expects {fmt!r}; pick the matching adapter (`eagle3 datasets list`) or set "
+            "columns (e.g. columns={'user': 'question', 'assistant': 'answer'})"
+        )
+    fitting = sorted(found & (_TURN_FORMATS | {fmt}))
+    return fitting[0] if fitting else fmt
+
+
+def _sample_row(files: list[Path]) -> Any:
+    for raw in iter_rows(files[:1], batch_size=16):
+        if raw.error is None:
+            return raw.value
+        if raw.index >= 20:
+            break
+    return None
+
+
+def _describe_files(label: str, files: list[Path], *, fix: str) -> list[dict[str, Any]]:
+    if not files:
+        raise DiscoveryError(f"source {label!r}: no data files ({', '.join(DATA_SUFFIXES)}) found; {fix}")
+    return [{"path": str(f), "bytes": f.stat().st_size, "rows": count_rows(f)} for f in files]
+
+
+def _probe(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
+    """Cheap identity of a source for the fingerprint (no row counting)."""
+    fields = source.model_dump(mode="json", include=set(_FIELDS))
+    if source.path:
+        files = local_files(source.path)
+        return fields | {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
+    from eagle3.data.hub import resolve_revision
+
+    return fields | {"revision_sha": resolve_revision(source, entry)}
+
+
+def _record(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
+    label = source.label
+    columns = {**entry.columns, **source.columns}
+    base = {"name": label, "adapter": entry.name, "config": source.subset or entry.config}
+    if source.path:
+        files = _describe_files(label, local_files(source.path), fix=f"check sources path {source.path!r}")
+        extra = {"kind": "local", "id": source.path, "revision": None, "split": source.split or entry.split}
+        extra["license"] = entry.license
+    else:
+        from eagle3.data.hub import resolve_hub
+
+        hub = resolve_hub(source, entry)
+        fix = f"check split {hub['split']!r}/config {base['config']!r} of {hub['id']}"
+        files = _describe_files(label, [Path(p) for p in hub.pop("files")], fix=fix)
+        extra = {"kind": "hub", **hub}
+    detected = check_format(label, entry, columns, _sample_row([Path(f["path"]) for f in files]))
+    rows = sum(f["rows"] for f in files)
+    return base | extra | {"format": detected, "files": files, "rows": rows, "bytes": sum(f["bytes"] for f in files)}
+
+
+def catalog_fingerprint(config: PipelineConfig) -> str:
+    return fingerprint(DISCOVER_VERSION, [_probe(s, catalog.get(s.adapter)) for s in config.sources])
+
+
+def discover(config: PipelineConfig) -> Path:
+    """Resolve every configured source; returns the catalog stage directory (manifest written last)."""
+    labels = [s.label for s in config.sources]
+    dupes = sorted({n for n in labels if labels.count(n) > 1})
+    if dupes:
+        raise DiscoveryError(f"sources {dupes} appear twice; give each a distinct `name`")
+    for s in config.sources:
+        catalog.get(s.adapter)
+    fp = catalog_fingerprint(config)
+    out = stage_dir(config.root_path, "catalog", fp)
+    if Manifest.read(out) is not None:
+        logger.info("catalog %s is up to date (manifest hit): nothing to do", out)
+        return out
+    records = [_record(s, catalog.get(s.adapter)) for s in config.sources]
+    path = out / CATALOG_FILE
+    atomic_write_json(path, {"fingerprint": fp, "datasets": records})
+    stats = {"datasets": len(records), "rows": sum(r["rows"] for r in records)}
+    Manifest("catalog", fp, files=[FileEntry.of(path, rows=len(records), base=out)], stats=stats).write(out)
+    logger.info("catalog %s: %d datasets, %d rows", out, stats["datasets"], stats["rows"])
+    return out

@@ -1,0 +1,64 @@
+"""Column contracts of the prompts stage (DESIGN §3 "Normalized conversation") and the quarantine reasons.
+
+Every stage that reads prompts imports ``PROMPT_SCHEMA`` from here; nobody re-declares it. ``input_ids`` and
+``loss_mask`` are null except for pre-tokenized rows (already in the target's token space), which skip regeneration.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+
+PROMPT_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("source_row", pa.string()),
+        ("messages", pa.list_(MESSAGE_TYPE)),
+        ("n_user_turns", pa.int32()),
+        ("meta", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+    ]
+)
+
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("source_row", pa.string()),
+        ("reason", pa.string()),
+        ("raw", pa.string()),
+    ]
+)
+
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+# Quarantine reasons (enum-like strings stored in ``quarantine.parquet``).
+EMPTY = "empty"  # no messages, or a user/tool turn with blank content
+NO_USER_TURN = "no_user_turn"
+UNKNOWN_ROLE = "unknown_role"
+NOT_ALTERNATING = "not_alternating"  # user/assistant order broken (tool turns may follow an assistant turn)
+TOO_LONG = "too_long"  # prompt over normalize.max_prompt_tokens (target tokenizer) or a message over max_message_chars
+BAD_ENCODING = "bad_encoding"  # invalid UTF-8 / lone surrogates
+DUPLICATE = "duplicate"  # same sample_id (normalized prompt content) as an earlier row
+NEAR_DUPLICATE = "near_duplicate"  # MinHash/LSH estimated Jaccard >= normalize.near_dup_threshold
+CONTAMINATED = "contaminated"  # overlaps a gate benchmark prompt
+MALFORMED = "malformed"  # not parseable, wrong types, missing keys
+BAD_TOKENS = "bad_tokens"  # pre-tokenized row: ids outside the target vocab, or input_ids/loss_mask lengths differ
+
+REASONS: tuple[str, ...] = (
+    EMPTY,
+    NO_USER_TURN,
+    UNKNOWN_ROLE,
+    NOT_ALTERNATING,
+    TOO_LONG,
+    BAD_ENCODING,
+    DUPLICATE,
+    NEAR_DUPLICATE,
+    CONTAMINATED,
+    MALFORMED,
+    BAD_TOKENS,
+)
+
+RAW_MAX_BYTES = 2048

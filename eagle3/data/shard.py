@@ -1,0 +1,131 @@
+"""Dedup + shard: the per-source spills -> ``<root>/prompts/<fp>/shard-NNNNN.parquet`` + ``quarantine.parquet``.
+
+One pass over the spills in source order (config order, rows in file order), so "first occurrence wins" is
+deterministic and the shards are byte-identical for a config. Exact and near duplicates (``eagle3.data.dedup``)
+join the per-source quarantine rows in ``quarantine.parquet``. The books are checked per source before the manifest
+is written: rows in = rows kept in shards + rows quarantined (by reason); a mismatch raises instead of losing rows.
+The spills are deleted once the manifest is written (the manifest is the stage's only "done" signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import PipelineConfig
+from eagle3.data.dedup import Deduper
+from eagle3.data.normalize import ROW_GROUP_BYTES
+from eagle3.data.parquet import ShardWriter, iter_batches, write_table
+from eagle3.data.readers import truncate_raw
+from eagle3.data.schema import PROMPT_SCHEMA, QUARANTINE_SCHEMA
+from eagle3.data.stage import read_stage_stats
+from eagle3.runroot import FileEntry, Manifest
+
+logger = logging.getLogger(__name__)
+
+QUARANTINE_FILE = "quarantine.parquet"
+
+
+class BooksError(RuntimeError):
+    """Rows in != rows kept + rows quarantined for a source: a bug, never silently accepted."""
+
+
+def _dedup_spill(
+    spill: dict[str, Any], deduper: Deduper, writer: ShardWriter, qwriter: ShardWriter
+) -> tuple[int, Counter[str]]:
+    kept, dropped = 0, Counter()
+    for batch in iter_batches(Path(spill["spill"])) if spill["spill"] else ():
+        rows, rejects = [], []
+        for row in batch.to_pylist():
+            turns = [m["content"] for m in row["messages"] if m["role"] != "assistant"]
+            reason = deduper.check(row["sample_id"], turns)
+            if reason is None:
+                rows.append(row)
+                continue
+            dropped[reason] += 1
+            raw = truncate_raw({"sample_id": row["sample_id"], "messages": row["messages"]})
+            rejects.append({"source": row["source"], "source_row": row["source_row"], "reason": reason, "raw": raw})
+        kept += len(rows)
+        writer.write_rows(rows)
+        qwriter.write_rows(rejects)
+    for qbatch in iter_batches(Path(spill["quarantine"])) if spill["quarantine"] else ():
+        qwriter.write_table(_as_table(qbatch))
+    return kept, dropped
+
+
+def _as_table(batch: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch])
+
+
+def _balance(spill: dict[str, Any], kept: int, dropped: Counter[str]) -> dict[str, Any]:
+    quarantined = Counter(spill["quarantined"]) + dropped
+    record = {
+        "source": spill["source"],
+        "available": spill.get("available"),
+        "planned": spill.get("planned"),
+        "in": spill["in"],
+        "kept": kept,
+        "quarantined": dict(sorted(quarantined.items())),
+        "duplicates": dropped.get("duplicate", 0) + dropped.get("near_duplicate", 0),
+    }
+    if spill["in"] != kept + sum(quarantined.values()):
+        raise BooksError(f"{spill['source']}: {spill['in']} rows in but {kept} kept + {dict(quarantined)} quarantined")
+    return record
+
+
+def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], out_dir: Path) -> Path:
+    """Dedup the spills across sources, write prompt shards + quarantine + manifest; returns ``out_dir``.
+
+    A finished stage (manifest present) is returned untouched.
+    """
+    out_dir = Path(out_dir)
+    if read_stage_stats(out_dir) is not None:
+        logger.info("prompts %s are up to date (manifest hit): nothing to do", out_dir)
+        return out_dir
+    n = config.normalize
+    deduper = Deduper(threshold=n.near_dup_threshold, num_perm=n.minhash_num_perm)
+    meta = {"stage": "prompts", "fingerprint": out_dir.name, "system_prompt_policy": n.system_prompt_policy}
+    per_source: dict[str, Any] = {}
+    rg = ROW_GROUP_BYTES
+    with ShardWriter(out_dir, PROMPT_SCHEMA, rows_per_shard=n.shard_size, row_group_bytes=rg, metadata=meta) as writer:
+        with ShardWriter(out_dir, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=rg, metadata=meta) as qwriter:
+            for spill in spills:
+                kept, dropped = _dedup_spill(spill, deduper, writer, qwriter)
+                per_source[spill["source"]] = _balance(spill, kept, dropped)
+            qinfos = qwriter.close()
+        shards = writer.close()
+    quarantine = out_dir / QUARANTINE_FILE
+    if qinfos:
+        os.replace(qinfos[0].path, quarantine)
+    else:
+        write_table(quarantine, QUARANTINE_SCHEMA.empty_table())
+    q_rows = qinfos[0].rows if qinfos else 0
+    files = [FileEntry.of(s.path, rows=s.rows, base=out_dir) for s in shards]
+    files.append(FileEntry.of(quarantine, rows=q_rows, base=out_dir))
+    stats = {
+        "sources": per_source,
+        "kept": sum(s["kept"] for s in per_source.values()),
+        "quarantined": q_rows,
+        "shards": len(shards),
+    }
+    config_doc = {k: config.model_dump(mode="json")[k] for k in ("sources", "mix", "normalize")}
+    Manifest("prompts", out_dir.name, files=files, config=config_doc, stats=stats).write(out_dir)
+    shutil.rmtree(out_dir / "spill", ignore_errors=True)
+    logger.info("prompts %s: %d kept in %d shards, %d quarantined", out_dir, stats["kept"], len(shards), q_rows)
+    return out_dir
+
+
+def summary_markdown(stats: dict[str, Any]) -> str:
+    """A short markdown report of a finished prompts stage (for the Prefect summary artifact)."""
+    lines = ["| source | in | kept | duplicates | quarantined |", "|---|---|---|---|---|"]
+    for s in stats["sources"].values():
+        q = ", ".join(f"{k}: {v}" for k, v in s["quarantined"].items()) or "-"
+        lines.append(f"| {s['source']} | {s['in']} | {s['kept']} | {s['duplicates']} | {q} |")
+    head = f"**{stats['kept']:,} prompts** in {stats['shards']} shards, {stats['quarantined']:,} rows quarantined.\n\n"
+    return head + "\n".join(lines) + "\n"

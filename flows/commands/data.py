@@ -1,0 +1,112 @@
+"""Data commands: ``eagle3 datasets list``, ``eagle3 discover [--search ...]``, ``eagle3 normalize``.
+
+``datasets list`` and ``discover --search`` are quick library calls. ``discover`` and ``normalize`` run their flows
+(visible in the Prefect UI); ``normalize`` prints the mix plan (per source: available, weight, cap, planned) before
+any work starts, and the per-source counts at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+
+
+def _table(title: str, rows: Sequence[Mapping[str, Any]]) -> Table:
+    table = Table(title=title)
+    for key in rows[0] if rows else []:
+        table.add_column(str(key))
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    return table
+
+
+@contextmanager
+def _spinner(text: str) -> Iterator[None]:
+    with Progress(SpinnerColumn(), TextColumn(text), TimeElapsedColumn(), console=console, transient=True) as bar:
+        bar.add_task(text, total=None)
+        yield
+
+
+def _list_datasets() -> None:
+    """Print the dataset catalog: every registered adapter with its Hub id, format, license, size and tier."""
+    from eagle3.data.catalog import table_rows
+
+    console.print(_table("dataset adapters", table_rows()))
+
+
+def _search(query: str, min_rows: int, licenses: str | None, limit: int) -> None:
+    from eagle3.data.hub import HubError, search_hub
+
+    wanted = [x.strip() for x in licenses.split(",")] if licenses else None
+    try:
+        with _spinner(f"searching the Hub for {query!r}"):
+            found = search_hub(query, min_rows=min_rows, licenses=wanted, limit=limit)
+    except HubError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(_table(f"Hub datasets matching {query!r}", found) if found else "no matching datasets")
+
+
+def _print_plan(cfg: Any) -> None:
+    from eagle3.data.discover import discover
+    from eagle3.data.mix import plan_table
+    from eagle3.data.pipeline import mix_plan
+
+    with _spinner("resolving sources"):
+        catalog_dir = discover(cfg)
+    plan = plan_table(mix_plan(cfg, catalog_dir))
+    total = sum(int(line["planned"]) for line in plan)
+    console.print(_table(f"mix plan ({total:,} rows planned, seed {cfg.mix.seed})", plan))
+
+
+def register(app: typer.Typer) -> None:
+    datasets = typer.Typer(help="The dataset catalog.", no_args_is_help=True)
+    datasets.command("list")(_list_datasets)
+    app.add_typer(datasets, name="datasets")
+
+    @app.command("discover")
+    def discover_cmd(
+        recipe: str = RecipeOption,
+        config: Path | None = ConfigOption,
+        set_: list[str] | None = SetOption,
+        search: str | None = typer.Option(None, "--search", help="Search the Hub instead (e.g. 'instruct')."),
+        min_rows: int = typer.Option(0, "--min-rows", help="With --search: at least this many rows."),
+        license_: str | None = typer.Option(None, "--license", help="With --search: allowed licenses, a,b."),
+        limit: int = typer.Option(20, "--limit", help="With --search: at most this many results."),
+    ) -> None:
+        """Resolve the configured sources into the catalog (revision, files, rows, format, license)."""
+        if search:
+            _search(search, min_rows, license_, limit)
+            return
+        cfg = resolve_config(recipe, config, set_)
+        from flows.discover import discover_flow
+
+        with _spinner("discover"):
+            out = discover_flow(cfg.model_dump(mode="json"))
+        console.print(f"catalog: {out}/catalog.json")
+
+    @app.command("normalize")
+    def normalize_cmd(
+        recipe: str = RecipeOption, config: Path | None = ConfigOption, set_: list[str] | None = SetOption
+    ) -> None:
+        """Normalize, dedup and decontaminate the sources into prompt shards (prints the mix plan first)."""
+        cfg = resolve_config(recipe, config, set_)
+        _print_plan(cfg)
+        from eagle3.data.stage import read_stage_stats
+        from flows.normalize import prompts_flow
+
+        with _spinner("normalize"):
+            out = Path(prompts_flow(cfg.model_dump(mode="json")))
+        stats = read_stage_stats(out) or {}
+        rows = [{k: s[k] for k in ("source", "in", "kept", "duplicates", "quarantined")} for s in
+                stats.get("sources", {}).values()]  # fmt: skip
+        console.print(_table("per-source counts", rows))
+        console.print(f"prompts: {out} ({stats.get('kept', 0):,} prompts in {stats.get('shards', 0)} shards)")

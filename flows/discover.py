@@ -1,0 +1,15 @@
+"""``discover``: resolve the configured sources into the catalog stage (one task; a manifest hit when unchanged)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from tasks.data import discover_task
+
+
+@flow(name="discover", log_prints=False)
+def discover_flow(config: dict[str, Any]) -> str:
+    """Returns the catalog stage directory."""
+    return discover_task(config)
