@@ -13,7 +13,6 @@ import os
 
 import typer
 
-
 COMMAND_MODULES: tuple[str, ...] = (
     "flows.commands.config",
     "flows.commands.dev",

@@ -1,0 +1,110 @@
+"""Capture overhead (DESIGN §9): capture+write tok/s / bare forward tok/s on the same model and batches (goal
+>= 0.90), measured side by side in one run.
+
+    python benchmarks/capture_overhead.py [--quick] [--hidden 512] [--layers 8] [--samples 256] [--dtype float32]
+
+The target is a randomly initialised Llama of the given size saved with the tiny tokenizer (weights do not change
+the cost). "bare" runs ``HFBackend.forward`` over the planned batches and moves the states to CPU; "capture" runs
+``capture_shard`` on a regen shard holding the same samples (read, plan, forward, quarantine checks, part files,
+merge into the final shard with byte-sized row groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from eagle3.capture.hf import HFBackend
+from eagle3.capture.run import capture_shard, plan_batches
+from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.data.parquet import ShardWriter
+from eagle3.regen.schema import REGEN_SCHEMA
+
+
+def build_target(out: Path, *, hidden: int, layers: int) -> Path:
+    """A random Llama of the given size + the tiny byte-level BPE tokenizer, saved under ``out``."""
+    from eagle3.dev.samples import generate_conversations
+    from eagle3.dev.tiny_target import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer([m["content"] for c in generate_conversations(200) for m in c])
+    model = build_model(tokenizer, num_layers=layers, hidden_size=hidden, num_heads=max(hidden // 64, 2),
+                        num_kv_heads=max(hidden // 128, 1), intermediate_size=hidden * 3)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def make_config(model_dir: Path, root: Path, *, hidden: int, layers: int, dtype: str, vocab: int) -> PipelineConfig:
+    base = PipelineConfig(name="bench", root=str(root), target=TargetConfig(
+        model_path=str(model_dir), num_layers=layers, hidden_size=hidden, vocab_size=vocab))
+    return with_overrides(base, [f"capture.dtype={dtype}", "capture.batch_tokens=8192", "capture.max_seq_len=2048",
+                                 "capture.row_group_bytes=67108864"])
+
+
+def make_regen_shard(out_dir: Path, n: int, vocab: int, *, seed: int = 0) -> tuple[Path, list[list[int]]]:
+    """Random token sequences (lengths 64-1024) written as regen shard 0."""
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(5, vocab) for _ in range(rng.randint(64, 1024))] for _ in range(n)]
+    rows = [{"sample_id": f"s{i}", "input_ids": s, "loss_mask": [int(j > len(s) // 3) for j in range(len(s))],
+             "status": "ok"} for i, s in enumerate(seqs)]
+    with ShardWriter(out_dir, REGEN_SCHEMA, start_index=0) as writer:
+        writer.write_rows(rows)
+        (info,) = writer.close()
+    return info.path, seqs
+
+
+def bare_forward(backend: HFBackend, seqs: list[list[int]], batch_tokens: int) -> float:
+    start = time.perf_counter()
+    for batch in plan_batches([len(s) for s in seqs], batch_tokens):
+        for aux, last in backend.forward([seqs[i] for i in batch]):
+            aux.cpu(), last.cpu()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small model and few samples (< 1 min)")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    if args.quick:
+        args.hidden, args.layers, args.samples = 256, 8, 12
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        model_dir = build_target(tmp_path / "model", hidden=args.hidden, layers=args.layers)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).to(args.device)
+        config = make_config(model_dir, tmp_path / "root", hidden=args.hidden, layers=args.layers,
+                             dtype=args.dtype, vocab=model.config.vocab_size)
+        backend = HFBackend(model, config.sglang_layer_ids, hidden_size=args.hidden)
+        regen, seqs = make_regen_shard(tmp_path / "regen" / "fp", args.samples, model.config.vocab_size)
+        tokens = sum(len(s) for s in seqs)
+        bare_forward(backend, seqs[:8], config.capture.batch_tokens)  # warm-up
+        bare_s = bare_forward(backend, seqs, config.capture.batch_tokens)
+        start = time.perf_counter()
+        result = capture_shard(config, regen, tmp_path / "features" / "fp", backend=backend)
+        capture_s = time.perf_counter() - start
+        bare_s2 = bare_forward(backend, seqs, config.capture.batch_tokens)  # again: bracket the capture run
+    bare_tps = tokens / ((bare_s + bare_s2) / 2)
+    capture_tps = tokens / capture_s
+    print(json.dumps({
+        "device": args.device, "dtype": args.dtype, "hidden": args.hidden, "layers": args.layers,
+        "samples": args.samples, "tokens": tokens, "rows": result["rows"],
+        "bare_tok_per_s": round(bare_tps), "capture_tok_per_s": round(capture_tps),
+        "ratio_capture_over_bare": round(capture_tps / bare_tps, 3), "goal": ">= 0.90",
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Loader (DESIGN §9): train-step time with the Parquet ``FeatureDataset`` / with the same batches already in memory
+(goal <= 1.05), side by side in one run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
+
+    python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4]
+
+Feature shards hold random bf16 states (the loader's cost does not depend on their values); batches come out as
+float32 as the trainer consumes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
+from eagle3.data.parquet import ShardWriter
+from eagle3.train.data import FeatureDataset
+
+
+def write_features(out: Path, rows: int, hidden: int, seed: int = 0) -> list[Path]:
+    rng = random.Random(seed)
+    meta = footer_metadata(target_model="bench", target_revision=None, hidden_size=hidden, num_layers=8,
+                           layer_ids=[2, 4, 5], dtype="bfloat16", chat_template_hash="-", system_prompt_policy="keep",
+                           truncation="quarantine", max_seq_len=4096, features_fingerprint="bench")
+    with ShardWriter(out, FEATURE_SCHEMA, rows_per_shard=max(rows // 2, 1), row_group_bytes=16 * 2**20,
+                     metadata=meta) as writer:
+        for i in range(rows):
+            n = rng.randint(128, 1024)
+            writer.write_table(feature_table([{
+                "sample_id": f"s{i}", "input_ids": [rng.randrange(2048) for _ in range(n)], "loss_mask": [1] * n,
+                "seq_len": n, "aux_hidden": tensor_bytes(torch.randn(n, 3 * hidden), "bfloat16"),
+                "last_hidden": tensor_bytes(torch.randn(n, hidden), "bfloat16")}]))
+        return [info.path for info in writer.close()]
+
+
+class DraftLike(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * hidden, hidden, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 3 * hidden), nn.SiLU(), nn.Linear(3 * hidden, hidden))
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, aux: torch.Tensor) -> torch.Tensor:
+        x = self.fc(aux)  # [B, T, 3H] -> [B, T, H]
+        return self.out(x + self.mlp(x))
+
+
+def run(batches, model: DraftLike, optimizer: torch.optim.Optimizer) -> tuple[float, int]:
+    start, steps = time.perf_counter(), 0
+    for batch in batches:
+        pred = model(batch["aux_hidden"])
+        mask = (batch["loss_mask"] & batch["attention_mask"]).unsqueeze(-1)
+        loss = ((pred - batch["last_hidden"]) ** 2 * mask).sum() / mask.sum().clamp(min=1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        steps += 1
+    return time.perf_counter() - start, steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    args = parser.parse_args()
+    if args.quick:
+        args.hidden, args.rows = 256, 32
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_features(Path(tmp), args.rows, args.hidden)
+        make = lambda: FeatureDataset(paths, batch_size=args.batch_size, seed=0, hidden_dtype=torch.float32)  # noqa: E731
+        memory = list(make())
+        model = DraftLike(args.hidden)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        run(memory[:2], model, optimizer)  # warm-up
+        mem_s, steps = run(memory, model, optimizer)
+        loader_s, loader_steps = run(make(), model, optimizer)
+        mem_s2, _ = run(memory, model, optimizer)  # again: bracket the loader run
+    assert steps == loader_steps
+    mem = (mem_s + mem_s2) / 2
+    print(json.dumps({
+        "hidden": args.hidden, "rows": args.rows, "steps": steps, "batch_size": args.batch_size,
+        "step_ms_in_memory": round(1000 * mem / steps, 2), "step_ms_loader": round(1000 * loader_s / steps, 2),
+        "ratio_loader_over_memory": round(loader_s / mem, 3), "goal": "<= 1.05",
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+"""Capture one regen shard into one feature shard (same index), resumable per shard and per batch.
+
+Layout inside ``<root>/features/<fp>/``::
+
+    shard-NNNNN.parquet           finished features (FEATURE_SCHEMA), written last for its shard
+    quarantine-NNNNN.parquet      rows not captured, with a reason (too_long, non_finite, bad_input)
+    parts-NNNNN/                  while running: one part file per forward batch, deleted after the merge
+    manifest.json                 written by ``finalize_features`` once every shard is done
+
+Resume rules (DESIGN §8). A finished shard is skipped only if it opens (footer), has the schema, carries this
+stage's fingerprint, and its rows plus its quarantined rows equal the regen shard's rows; otherwise it is rebuilt.
+Inside a shard each forward batch is written as an atomic part file, so a ``kill -9`` loses at most the batch in
+flight; a part that does not validate is deleted and redone. The merge streams the parts, in order, through the
+shared ``ShardWriter`` (byte-sized row groups). Batches are planned by sorting samples by length (longest first, so
+an out-of-memory shows up on the first batch) and cutting when the padded token count would pass
+``capture.batch_tokens``; the plan is a pure function of the input, so resumed runs write the same rows in the same
+order as uninterrupted ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from eagle3.capture.backends import CaptureBackend, make_backend
+from eagle3.capture.schema import (
+    CAPTURE_QUARANTINE_SCHEMA,
+    FEATURE_SCHEMA,
+    LAYER_CONVENTION,
+    REASON_BAD_INPUT,
+    REASON_NON_FINITE,
+    REASON_TOO_LONG,
+    feature_table,
+    footer_metadata,
+    tensor_bytes,
+)
+from eagle3.config import PipelineConfig
+from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_metadata, write_table
+from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint
+
+logger = logging.getLogger(__name__)
+
+REGEN_INPUT_SCHEMA = pa.schema(
+    [("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))]
+)
+ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done)
+_SHARD_RE = re.compile(r"shard-(\d{5})\.parquet$")
+_PART_RE = re.compile(r"(shard|quarantine)-\d{5}\.part-(\d{5})\.parquet$")
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
+    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, length policy."""
+    return fingerprint(
+        "features",
+        regen_fp,
+        config.target.model_path,
+        config.target.revision,
+        config.sglang_layer_ids,
+        LAYER_CONVENTION,
+        config.capture.dtype,
+        config.capture.max_seq_len,
+        config.capture.truncation,
+    )
+
+
+def shard_index_of(path: Path) -> int:
+    match = _SHARD_RE.search(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path}: not a shard file (expected shard-NNNNN.parquet)")
+    return int(match.group(1))
+
+
+def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
+    """(feature shard, quarantine file, parts directory) of shard ``index``."""
+    out_dir = Path(out_dir)
+    return (
+        out_dir / f"shard-{index:05d}.parquet",
+        out_dir / f"quarantine-{index:05d}.parquet",
+        out_dir / f"parts-{index:05d}",
+    )
+
+
+@lru_cache(maxsize=8)
+def _template_hash(model_path: str, revision: str | None) -> str:
+    from transformers import AutoTokenizer
+
+    from eagle3.data.template import template_hash
+
+    return template_hash(AutoTokenizer.from_pretrained(model_path, revision=revision))
+
+
+def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
+    target = config.target
+    return footer_metadata(
+        target_model=target.model_path,
+        target_revision=target.revision,
+        hidden_size=target.hidden_size,
+        num_layers=target.num_layers,
+        layer_ids=config.sglang_layer_ids,
+        dtype=config.capture.dtype,
+        chat_template_hash=_template_hash(target.model_path, target.revision),
+        system_prompt_policy=config.normalize.system_prompt_policy,
+        truncation=config.capture.truncation,
+        max_seq_len=config.capture.max_seq_len,
+        features_fingerprint=fp,
+    )
+
+
+def read_regen_shard(path: Path) -> list[Sample]:
+    """The ``sample_id, input_ids, loss_mask`` of a regen shard (footer and schema validated)."""
+    table = open_shard(path, schema=REGEN_INPUT_SCHEMA).read(columns=REGEN_INPUT_SCHEMA.names)
+    rows = table.to_pydict()
+    return [Sample(*row) for row in zip(rows["sample_id"], rows["input_ids"], rows["loss_mask"], strict=True)]
+
+
+def admit(samples: Sequence[Sample], *, max_seq_len: int, truncation: str) -> tuple[list[Sample], list[dict]]:
+    """Split samples into those to capture (truncated if the policy says so) and quarantined rows."""
+    keep, quarantined = [], []
+    for s in samples:
+        n = len(s.input_ids or [])
+        if n == 0 or s.loss_mask is None or len(s.loss_mask) != n:
+            quarantined.append({"sample_id": s.sample_id, "reason": REASON_BAD_INPUT, "seq_len": n})
+        elif n > max_seq_len and truncation == "quarantine":
+            quarantined.append({"sample_id": s.sample_id, "reason": REASON_TOO_LONG, "seq_len": n})
+        elif n > max_seq_len:
+            keep.append(Sample(s.sample_id, s.input_ids[:max_seq_len], s.loss_mask[:max_seq_len]))
+        else:
+            keep.append(s)
+    return keep, quarantined
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches, longest first, each with ``count * max_len <= batch_tokens`` padded tokens
+    (a sample longer than ``batch_tokens`` gets a batch of its own). Ties keep input order (stable)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]  # longest first: the first sets the width
+        if current and (len(current) + 1) * width > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _scan_parts(parts_dir: Path) -> tuple[list[Path], list[Path], set[str], int]:
+    """Valid feature parts, valid quarantine parts, the sample ids they hold, and the next part number.
+
+    Partial (``*.tmp``) and unreadable parts are deleted: they are redone, never trusted."""
+    features, quarantine, done, next_k = [], [], set(), 0
+    if not parts_dir.exists():
+        return features, quarantine, done, next_k
+    for path in sorted(parts_dir.iterdir()):
+        match = _PART_RE.search(path.name)
+        if match is None:
+            path.unlink()
+            continue
+        schema = FEATURE_SCHEMA if match.group(1) == "shard" else CAPTURE_QUARANTINE_SCHEMA
+        try:
+            ids = open_shard(path, schema=schema).read(columns=["sample_id"]).column(0).to_pylist()
+        except (ShardError, OSError, pa.ArrowInvalid):
+            logger.warning("discarding unreadable capture part %s", path)
+            path.unlink()
+            continue
+        (features if schema is FEATURE_SCHEMA else quarantine).append(path)
+        done.update(ids)
+        next_k = max(next_k, int(match.group(2)) + 1)
+    return features, quarantine, done, next_k
+
+
+def _capture_batch(
+    backend: CaptureBackend, batch: Sequence[Sample], *, hidden_size: int, dtype: str
+) -> tuple[list[dict], list[dict]]:
+    """Forward one batch; rows for the feature table and quarantined rows (non-finite states)."""
+    rows, quarantined = [], []
+    outputs = backend.forward([s.input_ids for s in batch])
+    for sample, (aux, last) in zip(batch, outputs, strict=True):
+        n = len(sample.input_ids)
+        if tuple(aux.shape) != (n, 3 * hidden_size) or tuple(last.shape) != (n, hidden_size):
+            raise ValueError(
+                f"capture backend returned aux {tuple(aux.shape)} / last {tuple(last.shape)} for a {n}-token sample;"
+                f" expected ({n}, {3 * hidden_size}) / ({n}, {hidden_size}): check target.hidden_size"
+            )
+        if not (torch.isfinite(aux).all() and torch.isfinite(last).all()):
+            quarantined.append({"sample_id": sample.sample_id, "reason": REASON_NON_FINITE, "seq_len": n})
+            continue
+        rows.append(
+            {
+                "sample_id": sample.sample_id,
+                "input_ids": sample.input_ids,
+                "loss_mask": sample.loss_mask,
+                "seq_len": n,
+                "aux_hidden": tensor_bytes(aux, dtype),
+                "last_hidden": tensor_bytes(last, dtype),
+            }
+        )
+    return rows, quarantined
+
+
+def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str) -> dict | None:
+    """The result of a shard already finished and valid, or None (and a stale/broken final file is deleted)."""
+    shard, quarantine, _ = output_paths(out_dir, index)
+    if not shard.exists():
+        return None
+    try:
+        rows = open_shard(shard, schema=FEATURE_SCHEMA).metadata.num_rows
+        q_rows = open_shard(quarantine, schema=CAPTURE_QUARANTINE_SCHEMA).metadata.num_rows
+        same_stage = shard_metadata(shard).get("features_fingerprint") == fp
+    except ShardError as exc:
+        logger.warning("rebuilding feature shard %d: %s", index, exc)
+        rows, q_rows, same_stage = -1, 0, False
+    if same_stage and rows + q_rows == n_input:
+        return {"shard_index": index, "path": str(shard), "rows": rows, "quarantined": q_rows, "skipped": True}
+    logger.warning("feature shard %s does not validate (rows %d + quarantined %d != %d); rebuilding",
+                   shard, rows, q_rows, n_input)
+    shard.unlink()
+    return None
+
+
+def capture_shard(
+    config: PipelineConfig,
+    regen_shard: Path,
+    out_dir: Path,
+    *,
+    backend: CaptureBackend | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Capture hidden states for one regen shard into ``out_dir/shard-NNNNN.parquet`` (same index).
+
+    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``."""
+    started = time.monotonic()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = shard_index_of(regen_shard)
+    fp = out_dir.name
+    samples = read_regen_shard(regen_shard)
+    done = _finished(config, index, out_dir, len(samples), fp)
+    if done is not None:
+        logger.info("feature shard %d already captured (%d rows); skipping", index, done["rows"])
+        return done
+    keep, pre_quarantined = admit(samples, max_seq_len=config.capture.max_seq_len,
+                                  truncation=config.capture.truncation)
+    _, _, parts_dir = output_paths(out_dir, index)
+    parts_dir.mkdir(exist_ok=True)
+    footer = shard_footer(config, fp)
+    _, _, already, next_k = _scan_parts(parts_dir)
+    todo = [s for s in keep if s.sample_id not in already]
+    if already:
+        logger.info("shard %d: resuming, %d samples already captured, %d to go", index, len(already), len(todo))
+    backend = backend if backend is not None else shared_backend(config)
+    tokens = _run_batches(config, backend, todo, parts_dir, index, next_k, footer,
+                          progress=progress, done_before=len(keep) - len(todo), total=len(keep))
+    result = _merge(config, index, out_dir, footer, pre_quarantined)
+    return result | {"tokens": tokens, "skipped": False, "seconds": round(time.monotonic() - started, 3)}
+
+
+def _run_batches(
+    config: PipelineConfig,
+    backend: CaptureBackend,
+    todo: list[Sample],
+    parts_dir: Path,
+    index: int,
+    first_part: int,
+    footer: dict[str, str],
+    *,
+    progress: ProgressFn | None,
+    done_before: int,
+    total: int,
+) -> int:
+    """Forward ``todo`` in planned batches, one atomic part file (+ quarantine part) per batch; returns tokens."""
+    tokens, done = 0, done_before
+    plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
+    for k, batch_idx in enumerate(plan, start=first_part):
+        batch = [todo[i] for i in batch_idx]
+        rows, quarantined = _capture_batch(backend, batch, hidden_size=config.target.hidden_size,
+                                           dtype=config.capture.dtype)
+        if quarantined:  # written first: a kill between the two files only redoes this batch's good rows
+            q_table = pa.Table.from_pylist(quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
+            write_table(parts_dir / f"quarantine-{index:05d}.part-{k:05d}.parquet", q_table, metadata=footer)
+        if rows:
+            _write_part(parts_dir / f"shard-{index:05d}.part-{k:05d}.parquet", feature_table(rows), footer)
+        done += len(batch)
+        tokens += sum(len(s.input_ids) for s in batch)
+        if progress is not None:
+            progress(done, total, tokens)
+    return tokens
+
+
+def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:
+    """A part file, atomically and uncompressed: it lives seconds, and the merge compresses once."""
+    meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in footer.items()}}
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="none")
+
+
+def _merge(
+    config: PipelineConfig, index: int, out_dir: Path, footer: dict[str, str], pre_quarantined: list[dict]
+) -> dict[str, Any]:
+    """Stream the parts (in part order) into the final shard; quarantine file first, shard second, parts last."""
+    shard, quarantine, parts_dir = output_paths(out_dir, index)
+    feature_parts, quarantine_parts, _, _ = _scan_parts(parts_dir)
+    q_tables = [pa.Table.from_pylist(pre_quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)]
+    q_tables += [pq.read_table(p).cast(CAPTURE_QUARANTINE_SCHEMA) for p in quarantine_parts]
+    q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=footer)
+    shard.with_name(shard.name + ".tmp").unlink(missing_ok=True)
+    with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index, row_group_bytes=config.capture.row_group_bytes,
+                     metadata=footer) as writer:
+        for part in feature_parts:
+            writer.write_table(pq.read_table(part).cast(FEATURE_SCHEMA))
+        infos = writer.close()
+    shutil.rmtree(parts_dir)
+    (info,) = infos
+    return {"shard_index": index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
+            "bytes": info.bytes}
+
+
+_BACKENDS: dict[tuple, CaptureBackend] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def shared_backend(config: PipelineConfig) -> CaptureBackend:
+    """One backend per process and target/dtype/device/layers: shard tasks in threads share the loaded model."""
+    key = (config.capture.backend, config.target.model_path, config.target.revision, config.capture.dtype,
+           config.capture.device, tuple(config.sglang_layer_ids))
+    with _BACKENDS_LOCK:
+        if key not in _BACKENDS:
+            _BACKENDS[key] = make_backend(config)
+        return _BACKENDS[key]
+
+
+def finalize_features(config: PipelineConfig, out_dir: Path, shard_results: Sequence[dict[str, Any]]) -> Path:
+    """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine file.
+
+    ``shard_results`` are this run's shards (each must be finished); shards finished by earlier runs into the same
+    directory (earlier nights) are listed too, so the manifest always describes everything captured so far."""
+    out_dir = Path(out_dir)
+    indices = {int(r["shard_index"]) for r in shard_results}
+    indices |= {shard_index_of(p) for p in out_dir.glob("shard-[0-9][0-9][0-9][0-9][0-9].parquet")}
+    files, rows, quarantined, tokens = [], 0, 0, 0
+    for index in sorted(indices):
+        shard, quarantine, parts = output_paths(out_dir, index)
+        if parts.exists() or not shard.exists():
+            raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture`")
+        n = open_shard(shard, schema=FEATURE_SCHEMA).metadata.num_rows
+        q = open_shard(quarantine, schema=CAPTURE_QUARANTINE_SCHEMA).metadata.num_rows
+        files += [FileEntry.of(shard, rows=n, base=out_dir), FileEntry.of(quarantine, rows=q, base=out_dir)]
+        rows, quarantined, tokens = rows + n, quarantined + q, tokens + _tokens(shard)
+    shard_bytes = sum(f.bytes for f in files if f.path.startswith("shard-"))
+    per_token = shard_bytes / tokens if tokens else None
+    stats = {
+        "shards": len(indices),
+        "rows": rows,
+        "quarantined": quarantined,
+        "tokens": tokens,
+        "bytes_per_token": round(per_token, 2) if per_token else None,
+        "bytes_per_token_over_8h": round(per_token / (8 * config.target.hidden_size), 4) if per_token else None,
+        "footer": shard_footer(config, out_dir.name),
+    }
+    manifest = Manifest(stage="features", fingerprint=out_dir.name, files=files,
+                        config={"capture": config.capture.model_dump(mode="json"),
+                                "target": config.target.model_dump(mode="json"),
+                                "layer_ids": config.sglang_layer_ids, "layer_convention": LAYER_CONVENTION},
+                        stats=stats)
+    return manifest.write(out_dir)
+
+
+def _tokens(path: Path) -> int:
+    seq = pq.read_table(path, columns=["seq_len"]).column(0)
+    return int(pc.sum(seq).as_py() or 0)
+
+
+def feature_shards(features_dir: Path) -> list[Path]:
+    """The feature shards of a finished features stage, from its manifest (raises if the stage is not done)."""
+    manifest = Manifest.read(Path(features_dir))
+    if manifest is None:
+        raise FileNotFoundError(f"{features_dir}: no manifest.json; run `eagle3 capture` first")
+    return [Path(features_dir) / f.path for f in manifest.files if _SHARD_RE.fullmatch(Path(f.path).name)]

@@ -1,0 +1,275 @@
+"""The training loader: feature shards -> right-padded batch dicts, split over ranks, resumable exactly.
+
+Design choices:
+* The unit of distribution is the Parquet row group (shards are written with byte-sized row groups, so row groups
+  are similar in bytes). Each epoch the (shard, row group) list is shuffled from ``seed + epoch`` and dealt to
+  ranks greedily by row count (largest deficit first), so ranks get disjoint sets that together cover every row
+  group and hold about the same number of rows. Rows are shuffled inside each row group, so a row group is read
+  once per epoch and stays hot while its rows are consumed.
+* Every rank must take the same number of steps (DDP all-reduces each step): batches per epoch are the minimum
+  over ranks (every rank can compute every rank's plan from the row counts in the footers, without reading data);
+  a rank's surplus tail (less than one row group) is skipped that epoch and, being reshuffled, used in others.
+* The plan of an epoch is a pure function of (shards, row counts, seed, epoch, rank, world size, batch size,
+  packing), so the position ``(epoch, step)`` resumes exactly; ``state_dict`` also reports the row group index and
+  row the next batch starts at, plus a plan fingerprint that refuses to resume on different data.
+* Hidden states become tensors without an extra copy: ``torch.frombuffer`` over the decompressed Arrow buffers
+  (bf16 is stored as int16 and reinterpreted). The one copy is into the padded batch tensors.
+* ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
+  (restarting at 0 for each row) so the consumer can keep attention inside each row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import IterableDataset
+
+from eagle3.capture.schema import FEATURE_SCHEMA, TORCH_DTYPES, binary_tensors, check_footer
+from eagle3.data.parquet import open_shard
+from eagle3.runroot import fingerprint
+
+logger = logging.getLogger(__name__)
+
+Item = tuple[int, int]  # (index into this dataset's row-group list, row inside it)
+Batch = list[list[Item]]  # batch rows, each a sequence of items (one item unless packing)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    shard: int
+    row_group: int
+    lengths: tuple[int, ...]
+
+
+@dataclass
+class _Decoded:
+    input_ids: list[torch.Tensor]
+    loss_mask: list[torch.Tensor]
+    aux: list[torch.Tensor]
+    last: list[torch.Tensor]
+
+
+def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
+    if isinstance(shards, (str, Path)) and Path(shards).is_dir():
+        from eagle3.capture.run import feature_shards
+
+        return feature_shards(Path(shards))
+    if isinstance(shards, (str, Path)):
+        return [Path(shards)]
+    return [Path(p) for p in shards]
+
+
+def _list_column(column: pa.ChunkedArray, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each list value as a tensor viewing the Arrow values buffer (numpy view, no copy)."""
+    out = []
+    with warnings.catch_warnings():  # Arrow buffers are read-only; the views are never written to
+        warnings.simplefilter("ignore", UserWarning)
+        for chunk in column.chunks:
+            offsets = chunk.offsets.to_numpy()
+            values = chunk.values.to_numpy(zero_copy_only=True)
+            out += [torch.from_numpy(values[a:b]) for a, b in itertools.pairwise(offsets)]
+    return [t if t.dtype == dtype else t.to(dtype) for t in out]
+
+
+class FeatureDataset(IterableDataset):
+    """Batches of ``input_ids [B,T] int64, loss_mask [B,T] bool, attention_mask [B,T] bool, aux_hidden [B,T,3H],
+    last_hidden [B,T,H]`` (right padding) from feature shards; one pass of ``__iter__`` is one epoch.
+
+    ``shards`` is a finished features directory (its manifest lists the shards) or shard paths. ``hidden_dtype``
+    None keeps the stored dtype (footer ``dtype``)."""
+
+    def __init__(
+        self,
+        shards: Path | str | Sequence[Path | str],
+        *,
+        batch_size: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        max_seq_len: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        pack: bool = False,
+        hidden_dtype: torch.dtype | None = None,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if pack and max_seq_len is None:
+            raise ValueError("pack=True needs max_seq_len (the packed sequence length)")
+        self.paths = _resolve(shards)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
+        self._files: list[pq.ParquetFile] = []
+        self.groups: list[RowGroup] = []
+        self.dtype, self.hidden_size = self._scan()
+        self.hidden_dtype = hidden_dtype or TORCH_DTYPES[self.dtype]
+        self.epoch, self.step = 0, 0
+        self._plans: dict[int, list[Batch]] = {}
+        self._cache: OrderedDict[int, _Decoded] = OrderedDict()
+        self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
+                                    rank, world_size, batch_size, pack, max_seq_len)
+
+    def _scan(self) -> tuple[str, int]:
+        """Open every shard (footer + schema validated), read row counts and lengths per row group."""
+        dtypes, hidden = set(), set()
+        for s, path in enumerate(self.paths):
+            pf = open_shard(path, schema=FEATURE_SCHEMA)
+            meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
+            check_footer(meta, path=path)
+            dtypes.add(meta["dtype"])
+            hidden.add(int(meta["hidden_size"]))
+            self._files.append(pf)
+            for rg in range(pf.num_row_groups):
+                lengths = pf.read_row_group(rg, columns=["seq_len"]).column(0).to_pylist()
+                if lengths:
+                    self.groups.append(RowGroup(s, rg, tuple(lengths)))
+        if len(dtypes) > 1 or len(hidden) > 1:
+            raise ValueError(f"feature shards mix dtypes {sorted(dtypes)} / hidden sizes {sorted(hidden)}; "
+                             "train on shards of one capture stage")
+        if not self.groups:
+            raise ValueError(f"no rows in feature shards {[str(p) for p in self.paths]}")
+        return dtypes.pop(), hidden.pop()
+
+    # ---- the plan -------------------------------------------------------------------------------------------
+
+    def assignment(self, epoch: int) -> list[list[int]]:
+        """Row-group indices of each rank for ``epoch``, in that rank's reading order (disjoint, covering)."""
+        order = list(range(len(self.groups)))
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(order)).tolist()
+        ranks: list[list[int]] = [[] for _ in range(self.world_size)]
+        rows = [0] * self.world_size
+        for g in order:
+            r = min(range(self.world_size), key=lambda i: (rows[i], i))
+            ranks[r].append(g)
+            rows[r] += len(self.groups[g].lengths)
+        return ranks
+
+    def _rank_batches(self, epoch: int, groups: list[int]) -> list[Batch]:
+        items: list[Item] = []
+        for g in groups:
+            n = len(self.groups[g].lengths)
+            rows = np.random.default_rng([self.seed, epoch, g]).permutation(n).tolist() if self.shuffle else range(n)
+            items += [(g, r) for r in rows]
+        seqs = self._packs(items) if self.pack else [[item] for item in items]
+        return [seqs[i : i + self.batch_size] for i in range(0, len(seqs), self.batch_size)]
+
+    def _packs(self, items: list[Item]) -> list[list[Item]]:
+        """Greedy in-order packing into sequences of at most ``max_seq_len`` tokens (rows cut to that length)."""
+        assert self.max_seq_len is not None
+        packs: list[list[Item]] = []
+        used = self.max_seq_len + 1
+        for g, r in items:
+            n = min(self.groups[g].lengths[r], self.max_seq_len)
+            if used + n > self.max_seq_len:
+                packs.append([])
+                used = 0
+            packs[-1].append((g, r))
+            used += n
+        return packs
+
+    def plan(self, epoch: int) -> list[Batch]:
+        """This rank's batches for ``epoch``: the same count on every rank (the shortest rank's count)."""
+        if epoch not in self._plans:
+            per_rank = [self._rank_batches(epoch, groups) for groups in self.assignment(epoch)]
+            steps = min(len(b) for b in per_rank)
+            mine = per_rank[self.rank]
+            if len(mine) > steps:
+                logger.debug("rank %d epoch %d: skipping %d batches beyond the common step count %d",
+                             self.rank, epoch, len(mine) - steps, steps)
+            self._plans = {epoch: mine[:steps]}  # keep one epoch's plan: they are cheap to recompute
+        return self._plans[epoch]
+
+    def __len__(self) -> int:
+        return len(self.plan(self.epoch))
+
+    # ---- reading --------------------------------------------------------------------------------------------
+
+    def _decoded(self, g: int) -> _Decoded:
+        if g in self._cache:
+            self._cache.move_to_end(g)
+            return self._cache[g]
+        group = self.groups[g]
+        table = self._files[group.shard].read_row_group(group.row_group)
+        if table.num_rows != len(group.lengths):
+            raise ValueError(f"{self.paths[group.shard]} changed while training (row group {group.row_group})")
+        h = self.hidden_size
+        decoded = _Decoded(
+            input_ids=_list_column(table.column("input_ids"), torch.int64),
+            loss_mask=_list_column(table.column("loss_mask"), torch.bool),
+            aux=binary_tensors(table.column("aux_hidden"), self.dtype, 3 * h),
+            last=binary_tensors(table.column("last_hidden"), self.dtype, h),
+        )
+        self._cache[g] = decoded
+        while len(self._cache) > 2:
+            self._cache.popitem(last=False)
+        return decoded
+
+    def _collate(self, seqs: Batch) -> dict[str, torch.Tensor]:
+        limit = self.max_seq_len or max(self.groups[g].lengths[r] for seq in seqs for g, r in seq)
+        width = max(sum(min(self.groups[g].lengths[r], limit) for g, r in seq) for seq in seqs)
+        b, h = len(seqs), self.hidden_size
+        out = {
+            "input_ids": torch.zeros(b, width, dtype=torch.int64),
+            "loss_mask": torch.zeros(b, width, dtype=torch.bool),
+            "attention_mask": torch.zeros(b, width, dtype=torch.bool),
+            "aux_hidden": torch.zeros(b, width, 3 * h, dtype=self.hidden_dtype),
+            "last_hidden": torch.zeros(b, width, h, dtype=self.hidden_dtype),
+        }
+        if self.pack:
+            out["position_ids"] = torch.zeros(b, width, dtype=torch.int64)
+        for i, seq in enumerate(seqs):
+            at = 0
+            for g, r in seq:
+                d = self._decoded(g)
+                n = min(len(d.input_ids[r]), limit)
+                out["input_ids"][i, at : at + n] = d.input_ids[r][:n]
+                out["loss_mask"][i, at : at + n] = d.loss_mask[r][:n]
+                out["attention_mask"][i, at : at + n] = True
+                out["aux_hidden"][i, at : at + n] = d.aux[r][:n]  # the one copy: into the padded batch
+                out["last_hidden"][i, at : at + n] = d.last[r][:n]
+                if self.pack:
+                    out["position_ids"][i, at : at + n] = torch.arange(n)
+                at += n
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        batches = self.plan(self.epoch)
+        while self.step < len(batches):
+            batch = self._collate(batches[self.step])
+            self.step += 1
+            yield batch
+        self.epoch, self.step = self.epoch + 1, 0
+
+    # ---- position -------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the next batch: ``epoch``, ``step``, and where it starts (``row_group`` index into this
+        rank's row-group order, ``row`` inside it), plus a fingerprint of the plan's inputs."""
+        batches = self.plan(self.epoch)
+        group_pos, row = 0, 0
+        if self.step < len(batches):
+            g, row = batches[self.step][0][0]
+            group_pos = self.assignment(self.epoch)[self.rank].index(g)
+        return {"epoch": self.epoch, "step": self.step, "row_group": group_pos, "row": row,
+                "plan_fingerprint": self._plan_fp}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("plan_fingerprint") not in (None, self._plan_fp):
+            raise ValueError(
+                "loader state was saved for other data or settings (shards, seed, ranks, batch size); resume with "
+                f"the same features and train config, or start a new run: {json.dumps(state)}"
+            )
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self._cache.clear()

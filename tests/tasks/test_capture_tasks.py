@@ -1,0 +1,80 @@
+"""Capture tasks called as plain functions (``task.fn``): plan, shard, finalize, vocab, and the cache key."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from prefect.logging import disable_run_logger
+
+from eagle3.data.parquet import ShardWriter
+from eagle3.data.template import render_conversation
+from eagle3.regen.schema import REGEN_SCHEMA
+from eagle3.runroot import Manifest
+
+
+def write_regen_stage(root: Path, tokenizer, *, shards: int = 2, rows: int = 5) -> Path:
+    """A regen stage dir with ``shards`` finished shards of rendered conversations."""
+    from eagle3.dev.samples import generate_conversations
+
+    regen = root / "regen" / "regenfp"
+    convs = generate_conversations(shards * rows, seed=3)
+    for s in range(shards):
+        out = []
+        for conv in convs[s * rows : (s + 1) * rows]:
+            r = render_conversation(tokenizer, conv)
+            out.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "t",
+                        "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
+        with ShardWriter(regen, REGEN_SCHEMA, start_index=s) as writer:
+            writer.write_rows(out)
+    return regen
+
+
+@pytest.fixture
+def capture_setup(tiny_config, tiny_tokenizer, tmp_path):
+    from eagle3.config import with_overrides
+
+    config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
+    regen = write_regen_stage(config.root_path, tiny_tokenizer)
+    return config.model_dump(mode="json"), regen
+
+
+def test_capture_tasks_plan_capture_finalize_and_build_vocab(capture_setup, prefect_harness):
+    from tasks.capture import capture_shard_task, finalize_features_task, plan_capture_task, vocab_task
+
+    config, regen = capture_setup
+    with disable_run_logger():
+        plan = plan_capture_task.fn(config, str(regen), None)
+        assert sorted(plan["shards"]) == [0, 1] and plan["missing"] == []
+        results = [capture_shard_task.fn(config, path, plan["features_dir"], plan["fingerprint"], i)
+                   for i, path in sorted(plan["shards"].items())]
+        features = finalize_features_task.fn(config, plan["features_dir"], results)
+        vocab = vocab_task.fn(config, features)
+    assert [r["rows"] + r["quarantined"] for r in results] == [5, 5]
+    manifest = Manifest.read(Path(features))
+    assert manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 10
+    assert manifest.verify(Path(features)) == []
+    assert Path(vocab).name == "vocab.safetensors" and Path(vocab).exists()
+
+
+def test_plan_reports_regen_shards_not_ready(capture_setup):
+    from tasks.capture import plan_capture_task
+
+    config, regen = capture_setup
+    with disable_run_logger():
+        plan = plan_capture_task.fn(config, str(regen), [0, 1, 7])
+    assert sorted(plan["shards"]) == [0, 1] and plan["missing"] == [7]
+
+
+def test_shard_cache_key_changes_when_the_output_is_cut(tmp_path):
+    from tasks.capture import _shard_cache_key
+
+    out = tmp_path / "features" / "fp"
+    params = {"fingerprint": "fp", "shard_index": 0, "features_dir": str(out)}
+    assert _shard_cache_key(None, params) is None  # nothing on disk: never served from the cache
+    out.mkdir(parents=True)
+    (out / "shard-00000.parquet").write_bytes(b"x" * 100)
+    whole = _shard_cache_key(None, params)
+    (out / "shard-00000.parquet").write_bytes(b"x" * 60)
+    assert whole.startswith("task-fp-0") and _shard_cache_key(None, params) != whole

@@ -1,0 +1,143 @@
+"""The feature loader: batch contract, zero-copy views, disjoint covering ranks, exact resume."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from eagle3.capture.schema import FEATURE_SCHEMA, binary_tensors, feature_table, footer_metadata, tensor_bytes
+from eagle3.data.parquet import ShardWriter
+from eagle3.train.data import FeatureDataset
+
+H = 8
+
+
+def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_group=4, seed=0):
+    """Feature shards whose sample k has input_ids k, k+1, ... and states that encode k (row groups of ~4 rows)."""
+    rng = random.Random(seed)
+    meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
+                           dtype=dtype, chat_template_hash="x", system_prompt_policy="keep", truncation="quarantine",
+                           max_seq_len=64, features_fingerprint="fp")
+    paths, k = [], 0
+    for s in range(n_shards):
+        table_rows = []
+        for _ in range(rows):
+            n = rng.randint(3, 12)
+            aux = torch.arange(n * 3 * H, dtype=torch.float32).view(n, 3 * H) / 64 + k
+            table_rows.append({"sample_id": f"s{k}", "input_ids": list(range(k, k + n)),
+                               "loss_mask": [i % 2 for i in range(n)], "seq_len": n,
+                               "aux_hidden": tensor_bytes(aux, dtype), "last_hidden": tensor_bytes(aux[:, :H], dtype)})
+            k += 1
+        one_row = feature_table(table_rows[:1]).nbytes
+        with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=s, row_group_bytes=one_row * rows_per_group - 1,
+                         metadata=meta) as writer:
+            writer.write_table(feature_table(table_rows))
+            paths += [i.path for i in writer.close()]
+    return paths
+
+
+def _ids(batch) -> list[int]:
+    return [int(row[0]) for row in batch["input_ids"]]
+
+
+def test_batches_follow_the_training_contract(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=1, rows=10)
+    ds = FeatureDataset(paths, batch_size=3, shuffle=False)
+    batch = next(iter(ds))
+    b, t = batch["input_ids"].shape
+    assert b == 3 and batch["input_ids"].dtype == torch.int64
+    assert batch["attention_mask"].dtype == torch.bool and batch["loss_mask"].shape == (b, t)
+    assert batch["aux_hidden"].shape == (b, t, 3 * H) and batch["aux_hidden"].dtype == torch.bfloat16
+    assert batch["last_hidden"].shape == (b, t, H)
+    for i, k in enumerate(_ids(batch)):
+        n = int(batch["attention_mask"][i].sum())
+        assert batch["attention_mask"][i, :n].all() and not batch["attention_mask"][i, n:].any()  # right padding
+        assert batch["input_ids"][i, :n].tolist() == list(range(k, k + n))
+        expected = (torch.arange(n * 3 * H, dtype=torch.float32).view(n, 3 * H) / 64 + k).bfloat16()
+        assert torch.equal(batch["aux_hidden"][i, :n], expected)
+        assert torch.equal(batch["last_hidden"][i, :n], expected[:, :H])
+        assert not batch["aux_hidden"][i, n:].any()
+
+
+def test_binary_columns_become_views_of_the_arrow_buffer(tmp_path):
+    (path,) = _write_shards(tmp_path, n_shards=1, rows=4, dtype="float32")
+    column = pq.read_table(path, columns=["aux_hidden"]).column(0)
+    tensors = binary_tensors(column, "float32", 3 * H)
+    chunk = column.chunks[0]
+    data = chunk.buffers()[2]
+    first = memoryview(chunk.buffers()[1]).cast("i")[chunk.offset]
+    assert tensors[0].data_ptr() == data.address + first  # no copy: the tensor points into Arrow's buffer
+
+
+def test_ranks_get_disjoint_row_groups_that_cover_everything(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=3, rows=20)
+    ds = FeatureDataset(paths, batch_size=2, world_size=3)
+    for epoch in (0, 1):
+        ranks = ds.assignment(epoch)
+        flat = [g for r in ranks for g in r]
+        assert sorted(flat) == list(range(len(ds.groups)))  # disjoint and covering
+        rows = [sum(len(ds.groups[g].lengths) for g in r) for r in ranks]
+        assert max(rows) - min(rows) <= max(len(g.lengths) for g in ds.groups)  # balanced within one row group
+    seen: list[int] = []
+    steps = set()
+    for rank in range(3):
+        part = FeatureDataset(paths, batch_size=2, rank=rank, world_size=3)
+        batches = list(part)
+        steps.add(len(batches))
+        seen += [k for b in batches for k in _ids(b)]
+    assert len(steps) == 1  # every rank takes the same number of steps
+    assert len(seen) == len(set(seen)) and len(seen) == 60  # 60 rows in 15 equal row groups: all covered once
+
+
+def test_unbalanced_row_groups_still_give_equal_steps(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=1, rows=23, rows_per_group=5)
+    counts = {len(list(FeatureDataset(paths, batch_size=2, rank=r, world_size=2))) for r in range(2)}
+    assert len(counts) == 1
+
+
+def test_resume_position_gives_the_exact_remaining_batches(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=2, rows=15)
+    reference = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7)
+    epoch0 = list(reference)
+    epoch1 = list(reference)
+    assert _ids(epoch0[0]) != _ids(epoch1[0]) or len(epoch0) == 1  # a new order each epoch
+    ds = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7)
+    it = iter(ds)
+    for _ in range(2):
+        next(it)
+    state = ds.state_dict()
+    assert state["epoch"] == 0 and state["step"] == 2
+    resumed = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7)
+    resumed.load_state_dict(state)
+    rest = list(resumed) + list(resumed)
+    for got, want in zip(rest, epoch0[2:] + epoch1, strict=True):
+        for key in want:
+            assert torch.equal(got[key], want[key]), key
+
+
+def test_resume_refuses_another_plan(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=2, rows=8)
+    state = FeatureDataset(paths, batch_size=2, seed=1).state_dict()
+    with pytest.raises(ValueError, match="other data or settings"):
+        FeatureDataset(paths, batch_size=4, seed=1).load_state_dict(state)
+
+
+def test_packing_fills_sequences_and_restarts_positions(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=1, rows=12)
+    ds = FeatureDataset(paths, batch_size=2, max_seq_len=24, pack=True, shuffle=False, hidden_dtype=torch.float32)
+    total = 0
+    for batch in ds:
+        assert batch["input_ids"].shape[1] <= 24 and batch["aux_hidden"].dtype == torch.float32
+        starts = (batch["position_ids"] == 0) & batch["attention_mask"]
+        total += int(starts.sum())
+        assert (batch["position_ids"][~batch["attention_mask"]] == 0).all()
+    assert total == 12  # every row placed once
+
+
+def test_max_seq_len_truncates_rows(tmp_path):
+    paths = _write_shards(tmp_path, n_shards=1, rows=6)
+    batch = next(iter(FeatureDataset(paths, batch_size=6, max_seq_len=3, shuffle=False)))
+    assert batch["input_ids"].shape == (6, 3) and batch["attention_mask"].all()
