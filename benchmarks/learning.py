@@ -1,0 +1,121 @@
+"""Learning benchmark (DESIGN §9): accept length of the trained tiny draft / the untrained draft on held-out
+prompts, measured side by side in one run with the reference speculative decoder (goal >= 1.5), plus CPU training
+throughput (tokens/s) and the ``last_hidden_only`` misconfiguration's accept length for contrast.
+
+    python benchmarks/learning.py [--quick] [--model-dir DIR]
+
+``--model-dir`` defaults to the tiny world's target (built or reused under ``EAGLE3_HOME``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance
+from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.data.template import render_prompt
+from eagle3.dev.samples import generate_conversations
+from eagle3.model.export import export_draft
+from eagle3.train.checkpoint import save_checkpoint
+from eagle3.train.distributed import DistInfo
+from eagle3.train.trainer import ListBatchSource, batches_from_target, build_draft, load_inputs, train_on_source
+
+
+def _default_model_dir() -> Path:
+    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+    from eagle3.recipes import eagle3_home
+
+    world, _ = build_tiny_world(eagle3_home() / "cache", TinyWorldSpec())
+    return Path(world.model_dir)
+
+
+@torch.no_grad()
+def _answers(target, tokenizer, prompts: list[list[int]], max_new: int, eos: int) -> list[list[int]]:
+    pad, outs = tokenizer.pad_token_id, []
+    for start in range(0, len(prompts), 32):
+        chunk = prompts[start : start + 32]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+        mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in chunk])[:, None]).long()
+        gen = target.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                              eos_token_id=eos, pad_token_id=pad)[:, width:].tolist()
+        outs += [g[: g.index(eos) + 1] if eos in g else g for g in gen]
+    return outs
+
+
+def _vocab(sequences, vocab_size: int, draft_size: int, path: Path) -> None:
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids, mask in sequences:
+        counts.index_add_(0, torch.tensor(ids), torch.tensor(mask, dtype=torch.long))
+    targets = torch.sort(torch.argsort(counts, descending=True, stable=True)[:draft_size]).values
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[targets] = True
+    save_file({"d2t": targets - torch.arange(draft_size), "t2d": t2d, "counts": counts}, str(path))
+
+
+def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_new: int) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = tokenizer.eos_token_id
+    convs = generate_conversations(train_prompts + held_out, seed=123)
+    prompts = [render_prompt(tokenizer, [next(m for m in c if m["role"] == "user")]) for c in convs]
+    answers = _answers(target, tokenizer, prompts[:train_prompts], max_new, eos)
+    sequences = [(p + a, [0] * len(p) + [1] * len(a)) for p, a in zip(prompts, answers, strict=False)]
+    work = Path(tempfile.mkdtemp(prefix="eagle3-learning-"))
+    hf = target.config
+    config = with_overrides(
+        PipelineConfig(name="learning", root=str(work), target=TargetConfig(
+            model_path=str(model_dir), num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
+            vocab_size=hf.vocab_size, context_length=1024, dtype="float32")),
+        ["train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.batch_size=4", f"train.epochs={epochs}",
+         "train.log_every=5", "train.save_every=100000", "speculative.num_steps=3",
+         "speculative.num_draft_tokens=4"])
+    _vocab(sequences, hf.vocab_size, min(512, hf.vocab_size), work / "vocab.safetensors")
+    batches = batches_from_target(target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
+    inputs = load_inputs(config, work / "vocab.safetensors")
+    cpu = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    started = time.monotonic()
+    summary = train_on_source(config, ListBatchSource(batches), inputs, work / "trained", cpu)
+    train_s = time.monotonic() - started
+    save_checkpoint(work / "untrained" / "ckpt", 0, model=build_draft(inputs, 0).state_dict(), optimizer={},
+                    trainer={"draft_config": inputs.draft_config.to_dict()}, rank_state={})
+    held = prompts[train_prompts:]
+    result = {"train_prompts": train_prompts, "held_out": held_out, "steps": summary["steps"],
+              "train_s": round(train_s, 1), "train_tokens_per_s": round(summary["tokens_per_s"], 1),
+              "final_loss": summary["final_loss"], "simulated_accept": summary["accept_length_sim"]}
+    for name, mode in (("trained", "eagle3"), ("untrained", "eagle3"), ("trained", "last_hidden_only")):
+        export = work / f"export-{name}"
+        if not export.exists():
+            export_draft(config, work / name, work / "vocab.safetensors", None, export)
+        decoder = SpeculativeDecoder(target, tokenizer, export, config.speculative.num_steps, mode)
+        stats = evaluate_acceptance(decoder, held, max_new_tokens=max_new, eos_ids=[eos])
+        result[f"accept_{name}_{mode}"] = round(stats["accept_length"], 3)
+    result["ratio_trained_over_untrained"] = round(
+        result["accept_trained_eagle3"] / result["accept_untrained_eagle3"], 3)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small run (< 1 min on an idle 2-core machine)")
+    parser.add_argument("--model-dir", type=Path, default=None, help="HF target dir (default: the tiny world's)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    sizes = dict(train_prompts=48, held_out=12, epochs=3, max_new=32) if args.quick else dict(
+        train_prompts=192, held_out=32, epochs=4, max_new=48)
+    result = run(args.model_dir or _default_model_dir(), **sizes)
+    print(json.dumps(result, indent=2))
+    print(f"accept length trained/untrained = {result['ratio_trained_over_untrained']:.2f} (goal >= 1.5); "
+          f"CPU training {result['train_tokens_per_s']:.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()

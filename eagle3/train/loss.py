@@ -1,0 +1,117 @@
+"""Training-time-test objective: the draft unrolled ``ttt_steps`` times against the frozen target's distribution.
+
+Indexing (SGLang's): position ``t`` holds the target's aux hidden of token ``t``. At unrolled step ``k`` the chain
+at ``t`` reads token ``t+1+k`` (the input ids shifted left by ``1+k``; at ``k=0`` the token the target emitted after
+``t``), and predicts token ``t+2+k``, whose target distribution is ``softmax(lm_head(last_hidden[t+1+k]))``
+restricted to the draft vocab and renormalized. So "step k predicts the token k+1 beyond the one it reads".
+
+Mask at step k, position t: ``loss_mask[t+2+k]`` (the predicted token is an assistant token) AND the target's
+argmax at ``t+1+k`` lies in the draft vocab AND the position is not padding; shifted-out positions are masked.
+Per-step loss: soft cross-entropy ``-sum_v p_target(v) log p_draft(v)`` averaged over masked positions of the
+*global* batch (the trainer passes all-reduced counts, so N ranks compute the same gradient as one process with the
+same global batch); total loss ``sum_k decay^k loss_k``. The unroll lives in an ``nn.Module`` so DDP/FSDP see a
+single forward per backward; the frozen embedding is an argument, never a (broadcast) buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle3.model.draft import DraftModel, TTTCache
+
+
+def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x[:, t] <- x[:, t+n]`` along dim 1, zero-filled at the end (``[B, T, ...]`` -> same shape)."""
+    if n == 0:
+        return x
+    out = torch.zeros_like(x)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out
+
+
+@torch.no_grad()
+def target_distribution(
+    last_hidden: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor, *, chunk: int = 2048
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target probabilities over the draft vocab and whether the full-vocab argmax is in it.
+
+    ``last_hidden [B, T, H]`` (post-norm), ``lm_head [V, H]``, ``draft_ids [V_d]`` (target id of each draft id).
+    Returns ``probs [B, T, V_d]`` float32 (renormalized over the draft vocab) and ``in_vocab [B, T]`` bool.
+    Full-vocab logits are computed ``chunk`` tokens at a time to bound memory for 160K vocabularies.
+    """
+    b, t, h = last_hidden.shape
+    flat = last_hidden.reshape(-1, h)
+    in_draft = torch.zeros(lm_head.shape[0], dtype=torch.bool, device=lm_head.device)
+    in_draft[draft_ids] = True
+    probs, in_vocab = [], []
+    for start in range(0, flat.shape[0], chunk):
+        logits = flat[start : start + chunk].to(lm_head.dtype) @ lm_head.T  # [n, H] x [H, V] -> [n, V]
+        in_vocab.append(in_draft[logits.argmax(-1)])
+        probs.append(torch.softmax(logits[:, draft_ids].float(), dim=-1))  # [n, V_d], renormalized
+    return torch.cat(probs).view(b, t, -1), torch.cat(in_vocab).view(b, t)
+
+
+def step_masks(
+    loss_mask: torch.Tensor, attention_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int
+) -> torch.Tensor:
+    """``[K, B, T]`` float masks, step k: ``loss_mask[t+2+k] & attention_mask[t+2+k] & in_vocab[t+1+k]``."""
+    valid = loss_mask.bool() & attention_mask.bool()
+    return torch.stack(
+        [(shift_left(valid, 2 + k) & shift_left(in_vocab, 1 + k)).float() for k in range(steps)]
+    )
+
+
+class TTTObjective(nn.Module):
+    """Wraps the draft; ``forward`` runs the whole unroll and returns the weighted loss and per-step stats."""
+
+    def __init__(self, draft: DraftModel, *, steps: int, decay: float) -> None:
+        super().__init__()
+        self.draft = draft
+        self.steps = steps
+        self.decay = decay
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        embed_weight: torch.Tensor,
+        target_probs: torch.Tensor,
+        masks: torch.Tensor,
+        denominators: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted TTT loss and stats ``[K, 3]`` = (loss sum, correct count, mask count) per step (local).
+
+        ``input_ids [B, T]``, ``aux_hidden [B, T, 3H]``, ``embed_weight [V, H]`` (frozen), ``target_probs
+        [B, T, V_d]`` (unshifted), ``masks [K, B, T]`` from ``step_masks``, ``denominators [K]`` = global mask
+        counts / world size (at least 1 each).
+        """
+        b, t = input_ids.shape
+        positions = torch.arange(t, device=input_ids.device).expand(b, t)  # [B, T]
+        cache = TTTCache()
+        hidden = aux_hidden
+        total = aux_hidden.new_zeros((), dtype=torch.float32)
+        stats = []
+        for k in range(self.steps):
+            embeds = F.embedding(shift_left(input_ids, 1 + k), embed_weight).to(aux_hidden.dtype)  # [B, T, H]
+            logits, hidden = self.draft(embeds, hidden, positions + k, cache)  # [B, T, V_d], [B, T, H]
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            target = shift_left(target_probs, 1 + k)  # [B, T, V_d]
+            ce = -(target * logp).sum(-1) * masks[k]  # [B, T]
+            loss_sum = ce.sum()
+            total = total + (self.decay**k) * loss_sum / denominators[k]
+            with torch.no_grad():
+                correct = ((logits.argmax(-1) == target.argmax(-1)).float() * masks[k]).sum()
+                stats.append(torch.stack([loss_sum.detach(), correct, masks[k].sum()]))
+        return total, torch.stack(stats)
+
+
+def accept_length(accuracies: list[float]) -> float:
+    """Simulated chain accept length ``1 + sum_k prod_{j<=k} acc_j`` from per-step accuracies."""
+    length, running = 1.0, 1.0
+    for acc in accuracies:
+        running *= acc
+        length += running
+    return length

@@ -1,0 +1,362 @@
+"""The training loop: TTT objective, AdamW + warmup/cosine, grad clipping, checkpoints, metrics, resume.
+
+``train(config, features_dir, vocab_path, out_dir)`` runs in-process, as one process or as one torchrun worker
+(the environment decides, see ``distributed.py``). Data comes through a small interface (``BatchSource``: an
+iterable of batch dicts with ``__len__`` = batches per epoch and ``state_dict``/``load_state_dict`` for its
+position), so the Parquet ``FeatureDataset`` and in-memory batches plug in alike. Precision: fp32 on CPU; on GPU
+``train.precision=bf16`` runs the forward under bf16 autocast with fp32 master weights and optimizer state.
+A run resumes automatically from ``<out>/ckpt/latest``: weights, optimizer, scheduler, step, loader position, RNG.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load_file
+
+from eagle3.config import PipelineConfig
+from eagle3.model.draft import DraftConfig, DraftModel
+from eagle3.model.target_weights import TargetHead, load_target_head
+from eagle3.runroot import fingerprint
+from eagle3.train import checkpoint as ckpt
+from eagle3.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, wrap_for_training
+from eagle3.train.loss import TTTObjective, accept_length, step_masks, target_distribution
+from eagle3.train.metrics import MetricsWriter
+
+logger = logging.getLogger(__name__)
+
+_OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every"}
+
+
+class BatchSource(Protocol):
+    """What the trainer needs from a data loader (``eagle3.train.data.FeatureDataset`` implements it)."""
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]: ...
+
+    def __len__(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ListBatchSource:
+    """In-memory global batches; rank ``r`` of ``w`` trains on rows ``r::w`` of each (tests, benchmarks)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], *, rank: int = 0, world_size: int = 1) -> None:
+        self.batches, self.rank, self.world_size = batches, rank, world_size
+        self.epoch, self.index = 0, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while self.index < len(self.batches):
+            batch = self.batches[self.index]
+            self.index += 1
+            yield {k: v[self.rank :: self.world_size] for k, v in batch.items()}
+        self.epoch, self.index = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+@dataclass
+class DraftInputs:
+    """Everything besides data that defines a draft run: its architecture, the frozen target tensors, the vocab."""
+
+    draft_config: DraftConfig
+    head: TargetHead
+    d2t: torch.Tensor
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """Target id of each draft id: ``draft_id + d2t[draft_id]``."""
+        return torch.arange(len(self.d2t)) + self.d2t
+
+
+def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str) -> str:
+    """Stage fingerprint of a draft: features, vocab, the result-relevant train config, target and export size."""
+    train_cfg = config.train.model_dump(mode="json", exclude=_OPERATIONAL)
+    return fingerprint("draft", features_fp, vocab_fp, train_cfg, config.target.model_dump(mode="json"))
+
+
+def build_draft(inputs: DraftInputs, seed: int) -> DraftModel:
+    """A fresh draft (seeded init) whose ``lm_head`` starts from the target's rows for the draft vocab."""
+    torch.manual_seed(seed)
+    draft = DraftModel(inputs.draft_config)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(inputs.head.lm_head[inputs.draft_ids].float())
+    return draft
+
+
+def lr_schedule(total_steps: int, warmup_ratio: float):
+    """Linear warmup over ``warmup_ratio`` of the steps, then cosine to zero."""
+    warmup = max(1, round(total_steps * warmup_ratio)) if warmup_ratio > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _forever(source: BatchSource) -> Iterator[dict[str, torch.Tensor]]:
+    while True:
+        yield from source
+
+
+@dataclass
+class _Run:
+    draft: DraftModel
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    info: DistInfo
+    total_steps: int
+    sharded: bool = False
+    step: int = 0
+
+
+def _full_states(run: _Run) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Full model and optimizer state, optimizer keyed by parameter name (the same format DCP uses for FSDP)."""
+    if run.sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict as get_optim
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(run.draft, options=options), get_optim(run.draft, run.optimizer, options=options)
+    names = [name for name, _ in run.draft.named_parameters()]
+    optim = run.optimizer.state_dict()
+    return run.draft.state_dict(), {
+        "state": {names[i]: v for i, v in optim["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]],
+    }
+
+
+def _load_full_states(run: _Run, model: dict[str, Any], optim: dict[str, Any]) -> None:
+    if run.sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict as set_optim
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        set_model_state_dict(run.draft, model, options=options)
+        set_optim(run.draft, run.optimizer, optim, options=options)
+        return
+    index = {name: i for i, (name, _) in enumerate(run.draft.named_parameters())}
+    run.draft.load_state_dict(model)
+    run.optimizer.load_state_dict({
+        "state": {index[name]: v for name, v in optim["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]],
+    })
+
+
+def _save(run: _Run, config: PipelineConfig, out_dir: Path, source: BatchSource, inputs: DraftInputs) -> Path:
+    model_state, optim_state = _full_states(run)
+    trainer_state = {"scheduler": run.scheduler.state_dict(), "total_steps": run.total_steps,
+                     "draft_config": inputs.draft_config.to_dict()}
+    return ckpt.save_checkpoint(
+        out_dir / "ckpt", run.step, model=model_state, optimizer=optim_state, trainer=trainer_state,
+        rank_state={"rng": ckpt.rng_state(), "loader": source.state_dict()}, rank=run.info.rank,
+        keep_last=config.train.keep_last, barrier=barrier,
+    )
+
+
+def _resume(run: _Run, out_dir: Path, source: BatchSource) -> None:
+    path = ckpt.latest_checkpoint(out_dir / "ckpt")
+    if path is None:
+        return
+    state = ckpt.load_checkpoint(path, rank=run.info.rank)
+    _load_full_states(run, state.model, state.optimizer)
+    run.scheduler.load_state_dict(state.trainer["scheduler"])
+    source.load_state_dict(state.rank_state["loader"])
+    ckpt.set_rng_state(state.rank_state["rng"])
+    run.step = state.step
+    logger.info("resumed from %s at step %d", path, run.step)
+
+
+def _prepare(batch: dict[str, torch.Tensor], inputs: DraftInputs, steps: int, device: torch.device):
+    """Device tensors, target distribution and per-step masks for one batch."""
+    ids = batch["input_ids"].to(device).long()
+    aux = batch["aux_hidden"].to(device).float()
+    attn = batch["attention_mask"].to(device).bool()
+    lm_head = inputs.head.lm_head.to(device)
+    probs, in_vocab = target_distribution(batch["last_hidden"].to(device), lm_head, inputs.draft_ids.to(device))
+    masks = step_masks(batch["loss_mask"].to(device), attn, in_vocab, steps)
+    return ids, aux, probs, masks, attn
+
+
+def _train_step(run: _Run, batch: dict[str, torch.Tensor], inputs: DraftInputs, config: PipelineConfig):
+    """One optimizer step; returns (global per-step stats [K, 3], global tokens, grad norm)."""
+    device, steps = run.info.device, config.train.ttt_steps
+    ids, aux, probs, masks, attn = _prepare(batch, inputs, steps, device)
+    counts = all_reduce_sum(masks.sum(dim=(1, 2)))
+    denominators = counts.clamp(min=1.0) / run.info.world_size
+    bf16 = device.type == "cuda" and config.train.precision == "bf16"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
+    with autocast:
+        loss, stats = run.model(ids, aux, inputs.head.embed.to(device), probs, masks, denominators)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.draft.parameters(), config.train.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    tokens = all_reduce_sum(attn.sum().float())
+    return all_reduce_sum(stats.detach()), int(tokens.item()), float(grad_norm)
+
+
+def _record(step: int, window: torch.Tensor, decay: float, lr: float, extra: dict[str, Any]) -> dict[str, Any]:
+    counts = window[:, 2].clamp(min=1.0)
+    losses = (window[:, 0] / counts).tolist()
+    accs = (window[:, 1] / counts).tolist()
+    weighted = sum((decay**k) * loss for k, loss in enumerate(losses))
+    return {"step": step, "loss": weighted, "loss_k": losses, "acc": accs,
+            "accept_length_sim": accept_length(accs), "lr": lr, **extra}
+
+
+def _loop(run: _Run, config: PipelineConfig, out_dir: Path, source: BatchSource, inputs: DraftInputs) -> dict:
+    writer = MetricsWriter(out_dir, enabled=run.info.is_main, resume_step=run.step)
+    window = torch.zeros(config.train.ttt_steps, 3)
+    first: dict[str, Any] | None = None
+    last: dict[str, Any] = {}
+    tokens, started, batches = 0, time.monotonic(), _forever(source)
+    while run.step < run.total_steps:
+        stats, n_tokens, grad_norm = _train_step(run, next(batches), inputs, config)
+        run.step += 1
+        window += stats.cpu()
+        tokens += n_tokens
+        if run.step % config.train.log_every == 0 or run.step == run.total_steps:
+            elapsed = max(time.monotonic() - started, 1e-9)
+            extra = {"grad_norm": grad_norm, "tokens": tokens, "tokens_per_s": tokens / elapsed,
+                     "total_steps": run.total_steps}
+            last = _record(run.step, window, config.train.step_weight_decay, run.scheduler.get_last_lr()[0], extra)
+            first = first or last
+            writer.log(last)
+            if run.info.is_main:
+                logger.info("step %d/%d loss %.4f acc %s accept~%.2f", run.step, run.total_steps, last["loss"],
+                            [round(a, 3) for a in last["acc"]], last["accept_length_sim"])
+            window.zero_()
+        if run.step % config.train.save_every == 0 or run.step == run.total_steps:
+            _save(run, config, out_dir, source, inputs)
+    writer.close()
+    return {"first": first, "last": last}
+
+
+def train_on_source(
+    config: PipelineConfig, source: BatchSource, inputs: DraftInputs, out_dir: Path, info: DistInfo
+) -> dict[str, Any]:
+    """Train (or resume, or find finished) a draft on ``source``; returns a small summary dict."""
+    out_dir = Path(out_dir)
+    draft = build_draft(inputs, config.train.seed).to(info.device)
+    objective = TTTObjective(draft, steps=config.train.ttt_steps, decay=config.train.step_weight_decay)
+    bf16 = info.device.type == "cuda" and config.train.precision == "bf16"
+    model = wrap_for_training(objective, parallel=config.train.parallel, info=info, bf16=bf16)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    total = config.train.max_steps or config.train.epochs * len(source)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total, config.train.warmup_ratio))
+    sharded = info.distributed and config.train.parallel == "fsdp"
+    run = _Run(draft, model, optimizer, scheduler, info, total, sharded=sharded)
+    _resume(run, out_dir, source)
+    logs = _loop(run, config, out_dir, source, inputs)
+    latest = ckpt.latest_checkpoint(out_dir / "ckpt")
+    last = logs["last"]
+    return {
+        "out_dir": str(out_dir), "checkpoint": str(latest) if latest else None, "steps": run.step,
+        "first_loss": (logs["first"] or {}).get("loss"), "final_loss": last.get("loss"),
+        "accept_length_sim": last.get("accept_length_sim"), "tokens_per_s": last.get("tokens_per_s"),
+    }
+
+
+def load_inputs(config: PipelineConfig, vocab_path: Path) -> DraftInputs:
+    """Draft architecture from the target's HF config, the frozen target tensors and the draft vocab."""
+    from transformers import AutoConfig
+
+    vocab = load_file(str(vocab_path))
+    target = config.target
+    hf_config = AutoConfig.from_pretrained(
+        target.model_path, revision=target.revision, trust_remote_code=target.trust_remote_code
+    )
+    draft_config = DraftConfig.from_target_config(
+        hf_config,
+        draft_vocab_size=len(vocab["d2t"]),
+        max_position_embeddings=max(target.context_length, config.export.max_position_embeddings or 0),
+        intermediate_size=config.train.draft_intermediate_size,
+    )
+    text_config = getattr(hf_config, "text_config", None) or hf_config
+    head = load_target_head(target.model_path, revision=target.revision,
+                            tie_word_embeddings=getattr(text_config, "tie_word_embeddings", None))
+    return DraftInputs(draft_config=draft_config, head=head, d2t=vocab["d2t"].long())
+
+
+def feature_source(config: PipelineConfig, features_dir: Path, info: DistInfo) -> BatchSource:
+    """The Parquet feature loader for this rank."""
+    from eagle3.train.data import FeatureDataset
+
+    return FeatureDataset(
+        features_dir,
+        batch_size=config.train.batch_size,
+        max_seq_len=config.train.max_seq_len,
+        seed=config.train.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+
+
+def train(config: PipelineConfig, features_dir: Path, vocab_path: Path, out_dir: Path) -> dict[str, Any]:
+    """Train a draft from feature shards and a vocab into ``out_dir`` (single process or a torchrun worker)."""
+    import torch.distributed as dist
+
+    owns_group = not dist.is_initialized()
+    info = init_distributed(config.train.device)
+    try:
+        inputs = load_inputs(config, Path(vocab_path))
+        source = feature_source(config, Path(features_dir), info)
+        return train_on_source(config, source, inputs, Path(out_dir), info)
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@torch.no_grad()
+def batches_from_target(
+    target: torch.nn.Module,
+    sequences: list[tuple[list[int], list[int]]],
+    *,
+    layer_ids: list[int],
+    batch_size: int,
+) -> list[dict[str, torch.Tensor]]:
+    """Training batches captured online from an HF target (tests, benchmarks): the batch dict of the brief.
+
+    ``sequences`` are ``(input_ids, loss_mask)`` pairs; ``layer_ids`` are HF ``hidden_states`` indices (the
+    ``input_of_layer`` convention); ``last_hidden`` is ``hidden_states[-1]``, the post-norm input of ``lm_head``.
+    Right padding with id 0 and ``attention_mask`` False on padding.
+    """
+    batches = []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        width = max(len(ids) for ids, _ in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width)
+        attn = torch.zeros(len(chunk), width, dtype=torch.bool)
+        for row, (seq, loss) in enumerate(chunk):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = torch.tensor(loss, dtype=torch.float32)
+            attn[row, : len(seq)] = True
+        out = target(input_ids=ids, attention_mask=attn.long(), output_hidden_states=True)
+        aux = torch.cat([out.hidden_states[i] for i in layer_ids], dim=-1)  # 3 x [B, T, H] -> [B, T, 3H]
+        batches.append({"input_ids": ids, "loss_mask": mask, "attention_mask": attn,
+                        "aux_hidden": aux.float(), "last_hidden": out.hidden_states[-1].float()})
+    return batches

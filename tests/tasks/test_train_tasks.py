@@ -1,0 +1,67 @@
+"""Train-stage tasks called as plain functions (``task.fn``): plan, train through the real worker subprocess
+(``python -m eagle3.train`` on Parquet features), resume-on-rerun, export with the capture manifest's layer ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from prefect.logging import disable_run_logger
+
+from eagle3.capture.run import capture_shard, finalize_features
+from eagle3.config import with_overrides
+from eagle3.data.parquet import ShardWriter
+from eagle3.data.template import render_conversation
+from eagle3.model.export import validate_export
+from eagle3.model.vocab import build_vocab_stage
+from eagle3.regen.schema import REGEN_SCHEMA
+
+TRAIN_OVERRIDES = ["vocab.draft_vocab_size=64", "train.max_steps=4", "train.ttt_steps=2", "train.batch_size=2",
+                   "train.save_every=2", "train.log_every=1", "train.max_seq_len=256"]
+
+
+def train_stage_inputs(config, tokenizer) -> tuple[str, str]:
+    """A finished features stage (8 rendered conversations, 1 shard) and its vocab file, built with the library."""
+    from eagle3.dev.samples import generate_conversations
+
+    regen = config.root_path / "regen" / "regenfp"
+    rows = []
+    for conv in generate_conversations(8, seed=5):
+        r = render_conversation(tokenizer, conv)
+        rows.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "t",
+                     "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
+    with ShardWriter(regen, REGEN_SCHEMA, start_index=0) as writer:
+        writer.write_rows(rows)
+    features = config.root_path / "features" / "featfp"
+    result = capture_shard(config, regen / "shard-00000.parquet", features)
+    finalize_features(config, features, [result])
+    return str(features), str(build_vocab_stage(config, features))
+
+
+@pytest.fixture
+def train_setup(tiny_config, tiny_tokenizer, tmp_path):
+    config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
+    features, vocab = train_stage_inputs(config, tiny_tokenizer)
+    return config.model_dump(mode="json"), features, vocab
+
+
+@pytest.mark.slow
+def test_train_task_runs_the_worker_and_export_task_writes_a_valid_draft(train_setup, prefect_harness):
+    from tasks.train import export_draft_task, plan_draft_task, train_draft_task
+
+    config, features, vocab = train_setup
+    with disable_run_logger():
+        plan = plan_draft_task.fn(config, features, vocab)
+        assert plan["train_samples"] == 8 and Path(plan["out_dir"]).name == plan["fingerprint"]
+        result = train_draft_task.fn(config, features, plan["vocab"], plan["out_dir"], plan["fingerprint"])
+        assert result["steps"] == 4
+        ckpt = Path(plan["out_dir"]) / "ckpt"
+        assert (ckpt / "latest").read_text().strip() == "step-000004"
+        rerun = train_draft_task.fn(config, features, plan["vocab"], plan["out_dir"], plan["fingerprint"])
+        assert rerun["steps"] == 4  # resumed from latest: nothing left to train
+        export = Path(export_draft_task.fn(config, plan["out_dir"], plan["vocab"], features, plan["fingerprint"]))
+    assert validate_export(export) == []
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]

@@ -1,0 +1,88 @@
+"""Reference speculative decoding: output identical to plain greedy decoding, token for token, in both aux modes;
+accept length accounting (generated tokens / verify passes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance
+from eagle3.model.draft import DraftConfig, DraftModel
+from eagle3.model.export import export_config, validate_export
+
+V, VD, EOS = 256, 128, 3
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def draft_dir(target, tmp_path_factory) -> Path:
+    """An untrained draft exported in the SGLang layout (aux layers output_of_layer [1, 3, 4])."""
+    torch.manual_seed(1)
+    cfg = DraftConfig.from_target_config(target.config, draft_vocab_size=VD)
+    draft = DraftModel(cfg)
+    out = tmp_path_factory.mktemp("draft")
+    targets = torch.arange(0, V, V // VD)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[targets] = True
+    save_file({**draft.state_dict(), "d2t": targets - torch.arange(VD), "t2d": t2d}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(export_config(cfg, [1, 3, 4], dtype="float32")))
+    assert validate_export(out) == []
+    return out
+
+
+def _prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(2)
+    return [
+        torch.randint(4, V, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
+
+
+@torch.no_grad()
+def _greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = target.generate(
+        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOS, pad_token_id=0
+    )[0, len(prompt) :].tolist()
+    return out[: out.index(EOS) + 1] if EOS in out else out
+
+
+@pytest.mark.parametrize("aux_mode", ["eagle3", "last_hidden_only"])
+def test_speculative_output_equals_plain_greedy_on_20_prompts(target, draft_dir, aux_mode):
+    decoder = SpeculativeDecoder(target, None, draft_dir, num_steps=3, aux_mode=aux_mode)
+    for prompt in _prompts(20):
+        output, passes = decoder.generate(prompt, 24, [EOS])
+        assert output == _greedy(target, prompt, 24)
+        assert len(output) >= 1 and passes <= len(output)
+
+
+def test_accept_length_is_generated_tokens_over_verify_passes(target, draft_dir):
+    decoder = SpeculativeDecoder(target, None, draft_dir, num_steps=2)
+    prompts = _prompts(3)
+    result = evaluate_acceptance(decoder, prompts, max_new_tokens=16, eos_ids=[])
+    assert result["tokens"] == 48
+    assert result["accept_length"] == pytest.approx(48 / result["verify_passes"])
+    assert result["accept_length"] >= 1.0
+
+
+def test_unknown_aux_mode_is_refused(target, draft_dir):
+    with pytest.raises(ValueError, match="aux_mode"):
+        SpeculativeDecoder(target, None, draft_dir, num_steps=2, aux_mode="eagle")  # type: ignore[arg-type]

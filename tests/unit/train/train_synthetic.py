@@ -1,0 +1,40 @@
+"""Synthetic draft-training inputs (random target head, features and masks) shared by the DDP and resume tests
+and their subprocess scripts; small enough to train in seconds on one CPU thread."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.model.draft import DraftConfig
+from eagle3.model.target_weights import TargetHead
+from eagle3.train.trainer import DraftInputs
+
+H, V, VD, B, T = 32, 64, 16, 4, 12
+
+
+def synthetic(steps_per_epoch: int = 4, **overrides: object) -> tuple[PipelineConfig, DraftInputs, list[dict]]:
+    """(config, inputs, global batches); ``overrides`` are config keys, e.g. ``**{"train.save_every": 3}``."""
+    g = torch.Generator().manual_seed(0)
+    target = SimpleNamespace(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                             vocab_size=V, max_position_embeddings=128, rope_theta=10000.0)  # no transformers import
+    head = TargetHead(embed=torch.randn(V, H, generator=g), lm_head=torch.randn(V, H, generator=g), tied=False)
+    draft_ids = torch.arange(0, V, V // VD)
+    inputs = DraftInputs(DraftConfig.from_target_config(target, draft_vocab_size=VD), head,
+                         draft_ids - torch.arange(VD))
+    batches = []
+    for _ in range(steps_per_epoch):
+        lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
+        attn = torch.arange(T)[None] < lengths[:, None]
+        batches.append({"input_ids": torch.randint(0, V, (B, T), generator=g) * attn,
+                        "loss_mask": (torch.rand(B, T, generator=g) > 0.3).float() * attn,
+                        "attention_mask": attn, "aux_hidden": torch.randn(B, T, 3 * H, generator=g),
+                        "last_hidden": torch.randn(B, T, H, generator=g)})
+    config = with_overrides(
+        PipelineConfig(name="t", root="/tmp", target=TargetConfig(model_path="x", num_layers=8, hidden_size=H,
+                                                               vocab_size=V)),
+        ["train.device=cpu", "train.precision=fp32", "train.ttt_steps=3", "train.lr=1e-2", "train.epochs=3",
+         "train.log_every=1", "train.warmup_ratio=0.1", *[f"{k}={v}" for k, v in overrides.items()]])
+    return config, inputs, batches
