@@ -1,0 +1,36 @@
+"""``python -m eagle3.regen``: run the regen stage in this process, without Prefect.
+
+Used by the resume test (which kills it with SIGKILL) and by the benchmarks; users run ``eagle3 regen``, which
+runs the Prefect flow. Prints the stage summary as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from eagle3.config import load_yaml
+from eagle3.recipes import load_recipe
+from eagle3.regen.stage import run_regen
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eagle3.regen", description=__doc__)
+    p.add_argument("--config", type=Path, default=None, help="YAML config (default: the recipe).")
+    p.add_argument("--recipe", default="tiny")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="a.b=value override")
+    p.add_argument("--prompts", type=Path, default=None, help="Prompts stage dir (default: the latest finished).")
+    p.add_argument("--shards", type=int, nargs="*", default=None, help="Only these shard ids.")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_yaml(args.config, args.overrides) if args.config else load_recipe(args.recipe, args.overrides)
+    summary = run_regen(config, prompts_dir=args.prompts, shard_ids=args.shards)
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0 if summary["done"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

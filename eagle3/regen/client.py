@@ -1,0 +1,164 @@
+"""One generation request with retries (DESIGN §8), over SGLang's ``/generate`` or the OpenAI chat API.
+
+* 200: the reply. 400 (and other 4xx but 408/429): ``BadRequestError`` carrying the server's message, no retry;
+  the sample fails alone. 5xx, 408, 429, connection errors and timeouts: retried with exponential backoff and full
+  jitter (``backoff_base_s * 2**k``, capped at ``backoff_max_s``) up to ``max_retries`` times, possibly on another
+  server; then ``RetriesExhausted``. A 503 (queue full) or 429 is retried but does not count towards ejection.
+* ``/generate`` sends the project's token ids and gets token ids back: nothing is re-tokenized. The OpenAI path
+  sends messages and gets text; its ids are re-tokenized from that text and the row's meta says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from eagle3.config import RegenConfig
+from eagle3.regen.pool import NoServerAvailable, ServerPool
+
+
+class BadRequestError(RuntimeError):
+    """The server refused the request (4xx); the message is the server's."""
+
+
+class RetriesExhausted(RuntimeError):
+    """A request failed ``max_retries + 1`` times with retryable errors (server gone or failing)."""
+
+
+@dataclass
+class Reply:
+    """One turn as received: output ids and text, the finish reason, and where and how it was obtained."""
+
+    output_ids: list[int]
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    server: str
+    latency_s: float
+    attempts: int
+
+
+def sampling_params(cfg: RegenConfig) -> dict[str, Any]:
+    """SGLang ``sampling_params`` from ``config.regen`` (recorded in the manifest)."""
+    return {
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "stop": list(cfg.stop),
+    }
+
+
+def backoff_s(cfg: RegenConfig, attempt: int, rng: random.Random) -> float:
+    """Full-jitter exponential backoff before retry number ``attempt`` (1-based)."""
+    return rng.uniform(0.0, min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (attempt - 1)))
+
+
+def _error_message(status: int, body: str) -> str:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return f"HTTP {status}: {body[:500]}"
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, dict):
+        err = err.get("message", err)
+    return f"HTTP {status}: {err}"
+
+
+class Client:
+    """Sends turns through a ``ServerPool``; one per event loop (it owns an ``aiohttp`` session)."""
+
+    def __init__(self, cfg: RegenConfig, pool: ServerPool, *, api_key: str | None = None, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.params = sampling_params(cfg)
+        self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.rng = random.Random(seed)
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        connector = aiohttp.TCPConnector(limit=self.pool.capacity + 8)
+        self.session = aiohttp.ClientSession(connector=connector, headers=self.headers)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def generate(self, rid: str, prompt_ids: list[int]) -> Reply:
+        payload = {"input_ids": prompt_ids, "sampling_params": self.params, "rid": rid}
+        return await self._with_retries("/generate", payload, _parse_generate)
+
+    async def chat(self, rid: str, messages: list[dict[str, str]], model: str) -> Reply:
+        payload = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": self.cfg.max_new_tokens,
+            "temperature": self.cfg.temperature,
+            "top_p": self.cfg.top_p,
+            "rid": rid,
+        }
+        if self.cfg.top_k > 0:
+            payload["top_k"] = self.cfg.top_k
+        if self.cfg.stop:
+            payload["stop"] = list(self.cfg.stop)
+        return await self._with_retries("/v1/chat/completions", payload, _parse_chat)
+
+    async def _with_retries(self, path: str, payload: dict[str, Any], parse: Any) -> Reply:
+        assert self.session is not None, "use `async with Client(...)`"
+        last = "no attempt made"
+        for attempt in range(1, self.cfg.max_retries + 2):
+            if attempt > 1:
+                await asyncio.sleep(backoff_s(self.cfg, attempt - 1, self.rng))
+            try:
+                server = await self.pool.acquire(self.session)
+            except NoServerAvailable as exc:
+                last = str(exc)
+                continue
+            start = time.monotonic()
+            outcome: bool | None = False
+            try:
+                async with self.session.post(server.url + path, json=payload, timeout=self.timeout) as resp:
+                    body = await resp.text()
+                    if resp.status == 200:
+                        fields = parse(json.loads(body))
+                        outcome = True
+                        return Reply(**fields, server=server.url, latency_s=time.monotonic() - start, attempts=attempt)
+                    last = _error_message(resp.status, body)
+                    if resp.status in (429, 503):
+                        outcome = None
+                    elif 400 <= resp.status < 500 and resp.status != 408:
+                        outcome = None
+                        raise BadRequestError(last)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            finally:
+                self.pool.release(server, outcome)
+        raise RetriesExhausted(f"{path} failed {self.cfg.max_retries + 1} times; last error: {last}")
+
+
+def _parse_generate(data: dict[str, Any]) -> dict[str, Any]:
+    meta = data["meta_info"]
+    return {
+        "output_ids": [int(i) for i in data["output_ids"]],
+        "text": data["text"],
+        "finish_reason": (meta.get("finish_reason") or {}).get("type", "unknown"),
+        "prompt_tokens": int(meta.get("prompt_tokens", 0)),
+    }
+
+
+def _parse_chat(data: dict[str, Any]) -> dict[str, Any]:
+    choice = data["choices"][0]
+    return {
+        "output_ids": [],  # filled by re-tokenizing the text (see regen.sample)
+        "text": choice["message"]["content"] or "",
+        "finish_reason": choice.get("finish_reason") or "unknown",
+        "prompt_tokens": int((data.get("usage") or {}).get("prompt_tokens", 0)),
+    }

@@ -1,0 +1,221 @@
+"""Regenerate one prompts shard: resume from its journal, fan out requests, compact into Parquet.
+
+A shard is done when ``shard-NNNNN.parquet`` (written last, via the shared ``ShardWriter``: tmp + rename) is
+valid; its journal is then removed. Resume = skip every sample id already in the journal. The number of samples in
+flight is bounded by the pool's capacity (``concurrency_per_server * servers``), so memory does not grow with the
+shard. When a sample exhausts its retries (server gone), no new samples start, those in flight finish and are
+journaled, and ``ShardFailed`` is raised: the shard fails alone and a re-run picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from eagle3.data.parquet import (
+    ShardWriter,
+    iter_batches,
+    shard_is_valid,
+    shard_metadata,
+    shard_name,
+    write_table,
+)
+from eagle3.data.template import TemplateError, template_hash
+from eagle3.regen.client import Client, RetriesExhausted
+from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
+from eagle3.regen.plan import RegenPlan
+from eagle3.regen.pool import shared_pool
+from eagle3.regen.sample import SampleContext, failed_row, regenerate
+from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
+
+logger = logging.getLogger(__name__)
+
+STATS_KEY = "regen_stats"
+OnResult = Callable[[dict[str, Any]], None]
+
+
+class ShardFailed(RuntimeError):
+    """A shard stopped because requests exhausted their retries; what succeeded is journaled."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(f"regen shard {index} failed: {message}")
+        self.index = index
+
+
+@dataclass
+class ShardReport:
+    index: int
+    state: str  # done | skipped (already compacted)
+    rows: int = 0
+    ok: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    failed: int = 0
+    pretokenized: int = 0
+    completion_tokens: int = 0
+    round_trip_failures: int = 0
+    mask_fallbacks: int = 0
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def regen_shard(plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None) -> ShardReport:
+    """Run (or resume, or skip) one shard to completion; raises ``ShardFailed`` when servers are gone."""
+    return asyncio.run(regen_shard_async(plan, index, servers, on_result=on_result))
+
+
+async def regen_shard_async(
+    plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
+) -> ShardReport:
+    out = Path(plan.regen_dir)
+    shard_path = out / shard_name(index)
+    if shard_is_valid(shard_path, schema=REGEN_SCHEMA):
+        (out / journal_name(index)).unlink(missing_ok=True)
+        return report_from_shard(shard_path, index)
+    cfg, start = plan.regen, time.monotonic()
+    tokenizer = load_tokenizer(plan.pipeline.target.model_path)
+    pool = shared_pool(
+        servers,
+        concurrency=cfg.concurrency_per_server,
+        eject_after=cfg.eject_after_failures,
+        readmit_after_s=cfg.readmit_after_s,
+    )
+    api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    with Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
+        skip = set(journal.done)
+        async with Client(cfg, pool, api_key=api_key, seed=index) as client:
+            ctx = SampleContext(tokenizer, client, cfg.api, plan.pipeline.target.model_path, tokenizer.eos_token_id)
+            error = await _run_samples(ctx, _prompt_rows(plan, index, skip), journal, pool.capacity, on_result)
+    if error is not None:
+        raise ShardFailed(index, error)
+    report = compact_shard(plan, index, template=template_hash(tokenizer))
+    report.elapsed_s = time.monotonic() - start
+    return report
+
+
+def _prompt_rows(plan: RegenPlan, index: int, skip: set[str]) -> Iterator[dict[str, Any]]:
+    for batch in iter_batches(plan.prompt_shard(index), columns=list(PROMPT_COLUMNS), batch_size=256):
+        for row in batch.to_pylist():
+            if row["sample_id"] not in skip:
+                yield row
+
+
+async def _run_samples(
+    ctx: SampleContext,
+    rows: Iterator[dict[str, Any]],
+    journal: Journal,
+    capacity: int,
+    on_result: OnResult | None,
+) -> str | None:
+    """Regenerate ``rows`` with at most ``capacity`` in flight; returns the error that stopped the shard, if any."""
+    slots = asyncio.Semaphore(capacity)
+    failure: list[str] = []
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(row: dict[str, Any]) -> None:
+        try:
+            result = await regenerate(ctx, row)
+        except RetriesExhausted as exc:
+            failure.append(str(exc))
+            return
+        except TemplateError as exc:
+            result = failed_row(row, f"cannot render the conversation: {exc}", attempts=0)
+        finally:
+            slots.release()
+        journal.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    for row in rows:
+        await slots.acquire()
+        if failure:
+            slots.release()
+            break
+        task = asyncio.ensure_future(one(row))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+    return failure[0] if failure else None
+
+
+def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: int) -> dict[str, int]:
+    metas = [json.loads(r["meta"]) for r in kept]
+    return {
+        "rows": len(kept),
+        "ok": sum(r["status"] != STATUS_TRUNCATED for r in kept),
+        "truncated": sum(r["status"] == STATUS_TRUNCATED for r in kept),
+        "dropped": dropped,
+        "failed": len(failed),
+        "pretokenized": sum(r["server"] == "pretokenized" for r in kept),
+        "completion_tokens": sum(int(m.get("total_completion_tokens", 0)) for m in metas),
+        "round_trip_failures": sum(not m.get("round_trip", True) for m in metas),
+        "mask_fallbacks": sum(bool(m.get("mask_fallback")) for m in metas),
+    }
+
+
+def compact_shard(plan: RegenPlan, index: int, *, template: str) -> ShardReport:
+    """Journal -> ``failed-NNNNN.parquet`` (if any failures) and ``shard-NNNNN.parquet`` (in prompts order)."""
+    out = Path(plan.regen_dir)
+    journal_path = out / journal_name(index)
+    by_id: dict[str, dict[str, Any]] = {}
+    for row in read_journal(journal_path):
+        by_id.setdefault(row["sample_id"], {k: row.get(k) for k in REGEN_COLUMNS})  # first result wins
+    order = [
+        r["sample_id"] for b in iter_batches(plan.prompt_shard(index), columns=["sample_id"]) for r in b.to_pylist()
+    ]
+    missing = [sid for sid in order if sid not in by_id]
+    if missing:
+        raise RuntimeError(f"shard {index}: {len(missing)} samples have no journal line (e.g. {missing[:3]})")
+    rows = [by_id[sid] for sid in dict.fromkeys(order)]
+    failed = [r for r in rows if r["status"] == STATUS_FAILED]
+    kept = [r for r in rows if r["status"] != STATUS_FAILED]
+    if not plan.regen.keep_truncated:
+        kept = [r for r in kept if r["status"] != STATUS_TRUNCATED]
+    stats = _stats(kept, failed, dropped=len(rows) - len(failed) - len(kept))
+    meta = {
+        STATS_KEY: json.dumps(stats),
+        "regen_fingerprint": plan.fingerprint,
+        "target_model": plan.pipeline.target.model_path,
+        "chat_template_hash": template,
+    }
+    if failed:
+        with ShardWriter(out, REGEN_SCHEMA, prefix="failed", start_index=index, metadata=meta) as writer:
+            writer.write_rows(failed)
+    if kept:
+        with ShardWriter(out, REGEN_SCHEMA, prefix="shard", start_index=index, metadata=meta) as writer:
+            writer.write_rows(kept)
+    else:  # every sample failed or was dropped: an empty shard still marks the shard done
+        write_table(out / shard_name(index), REGEN_SCHEMA.empty_table(), metadata=meta)
+    journal_path.unlink(missing_ok=True)
+    logger.info("regen shard %d compacted: %s", index, stats)
+    return ShardReport(index=index, state="done", **stats)
+
+
+def report_from_shard(path: Path, index: int) -> ShardReport:
+    stats = json.loads(shard_metadata(path).get(STATS_KEY, "{}"))
+    return ShardReport(index=index, state="skipped", **stats)
+
+
+def journal_progress(path: Path) -> tuple[int, int, list[float]]:
+    """(samples, generated tokens, finish times) of a live journal; for status and progress."""
+    rows = read_journal(path)
+    tokens = sum(int(json.loads(r.get("meta") or "{}").get("total_completion_tokens", 0)) for r in rows)
+    return len(rows), tokens, [float(r.get(TIME_KEY, 0.0)) for r in rows]

@@ -1,0 +1,100 @@
+"""Progress of a regen stage computed from its files alone (usable from another terminal while the job runs).
+
+Done samples = rows of compacted shards (from their footer stats) + lines of live journals. Throughput and ETA come
+from the journals' finish times over the last ``window_s`` seconds; right after a restart (or when only compacted
+shards exist) they are unknown rather than made up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3.data.parquet import shard_is_valid, shard_name
+from eagle3.regen.journal import journal_name
+from eagle3.regen.plan import FAILED_SHARDS_FILE, PLAN_FILE
+from eagle3.regen.schema import REGEN_SCHEMA
+from eagle3.regen.shard import journal_progress, report_from_shard
+from eagle3.runroot import MANIFEST
+
+
+@dataclass
+class RegenStatus:
+    regen_dir: str
+    total: int
+    done: int
+    tokens: int
+    shards_total: int
+    shards_done: int
+    shards_running: list[int] = field(default_factory=list)
+    failed_shards: list[int] = field(default_factory=list)
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+    finished: bool = False
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / max(self.total, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"percent": self.percent}
+
+
+def resolve_regen_dir(path: Path) -> Path:
+    """A regen stage dir itself, or the most recently planned one under a run root (``<root>/regen/<fp>``)."""
+    path = Path(path)
+    if (path / PLAN_FILE).exists():
+        return path
+    candidates = sorted((path / "regen").glob(f"*/{PLAN_FILE}"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise FileNotFoundError(f"{path} is neither a regen stage dir nor a run root with one (no {PLAN_FILE})")
+    return candidates[-1].parent
+
+
+def regen_status(path: Path, *, window_s: float = 300.0) -> RegenStatus:
+    out = resolve_regen_dir(path)
+    plan = json.loads((out / PLAN_FILE).read_text())
+    shards = {int(k): int(v) for k, v in plan["shards"].items()}
+    failed_file = out / FAILED_SHARDS_FILE
+    status = RegenStatus(
+        regen_dir=str(out),
+        total=sum(shards.values()),
+        done=0,
+        tokens=0,
+        shards_total=len(shards),
+        shards_done=0,
+        failed_shards=json.loads(failed_file.read_text()) if failed_file.exists() else [],
+        finished=(out / MANIFEST).exists(),
+    )
+    now, recent_samples, recent_tokens = time.time(), 0, 0
+    oldest: float | None = None
+    for index, rows in sorted(shards.items()):
+        shard = out / shard_name(index)
+        if shard_is_valid(shard, schema=REGEN_SCHEMA):
+            report = report_from_shard(shard, index)
+            status.done += rows
+            status.tokens += report.completion_tokens
+            status.shards_done += 1
+            continue
+        journal = out / journal_name(index)
+        if not journal.exists():
+            continue
+        status.shards_running.append(index)
+        samples, tokens, times = journal_progress(journal)
+        status.done += samples
+        status.tokens += tokens
+        recent = [t for t in times if t >= now - window_s]
+        if recent:
+            recent_samples += len(recent)
+            recent_tokens += round(tokens * len(recent) / max(samples, 1))
+            oldest = min(oldest, min(recent)) if oldest is not None else min(recent)
+    if oldest is not None and now > oldest and recent_samples > 1:
+        span = now - oldest
+        status.samples_per_s = recent_samples / span
+        status.tokens_per_s = recent_tokens / span
+        status.eta_s = (status.total - status.done) / status.samples_per_s
+    return status

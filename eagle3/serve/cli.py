@@ -1,0 +1,38 @@
+"""``python -m eagle3.serve`` / ``eagle3 serve``: parse flags, load the backend, serve until killed."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from eagle3.serve.app import build_app
+from eagle3.serve.args import parse_args
+
+logger = logging.getLogger(__name__)
+
+
+def make_backend(args: argparse.Namespace) -> object:
+    if args.synthetic_tokens is not None:
+        from eagle3.serve.backend import SyntheticBackend
+
+        return SyntheticBackend(args)
+    from eagle3.serve.backend import ModelBackend
+
+    return ModelBackend(args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    backend = make_backend(args)
+    logger.info("eagle3 reference server on http://%s:%d", args.host, args.port)
+    web.run_app(
+        build_app(args, backend), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=2.0
+    )

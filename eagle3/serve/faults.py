@@ -1,0 +1,67 @@
+"""Fault injection for tests, driven by the ``--fault-*`` flags (all off by default).
+
+Faults live in the real server, not in mocks, so the client's retry, ejection and failure paths are exercised
+over real HTTP. Random faults draw from a seeded generator: a test run is reproducible for a given request order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+CRASH_EXIT_CODE = 70
+
+
+@dataclass
+class Fault:
+    """What to answer instead of generating: an HTTP status and a message."""
+
+    status: int
+    message: str
+
+
+class FaultInjector:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.fail_rate = args.fault_fail_rate
+        self.extra_latency = args.fault_extra_latency
+        self.crash_after = args.fault_crash_after
+        self.bad_every = args.fault_bad_request_every
+        self._rng = random.Random(args.fault_seed)
+        self._requests = 0
+        self._completed = 0
+        if self.enabled:
+            logger.warning(
+                "FAULT INJECTION ON: fail_rate=%s extra_latency=%ss crash_after=%s bad_request_every=%s",
+                self.fail_rate,
+                self.extra_latency,
+                self.crash_after,
+                self.bad_every,
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.fail_rate or self.extra_latency or self.crash_after or self.bad_every)
+
+    async def before(self) -> Fault | None:
+        """Called on every generation request before it is queued; may delay it or answer a fault."""
+        self._requests += 1
+        if self.extra_latency:
+            await asyncio.sleep(self.extra_latency)
+        if self.bad_every and self._requests % self.bad_every == 0:
+            return Fault(400, f"injected fault: request #{self._requests} rejected as a bad request")
+        if self.fail_rate and self._rng.random() < self.fail_rate:
+            return Fault(500, f"injected fault: internal error on request #{self._requests}")
+        return None
+
+    def after_completion(self) -> None:
+        """Called when a request's reply has been sent; exits the process after ``crash_after`` of them."""
+        self._completed += 1
+        if self.crash_after is not None and self._completed >= self.crash_after:
+            logger.error("injected fault: exiting after %d completed requests", self._completed)
+            asyncio.get_running_loop().call_later(0.05, os._exit, CRASH_EXIT_CODE)

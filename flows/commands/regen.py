@@ -1,0 +1,142 @@
+"""``eagle3 regen`` (the regen flow), ``eagle3 regen status``, ``eagle3 retry-shards`` and ``eagle3 serve``.
+
+``regen status`` reads only the stage's files (journals, shard footers, plan.json), so it works from another
+terminal while a 50-hour job runs. ``retry-shards --failed`` reruns the shards listed in ``failed_shards.json``
+with the config saved in the stage's ``plan.json`` (``--set`` can point it at other servers). ``serve`` passes
+its arguments to ``python -m eagle3.serve`` (argparse lives in the library; see ``eagle3 serve --help``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+
+RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp>) or a run root.")
+
+
+def _watch(regen_dir: Path, stop: threading.Event) -> None:
+    """A rich progress bar fed by ``regen_status`` every 2 s until ``stop`` is set."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+    from eagle3.regen.status import regen_status
+
+    with Progress(
+        TextColumn("regen"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("regen", total=None, rate="")
+        while not stop.wait(2.0):
+            status = regen_status(regen_dir)
+            rate = f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else ""
+            bar.update(task, total=status.total, completed=status.done, rate=rate)
+
+
+def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
+    """Run the regen flow with the config's task runner and a CLI progress bar; exit 1 when shards failed."""
+    from eagle3.regen.plan import plan_regen
+    from flows.regen import regen_flow
+    from flows.runners import build_task_runner
+
+    plan = plan_regen(config, prompts)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(Path(plan.regen_dir), stop), daemon=True)
+    watcher.start()
+    try:
+        flow = regen_flow.with_options(task_runner=build_task_runner(config.orchestration))
+        summary = flow(config.model_dump(mode="json"), shard_ids=shard_ids, prompts_dir=plan.prompts_dir)
+    finally:
+        stop.set()
+        watcher.join()
+    console.print(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
+    if summary["failed_shards"]:
+        console.print(
+            f"[red]failed shards[/red] {summary['failed_shards']}: eagle3 retry-shards --run "
+            f"{summary['regen_dir']} --failed"
+        )
+        raise typer.Exit(1)
+    return summary
+
+
+def _status(run: Path = RunOption, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Progress, throughput and ETA of a regen stage, from its journals and shard files."""
+    from eagle3.regen.status import regen_status
+
+    try:
+        status = regen_status(run)
+    except FileNotFoundError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(status.to_dict(), indent=2))
+        return
+    rate = f"{status.tokens_per_s:,.0f} tok/s, {status.samples_per_s:,.2f} samples/s" if status.tokens_per_s else "idle"
+    eta = f"{status.eta_s / 3600:,.2f} h" if status.eta_s is not None else "unknown"
+    typer.echo(
+        f"{status.regen_dir}\n{status.done:,}/{status.total:,} samples ({status.percent:.1f}%), "
+        f"{status.tokens:,} tokens; {rate}; ETA {eta}\nshards: {status.shards_done}/{status.shards_total} "
+        f"done, running {status.shards_running}, failed {status.failed_shards}, finished {status.finished}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Regenerate the prompts with the target (the regen flow).", invoke_without_command=True)
+
+    @group.callback()
+    def regen(
+        ctx: typer.Context,
+        recipe: str = RecipeOption,
+        config: Path | None = ConfigOption,
+        set_: list[str] | None = SetOption,
+        prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: latest finished)."),
+        shard: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
+    ) -> None:
+        """Run the regen flow (without a subcommand)."""
+        if ctx.invoked_subcommand is None:
+            run_flow(resolve_config(recipe, config, set_), list(shard) if shard else None, prompts)
+
+    group.command("status")(_status)
+    app.add_typer(group, name="regen")
+
+    @app.command("retry-shards")
+    def retry_shards(
+        run: Path = RunOption,
+        failed: bool = typer.Option(False, "--failed", help="Rerun the shards in failed_shards.json."),
+        shard: list[int] | None = typer.Option(None, "--shard", help="Rerun these shard ids (repeatable)."),
+        set_: list[str] | None = SetOption,
+    ) -> None:
+        """Rerun failed (or given) regen shards with the stage's saved config."""
+        from eagle3.config import with_overrides
+        from eagle3.regen.plan import FAILED_SHARDS_FILE, read_plan
+        from eagle3.regen.status import resolve_regen_dir
+
+        regen_dir = resolve_regen_dir(run)
+        ids = list(shard or [])
+        if failed:
+            ids += json.loads((regen_dir / FAILED_SHARDS_FILE).read_text())
+        if not ids:
+            console.print("nothing to retry (no failed shards; pass --failed or --shard N)")
+            return
+        plan = read_plan(regen_dir)
+        run_flow(with_overrides(plan.pipeline, list(set_ or [])), sorted(set(ids)), Path(plan.prompts_dir))
+
+    @app.command(
+        "serve",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+        add_help_option=False,
+    )
+    def serve(ctx: typer.Context) -> None:
+        """The reference server (SGLang HTTP subset): eagle3 serve --model PATH --port P [...]; --help for flags."""
+        from eagle3.serve.cli import main
+
+        main(list(ctx.args))

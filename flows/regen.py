@@ -1,0 +1,33 @@
+"""The regen flow: plan, one task per prompts shard (bounded by the task runner), finalize.
+
+Servers: ``regen.servers``, or the project's reference server started for the length of the flow (tiny recipe).
+``shard_ids`` re-runs only those shards (re-triggers of failed shards). A shard that fails after its retries does
+not stop the others; it is listed in ``failed_shards.json`` and in the summary artifact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from eagle3.config import validate
+from eagle3.regen.stage import regen_servers
+from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task
+
+
+@flow(name="regen", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
+def regen_flow(
+    config: dict[str, Any], shard_ids: list[int] | None = None, prompts_dir: str | None = None
+) -> dict[str, Any]:
+    """Regenerate the prompts stage's conversations with the target; returns the stage summary."""
+    planned = plan_regen_task(config, prompts_dir, shard_ids)
+    plan = planned["plan"]
+    with regen_servers(validate(config), log_dir=Path(plan["regen_dir"])) as servers:
+        futures = {i: regen_shard_task.submit(plan, plan["fingerprint"], i, servers) for i in planned["shard_ids"]}
+        for future in futures.values():
+            future.wait()
+    failed = [i for i, future in futures.items() if not future.state.is_completed()]
+    return finalize_regen_task(plan, failed)

@@ -1,0 +1,127 @@
+"""Prefect tasks of the regen stage: plan, one task per shard, finalize (manifest, tables, summary).
+
+A shard task resumes itself from its journal; the Prefect cache (stage fingerprint + shard index) only skips
+shards already done in an earlier flow run. ``retries=2`` re-enters the library shard function, which picks up
+after the samples already journaled. Progress: every finished sample updates one progress artifact per flow run
+(percent, tok/s, ETA; throttled by ``Progress``), shared by the shard tasks running in this process's threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import MissingContextError
+from prefect.runtime import flow_run
+
+from eagle3.config import validate
+from eagle3.regen.plan import RegenPlan, plan_regen
+from eagle3.regen.shard import regen_shard
+from eagle3.regen.stage import finalize_regen, shard_states
+from eagle3.regen.status import regen_status
+from tasks.common import Progress, artifact_key, cache_key_from, publish_markdown, publish_table
+
+PROGRESS_EVERY_S = 10.0
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The run logger inside a flow or task run; the module logger when called as ``task.fn`` (tests)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+class _StageProgress:
+    """Samples and tokens finished in this flow run, on top of what the stage dir already held at start."""
+
+    def __init__(self, plan: RegenPlan, every_s: float) -> None:
+        status = regen_status(plan.regen_dir)
+        self.lock = threading.Lock()
+        self.done, self.tokens = status.done, 0
+        self.progress = Progress(
+            artifact_key("regen-progress", plan.fingerprint), total=plan.total, unit="samples", every_s=every_s
+        )
+        self.progress.update(self.done, force=True)
+
+    def on_result(self, row: dict[str, Any]) -> None:
+        with self.lock:
+            self.done += 1
+            self.tokens += int(row.get("completion_tokens") or 0)
+            self.progress.update(self.done, tokens=self.tokens)
+
+
+_PROGRESS: dict[tuple[str, str], _StageProgress] = {}
+_PROGRESS_LOCK = threading.Lock()
+
+
+def stage_progress(plan: RegenPlan) -> _StageProgress:
+    """The progress tracker of this flow run and stage (created by the first shard task that asks)."""
+    key = (str(flow_run.get_id()), plan.fingerprint)
+    with _PROGRESS_LOCK:
+        if key not in _PROGRESS:
+            every_s = min(PROGRESS_EVERY_S, plan.pipeline.orchestration.progress_every_s)
+            _PROGRESS[key] = _StageProgress(plan, every_s)
+        return _PROGRESS[key]
+
+
+def server_limit_names(servers: list[str]) -> list[str]:
+    """Prefect global concurrency limit names, one per server (create them to cap shards per server)."""
+    return [artifact_key("regen-server", url.split("://", 1)[-1]) for url in servers]
+
+
+@task(name="regen-plan", cache_policy=NO_CACHE)
+def plan_regen_task(
+    config: dict[str, Any], prompts_dir: str | None = None, shard_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """Plan the stage; returns the plan (a dict) and the shard ids to run."""
+    plan = plan_regen(validate(config), prompts_dir)
+    selected = plan.select(shard_ids)
+    _logger().info(
+        "regen %s: %d prompts in %d shards, running %s", plan.fingerprint, plan.total, len(plan.shards), selected
+    )
+    return {"plan": plan.to_dict(), "shard_ids": selected}
+
+
+@task(
+    name="regen-shard",
+    retries=2,
+    retry_delay_seconds=10,
+    cache_key_fn=cache_key_from("fingerprint", "shard_index"),
+    persist_result=True,
+)
+def regen_shard_task(plan: dict[str, Any], fingerprint: str, shard_index: int, servers: list[str]) -> dict[str, Any]:
+    """Regenerate one shard (resuming from its journal); returns its report."""
+    regen_plan = RegenPlan.from_dict(plan)
+    tracker = stage_progress(regen_plan)
+    with concurrency(server_limit_names(servers), occupy=1, strict=False):
+        report = regen_shard(regen_plan, shard_index, servers, on_result=tracker.on_result)
+    _logger().info("regen shard %d %s: %s", shard_index, report.state, report.to_dict())
+    return report.to_dict()
+
+
+@task(name="regen-finalize", cache_policy=NO_CACHE)
+def finalize_regen_task(plan: dict[str, Any], failed_shards: list[int]) -> dict[str, Any]:
+    """Write failed_shards.json (+ manifest when complete), publish the shard table and the summary."""
+    regen_plan = RegenPlan.from_dict(plan)
+    summary = finalize_regen(regen_plan, failed_shards)
+    table = shard_states(regen_plan, failed_shards)
+    publish_table(artifact_key("regen-shards", regen_plan.fingerprint), table, description="regen shard states")
+    status = regen_status(regen_plan.regen_dir)
+    stage_progress(regen_plan).progress.update(status.done, force=True)
+    failed = summary["failed_shards"]
+    lines = [
+        f"# regen {regen_plan.fingerprint}",
+        f"- stage dir: `{summary['regen_dir']}`",
+        f"- done: {summary['done']} ({status.done}/{status.total} samples, {summary['shards_done']} shards)",
+        f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
+        f"failed samples {summary['failed']}, round-trip failures {summary['round_trip_failures']}",
+        f"- failed shards: {failed or 'none'}"
+        + (f" (re-run: `eagle3 retry-shards --run {summary['regen_dir']} --failed`)" if failed else ""),
+    ]
+    publish_markdown(artifact_key("regen-summary"), "\n".join(lines), description="regen summary")
+    return summary

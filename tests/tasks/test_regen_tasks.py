@@ -1,0 +1,70 @@
+"""Regen tasks called as plain functions (``task.fn``): plan, shard, finalize; the cache key ignores servers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
+from eagle3.data.parquet import ShardWriter
+from eagle3.data.schema import PROMPT_SCHEMA
+from eagle3.runroot import FileEntry, Manifest
+from eagle3.serve.launch import ReferenceServer
+from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task, server_limit_names
+
+
+def _prompts(root: Path) -> Path:
+    out, files = root / "prompts" / "fp", []
+    for s in range(2):
+        rows = [
+            {
+                "sample_id": f"{s}-{i}",
+                "source": "t",
+                "source_row": str(i),
+                "n_user_turns": 1,
+                "meta": "{}",
+                "messages": [{"role": "user", "content": f"q {s} {i}"}],
+                "input_ids": None,
+                "loss_mask": None,
+            }
+            for i in range(3)
+        ]
+        with ShardWriter(out, PROMPT_SCHEMA, start_index=s) as writer:
+            writer.write_rows(rows)
+        [info] = writer.close()
+        files.append(FileEntry.of(info.path, rows=info.rows, base=out))
+    Manifest(stage="prompts", fingerprint="fp", files=files).write(out)
+    return out
+
+
+def test_shard_task_cache_key_is_fingerprint_and_shard_only():
+    key = regen_shard_task.cache_key_fn
+    a = key(None, {"plan": {"x": 1}, "fingerprint": "f", "shard_index": 3, "servers": ["http://a"]})
+    b = key(None, {"plan": {"x": 2}, "fingerprint": "f", "shard_index": 3, "servers": ["http://b"]})
+    assert a == b and a != key(None, {"fingerprint": "f", "shard_index": 4})
+    assert server_limit_names(["http://10.0.0.1:30000"]) == ["regen-server-10-0-0-1-30000"]
+
+
+def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
+    from eagle3.dev.tiny_target import build_model, build_tokenizer
+
+    model_dir = tmp_path / "model"
+    tokenizer = build_tokenizer([f"q {i} text" for i in range(200)], vocab_size=300)
+    build_model(tokenizer, num_layers=4, max_position_embeddings=128).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    prompts = _prompts(tmp_path)
+    with ReferenceServer(None, extra_args=["--synthetic-tokens", "2"]) as server:
+        config = PipelineConfig(
+            name="t",
+            root=str(tmp_path),
+            target=TargetConfig(model_path=str(model_dir), num_layers=8, hidden_size=128, vocab_size=300),
+            regen=RegenConfig(servers=[server.url], max_new_tokens=2),
+        ).model_dump(mode="json")
+        planned = plan_regen_task.fn(config, str(prompts), [1])
+        assert planned["shard_ids"] == [1]
+        plan = planned["plan"]
+        report = regen_shard_task.fn(plan, plan["fingerprint"], 1, [server.url])
+    assert report["state"] == "done" and report["rows"] == 3
+    summary = finalize_regen_task.fn(plan, [])
+    assert summary["shards_pending"] == [0] and not summary["done"]
+    assert json.loads((Path(plan["regen_dir"]) / "failed_shards.json").read_text()) == []

@@ -1,0 +1,106 @@
+"""Fixtures of the regen tests: a tiny target model directory (the tiny world's when available)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _fallback_model_dir(out: Path) -> Path:
+    """An untrained tiny Llama + ChatML BPE tokenizer, for sessions where ``eagle3.dev.world`` is missing."""
+    from eagle3.dev.tiny_target import build_model, build_tokenizer
+
+    corpus = [f"user asks question {i} about topic {i % 7} and the assistant answers at length." for i in range(400)]
+    tokenizer = build_tokenizer(corpus, vocab_size=512)
+    model = build_model(tokenizer, num_layers=8, max_position_embeddings=512)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def regen_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        import eagle3.dev.world  # noqa: F401
+    except ImportError:
+        return _fallback_model_dir(tmp_path_factory.mktemp("tiny-target"))
+    return Path(request.getfixturevalue("tiny_world").model_dir)
+
+
+def write_prompts(root: Path, shards: list[list[dict]]) -> Path:
+    """A finished prompts stage (shards + manifest) under ``root/prompts/<fp>`` with PROMPT_SCHEMA rows."""
+    import json
+
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.data.schema import PROMPT_SCHEMA
+    from eagle3.runroot import FileEntry, Manifest, fingerprint
+
+    fp = fingerprint("test-prompts", shards)
+    out = root / "prompts" / fp
+    files = []
+    for index, rows in enumerate(shards):
+        full = [
+            {
+                "source": "test",
+                "source_row": str(i),
+                "n_user_turns": sum(m["role"] == "user" for m in r.get("messages") or []),
+                "meta": json.dumps({}),
+                "input_ids": None,
+                "loss_mask": None,
+            }
+            | r
+            for i, r in enumerate(rows)
+        ]
+        with ShardWriter(out, PROMPT_SCHEMA, start_index=index) as writer:
+            writer.write_rows(full)
+        [info] = writer.close()
+        files.append(FileEntry.of(info.path, rows=info.rows, base=out))
+    Manifest(stage="prompts", fingerprint=fp, files=files).write(out)
+    return out
+
+
+def chat(sample_id: str, *turns: str, system: str | None = None) -> dict:
+    """A prompts row: user turns with (to-be-discarded) assistant replies between them."""
+    messages = [{"role": "system", "content": system}] if system else []
+    for i, text in enumerate(turns):
+        messages.append({"role": "user", "content": text})
+        messages.append({"role": "assistant", "content": f"ORIGINAL ANSWER {i}"})
+    return {"sample_id": sample_id, "messages": messages}
+
+
+def regen_config(root: Path, model_dir: Path, servers: list[str], **regen: object):
+    """A pipeline config for these tests: the tiny target, small generations, fast backoff."""
+    from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
+
+    defaults = {
+        "max_new_tokens": 6,
+        "temperature": 0.0,
+        "concurrency_per_server": 4,
+        "max_retries": 3,
+        "backoff_base_s": 0.02,
+        "backoff_max_s": 0.2,
+        "readmit_after_s": 0.5,
+        "journal_fsync_every": 4,
+    }
+    return PipelineConfig(
+        name="regen-test",
+        root=str(root),
+        target=TargetConfig(
+            model_path=str(model_dir),
+            num_layers=8,
+            hidden_size=128,
+            vocab_size=2048,
+            context_length=256,
+            dtype="float32",
+        ),
+        regen=RegenConfig(servers=servers, **(defaults | regen)),
+    )
+
+
+@pytest.fixture(scope="session")
+def regen_helpers():
+    """The helpers above, as a fixture (test files cannot import a conftest module by name)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(write_prompts=write_prompts, chat=chat, config=regen_config)

@@ -1,0 +1,78 @@
+"""Server faults through real (synthetic-mode) reference servers: retries, ejection, 400s, a server gone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from eagle3.regen.journal import read_journal
+from eagle3.regen.stage import run_regen
+from eagle3.runroot import Manifest
+from eagle3.serve.launch import ReferenceServer, free_port
+
+SYNTH = ["--synthetic-tokens", "4", "--synthetic-delay", "0.01"]
+
+
+def _ids(directory: Path, prefix: str = "shard") -> list[str]:
+    return [
+        sid
+        for path in sorted(directory.glob(f"{prefix}-*.parquet"))
+        for sid in pq.read_table(path, columns=["sample_id"]).column("sample_id").to_pylist()
+    ]
+
+
+def test_two_servers_one_down_one_failing_completes_with_nothing_lost(tmp_path, regen_model_dir, regen_helpers):
+    shards = [[regen_helpers.chat(f"{s}-{i}", f"question {s} {i}") for i in range(15)] for s in range(2)]
+    prompts = regen_helpers.write_prompts(tmp_path, shards)
+    dead = f"http://127.0.0.1:{free_port()}"
+    with ReferenceServer(None, extra_args=[*SYNTH, "--fault-fail-rate", "0.2", "--fault-seed", "1"]) as flaky:
+        config = regen_helpers.config(
+            tmp_path, regen_model_dir, [dead, flaky.url], max_retries=8, eject_after_failures=2, readmit_after_s=0.5
+        )
+        summary = run_regen(config, prompts_dir=prompts)
+    assert summary["done"] and summary["failed"] == 0 and summary["failed_shards"] == []
+    out = Path(summary["regen_dir"])
+    assert sorted(_ids(out)) == sorted(r["sample_id"] for s in shards for r in s)
+    servers = {r["server"] for p in out.glob("shard-*.parquet") for r in pq.read_table(p).to_pylist()}
+    assert servers == {flaky.url}
+    attempts = [r["attempts"] for p in out.glob("shard-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert max(attempts) > 1  # some requests were retried
+
+
+def test_injected_400s_end_as_failed_samples_with_the_server_message(tmp_path, regen_model_dir, regen_helpers):
+    rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(12)]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
+    with ReferenceServer(None, extra_args=[*SYNTH, "--fault-bad-request-every", "4"]) as server:
+        summary = run_regen(regen_helpers.config(tmp_path, regen_model_dir, [server.url]), prompts_dir=prompts)
+    out = Path(summary["regen_dir"])
+    failed = pq.read_table(out / "failed-00000.parquet").to_pylist()
+    assert len(failed) == 3 and summary["failed"] == 3 and summary["done"]
+    assert all(r["status"] == "failed" and "injected fault" in r["error"] and "HTTP 400" in r["error"] for r in failed)
+    assert sorted(_ids(out) + _ids(out, "failed")) == sorted(r["sample_id"] for r in rows)
+    assert all(r["attempts"] == 1 for r in failed)  # a 400 is not retried
+
+
+def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, regen_model_dir, regen_helpers):
+    shards = [[regen_helpers.chat(f"a{i}", f"first {i}") for i in range(4)]]
+    shards.append([regen_helpers.chat(f"b{i}", f"second {i}") for i in range(10)])
+    prompts = regen_helpers.write_prompts(tmp_path, shards)
+    regen = {"max_retries": 2, "concurrency_per_server": 2}
+    with ReferenceServer(None, extra_args=[*SYNTH, "--fault-crash-after", "6"]) as doomed:
+        config = regen_helpers.config(tmp_path, regen_model_dir, [doomed.url], **regen)
+        config = config.model_copy(update={"orchestration": config.orchestration.model_copy(update={"max_workers": 1})})
+        summary = run_regen(config, prompts_dir=prompts)
+    out = Path(summary["regen_dir"])
+    assert summary["failed_shards"] == [1] and not summary["done"]
+    assert json.loads((out / "failed_shards.json").read_text()) == [1]
+    assert Manifest.read(out) is None
+    assert sorted(_ids(out)) == [f"a{i}" for i in range(4)]
+    journaled = len(read_journal(out / "shard-00001.journal.jsonl"))
+    assert journaled >= 1  # what succeeded before the crash is kept
+    with ReferenceServer(None, extra_args=SYNTH) as healthy:
+        config = regen_helpers.config(tmp_path, regen_model_dir, [healthy.url], **regen)
+        summary = run_regen(config, prompts_dir=prompts, shard_ids=[1])
+    assert summary["done"] and summary["failed_shards"] == []
+    assert Path(summary["regen_dir"]) == out  # servers are not part of the stage fingerprint
+    assert sorted(_ids(out)) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(10)])

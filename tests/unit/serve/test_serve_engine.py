@@ -1,0 +1,89 @@
+"""The continuous-batching engine decodes greedily exactly like the model alone, whatever joins or leaves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle3.serve.engine import HFEngine
+from eagle3.serve.protocol import SamplingParams, Sequence
+
+PROMPTS = [
+    "hello there, how are you",
+    "a much longer prompt that asks the assistant a question about topic three and more words",
+    "short",
+    "user asks question 5 about topic 2",
+    "and yet another prompt of middling size",
+]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(serve_model_dir: Path):
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(serve_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(serve_model_dir, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def _alone(model, ids: list[int], n: int) -> list[int]:
+    """Plain greedy decoding of one sequence with a full forward per token (no cache, no padding)."""
+    seq = list(ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
+            seq.append(int(logits.argmax()))
+    return seq[len(ids) :]
+
+
+def test_staggered_batched_greedy_equals_unbatched_greedy(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    lengths = [6, 3, 9, 5, 4]  # different max_new_tokens: sequences leave the batch at different steps
+    engine = HFEngine(model, tokenizer, max_running=8, context_length=512)
+    seqs = [
+        Sequence(str(i), tokenizer(p)["input_ids"], SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
+        for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
+    ]
+    engine.admit(seqs[:2])
+    steps = 0
+    while engine.num_running():
+        engine.step()
+        steps += 1
+        if steps == 2:
+            engine.admit(seqs[2:4])  # joins while the first two decode
+        if steps == 5:
+            engine.admit(seqs[4:])
+    for seq, n in zip(seqs, lengths, strict=True):
+        assert seq.finish_reason == {"type": "length", "length": n}
+        assert seq.verify_ct == n
+        assert seq.output_ids == _alone(model, seq.prompt_ids, n), f"sequence {seq.rid} differs from unbatched greedy"
+
+
+def test_eos_stops_generation_unless_ignored(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    first = _alone(model, ids, 1)[0]
+    engine = HFEngine(model, tokenizer, max_running=2, context_length=512)
+    engine.finish.eos_ids = {first}  # make the model's first greedy token the end of sequence
+    stop = Sequence("a", ids, SamplingParams(max_new_tokens=5, temperature=0.0))
+    go_on = Sequence("b", ids, SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True))
+    engine.admit([stop, go_on])
+    while engine.num_running():
+        engine.step()
+    assert stop.output_ids == [first]
+    assert stop.finish_reason == {"type": "stop", "matched": first}
+    assert len(go_on.output_ids) == 5
+
+
+def test_context_length_caps_generation(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    engine = HFEngine(model, tokenizer, max_running=1, context_length=len(ids) + 3)
+    seq = Sequence("a", ids, SamplingParams(max_new_tokens=50, temperature=0.0, ignore_eos=True))
+    engine.admit([seq])
+    while engine.num_running():
+        engine.step()
+    assert len(seq.output_ids) == 3
+    assert seq.finish_reason["type"] == "length"

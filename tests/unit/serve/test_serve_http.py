@@ -1,0 +1,169 @@
+"""The reference server over real HTTP: SGLang shapes, batching, streaming, errors, faults, synthetic mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from eagle3.serve.args import parse_args, server_info
+from eagle3.serve.launch import ReferenceServer
+
+SERVER_ARGS = ["--num-threads", "1", "--max-running-requests", "8", "--context-length", "256"]
+
+
+@pytest.fixture(scope="module")
+def server(serve_model_dir: Path):
+    with ReferenceServer(serve_model_dir, extra_args=SERVER_ARGS) as srv:
+        yield srv
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    async with session.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+def _run_posts(url: str, bodies: list[Any]) -> list[tuple[int, Any]]:
+    async def go() -> list[tuple[int, Any]]:
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(_post(session, url, b) for b in bodies))
+
+    return asyncio.run(go())
+
+
+def _greedy(ids: list[int], n: int) -> dict[str, Any]:
+    return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+
+
+def test_generate_answers_with_sglang_fields(server):
+    [(status, body)] = _run_posts(f"{server.url}/generate", [_greedy([5, 6, 7, 8], 4) | {"rid": "r1"}])
+    assert status == 200
+    assert len(body["output_ids"]) == 4 and isinstance(body["text"], str)
+    meta = body["meta_info"]
+    assert meta["id"] == "r1"
+    assert meta["finish_reason"]["type"] == "length"
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["spec_verify_ct"]) == (4, 4, 4)
+    assert {"cached_tokens", "e2e_latency"} <= set(meta)
+
+
+def test_concurrent_greedy_requests_equal_each_alone(server):
+    prompts = [[5 + (i * 7 + j) % 200 for j in range(3 + 4 * i)] for i in range(6)]
+    alone = [_run_posts(f"{server.url}/generate", [_greedy(p, 5 + i)])[0] for i, p in enumerate(prompts)]
+    together = _run_posts(f"{server.url}/generate", [_greedy(p, 5 + i) for i, p in enumerate(prompts)])
+    assert [b["output_ids"] for _, b in together] == [b["output_ids"] for _, b in alone]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"input_ids": [1, 2, 10**9]}, "outside the vocabulary"),
+        ({"input_ids": []}, "non-empty"),
+        ({"input_ids": ["a", "b"]}, "integers"),
+        ({"input_ids": [5] * 300}, "context length"),
+        ({"input_ids": [5], "sampling_params": {"max_new_tokens": "x"}}, "max_new_tokens"),
+        ({"text": "hi", "input_ids": [5]}, "exactly one"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_bad_input_answers_400_with_a_message(server, body, needle):
+    [(status, reply)] = _run_posts(f"{server.url}/generate", [body])
+    assert status == 400
+    assert needle in reply["error"]["message"]
+
+
+def test_stream_sends_events_then_done(server):
+    req = urllib.request.Request(
+        f"{server.url}/generate",
+        data=json.dumps(_greedy([5, 6, 7], 3) | {"stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        events = [e for e in resp.read().decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    final = json.loads(events[-2].removeprefix("data: "))
+    assert final["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(final["output_ids"]) == 3
+    assert all(e.startswith("data: ") for e in events)
+
+
+def test_chat_completions_renders_the_chat_template(server):
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0}
+    [(status, reply)] = _run_posts(f"{server.url}/v1/chat/completions", [body])
+    assert status == 200
+    assert reply["choices"][0]["message"]["role"] == "assistant"
+    assert reply["usage"]["completion_tokens"] <= 3
+    assert reply["usage"]["prompt_tokens"] > 3  # the template added the role markers
+
+
+def test_info_endpoints_report_model_and_server_args(server, serve_model_dir):
+    model = _get(f"{server.url}/get_model_info")
+    assert model["model_path"] == str(serve_model_dir)
+    assert model["architectures"] == ["LlamaForCausalLM"] and model["synthetic"] is False
+    info = _get(f"{server.url}/get_server_info")
+    assert info["speculative_algorithm"] is None
+    assert info["max_running_requests"] == 8
+    assert "avg_spec_accept_length" in info["internal_states"][0]
+    with urllib.request.urlopen(f"{server.url}/health_generate", timeout=30) as resp:
+        assert resp.status == 200
+
+
+def test_speculative_flags_are_stored_in_server_args():
+    args = parse_args(
+        [
+            "--model",
+            "m",
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            "d",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+        ]
+    )
+    info = server_info(args)
+    assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_draft_tokens"] == 4
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--speculative-num-steps", "3"])  # all three or none
+
+
+def test_synthetic_mode_faults_and_queue_cap():
+    extra = [
+        "--synthetic-tokens",
+        "4",
+        "--synthetic-delay",
+        "0.3",
+        "--fault-bad-request-every",
+        "3",
+        "--max-queued-requests",
+        "2",
+    ]
+    with ReferenceServer(None, extra_args=extra) as srv:
+        assert _get(f"{srv.url}/get_model_info")["synthetic"] is True
+        replies = _run_posts(f"{srv.url}/generate", [{"input_ids": [5, 6]}] * 6)
+    statuses = sorted(s for s, _ in replies)
+    assert statuses.count(400) == 2  # requests #3 and #6
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 1
+    bad = [b for s, b in replies if s == 400]
+    assert all("injected fault" in b["error"]["message"] for b in bad)
+
+
+def test_crash_after_exits_the_process():
+    with ReferenceServer(None, extra_args=["--synthetic-tokens", "2", "--fault-crash-after", "2"]) as srv:
+        _run_posts(f"{srv.url}/generate", [{"input_ids": [5]}])
+        _run_posts(f"{srv.url}/generate", [{"input_ids": [5]}])
+        assert srv.proc is not None
+        assert srv.proc.wait(timeout=20) == 70
