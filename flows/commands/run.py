@@ -1,13 +1,27 @@
-"""``eagle3 run``: the whole pipeline for a recipe (the README's main command)."""
+"""``eagle3 run``: the whole pipeline for a recipe (the README's main command), as the ``data-scaling`` flow.
+
+Without ``PREFECT_API_URL`` the flow runs in Prefect's ephemeral mode (no server to start); with it, the run shows
+up in that server's UI. Killing the command at any point and running it again resumes: finished stages are skipped
+from their manifests, running shards resume from their journals. Exit code 0 when the gate passes, 1 when it
+refuses the draft (the report path is printed either way), 2 on a config error.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 from pathlib import Path
 
 import typer
 
 from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
 from flows.commands.dev import build_tiny
+
+ScaleOption = typer.Option(
+    None, "--scale", min=1, help="Grow the cumulative training set by this many prompts (default: use them all)."
+)
+ShardsOption = typer.Option(None, "--shard", help="Only these prompt shard ids (repeatable); default: planned.")
 
 
 def register(app: typer.Typer) -> None:
@@ -16,9 +30,47 @@ def register(app: typer.Typer) -> None:
         recipe: str = RecipeOption,
         config: Path | None = ConfigOption,
         set_: list[str] | None = SetOption,
+        scale: int | None = ScaleOption,
+        shard: list[int] | None = ShardsOption,
     ) -> None:
-        """Run the pipeline for a recipe; the tiny recipe first builds (or reuses) the tiny offline world."""
+        """Run the pipeline (discover -> ... -> gate); the tiny recipe first builds (or reuses) the tiny world."""
         cfg = resolve_config(recipe, config, set_)
         if cfg.dev.tiny_world:
             build_tiny(Path(cfg.dev.cache_dir) if cfg.dev.cache_dir else None)
         console.print(f"run root: {cfg.root_path}")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
+        from flows.pipeline import data_scaling
+
+        with _patient_ephemeral_server():
+            state = data_scaling(
+                recipe=str(config) if config else recipe,
+                overrides=list(set_ or []),
+                scale=scale,
+                shard_ids=list(shard) if shard else None,
+                return_state=True,
+            )
+        _report(state)
+
+
+def _patient_ephemeral_server() -> contextlib.AbstractContextManager[object]:
+    """Give Prefect's ephemeral server 120 s to start (its 20 s default times out on a busy 2-core machine),
+    unless the user set ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` themselves."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+
+    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ:
+        return contextlib.nullcontext()
+    return temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120})
+
+
+def _report(state: object) -> None:
+    """Print where the gate report is and exit 0 (pass) or 1 (refused or failed)."""
+    from prefect.states import State
+
+    assert isinstance(state, State)
+    if state.is_completed():
+        summary = state.result()
+        console.print(f"[green]gate passed[/green]: report {summary['gate']['markdown']}")
+        console.print(f"scaling curve: {summary['curve']['curve']} ({summary['curve']['verdict']})")
+        return
+    console.print(f"[red]{state.name}[/red]: {state.message}")
+    raise typer.Exit(1)

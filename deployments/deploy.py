@@ -1,0 +1,189 @@
+"""Prefect deployments of the pipeline (DESIGN §7): nightly ``data-scaling``, ``regen`` re-triggers, ``gate``.
+
+Usage (``PREFECT_API_URL`` pointing at ``infra/prefect-server.sh``'s server)::
+
+    python deployments/deploy.py apply --recipe kimi_k2_5 --scale 10000 --cron "0 1 * * *" --timezone Europe/Paris
+    infra/prefect-worker.sh gpu      # capture, train, gate, and the nightly orchestration
+    infra/prefect-worker.sh cpu      # regeneration (HTTP clients against the SGLang servers)
+    python deployments/deploy.py serve --recipe tiny   # no workers: this process runs the deployments itself
+
+Design choices:
+
+* Deployments use **module entrypoints** (``flows.pipeline.data_scaling``) on ``process`` work pools: the worker
+  imports the installed package, no image or code storage. Kubernetes pools take the same deployments with an
+  ``image`` job variable (README).
+* ``data-scaling`` has ``concurrency_limit=1`` with the ENQUEUE strategy: a night that runs long makes the next
+  one wait, never overlap on the same run root. ``regen`` is limited to one run too (re-triggers of shard subsets
+  queue behind each other).
+* ``regen`` and ``gate`` take the config resolved here, at deploy time, as a plain dict parameter (what their
+  flows accept); ``data-scaling`` takes the recipe name and overrides, resolved on the worker each night.
+* Work pools ``cpu`` and ``gpu`` (type ``process``) and the zombie-run automation are created if missing, so
+  ``apply`` is idempotent and safe to re-run after every upgrade.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.exceptions import ObjectNotFound
+from prefect.schedules import Cron
+
+if __package__ in (None, ""):  # `python deployments/deploy.py`: make the repo importable like the installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from deployments.automations import ensure_zombie_automation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DeploySpec:
+    """What the deployments run and where; every field is a command-line option of ``deploy.py``."""
+
+    recipe: str = "tiny"
+    overrides: list[str] = field(default_factory=list)
+    scale: int | None = None
+    cron: str = "0 2 * * *"
+    timezone: str = "UTC"
+    paused: bool = False
+    cpu_pool: str = "cpu"
+    gpu_pool: str = "gpu"
+    name: str | None = None  # deployment name; default: the recipe name
+
+    @property
+    def deployment_name(self) -> str:
+        return self.name or self.recipe
+
+
+def _resolved_config(spec: DeploySpec) -> dict[str, Any]:
+    from eagle3.recipes import load_recipe
+
+    return load_recipe(spec.recipe, spec.overrides).model_dump(mode="json")
+
+
+def build_deployments(spec: DeploySpec, *, with_pools: bool = True) -> list[RunnerDeployment]:
+    """The three deployments; ``with_pools=False`` for ``serve`` (the serving process runs them itself)."""
+    from flows.gate import gate_flow
+    from flows.pipeline import data_scaling
+    from flows.regen import regen_flow
+
+    def pool(name: str) -> dict[str, Any]:
+        return {"work_pool_name": name, "entrypoint_type": EntrypointType.MODULE_PATH} if with_pools else {}
+
+    one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
+    name = spec.deployment_name
+    config = _resolved_config(spec)
+    return [
+        data_scaling.to_deployment(
+            name,
+            schedules=[Cron(spec.cron, timezone=spec.timezone)],
+            paused=spec.paused,
+            concurrency_limit=one_at_a_time,
+            parameters={"recipe": spec.recipe, "overrides": spec.overrides, "scale": spec.scale},
+            description=f"Nightly data scaling of recipe {spec.recipe!r}: +{spec.scale or 'all'} prompts a night.",
+            tags=["eagle3", "nightly", spec.recipe],
+            **pool(spec.gpu_pool),
+        ),
+        regen_flow.to_deployment(
+            name,
+            concurrency_limit=one_at_a_time,
+            parameters={"config": config, "shard_ids": None},
+            description="Regenerate prompt shards; re-trigger a few with --param shard_ids='[3,17]'.",
+            tags=["eagle3", "regen", spec.recipe],
+            **pool(spec.cpu_pool),
+        ),
+        gate_flow.to_deployment(
+            name,
+            parameters={"config": config},
+            description="Gate drafts on demand: --param drafts='[\"<root>/drafts/<fp>/export\"]'.",
+            tags=["eagle3", "gate", spec.recipe],
+            **pool(spec.gpu_pool),
+        ),
+    ]
+
+
+def ensure_work_pools(names: Sequence[str]) -> None:
+    """Create each ``process`` work pool that does not exist yet (existing pools are left as they are)."""
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        for name in dict.fromkeys(names):
+            try:
+                client.read_work_pool(name)
+            except ObjectNotFound:
+                template = ProcessWorker.get_default_base_job_template()
+                client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
+                logger.info("created process work pool %r", name)
+
+
+def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]:
+    """Register the deployments on the server (pools and automation first); returns ``{flow/name: id}``."""
+    ensure_work_pools([spec.cpu_pool, spec.gpu_pool])
+    if zombie_automation:
+        ensure_zombie_automation()
+    ids = {}
+    for deployment in build_deployments(spec):
+        deployment_id = deployment.apply(work_pool_name=deployment.work_pool_name)
+        ids[f"{deployment.flow_name}/{deployment.name}"] = str(deployment_id)
+    for full_name, deployment_id in ids.items():
+        logger.info("deployment %s: %s", full_name, deployment_id)
+    return ids
+
+
+def serve_forever(spec: DeploySpec) -> None:
+    """Serve the deployments from this process (no work pools or workers needed); blocks until interrupted."""
+    from prefect import serve
+
+    serve(*build_deployments(spec, with_pools=False), limit=1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", nargs="?", choices=("apply", "serve"), default="apply")
+    parser.add_argument("--recipe", default=DeploySpec.recipe)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override a.b=value")
+    parser.add_argument("--scale", type=int, default=None, help="new prompts per night (default: all at once)")
+    parser.add_argument("--cron", default=DeploySpec.cron, help="nightly schedule (cron syntax)")
+    parser.add_argument("--timezone", default=DeploySpec.timezone, help="IANA timezone of the cron schedule")
+    parser.add_argument("--paused", action="store_true", help="create the nightly schedule paused")
+    parser.add_argument("--cpu-pool", default=DeploySpec.cpu_pool)
+    parser.add_argument("--gpu-pool", default=DeploySpec.gpu_pool)
+    parser.add_argument("--name", default=None, help="deployment name (default: the recipe name)")
+    parser.add_argument("--no-zombie-automation", action="store_true", help="skip the zombie-run automation")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    spec = DeploySpec(
+        recipe=args.recipe,
+        overrides=list(args.overrides),
+        scale=args.scale,
+        cron=args.cron,
+        timezone=args.timezone,
+        paused=args.paused,
+        cpu_pool=args.cpu_pool,
+        gpu_pool=args.gpu_pool,
+        name=args.name,
+    )
+    if args.mode == "serve":
+        serve_forever(spec)
+        return 0
+    for full_name, deployment_id in apply(spec, zombie_automation=not args.no_zombie_automation).items():
+        print(f"{full_name}\t{deployment_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

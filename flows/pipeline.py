@@ -1,0 +1,82 @@
+"""``data-scaling``: the whole pipeline as one flow of stage subflows (DESIGN §1, §6, §7).
+
+discover -> normalize -> plan-night -> regen -> capture -> vocab -> train (+ export) -> gate -> scaling curve.
+
+Design choices:
+
+* Every stage is its own subflow, so the UI shows one run per stage with its artifacts, and each stage skips
+  itself when its manifest (or its per-shard outputs) already exist: a re-run, a resume after ``kill -9`` and a
+  nightly run over a grown prompt set all redo only what is missing.
+* The night's shard selection is a task over the run root (``eagle3.scaling``): the first whole prompt shards
+  covering ``previous total + scale``; explicit ``shard_ids`` override it (re-triggers, tests).
+* Regen and capture get the task runner from ``orchestration`` (threads, or Ray with one GPU per capture task).
+* A refused gate ends the run **Failed** with the report path in the message; the report is also the
+  ``gate-report`` markdown artifact, and the night's point is on the scaling curve either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.states import Failed, State
+
+from eagle3.config import validate
+from flows.capture import capture_flow, vocab_flow
+from flows.discover import discover_flow
+from flows.gate import gate_flow
+from flows.normalize import normalize_flow
+from flows.regen import regen_flow
+from flows.runners import build_task_runner, shard_placement
+from flows.train import train_flow
+from tasks.pipeline import (
+    plan_night_task,
+    publish_summary_task,
+    record_scaling_point_task,
+    resolve_config_task,
+    tiny_world_task,
+)
+
+
+@flow(name="data-scaling", log_prints=False)
+def data_scaling(
+    recipe: str = "tiny",
+    overrides: list[str] | None = None,
+    scale: int | None = None,
+    shard_ids: list[int] | None = None,
+) -> dict[str, Any] | State:
+    """Grow the training set by ``scale`` prompts (all prompts when unset), train a draft on everything so far,
+    gate it against the baseline and the champion, and add the night to the scaling curve.
+
+    ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
+    """
+    config = resolve_config_task(recipe, overrides or [])
+    pipeline_config = validate(config)
+    runner = build_task_runner(pipeline_config.orchestration)
+    tiny_world_task(config)
+    catalog = discover_flow(config)
+    prompts = normalize_flow(config, catalog)
+    night = plan_night_task(config, prompts, scale, shard_ids)
+    with shard_placement(pipeline_config, "regen"):
+        regen = regen_flow.with_options(task_runner=runner)(config, shard_ids=night["shard_ids"], prompts_dir=prompts)
+    with shard_placement(pipeline_config, "capture"):
+        features = capture_flow.with_options(task_runner=runner)(
+            config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"]
+        )
+    vocab = vocab_flow(config, features)
+    draft = train_flow(config, features, vocab)
+    gate = gate_flow(config, [draft["export"]], features_dir=features)
+    curve = record_scaling_point_task(
+        config,
+        gate=gate,
+        total_prompts=night["total_prompts"],
+        train_samples=draft["train_samples"],
+        draft_fingerprint=draft["fingerprint"],
+        label=f"{len(night['shard_ids'])} shards",
+    )
+    summary = {"night": night, "regen": regen, "draft": draft, "gate": gate, "curve": curve}
+    publish_summary_task(summary)
+    get_run_logger().info("gate report: %s", gate["markdown"])
+    if not gate["passed"]:
+        return Failed(message=f"gate refused the draft {draft['export']}: report {gate['markdown']}", data=summary)
+    return summary

@@ -1,0 +1,59 @@
+"""Task runners from config: threads by default, a Ray cluster for shard scale-out (DESIGN §7).
+
+Stage flows are decorated with a default task runner; the pipeline swaps it per run with
+``flow.with_options(task_runner=build_task_runner(config.orchestration))`` so one config key moves regen and capture
+shards from local threads onto a Ray cluster. ``prefect-ray`` is an optional extra (``pip install
+'eagle3-pipeline[ray]'``) imported only when asked for. On a GPU cluster every capture shard task asks Ray for one
+GPU (``remote_options(num_gpus=1)``), so Ray packs one capture task per device; regen shards stay CPU tasks (they
+only drive HTTP clients against the SGLang servers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from eagle3.config import ConfigError, OrchestrationConfig, PipelineConfig
+
+ShardStage = Literal["regen", "capture"]
+RAY_INSTALL_HINT = "install the extra: pip install 'eagle3-pipeline[ray]' (prefect-ray and ray)"
+
+
+def build_task_runner(orchestration: OrchestrationConfig) -> TaskRunner[Any]:
+    """``ThreadPoolTaskRunner(max_workers)`` or ``RayTaskRunner(address)``; no address starts a local Ray."""
+    if orchestration.task_runner == "thread":
+        return ThreadPoolTaskRunner(max_workers=orchestration.max_workers)
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError:
+        raise ConfigError(f"orchestration.task_runner=ray needs prefect-ray: {RAY_INSTALL_HINT}") from None
+    init_kwargs: dict[str, Any] = {}
+    if orchestration.ray_address is None:
+        # A local cluster sized by max_workers, so a laptop run does not take every core.
+        init_kwargs["num_cpus"] = orchestration.max_workers
+    return RayTaskRunner(address=orchestration.ray_address, init_kwargs=init_kwargs)
+
+
+def shard_resources(config: PipelineConfig, stage: ShardStage) -> dict[str, Any]:
+    """Ray ``@remote`` options for one shard task of ``stage`` (empty on the thread runner)."""
+    if config.orchestration.task_runner != "ray":
+        return {}
+    if stage == "capture" and config.capture.device.startswith("cuda"):
+        return {"num_gpus": 1}
+    return {"num_cpus": 1}
+
+
+@contextlib.contextmanager
+def shard_placement(config: PipelineConfig, stage: ShardStage) -> Iterator[dict[str, Any]]:
+    """Apply :func:`shard_resources` to every task submitted inside the block (a no-op without Ray)."""
+    options = shard_resources(config, stage)
+    if not options:
+        yield options
+        return
+    from prefect_ray.context import remote_options
+
+    with remote_options(**options):
+        yield options

@@ -1,0 +1,149 @@
+"""Prefect tasks of the data-scaling pipeline: resolve the config, make sure the tiny world exists, plan tonight's
+shards, extend the scaling curve, publish the night's summary.
+
+Thin wrappers over ``eagle3.scaling``, the config loader and the tiny-world builder. No Prefect result cache on any
+of them: each is quick and reads the run root, which is the truth (the curve tells tonight's total; a cached plan
+could not see a night recorded since).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from eagle3.config import load_yaml, validate
+from eagle3.recipes import eagle3_home, load_recipe
+from eagle3.runroot import Manifest
+from eagle3.scaling import (
+    ScalingPoint,
+    curve_markdown,
+    curve_table,
+    data_limited_verdict,
+    plan_night,
+    plot_curve,
+    previous_total,
+    read_curve,
+    record_point,
+    shard_rows,
+)
+from tasks.common import publish_markdown, publish_table
+
+
+@task(name="resolve-config", cache_policy=NO_CACHE)
+def resolve_config_task(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A recipe name, or a path to a YAML config, plus ``a.b=value`` overrides -> the validated config as a dict."""
+    path = Path(recipe).expanduser()
+    if recipe.endswith((".yaml", ".yml")) or path.is_file():
+        config = load_yaml(path, overrides or [])
+    else:
+        config = load_recipe(recipe, overrides or [])
+    get_run_logger().info("config %s, run root %s", config.name, config.root_path)
+    return config.model_dump(mode="json")
+
+
+@task(name="tiny-world", cache_policy=NO_CACHE)
+def tiny_world_task(config: dict[str, Any]) -> str | None:
+    """Build (or reuse) the tiny offline world when the config asks for it, so a deployment of the tiny recipe runs
+    on a fresh worker; returns its directory (None for real targets)."""
+    cfg = validate(config)
+    if not cfg.dev.tiny_world:
+        return None
+    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+
+    cache = Path(cfg.dev.cache_dir) if cfg.dev.cache_dir else eagle3_home() / "cache"
+    world, hit = build_tiny_world(cache, TinyWorldSpec())
+    get_run_logger().info("tiny world %s at %s", "reused" if hit else "built", world.root)
+    return str(world.root)
+
+
+@task(name="plan-night", cache_policy=NO_CACHE)
+def plan_night_task(
+    config: dict[str, Any], prompts_dir: str, scale: int | None, shard_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """Tonight's prompt shards: explicit ``shard_ids`` win; else the curve's last total + ``scale`` (whole shards)."""
+    log = get_run_logger()
+    manifest = Manifest.read(Path(prompts_dir))
+    if manifest is None:
+        raise FileNotFoundError(f"{prompts_dir} has no manifest: the normalize stage did not finish")
+    rows = shard_rows(manifest.files)
+    root = validate(config).root_path
+    plan = plan_night(rows, scale=scale, previous_total=previous_total(read_curve(root)))
+    selected = plan.shard_ids if shard_ids is None else sorted(set(shard_ids))
+    unknown = [k for k in selected if not 0 <= k < len(rows)]
+    if unknown:
+        raise ValueError(f"shard_ids {unknown} do not exist: the prompts stage has shards 0..{len(rows) - 1}")
+    log.info(
+        "tonight: %d prompts in shards %s (%d new), pool %d%s",
+        plan.total_prompts,
+        selected,
+        len(plan.new_shard_ids),
+        plan.pool_prompts,
+        ", pool exhausted" if plan.exhausted else "",
+    )
+    return {
+        "total_prompts": sum(rows[k] for k in selected),
+        "shard_ids": selected,
+        "new_shard_ids": plan.new_shard_ids if shard_ids is None else selected,
+        "pool_prompts": plan.pool_prompts,
+        "exhausted": plan.exhausted,
+    }
+
+
+@task(name="record-scaling-point", cache_policy=NO_CACHE)
+def record_scaling_point_task(
+    config: dict[str, Any],
+    *,
+    gate: dict[str, Any],
+    total_prompts: int,
+    train_samples: int,
+    draft_fingerprint: str,
+    label: str,
+) -> dict[str, Any]:
+    """Add tonight's gate result to ``<root>/scaling/curve.jsonl``; publish the curve as a table, Markdown, PNG."""
+    from eagle3.bench.report import read_report
+
+    report = read_report(Path(gate["out_dir"]))
+    decision = report.decisions[0] if report.decisions else None
+    point = ScalingPoint(
+        total_prompts=total_prompts,
+        train_samples=train_samples,
+        accept_length=float(decision.accept_length or 0.0) if decision else 0.0,
+        speedup=float(decision.speedup or 0.0) if decision else 0.0,
+        passed=bool(gate["passed"]),
+        draft_fingerprint=draft_fingerprint,
+        report=str(gate["report"]),
+        label=label,
+    )
+    root = validate(config).root_path
+    points = record_point(root, point)
+    png = plot_curve(points, root / "scaling" / "curve.png")
+    verdict = data_limited_verdict(points)
+    publish_table("scaling-curve", curve_table(points), description=verdict)
+    publish_markdown("scaling-curve-summary", curve_markdown(points, png=png), description=verdict)
+    get_run_logger().info("scaling curve: %d nights, %s (plot %s)", len(points), verdict, png)
+    return {"points": len(points), "verdict": verdict, "png": str(png), "curve": str(root / "scaling" / "curve.jsonl")}
+
+
+@task(name="night-summary", cache_policy=NO_CACHE)
+def publish_summary_task(summary: dict[str, Any]) -> str:
+    """The night in a few Markdown lines (artifact ``data-scaling-summary``); returns the Markdown."""
+    night, gate, curve = summary["night"], summary["gate"], summary["curve"]
+    verdict = "PASS (promoted)" if gate["passed"] else "REFUSED"
+    exhausted = " - pool exhausted" if night["exhausted"] else ""
+    markdown = "\n".join(
+        [
+            "# Data-scaling night",
+            "",
+            f"- prompts: {night['total_prompts']:,} in shards {night['shard_ids']} "
+            f"({len(night['new_shard_ids'])} new){exhausted}",
+            f"- draft: `{summary['draft']['export']}`",
+            f"- gate: **{verdict}**, report `{gate['markdown']}`",
+            f"- scaling curve: {curve['points']} nights, {curve['verdict']} (`{curve['png']}`)",
+            "",
+        ]
+    )
+    publish_markdown("data-scaling-summary", markdown, description=f"gate {verdict}")
+    return markdown

@@ -1,0 +1,187 @@
+"""End-to-end helpers (imported by ``conftest.py`` and the e2e tests): a real Prefect server on a free port with a
+fresh PREFECT_HOME, REST helpers, a worker, the ``eagle3`` CLI as a subprocess, headless Chromium screenshots.
+
+Every child process gets the same environment (``e2e_env``): telemetry off, the API and UI URLs of this server,
+and the session's EAGLE3_HOME so the tiny world built once is reused.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+
+# Overrides that keep a tiny pipeline run to a couple of minutes on 2 cores (fewer epochs, prompts and levels).
+FAST_TINY = [
+    "train.epochs=2",
+    "gate.prompts_per_set=4",
+    "gate.concurrency=[1]",
+    "gate.warmup_requests=1",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=str(REPO),
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class PrefectServer:
+    url: str  # http://127.0.0.1:P
+    env: dict[str, str]  # for every child process that talks to this server
+    home: Path
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/api"
+
+    def get(self, path: str) -> Any:
+        response = httpx.get(f"{self.api}{path}", timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = httpx.post(f"{self.api}{path}", json=body or {}, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def wait_for_run(self, run_id: str, *, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = self.get(f"/flow_runs/{run_id}")
+            if run["state_type"] in TERMINAL:
+                return run
+            time.sleep(2)
+        raise AssertionError(f"flow run {run_id} not finished after {timeout_s:.0f}s: {run['state_type']}")
+
+    def child_runs(self, parent_id: str) -> list[dict[str, Any]]:
+        task_runs = self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [parent_id]}}})
+        ids = [t["id"] for t in task_runs]
+        if not ids:
+            return []
+        return self.post("/flow_runs/filter", {"flow_runs": {"parent_task_run_id": {"any_": ids}}})
+
+    def task_runs(self, flow_run_id: str) -> list[dict[str, Any]]:
+        return self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as fh:
+        return subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 20) -> None:
+    """SIGTERM the process group (workers spawn flow-run subprocesses), SIGKILL what is left."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """A real ``prefect server start`` (API + UI) for one test module."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = base_env(PREFECT_HOME=str(home), PREFECT_API_URL=f"{url}/api", PREFECT_UI_API_URL=f"{url}/api")
+    log = home / "server.log"
+    proc = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log)
+    server = PrefectServer(url, env, home)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/api/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(f"prefect server did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield server
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def process_worker(prefect_server: PrefectServer) -> Iterator[subprocess.Popen[bytes]]:
+    """A process worker on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess."""
+    env = prefect_server.env | {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+    args = [str(BIN / "prefect"), "worker", "start", "--pool", "e2e", "--type", "process", "--limit", "1"]
+    proc = _start(args, env, prefect_server.home / "worker.log")
+    yield proc
+    stop(proc)
+
+
+def screenshot(url: str, out: Path) -> Path:
+    """Headless Chromium screenshot of a UI page (the settings MACHINE.md found to work offline)."""
+    subprocess.run([*_chromium_args(), f"--screenshot={out}", url], check=True, capture_output=True, timeout=120)
+    return out
+
+
+def dump_dom(url: str) -> str:
+    done = subprocess.run([*_chromium_args(), "--dump-dom", url], check=True, capture_output=True, timeout=120)
+    return done.stdout.decode(errors="replace")
+
+
+def _chromium_args() -> list[str]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: install it (infra/dev.sh test does: apt-get install chromium)")
+    return [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}",
+        "--virtual-time-budget=15000",
+        "--window-size=1400,900",
+    ]
+
+
+def eagle3(args: list[str], env: dict[str, str], *, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+    """Run the ``eagle3`` CLI to completion (output captured for assertions)."""
+    return subprocess.run(
+        [str(BIN / "eagle3"), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s
+    )

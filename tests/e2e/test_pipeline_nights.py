@@ -1,0 +1,121 @@
+"""`eagle3 run --recipe tiny --scale N` as the user runs it: killed during regen and resumed, then a second night.
+
+The module is one story on one run root (tests run in file order and share it):
+
+1. night 1 is killed (SIGKILL to the whole process group) while regen is writing its journals;
+2. the same command again finishes: prompts are not rebuilt, regen rows journaled before the kill are kept
+   (their ``server`` is the first run's reference server), every sample appears exactly once;
+3. night 2 adds ``scale`` prompts: earlier regen and feature shards are untouched, only new shards are written,
+   and the scaling curve has two points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from e2e_support import BIN, FAST_TINY, REPO, base_env, stop
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SHARD_SIZE = 40  # small prompt shards so that one night is a few shards
+SCALE = 80  # two shards a night
+RUN_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def story(tiny_world: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("nights-root")
+    overrides = [f"root={root}", f"normalize.shard_size={SHARD_SIZE}", *FAST_TINY]
+    args = [str(BIN / "eagle3"), "run", "--recipe", "tiny", "--scale", str(SCALE)]
+    for override in overrides:
+        args += ["--set", override]
+    return {"root": root, "args": args, "env": base_env(), "log": root.parent / f"{root.name}.log"}
+
+
+def _run(story: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        story["args"], env=story["env"], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert done.returncode in (0, 1), done.stderr[-4000:]  # 1 = the gate refused the tiny draft
+    assert "report" in done.stderr + done.stdout
+    return done
+
+
+def _regen_dir(root: Path) -> Path:
+    (regen,) = [d for d in (root / "regen").iterdir() if d.is_dir()]
+    return regen
+
+
+def _journal_rows(root: Path) -> int:
+    if not (root / "regen").exists():
+        return 0
+    return sum(len(p.read_text().splitlines()) for p in (root / "regen").glob("*/shard-*.journal.jsonl"))
+
+
+def _rows(paths: list[Path], columns: list[str]) -> list[dict[str, Any]]:
+    return [row for p in paths for row in pq.read_table(p, columns=columns).to_pylist()]
+
+
+def test_killed_during_regen_then_the_same_command_resumes(story: dict[str, Any]):
+    root = story["root"]
+    with open(story["log"], "wb") as log:
+        proc = subprocess.Popen(
+            story["args"], env=story["env"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while _journal_rows(root) < 5:
+        assert proc.poll() is None, f"run ended before regen journaled anything:\n{story['log'].read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "regen never started"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    stop(proc)
+    journaled = {
+        json.loads(line)["sample_id"]: json.loads(line)["server"]
+        for p in (root / "regen").glob("*/shard-*.journal.jsonl")
+        for line in p.read_text().splitlines()
+        if line.strip().endswith("}")
+    }
+    prompts_manifest = next((root / "prompts").glob("*/manifest.json"))
+    prompts_written = json.loads(prompts_manifest.read_text())["created_at"]
+
+    _run(story)
+
+    assert json.loads(prompts_manifest.read_text())["created_at"] == prompts_written, "prompts were rebuilt"
+    regen = _regen_dir(root)
+    rows = _rows(sorted(regen.glob("shard-*.parquet")), ["sample_id", "server"])
+    counts = Counter(r["sample_id"] for r in rows)
+    assert counts and max(counts.values()) == 1, "a sample appears twice in the regen output"
+    kept = [
+        sid for sid, server in journaled.items() if any(r["sample_id"] == sid and r["server"] == server for r in rows)
+    ]
+    assert len(kept) == len(journaled), "samples finished before the kill were regenerated again"
+
+
+def test_second_night_adds_only_new_shards_and_a_curve_point(story: dict[str, Any]):
+    root = story["root"]
+    regen = _regen_dir(root)
+    night1 = {p.name: p.stat().st_mtime_ns for p in regen.glob("shard-*.parquet")}
+    features = {p.name: p.stat().st_mtime_ns for p in root.glob("features/*/shard-*.parquet")}
+
+    _run(story)
+
+    night2 = {p.name: p.stat().st_mtime_ns for p in regen.glob("shard-*.parquet")}
+    assert {k: night2[k] for k in night1} == night1, "night 2 rewrote shards regenerated on night 1"
+    assert len(night2) > len(night1), "night 2 regenerated nothing new"
+    assert {p.name: p.stat().st_mtime_ns for p in root.glob("features/*/shard-*.parquet") if p.name in features} == (
+        features
+    ), "night 2 recaptured shards captured on night 1"
+    points = [json.loads(line) for line in (root / "scaling" / "curve.jsonl").read_text().splitlines()]
+    assert len(points) == 2 and points[1]["total_prompts"] > points[0]["total_prompts"]
+    assert points[1]["train_samples"] > points[0]["train_samples"]
+    assert (root / "scaling" / "curve.png").is_file()

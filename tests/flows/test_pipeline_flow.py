@@ -1,0 +1,117 @@
+"""The data-scaling flow's own tasks and its deployments, against the session's ephemeral Prefect API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefect.logging import disable_run_logger
+
+from eagle3.bench.report import Decision, GateReport, write_report
+from eagle3.runroot import FileEntry, Manifest
+from eagle3.scaling import read_curve
+from tasks.pipeline import plan_night_task, record_scaling_point_task, resolve_config_task
+
+
+@pytest.fixture(autouse=True)
+def _no_run_logger():
+    """Tasks are called as plain functions (``task.fn``): their run logger has no run to attach to."""
+    with disable_run_logger():
+        yield
+
+
+def _prompts(tmp_path: Path, rows: list[int]) -> Path:
+    out = tmp_path / "prompts" / "fp"
+    out.mkdir(parents=True)
+    files = [FileEntry(f"shard-{k:05d}.parquet", n, 1, "x") for k, n in enumerate(rows)]
+    Manifest("prompts", "fp", files=[*files, FileEntry("quarantine.parquet", 2, 1, "y")]).write(out)
+    return out
+
+
+def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> dict:
+    out = tmp_path / "gate" / f"g{accept}"
+    report = GateReport(
+        fingerprint=out.name,
+        target="tiny",
+        thresholds={"decision_concurrency": 1, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0},
+        prompts={},
+        arms=[],
+        decisions=[Decision("d", passed, "spec", speedup, accept, None)],
+        passed=passed,
+    )
+    write_report(report, out)
+    paths = {"out_dir": str(out), "report": str(out / "report.json"), "markdown": str(out / "report.md")}
+    return paths | {"passed": passed}
+
+
+def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
+    from_recipe = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
+    path = tmp_path / "cfg.yaml"
+    path.write_text(json.dumps(from_recipe))  # JSON is YAML
+    from_file = resolve_config_task.fn(str(path), ["train.lr=0.5"])
+    assert from_recipe["root"] == str(tmp_path) and from_file["train"]["lr"] == 0.5
+
+
+def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harness):
+    config = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
+    prompts = _prompts(tmp_path, [10, 10, 10, 4])
+    night1 = plan_night_task.fn(config, str(prompts), 15)
+    assert night1["shard_ids"] == [0, 1] and night1["total_prompts"] == 20
+    record_scaling_point_task.fn(
+        config,
+        gate=_gate(tmp_path, accept=1.4, speedup=1.01, passed=False),
+        total_prompts=20,
+        train_samples=19,
+        draft_fingerprint="a",
+        label="night 1",
+    )
+    night2 = plan_night_task.fn(config, str(prompts), 15)
+    assert night2["shard_ids"] == [0, 1, 2, 3] and night2["new_shard_ids"] == [2, 3] and night2["exhausted"]
+    assert plan_night_task.fn(config, str(prompts), None, [3, 1])["shard_ids"] == [1, 3]
+    with pytest.raises(ValueError, match=r"shards 0\.\.3"):
+        plan_night_task.fn(config, str(prompts), None, [7])
+
+
+def test_scaling_point_comes_from_the_gate_report_and_is_published(tmp_path, prefect_harness):
+    config = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
+    for n, accept in enumerate((1.5, 1.9), start=1):
+        out = record_scaling_point_task.fn(
+            config,
+            gate=_gate(tmp_path, accept=accept, speedup=1.2, passed=True),
+            total_prompts=100 * n,
+            train_samples=90 * n,
+            draft_fingerprint=f"d{n}",
+            label=f"night {n}",
+        )
+    points = read_curve(tmp_path)
+    assert [(p.train_samples, p.accept_length, p.speedup) for p in points] == [(90, 1.5, 1.2), (180, 1.9, 1.2)]
+    assert out["points"] == 2 and out["verdict"].startswith("still data-limited")
+    assert Path(out["png"]).is_file()
+
+
+def test_deployments_nightly_cron_with_timezone_one_at_a_time_and_regen_shard_ids():
+    from deployments.deploy import DeploySpec, build_deployments
+
+    spec = DeploySpec(recipe="kimi_k2_5", scale=5000, cron="30 1 * * *", timezone="Europe/Paris")
+    by_flow = {d.flow_name: d for d in build_deployments(spec)}
+    assert set(by_flow) == {"data-scaling", "regen", "gate"}
+    nightly = by_flow["data-scaling"]
+    (schedule,) = nightly.schedules
+    assert schedule.schedule.cron == "30 1 * * *" and schedule.schedule.timezone == "Europe/Paris"
+    assert nightly.concurrency_limit == 1 and nightly.concurrency_options.collision_strategy == "ENQUEUE"
+    assert nightly.parameters == {"recipe": "kimi_k2_5", "overrides": [], "scale": 5000}
+    assert nightly.entrypoint == "flows.pipeline.data_scaling" and nightly.work_pool_name == "gpu"
+    assert by_flow["regen"].work_pool_name == "cpu" and "shard_ids" in by_flow["regen"].parameters
+
+
+def test_zombie_automation_crashes_runs_that_miss_heartbeats():
+    from deployments.automations import zombie_automation
+
+    automation = zombie_automation(heartbeat_s=60, misses=3)
+    trigger = automation.trigger
+    assert trigger.posture == "Proactive" and trigger.within.total_seconds() == 180
+    assert "prefect.flow-run.heartbeat" in trigger.after and "prefect.flow-run.Completed" in trigger.expect
+    assert automation.actions[0].state == "CRASHED"
+    with pytest.raises(ValueError, match="30"):
+        zombie_automation(heartbeat_s=10)
