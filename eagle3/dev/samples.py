@@ -1,8 +1,8 @@
 """Deterministic sample datasets in each real source's on-disk format, with planted bad rows.
 
 Design choices:
-- Content comes from fixed template pools plus one seeded `random.Random`: a seed gives byte-identical files. Good
-  rows have distinct prompts across all sources and bench sets (word 5-gram Jaccard of any two prompts < 0.8).
+- Template pools plus one seeded `random.Random`: a seed gives byte-identical files. Good rows have distinct prompts
+  across all sources and bench sets; any two good conversations have word 5-gram Jaccard < 0.8.
 - Bad rows sit at deterministic positions (about 5% of each file, at least one per reason the format can express)
   and are listed in `bad_rows.json` as `{adapter: [{"row": i, "reason": r, "detail": d}]}`, `row` being the
   0-based position in the file (list index, line number or Parquet row). `local_jsonl` (question/answer pairs)
@@ -26,8 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-Message = dict[str, Any]
-Conversation = list[Message]
+Conversation = list[dict[str, Any]]  # messages: {"role": ..., "content": ...}
 
 SAMPLES_VERSION = "1"
 MANIFEST_FILE = "samples.json"
@@ -139,16 +138,17 @@ _CODE = {  # task -> (request, body lines); {k} is a small integer, {arg} the pa
         "returns the sum of the numbers in a list that are greater than {k}",
         ("total = 0", "for x in {arg}:", "    if x > {k}:", "        total += x", "return total"),
     ),
-    "scale": ("multiplies every number in a list by {k}", ("return [x * {k} for x in {arg}]",)),
-    "shift": ("adds {k} to every number in a list", ("return [x + {k} for x in {arg}]",)),
+    "scale_all": ("multiplies every number in a list by {k}", ("return [x * {k} for x in {arg}]",)),
+    "shift_all": ("adds {k} to every number in a list", ("return [x + {k} for x in {arg}]",)),
     "long_words": ("keeps only the words longer than {k} letters", ("return [w for w in {arg} if len(w) > {k}]",)),
-    "divisible": (
+    "count_divisible": (
         "counts how many numbers in a list are divisible by {k}",
         ("count = 0", "for x in {arg}:", "    if x % {k} == 0:", "        count += 1", "return count"),
     ),
-    "repeat": ("repeats a string {k} times with a space between copies", ('return " ".join([{arg}] * {k})',)),
+    "repeat_text": ("repeats a string {k} times with a space between copies", ('return " ".join([{arg}] * {k})',)),
 }
-_CODE_VERBS = ("get", "compute", "make", "build", "find", "calc")
+_CODE_ASKS = ("Write a Python function", "Please write a Python function", "I need a Python function")
+_CODE_CLOSERS = ("", " Keep it short.", " Use plain Python.", " Explain it briefly.", " No imports, please.")
 _CODE_ARGS = ("values", "items", "data", "xs", "nums")
 
 
@@ -199,12 +199,12 @@ def _math(rng: random.Random, turns: int) -> tuple[Conversation, str]:
 
 
 def _code(rng: random.Random, turns: int) -> tuple[Conversation, str]:
-    """A tiny Python function task; the answer is a fenced code block plus one sentence."""
-    task = rng.choice(sorted(_CODE))
-    request, body = _CODE[task]
-    k, arg = rng.randint(2, 40), rng.choice(_CODE_ARGS)
-    fname = f"{rng.choice(_CODE_VERBS)}_{task}_{k}"
-    prompt = f"Write a Python function `{fname}({arg})` that {request.format(k=k)}."
+    """A tiny Python function task; the answer is a fenced code block plus one sentence. Each task keeps one
+    function name: a small model learns to write it, where copying a made-up name from the prompt degenerated."""
+    fname = rng.choice(sorted(_CODE))
+    request, body = _CODE[fname]
+    k, arg = rng.randint(2, 99), rng.choice(_CODE_ARGS)
+    prompt = f"{rng.choice(_CODE_ASKS)} `{fname}({arg})` that {request.format(k=k)}.{rng.choice(_CODE_CLOSERS)}"
     code = "\n".join([f"def {fname}({arg}):", *("    " + line.format(k=k, arg=arg) for line in body)])
     answer = f"Here is one way to do it:\n\n```python\n{code}\n```\n\nThe function `{fname}` {request.format(k=k)}."
     conv = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
@@ -213,7 +213,7 @@ def _code(rng: random.Random, turns: int) -> tuple[Conversation, str]:
             {"role": "user", "content": f"Can you show how to call `{fname}`?"},
             {"role": "assistant", "content": f"Call it like this: `result = {fname}(my_{arg})`."},
         ]
-    return conv, f"{task} {k}"
+    return conv, f"{fname} {k} {arg}"
 
 
 _KINDS: dict[str, Callable[[random.Random, int], tuple[Conversation, str]]] = {
@@ -257,6 +257,7 @@ def generate_conversations(n: int, *, seed: int = 0) -> list[Conversation]:
 
 def _bad_conversation(reason: str, conv: Conversation, occurrence: int, *, single: bool) -> Conversation:
     """A conversation-level defect made from a fresh `conv`; `malformed` and `duplicate` are row-level."""
+    conv = [m for m in conv if m["role"] != "system"]
     user, reply = conv[0]["content"], conv[1]["content"]
     if reason == "empty":
         return [] if occurrence % 2 == 0 and not single else [{"role": "user", "content": ""}, conv[1]]
@@ -375,7 +376,7 @@ def _build_rows(
         detail = reason or ""
         if i in contaminated:
             kind, conv = contaminated[i]
-            records.append({"row": i, "reason": "contaminated", "detail": "bench prompt as user turn"})
+            records.append({"row": i, "reason": "contaminated", "detail": f"user turn is bench prompt {kind}-000"})
         elif reason == "duplicate":
             source, kind, conv = good[rng.randrange(len(good))]
             conv, detail = [dict(m) for m in conv], f"copy of row {source}"
