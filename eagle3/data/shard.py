@@ -1,7 +1,8 @@
 """Dedup + shard: the per-source spills -> ``<root>/prompts/<fp>/shard-NNNNN.parquet`` + ``quarantine.parquet``.
 
-One pass over the spills in source order (config order, rows in file order), so "first occurrence wins" is
-deterministic and the shards are byte-identical for a config. Exact and near duplicates (``eagle3.data.dedup``)
+One pass over the spills, interleaved in proportion to their sizes (rows in file order within a source), so
+"first occurrence wins" is deterministic, the shards are byte-identical for a config, and every prefix of the
+shards mixes all sources. Exact and near duplicates (``eagle3.data.dedup``)
 join the per-source quarantine rows in ``quarantine.parquet``. The books are checked per source before the manifest
 is written: rows in = rows kept in shards + rows quarantined (by reason); a mismatch raises instead of losing rows.
 The spills are deleted once the manifest is written (the manifest is the stage's only "done" signal).
@@ -9,17 +10,19 @@ The spills are deleted once the manifest is written (the manifest is the stage's
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.data.dedup import Deduper
 from eagle3.data.normalize import ROW_GROUP_BYTES
-from eagle3.data.parquet import ShardWriter, iter_batches, write_table
+from eagle3.data.parquet import ShardWriter, iter_batches, open_shard, write_table
 from eagle3.data.readers import truncate_raw
 from eagle3.data.schema import PROMPT_SCHEMA, QUARANTINE_SCHEMA
 from eagle3.data.stage import read_stage_stats
@@ -34,27 +37,58 @@ class BooksError(RuntimeError):
     """Rows in != rows kept + rows quarantined for a source: a bug, never silently accepted."""
 
 
-def _dedup_spill(
-    spill: dict[str, Any], deduper: Deduper, writer: ShardWriter, qwriter: ShardWriter
-) -> tuple[int, Counter[str]]:
-    kept, dropped = 0, Counter()
-    for batch in iter_batches(Path(spill["spill"])) if spill["spill"] else ():
-        rows, rejects = [], []
-        for row in batch.to_pylist():
-            turns = [m["content"] for m in row["messages"] if m["role"] != "assistant"]
-            reason = deduper.check(row["sample_id"], turns)
-            if reason is None:
-                rows.append(row)
-                continue
+def _spill_rows(path: Path) -> Iterator[dict[str, Any]]:
+    for batch in iter_batches(path):
+        yield from batch.to_pylist()
+
+
+def _interleaved(spills: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of every spill, interleaved in proportion to the spills' sizes, streaming and deterministic.
+
+    Any prefix of the shards is then a representative mix of the sources, so a nightly run that takes only the
+    first shards (``--scale``) trains on every source, and shard k keeps its content as later nights add shards.
+    """
+    paths = [Path(s["spill"]) if s["spill"] else None for s in spills]
+    totals = [open_shard(p).metadata.num_rows if p else 0 for p in paths]
+    rows = [_spill_rows(p) if p else iter(()) for p in paths]
+    emitted = [0] * len(spills)
+    heap = [(1 / total, i) for i, total in enumerate(totals) if total]
+    heapq.heapify(heap)
+    while heap:
+        _, i = heapq.heappop(heap)
+        emitted[i] += 1
+        yield i, next(rows[i])
+        if emitted[i] < totals[i]:
+            heapq.heappush(heap, ((emitted[i] + 1) / totals[i], i))
+
+
+def _dedup_spills(
+    spills: list[dict[str, Any]], deduper: Deduper, writer: ShardWriter, qwriter: ShardWriter, *, chunk: int = 256
+) -> list[tuple[int, Counter[str]]]:
+    counts: list[tuple[int, Counter[str]]] = [(0, Counter()) for _ in spills]
+    rows: list[dict[str, Any]] = []
+    rejects: list[dict[str, Any]] = []
+    for i, row in _interleaved(spills):
+        turns = [m["content"] for m in row["messages"] if m["role"] != "assistant"]
+        reason = deduper.check(row["sample_id"], turns)
+        kept, dropped = counts[i]
+        if reason is None:
+            rows.append(row)
+            counts[i] = (kept + 1, dropped)
+        else:
             dropped[reason] += 1
             raw = truncate_raw({"sample_id": row["sample_id"], "messages": row["messages"]})
             rejects.append({"source": row["source"], "source_row": row["source_row"], "reason": reason, "raw": raw})
-        kept += len(rows)
-        writer.write_rows(rows)
-        qwriter.write_rows(rejects)
-    for qbatch in iter_batches(Path(spill["quarantine"])) if spill["quarantine"] else ():
-        qwriter.write_table(_as_table(qbatch))
-    return kept, dropped
+        if len(rows) >= chunk or len(rejects) >= chunk:
+            writer.write_rows(rows)
+            qwriter.write_rows(rejects)
+            rows, rejects = [], []
+    writer.write_rows(rows)
+    qwriter.write_rows(rejects)
+    for spill in spills:
+        for qbatch in iter_batches(Path(spill["quarantine"])) if spill["quarantine"] else ():
+            qwriter.write_table(_as_table(qbatch))
+    return counts
 
 
 def _as_table(batch: Any) -> Any:
@@ -95,8 +129,7 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     rg = ROW_GROUP_BYTES
     with ShardWriter(out_dir, PROMPT_SCHEMA, rows_per_shard=n.shard_size, row_group_bytes=rg, metadata=meta) as writer:
         with ShardWriter(out_dir, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=rg, metadata=meta) as qwriter:
-            for spill in spills:
-                kept, dropped = _dedup_spill(spill, deduper, writer, qwriter)
+            for spill, (kept, dropped) in zip(spills, _dedup_spills(spills, deduper, writer, qwriter), strict=True):
                 per_source[spill["source"]] = _balance(spill, kept, dropped)
             qinfos = qwriter.close()
         shards = writer.close()

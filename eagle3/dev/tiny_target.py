@@ -82,12 +82,17 @@ def build_model(
     num_kv_heads: int = 2,
     intermediate_size: int = 352,
     max_position_embeddings: int = 2048,
+    vocab_size: int | None = None,
     seed: int = 0,
 ) -> LlamaForCausalLM:
-    """A randomly initialised Llama sized to the tokenizer, with untied embeddings (as EAGLE-3 targets have)."""
+    """A randomly initialised Llama with untied embeddings (as EAGLE-3 targets have).
+
+    The vocabulary is padded up to ``vocab_size`` (like real targets, whose embedding tables are larger than
+    their tokenizers), so the tiny recipe's ``target.vocab_size`` holds whatever size BPE training reaches.
+    """
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), vocab_size or 0),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

@@ -42,7 +42,7 @@ from eagle3.dev.tiny_target import build_model, build_tokenizer, train_model
 
 logger = logging.getLogger(__name__)
 
-WORLD_VERSION = "1"
+WORLD_VERSION = "2"  # 2: model vocabulary padded to spec.vocab_size
 WORLD_FILE = "world.json"
 PRETOKENIZED_FILE = "pretokenized.parquet"
 PRETOKENIZED_SCHEMA = pa.schema(
@@ -210,6 +210,7 @@ def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], thr
         num_kv_heads=spec.num_kv_heads,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
+        vocab_size=spec.vocab_size,
         seed=spec.seed,
     )
     say(f"training tiny target ({spec.train_steps} steps, {threads} threads)")
