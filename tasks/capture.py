@@ -25,16 +25,13 @@ from eagle3.capture.run import capture_shard, finalize_features, output_paths
 from eagle3.capture.stage import plan_capture
 from eagle3.config import validate
 from eagle3.model.vocab import build_vocab_stage
-from tasks.common import Progress, cache_key_from
+from tasks.common import Progress, cache_key_from, output_cache_key
 
 
 def _shard_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     """Fingerprint + shard index + the output file's size and mtime; None (never cached) while it is missing."""
     shard, _, _ = output_paths(Path(parameters["features_dir"]), int(parameters["shard_index"]))
-    if not shard.exists():
-        return None
-    base = cache_key_from("fingerprint", "shard_index")(context, parameters)
-    return f"{base}-{shard.stat().st_size}-{shard.stat().st_mtime_ns}"
+    return output_cache_key(cache_key_from("fingerprint", "shard_index")(context, parameters), shard)
 
 
 @task(name="capture-plan", cache_policy=NO_CACHE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -37,6 +38,17 @@ def cache_key_from(*param_names: str) -> Callable[[TaskRunContext, dict[str, Any
         return f"{task}-{values}"
 
     return key_fn
+
+
+def output_cache_key(base: str, output: Path) -> str | None:
+    """``base`` plus the output file's size and mtime; None (never cached) while the output is missing.
+
+    A shard deleted or rebuilt on disk is then never skipped as a stale Prefect cache hit.
+    """
+    if not output.exists():
+        return None
+    stat = output.stat()
+    return f"{base}-{stat.st_size}-{stat.st_mtime_ns}"
 
 
 class Progress:

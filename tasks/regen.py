@@ -10,20 +10,30 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
+from prefect.context import TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run
 
 from eagle3.config import validate
+from eagle3.data.parquet import shard_name
 from eagle3.regen.plan import RegenPlan, plan_regen
 from eagle3.regen.shard import regen_shard
 from eagle3.regen.stage import finalize_regen, shard_states
 from eagle3.regen.status import regen_status
-from tasks.common import Progress, artifact_key, cache_key_from, publish_markdown, publish_table
+from tasks.common import (
+    Progress,
+    artifact_key,
+    cache_key_from,
+    output_cache_key,
+    publish_markdown,
+    publish_table,
+)
 
 PROGRESS_EVERY_S = 10.0
 
@@ -87,13 +97,13 @@ def plan_regen_task(
     return {"plan": plan.to_dict(), "shard_ids": selected}
 
 
-@task(
-    name="regen-shard",
-    retries=2,
-    retry_delay_seconds=10,
-    cache_key_fn=cache_key_from("fingerprint", "shard_index"),
-    persist_result=True,
-)
+def _shard_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    """Fingerprint + shard index + the compacted shard's size and mtime (never cached while it is missing)."""
+    output = Path(parameters["plan"]["regen_dir"]) / shard_name(int(parameters["shard_index"]))
+    return output_cache_key(cache_key_from("fingerprint", "shard_index")(context, parameters), output)
+
+
+@task(name="regen-shard", retries=2, retry_delay_seconds=10, cache_key_fn=_shard_cache_key, persist_result=True)
 def regen_shard_task(plan: dict[str, Any], fingerprint: str, shard_index: int, servers: list[str]) -> dict[str, Any]:
     """Regenerate one shard (resuming from its journal); returns its report."""
     regen_plan = RegenPlan.from_dict(plan)

@@ -1,0 +1,378 @@
+"""The benchmark gate: baseline vs speculative (vs champion) on the same prompts, then promote or refuse (DESIGN §6).
+
+Design choices:
+- Refuse before measuring: each candidate draft first passes static preflight against the SGLang commands that
+  would ship it; each launched (or given) speculative server then passes the runtime checks (``/get_server_info``
+  says EAGLE3 with this draft, a smoke run speculates). A refused draft is never benchmarked, so a broken launch
+  line (``EAGLE`` instead of ``EAGLE3``) cannot produce a report that looks like a slow-but-valid draft.
+- Arms run one after another, never side by side, so they do not share the machine; the same rendered prompts go
+  to every arm; a warm-up batch per arm is excluded from timing; any failed request fails the arm, not a number.
+- Without URLs the gate launches the arms itself (``flavour`` "reference" on CPU, "sglang" on a GPU box), one
+  server per (draft, speculative config) of ``gate.sweep`` (default: ``config.speculative``). With URLs it measures
+  what is running; a sweep needs launching and is then not possible.
+- Decision per candidate at ``gate.decision_concurrency`` with its best config: speedup over baseline >=
+  ``min_speedup``, accept length >= ``min_accept``, and, when a champion exists, tok/s over the champion's >=
+  ``min_gain_over_champion``. The gate passes iff some candidate passes; the best passing one is promoted.
+- Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is read back, not
+  re-measured, unless ``force``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3.bench import preflight
+from eagle3.bench.launch import LaunchCommand, ServerProcess, build_launch
+from eagle3.bench.prompts import BenchPrompt, load_gate_prompts, send_prompts_async
+from eagle3.bench.registry import Promotion, Registry, draft_id
+from eagle3.bench.report import ArmResult, Decision, GateReport, LevelStats, read_report, write_report
+from eagle3.config import GateConfig, PipelineConfig, SpeculativeConfig
+from eagle3.runroot import FileEntry, Manifest, fingerprint, stage_dir
+
+logger = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}
+SMOKE_PROMPTS = 4
+SMOKE_TOKENS = 32
+
+
+class ArmError(RuntimeError):
+    """An arm could not be measured (launch, preflight or request failures); the message says which."""
+
+
+@dataclass
+class GateResult:
+    out_dir: Path
+    report: GateReport
+    paths: dict[str, Path] = field(default_factory=dict)
+    reused: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.report.passed
+
+
+def config_label(spec: SpeculativeConfig) -> str:
+    return f"s{spec.num_steps}-k{spec.eagle_topk}-n{spec.num_draft_tokens}"
+
+
+def measure(url: str, prompts: list[BenchPrompt], gate: GateConfig) -> list[LevelStats]:
+    """Warm-up (excluded), then every prompt at each concurrency of ``gate.concurrency``."""
+    pairs = [(p.prompt_id, list(p.input_ids)) for p in prompts]
+
+    async def run() -> list[LevelStats]:
+        if gate.warmup_requests:
+            await send_prompts_async(
+                url, pairs[: gate.warmup_requests], concurrency=gate.warmup_requests, max_new_tokens=gate.max_new_tokens
+            )
+        levels = []
+        for c in gate.concurrency:
+            sent = await send_prompts_async(url, pairs, concurrency=c, max_new_tokens=gate.max_new_tokens)
+            errors = [r.error for r in sent.results if r.error]
+            if errors:
+                raise ArmError(f"{len(errors)}/{len(pairs)} requests failed at concurrency {c}, first: {errors[0]}")
+            levels.append(LevelStats.of(c, sent.results, sent.duration_s))
+            logger.info("%s concurrency %d: %.1f tok/s", url, c, levels[-1].output_tok_s)
+        return levels
+
+    return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def serving(command: LaunchCommand | None, url: str | None, log_path: Path, flavour: str) -> Iterator[str]:
+    """Yield a server URL: the given one, or one launched from ``command`` and stopped on exit."""
+    if url:
+        yield url.rstrip("/")
+        return
+    assert command is not None
+    with ServerProcess(command, log_path=log_path, health_timeout_s=HEALTH_TIMEOUT_S[flavour]) as server:
+        yield server.url
+
+
+def _static_preflight(config: PipelineConfig, draft: Path, spec: SpeculativeConfig, features: Path | None) -> list:
+    port = config.server.port or 30000
+    baseline = build_launch(config, "baseline", port=port)
+    shipped = build_launch(config, "eagle3", draft=draft, speculative=spec, port=port)
+    return preflight.run_static(config, draft, baseline=baseline, spec=shipped, features_dir=features)
+
+
+def _run_spec_arm(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig) -> None:
+    smoke = [list(p.input_ids) for p in prompts[:SMOKE_PROMPTS]]
+    checks = preflight.run_runtime(
+        url,
+        smoke,
+        export_dir=arm.draft,
+        max_new_tokens=SMOKE_TOKENS,
+        min_accept=min(preflight.SMOKE_MIN_ACCEPT, config.gate.min_accept),
+    )
+    arm.preflight = [c.to_dict() for c in checks]
+    bad = preflight.failed(checks)
+    if bad:
+        raise ArmError("runtime preflight failed: " + "; ".join(c.line() for c in bad))
+    arm.levels = measure(url, prompts, config.gate)
+
+
+@dataclass
+class _Plan:
+    """Every arm to measure, with how to reach it."""
+
+    arms: list[ArmResult]
+    commands: dict[str, LaunchCommand | None]
+    urls: dict[str, str | None]
+
+
+def _plan(
+    config: PipelineConfig,
+    drafts: list[Path],
+    champion: Promotion | None,
+    *,
+    flavour: str,
+    baseline_url: str | None,
+    spec_url: str | None,
+    champion_url: str | None,
+) -> _Plan:
+    plan = _Plan([], {}, {})
+
+    def add(arm: ArmResult, url: str | None, draft: Path | None, spec: SpeculativeConfig | None) -> None:
+        kind = "baseline" if spec is None else "eagle3"
+        command = None if url else build_launch(config, kind, flavour=flavour, draft=draft, speculative=spec, port=0)
+        arm.launch_used = f"(given) {url}" if url or command is None else command.shell()
+        arm.launch_sglang = build_launch(
+            config, kind, draft=draft, speculative=spec, port=config.server.port or 30000
+        ).shell()
+        plan.arms.append(arm)
+        plan.commands[arm.name], plan.urls[arm.name] = command, url
+
+    add(ArmResult("baseline", "baseline", baseline_url or ""), baseline_url, None, None)
+    configs = [config.speculative] if spec_url else (config.gate.sweep or [config.speculative])
+    if spec_url and config.gate.sweep:
+        logger.warning("gate.sweep needs launching the arms; with --spec-url only the running config is measured")
+    for i, draft in enumerate(drafts):
+        for spec in configs:
+            name = f"cand{i}:{config_label(spec)}"
+            arm = ArmResult(name, "candidate", spec_url or "", str(draft), draft_id(draft), config_label(spec))
+            arm.speculative = spec.model_dump(mode="json")
+            add(arm, spec_url, draft, spec)
+    if champion is not None and champion.draft_id not in {draft_id(d) for d in drafts}:
+        spec = SpeculativeConfig(**champion.speculative) if champion.speculative else config.speculative
+        arm = ArmResult(f"champion:{config_label(spec)}", "champion", champion_url or "", champion.draft_dir)
+        arm.draft_id, arm.config_label = champion.draft_id, config_label(spec)
+        arm.speculative = spec.model_dump(mode="json")
+        if spec_url and not champion_url:
+            arm.error = "a champion exists but no --champion-url was given: it cannot be measured"
+            plan.arms.append(arm)
+        else:
+            add(arm, champion_url, Path(champion.draft_dir), spec)
+    return plan
+
+
+def _best(arms: list[ArmResult], c: int) -> ArmResult | None:
+    measured = [a for a in arms if a.error is None and a.level(c) is not None]
+    return max(measured, key=lambda a: a.level(c).output_tok_s, default=None)  # type: ignore[union-attr]
+
+
+def decide(arms: list[ArmResult], gate: GateConfig, refused: dict[str, list[str]] | None = None) -> list[Decision]:
+    """One decision per candidate draft (see module docstring); ``refused`` maps a draft to static failures."""
+    c = gate.decision_concurrency
+    base = _best([a for a in arms if a.role == "baseline"], c)
+    champion_arms = [a for a in arms if a.role == "champion"]
+    champ = _best(champion_arms, c)
+    drafts = list(dict.fromkeys(a.draft for a in arms if a.role == "candidate" and a.draft))
+    drafts += [d for d in (refused or {}) if d not in drafts]
+    decisions = []
+    for draft in drafts:
+        mine = [a for a in arms if a.role == "candidate" and a.draft == draft]
+        best = _best(mine, c)
+        reasons = list((refused or {}).get(draft, []))
+        reasons += [f"{a.name}: {a.error}" for a in mine if a.error]
+        speedup = accept = gain = None
+        if best is None or base is None:
+            reasons.append("no measurement at the decision concurrency" + ("" if base else " (baseline failed)"))
+        else:
+            lv = best.level(c)
+            speedup = lv.output_tok_s / base.level(c).output_tok_s  # type: ignore[union-attr]
+            accept = lv.accept_length  # type: ignore[union-attr]
+            if speedup < gate.min_speedup:
+                reasons.append(f"speedup {speedup:.3f} < min_speedup {gate.min_speedup} at concurrency {c}")
+            if accept is None or accept < gate.min_accept:
+                reasons.append(f"accept length {accept} < min_accept {gate.min_accept} at concurrency {c}")
+            if champ is not None:
+                gain = lv.output_tok_s / champ.level(c).output_tok_s  # type: ignore[union-attr]
+                if gain < gate.min_gain_over_champion:
+                    reasons.append(
+                        f"gain over champion {gain:.3f} < min_gain_over_champion {gate.min_gain_over_champion}"
+                    )
+            elif champion_arms:
+                reasons.append("the champion could not be measured: " + "; ".join(str(a.error) for a in champion_arms))
+        decisions.append(Decision(draft, not reasons, best.name if best else None, speedup, accept, gain, reasons))
+    return decisions
+
+
+def gate_fingerprint(
+    config: PipelineConfig, drafts: list[Path], champion: Promotion | None, urls: dict[str, Any]
+) -> str:
+    return fingerprint(
+        "gate",
+        config.target.model_dump(mode="json"),
+        config.server.model_dump(mode="json"),
+        config.speculative.model_dump(mode="json"),
+        config.gate.model_dump(mode="json"),
+        [draft_id(d) for d in drafts],
+        champion.draft_id if champion else None,
+        urls,
+    )
+
+
+def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None) -> dict[str, list[str]]:
+    refused: dict[str, list[str]] = {}
+    for draft in drafts:
+        for spec in config.gate.sweep or [config.speculative]:
+            bad = preflight.failed(_static_preflight(config, draft, spec, features))
+            lines = [f"static preflight ({config_label(spec)}) {c.line()}" for c in bad]
+            if lines:
+                refused.setdefault(str(draft), []).extend(lines)
+    return refused
+
+
+def _measure_plan(
+    plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path, flavour: str
+) -> None:
+    from eagle3.bench.launch import LaunchError
+
+    for arm in plan.arms:
+        if arm.error:
+            continue
+        if arm.role == "candidate" and arm.draft in refused:
+            arm.error = "refused by static preflight, not measured"
+            continue
+        log = out_dir / "logs" / f"{arm.name.replace(':', '-')}.log"
+        try:
+            with serving(plan.commands[arm.name], plan.urls[arm.name], log, flavour) as url:
+                arm.url = url
+                if arm.role == "baseline":
+                    arm.levels = measure(url, prompts, config.gate)
+                else:
+                    _run_spec_arm(arm, url, prompts, config)
+        except (ArmError, LaunchError, OSError) as exc:
+            arm.error = str(exc)
+            logger.error("arm %s failed: %s", arm.name, exc)
+
+
+def _promote(registry: Registry, report: GateReport, out_dir: Path, c: int) -> dict[str, Any] | None:
+    passing = [d for d in report.decisions if d.passed]
+    if not passing:
+        return None
+    winner = max(passing, key=lambda d: d.speedup or 0.0)
+    arm = next(a for a in report.arms if a.name == winner.best_arm)
+    if registry.champion() is not None and registry.champion().draft_id == arm.draft_id:  # type: ignore[union-attr]
+        return None
+    lv = arm.level(c)
+    metrics = {"speedup": winner.speedup, "accept_length": winner.accept_length, "output_tok_s": lv and lv.output_tok_s}
+    promotion = registry.promote(
+        Path(winner.draft), report=out_dir / "report.json", metrics=metrics, speculative=arm.speculative
+    )
+    return asdict(promotion)
+
+
+def _report(
+    config: PipelineConfig,
+    fp: str,
+    arms: list[ArmResult],
+    decisions: list[Decision],
+    prompts: list[BenchPrompt],
+    champion: Promotion | None,
+) -> GateReport:
+    """The report; ``best`` is the fastest candidate arm at the decision concurrency, with its launch commands."""
+    best = _best([a for a in arms if a.role == "candidate"], config.gate.decision_concurrency)
+    best_info = None
+    if best is not None:
+        best_info = {
+            "arm": best.name,
+            "draft": best.draft,
+            "speculative": best.speculative,
+            "launch_sglang": best.launch_sglang,
+            "launch_used": best.launch_used,
+        }
+    return GateReport(
+        fingerprint=fp,
+        target=config.target.model_path,
+        thresholds=config.gate.model_dump(mode="json", exclude={"sweep", "prompt_sets"}),
+        prompts={name: sum(p.set_name == name for p in prompts) for name in sorted(config.gate.prompt_sets)},
+        arms=arms,
+        decisions=decisions,
+        passed=any(d.passed for d in decisions),
+        best=best_info,
+        champion=asdict(champion) if champion else None,
+        created_at=time.time(),
+    )
+
+
+def run_gate(
+    config: PipelineConfig,
+    drafts: list[Path | str],
+    *,
+    baseline_url: str | None = None,
+    spec_url: str | None = None,
+    champion_url: str | None = None,
+    flavour: str = "reference",
+    features_dir: Path | None = None,
+    promote: bool = True,
+    force: bool = False,
+) -> GateResult:
+    """Benchmark the drafts against the baseline (and the champion), decide, report, promote the best passing one."""
+    from transformers import AutoTokenizer
+
+    paths = [Path(d).expanduser().resolve() for d in drafts]
+    if not paths:
+        raise ValueError("pass at least one --draft <export dir>")
+    if bool(baseline_url) != bool(spec_url):
+        raise ValueError("pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)")
+    registry = Registry(config.root_path)
+    champion = registry.champion()
+    urls = {"baseline": baseline_url, "spec": spec_url, "champion": champion_url, "flavour": flavour}
+    fp = gate_fingerprint(config, paths, champion, urls)
+    out_dir = stage_dir(config.root_path, "gate", fp)
+    if not force and Manifest.read(out_dir) is not None:
+        logger.info("gate %s already done, reading its report", fp)
+        return GateResult(out_dir, read_report(out_dir), reused=True)
+    refused = _refusals(config, paths, features_dir)
+    plan = _plan(
+        config,
+        paths,
+        champion,
+        flavour=flavour,
+        baseline_url=baseline_url,
+        spec_url=spec_url,
+        champion_url=champion_url,
+    )
+    prompts: list[BenchPrompt] = []
+    if len(refused) < len(paths):  # every candidate refused statically: nothing worth measuring
+        tokenizer = AutoTokenizer.from_pretrained(
+            config.target.model_path, revision=config.target.revision, trust_remote_code=config.target.trust_remote_code
+        )
+        prompts = load_gate_prompts(config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set)
+        _measure_plan(plan, prompts, config, refused=refused, out_dir=out_dir, flavour=flavour)
+    else:
+        plan.arms = []
+        logger.error("every candidate failed static preflight; no arm was launched")
+    report = _report(config, fp, plan.arms, decide(plan.arms, config.gate, refused), prompts, champion)
+    c = config.gate.decision_concurrency
+    if promote:
+        report.promotion = _promote(registry, report, out_dir, c)
+    files = write_report(report, out_dir)
+    Manifest(
+        "gate",
+        fp,
+        files=[FileEntry.of(p, rows=0, base=out_dir) for p in files.values()],
+        config={"gate": config.gate.model_dump(mode="json"), "urls": urls},
+        stats={"passed": report.passed, "promoted": bool(report.promotion)},
+    ).write(out_dir)
+    logger.info("gate %s: %s (report %s)", fp, "PASS" if report.passed else "FAIL", files["markdown"])
+    return GateResult(out_dir, report, files)

@@ -1,0 +1,472 @@
+"""Preflight: refuse a draft/launch pair that cannot work before anyone benchmarks or ships it (DESIGN §6).
+
+Design choices:
+- Every check returns ``Check(name, ok, message)``; a failing message is one line that names the problem and the
+  fix. Checks never raise on bad input: a missing file is a failed check, so one run lists every problem.
+- Key set and shapes come from ``eagle3.model.export`` (one definition for writing and checking); preflight
+  splits them into named checks (``draft_keys``, ``fc_shape``, ``draft_shapes``...) so a failure names its fix.
+- Static checks read only files: the export dir (``config.json`` + the safetensors header for shapes; ``d2t``/``t2d``
+  are the only tensors loaded), the target's ``config.json`` when it is a local dir, the capture footer, and the
+  two launch commands. Runtime checks ask a live server (``/get_server_info``) and run a smoke benchmark.
+- The real failure this exists for: a good EAGLE-3 draft served with ``--speculative-algorithm EAGLE``. SGLang then
+  sends the draft the last hidden state only (H wide), silently skips ``fc`` because widths match, and accept
+  length falls to ~1.0. The algorithm check catches the flag; the smoke accept-length check catches it live.
+- Layer ids: the capture footer records ids in ``input_of_layer`` (SGLang's capture convention); a draft's
+  ``eagle_aux_hidden_state_layer_ids`` are ``output_of_layer``, to which SGLang adds 1. They must agree after
+  conversion, or the draft sees other layers than it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from eagle3.bench.launch import ALGORITHM_FLAG, DRAFT_FLAG, LaunchCommand, split_speculative, without_address
+from eagle3.config import PipelineConfig, to_sglang_ids
+from eagle3.data.parquet import ShardError, shard_metadata
+from eagle3.model.export import expected_shapes as export_shapes
+
+logger = logging.getLogger(__name__)
+
+EXPECTED_ALGORITHM = "EAGLE3"
+DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
+SMOKE_MIN_ACCEPT = 1.5
+TENSOR_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    message: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.ok else 'FAIL'} {self.name}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if not c.ok]
+
+
+@dataclass
+class DraftExport:
+    """What static checks need from an export dir: its config, tensor shapes, and the vocab maps."""
+
+    path: Path
+    config: dict[str, Any]
+    shapes: dict[str, list[int]]
+    d2t: torch.Tensor | None
+    t2d: torch.Tensor | None
+
+
+def read_export(path: Path) -> DraftExport:
+    """Read an export dir; raises ``FileNotFoundError``/``ValueError`` with the fix when it is not one."""
+    path = Path(path)
+    cfg_path, tensors = path / CONFIG_FILE, path / TENSOR_FILE
+    for needed in (cfg_path, tensors):
+        if not needed.exists():
+            raise FileNotFoundError(f"{needed} is missing: point --draft at an export dir written by the train stage")
+    config = json.loads(cfg_path.read_text())
+    with safe_open(str(tensors), framework="pt") as fh:
+        keys = list(fh.keys())
+        shapes = {k: list(fh.get_slice(k).get_shape()) for k in keys}
+        d2t = fh.get_tensor("d2t") if "d2t" in keys else None
+        t2d = fh.get_tensor("t2d") if "t2d" in keys else None
+    return DraftExport(path, config, shapes, d2t, t2d)
+
+
+def expected_shapes(cfg: dict[str, Any]) -> dict[str, list[int]]:
+    """The exact tensor set and shapes SGLang's ``LlamaForCausalLMEagle3`` loads (export's single definition)."""
+    return {k: list(v) for k, v in export_shapes(cfg).items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch-command checks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_algorithm(spec: LaunchCommand) -> Check:
+    _, flags = split_speculative(spec.server_args())
+    algo = flags.get(ALGORITHM_FLAG)
+    if algo == EXPECTED_ALGORITHM:
+        return Check("algorithm", True, f"{ALGORITHM_FLAG} {algo}")
+    hint = (
+        " (EAGLE sends the draft the last hidden state only: fc is skipped silently and accept length is ~1.0)"
+        if algo == "EAGLE"
+        else ""
+    )
+    return Check(
+        "algorithm",
+        False,
+        f"{ALGORITHM_FLAG} is {algo!r}, not {EXPECTED_ALGORITHM!r}{hint}: set speculative.algorithm=EAGLE3",
+    )
+
+
+def check_arms_match(baseline: LaunchCommand, spec: LaunchCommand) -> Check:
+    """The arms may differ only in ``--speculative-*`` flags (and where they listen)."""
+    base_shared, base_spec = split_speculative(without_address(baseline.server_args()))
+    spec_shared, _ = split_speculative(without_address(spec.server_args()))
+    if base_spec:
+        return Check("arms_match", False, f"baseline arm carries speculative flags {sorted(base_spec)}: drop them")
+    if base_shared == spec_shared:
+        return Check("arms_match", True, "baseline and speculative arms share every non-speculative flag")
+    only_base = [t for t in base_shared if t not in spec_shared]
+    only_spec = [t for t in spec_shared if t not in base_shared]
+    return Check(
+        "arms_match",
+        False,
+        f"arms differ beyond speculative flags (baseline only {only_base}, speculative only {only_spec}, or order): "
+        "generate both with `eagle3 launch-sglang` from one config",
+    )
+
+
+def check_draft_path(spec: LaunchCommand, export_dir: Path) -> Check:
+    _, flags = split_speculative(spec.server_args())
+    served = flags.get(DRAFT_FLAG)
+    if served and Path(served).expanduser().resolve() == Path(export_dir).resolve():
+        return Check("draft_path", True, f"{DRAFT_FLAG} {served}")
+    return Check("draft_path", False, f"{DRAFT_FLAG} is {served!r}, not the checked export {export_dir}: fix the path")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Export checks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_architecture(export: DraftExport) -> Check:
+    arch, layers = export.config.get("architectures"), export.config.get("num_hidden_layers")
+    if arch == [DRAFT_ARCHITECTURE] and layers == 1:
+        return Check("architecture", True, f"{DRAFT_ARCHITECTURE}, 1 layer")
+    return Check(
+        "architecture",
+        False,
+        f"config.json has architectures={arch}, num_hidden_layers={layers}: re-export with "
+        f'architectures ["{DRAFT_ARCHITECTURE}"] and num_hidden_layers 1',
+    )
+
+
+def check_keys(export: DraftExport) -> Check:
+    try:
+        want = set(expected_shapes(export.config))
+    except KeyError as exc:
+        return Check("draft_keys", False, f"config.json lacks {exc.args[0]!r}: re-export the draft")
+    have = set(export.shapes)
+    missing, extra = sorted(want - have), sorted(have - want)
+    if not missing and not extra:
+        return Check("draft_keys", True, f"{len(have)} tensors, exactly the EAGLE-3 key set")
+    return Check(
+        "draft_keys",
+        False,
+        f"tensor keys off (missing {missing}, extra {extra}; SGLang drops unknown keys silently): "
+        "re-export with eagle3.model.export so the key set is exact",
+    )
+
+
+def check_fc(export: DraftExport, target_hidden: int) -> Check:
+    h = export.config.get("hidden_size")
+    want = [h, 3 * target_hidden]
+    have = export.shapes.get("fc.weight")
+    if have == want:
+        return Check("fc_shape", True, f"fc.weight {have} = [H, 3*H_target]")
+    return Check(
+        "fc_shape",
+        False,
+        f"fc.weight is {have}, must be [H, 3*H_target] = {want} (SGLang skips fc silently when its input is H wide): "
+        "train and export the draft on the 3 concatenated aux layers of this target",
+    )
+
+
+def check_shapes(export: DraftExport) -> Check:
+    try:
+        want = expected_shapes(export.config)
+    except KeyError as exc:
+        return Check("draft_shapes", False, f"config.json lacks {exc.args[0]!r}: re-export the draft")
+    bad = {k: (export.shapes[k], v) for k, v in want.items() if k in export.shapes and export.shapes[k] != v}
+    bad.pop("fc.weight", None)  # reported by fc_shape with its own fix
+    if not bad:
+        return Check("draft_shapes", True, "every tensor matches config.json")
+    detail = ", ".join(f"{k} {have} != {need}" for k, (have, need) in sorted(bad.items()))
+    return Check("draft_shapes", False, f"tensor shapes disagree with config.json ({detail}): re-export the draft")
+
+
+def check_vocab(export: DraftExport, target_vocab: int) -> Check:
+    cfg = export.config
+    rows = (export.shapes.get("lm_head.weight") or [None])[0]
+    n_d2t = None if export.d2t is None else int(export.d2t.numel())
+    draft_vocab = cfg.get("draft_vocab_size")
+    if rows == draft_vocab == n_d2t and cfg.get("vocab_size") == target_vocab:
+        return Check("draft_vocab", True, f"lm_head rows = draft_vocab_size = len(d2t) = {rows}")
+    return Check(
+        "draft_vocab",
+        False,
+        f"lm_head rows {rows}, draft_vocab_size {draft_vocab}, len(d2t) {n_d2t}, vocab_size {cfg.get('vocab_size')} "
+        f"(target {target_vocab}) must agree: re-export with the vocab mapping the draft was trained with",
+    )
+
+
+def check_d2t(export: DraftExport, target_vocab: int) -> Check:
+    if export.d2t is None:
+        return Check("d2t_order", False, "d2t is missing: export the vocab mapping (d2t, t2d) with the draft")
+    d2t = export.d2t.long()
+    targets = torch.arange(d2t.numel()) + d2t  # target_id = draft_id + d2t[draft_id]
+    if targets.numel() and (targets.min() < 0 or targets.max() >= target_vocab):
+        return Check(
+            "d2t_order",
+            False,
+            f"d2t maps to target ids in [{int(targets.min())}, {int(targets.max())}], outside the vocab "
+            f"[0, {target_vocab}): d2t must hold offsets target_id - draft_id; rebuild the vocab stage",
+        )
+    if targets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
+        return Check(
+            "d2t_order",
+            False,
+            "d2t targets are not strictly increasing (draft ids must be the selected target ids sorted ascending): "
+            "rebuild the vocab stage",
+        )
+    if export.t2d is not None and (
+        int(export.t2d.bool().sum()) != targets.numel() or not bool(export.t2d.bool()[targets].all())
+    ):
+        return Check("d2t_order", False, "t2d does not mark exactly the d2t targets: rebuild the vocab stage")
+    return Check("d2t_order", True, f"{targets.numel()} draft ids map to ascending target ids inside the vocab")
+
+
+def capture_layer_ids(features_dir: Path) -> list[int]:
+    """The capture's aux layer ids in ``input_of_layer`` convention, from the first shard's footer."""
+    shards = sorted(Path(features_dir).glob("shard-*.parquet"))
+    if not shards:
+        raise FileNotFoundError(f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)")
+    meta = shard_metadata(shards[0])
+    return to_sglang_ids(json.loads(meta["layer_ids"]), meta.get("layer_convention", "input_of_layer"))
+
+
+def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str) -> Check:
+    eagle = export.config.get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if not ids or len(ids) != 3:
+        return Check(
+            "layer_ids",
+            False,
+            f"eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}: write the 3 capture layers in output_of_layer "
+            f"convention ({[i - 1 for i in capture_ids]}), never rely on SGLang's default",
+        )
+    served = [i + 1 for i in ids]  # SGLang adds 1: output of layer j = input of layer j+1
+    if served != list(capture_ids):
+        return Check(
+            "layer_ids",
+            False,
+            f"draft layer ids {ids} (output_of_layer) serve input_of_layer {served}, but {source} captured "
+            f"{list(capture_ids)}: export eagle_aux_hidden_state_layer_ids={[i - 1 for i in capture_ids]}",
+        )
+    if not eagle.get("use_aux_hidden_state", False):
+        return Check("layer_ids", False, "eagle_config.use_aux_hidden_state is not true: set it in the export")
+    return Check("layer_ids", True, f"draft ids {ids} = capture {list(capture_ids)} (input_of_layer)")
+
+
+def check_tied(export: DraftExport) -> Check:
+    if export.config.get("tie_word_embeddings") is False:
+        return Check("tie_word_embeddings", True, "false")
+    return Check(
+        "tie_word_embeddings",
+        False,
+        f"tie_word_embeddings is {export.config.get('tie_word_embeddings')!r}: the draft lm_head is its own "
+        "(draft vocab), set tie_word_embeddings false in config.json",
+    )
+
+
+def check_context(export: DraftExport, served_context: int) -> Check:
+    mpe = export.config.get("max_position_embeddings")
+    if isinstance(mpe, int) and mpe >= served_context:
+        return Check("max_position_embeddings", True, f"{mpe} >= served context {served_context}")
+    return Check(
+        "max_position_embeddings",
+        False,
+        f"max_position_embeddings {mpe} < served context {served_context}: re-export with "
+        f"export.max_position_embeddings >= {served_context} or serve a shorter --context-length",
+    )
+
+
+def _heads(cfg: dict[str, Any]) -> tuple[int | None, int | None]:
+    heads = cfg.get("num_attention_heads")
+    return heads, cfg.get("num_key_value_heads") or heads
+
+
+def check_tp_heads(export: DraftExport, target_config: dict[str, Any] | None, tp: int) -> Check:
+    """Attention heads of target and draft must split evenly over tp (kv heads may be replicated instead)."""
+    problems = []
+    for who, cfg in (("target", target_config), ("draft", export.config)):
+        if cfg is None:
+            continue
+        heads, kv = _heads(cfg)
+        if heads is None or heads % tp:
+            problems.append(f"{who} num_attention_heads {heads}")
+        elif kv is not None and kv % tp and tp % kv:
+            problems.append(f"{who} num_key_value_heads {kv}")
+    if not problems:
+        return Check("tp_heads", True, f"heads divide tp={tp}")
+    return Check(
+        "tp_heads", False, f"{', '.join(problems)} not divisible by tp={tp}: set server.tp to a divisor of the heads"
+    )
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, token in enumerate(args):
+        if token == name and i + 1 < len(args):
+            return args[i + 1]
+        if token.startswith(name + "="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def _target_config(config: PipelineConfig) -> dict[str, Any] | None:
+    path = Path(config.target.model_path).expanduser() / CONFIG_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _guard(name: str, fn: Callable[[], Check]) -> Check:
+    """Run one check; a file it cannot read is that check's failure, not a crash of the whole preflight."""
+    try:
+        return fn()
+    except (OSError, ValueError, KeyError, ShardError) as exc:
+        return Check(name, False, f"{type(exc).__name__}: {exc}")
+
+
+def run_static(
+    config: PipelineConfig,
+    export_dir: Path,
+    *,
+    baseline: LaunchCommand,
+    spec: LaunchCommand,
+    features_dir: Path | None = None,
+) -> list[Check]:
+    """Every static check of DESIGN §6; read-only, never raises on a bad export."""
+    checks = [check_algorithm(spec), check_arms_match(baseline, spec), check_draft_path(spec, export_dir)]
+    try:
+        export = read_export(export_dir)
+    except (OSError, ValueError) as exc:
+        return [*checks, Check("export_files", False, str(exc))]
+    capture_source = f"the capture footer in {features_dir}" if features_dir else "config capture.aux_layers"
+    args = spec.server_args()
+    context = _flag(args, "--context-length") or config.server.context_length or config.target.context_length
+    served_context = int(context)
+    tp = int(_flag(args, "--tp-size") or config.server.tp)
+    checks += [
+        check_architecture(export),
+        check_keys(export),
+        check_fc(export, config.target.hidden_size),
+        check_shapes(export),
+        check_vocab(export, config.target.vocab_size),
+        check_d2t(export, config.target.vocab_size),
+        _guard(
+            "layer_ids",
+            lambda: check_layer_ids(
+                export,
+                capture_layer_ids(features_dir) if features_dir else config.sglang_layer_ids,
+                capture_source,
+            ),
+        ),
+        check_tied(export),
+        check_context(export, served_context),
+        _guard("tp_heads", lambda: check_tp_heads(export, _target_config(config), tp)),
+    ]
+    for check in failed(checks):
+        logger.warning("preflight %s", check.line())
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runtime checks (a live speculative server)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def get_json(url: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return json.loads(resp.read())
+
+
+def check_server_info(info: dict[str, Any], export_dir: Path | str | None) -> list[Check]:
+    """``/get_server_info`` must show EAGLE3 and (when given) the draft that was checked statically."""
+    algo = info.get("speculative_algorithm")
+    checks = [
+        Check("server_algorithm", True, f"server runs {algo}")
+        if algo == EXPECTED_ALGORITHM
+        else Check(
+            "server_algorithm",
+            False,
+            f"server reports speculative_algorithm={algo!r}, not {EXPECTED_ALGORITHM!r}: relaunch it with "
+            "the command from `eagle3 launch-sglang --arm eagle3`",
+        )
+    ]
+    if export_dir is not None:
+        served = info.get("speculative_draft_model_path")
+        same = served is not None and (
+            str(served) == str(export_dir)
+            or Path(str(served)).expanduser().resolve() == Path(export_dir).expanduser().resolve()
+        )
+        checks.append(
+            Check("server_draft", True, f"server draft {served}")
+            if same
+            else Check("server_draft", False, f"server serves draft {served!r}, not {export_dir}: relaunch with it")
+        )
+    return checks
+
+
+def check_smoke(completion_tokens: int, verify_ct: int, *, min_accept: float = SMOKE_MIN_ACCEPT) -> Check:
+    """Accept length = sum completion_tokens / sum spec_verify_ct over the smoke requests."""
+    if verify_ct <= 0:
+        return Check(
+            "smoke_accept",
+            False,
+            "smoke requests report spec_verify_ct 0: the server is not speculating; launch it with --speculative-*",
+        )
+    accept = completion_tokens / verify_ct
+    if accept >= min_accept:
+        return Check("smoke_accept", True, f"accept length {accept:.2f} >= {min_accept}")
+    return Check(
+        "smoke_accept",
+        False,
+        f"accept length {accept:.2f} < {min_accept} ({completion_tokens} tokens / {verify_ct} verify passes; "
+        "~1.0 means the draft gets no aux hidden states): check --speculative-algorithm EAGLE3 and the layer ids",
+    )
+
+
+def run_runtime(
+    url: str,
+    prompt_ids: list[list[int]],
+    *,
+    export_dir: Path | str | None,
+    max_new_tokens: int = 32,
+    min_accept: float = SMOKE_MIN_ACCEPT,
+    timeout_s: float = 300.0,
+) -> list[Check]:
+    """Ask a live speculative server what it runs, then a smoke run of ``prompt_ids`` (greedy, one at a time)."""
+    from eagle3.bench.prompts import send_prompts
+
+    try:
+        checks = check_server_info(get_json(f"{url.rstrip('/')}/get_server_info"), export_dir)
+    except (OSError, ValueError) as exc:
+        return [Check("server_info", False, f"GET {url}/get_server_info failed ({exc}): is the server up at {url}?")]
+    results = send_prompts(url, prompt_ids, concurrency=1, max_new_tokens=max_new_tokens, timeout_s=timeout_s)
+    errors = [r.error for r in results if r.error]
+    if errors:
+        return [*checks, Check("smoke_requests", False, f"{len(errors)} smoke requests failed, first: {errors[0]}")]
+    checks.append(
+        check_smoke(
+            sum(r.completion_tokens for r in results), sum(r.spec_verify_ct for r in results), min_accept=min_accept
+        )
+    )
+    for check in failed(checks):
+        logger.warning("preflight %s", check.line())
+    return checks

@@ -1,0 +1,151 @@
+"""``eagle3 launch-sglang``, ``eagle3 preflight`` (quick, library only) and ``eagle3 gate`` (runs the gate flow)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import typer
+
+from eagle3.bench.preflight import Check
+from eagle3.config import PipelineConfig
+from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+
+DraftOption = typer.Option(None, "--draft", "-d", help="Draft export dir (config.json + model.safetensors).")
+FlavourOption = typer.Option("sglang", "--flavour", help="sglang (python -m sglang.launch_server) or reference.")
+
+
+def _default_draft(root: Path) -> Path | None:
+    from eagle3.bench.registry import Registry
+
+    champion = Registry(root).champion()
+    return Path(champion.draft_dir) if champion else None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def launch_sglang(
+    arm: str = typer.Option(..., "--arm", help="baseline or eagle3."),
+    draft: Path | None = DraftOption,
+    flavour: str = FlavourOption,
+    run: bool = typer.Option(False, "--run/--print", help="Start the server and wait (default: print the command)."),
+    port: int | None = typer.Option(None, help="Port (default: server.port; 0 picks a free one)."),
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+) -> None:
+    """Print (or run) the launch command of one arm, generated from config for the pinned SGLang."""
+    from eagle3.bench.launch import LaunchError, ServerProcess, build_launch
+
+    cfg = resolve_config(recipe, config, set_)
+    if arm == "eagle3" and draft is None:
+        draft = _default_draft(cfg.root_path)
+    try:
+        command = build_launch(cfg, arm, flavour=flavour, draft=draft, port=port)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not run:
+        typer.echo(command.shell())
+        return
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
+    try:
+        with ServerProcess(command, health_timeout_s=1800.0 if flavour == "sglang" else 180.0) as server:
+            console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
+            code = server.wait()
+    except LaunchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("stopped")
+        return
+    raise typer.Exit(code)
+
+
+def preflight(
+    draft: Path = typer.Option(..., "--draft", "-d", help="Draft export dir to check."),
+    features: Path | None = typer.Option(None, help="Capture stage dir (features/<fp>) whose footer names the layers."),
+    url: str | None = typer.Option(None, help="A live speculative server: also run the runtime checks against it."),
+    smoke_prompts: int = typer.Option(4, help="Prompts in the runtime smoke run."),
+    min_accept: float = typer.Option(1.5, help="Smoke accept length below this fails (a broken aux path gives ~1)."),
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+) -> None:
+    """Static checks of a draft and both launch commands; with --url, runtime checks too. Exit 1 on any failure."""
+    from eagle3.bench import preflight as pf
+    from eagle3.bench.launch import build_launch
+
+    cfg = resolve_config(recipe, config, set_)
+    port = cfg.server.port or 30000
+    checks = pf.run_static(
+        cfg,
+        draft,
+        baseline=build_launch(cfg, "baseline", port=port),
+        spec=build_launch(cfg, "eagle3", draft=draft, port=port),
+        features_dir=features,
+    )
+    if url:
+        checks += _runtime(cfg, url, draft, smoke_prompts, min_accept)
+    for check in checks:
+        colour = "green" if check.ok else "red"
+        console.print(
+            f"[{colour}]{'PASS' if check.ok else 'FAIL'}[/{colour}] {check.name}: {check.message}", soft_wrap=True
+        )
+    if pf.failed(checks):
+        raise typer.Exit(1)
+
+
+def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float) -> list[Check]:
+    from transformers import AutoTokenizer
+
+    from eagle3.bench import preflight as pf
+    from eagle3.bench.prompts import load_gate_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target.model_path, revision=cfg.target.revision)
+    prompts = load_gate_prompts(cfg.gate.prompt_sets, tokenizer, per_set=max(1, n))[:n]
+    with console.status(f"runtime preflight against {url}"):
+        return pf.run_runtime(url, [list(p.input_ids) for p in prompts], export_dir=draft, min_accept=min_accept)
+
+
+def gate(
+    draft: list[Path] = typer.Option(..., "--draft", "-d", help="Candidate draft export dir (repeat to compare)."),
+    baseline_url: str | None = typer.Option(None, help="Running baseline server (with --spec-url)."),
+    spec_url: str | None = typer.Option(None, help="Running speculative server (with --baseline-url)."),
+    champion_url: str | None = typer.Option(None, help="Running server of the champion draft (URL mode)."),
+    flavour: str = typer.Option("reference", help="Without URLs: launch reference (CPU) or sglang arms."),
+    features: Path | None = typer.Option(None, help="Capture stage dir for the layer-id check."),
+    promote: bool = typer.Option(True, "--promote/--no-promote", help="Promote the best passing draft."),
+    force: bool = typer.Option(False, help="Measure again even if this exact gate already ran."),
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+) -> None:
+    """Benchmark drafts against the baseline (and the champion); pass/fail report; exit 1 on fail."""
+    from flows.gate import gate_flow
+
+    cfg = resolve_config(recipe, config, set_)
+    with console.status("running the gate (see the Prefect UI for progress)"):
+        out = gate_flow(
+            cfg.model_dump(mode="json"),
+            [str(d) for d in draft],
+            baseline_url=baseline_url,
+            spec_url=spec_url,
+            champion_url=champion_url,
+            flavour=flavour,
+            features_dir=str(features) if features else None,
+            promote=promote,
+            force=force,
+        )
+    typer.echo(Path(out["markdown"]).read_text())
+    console.print(f"report: {out['out_dir']}")
+    if not out["passed"]:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("launch-sglang")(launch_sglang)
+    app.command("preflight")(preflight)
+    app.command("gate")(gate)

@@ -1,0 +1,103 @@
+"""The gate end to end on the tiny world: reference server arms, a trained draft, real measurements."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eagle3.bench import preflight
+from eagle3.bench.gate import decide, run_gate
+from eagle3.bench.launch import ServerProcess, build_launch
+from eagle3.bench.prompts import load_gate_prompts
+from eagle3.bench.registry import Registry, draft_id
+from eagle3.config import with_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def _smoke_prompts(world) -> list[list[int]]:
+    prompts = load_gate_prompts(world.config.gate.prompt_sets, world.tokenizer, per_set=2)
+    return [list(p.input_ids) for p in prompts[:4]]
+
+
+def _runtime(world, algorithm: str, tmp_path: Path) -> dict[str, preflight.Check]:
+    cfg = with_overrides(world.config, [f"speculative.algorithm={algorithm}"])
+    cmd = build_launch(cfg, "eagle3", flavour="reference", draft=world.export, port=0)
+    with ServerProcess(cmd, log_path=tmp_path / f"{algorithm}.log", health_timeout_s=120) as server:
+        checks = preflight.run_runtime(server.url, _smoke_prompts(world), export_dir=world.export, max_new_tokens=32)
+    return {c.name: c for c in checks}
+
+
+def test_eagle_instead_of_eagle3_serves_accept_length_one_and_fails_runtime_preflight(gate_world, tmp_path):
+    good = _runtime(gate_world, "EAGLE3", tmp_path)
+    assert all(c.ok for c in good.values()), [c.line() for c in good.values()]
+    bad = _runtime(gate_world, "EAGLE", tmp_path)
+    assert not bad["server_algorithm"].ok and "'EAGLE'" in bad["server_algorithm"].message
+    assert not bad["smoke_accept"].ok
+    accept = float(bad["smoke_accept"].message.split()[2])
+    assert accept < 1.3, bad["smoke_accept"].message  # no aux layers: the draft is ~never right
+    assert float(good["smoke_accept"].message.split()[2]) > accept + 0.3
+
+
+def test_gate_passes_promotes_and_reports_when_thresholds_are_met(gate_world):
+    cfg = gate_world.config
+    result = run_gate(cfg, [gate_world.export])
+    report = result.report
+    assert report.passed, [d.reasons for d in report.decisions]
+    names = [a.name for a in report.arms]
+    assert names == ["baseline", "cand0:s3-k1-n4"]
+    for arm in report.arms:
+        assert arm.error is None and [lv.concurrency for lv in arm.levels] == [1, 2]
+        assert all(lv.requests == 12 and lv.completion_tokens > 0 and lv.output_tok_s > 0 for lv in arm.levels)
+    cand = report.arms[1]
+    assert cand.level(1).accept_length >= cfg.gate.min_accept
+    assert {c["name"] for c in cand.preflight} >= {"server_algorithm", "server_draft", "smoke_accept"}
+    assert "--speculative-algorithm EAGLE3" in report.best["launch_sglang"]
+    assert report.best["launch_sglang"].startswith("python -m sglang.launch_server")
+    assert "eagle3.serve" in report.best["launch_used"]
+    for name in ("report.json", "report.md", "throughput.png", "accept_length.png", "manifest.json"):
+        assert (result.out_dir / name).exists()
+    champion = Registry(cfg.root_path).champion()
+    assert champion is not None and champion.draft_id == draft_id(gate_world.export)
+    assert report.promotion["draft_id"] == champion.draft_id
+    assert json.loads((result.out_dir / "report.json").read_text())["passed"] is True
+
+    # The same real measurements against thresholds they cannot meet: refused, with the reason.
+    strict = cfg.gate.model_copy(update={"min_speedup": 1000.0, "min_accept": 50.0})
+    (decision,) = decide(report.arms, strict)
+    assert not decision.passed
+    assert any("min_speedup 1000.0" in r for r in decision.reasons)
+    assert any("min_accept 50.0" in r for r in decision.reasons)
+
+
+def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
+    cfg = with_overrides(
+        gate_world.config,
+        [
+            f"root={tmp_path / 'run'}",
+            "gate.concurrency=[1]",
+            "gate.prompts_per_set=2",
+            "gate.max_new_tokens=16",
+            "gate.min_gain_over_champion=1000",
+        ],
+    )
+    registry = Registry(cfg.root_path)
+    champion = registry.promote(gate_world.export, report="seed")
+    challenger = tmp_path / "challenger"
+    shutil.copytree(gate_world.export, challenger)
+    config_json = json.loads((challenger / "config.json").read_text())
+    config_json["max_position_embeddings"] += 1  # same weights, another draft id
+    (challenger / "config.json").write_text(json.dumps(config_json))
+
+    result = run_gate(cfg, [challenger])
+    roles = [a.role for a in result.report.arms]
+    assert roles == ["baseline", "candidate", "champion"]
+    assert all(a.error is None and a.levels for a in result.report.arms)
+    (decision,) = result.report.decisions
+    assert not decision.passed and decision.gain_over_champion is not None
+    assert any("min_gain_over_champion" in r for r in decision.reasons)
+    assert result.report.promotion is None
+    assert registry.champion().draft_id == champion.draft_id

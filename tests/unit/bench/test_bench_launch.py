@@ -1,0 +1,139 @@
+"""Launch commands: generated from config, arms identical but for speculation, parsed by the servers' own parsers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import pytest
+
+from eagle3.bench.launch import (
+    SPECULATIVE_FLAGS,
+    LaunchCommand,
+    LaunchError,
+    ServerProcess,
+    build_launch,
+    free_port,
+    split_speculative,
+    without_address,
+)
+from eagle3.config import with_overrides
+
+GPU_SETTINGS = [
+    "server.tp=2",
+    "server.mem_fraction_static=0.85",
+    "server.max_running_requests=64",
+    "server.cuda_graph_max_bs=32",
+    "server.extra_args=[--enable-metrics]",
+]
+
+
+def test_arms_share_every_flag_except_the_speculative_ones(bench_config, tmp_path):
+    cfg = with_overrides(bench_config, GPU_SETTINGS)
+    base = build_launch(cfg, "baseline", port=31000)
+    spec = build_launch(cfg, "eagle3", draft=tmp_path, port=31000)
+    shared, flags = split_speculative(spec.server_args())
+    assert shared == base.server_args()
+    assert set(flags) == set(SPECULATIVE_FLAGS)
+    assert flags["--speculative-algorithm"] == "EAGLE3"
+    assert flags["--speculative-draft-model-path"] == str(tmp_path.resolve())
+    assert spec.argv[:3] == ["python", "-m", "sglang.launch_server"]
+
+
+def test_sglang_flags_use_the_pinned_spellings(bench_config, tmp_path):
+    args = build_launch(with_overrides(bench_config, GPU_SETTINGS), "eagle3", draft=tmp_path, port=31000).argv
+    for flag, value in [
+        ("--tp-size", "2"),
+        ("--mem-fraction-static", "0.85"),
+        ("--max-running-requests", "64"),
+        ("--cuda-graph-max-bs-decode", "32"),
+        ("--context-length", "1024"),
+        ("--speculative-num-steps", "3"),
+        ("--speculative-eagle-topk", "1"),
+        ("--speculative-num-draft-tokens", "4"),
+    ]:
+        assert args[args.index(flag) + 1] == value
+    assert "--enable-metrics" in args
+
+
+def test_eagle3_arm_without_a_draft_is_refused(bench_config):
+    with pytest.raises(ValueError, match="--draft"):
+        build_launch(bench_config, "eagle3")
+
+
+def test_port_zero_picks_a_free_port(bench_config):
+    cmd = build_launch(with_overrides(bench_config, ["server.port=0"]), "baseline")
+    assert cmd.port > 0 and cmd.url.endswith(f":{cmd.port}")
+
+
+def test_reference_flavour_parses_with_the_reference_server_parser(bench_config, tmp_path):
+    from eagle3.serve.args import parse_args
+
+    cfg = with_overrides(bench_config, GPU_SETTINGS)
+    spec = build_launch(cfg, "eagle3", flavour="reference", draft=tmp_path, port=31000)
+    base = build_launch(cfg, "baseline", flavour="reference", port=31000)
+    assert spec.argv[:3] == ["python", "-m", "eagle3.serve"]
+    assert split_speculative(spec.server_args())[0] == base.server_args()
+    args = parse_args(spec.server_args())
+    assert args.speculative_algorithm == "EAGLE3"
+    assert args.speculative_draft_model_path == str(tmp_path.resolve())
+    assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (3, 1, 4)
+    assert args.max_running_requests == 64 and args.context_length == 1024
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="the sglang extra is not installed")
+def test_generated_command_parses_with_sglang_server_args(bench_config, tmp_path):
+    from eagle3.bench.launch import parse_with_sglang
+
+    cfg = with_overrides(bench_config, GPU_SETTINGS)
+    ns = parse_with_sglang(build_launch(cfg, "eagle3", draft=tmp_path, port=31000).server_args())
+    assert ns.speculative_algorithm == "EAGLE3"
+    assert ns.tp_size == 2 and ns.cuda_graph_max_bs_decode == 32 and ns.speculative_num_draft_tokens == 4
+
+
+def test_without_address_drops_host_and_port_only():
+    assert without_address(["--model-path", "m", "--host", "h", "--port=5", "--dtype", "auto"]) == [
+        "--model-path",
+        "m",
+        "--dtype",
+        "auto",
+    ]
+
+
+def test_server_that_exits_before_healthy_raises_with_its_log(tmp_path):
+    code = "import sys; print('boom: bad flag'); sys.exit(3)"
+    cmd = LaunchCommand("baseline", "reference", ["python", "-c", code], "127.0.0.1", 1)
+    with pytest.raises(LaunchError, match=r"exited with code 3[\s\S]*boom: bad flag"):
+        ServerProcess(cmd, log_path=tmp_path / "server.log", health_timeout_s=30).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_server_is_stopped_with_its_process_group_on_exit(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import http.server, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
+    port = free_port()
+    cmd = LaunchCommand("baseline", "reference", ["python", "-c", code, str(port)], "127.0.0.1", port)
+    with ServerProcess(cmd, log_path=tmp_path / "s.log", health_timeout_s=30) as server:
+        assert server.url == f"http://127.0.0.1:{port}"
+        child = int(pid_file.read_text())
+        assert _alive(child)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the server's child process outlived the server"

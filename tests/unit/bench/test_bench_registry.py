@@ -1,0 +1,52 @@
+"""The draft registry: champion pointer, history, content-addressed copies of promoted drafts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3.bench.registry import Registry, draft_id
+
+
+def test_no_champion_before_the_first_promotion(tmp_path):
+    assert Registry(tmp_path).champion() is None
+    assert Registry(tmp_path).history() == []
+
+
+def test_promotion_copies_the_draft_and_points_at_the_copy(tmp_path, make_export):
+    export = make_export("a")
+    reg = Registry(tmp_path / "root")
+    promo = reg.promote(export, report="r.json", metrics={"speedup": 1.2}, speculative={"num_steps": 3})
+    champion = reg.champion()
+    assert champion is not None and champion.draft_id == draft_id(export) == promo.draft_id
+    assert (tmp_path / "root/registry/drafts" / promo.draft_id / "model.safetensors").exists()
+    assert champion.draft_dir != str(export) and champion.metrics == {"speedup": 1.2}
+    assert json.loads((tmp_path / "root/registry/promoted.json").read_text())["report"] == "r.json"
+    assert not list((tmp_path / "root/registry").glob("*.tmp*"))
+
+
+def test_second_promotion_replaces_the_pointer_and_extends_history(tmp_path, make_export):
+    first, second = make_export("a"), make_export("b", max_position_embeddings=4096)
+    reg = Registry(tmp_path)
+    reg.promote(first, report="1")
+    reg.promote(second, report="2")
+    assert reg.champion().draft_id == draft_id(second)
+    assert [p.report for p in reg.history()] == ["1", "2"]
+
+
+def test_draft_id_depends_on_content_not_path(tmp_path, make_export):
+    a = make_export("a")
+    b = make_export("b")  # same seed and config: identical bytes
+    c = make_export("c", max_position_embeddings=4096)
+    assert draft_id(a) == draft_id(b) != draft_id(c)
+
+
+def test_pointer_to_a_deleted_draft_is_an_error_with_the_fix(tmp_path, make_export):
+    import shutil
+
+    reg = Registry(tmp_path)
+    promo = reg.promote(make_export("a"), report="r")
+    shutil.rmtree(promo.draft_dir)
+    with pytest.raises(FileNotFoundError, match="remove the pointer"):
+        reg.champion()
