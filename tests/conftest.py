@@ -55,5 +55,5 @@ def prefect_harness() -> Iterator[None]:
     """One ephemeral Prefect API for every flow test in the session (~20 s to start)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=300):
         yield
