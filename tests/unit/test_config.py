@@ -68,7 +68,7 @@ def test_output_convention_converts_both_ways():
 
 def test_topk_one_requires_chain_draft_tokens():
     data = _base() | {"speculative": {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 8}}
-    with pytest.raises(ConfigError, match="num_draft_tokens to num_steps\\+1 \\(4\\)"):
+    with pytest.raises(ConfigError, match=r"num_draft_tokens to num_steps\+1 \(4\)"):
         validate(data)
 
 
@@ -88,5 +88,5 @@ def test_override_of_missing_section_names_it():
 
 
 def test_override_with_bad_value_fails_like_a_bad_file():
-    with pytest.raises(ConfigError, match="train.lr"):
+    with pytest.raises(ConfigError, match=r"train\.lr"):
         load_recipe("tiny", ["train.lr=-1"])

@@ -31,7 +31,7 @@ def test_rotates_shards_by_rows_and_reports_what_it_wrote(tmp_path: Path):
 
 def test_row_groups_are_sized_by_bytes(tmp_path: Path):
     with ShardWriter(tmp_path, SCHEMA, row_group_bytes=10_000) as writer:
-        for chunk in range(10):
+        for _ in range(10):
             writer.write_rows(_rows(5, size=1000))
     info = writer.close()[0]
     meta = pq.ParquetFile(info.path).metadata
