@@ -98,27 +98,7 @@ TRAIN_PROMPTS, ANSWER_TOKENS, BENCH_PER_SET = 64, 40, 4
 
 
 def _target_dir(request: pytest.FixtureRequest) -> Path:
-    """The tiny world's target; until that module lands, the small stand-in the train tests cache under EAGLE3_HOME
-    (same recipe and cache name, built once by whichever suite runs first)."""
-    try:
-        import eagle3.dev.world  # noqa: F401
-    except ImportError:
-        from eagle3.dev.samples import generate_conversations
-        from eagle3.dev.tiny_target import build_model, build_tokenizer, train_model
-        from eagle3.recipes import eagle3_home
-
-        out = eagle3_home() / "cache" / "draft-test-target-v1"
-        if (out / "config.json").exists():
-            return out
-        convs = generate_conversations(300)
-        tokenizer = build_tokenizer([m["content"] for c in convs for m in c], vocab_size=2048)
-        model = build_model(tokenizer, hidden_size=64, intermediate_size=128)
-        train_model(model, tokenizer, convs, steps=80, seq_len=96, batch_size=4, num_threads=1)
-        tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
-        return out
+    """The tiny world's target model directory."""
     return Path(request.getfixturevalue("tiny_world").model_dir)
 
 

@@ -1,4 +1,4 @@
-"""Fixtures for the capture tests: a tiny target (the tiny world's when it exists), regen shards rendered with
+"""Fixtures for the capture tests: the tiny world's target, regen shards rendered with
 the project renderer, and a config pointing at both."""
 
 from __future__ import annotations
@@ -15,28 +15,10 @@ from eagle3.data.template import render_conversation
 from eagle3.regen.schema import REGEN_SCHEMA
 
 
-def _world_available() -> bool:
-    try:
-        import eagle3.dev.world  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="session")
-def capture_model_dir(request, tmp_path_factory) -> Path:
-    """The tiny target's directory: the tiny world's model, or (until it lands) one built here the same way."""
-    if _world_available():
-        return Path(request.getfixturevalue("tiny_world").model_dir)
-    from eagle3.dev.samples import generate_conversations
-    from eagle3.dev.tiny_target import build_model, build_tokenizer
-
-    corpus = [m["content"] for conv in generate_conversations(300) for m in conv]
-    tokenizer = build_tokenizer(corpus, vocab_size=2048)
-    out = tmp_path_factory.mktemp("tiny-target")
-    build_model(tokenizer).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+def capture_model_dir(tiny_world) -> Path:
+    """The tiny world's target model directory."""
+    return Path(tiny_world.model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Fixtures of the regen tests: a tiny target model directory (the tiny world's when available)."""
+"""Fixtures of the regen tests: a tiny target model directory."""
 
 from __future__ import annotations
 
@@ -7,25 +7,10 @@ from pathlib import Path
 import pytest
 
 
-def _fallback_model_dir(out: Path) -> Path:
-    """An untrained tiny Llama + ChatML BPE tokenizer, for sessions where ``eagle3.dev.world`` is missing."""
-    from eagle3.dev.tiny_target import build_model, build_tokenizer
-
-    corpus = [f"user asks question {i} about topic {i % 7} and the assistant answers at length." for i in range(400)]
-    tokenizer = build_tokenizer(corpus, vocab_size=512)
-    model = build_model(tokenizer, num_layers=8, max_position_embeddings=512)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="session")
-def regen_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        import eagle3.dev.world  # noqa: F401
-    except ImportError:
-        return _fallback_model_dir(tmp_path_factory.mktemp("tiny-target"))
-    return Path(request.getfixturevalue("tiny_world").model_dir)
+def regen_model_dir(tiny_world) -> Path:
+    """The tiny world's target model directory."""
+    return Path(tiny_world.model_dir)
 
 
 def write_prompts(root: Path, shards: list[list[dict]]) -> Path:
