@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
-from eagle3.data.parquet import ShardWriter
+from eagle3.data.parquet import ShardWriter, shard_name
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.serve.launch import ReferenceServer
@@ -37,11 +37,17 @@ def _prompts(root: Path) -> Path:
     return out
 
 
-def test_shard_task_cache_key_is_fingerprint_and_shard_only():
+def test_shard_task_cache_key_ignores_servers_and_is_none_until_the_shard_exists(tmp_path):
     key = regen_shard_task.cache_key_fn
-    a = key(None, {"plan": {"x": 1}, "fingerprint": "f", "shard_index": 3, "servers": ["http://a"]})
-    b = key(None, {"plan": {"x": 2}, "fingerprint": "f", "shard_index": 3, "servers": ["http://b"]})
-    assert a == b and a != key(None, {"fingerprint": "f", "shard_index": 4})
+    params = {"plan": {"regen_dir": str(tmp_path)}, "fingerprint": "f", "shard_index": 3}
+    assert key(None, {**params, "servers": ["http://a"]}) is None
+    (tmp_path / shard_name(3)).write_bytes(b"rows")
+    a = key(None, {**params, "servers": ["http://a"]})
+    b = key(None, {**params, "plan": {"regen_dir": str(tmp_path), "x": 2}, "servers": ["http://b"]})
+    assert a is not None and a == b
+    assert key(None, {**params, "fingerprint": "g"}) != a
+    (tmp_path / shard_name(3)).write_bytes(b"rebuilt rows")
+    assert key(None, params) != a
     assert server_limit_names(["http://10.0.0.1:30000"]) == ["regen-server-10-0-0-1-30000"]
 
 
