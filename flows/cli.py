@@ -42,6 +42,8 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not verbose:  # one INFO line per HTTP request (Prefect's API, the regen servers) drowns the stage logs
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 for _module in COMMAND_MODULES:

@@ -54,22 +54,25 @@ def output_cache_key(base: str, output: Path) -> str | None:
 class Progress:
     """A Prefect progress artifact with throughput and ETA in its description, throttled to ``every_s``.
 
-    Works in any flow or task run context; ``update`` is cheap to call per sample.
+    Works in any flow or task run context; ``update`` is cheap to call per sample. ``already_done`` (a resumed
+    stage) counts towards the bar but not towards the rate, so the ETA of a resumed run is not flattered.
     """
 
-    def __init__(self, key: str, *, total: int, unit: str = "samples", every_s: float = 10.0) -> None:
+    def __init__(
+        self, key: str, *, total: int, unit: str = "samples", every_s: float = 10.0, already_done: int = 0
+    ) -> None:
         self.key, self.total, self.unit, self.every_s = artifact_key(key), max(total, 1), unit, every_s
-        self.done = 0
+        self.done = self.already_done = min(already_done, self.total)
         self.tokens = 0
         self._start = time.monotonic()
         self._last = 0.0
         self._id: UUID = create_progress_artifact(
-            progress=0.0, key=self.key, description=self._describe()
+            progress=100.0 * self.done / self.total, key=self.key, description=self._describe()
         )  # type: ignore[assignment]
 
     def _describe(self) -> str:
         elapsed = max(time.monotonic() - self._start, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self.already_done) / elapsed
         eta = (self.total - self.done) / rate if rate > 0 else float("nan")
         tok = f", {self.tokens / elapsed:,.0f} tok/s" if self.tokens else ""
         eta_txt = f"{eta / 60:,.1f} min" if eta == eta else "unknown"

@@ -54,9 +54,12 @@ class _StageProgress:
         self.lock = threading.Lock()
         self.done, self.tokens = status.done, 0
         self.progress = Progress(
-            artifact_key("regen-progress", plan.fingerprint), total=plan.total, unit="samples", every_s=every_s
+            artifact_key("regen-progress", plan.fingerprint),
+            total=plan.total,
+            unit="samples",
+            every_s=every_s,
+            already_done=self.done,
         )
-        self.progress.update(self.done, force=True)
 
     def on_result(self, row: dict[str, Any]) -> None:
         with self.lock:

@@ -22,7 +22,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from types import TracebackType
 from typing import Literal
 
 from eagle3.config import PipelineConfig, SpeculativeConfig
+from eagle3.procs import die_with_parent, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +87,6 @@ class LaunchCommand:
     def server_args(self) -> list[str]:
         """The arguments after ``python -m <module>`` (what the server's own parser sees)."""
         return self.argv[3:]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _served_dtype(config: PipelineConfig, flavour: str) -> str:
@@ -261,6 +255,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
                 env=self.env,
             )
         try:

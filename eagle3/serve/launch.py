@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,17 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from eagle3.procs import die_with_parent, free_port
+
 logger = logging.getLogger(__name__)
 
 
 class ServerStartError(RuntimeError):
     """The reference server exited or did not become healthy in time."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def is_healthy(url: str, *, timeout: float = 2.0) -> bool:
@@ -80,7 +75,9 @@ class ReferenceServer:
     def start(self) -> None:
         logger.info("starting reference server: %s (log %s)", " ".join(self.args), self.log_path)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.proc = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=die_with_parent
+            )
         deadline = time.monotonic() + self.startup_timeout_s
         try:
             while not is_healthy(self.url):

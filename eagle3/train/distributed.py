@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from eagle3.procs import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 
@@ -120,7 +122,7 @@ def run_workers(command: list[str], on_line: Callable[[str], None], *, env: dict
     the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps).
     """
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env={**os.environ, **(env or {})}) as proc:
+                          env={**os.environ, **(env or {})}, preexec_fn=die_with_parent) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))

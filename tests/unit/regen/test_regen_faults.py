@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from eagle3.procs import free_port
 from eagle3.regen.journal import read_journal
 from eagle3.regen.stage import run_regen
 from eagle3.runroot import Manifest
-from eagle3.serve.launch import ReferenceServer, free_port
+from eagle3.serve.launch import ReferenceServer
 
 SYNTH = ["--synthetic-tokens", "4", "--synthetic-delay", "0.01"]
 
