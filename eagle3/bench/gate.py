@@ -218,14 +218,18 @@ def decide(arms: list[ArmResult], gate: GateConfig, refused: dict[str, list[str]
 def gate_fingerprint(
     config: PipelineConfig, drafts: list[Path], champion: Promotion | None, urls: dict[str, Any]
 ) -> str:
+    """Identity of one gate. A champion that is one of the candidates is not measured as its own arm (``_plan``), so
+    it plays no part: re-gating the draft a gate just promoted reuses that gate's report instead of measuring again.
+    """
+    ids = [draft_id(d) for d in drafts]
     return fingerprint(
         "gate",
         config.target.model_dump(mode="json"),
         config.server.model_dump(mode="json"),
         config.speculative.model_dump(mode="json"),
         config.gate.model_dump(mode="json"),
-        [draft_id(d) for d in drafts],
-        champion.draft_id if champion else None,
+        ids,
+        champion.draft_id if champion and champion.draft_id not in ids else None,
         urls,
     )
 

@@ -42,7 +42,7 @@ def test_eagle_instead_of_eagle3_serves_accept_length_one_and_fails_runtime_pref
     assert float(good["smoke_accept"].message.split()[2]) > accept + 0.3
 
 
-def test_gate_passes_promotes_and_reports_when_thresholds_are_met(gate_world):
+def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champion(gate_world):
     cfg = gate_world.config
     result = run_gate(cfg, [gate_world.export])
     report = result.report
@@ -64,6 +64,8 @@ def test_gate_passes_promotes_and_reports_when_thresholds_are_met(gate_world):
     assert champion is not None and champion.draft_id == draft_id(gate_world.export)
     assert report.promotion["draft_id"] == champion.draft_id
     assert json.loads((result.out_dir / "report.json").read_text())["passed"] is True
+    again = run_gate(cfg, [gate_world.export])  # the next night, same draft: now the champion
+    assert again.reused and again.out_dir == result.out_dir
 
     # The same real measurements against thresholds they cannot meet: refused, with the reason.
     strict = cfg.gate.model_copy(update={"min_speedup": 1000.0, "min_accept": 50.0})
