@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Usage: infra/dev.sh run  [eagle3 run args...]   set up .venv (idempotent), then `eagle3 run --recipe tiny`
-#        infra/dev.sh test [pytest args...]       set up .venv (idempotent), then the whole test suite (CI)
-#        infra/dev.sh test-e2e [pytest args...]   also install Chromium, then the end-to-end tests (pipeline runs,
-#                                                 Prefect server + browser); minutes each, so not in the default run
+#        infra/dev.sh test [pytest args...]       set up .venv (idempotent) and Chromium (for the Prefect UI test),
+#                                                 then the whole test suite (CI); `-m 'not e2e'` skips the pipeline runs
 #        infra/dev.sh setup                       only set up .venv
 # Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev), PIP_FIND_LINKS (a folder holding a CPU torch
 # wheel, used when present; elsewhere torch resolves from the pyproject range, a CUDA build on GPU machines).
@@ -51,7 +50,6 @@ shift || true
 case "$verb" in
     setup) setup ;;
     run) setup; exec "$VENV/bin/eagle3" run --recipe tiny "$@" ;;
-    test) setup; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
-    test-e2e) setup; browser; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m e2e "$@" ;;
-    *) sed -n '2,8p' "$0"; exit 2 ;;
+    test) setup; browser; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
+    *) sed -n '2,7p' "$0"; exit 2 ;;
 esac
