@@ -25,11 +25,13 @@ from eagle3.data.stage import load_catalog, read_stage_stats
 from tasks.common import Progress, artifact_key, cache_key_from, publish_markdown, publish_table
 
 
-def _source_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+def _source_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    """Cached only once the source's rows are on disk (its spill counts, or the finished stage); never while missing,
+    so a deleted run root is normalized again instead of answered from the cache."""
     base = cache_key_from("prompts_dir", "source_name")(context, parameters)
     out = Path(parameters["prompts_dir"])
     done = (out / "manifest.json").exists() or (out / "spill" / parameters["source_name"] / "counts.json").exists()
-    return f"{base}-{'done' if done else 'missing'}"
+    return f"{base}-done" if done else None
 
 
 @task(name="discover", retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)

@@ -2,7 +2,8 @@
 
 The train task streams the workers' log lines to the run logger and turns ``metrics.jsonl`` into a progress
 artifact (steps, tokens/s, ETA). A retry re-runs the same command, which resumes from ``<out>/ckpt/latest``.
-Cache keys are the draft fingerprint (features + vocab + train config + target), never the task source.
+Cache keys are the draft fingerprint (features + vocab + train config + target) and the output directory, and
+exist only while the output does (``output_cache_key``): a cached result never points at a deleted or moved draft.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.context import TaskRunContext
 
 from eagle3.config import validate
 from eagle3.model.export import export_draft, validate_export
@@ -18,7 +20,7 @@ from eagle3.runroot import Manifest, atomic_write_text, stage_dir
 from eagle3.train.distributed import run_workers, worker_command
 from eagle3.train.metrics import METRICS_FILE, read_metrics
 from eagle3.train.trainer import draft_fingerprint
-from tasks.common import Progress, artifact_key, cache_key_from, publish_markdown
+from tasks.common import Progress, artifact_key, cache_key_from, output_cache_key, publish_markdown
 
 
 def _vocab_file(vocab: str) -> Path:
@@ -38,8 +40,17 @@ def plan_draft_task(config: dict[str, Any], features_dir: str, vocab: str) -> di
             "train_samples": samples}
 
 
-@task(name="train-draft", retries=2, retry_delay_seconds=10, cache_key_fn=cache_key_from("fingerprint"),
-      persist_result=True)
+def _train_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    base = cache_key_from("fingerprint", "out_dir")(context, parameters)
+    return output_cache_key(base, Path(parameters["out_dir"]) / "ckpt" / "latest")
+
+
+def _export_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    base = cache_key_from("fingerprint", "out_dir")(context, parameters)
+    return output_cache_key(base, Path(parameters["out_dir"]) / "export" / "model.safetensors")
+
+
+@task(name="train-draft", retries=2, retry_delay_seconds=10, cache_key_fn=_train_cache_key, persist_result=True)
 def train_draft_task(
     config: dict[str, Any], features_dir: str, vocab_path: str, out_dir: str, fingerprint: str
 ) -> dict[str, Any]:
@@ -73,7 +84,7 @@ def train_draft_task(
             "final": records[-1] if records else {}}
 
 
-@task(name="export-draft", retries=1, cache_key_fn=cache_key_from("fingerprint"), persist_result=True)
+@task(name="export-draft", retries=1, cache_key_fn=_export_cache_key, persist_result=True)
 def export_draft_task(
     config: dict[str, Any], out_dir: str, vocab_path: str, features_dir: str, fingerprint: str
 ) -> str:

@@ -38,7 +38,8 @@ def story(tiny_world: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     args = [str(BIN / "eagle3"), "run", "--recipe", "tiny", "--scale", str(SCALE)]
     for override in overrides:
         args += ["--set", override]
-    return {"root": root, "args": args, "env": base_env(), "log": root.parent / f"{root.name}.log"}
+    env = base_env(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")))  # results cached by this story only
+    return {"root": root, "args": args, "env": env, "log": root.parent / f"{root.name}.log"}
 
 
 def _run(story: dict[str, Any]) -> subprocess.CompletedProcess[str]:

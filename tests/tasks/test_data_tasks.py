@@ -78,13 +78,13 @@ def test_tasks_run_the_stage_and_publish_per_source_counts(data_config, no_artif
     assert prompts_plan_task.fn(data_config, catalog_dir)["done"]
 
 
-def test_source_cache_key_changes_when_the_output_disappears(tmp_path):
+def test_source_cache_key_exists_only_while_the_output_does(tmp_path):
     from tasks.data import _source_cache_key
 
     ctx = SimpleNamespace(task=SimpleNamespace(name="normalize-source"))
     params = {"prompts_dir": str(tmp_path / "fp"), "source_name": "sharegpt"}
-    missing = _source_cache_key(ctx, params)
+    assert _source_cache_key(ctx, params) is None  # nothing on disk: never answered from the cache
     (tmp_path / "fp" / "spill" / "sharegpt").mkdir(parents=True)
     (tmp_path / "fp" / "spill" / "sharegpt" / "counts.json").write_text("{}")
     done = _source_cache_key(ctx, params)
-    assert missing != done and "sharegpt" in done and str(tmp_path / "fp") in done
+    assert done is not None and "sharegpt" in done and str(tmp_path / "fp") in done

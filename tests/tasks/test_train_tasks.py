@@ -65,3 +65,19 @@ def test_train_task_runs_the_worker_and_export_task_writes_a_valid_draft(train_s
     assert validate_export(export) == []
     cfg = json.loads((export / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+
+
+def test_train_and_export_cache_keys_exist_only_while_their_outputs_do(tmp_path):
+    from tasks.train import _export_cache_key, _train_cache_key
+
+    old_root = {"fingerprint": "fp", "out_dir": str(tmp_path / "old" / "drafts" / "fp")}
+    new_root = {"fingerprint": "fp", "out_dir": str(tmp_path / "new" / "drafts" / "fp")}
+    latest, weights = Path(old_root["out_dir"]) / "ckpt" / "latest", Path(old_root["out_dir"]) / "export"
+    assert _train_cache_key(None, old_root) is None and _export_cache_key(None, old_root) is None
+    latest.parent.mkdir(parents=True)
+    latest.write_text("step-000004")
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"weights")
+    assert _train_cache_key(None, old_root) is not None and _export_cache_key(None, old_root) is not None
+    # Same fingerprint under another run root (a deleted one, say): never served the old root's result.
+    assert _train_cache_key(None, new_root) is None and _export_cache_key(None, new_root) is None
