@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.template import render_prompt
+from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
 from eagle3.dev.samples import generate_conversations
 from eagle3.model.export import export_draft
 from eagle3.train.checkpoint import save_checkpoint
@@ -37,38 +37,15 @@ def _default_model_dir() -> Path:
     return Path(world.model_dir)
 
 
-@torch.no_grad()
-def _answers(target, tokenizer, prompts: list[list[int]], max_new: int, eos: int) -> list[list[int]]:
-    pad, outs = tokenizer.pad_token_id, []
-    for start in range(0, len(prompts), 32):
-        chunk = prompts[start : start + 32]
-        width = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
-        mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in chunk])[:, None]).long()
-        gen = target.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                              eos_token_id=eos, pad_token_id=pad)[:, width:].tolist()
-        outs += [g[: g.index(eos) + 1] if eos in g else g for g in gen]
-    return outs
-
-
-def _vocab(sequences, vocab_size: int, draft_size: int, path: Path) -> None:
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for ids, mask in sequences:
-        counts.index_add_(0, torch.tensor(ids), torch.tensor(mask, dtype=torch.long))
-    targets = torch.sort(torch.argsort(counts, descending=True, stable=True)[:draft_size]).values
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[targets] = True
-    save_file({"d2t": targets - torch.arange(draft_size), "t2d": t2d, "counts": counts}, str(path))
-
-
 def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_new: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
     convs = generate_conversations(train_prompts + held_out, seed=123)
     prompts = [render_prompt(tokenizer, [next(m for m in c if m["role"] == "user")]) for c in convs]
-    answers = _answers(target, tokenizer, prompts[:train_prompts], max_new, eos)
-    sequences = [(p + a, [0] * len(p) + [1] * len(a)) for p, a in zip(prompts, answers, strict=False)]
+    answers = greedy_answers(target, prompts[:train_prompts], max_new_tokens=max_new, eos_id=eos,
+                             pad_id=tokenizer.pad_token_id)
+    sequences = answer_sequences(prompts[:train_prompts], answers)
     work = Path(tempfile.mkdtemp(prefix="eagle3-learning-"))
     hf = target.config
     config = with_overrides(
@@ -78,7 +55,8 @@ def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_
         ["train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.batch_size=4", f"train.epochs={epochs}",
          "train.log_every=5", "train.save_every=100000", "speculative.num_steps=3",
          "speculative.num_draft_tokens=4"])
-    _vocab(sequences, hf.vocab_size, min(512, hf.vocab_size), work / "vocab.safetensors")
+    write_draft_vocab(sequences, vocab_size=hf.vocab_size, draft_vocab_size=min(512, hf.vocab_size),
+                      path=work / "vocab.safetensors")
     batches = batches_from_target(target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
     inputs = load_inputs(config, work / "vocab.safetensors")
     cpu = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

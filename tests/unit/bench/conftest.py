@@ -120,29 +120,10 @@ def _bench_sets(out: Path) -> dict[str, str]:
     return sets
 
 
-@torch.no_grad()
-def _greedy(target: Any, prompts: list[list[int]], eos: int) -> list[list[int]]:
-    outs = []
-    for ids in prompts:
-        out = target.generate(torch.tensor([ids]), max_new_tokens=ANSWER_TOKENS, do_sample=False, eos_token_id=eos)
-        row = out[0, len(ids) :].tolist()
-        outs.append(row[: row.index(eos) + 1] if eos in row else row)
-    return outs
-
-
-def _vocab(sequences: list[tuple[list[int], list[int]]], vocab_size: int) -> dict[str, torch.Tensor]:
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for ids, mask in sequences:
-        counts.index_add_(0, torch.tensor(ids), torch.tensor(mask, dtype=torch.long))
-    targets = torch.sort(torch.argsort(counts, descending=True, stable=True)[:DRAFT_VOCAB]).values
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[targets] = True
-    return {"d2t": targets - torch.arange(DRAFT_VOCAB), "t2d": t2d, "counts": counts}
-
-
 def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path) -> Path:
     """Distil a draft on the target's own greedy answers with the project's trainer, then export it."""
     from eagle3.data.template import render_prompt
+    from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
     from eagle3.dev.samples import generate_conversations
     from eagle3.model.export import export_draft
     from eagle3.train.distributed import DistInfo
@@ -151,10 +132,12 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     convs = [c for c in generate_conversations(TRAIN_PROMPTS * 2, seed=11) if c[0]["role"] == "user"][:TRAIN_PROMPTS]
     prompts = [render_prompt(tokenizer, [c[0]]) for c in convs]
-    sequences = [
-        (p + a, [0] * len(p) + [1] * len(a)) for p, a in zip(prompts, _greedy(target, prompts, eos), strict=True)
-    ]
-    save_file(_vocab(sequences, config.target.vocab_size), str(root / "vocab.safetensors"))
+    answers = greedy_answers(
+        target, prompts, max_new_tokens=ANSWER_TOKENS, eos_id=eos, pad_id=tokenizer.pad_token_id, batch_size=1
+    )
+    sequences = answer_sequences(prompts, answers)
+    vocab_size = config.target.vocab_size
+    write_draft_vocab(sequences, vocab_size=vocab_size, draft_vocab_size=DRAFT_VOCAB, path=root / "vocab.safetensors")
     batches = batches_from_target(target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     inputs = load_inputs(config, root / "vocab.safetensors")

@@ -8,10 +8,10 @@ import json
 
 import pytest
 import torch
-from conftest import greedy_answers
 
 from eagle3.bench.specdec import SpeculativeDecoder
 from eagle3.config import with_overrides
+from eagle3.dev.distil import greedy_answers
 from eagle3.model.export import export_draft
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
@@ -51,7 +51,8 @@ def test_training_loss_falls_and_writes_metrics_plot_and_checkpoint(trained):
 def test_trained_draft_accepts_more_and_both_drafts_decode_exactly_greedy(draft_world, trained):
     _, _, exports = trained
     prompts = draft_world.held_out[:20]
-    reference = greedy_answers(draft_world.target, draft_world.tokenizer, prompts, MAX_NEW)
+    reference = greedy_answers(draft_world.target, prompts, max_new_tokens=MAX_NEW, eos_id=draft_world.eos,
+                               pad_id=draft_world.tokenizer.pad_token_id, batch_size=1)
     accept = {}
     for name, export in exports.items():
         decoder = SpeculativeDecoder(draft_world.target, draft_world.tokenizer, export, num_steps=3)
