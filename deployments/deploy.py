@@ -17,8 +17,10 @@ Design choices:
   queue behind each other).
 * ``regen`` and ``gate`` take the config resolved here, at deploy time, as a plain dict parameter (what their
   flows accept); ``data-scaling`` takes the recipe name and overrides, resolved on the worker each night.
-* Work pools ``cpu`` and ``gpu`` (type ``process``) and the zombie-run automation are created if missing, so
-  ``apply`` is idempotent and safe to re-run after every upgrade.
+* Work pools ``cpu`` and ``gpu`` (type ``process``), the zombie-run automation and one global concurrency limit
+  per configured regen server (1 slot: one shard at a time per server across the nightly run and re-triggers, so
+  ``regen.concurrency_per_server`` is the server's real in-flight bound) are created if missing, so ``apply`` is
+  idempotent and safe to re-run after every upgrade.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.exceptions import ObjectNotFound
@@ -126,9 +128,25 @@ def ensure_work_pools(names: Sequence[str]) -> None:
                 logger.info("created process work pool %r", name)
 
 
+def ensure_server_limits(servers: Sequence[str]) -> list[str]:
+    """Create the 1-slot global concurrency limit of each regen server that has none; returns the limit names."""
+    from tasks.regen import server_limit_names
+
+    names = server_limit_names(list(servers))
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+                logger.info("created global concurrency limit %r (1 shard at a time)", name)
+    return names
+
+
 def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]:
-    """Register the deployments on the server (pools and automation first); returns ``{flow/name: id}``."""
+    """Register the deployments on the server (pools, limits and automation first); returns ``{flow/name: id}``."""
     ensure_work_pools([spec.cpu_pool, spec.gpu_pool])
+    ensure_server_limits(_resolved_config(spec)["regen"]["servers"])
     if zombie_automation:
         ensure_zombie_automation()
     ids = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,10 @@ def regen_shard_task(plan: dict[str, Any], fingerprint: str, shard_index: int, s
     """Regenerate one shard (resuming from its journal); returns its report."""
     regen_plan = RegenPlan.from_dict(plan)
     tracker = stage_progress(regen_plan)
-    with concurrency(server_limit_names(servers), occupy=1, strict=False):
+    # Limits cap shards per persistent server across flow runs (nightly + a re-trigger); a reference server started
+    # by this flow run has a fresh port and no other user, so it has none.
+    limits = server_limit_names(regen_plan.pipeline.regen.servers)
+    with concurrency(limits, occupy=1, strict=False) if limits else nullcontext():
         report = regen_shard(regen_plan, shard_index, servers, on_result=tracker.on_result)
     _logger().info("regen shard %d %s: %s", shard_index, report.state, report.to_dict())
     return report.to_dict()

@@ -115,3 +115,19 @@ def test_zombie_automation_crashes_runs_that_miss_heartbeats():
     assert automation.actions[0].state == "CRASHED"
     with pytest.raises(ValueError, match="30"):
         zombie_automation(heartbeat_s=10)
+
+
+def test_each_configured_regen_server_gets_one_shard_slot_created_once(prefect_harness):
+    from prefect.client.orchestration import get_client
+
+    from deployments.deploy import ensure_server_limits
+
+    servers = ["http://10.0.0.7:30000", "http://10.0.0.8:30000"]
+    names = ensure_server_limits(servers)
+    assert ensure_server_limits(servers) == names  # idempotent: a second apply finds them
+    with get_client(sync_client=True) as client:
+        limits = [client.read_global_concurrency_limit_by_name(name) for name in names]
+    assert [(limit.name, limit.limit) for limit in limits] == [
+        ("regen-server-10-0-0-7-30000", 1),
+        ("regen-server-10-0-0-8-30000", 1),
+    ]
