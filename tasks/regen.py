@@ -83,6 +83,18 @@ def stage_progress(plan: RegenPlan) -> _StageProgress:
         return _PROGRESS[key]
 
 
+_SHARD_SLOTS: dict[str, threading.BoundedSemaphore] = {}
+
+
+def shard_slot(plan: RegenPlan) -> threading.BoundedSemaphore:
+    """``regen.shards_in_flight`` slots per flow run: shard tasks beyond them wait in their worker thread."""
+    key = str(flow_run.get_id())
+    with _PROGRESS_LOCK:
+        if key not in _SHARD_SLOTS:
+            _SHARD_SLOTS[key] = threading.BoundedSemaphore(plan.pipeline.regen.shards_in_flight)
+        return _SHARD_SLOTS[key]
+
+
 def server_limit_names(servers: list[str]) -> list[str]:
     """Prefect global concurrency limit names, one per server (create them to cap shards per server)."""
     return [artifact_key("regen-server", url.split("://", 1)[-1]) for url in servers]
@@ -115,7 +127,7 @@ def regen_shard_task(plan: dict[str, Any], fingerprint: str, shard_index: int, s
     # Limits cap shards per persistent server across flow runs (nightly + a re-trigger); a reference server started
     # by this flow run has a fresh port and no other user, so it has none.
     limits = server_limit_names(regen_plan.pipeline.regen.servers)
-    with concurrency(limits, occupy=1, strict=False) if limits else nullcontext():
+    with shard_slot(regen_plan), concurrency(limits, occupy=1, strict=False) if limits else nullcontext():
         report = regen_shard(regen_plan, shard_index, servers, on_result=tracker.on_result)
     _logger().info("regen shard %d %s: %s", shard_index, report.state, report.to_dict())
     return report.to_dict()

@@ -3,8 +3,8 @@
 ``regen_servers`` yields the configured server URLs, or starts the project's reference server on the target
 model for the length of the block when ``regen.servers`` is empty (the tiny recipe). ``finalize_regen`` writes
 ``failed_shards.json`` (empty list when none) every time and ``manifest.json`` only when every shard is compacted.
-``run_regen`` runs the stage in one process (shards concurrently on one event loop, bounded by
-``orchestration.max_workers``); the Prefect flow does the same with one task per shard.
+``run_regen`` runs the stage in one process (``regen.shards_in_flight`` shards at once on one event loop); the
+Prefect flow does the same with one task per shard.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def run_regen(
     plan = plan_regen(config, prompts_dir)
     selected = plan.select(shard_ids)
     with regen_servers(config, log_dir=Path(plan.regen_dir)) as servers:
-        workers = config.orchestration.max_workers
+        workers = config.regen.shards_in_flight
         _reports, failed = asyncio.run(_run_shards(plan, selected, servers, workers, on_result))
     return finalize_regen(plan, failed)
 

@@ -59,10 +59,9 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     shards = [[regen_helpers.chat(f"a{i}", f"first {i}") for i in range(4)]]
     shards.append([regen_helpers.chat(f"b{i}", f"second {i}") for i in range(10)])
     prompts = regen_helpers.write_prompts(tmp_path, shards)
-    regen = {"max_retries": 2, "concurrency_per_server": 2}
+    regen = {"max_retries": 2, "concurrency_per_server": 2, "shards_in_flight": 1}  # shard 0 ends before the crash
     with ReferenceServer(None, extra_args=[*SYNTH, "--fault-crash-after", "6"]) as doomed:
         config = regen_helpers.config(tmp_path, regen_model_dir, [doomed.url], **regen)
-        config = config.model_copy(update={"orchestration": config.orchestration.model_copy(update={"max_workers": 1})})
         summary = run_regen(config, prompts_dir=prompts)
     out = Path(summary["regen_dir"])
     assert summary["failed_shards"] == [1] and not summary["done"]
