@@ -61,7 +61,7 @@ def child(mode: str, work: Path, rows: int) -> None:
     from eagle3.data.discover import discover
     from eagle3.data.normalize import normalize_source, prompts_fingerprint
     from eagle3.data.pipeline import run_normalize
-    from eagle3.runroot import stage_dir
+    from eagle3.layout import stage_dir
 
     bench = work / "bench.jsonl"
     config = PipelineConfig(
@@ -75,7 +75,7 @@ def child(mode: str, work: Path, rows: int) -> None:
     start = time.perf_counter()
     if mode == "normalize":
         catalog_dir = discover(config)
-        out = stage_dir(config.root_path, "prompts", prompts_fingerprint(config, catalog_dir.name))
+        out = stage_dir(config.root_path, "normalize", prompts_fingerprint(config, catalog_dir.name))
         kept = normalize_source(config, config.sources[0], catalog_dir, out)["kept"]
     else:
         from eagle3.runroot import Manifest

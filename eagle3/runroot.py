@@ -28,10 +28,6 @@ def fingerprint(*parts: Any, length: int = 16) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def stage_dir(root: Path | str, stage: str, fp: str) -> Path:
-    return Path(root) / stage / fp
-
-
 def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -21,18 +21,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle3.layout import shard_index
 from eagle3.runroot import FileEntry, Manifest, atomic_path, atomic_write_text, fingerprint
 
 logger = logging.getLogger(__name__)
 
 CURVE_FILE = "curve.jsonl"
-_SHARD_NAME = re.compile(r"^shard-(\d{5})\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def shard_rows(files: Sequence[FileEntry]) -> list[int]:
 
     Raises when the shard indices have a gap: a gap would shift every later shard's cumulative offset.
     """
-    indexed = sorted((int(m.group(1)), f.rows) for f in files if (m := _SHARD_NAME.match(Path(f.path).name)))
+    indexed = sorted((i, f.rows) for f in files if (i := shard_index(f.path)) is not None)
     if [i for i, _ in indexed] != list(range(len(indexed))):
         raise ValueError(f"prompt shards are not numbered 0..{len(indexed) - 1} without gaps: re-run normalize")
     return [rows for _, rows in indexed]

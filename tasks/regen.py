@@ -22,7 +22,7 @@ from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run
 
 from eagle3.config import validate
-from eagle3.data.parquet import shard_name
+from eagle3.layout import shard_name
 from eagle3.regen.plan import RegenPlan, plan_regen
 from eagle3.regen.shard import regen_shard
 from eagle3.regen.stage import finalize_regen, shard_states

@@ -15,8 +15,9 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from eagle3.config import validate
+from eagle3.layout import stage_dir
 from eagle3.model.export import export_draft, validate_export
-from eagle3.runroot import Manifest, atomic_write_text, stage_dir
+from eagle3.runroot import Manifest, atomic_write_text
 from eagle3.train.distributed import run_workers, worker_command
 from eagle3.train.metrics import METRICS_FILE, read_metrics
 from eagle3.train.trainer import draft_fingerprint
@@ -36,7 +37,7 @@ def plan_draft_task(config: dict[str, Any], features_dir: str, vocab: str) -> di
     fp = draft_fingerprint(cfg, Path(features_dir).name, vocab_file.parent.name)
     manifest = Manifest.read(Path(features_dir))
     samples = manifest.rows if manifest else 0
-    return {"fingerprint": fp, "out_dir": str(stage_dir(cfg.root_path, "drafts", fp)), "vocab": str(vocab_file),
+    return {"fingerprint": fp, "out_dir": str(stage_dir(cfg.root_path, "train", fp)), "vocab": str(vocab_file),
             "train_samples": samples}
 
 

@@ -34,7 +34,8 @@ from eagle3.bench.prompts import BenchPrompt, load_gate_prompts, send_prompts_as
 from eagle3.bench.registry import Promotion, Registry, draft_id
 from eagle3.bench.report import ArmResult, Decision, GateReport, LevelStats, read_report, write_report
 from eagle3.config import GateConfig, PipelineConfig, SpeculativeConfig
-from eagle3.runroot import FileEntry, Manifest, fingerprint, stage_dir
+from eagle3.layout import stage_dir
+from eagle3.runroot import FileEntry, Manifest, fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -49,6 +49,7 @@ from eagle3.capture.schema import (
 )
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_metadata, write_table
+from eagle3.layout import SHARD_GLOB, shard_index, shard_name
 from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,6 @@ REGEN_INPUT_SCHEMA = pa.schema(
     [("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))]
 )
 ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done)
-_SHARD_RE = re.compile(r"shard-(\d{5})\.parquet$")
 _PART_RE = re.compile(r"(shard|quarantine)-\d{5}\.part-(\d{5})\.parquet$")
 
 
@@ -84,18 +84,18 @@ def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
 
 
 def shard_index_of(path: Path) -> int:
-    match = _SHARD_RE.search(Path(path).name)
-    if match is None:
+    index = shard_index(path)
+    if index is None:
         raise ValueError(f"{path}: not a shard file (expected shard-NNNNN.parquet)")
-    return int(match.group(1))
+    return index
 
 
 def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
     """(feature shard, quarantine file, parts directory) of shard ``index``."""
     out_dir = Path(out_dir)
     return (
-        out_dir / f"shard-{index:05d}.parquet",
-        out_dir / f"quarantine-{index:05d}.parquet",
+        out_dir / shard_name(index),
+        out_dir / shard_name(index, "quarantine"),
         out_dir / f"parts-{index:05d}",
     )
 
@@ -358,7 +358,7 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_results: Sequ
     directory (earlier nights) are listed too, so the manifest always describes everything captured so far."""
     out_dir = Path(out_dir)
     indices = {int(r["shard_index"]) for r in shard_results}
-    indices |= {shard_index_of(p) for p in out_dir.glob("shard-[0-9][0-9][0-9][0-9][0-9].parquet")}
+    indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}
     files, rows, quarantined, tokens = [], 0, 0, 0
     for index in sorted(indices):
         shard, quarantine, parts = output_paths(out_dir, index)
@@ -397,4 +397,4 @@ def feature_shards(features_dir: Path) -> list[Path]:
     manifest = Manifest.read(Path(features_dir))
     if manifest is None:
         raise FileNotFoundError(f"{features_dir}: no manifest.json; run `eagle3 capture` first")
-    return [Path(features_dir) / f.path for f in manifest.files if _SHARD_RE.fullmatch(Path(f.path).name)]
+    return [Path(features_dir) / f.path for f in manifest.files if shard_index(f.path) is not None]

@@ -16,7 +16,8 @@ from typing import Any
 from eagle3.capture.run import REGEN_INPUT_SCHEMA, features_fingerprint, shard_index_of
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
-from eagle3.runroot import Manifest, stage_dir
+from eagle3.layout import SHARD_GLOB, stage_dir
+from eagle3.runroot import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def plan_capture(
 ) -> dict[str, Any]:
     """A plain-dict plan: ``regen_dir, fingerprint, features_dir, shards {index: regen shard path}, missing``."""
     regen = Path(regen_dir) if regen_dir is not None else find_regen_dir(config)
-    present = {shard_index_of(p): p for p in sorted(regen.glob("shard-[0-9][0-9][0-9][0-9][0-9].parquet"))}
+    present = {shard_index_of(p): p for p in sorted(regen.glob(SHARD_GLOB))}
     wanted = sorted(set(shard_ids)) if shard_ids is not None else sorted(present)
     ready = {i: str(present[i]) for i in wanted if i in present and shard_is_valid(present[i],
                                                                                   schema=REGEN_INPUT_SCHEMA)}
@@ -60,7 +61,7 @@ def plan_capture(
     return {
         "regen_dir": str(regen),
         "fingerprint": fp,
-        "features_dir": str(stage_dir(config.root_path, "features", fp)),
+        "features_dir": str(stage_dir(config.root_path, "capture", fp)),
         "shards": ready,
         "missing": missing,
     }

@@ -24,7 +24,8 @@ from eagle3.data import catalog
 from eagle3.data.adapters import TURN_LIST_KEYS
 from eagle3.data.readers import DATA_SUFFIXES, count_rows, iter_rows
 from eagle3.data.stage import CATALOG_FILE
-from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint, stage_dir
+from eagle3.layout import stage_dir
+from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def discover(config: PipelineConfig) -> Path:
     for s in config.sources:
         catalog.get(s.adapter)
     fp = catalog_fingerprint(config)
-    out = stage_dir(config.root_path, "catalog", fp)
+    out = stage_dir(config.root_path, "discover", fp)
     if Manifest.read(out) is not None:
         logger.info("catalog %s is up to date (manifest hit): nothing to do", out)
         return out

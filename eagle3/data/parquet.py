@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagle3.layout import shard_name
 from eagle3.runroot import atomic_path, fsync_dir, sha256_file
 
 
@@ -34,10 +35,6 @@ class ShardInfo:
     rows: int
     bytes: int
     sha256: str
-
-
-def shard_name(index: int, prefix: str = "shard") -> str:
-    return f"{prefix}-{index:05d}.parquet"
 
 
 class ShardWriter:

@@ -14,14 +14,14 @@ from eagle3.data.mix import MixLine
 from eagle3.data.normalize import normalize_source, prompts_fingerprint
 from eagle3.data.shard import build_prompt_shards
 from eagle3.data.stage import load_catalog, mix_lines, read_stage_stats
-from eagle3.runroot import stage_dir
+from eagle3.layout import stage_dir
 
 logger = logging.getLogger(__name__)
 
 
 def prompts_dir(config: PipelineConfig, catalog_dir: Path) -> Path:
     """``<root>/prompts/<fp>`` for a finished catalog stage."""
-    return stage_dir(config.root_path, "prompts", prompts_fingerprint(config, Path(catalog_dir).name))
+    return stage_dir(config.root_path, "normalize", prompts_fingerprint(config, Path(catalog_dir).name))
 
 
 def mix_plan(config: PipelineConfig, catalog_dir: Path) -> list[MixLine]:

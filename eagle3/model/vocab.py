@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import open_shard
-from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint, stage_dir
+from eagle3.layout import stage_dir
+from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -9,19 +9,18 @@ restart it. The plan is a plain dict on the wire (Prefect task parameters) and `
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig, RegenConfig
-from eagle3.data.parquet import open_shard, shard_name
-from eagle3.runroot import Manifest, atomic_write_json, fingerprint, stage_dir
+from eagle3.data.parquet import open_shard
+from eagle3.layout import shard_index, shard_name, stage_dir
+from eagle3.runroot import Manifest, atomic_write_json, fingerprint
 
 PLAN_FILE = "plan.json"
 FAILED_SHARDS_FILE = "failed_shards.json"
-_SHARD_RE = re.compile(r"^shard-(\d{5})\.parquet$")
 
 
 class RegenInputError(ValueError):
@@ -115,9 +114,9 @@ def plan_regen(config: PipelineConfig, prompts_dir: Path | None = None) -> Regen
         raise RegenInputError(f"{prompts} has no manifest.json: the prompts stage is not finished")
     shards = {}
     for entry in manifest.files:
-        match = _SHARD_RE.match(Path(entry.path).name)
-        if match:
-            shards[int(match.group(1))] = entry.rows
+        index = shard_index(entry.path)
+        if index is not None:
+            shards[index] = entry.rows
     if not shards:
         raise RegenInputError(f"{prompts}: the manifest lists no shard-NNNNN.parquet files")
     fp = regen_fingerprint(manifest.fingerprint, config)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig
-from eagle3.data.parquet import shard_is_valid, shard_name
+from eagle3.data.parquet import shard_is_valid
+from eagle3.layout import shard_name
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import FAILED_SHARDS_FILE, RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.schema import REGEN_SCHEMA

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.data.parquet import shard_is_valid, shard_name
+from eagle3.data.parquet import shard_is_valid
+from eagle3.layout import shard_name
 from eagle3.regen.journal import journal_name
 from eagle3.regen.plan import FAILED_SHARDS_FILE, PLAN_FILE
 from eagle3.regen.schema import REGEN_SCHEMA

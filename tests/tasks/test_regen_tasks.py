@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
-from eagle3.data.parquet import ShardWriter, shard_name
+from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
+from eagle3.layout import shard_name
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.serve.launch import ReferenceServer
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task, server_limit_names

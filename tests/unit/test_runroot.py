@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.runroot import FileEntry, Manifest, atomic_path, atomic_write_json, fingerprint, stage_dir
+from eagle3.layout import stage_dir
+from eagle3.runroot import FileEntry, Manifest, atomic_path, atomic_write_json, fingerprint
 
 
 def test_fingerprint_ignores_key_order_and_sees_values():
@@ -13,7 +14,7 @@ def test_fingerprint_ignores_key_order_and_sees_values():
 
 
 def test_stage_is_done_only_when_its_manifest_exists(tmp_path: Path):
-    d = stage_dir(tmp_path, "prompts", fingerprint("x"))
+    d = stage_dir(tmp_path, "normalize", fingerprint("x"))
     assert Manifest.read(d) is None
     (d / "shard-00000.parquet").parent.mkdir(parents=True)
     (d / "shard-00000.parquet").write_bytes(b"abc")

@@ -1,0 +1,121 @@
+"""The run root's layout: every stage directory and file name, the shard naming rule, and the one input rule.
+
+A run root holds one directory per stage and fingerprint::
+
+    <root>/catalog/<fp>/   discover    catalog.json
+    <root>/prompts/<fp>/   normalize   shard-NNNNN.parquet, quarantine.parquet, spill/<source>/
+    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet), plan.json, failed_units.json
+    <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, parts-NNNNN/ while running
+    <root>/vocab/<fp>/     vocab       vocab.safetensors
+    <root>/drafts/<fp>/    train       ckpt/step-NNNNNN/, ckpt/latest, metrics.jsonl; export/ (the export stage)
+    <root>/gate/<fp>/      gate        report.json, report.md, *.png
+    <root>/scaling/        scaling     curve.jsonl, curve.png (one ledger per run root, no fingerprint)
+
+A stage directory is finished when its ``manifest.json`` exists (``eagle3.runroot.Manifest``).
+
+**The input rule.** A stage reads the directory of its upstream stage whose fingerprint is the one the resolved
+config gives (the caller computes it); an explicit path always wins; when no such directory is finished, the error
+lists what exists under that stage and how to point at it. Nothing is ever picked "newest by mtime".
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from eagle3.runroot import MANIFEST, Manifest
+
+# stage name -> its directory under the run root (train and export share the draft's directory)
+STAGE_DIRS: dict[str, str] = {
+    "discover": "catalog",
+    "normalize": "prompts",
+    "regen": "regen",
+    "capture": "features",
+    "vocab": "vocab",
+    "train": "drafts",
+    "export": "drafts",
+    "gate": "gate",
+    "scaling": "scaling",
+}
+
+CATALOG_FILE = "catalog.json"
+PLAN_FILE = "plan.json"
+FAILED_UNITS_FILE = "failed_units.json"
+VOCAB_FILE = "vocab.safetensors"
+CKPT_DIR = "ckpt"
+EXPORT_DIR = "export"
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "curve.jsonl"
+
+_SHARD_RE = re.compile(r"^(?P<kind>[a-z]+)-(?P<index>\d{5})\.parquet$")
+SHARD_GLOB = "shard-[0-9][0-9][0-9][0-9][0-9].parquet"
+
+
+def shard_name(index: int, kind: str = "shard") -> str:
+    """``shard-00003.parquet`` (or ``failed-00003.parquet``, ``quarantine-00003.parquet`` for ``kind``)."""
+    return f"{kind}-{index:05d}.parquet"
+
+
+def shard_index(path: Path | str, kind: str = "shard") -> int | None:
+    """The index of a ``<kind>-NNNNN.parquet`` file name, None for any other name."""
+    match = _SHARD_RE.match(Path(path).name)
+    if match is None or match.group("kind") != kind:
+        return None
+    return int(match.group("index"))
+
+
+def shard_files(directory: Path | str) -> dict[int, Path]:
+    """The ``shard-NNNNN.parquet`` files of a directory by index (on disk; finished or not is the caller's check)."""
+    directory = Path(directory)
+    found = {shard_index(p): p for p in directory.glob(SHARD_GLOB)} if directory.is_dir() else {}
+    return {i: p for i, p in sorted(found.items()) if i is not None}
+
+
+def stage_root(root: Path | str, stage: str) -> Path:
+    """``<root>/<stage dir>``: the parent of every fingerprint directory of ``stage``."""
+    if stage not in STAGE_DIRS:
+        raise KeyError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_DIRS)}")
+    return Path(root) / STAGE_DIRS[stage]
+
+
+def stage_dir(root: Path | str, stage: str, fp: str) -> Path:
+    """``<root>/<stage dir>/<fingerprint>``."""
+    return stage_root(root, stage) / fp
+
+
+class StageInputError(FileNotFoundError):
+    """A stage's input is missing or unfinished; the message lists what exists and how to point at it."""
+
+
+def describe_existing(root: Path | str, stage: str) -> str:
+    """One line per fingerprint directory of ``stage`` under ``root``: finished or not (for error messages)."""
+    base = stage_root(root, stage)
+    dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if not dirs:
+        return f"nothing exists under {base}"
+    lines = [f"  {d} ({'finished' if (d / MANIFEST).exists() else 'not finished'})" for d in dirs]
+    return f"{base} holds:\n" + "\n".join(lines)
+
+
+def find_input(
+    root: Path | str, stage: str, fp: str | None, *, explicit: Path | str | None = None, option: str, produce: str
+) -> Path:
+    """The finished directory of ``stage`` that a downstream stage reads.
+
+    ``explicit`` (a path the user gave) wins and must be finished; otherwise the directory named by ``fp`` (the
+    fingerprint the resolved config gives; None when it cannot be computed because an earlier stage is missing).
+    ``option`` names the flag that points at another directory, ``produce`` the command that makes this one.
+    """
+    if explicit is not None:
+        path = Path(explicit)
+        if Manifest.read(path) is None:
+            raise StageInputError(f"{path} is not a finished {stage} stage directory (no {MANIFEST}); "
+                                  f"run `{produce}` for it or pass another {option}")
+        return path
+    if fp is not None and Manifest.read(stage_dir(root, stage, fp)) is not None:
+        return stage_dir(root, stage, fp)
+    wanted = f"{stage_dir(root, stage, fp)} " if fp is not None else ""
+    raise StageInputError(
+        f"the {stage} stage {wanted}of this config is not finished: run `{produce}` with the same config, or pass "
+        f"{option} DIR to use another one. {describe_existing(root, stage)}"
+    )
