@@ -4,7 +4,7 @@ A run root holds one directory per stage and fingerprint::
 
     <root>/catalog/<fp>/   discover    catalog.json
     <root>/prompts/<fp>/   normalize   shard-NNNNN.parquet, quarantine.parquet, spill/<source>/
-    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet), plan.json, failed_units.json
+    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet), plan.json, failed_shards.json
     <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, parts-NNNNN/ while running
     <root>/vocab/<fp>/     vocab       vocab.safetensors
     <root>/drafts/<fp>/    train       ckpt/step-NNNNNN/, ckpt/latest, metrics.jsonl; export/ (the export stage)
@@ -40,7 +40,7 @@ STAGE_DIRS: dict[str, str] = {
 
 CATALOG_FILE = "catalog.json"
 PLAN_FILE = "plan.json"
-FAILED_UNITS_FILE = "failed_units.json"
+FAILED_SHARDS_FILE = "failed_shards.json"
 VOCAB_FILE = "vocab.safetensors"
 CKPT_DIR = "ckpt"
 EXPORT_DIR = "export"
@@ -97,25 +97,38 @@ def describe_existing(root: Path | str, stage: str) -> str:
     return f"{base} holds:\n" + "\n".join(lines)
 
 
-def find_input(
-    root: Path | str, stage: str, fp: str | None, *, explicit: Path | str | None = None, option: str, produce: str
-) -> Path:
-    """The finished directory of ``stage`` that a downstream stage reads.
+def _is_ready(path: Path, marker: str | None) -> bool:
+    return (path / marker).exists() if marker else Manifest.read(path) is not None
 
-    ``explicit`` (a path the user gave) wins and must be finished; otherwise the directory named by ``fp`` (the
-    fingerprint the resolved config gives; None when it cannot be computed because an earlier stage is missing).
-    ``option`` names the flag that points at another directory, ``produce`` the command that makes this one.
+
+def find_input(
+    root: Path | str,
+    stage: str,
+    fp: str | None,
+    *,
+    explicit: Path | str | None = None,
+    option: str,
+    produce: str,
+    marker: str | None = None,
+) -> Path:
+    """The directory of ``stage`` that a downstream stage reads.
+
+    ``explicit`` (a path the user gave) wins; otherwise the directory named by ``fp`` (the fingerprint the resolved
+    config gives). Either must be ready: finished (its manifest), or holding ``marker`` when a downstream stage may
+    read it while it runs (capture reads the ready shards of a planned regen stage). ``option`` names the flag that
+    points at another directory, ``produce`` the command that makes this one.
     """
+    what = f"a planned {stage} stage directory (no {marker})" if marker else f"a finished {stage} stage directory"
     if explicit is not None:
         path = Path(explicit)
-        if Manifest.read(path) is None:
-            raise StageInputError(f"{path} is not a finished {stage} stage directory (no {MANIFEST}); "
-                                  f"run `{produce}` for it or pass another {option}")
+        if not _is_ready(path, marker):
+            raise StageInputError(f"{path} is not {what}: run `{produce}` for it or pass another {option}")
         return path
-    if fp is not None and Manifest.read(stage_dir(root, stage, fp)) is not None:
+    if fp is not None and _is_ready(stage_dir(root, stage, fp), marker):
         return stage_dir(root, stage, fp)
     wanted = f"{stage_dir(root, stage, fp)} " if fp is not None else ""
+    state = "planned" if marker else "finished"
     raise StageInputError(
-        f"the {stage} stage {wanted}of this config is not finished: run `{produce}` with the same config, or pass "
+        f"the {stage} stage {wanted}of this config is not {state}: run `{produce}` with the same config, or pass "
         f"{option} DIR to use another one. {describe_existing(root, stage)}"
     )

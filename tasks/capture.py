@@ -24,6 +24,7 @@ from prefect.context import TaskRunContext
 from eagle3.capture.run import capture_shard, finalize_features, output_paths
 from eagle3.capture.stage import plan_capture
 from eagle3.config import validate
+from eagle3.lineage import Lineage
 from eagle3.model.vocab import build_vocab_stage
 from tasks.common import Progress, cache_key_from, output_cache_key
 
@@ -38,11 +39,14 @@ def _shard_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
 def plan_capture_task(
     config: dict[str, Any], regen_dir: str | None = None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
-    """Which regen shards are ready and where their features go (see ``eagle3.capture.stage.plan_capture``)."""
-    plan = plan_capture(validate(config), regen_dir=Path(regen_dir) if regen_dir else None, shard_ids=shard_ids)
+    """Which shards of ``regen_dir`` (default: the regen stage this config names) are ready and where their features
+    go (see ``eagle3.capture.stage.plan_capture``)."""
+    cfg = validate(config)
+    regen = Lineage(cfg).input("regen", Path(regen_dir) if regen_dir else None)
+    plan = plan_capture(cfg, regen_dir=regen, shard_ids=shard_ids)
     get_run_logger().info("capture %d shards from %s into %s (not ready: %s)", len(plan["shards"]),
                           plan["regen_dir"], plan["features_dir"], plan["missing"] or "none")
-    return plan | {"progress_every_s": validate(config).orchestration.progress_every_s}
+    return plan | {"progress_every_s": cfg.orchestration.progress_every_s}
 
 
 @task(name="capture-shard", tags=["capture"], retries=1, retry_delay_seconds=30,

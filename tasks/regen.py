@@ -23,6 +23,7 @@ from prefect.runtime import flow_run
 
 from eagle3.config import validate
 from eagle3.layout import shard_name
+from eagle3.lineage import Lineage
 from eagle3.regen.plan import RegenPlan, plan_regen
 from eagle3.regen.shard import regen_shard
 from eagle3.regen.stage import finalize_regen, shard_states
@@ -104,8 +105,10 @@ def server_limit_names(servers: list[str]) -> list[str]:
 def plan_regen_task(
     config: dict[str, Any], prompts_dir: str | None = None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
-    """Plan the stage; returns the plan (a dict) and the shard ids to run."""
-    plan = plan_regen(validate(config), prompts_dir)
+    """Plan the stage over ``prompts_dir`` (default: the prompts stage this config names); returns the plan (a dict)
+    and the shard ids to run."""
+    cfg = validate(config)
+    plan = plan_regen(cfg, Lineage(cfg).input("normalize", Path(prompts_dir) if prompts_dir else None))
     selected = plan.select(shard_ids)
     _logger().info(
         "regen %s: %d prompts in %d shards, running %s", plan.fingerprint, plan.total, len(plan.shards), selected

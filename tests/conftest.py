@@ -57,3 +57,34 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=300):
         yield
+
+
+@pytest.fixture(scope="session")
+def write_regen_stage(tiny_tokenizer):
+    """``write_regen_stage(regen_dir, shards=2, rows=5, seed=3)``: a planned regen stage of finished shards rendered
+    with the project renderer (what capture reads), written with the project's shard writer; returns the dir."""
+    import hashlib
+
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.data.template import render_conversation
+    from eagle3.dev.samples import generate_conversations
+    from eagle3.layout import PLAN_FILE
+    from eagle3.regen.plan import RegenPlan
+    from eagle3.regen.schema import REGEN_SCHEMA
+    from eagle3.runroot import atomic_write_json
+
+    def write(regen_dir: Path, *, shards: int = 2, rows: int = 5, seed: int = 3) -> Path:
+        convs = generate_conversations(shards * rows, seed=seed)
+        for s in range(shards):
+            out = []
+            for conv in convs[s * rows : (s + 1) * rows]:
+                r = render_conversation(tiny_tokenizer, conv)
+                out.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "t",
+                            "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
+            with ShardWriter(Path(regen_dir), REGEN_SCHEMA, start_index=s) as writer:
+                writer.write_rows(out)
+        plan = RegenPlan(Path(regen_dir).name, str(regen_dir), "", "", dict.fromkeys(range(shards), rows), {})
+        atomic_write_json(Path(regen_dir) / PLAN_FILE, plan.to_dict())  # planned, as a regen stage always is
+        return Path(regen_dir)
+
+    return write

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=None, help="YAML config (default: the recipe).")
     p.add_argument("--recipe", default="tiny")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="a.b=value override")
-    p.add_argument("--prompts", type=Path, default=None, help="Prompts stage dir (default: the latest finished).")
+    p.add_argument("--prompts", type=Path, required=True, help="A finished prompts stage dir.")
     p.add_argument("--shards", type=int, nargs="*", default=None, help="Only these shard ids.")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

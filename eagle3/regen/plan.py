@@ -16,11 +16,8 @@ from typing import Any
 
 from eagle3.config import PipelineConfig, RegenConfig
 from eagle3.data.parquet import open_shard
-from eagle3.layout import shard_index, shard_name, stage_dir
+from eagle3.layout import PLAN_FILE, shard_index, shard_name, stage_dir
 from eagle3.runroot import Manifest, atomic_write_json, fingerprint
-
-PLAN_FILE = "plan.json"
-FAILED_SHARDS_FILE = "failed_shards.json"
 
 
 class RegenInputError(ValueError):
@@ -94,24 +91,24 @@ def _validated(config_json: str) -> PipelineConfig:
     return PipelineConfig.model_validate(json.loads(config_json))
 
 
-def find_prompts_dir(config: PipelineConfig) -> Path:
-    """The finished prompts stage under the run root (the most recent one when several exist)."""
-    base = config.root_path / "prompts"
-    done = [d for d in base.glob("*") if Manifest.read(d) is not None] if base.exists() else []
-    if not done:
-        raise RegenInputError(
-            f"no finished prompts stage under {base}: run `eagle3 normalize` (or `eagle3 run`) first, "
-            "or pass --prompts DIR"
-        )
-    return max(done, key=lambda d: (d / "manifest.json").stat().st_mtime)
-
-
-def plan_regen(config: PipelineConfig, prompts_dir: Path | None = None) -> RegenPlan:
-    """Plan the stage (fingerprint, shards) and write ``plan.json`` into its directory."""
-    prompts = Path(prompts_dir) if prompts_dir else find_prompts_dir(config)
-    manifest = Manifest.read(prompts)
+def _prompts_manifest(prompts_dir: Path) -> Manifest:
+    manifest = Manifest.read(Path(prompts_dir))
     if manifest is None:
-        raise RegenInputError(f"{prompts} has no manifest.json: the prompts stage is not finished")
+        raise RegenInputError(f"{prompts_dir} has no manifest.json: the prompts stage is not finished")
+    return manifest
+
+
+def regen_dir_for(config: PipelineConfig, prompts_dir: Path) -> Path:
+    """``<root>/regen/<fp>``: the regen stage of this config over a finished prompts stage."""
+    fp = regen_fingerprint(_prompts_manifest(prompts_dir).fingerprint, config)
+    return stage_dir(config.root_path, "regen", fp)
+
+
+def plan_regen(config: PipelineConfig, prompts_dir: Path) -> RegenPlan:
+    """Plan the stage over a finished prompts stage (fingerprint, shards); writes ``plan.json`` into its directory."""
+    prompts = Path(prompts_dir)
+    manifest = _prompts_manifest(prompts)
+    out = regen_dir_for(config, prompts)
     shards = {}
     for entry in manifest.files:
         index = shard_index(entry.path)
@@ -119,9 +116,7 @@ def plan_regen(config: PipelineConfig, prompts_dir: Path | None = None) -> Regen
             shards[index] = entry.rows
     if not shards:
         raise RegenInputError(f"{prompts}: the manifest lists no shard-NNNNN.parquet files")
-    fp = regen_fingerprint(manifest.fingerprint, config)
-    out = stage_dir(config.root_path, "regen", fp)
-    plan = RegenPlan(fp, str(out), str(prompts), manifest.fingerprint, shards, config.model_dump(mode="json"))
+    plan = RegenPlan(out.name, str(out), str(prompts), manifest.fingerprint, shards, config.model_dump(mode="json"))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / PLAN_FILE, plan.to_dict())
     return plan

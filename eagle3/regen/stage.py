@@ -18,9 +18,9 @@ from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
-from eagle3.layout import shard_name
+from eagle3.layout import FAILED_SHARDS_FILE, shard_name
 from eagle3.regen.client import sampling_params
-from eagle3.regen.plan import FAILED_SHARDS_FILE, RegenPlan, plan_regen, sampling_fields, target_fields
+from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import OnResult, ShardFailed, ShardReport, regen_shard_async, report_from_shard
 from eagle3.runroot import FileEntry, Manifest, atomic_write_json
@@ -116,7 +116,7 @@ async def _run_shards(
 def run_regen(
     config: PipelineConfig,
     *,
-    prompts_dir: Path | None = None,
+    prompts_dir: Path,
     shard_ids: list[int] | None = None,
     on_result: OnResult | None = None,
 ) -> dict[str, Any]:

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.parquet import shard_is_valid
-from eagle3.layout import shard_name
+from eagle3.layout import FAILED_SHARDS_FILE, PLAN_FILE, find_input, shard_name
 from eagle3.regen.journal import journal_name
-from eagle3.regen.plan import FAILED_SHARDS_FILE, PLAN_FILE
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import journal_progress, report_from_shard
 from eagle3.runroot import MANIFEST
@@ -45,19 +44,10 @@ class RegenStatus:
         return asdict(self) | {"percent": self.percent}
 
 
-def resolve_regen_dir(path: Path) -> Path:
-    """A regen stage dir itself, or the most recently planned one under a run root (``<root>/regen/<fp>``)."""
-    path = Path(path)
-    if (path / PLAN_FILE).exists():
-        return path
-    candidates = sorted((path / "regen").glob(f"*/{PLAN_FILE}"), key=lambda p: p.stat().st_mtime)
-    if not candidates:
-        raise FileNotFoundError(f"{path} is neither a regen stage dir nor a run root with one (no {PLAN_FILE})")
-    return candidates[-1].parent
-
-
-def regen_status(path: Path, *, window_s: float = 300.0) -> RegenStatus:
-    out = resolve_regen_dir(path)
+def regen_status(regen_dir: Path, *, window_s: float = 300.0) -> RegenStatus:
+    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config names)."""
+    out = find_input(Path(regen_dir).parent.parent, "regen", None, explicit=regen_dir, option="--run",
+                     produce="eagle3 regen", marker=PLAN_FILE)  # fmt: skip
     plan = json.loads((out / PLAN_FILE).read_text())
     shards = {int(k): int(v) for k, v in plan["shards"].items()}
     failed_file = out / FAILED_SHARDS_FILE

@@ -40,14 +40,17 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
-        from eagle3.capture.stage import CaptureInputError, plan_capture
+        from eagle3.capture.stage import plan_capture
+        from eagle3.layout import StageInputError
+        from eagle3.lineage import Lineage
         from flows.capture import capture_flow
         from flows.runners import build_task_runner, shard_placement
 
         cfg = resolve_config(recipe, config, set_)
         try:
-            plan = plan_capture(cfg, regen_dir=regen_dir, shard_ids=shard_ids or None)
-        except CaptureInputError as exc:
+            regen = Lineage(cfg).input("regen", regen_dir)
+            plan = plan_capture(cfg, regen_dir=regen, shard_ids=shard_ids or None)
+        except StageInputError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
         console.print(f"regen {plan['regen_dir']} -> features {plan['features_dir']} ({len(plan['shards'])} shards)")
@@ -74,14 +77,13 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Build the draft vocabulary (top target ids over loss-masked tokens) from a features stage."""
-        from eagle3.capture.stage import CaptureInputError, find_features_dir
+        from eagle3.lineage import Lineage
         from eagle3.model.vocab import build_vocab_stage, load_vocab
 
         cfg = resolve_config(recipe, config, set_)
         try:
-            features_dir = features or find_features_dir(cfg)
-            path = build_vocab_stage(cfg, features_dir)
-        except (CaptureInputError, FileNotFoundError, ValueError) as exc:
+            path = build_vocab_stage(cfg, Lineage(cfg).input("capture", features))
+        except (FileNotFoundError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
         typer.echo(str(path))

@@ -17,13 +17,14 @@ import typer
 
 from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
 
-RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp>) or a run root.")
+RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp>).")
 
 
 def _watch(regen_dir: Path, stop: threading.Event) -> None:
     """A rich progress bar fed by ``regen_status`` every 2 s until ``stop`` is set."""
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
+    from eagle3.layout import StageInputError
     from eagle3.regen.status import regen_status
 
     with Progress(
@@ -37,24 +38,28 @@ def _watch(regen_dir: Path, stop: threading.Event) -> None:
     ) as bar:
         task = bar.add_task("regen", total=None, rate="")
         while not stop.wait(2.0):
-            status = regen_status(regen_dir)
+            try:
+                status = regen_status(regen_dir)
+            except StageInputError:
+                continue  # the flow has not written plan.json yet
             rate = f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else ""
             bar.update(task, total=status.total, completed=status.done, rate=rate)
 
 
 def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
     """Run the regen flow with the config's task runner and a CLI progress bar; exit 1 when shards failed."""
-    from eagle3.regen.plan import plan_regen
+    from eagle3.lineage import Lineage
+    from eagle3.regen.plan import regen_dir_for
     from flows.regen import regen_flow
     from flows.runners import build_task_runner
 
-    plan = plan_regen(config, prompts)
+    prompts_dir = Lineage(config).input("normalize", prompts)
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(Path(plan.regen_dir), stop), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(regen_dir_for(config, prompts_dir), stop), daemon=True)
     watcher.start()
     try:
         flow = regen_flow.with_options(task_runner=build_task_runner(config.orchestration))
-        summary = flow(config.model_dump(mode="json"), shard_ids=shard_ids, prompts_dir=plan.prompts_dir)
+        summary = flow(config.model_dump(mode="json"), shard_ids=shard_ids, prompts_dir=str(prompts_dir))
     finally:
         stop.set()
         watcher.join()
@@ -68,12 +73,19 @@ def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> 
     return summary
 
 
-def _status(run: Path = RunOption, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def _status(
+    run: Path | None = typer.Option(None, "--run", help="A regen stage dir (default: the one this config names)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+) -> None:
     """Progress, throughput and ETA of a regen stage, from its journals and shard files."""
+    from eagle3.lineage import Lineage
     from eagle3.regen.status import regen_status
 
     try:
-        status = regen_status(run)
+        status = regen_status(run or Lineage(resolve_config(recipe, config, set_)).input("regen"))
     except FileNotFoundError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -98,7 +110,7 @@ def register(app: typer.Typer) -> None:
         recipe: str = RecipeOption,
         config: Path | None = ConfigOption,
         set_: list[str] | None = SetOption,
-        prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: latest finished)."),
+        prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: this config's)."),
         shard: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
     ) -> None:
         """Run the regen flow (without a subcommand)."""
@@ -117,10 +129,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rerun failed (or given) regen shards with the stage's saved config."""
         from eagle3.config import with_overrides
-        from eagle3.regen.plan import FAILED_SHARDS_FILE, read_plan
-        from eagle3.regen.status import resolve_regen_dir
+        from eagle3.layout import FAILED_SHARDS_FILE, PLAN_FILE, find_input
+        from eagle3.regen.plan import read_plan
 
-        regen_dir = resolve_regen_dir(run)
+        regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
+                               marker=PLAN_FILE)  # fmt: skip
         ids = list(shard or [])
         if failed:
             ids += json.loads((regen_dir / FAILED_SHARDS_FILE).read_text())

@@ -9,18 +9,8 @@ import typer
 
 from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
 
-FeaturesOption = typer.Option(None, "--features", help="Finished features stage dir (default: newest in the run root).")
-VocabOption = typer.Option(None, "--vocab", help="vocab.safetensors or its dir (default: newest in the run root).")
-
-
-def _newest(root: Path, stage: str, marker: str) -> Path:
-    """The most recently finished stage directory holding ``marker``; exits 2 with a hint when there is none."""
-    found = sorted((p for p in (root / stage).glob("*") if (p / marker).exists()), key=lambda p: p.stat().st_mtime)
-    if not found:
-        console.print(f"[red]error:[/red] no finished {stage} stage under {root}: run `eagle3 run` first or pass "
-                      f"--{stage.rstrip('s')}")
-        raise typer.Exit(2)
-    return found[-1]
+FeaturesOption = typer.Option(None, "--features", help="Finished features stage dir (default: this config's).")
+VocabOption = typer.Option(None, "--vocab", help="vocab.safetensors or its dir (default: this config's).")
 
 
 def train(
@@ -34,10 +24,17 @@ def train(
     """Train the draft (torchrun workers when --nproc > 1), then export it for SGLang; resumes automatically."""
     overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
     cfg = resolve_config(recipe, config, overrides)
-    features = features or _newest(cfg.root_path, "features", "manifest.json")
-    vocab = vocab or _newest(cfg.root_path, "vocab", "vocab.safetensors")
+    from eagle3.layout import StageInputError
+    from eagle3.lineage import Lineage
     from flows.train import train_flow
 
+    lineage = Lineage(cfg)
+    try:
+        features = lineage.input("capture", features)
+        vocab = lineage.input("vocab", vocab, features_dir=features)
+    except StageInputError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     result = train_flow(cfg.model_dump(mode="json"), str(features), str(vocab))
     console.print(f"[green]draft exported[/green]: {result['export']}")
 

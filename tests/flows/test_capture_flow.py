@@ -3,45 +3,17 @@ and the vocab flow builds the draft vocab from it."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from eagle3.data.parquet import ShardWriter
-from eagle3.data.template import render_conversation
-from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.runroot import Manifest
 
 
-def _regen_stage(root: Path, tokenizer) -> Path:
-    from eagle3.dev.samples import generate_conversations
-
-    regen = root / "regen" / "flowfp"
-    convs = generate_conversations(8, seed=5)
-    for s in range(2):
-        rows = []
-        for conv in convs[s * 4 : (s + 1) * 4]:
-            r = render_conversation(tokenizer, conv)
-            rows.append(
-                {
-                    "sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16],
-                    "source": "t",
-                    "messages": conv,
-                    "input_ids": r.input_ids,
-                    "loss_mask": r.loss_mask,
-                    "status": "ok",
-                }
-            )
-        with ShardWriter(regen, REGEN_SCHEMA, start_index=s) as writer:
-            writer.write_rows(rows)
-    return regen
-
-
-def test_capture_flow_then_vocab_flow(tiny_config, tiny_tokenizer, tmp_path, prefect_harness):
+def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, prefect_harness):
     from eagle3.config import with_overrides
     from flows.capture import capture_flow, vocab_flow
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
-    regen = _regen_stage(config.root_path, tiny_tokenizer)
+    regen = write_regen_stage(config.root_path / "regen" / "flowfp", rows=4, seed=5)
     payload = config.model_dump(mode="json")
     features = Path(capture_flow(payload, regen_dir=str(regen)))
     manifest = Manifest.read(features)

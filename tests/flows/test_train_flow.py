@@ -15,11 +15,11 @@ from test_train_tasks import TRAIN_OVERRIDES, train_stage_inputs
 
 
 @pytest.mark.slow
-def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, tiny_tokenizer, tmp_path, prefect_harness):
+def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, write_regen_stage, tmp_path, prefect_harness):
     from flows.train import train_flow
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
-    features, vocab = train_stage_inputs(config, tiny_tokenizer)
+    features, vocab = train_stage_inputs(config, write_regen_stage)
     result = train_flow(config.model_dump(mode="json"), features, str(Path(vocab).parent))
     assert result["train_samples"] == 8
     assert Path(result["export"]) == Path(result["out_dir"]) / "export"

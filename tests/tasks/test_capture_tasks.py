@@ -2,41 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 from prefect.logging import disable_run_logger
 
-from eagle3.data.parquet import ShardWriter
-from eagle3.data.template import render_conversation
-from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.runroot import Manifest
 
 
-def write_regen_stage(root: Path, tokenizer, *, shards: int = 2, rows: int = 5) -> Path:
-    """A regen stage dir with ``shards`` finished shards of rendered conversations."""
-    from eagle3.dev.samples import generate_conversations
-
-    regen = root / "regen" / "regenfp"
-    convs = generate_conversations(shards * rows, seed=3)
-    for s in range(shards):
-        out = []
-        for conv in convs[s * rows : (s + 1) * rows]:
-            r = render_conversation(tokenizer, conv)
-            out.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "t",
-                        "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
-        with ShardWriter(regen, REGEN_SCHEMA, start_index=s) as writer:
-            writer.write_rows(out)
-    return regen
-
-
 @pytest.fixture
-def capture_setup(tiny_config, tiny_tokenizer, tmp_path):
+def capture_setup(tiny_config, write_regen_stage, tmp_path):
     from eagle3.config import with_overrides
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
-    regen = write_regen_stage(config.root_path, tiny_tokenizer)
+    regen = write_regen_stage(config.root_path / "regen" / "regenfp")
     return config.model_dump(mode="json"), regen
 
 

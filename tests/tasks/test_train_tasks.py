@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -12,28 +11,16 @@ from prefect.logging import disable_run_logger
 
 from eagle3.capture.run import capture_shard, finalize_features
 from eagle3.config import with_overrides
-from eagle3.data.parquet import ShardWriter
-from eagle3.data.template import render_conversation
 from eagle3.model.export import validate_export
 from eagle3.model.vocab import build_vocab_stage
-from eagle3.regen.schema import REGEN_SCHEMA
 
 TRAIN_OVERRIDES = ["vocab.draft_vocab_size=64", "train.max_steps=4", "train.ttt_steps=2", "train.batch_size=2",
                    "train.save_every=2", "train.log_every=1", "train.max_seq_len=256"]
 
 
-def train_stage_inputs(config, tokenizer) -> tuple[str, str]:
+def train_stage_inputs(config, write_regen_stage) -> tuple[str, str]:
     """A finished features stage (8 rendered conversations, 1 shard) and its vocab file, built with the library."""
-    from eagle3.dev.samples import generate_conversations
-
-    regen = config.root_path / "regen" / "regenfp"
-    rows = []
-    for conv in generate_conversations(8, seed=5):
-        r = render_conversation(tokenizer, conv)
-        rows.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "t",
-                     "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
-    with ShardWriter(regen, REGEN_SCHEMA, start_index=0) as writer:
-        writer.write_rows(rows)
+    regen = write_regen_stage(config.root_path / "regen" / "regenfp", shards=1, rows=8, seed=5)
     features = config.root_path / "features" / "featfp"
     result = capture_shard(config, regen / "shard-00000.parquet", features)
     finalize_features(config, features, [result])
@@ -41,9 +28,9 @@ def train_stage_inputs(config, tokenizer) -> tuple[str, str]:
 
 
 @pytest.fixture
-def train_setup(tiny_config, tiny_tokenizer, tmp_path):
+def train_setup(tiny_config, write_regen_stage, tmp_path):
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
-    features, vocab = train_stage_inputs(config, tiny_tokenizer)
+    features, vocab = train_stage_inputs(config, write_regen_stage)
     return config.model_dump(mode="json"), features, vocab
 
 

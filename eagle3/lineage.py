@@ -1,0 +1,87 @@
+"""Which stage directory a config names: the fingerprint chain from the sources down to the draft.
+
+Every stage directory is ``<root>/<stage dir>/<fingerprint>``, and each fingerprint is a function of the resolved
+config and the upstream stage's fingerprint (catalog -> prompts -> regen -> features -> vocab -> draft). A command
+that is not told where its input is asks :class:`Lineage` for the directory the config names, and
+:func:`eagle3.layout.find_input` applies the one input rule (explicit path wins; else the matching directory, which
+must be finished; else an error listing what exists). Two configs in one run root therefore never read each
+other's stages, and nothing is picked by modification time.
+
+The vocab and draft fingerprints depend on the *content* of the finished features stage (nightly runs add shards to
+one features directory), so they are computed from that directory, found first.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from eagle3.capture.run import features_fingerprint
+from eagle3.config import PipelineConfig
+from eagle3.data.discover import catalog_fingerprint
+from eagle3.data.normalize import prompts_fingerprint
+from eagle3.layout import PLAN_FILE, VOCAB_FILE, find_input, stage_dir
+from eagle3.model.vocab import vocab_fingerprint
+from eagle3.regen.plan import regen_fingerprint
+from eagle3.scaling import feature_set_fingerprint
+
+# stage -> (the option that points at another directory, the command that produces it)
+_HINTS: dict[str, tuple[str, str]] = {
+    "normalize": ("--prompts", "eagle3 normalize"),
+    "regen": ("--regen-dir", "eagle3 regen"),
+    "capture": ("--features", "eagle3 capture"),
+    "vocab": ("--vocab", "eagle3 vocab"),
+}
+
+
+class Lineage:
+    """The fingerprints a resolved config gives each stage (computed lazily, upstream first)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+
+    @cached_property
+    def catalog_fp(self) -> str:
+        return catalog_fingerprint(self.config)
+
+    @cached_property
+    def prompts_fp(self) -> str:
+        return prompts_fingerprint(self.config, self.catalog_fp)
+
+    @cached_property
+    def regen_fp(self) -> str:
+        return regen_fingerprint(self.prompts_fp, self.config)
+
+    @cached_property
+    def features_fp(self) -> str:
+        return features_fingerprint(self.config, self.regen_fp)
+
+    def vocab_fp(self, features_dir: Path) -> str:
+        return vocab_fingerprint(self.config, feature_set_fingerprint(features_dir))
+
+    def stage_dir(self, stage: str) -> Path:
+        """The directory of ``stage`` (normalize, regen or capture) this config names, finished or not."""
+        fp = {"normalize": lambda: self.prompts_fp, "regen": lambda: self.regen_fp,
+              "capture": lambda: self.features_fp}[stage]()  # fmt: skip
+        return stage_dir(self.config.root_path, stage, fp)
+
+    def input(self, stage: str, explicit: Path | None = None, *, features_dir: Path | None = None) -> Path:
+        """The directory of ``stage`` that a downstream command reads (the input rule of ``eagle3.layout``).
+
+        A regen stage counts once it is planned (``plan.json``; capture takes the shards that are ready); the
+        others must be finished. The vocab's fingerprint needs the finished features directory (``features_dir``).
+        """
+        option, produce = _HINTS[stage]
+        marker = PLAN_FILE if stage == "regen" else None
+        if explicit is not None:
+            explicit = explicit.parent if stage == "vocab" and explicit.is_file() else explicit
+            found = find_input(self.config.root_path, stage, None, explicit=explicit, option=option,
+                               produce=produce, marker=marker)  # fmt: skip
+            return found / VOCAB_FILE if stage == "vocab" else found
+        if stage == "vocab":
+            features = features_dir if features_dir is not None else self.input("capture")
+            fp = self.vocab_fp(features)
+        else:
+            fp = self.stage_dir(stage).name
+        found = find_input(self.config.root_path, stage, fp, option=option, produce=produce, marker=marker)
+        return found / VOCAB_FILE if stage == "vocab" else found
