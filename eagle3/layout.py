@@ -20,10 +20,11 @@ lists what exists under that stage and how to point at it. Nothing is ever picke
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-from eagle3.runroot import MANIFEST, Manifest
+from eagle3.runroot import MANIFEST, Manifest, atomic_write_json
 
 # stage name -> its directory under the run root (train and export share the draft's directory)
 STAGE_DIRS: dict[str, str] = {
@@ -132,3 +133,24 @@ def find_input(
         f"the {stage} stage {wanted}of this config is not {state}: run `{produce}` with the same config, or pass "
         f"{option} DIR to use another one. {describe_existing(root, stage)}"
     )
+
+
+def write_failed_shards(out_dir: Path | str, shard_ids: list[int]) -> None:
+    """``failed_shards.json``: the shards of a sharded stage that failed in its last run (``[]`` when none)."""
+    atomic_write_json(Path(out_dir) / FAILED_SHARDS_FILE, sorted(set(shard_ids)))
+
+
+def read_failed_shards(out_dir: Path | str) -> list[int]:
+    path = Path(out_dir) / FAILED_SHARDS_FILE
+    return [int(i) for i in json.loads(path.read_text())] if path.exists() else []
+
+
+class ShardsFailed(RuntimeError):
+    """The one failure policy of the sharded stages (regen, capture): the stage ran every other shard, recorded the
+    failed ones in ``failed_shards.json`` and wrote no manifest; the message says how to re-run just those."""
+
+    def __init__(self, stage: str, out_dir: Path | str, shard_ids: list[int], retrigger: str) -> None:
+        self.stage, self.out_dir, self.shard_ids = stage, Path(out_dir), sorted(set(shard_ids))
+        record = self.out_dir / FAILED_SHARDS_FILE
+        super().__init__(f"{stage} failed for shards {self.shard_ids} (recorded in {record}); the others are done. "
+                         f"Re-run only those: {retrigger}")

@@ -2,7 +2,8 @@
 
 Servers: ``regen.servers``, or the project's reference server started for the length of the flow (tiny recipe).
 ``shard_ids`` re-runs only those shards (re-triggers of failed shards). A shard that fails after its retries does
-not stop the others; it is listed in ``failed_shards.json`` and in the summary artifact.
+not stop the others; it is listed in ``failed_shards.json`` and in the summary artifact, and the flow then fails
+with the re-trigger command (``eagle3.layout.ShardsFailed``, the policy of every sharded stage).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config import validate
 from eagle3.regen.stage import regen_servers
+from tasks.common import gather_shards
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task
 
 
@@ -26,8 +28,6 @@ def regen_flow(
     planned = plan_regen_task(config, prompts_dir, shard_ids)
     plan = planned["plan"]
     with regen_servers(validate(config), log_dir=Path(plan["regen_dir"])) as servers:
-        futures = {i: regen_shard_task.submit(plan, plan["fingerprint"], i, servers) for i in planned["shard_ids"]}
-        for future in futures.values():
-            future.wait()
-    failed = [i for i, future in futures.items() if not future.state.is_completed()]
+        futures = {regen_shard_task.submit(plan, plan["fingerprint"], i, servers): i for i in planned["shard_ids"]}
+        _reports, failed = gather_shards(futures)
     return finalize_regen_task(plan, failed)

@@ -24,9 +24,10 @@ from prefect.context import TaskRunContext
 from eagle3.capture.run import capture_shard, finalize_features, output_paths
 from eagle3.capture.stage import plan_capture
 from eagle3.config import validate
+from eagle3.layout import ShardsFailed, write_failed_shards
 from eagle3.lineage import Lineage
 from eagle3.model.vocab import build_vocab_stage
-from tasks.common import Progress, cache_key_from, output_cache_key
+from tasks.common import Progress, cache_key_from, output_cache_key, publish_markdown, publish_table
 
 
 def _shard_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
@@ -71,11 +72,24 @@ def capture_shard_task(
 
 
 @task(name="capture-finalize", cache_policy=NO_CACHE)
-def finalize_features_task(config: dict[str, Any], features_dir: str, results: list[dict[str, Any]]) -> str:
-    """Write the features manifest; returns the features directory."""
-    manifest = finalize_features(validate(config), Path(features_dir), results)
-    get_run_logger().info("features manifest %s", manifest)
-    return features_dir
+def finalize_features_task(
+    config: dict[str, Any], plan: dict[str, Any], results: list[dict[str, Any]], failed: list[int]
+) -> str:
+    """Publish the shard table and summary, record failed shards; write the features manifest when none failed
+    (else raise ``ShardsFailed`` with the re-trigger command). Returns the features directory."""
+    fp, out = plan["fingerprint"], Path(plan["features_dir"])
+    rows = [{"shard": r["shard_index"], "rows": r["rows"], "quarantined": r["quarantined"],
+             "state": "skipped (done)" if r["skipped"] else "captured"} for r in results]
+    rows += [{"shard": i, "rows": 0, "quarantined": 0, "state": "failed"} for i in failed]
+    publish_table(f"capture-shards-{fp}", sorted(rows, key=lambda r: r["shard"]))
+    publish_markdown(f"capture-summary-{fp}", f"# capture {fp}\n\n- features: `{out}`\n- shards captured: "
+                     f"{len(results)}, failed: {failed or 'none'}, not ready in regen: {plan['missing'] or 'none'}\n")
+    write_failed_shards(out, failed)
+    if failed:
+        shards = " ".join(f"--shard {i}" for i in failed)
+        raise ShardsFailed("capture", out, failed, f"eagle3 capture --regen-dir {plan['regen_dir']} {shards}")
+    get_run_logger().info("features manifest %s", finalize_features(validate(config), out, results))
+    return str(out)
 
 
 @task(name="draft-vocab", retries=1, cache_policy=NO_CACHE)

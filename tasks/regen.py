@@ -22,7 +22,7 @@ from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run
 
 from eagle3.config import validate
-from eagle3.layout import shard_name
+from eagle3.layout import ShardsFailed, shard_name
 from eagle3.lineage import Lineage
 from eagle3.regen.plan import RegenPlan, plan_regen
 from eagle3.regen.shard import regen_shard
@@ -138,7 +138,8 @@ def regen_shard_task(plan: dict[str, Any], fingerprint: str, shard_index: int, s
 
 @task(name="regen-finalize", cache_policy=NO_CACHE)
 def finalize_regen_task(plan: dict[str, Any], failed_shards: list[int]) -> dict[str, Any]:
-    """Write failed_shards.json (+ manifest when complete), publish the shard table and the summary."""
+    """Write failed_shards.json (+ manifest when complete), publish the shard table and the summary; raise
+    ``ShardsFailed`` (with the re-trigger command) when any shard failed."""
     regen_plan = RegenPlan.from_dict(plan)
     summary = finalize_regen(regen_plan, failed_shards)
     table = shard_states(regen_plan, failed_shards)
@@ -156,4 +157,7 @@ def finalize_regen_task(plan: dict[str, Any], failed_shards: list[int]) -> dict[
         + (f" (re-run: `eagle3 retry-shards --run {summary['regen_dir']} --failed`)" if failed else ""),
     ]
     publish_markdown(artifact_key("regen-summary"), "\n".join(lines), description="regen summary")
+    if failed:
+        raise ShardsFailed("regen", summary["regen_dir"], failed, f"eagle3 retry-shards --run {summary['regen_dir']} "
+                           f"--failed (or the regen deployment with shard_ids={failed})")
     return summary

@@ -18,12 +18,12 @@ from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
-from eagle3.layout import FAILED_SHARDS_FILE, shard_name
+from eagle3.layout import shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import OnResult, ShardFailed, ShardReport, regen_shard_async, report_from_shard
-from eagle3.runroot import FileEntry, Manifest, atomic_write_json
+from eagle3.runroot import FileEntry, Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
 def finalize_regen(plan: RegenPlan, failed_shards: list[int]) -> dict[str, Any]:
     """Write ``failed_shards.json`` and, when every shard is compacted, ``manifest.json``; return a summary."""
     out = Path(plan.regen_dir)
-    atomic_write_json(out / FAILED_SHARDS_FILE, sorted(set(failed_shards)))
+    write_failed_shards(out, failed_shards)
     reports, files, pending = [], [], []
     for index in sorted(plan.shards):
         path = out / shard_name(index)

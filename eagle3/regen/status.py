@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.parquet import shard_is_valid
-from eagle3.layout import FAILED_SHARDS_FILE, PLAN_FILE, find_input, shard_name
+from eagle3.layout import PLAN_FILE, find_input, read_failed_shards, shard_name
 from eagle3.regen.journal import journal_name
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import journal_progress, report_from_shard
@@ -50,7 +50,6 @@ def regen_status(regen_dir: Path, *, window_s: float = 300.0) -> RegenStatus:
                      produce="eagle3 regen", marker=PLAN_FILE)  # fmt: skip
     plan = json.loads((out / PLAN_FILE).read_text())
     shards = {int(k): int(v) for k, v in plan["shards"].items()}
-    failed_file = out / FAILED_SHARDS_FILE
     status = RegenStatus(
         regen_dir=str(out),
         total=sum(shards.values()),
@@ -58,7 +57,7 @@ def regen_status(regen_dir: Path, *, window_s: float = 300.0) -> RegenStatus:
         tokens=0,
         shards_total=len(shards),
         shards_done=0,
-        failed_shards=json.loads(failed_file.read_text()) if failed_file.exists() else [],
+        failed_shards=read_failed_shards(out),
         finished=(out / MANIFEST).exists(),
     )
     now, recent_samples, recent_tokens = time.time(), 0, 0

@@ -60,12 +60,15 @@ def register(app: typer.Typer) -> None:
         try:
             with shard_placement(cfg, "capture"):
                 flow = capture_flow.with_options(task_runner=build_task_runner(cfg.orchestration))
-                out = flow(cfg.model_dump(mode="json"), shard_ids=sorted(plan["shards"]),
-                           regen_dir=plan["regen_dir"])
+                state = flow(cfg.model_dump(mode="json"), shard_ids=sorted(plan["shards"]),
+                             regen_dir=plan["regen_dir"], return_state=True)
         finally:
             stop.set()
             watcher.join()
-        console.print(f"features: {out}")
+        if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
+            console.print(f"[red]{state.name}[/red]: {state.message}")
+            raise typer.Exit(1)
+        console.print(f"features: {state.result()}")
 
     @app.command("vocab")
     def vocab(

@@ -59,17 +59,16 @@ def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> 
     watcher.start()
     try:
         flow = regen_flow.with_options(task_runner=build_task_runner(config.orchestration))
-        summary = flow(config.model_dump(mode="json"), shard_ids=shard_ids, prompts_dir=str(prompts_dir))
+        state = flow(config.model_dump(mode="json"), shard_ids=shard_ids, prompts_dir=str(prompts_dir),
+                     return_state=True)
     finally:
         stop.set()
         watcher.join()
-    console.print(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
-    if summary["failed_shards"]:
-        console.print(
-            f"[red]failed shards[/red] {summary['failed_shards']}: eagle3 retry-shards --run "
-            f"{summary['regen_dir']} --failed"
-        )
+    if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
+        console.print(f"[red]{state.name}[/red]: {state.message}")
         raise typer.Exit(1)
+    summary = state.result()
+    console.print(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
     return summary
 
 
@@ -129,14 +128,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rerun failed (or given) regen shards with the stage's saved config."""
         from eagle3.config import with_overrides
-        from eagle3.layout import FAILED_SHARDS_FILE, PLAN_FILE, find_input
+        from eagle3.layout import PLAN_FILE, find_input, read_failed_shards
         from eagle3.regen.plan import read_plan
 
         regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
                                marker=PLAN_FILE)  # fmt: skip
         ids = list(shard or [])
         if failed:
-            ids += json.loads((regen_dir / FAILED_SHARDS_FILE).read_text())
+            ids += read_failed_shards(regen_dir)
         if not ids:
             console.print("nothing to retry (no failed shards; pass --failed or --shard N)")
             return

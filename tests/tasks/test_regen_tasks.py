@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
-from eagle3.layout import shard_name
+from eagle3.layout import ShardsFailed, shard_name
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.serve.launch import ReferenceServer
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task, server_limit_names
@@ -75,3 +77,7 @@ def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
     summary = finalize_regen_task.fn(plan, [])
     assert summary["shards_pending"] == [0] and not summary["done"]
     assert json.loads((Path(plan["regen_dir"]) / "failed_shards.json").read_text()) == []
+    with pytest.raises(ShardsFailed, match=r"regen failed for shards \[0\].*eagle3 retry-shards --run .* --failed"):
+        finalize_regen_task.fn(plan, [0])  # the failure policy: recorded, no manifest, the re-trigger command
+    assert json.loads((Path(plan["regen_dir"]) / "failed_shards.json").read_text()) == [0]
+    assert not (Path(plan["regen_dir"]) / "manifest.json").exists()
