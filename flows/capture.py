@@ -8,17 +8,16 @@ The task runner and Ray placement come from the caller (``flows.runners``), as i
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
+from eagle3.config import PipelineConfig
 from tasks.capture import capture_shard_task, finalize_features_task, plan_capture_task, vocab_task
 from tasks.common import Progress, artifact_key, gather_shards
 
 
 @flow(name="capture", log_prints=False)
 def capture_flow(
-    config: dict[str, Any], shard_ids: list[int] | None = None, regen_dir: str | None = None
+    config: PipelineConfig, shard_ids: list[int] | None = None, regen_dir: str | None = None
 ) -> str:
     """Capture hidden states for the ready regen shards; returns the features directory."""
     plan = plan_capture_task(config, regen_dir, shard_ids)
@@ -34,6 +33,6 @@ def capture_flow(
 
 
 @flow(name="vocab", log_prints=False)
-def vocab_flow(config: dict[str, Any], features_dir: str) -> str:
+def vocab_flow(config: PipelineConfig, features_dir: str) -> str:
     """Build the draft vocab from a features stage; returns the vocab.safetensors path."""
     return vocab_task(config, features_dir)

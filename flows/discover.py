@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
+from eagle3.config import PipelineConfig
 from tasks.data import discover_task
 
 
 @flow(name="discover", log_prints=False)
-def discover_flow(config: dict[str, Any]) -> str:
+def discover_flow(config: PipelineConfig) -> str:
     """Returns the catalog stage directory."""
     return discover_task(config)

@@ -6,12 +6,13 @@ from typing import Any
 
 from prefect import flow
 
+from eagle3.config import PipelineConfig
 from tasks.gate import gate_task
 
 
 @flow(name="gate", log_prints=False)
 def gate_flow(
-    config: dict[str, Any],
+    config: PipelineConfig,
     drafts: list[str],
     baseline_url: str | None = None,
     spec_url: str | None = None,

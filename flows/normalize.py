@@ -6,16 +6,15 @@ global and first-occurrence-wins in source order. A finished stage short-circuit
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
+from eagle3.config import PipelineConfig
 from flows.discover import discover_flow
 from tasks.data import build_prompt_shards_task, normalize_source_task, prompts_plan_task
 
 
 @flow(name="normalize", log_prints=False)
-def normalize_flow(config: dict[str, Any], catalog_dir: str) -> str:
+def normalize_flow(config: PipelineConfig, catalog_dir: str) -> str:
     """Returns the prompts stage directory."""
     plan = prompts_plan_task(config, catalog_dir)
     planned = {line["source"]: line["planned"] for line in plan["plan"]}
@@ -28,6 +27,6 @@ def normalize_flow(config: dict[str, Any], catalog_dir: str) -> str:
 
 
 @flow(name="prompts", log_prints=False)
-def prompts_flow(config: dict[str, Any]) -> str:
+def prompts_flow(config: PipelineConfig) -> str:
     """discover then normalize (``eagle3 normalize``); returns the prompts stage directory."""
     return normalize_flow(config, discover_flow(config))

@@ -21,7 +21,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
-from eagle3.config import validate
 from flows.capture import capture_flow, vocab_flow
 from flows.discover import discover_flow
 from flows.gate import gate_flow
@@ -51,15 +50,14 @@ def data_scaling(
     ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
     """
     config = resolve_config_task(recipe, overrides or [])
-    pipeline_config = validate(config)
-    runner = build_task_runner(pipeline_config.orchestration)
+    runner = build_task_runner(config.orchestration)
     tiny_world_task(config)
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)
     night = plan_night_task(config, prompts, scale, shard_ids)
-    with shard_placement(pipeline_config, "regen"):
+    with shard_placement(config, "regen"):
         regen = regen_flow.with_options(task_runner=runner)(config, shard_ids=night["shard_ids"], prompts_dir=prompts)
-    with shard_placement(pipeline_config, "capture"):
+    with shard_placement(config, "capture"):
         features = capture_flow.with_options(task_runner=runner)(
             config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"]
         )

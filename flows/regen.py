@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from eagle3.config import validate
+from eagle3.config import PipelineConfig
 from eagle3.regen.stage import regen_servers
 from tasks.common import gather_shards
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task
@@ -22,12 +22,12 @@ from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task
 
 @flow(name="regen", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
 def regen_flow(
-    config: dict[str, Any], shard_ids: list[int] | None = None, prompts_dir: str | None = None
+    config: PipelineConfig, shard_ids: list[int] | None = None, prompts_dir: str | None = None
 ) -> dict[str, Any]:
     """Regenerate the prompts stage's conversations with the target; returns the stage summary."""
     planned = plan_regen_task(config, prompts_dir, shard_ids)
     plan = planned["plan"]
-    with regen_servers(validate(config), log_dir=Path(plan["regen_dir"])) as servers:
+    with regen_servers(config, log_dir=Path(plan["regen_dir"])) as servers:
         futures = {regen_shard_task.submit(plan, plan["fingerprint"], i, servers): i for i in planned["shard_ids"]}
         _reports, failed = gather_shards(futures)
     return finalize_regen_task(plan, failed)

@@ -23,7 +23,7 @@ from prefect.context import TaskRunContext
 
 from eagle3.capture.run import capture_shard, finalize_features, output_paths
 from eagle3.capture.stage import plan_capture
-from eagle3.config import validate
+from eagle3.config import PipelineConfig
 from eagle3.layout import ShardsFailed, write_failed_shards
 from eagle3.lineage import Lineage
 from eagle3.model.vocab import build_vocab_stage
@@ -38,34 +38,32 @@ def _shard_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
 
 @task(name="capture-plan", cache_policy=NO_CACHE)
 def plan_capture_task(
-    config: dict[str, Any], regen_dir: str | None = None, shard_ids: list[int] | None = None
+    config: PipelineConfig, regen_dir: str | None = None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
     """Which shards of ``regen_dir`` (default: the regen stage this config names) are ready and where their features
     go (see ``eagle3.capture.stage.plan_capture``)."""
-    cfg = validate(config)
-    regen = Lineage(cfg).input("regen", Path(regen_dir) if regen_dir else None)
-    plan = plan_capture(cfg, regen_dir=regen, shard_ids=shard_ids)
+    regen = Lineage(config).input("regen", Path(regen_dir) if regen_dir else None)
+    plan = plan_capture(config, regen_dir=regen, shard_ids=shard_ids)
     get_run_logger().info("capture %d shards from %s into %s (not ready: %s)", len(plan["shards"]),
                           plan["regen_dir"], plan["features_dir"], plan["missing"] or "none")
-    return plan | {"progress_every_s": cfg.orchestration.progress_every_s}
+    return plan | {"progress_every_s": config.orchestration.progress_every_s}
 
 
 @task(name="capture-shard", tags=["capture"], retries=1, retry_delay_seconds=30,
       cache_key_fn=_shard_cache_key, persist_result=True)
 def capture_shard_task(
-    config: dict[str, Any], regen_shard: str, features_dir: str, fingerprint: str, shard_index: int
+    config: PipelineConfig, regen_shard: str, features_dir: str, fingerprint: str, shard_index: int
 ) -> dict[str, Any]:
     """Capture one regen shard into its feature shard; a progress artifact tracks its samples."""
-    cfg = validate(config)
     progress: list[Progress] = []
 
     def report(done: int, total: int, tokens: int) -> None:
         if not progress:
             progress.append(Progress(f"capture-{fingerprint}-shard-{shard_index}", total=total,
-                                     every_s=cfg.orchestration.progress_every_s))
+                                     every_s=config.orchestration.progress_every_s))
         progress[0].update(done, tokens=tokens)
 
-    result = capture_shard(cfg, Path(regen_shard), Path(features_dir), progress=report)
+    result = capture_shard(config, Path(regen_shard), Path(features_dir), progress=report)
     get_run_logger().info("shard %d: %d rows, %d quarantined%s", shard_index, result["rows"],
                           result["quarantined"], " (already done)" if result["skipped"] else "")
     return result
@@ -73,7 +71,7 @@ def capture_shard_task(
 
 @task(name="capture-finalize", cache_policy=NO_CACHE)
 def finalize_features_task(
-    config: dict[str, Any], plan: dict[str, Any], results: list[dict[str, Any]], failed: list[int]
+    config: PipelineConfig, plan: dict[str, Any], results: list[dict[str, Any]], failed: list[int]
 ) -> str:
     """Publish the shard table and summary, record failed shards; write the features manifest when none failed
     (else raise ``ShardsFailed`` with the re-trigger command). Returns the features directory."""
@@ -88,13 +86,13 @@ def finalize_features_task(
     if failed:
         shards = " ".join(f"--shard {i}" for i in failed)
         raise ShardsFailed("capture", out, failed, f"eagle3 capture --regen-dir {plan['regen_dir']} {shards}")
-    get_run_logger().info("features manifest %s", finalize_features(validate(config), out, results))
+    get_run_logger().info("features manifest %s", finalize_features(config, out, results))
     return str(out)
 
 
 @task(name="draft-vocab", retries=1, cache_policy=NO_CACHE)
-def vocab_task(config: dict[str, Any], features_dir: str) -> str:
+def vocab_task(config: PipelineConfig, features_dir: str) -> str:
     """Build (or reuse) the draft vocab of a features stage; returns the vocab.safetensors path."""
-    path = build_vocab_stage(validate(config), Path(features_dir))
+    path = build_vocab_stage(config, Path(features_dir))
     get_run_logger().info("draft vocab %s", path)
     return str(path)

@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
-from eagle3.config import validate
+from eagle3.config import PipelineConfig
 from eagle3.data.discover import discover
 from eagle3.data.normalize import normalize_source
 from eagle3.data.pipeline import mix_plan, prompts_dir
@@ -35,9 +35,9 @@ def _source_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> st
 
 
 @task(name="discover", retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)
-def discover_task(config: dict[str, Any]) -> str:
+def discover_task(config: PipelineConfig) -> str:
     """Resolve the sources into a catalog stage directory (manifest hit when nothing changed)."""
-    out = discover(validate(config))
+    out = discover(config)
     datasets = load_catalog(out)["datasets"]
     rows = [{k: d[k] for k in ("name", "adapter", "kind", "id", "revision", "format", "license", "rows")} for d in
             datasets]  # fmt: skip
@@ -47,25 +47,23 @@ def discover_task(config: dict[str, Any]) -> str:
 
 
 @task(name="prompts-plan", cache_policy=NO_CACHE)
-def prompts_plan_task(config: dict[str, Any], catalog_dir: str) -> dict[str, Any]:
+def prompts_plan_task(config: PipelineConfig, catalog_dir: str) -> dict[str, Any]:
     """The prompts stage directory, whether it is already done, and the mix plan per source."""
-    cfg = validate(config)
-    out = prompts_dir(cfg, Path(catalog_dir))
-    plan = [asdict(line) for line in mix_plan(cfg, Path(catalog_dir))]
+    out = prompts_dir(config, Path(catalog_dir))
+    plan = [asdict(line) for line in mix_plan(config, Path(catalog_dir))]
     done = read_stage_stats(out) is not None
     get_run_logger().info("prompts %s%s; mix plan %s", out, " (done: manifest hit)" if done else "", plan)
-    return {"prompts_dir": str(out), "done": done, "plan": plan, "sources": [s.label for s in cfg.sources]}
+    return {"prompts_dir": str(out), "done": done, "plan": plan, "sources": [s.label for s in config.sources]}
 
 
 @task(name="normalize-source", retries=1, retry_delay_seconds=10, cache_key_fn=_source_cache_key, persist_result=True)
-def normalize_source_task(config: dict[str, Any], source_name: str, catalog_dir: str, prompts_dir: str,
+def normalize_source_task(config: PipelineConfig, source_name: str, catalog_dir: str, prompts_dir: str,
                           planned: int) -> dict[str, Any]:  # fmt: skip
     """Normalize one source into its spill (prompt rows + quarantine); returns its counts."""
-    cfg = validate(config)
-    source = next(s for s in cfg.sources if s.label == source_name)
+    source = next(s for s in config.sources if s.label == source_name)
     progress = Progress(artifact_key("normalize", Path(prompts_dir).name, source_name), total=planned, unit="rows",
-                        every_s=cfg.orchestration.progress_every_s)  # fmt: skip
-    counts = normalize_source(cfg, source, Path(catalog_dir), Path(prompts_dir), on_progress=progress.update)
+                        every_s=config.orchestration.progress_every_s)  # fmt: skip
+    counts = normalize_source(config, source, Path(catalog_dir), Path(prompts_dir), on_progress=progress.update)
     progress.update(planned, force=True)
     get_run_logger().info("%s: %d in, %d kept, quarantined %s", source_name, counts["in"], counts["kept"],
                           counts["quarantined"])  # fmt: skip
@@ -73,9 +71,9 @@ def normalize_source_task(config: dict[str, Any], source_name: str, catalog_dir:
 
 
 @task(name="prompt-shards", cache_policy=NO_CACHE)
-def build_prompt_shards_task(config: dict[str, Any], spills: list[dict[str, Any]], prompts_dir: str) -> str:
+def build_prompt_shards_task(config: PipelineConfig, spills: list[dict[str, Any]], prompts_dir: str) -> str:
     """Dedup across sources and write the prompt shards; publishes per-source counts and a summary."""
-    out = build_prompt_shards(validate(config), spills, Path(prompts_dir))
+    out = build_prompt_shards(config, spills, Path(prompts_dir))
     stats = read_stage_stats(out) or {}
     rows = [{"source": s["source"], "in": s["in"], "kept": s["kept"], "duplicates": s["duplicates"],
              **{f"q_{k}": v for k, v in s["quarantined"].items()}} for s in stats["sources"].values()]  # fmt: skip

@@ -14,13 +14,13 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.bench.gate import run_gate
 from eagle3.bench.report import to_markdown
-from eagle3.config import validate
+from eagle3.config import PipelineConfig
 from tasks.common import artifact_key, publish_markdown
 
 
 @task(name="gate", retries=0, cache_policy=NO_CACHE)
 def gate_task(
-    config: dict[str, Any],
+    config: PipelineConfig,
     drafts: list[str],
     baseline_url: str | None = None,
     spec_url: str | None = None,
@@ -35,7 +35,7 @@ def gate_task(
 
     log = get_run_logger()
     result = run_gate(
-        validate(config),
+        config,
         [Path(d) for d in drafts],
         baseline_url=baseline_url,
         spec_url=spec_url,

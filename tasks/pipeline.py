@@ -14,7 +14,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.config import load_yaml, validate
+from eagle3.config import PipelineConfig, load_yaml
 from eagle3.recipes import eagle3_home, load_recipe
 from eagle3.runroot import Manifest
 from eagle3.scaling import (
@@ -33,27 +33,27 @@ from tasks.common import publish_markdown, publish_table
 
 
 @task(name="resolve-config", cache_policy=NO_CACHE)
-def resolve_config_task(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """A recipe name, or a path to a YAML config, plus ``a.b=value`` overrides -> the validated config as a dict."""
+def resolve_config_task(recipe: str, overrides: list[str] | None = None) -> PipelineConfig:
+    """A recipe name, or a path to a YAML config, plus ``a.b=value`` overrides -> the validated config (resolved
+    once per run; every task and subflow takes it as is)."""
     path = Path(recipe).expanduser()
     if recipe.endswith((".yaml", ".yml")) or path.is_file():
         config = load_yaml(path, overrides or [])
     else:
         config = load_recipe(recipe, overrides or [])
     get_run_logger().info("config %s, run root %s", config.name, config.root_path)
-    return config.model_dump(mode="json")
+    return config
 
 
 @task(name="tiny-world", cache_policy=NO_CACHE)
-def tiny_world_task(config: dict[str, Any]) -> str | None:
+def tiny_world_task(config: PipelineConfig) -> str | None:
     """Build (or reuse) the tiny offline world when the config asks for it, so a deployment of the tiny recipe runs
     on a fresh worker; returns its directory (None for real targets)."""
-    cfg = validate(config)
-    if not cfg.dev.tiny_world:
+    if not config.dev.tiny_world:
         return None
     from eagle3.dev.world import TinyWorldSpec, build_tiny_world
 
-    cache = Path(cfg.dev.cache_dir) if cfg.dev.cache_dir else eagle3_home() / "cache"
+    cache = Path(config.dev.cache_dir) if config.dev.cache_dir else eagle3_home() / "cache"
     world, hit = build_tiny_world(cache, TinyWorldSpec())
     get_run_logger().info("tiny world %s at %s", "reused" if hit else "built", world.root)
     return str(world.root)
@@ -61,7 +61,7 @@ def tiny_world_task(config: dict[str, Any]) -> str | None:
 
 @task(name="plan-night", cache_policy=NO_CACHE)
 def plan_night_task(
-    config: dict[str, Any], prompts_dir: str, scale: int | None, shard_ids: list[int] | None = None
+    config: PipelineConfig, prompts_dir: str, scale: int | None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
     """Tonight's prompt shards: explicit ``shard_ids`` win; else the curve's last total + ``scale`` (whole shards)."""
     log = get_run_logger()
@@ -69,7 +69,7 @@ def plan_night_task(
     if manifest is None:
         raise FileNotFoundError(f"{prompts_dir} has no manifest: the normalize stage did not finish")
     rows = shard_rows(manifest.files)
-    root = validate(config).root_path
+    root = config.root_path
     plan = plan_night(rows, scale=scale, previous_total=previous_total(read_curve(root)))
     selected = plan.shard_ids if shard_ids is None else sorted(set(shard_ids))
     unknown = [k for k in selected if not 0 <= k < len(rows)]
@@ -94,7 +94,7 @@ def plan_night_task(
 
 @task(name="record-scaling-point", cache_policy=NO_CACHE)
 def record_scaling_point_task(
-    config: dict[str, Any],
+    config: PipelineConfig,
     *,
     gate: dict[str, Any],
     total_prompts: int,
@@ -117,7 +117,7 @@ def record_scaling_point_task(
         report=str(gate["report"]),
         label=label,
     )
-    root = validate(config).root_path
+    root = config.root_path
     points = record_point(root, point)
     png = plot_curve(points, root / "scaling" / "curve.png")
     verdict = data_limited_verdict(points)

@@ -21,7 +21,7 @@ from prefect.context import TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run
 
-from eagle3.config import validate
+from eagle3.config import PipelineConfig
 from eagle3.layout import ShardsFailed, shard_name
 from eagle3.lineage import Lineage
 from eagle3.regen.plan import RegenPlan, plan_regen
@@ -103,12 +103,11 @@ def server_limit_names(servers: list[str]) -> list[str]:
 
 @task(name="regen-plan", cache_policy=NO_CACHE)
 def plan_regen_task(
-    config: dict[str, Any], prompts_dir: str | None = None, shard_ids: list[int] | None = None
+    config: PipelineConfig, prompts_dir: str | None = None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
     """Plan the stage over ``prompts_dir`` (default: the prompts stage this config names); returns the plan (a dict)
     and the shard ids to run."""
-    cfg = validate(config)
-    plan = plan_regen(cfg, Lineage(cfg).input("normalize", Path(prompts_dir) if prompts_dir else None))
+    plan = plan_regen(config, Lineage(config).input("normalize", Path(prompts_dir) if prompts_dir else None))
     selected = plan.select(shard_ids)
     _logger().info(
         "regen %s: %d prompts in %d shards, running %s", plan.fingerprint, plan.total, len(plan.shards), selected

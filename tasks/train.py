@@ -14,7 +14,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
-from eagle3.config import validate
+from eagle3.config import PipelineConfig
 from eagle3.layout import stage_dir
 from eagle3.model.export import export_draft, validate_export
 from eagle3.runroot import Manifest, atomic_write_text
@@ -30,14 +30,13 @@ def _vocab_file(vocab: str) -> Path:
 
 
 @task(name="plan-draft")
-def plan_draft_task(config: dict[str, Any], features_dir: str, vocab: str) -> dict[str, Any]:
+def plan_draft_task(config: PipelineConfig, features_dir: str, vocab: str) -> dict[str, Any]:
     """The draft's fingerprint, output directory and training-sample count (from the features manifest)."""
-    cfg = validate(config)
     vocab_file = _vocab_file(vocab)
-    fp = draft_fingerprint(cfg, Path(features_dir).name, vocab_file.parent.name)
+    fp = draft_fingerprint(config, Path(features_dir).name, vocab_file.parent.name)
     manifest = Manifest.read(Path(features_dir))
     samples = manifest.rows if manifest else 0
-    return {"fingerprint": fp, "out_dir": str(stage_dir(cfg.root_path, "train", fp)), "vocab": str(vocab_file),
+    return {"fingerprint": fp, "out_dir": str(stage_dir(config.root_path, "train", fp)), "vocab": str(vocab_file),
             "train_samples": samples}
 
 
@@ -53,17 +52,17 @@ def _export_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> st
 
 @task(name="train-draft", retries=2, retry_delay_seconds=10, cache_key_fn=_train_cache_key, persist_result=True)
 def train_draft_task(
-    config: dict[str, Any], features_dir: str, vocab_path: str, out_dir: str, fingerprint: str
+    config: PipelineConfig, features_dir: str, vocab_path: str, out_dir: str, fingerprint: str
 ) -> dict[str, Any]:
     """Run ``python -m eagle3.train`` (under torchrun when ``train.nproc > 1``) and follow its metrics."""
-    log, cfg = get_run_logger(), validate(config)
+    log = get_run_logger()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_yaml = out / "config.yaml"
-    atomic_write_text(config_yaml, cfg.to_yaml())
-    command = worker_command(config_yaml, Path(features_dir), Path(vocab_path), out, nproc=cfg.train.nproc)
+    atomic_write_text(config_yaml, config.to_yaml())
+    command = worker_command(config_yaml, Path(features_dir), Path(vocab_path), out, nproc=config.train.nproc)
     progress = Progress(artifact_key("train", fingerprint), total=1, unit="steps",
-                        every_s=cfg.orchestration.progress_every_s)
+                        every_s=config.orchestration.progress_every_s)
     seen = 0
 
     def on_line(line: str) -> None:
@@ -87,10 +86,10 @@ def train_draft_task(
 
 @task(name="export-draft", retries=1, cache_key_fn=_export_cache_key, persist_result=True)
 def export_draft_task(
-    config: dict[str, Any], out_dir: str, vocab_path: str, features_dir: str, fingerprint: str
+    config: PipelineConfig, out_dir: str, vocab_path: str, features_dir: str, fingerprint: str
 ) -> str:
     """Export the latest checkpoint to ``<out>/export`` (validated) and publish the model card."""
-    export = export_draft(validate(config), Path(out_dir), Path(vocab_path), Path(features_dir),
+    export = export_draft(config, Path(out_dir), Path(vocab_path), Path(features_dir),
                           Path(out_dir) / "export")
     problems = validate_export(export)
     if problems:

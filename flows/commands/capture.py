@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         try:
             with shard_placement(cfg, "capture"):
                 flow = capture_flow.with_options(task_runner=build_task_runner(cfg.orchestration))
-                state = flow(cfg.model_dump(mode="json"), shard_ids=sorted(plan["shards"]),
+                state = flow(cfg, shard_ids=sorted(plan["shards"]),
                              regen_dir=plan["regen_dir"], return_state=True)
         finally:
             stop.set()

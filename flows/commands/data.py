@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         from flows.discover import discover_flow
 
         with _spinner("discover"):
-            out = discover_flow(cfg.model_dump(mode="json"))
+            out = discover_flow(cfg)
         console.print(f"catalog: {out}/catalog.json")
 
     @app.command("normalize")
@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
         from flows.normalize import prompts_flow
 
         with _spinner("normalize"):
-            out = Path(prompts_flow(cfg.model_dump(mode="json")))
+            out = Path(prompts_flow(cfg))
         stats = read_stage_stats(out) or {}
         rows = [{k: s[k] for k in ("source", "in", "kept", "duplicates", "quarantined")} for s in
                 stats.get("sources", {}).values()]  # fmt: skip

@@ -129,7 +129,7 @@ def gate(
     cfg = resolve_config(recipe, config, set_)
     with console.status("running the gate (see the Prefect UI for progress)"):
         out = gate_flow(
-            cfg.model_dump(mode="json"),
+            cfg,
             [str(d) for d in draft],
             baseline_url=baseline_url,
             spec_url=spec_url,

@@ -59,7 +59,7 @@ def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> 
     watcher.start()
     try:
         flow = regen_flow.with_options(task_runner=build_task_runner(config.orchestration))
-        state = flow(config.model_dump(mode="json"), shard_ids=shard_ids, prompts_dir=str(prompts_dir),
+        state = flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir),
                      return_state=True)
     finally:
         stop.set()

@@ -35,7 +35,7 @@ def train(
     except StageInputError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    result = train_flow(cfg.model_dump(mode="json"), str(features), str(vocab))
+    result = train_flow(cfg, str(features), str(vocab))
     console.print(f"[green]draft exported[/green]: {result['export']}")
 
 

@@ -14,13 +14,12 @@ def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, 
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
     regen = write_regen_stage(config.root_path / "regen" / "flowfp", rows=4, seed=5)
-    payload = config.model_dump(mode="json")
-    features = Path(capture_flow(payload, regen_dir=str(regen)))
+    features = Path(capture_flow(config, regen_dir=str(regen)))
     manifest = Manifest.read(features)
     assert manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 8
     assert sorted(p.name for p in features.glob("shard-*.parquet")) == ["shard-00000.parquet", "shard-00001.parquet"]
     stamp = {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*.parquet")}
-    assert capture_flow(payload, regen_dir=str(regen)) == str(features)
+    assert capture_flow(config, regen_dir=str(regen)) == str(features)
     assert {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*.parquet")} == stamp  # nothing redone
-    vocab = Path(vocab_flow(payload, str(features)))
+    vocab = Path(vocab_flow(config, str(features)))
     assert vocab.exists() and Manifest.read(vocab.parent).stats["draft_vocab_size"] == 64

@@ -24,7 +24,7 @@ def test_gate_flow_publishes_the_refusal_as_a_markdown_artifact(tmp_path, prefec
         target=TargetConfig(model_path=str(tmp_path / "target"), num_layers=8, hidden_size=64, vocab_size=2048),
     )
     config = with_overrides(base, ["speculative.algorithm=EAGLE"])
-    out = gate_flow(config.model_dump(mode="json"), [str(export)])
+    out = gate_flow(config, [str(export)])
     assert out["passed"] is False
     assert Path(out["out_dir"], "manifest.json").exists()
     artifact = Artifact.get("gate-report")

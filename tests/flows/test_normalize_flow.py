@@ -24,7 +24,7 @@ def _config(root: Path) -> dict:
         target=TargetConfig(model_path=str(root / "model"), num_layers=8, hidden_size=64, vocab_size=1024),
         sources=sources,
     )
-    return config.model_dump(mode="json")
+    return config
 
 
 def test_prompts_flow_writes_shards_and_a_rerun_is_a_manifest_hit(tmp_path, prefect_harness):

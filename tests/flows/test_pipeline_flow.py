@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -48,9 +47,9 @@ def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> dic
 def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
     from_recipe = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
     path = tmp_path / "cfg.yaml"
-    path.write_text(json.dumps(from_recipe))  # JSON is YAML
+    path.write_text(from_recipe.to_yaml())
     from_file = resolve_config_task.fn(str(path), ["train.lr=0.5"])
-    assert from_recipe["root"] == str(tmp_path) and from_file["train"]["lr"] == 0.5
+    assert from_recipe.root == str(tmp_path) and from_file.train.lr == 0.5
 
 
 def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harness):

@@ -73,7 +73,7 @@ def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(pref
             root=str(tmp_path),
             target=TargetConfig(model_path=str(model_dir), num_layers=8, hidden_size=128, vocab_size=2048),
             regen=RegenConfig(servers=[server.url], concurrency_per_server=4, max_new_tokens=3),
-        ).model_dump(mode="json")
+        )
         first = regen_flow(config, shard_ids=[1], prompts_dir=str(prompts))
         out = Path(first["regen_dir"])
         assert first["shards_pending"] == [0] and not first["done"]

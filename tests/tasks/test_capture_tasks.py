@@ -16,7 +16,7 @@ def capture_setup(tiny_config, write_regen_stage, tmp_path):
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
     regen = write_regen_stage(config.root_path / "regen" / "regenfp")
-    return config.model_dump(mode="json"), regen
+    return config, regen
 
 
 def test_capture_tasks_plan_capture_finalize_and_build_vocab(capture_setup, prefect_harness):

@@ -36,7 +36,7 @@ def data_config(tmp_path_factory) -> dict:
             ),
         ],
     )
-    return config.model_dump(mode="json")
+    return config
 
 
 @pytest.fixture

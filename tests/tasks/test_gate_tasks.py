@@ -25,7 +25,7 @@ def refused_gate_setup(tmp_path: Path) -> tuple[dict, str]:
         target=TargetConfig(model_path=str(tmp_path / "target"), num_layers=8, hidden_size=64, vocab_size=2048),
     )
     config = with_overrides(base, ["speculative.algorithm=EAGLE", "gate.prompt_sets={chat: /nonexistent.jsonl}"])
-    return config.model_dump(mode="json"), str(export)
+    return config, str(export)
 
 
 def test_gate_task_refuses_statically_and_returns_report_paths(tmp_path, prefect_harness):

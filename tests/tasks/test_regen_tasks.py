@@ -68,7 +68,7 @@ def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
             root=str(tmp_path),
             target=TargetConfig(model_path=str(model_dir), num_layers=8, hidden_size=128, vocab_size=300),
             regen=RegenConfig(servers=[server.url], max_new_tokens=2),
-        ).model_dump(mode="json")
+        )
         planned = plan_regen_task.fn(config, str(prompts), [1])
         assert planned["shard_ids"] == [1]
         plan = planned["plan"]

@@ -31,7 +31,7 @@ def train_stage_inputs(config, write_regen_stage) -> tuple[str, str]:
 def train_setup(tiny_config, write_regen_stage, tmp_path):
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
     features, vocab = train_stage_inputs(config, write_regen_stage)
-    return config.model_dump(mode="json"), features, vocab
+    return config, features, vocab
 
 
 @pytest.mark.slow
