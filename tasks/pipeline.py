@@ -14,8 +14,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.config import load_yaml, validate
-from eagle3.recipes import eagle3_home, load_recipe
+from eagle3.config import validate
+from eagle3.recipes import eagle3_home, resolve
 from eagle3.runroot import Manifest
 from eagle3.scaling import (
     ScalingPoint,
@@ -35,11 +35,7 @@ from tasks.common import publish_markdown, publish_table
 @task(name="resolve-config", cache_policy=NO_CACHE)
 def resolve_config_task(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """A recipe name, or a path to a YAML config, plus ``a.b=value`` overrides -> the validated config as a dict."""
-    path = Path(recipe).expanduser()
-    if recipe.endswith((".yaml", ".yml")) or path.is_file():
-        config = load_yaml(path, overrides or [])
-    else:
-        config = load_recipe(recipe, overrides or [])
+    config = resolve(recipe, overrides)
     get_run_logger().info("config %s, run root %s", config.name, config.root_path)
     return config.model_dump(mode="json")
 

@@ -8,9 +8,17 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    bad_input,
+    console,
+    print_table,
+    resolve_config,
+    results,
+)
 
 if TYPE_CHECKING:
     from eagle3.model.vocab import DraftVocab
@@ -40,16 +48,12 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
-        from eagle3.capture.stage import CaptureInputError, plan_capture
+        from eagle3.capture.stage import plan_capture
         from flows.capture import capture_flow
         from flows.runners import build_task_runner, shard_placement
 
         cfg = resolve_config(recipe, config, set_)
-        try:
-            plan = plan_capture(cfg, regen_dir=regen_dir, shard_ids=shard_ids or None)
-        except CaptureInputError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+        plan = plan_capture(cfg, regen_dir=regen_dir, shard_ids=shard_ids or None)
         console.print(f"regen {plan['regen_dir']} -> features {plan['features_dir']} ({len(plan['shards'])} shards)")
         stop = threading.Event()
         watcher = threading.Thread(target=_watch, args=(plan, stop), daemon=True)
@@ -57,12 +61,12 @@ def register(app: typer.Typer) -> None:
         try:
             with shard_placement(cfg, "capture"):
                 flow = capture_flow.with_options(task_runner=build_task_runner(cfg.orchestration))
-                out = flow(cfg.model_dump(mode="json"), shard_ids=sorted(plan["shards"]),
+                features_dir = flow(cfg.model_dump(mode="json"), shard_ids=sorted(plan["shards"]),
                            regen_dir=plan["regen_dir"])
         finally:
             stop.set()
             watcher.join()
-        console.print(f"features: {out}")
+        typer.echo(f"features: {features_dir}")
 
     @app.command("vocab")
     def vocab(
@@ -74,16 +78,13 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Build the draft vocabulary (top target ids over loss-masked tokens) from a features stage."""
-        from eagle3.capture.stage import CaptureInputError, find_features_dir
+        from eagle3.capture.stage import find_features_dir
         from eagle3.model.vocab import build_vocab_stage, load_vocab
 
         cfg = resolve_config(recipe, config, set_)
-        try:
-            features_dir = features or find_features_dir(cfg)
+        features_dir = features or find_features_dir(cfg)
+        with bad_input(ValueError):  # a malformed feature shard (ids out of range, lengths differ)
             path = build_vocab_stage(cfg, features_dir)
-        except (CaptureInputError, FileNotFoundError, ValueError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
         typer.echo(str(path))
         if stats:
             _print_stats(cfg.target.model_path, load_vocab(path), top)
@@ -97,12 +98,13 @@ def _print_stats(model_path: str, vocab: DraftVocab, top: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     counts = vocab.counts
     seen = int((counts > 0).sum())
-    console.print(f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "
+    results.print(f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "
                   f"{seen} distinct ids seen in {int(counts.sum()):,} loss-masked tokens; "
                   f"coverage {coverage(counts, vocab):.4%}")
-    table = Table("rank", "id", "token", "count", "share")
     total = max(int(counts.sum()), 1)
-    for rank, (token_id, count) in enumerate(top_tokens(counts, top), start=1):
-        table.add_row(str(rank), str(token_id), repr(tokenizer.decode([token_id])), f"{count:,}",
-                      f"{count / total:.2%}")
-    console.print(table)
+    rows = [
+        {"rank": rank, "id": token_id, "token": repr(tokenizer.decode([token_id])), "count": f"{count:,}",
+         "share": f"{count / total:.2%}"}
+        for rank, (token_id, count) in enumerate(top_tokens(counts, top), start=1)
+    ]
+    print_table(f"top {top} target tokens", rows)

@@ -15,7 +15,17 @@ from typing import Any
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    EXIT_FAILED,
+    CliError,
+    ConfigOption,
+    JsonOption,
+    RecipeOption,
+    SetOption,
+    console,
+    print_json,
+    resolve_config,
+)
 
 RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp>) or a run root.")
 
@@ -58,27 +68,22 @@ def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> 
     finally:
         stop.set()
         watcher.join()
-    console.print(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
+    typer.echo(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
     if summary["failed_shards"]:
-        console.print(
-            f"[red]failed shards[/red] {summary['failed_shards']}: eagle3 retry-shards --run "
-            f"{summary['regen_dir']} --failed"
+        raise CliError(
+            f"failed shards {summary['failed_shards']}: eagle3 retry-shards --run {summary['regen_dir']} --failed",
+            code=EXIT_FAILED,
         )
-        raise typer.Exit(1)
     return summary
 
 
-def _status(run: Path = RunOption, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def _status(run: Path = RunOption, as_json: bool = JsonOption) -> None:
     """Progress, throughput and ETA of a regen stage, from its journals and shard files."""
     from eagle3.regen.status import regen_status
 
-    try:
-        status = regen_status(run)
-    except FileNotFoundError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    status = regen_status(run)
     if as_json:
-        typer.echo(json.dumps(status.to_dict(), indent=2))
+        print_json(status.to_dict())
         return
     rate = f"{status.tokens_per_s:,.0f} tok/s, {status.samples_per_s:,.2f} samples/s" if status.tokens_per_s else "idle"
     eta = f"{status.eta_s / 3600:,.2f} h" if status.eta_s is not None else "unknown"

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    CliError,
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    bad_input,
+    console,
+    resolve_config,
+    results,
+)
 
 FeaturesOption = typer.Option(None, "--features", help="Finished features stage dir (default: newest in the run root).")
 VocabOption = typer.Option(None, "--vocab", help="vocab.safetensors or its dir (default: newest in the run root).")
@@ -17,9 +26,7 @@ def _newest(root: Path, stage: str, marker: str) -> Path:
     """The most recently finished stage directory holding ``marker``; exits 2 with a hint when there is none."""
     found = sorted((p for p in (root / stage).glob("*") if (p / marker).exists()), key=lambda p: p.stat().st_mtime)
     if not found:
-        console.print(f"[red]error:[/red] no finished {stage} stage under {root}: run `eagle3 run` first or pass "
-                      f"--{stage.rstrip('s')}")
-        raise typer.Exit(2)
+        raise CliError(f"no finished {stage} stage under {root}: run `eagle3 run` first or pass --{stage.rstrip('s')}")
     return found[-1]
 
 
@@ -39,7 +46,7 @@ def train(
     from flows.train import train_flow
 
     result = train_flow(cfg.model_dump(mode="json"), str(features), str(vocab))
-    console.print(f"[green]draft exported[/green]: {result['export']}")
+    results.print(f"[green]draft exported[/green]: {result['export']}")
 
 
 def export(
@@ -58,11 +65,8 @@ def export(
     overrides = [*(set_ or []), *([f"export.push_to_hub={push_to_hub}"] if push_to_hub else [])]
     cfg = resolve_config(recipe, config, overrides)
     vocab_file = vocab / "vocab.safetensors" if vocab.is_dir() else vocab
-    try:
+    with bad_input(ValueError):  # a checkpoint, vocab or features dir that does not make a valid export
         path = export_draft(cfg, draft_dir, vocab_file, features, out)
-    except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
     console.print(f"[green]exported[/green] {path}")
 
 
