@@ -1,4 +1,5 @@
-"""Named recipes: functions that return full, validated pipeline configs.
+"""Named recipes: functions that return full, validated pipeline configs, and ``resolve``, the one way from what a
+user typed (a recipe name or a YAML path, plus ``a.b=value`` overrides) to a validated config.
 
 A variant overrides a base in a few lines. Every recipe is loaded by a test, so none can rot.
 Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``, the tiny world
@@ -11,6 +12,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from eagle3.config import (
     ConfigError,
     DevConfig,
@@ -19,6 +22,7 @@ from eagle3.config import (
     PipelineConfig,
     SourceConfig,
     TargetConfig,
+    load_yaml,
     with_overrides,
 )
 
@@ -183,3 +187,23 @@ def load_recipe(name: str, overrides: list[str] | None = None) -> PipelineConfig
         raise ConfigError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}") from None
     config = build()
     return with_overrides(config, overrides) if overrides else config
+
+
+def resolve(recipe_or_path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    """The validated config of a recipe name or a YAML file, with ``a.b=value`` overrides applied.
+
+    A ``Path`` is always a file; a string is a file when it ends in ``.yaml``/``.yml`` or names an existing file,
+    else a recipe name. The CLI, the pipeline flow's first task and ``python -m eagle3.regen`` all come through
+    here, so every door reads a config the same way; every problem (a missing file, bad YAML, an unknown recipe or
+    key, a bad value) is a ``ConfigError`` whose message names the fix.
+    """
+    text = str(recipe_or_path)
+    path = Path(text).expanduser()
+    if isinstance(recipe_or_path, str) and not text.endswith((".yaml", ".yml")) and not path.is_file():
+        return load_recipe(text, overrides)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (pass a YAML file or a recipe: {', '.join(RECIPES)})")
+    try:
+        return load_yaml(path, overrides)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None

@@ -2,7 +2,9 @@
 
 Long stages run as Prefect flows so they show up in the Prefect UI; quick commands (config, status, preflight,
 serve) call the library directly and never pay Prefect's import and start-up cost. Each stage's commands live in
-``flows/commands/<stage>.py`` with a ``register(app)`` function.
+``flows/commands/<stage>.py`` with a ``register(app)`` function; ``flows/commands/common.py`` holds what they share:
+results on stdout and status on stderr, one ``error: <message>`` line for an expected failure, and the exit-code
+table (0 success, 1 the work ran and its verdict is negative, 2 bad usage, config or input).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import logging
 import os
 
 import typer
+
+from flows.commands.common import ErrorHandlingGroup
 
 COMMAND_MODULES: tuple[str, ...] = (
     "flows.commands.config",
@@ -26,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 app = typer.Typer(
     name="eagle3",
+    cls=ErrorHandlingGroup,
     help="Grow EAGLE-3 draft training data with the target itself, train the draft, and gate it for SGLang.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,

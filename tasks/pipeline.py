@@ -14,8 +14,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.config import PipelineConfig, load_yaml
-from eagle3.recipes import eagle3_home, load_recipe
+from eagle3.config import PipelineConfig
+from eagle3.recipes import eagle3_home, resolve
 from eagle3.runroot import Manifest
 from eagle3.scaling import (
     ScalingPoint,
@@ -36,11 +36,7 @@ from tasks.common import publish_markdown, publish_table
 def resolve_config_task(recipe: str, overrides: list[str] | None = None) -> PipelineConfig:
     """A recipe name, or a path to a YAML config, plus ``a.b=value`` overrides -> the validated config (resolved
     once per run; every task and subflow takes it as is)."""
-    path = Path(recipe).expanduser()
-    if recipe.endswith((".yaml", ".yml")) or path.is_file():
-        config = load_yaml(path, overrides or [])
-    else:
-        config = load_recipe(recipe, overrides or [])
+    config = resolve(recipe, overrides)
     get_run_logger().info("config %s, run root %s", config.name, config.root_path)
     return config
 

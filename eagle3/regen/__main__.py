@@ -12,8 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from eagle3.config import load_yaml
-from eagle3.recipes import load_recipe
+from eagle3.recipes import resolve
 from eagle3.regen.stage import run_regen
 
 
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, nargs="*", default=None, help="Only these shard ids.")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_yaml(args.config, args.overrides) if args.config else load_recipe(args.recipe, args.overrides)
+    config = resolve(args.config or args.recipe, args.overrides)
     summary = run_regen(config, prompts_dir=args.prompts, shard_ids=args.shards)
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0 if summary["done"] else 1

@@ -8,9 +8,19 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    EXIT_FAILED,
+    CliError,
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    bad_input,
+    console,
+    print_table,
+    resolve_config,
+    results,
+)
 
 if TYPE_CHECKING:
     from eagle3.model.vocab import DraftVocab
@@ -41,18 +51,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
         from eagle3.capture.stage import plan_capture
-        from eagle3.layout import StageInputError
         from eagle3.lineage import Lineage
         from flows.capture import capture_flow
         from flows.runners import build_task_runner, shard_placement
 
         cfg = resolve_config(recipe, config, set_)
-        try:
-            regen = Lineage(cfg).input("regen", regen_dir)
-            plan = plan_capture(cfg, regen_dir=regen, shard_ids=shard_ids or None)
-        except StageInputError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+        plan = plan_capture(cfg, regen_dir=Lineage(cfg).input("regen", regen_dir), shard_ids=shard_ids or None)
         console.print(f"regen {plan['regen_dir']} -> features {plan['features_dir']} ({len(plan['shards'])} shards)")
         stop = threading.Event()
         watcher = threading.Thread(target=_watch, args=(plan, stop), daemon=True)
@@ -60,15 +64,13 @@ def register(app: typer.Typer) -> None:
         try:
             with shard_placement(cfg, "capture"):
                 flow = capture_flow.with_options(task_runner=build_task_runner(cfg.orchestration))
-                state = flow(cfg, shard_ids=sorted(plan["shards"]),
-                             regen_dir=plan["regen_dir"], return_state=True)
+                state = flow(cfg, shard_ids=sorted(plan["shards"]), regen_dir=plan["regen_dir"], return_state=True)
         finally:
             stop.set()
             watcher.join()
         if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
-            console.print(f"[red]{state.name}[/red]: {state.message}")
-            raise typer.Exit(1)
-        console.print(f"features: {state.result()}")
+            raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
+        typer.echo(f"features: {state.result()}")
 
     @app.command("vocab")
     def vocab(
@@ -84,11 +86,9 @@ def register(app: typer.Typer) -> None:
         from eagle3.model.vocab import build_vocab_stage, load_vocab
 
         cfg = resolve_config(recipe, config, set_)
-        try:
-            path = build_vocab_stage(cfg, Lineage(cfg).input("capture", features))
-        except (FileNotFoundError, ValueError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+        features_dir = Lineage(cfg).input("capture", features)
+        with bad_input(ValueError):  # a malformed feature shard (ids out of range, lengths differ)
+            path = build_vocab_stage(cfg, features_dir)
         typer.echo(str(path))
         if stats:
             _print_stats(cfg.target.model_path, load_vocab(path), top)
@@ -102,12 +102,13 @@ def _print_stats(model_path: str, vocab: DraftVocab, top: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     counts = vocab.counts
     seen = int((counts > 0).sum())
-    console.print(f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "
+    results.print(f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "
                   f"{seen} distinct ids seen in {int(counts.sum()):,} loss-masked tokens; "
                   f"coverage {coverage(counts, vocab):.4%}")
-    table = Table("rank", "id", "token", "count", "share")
     total = max(int(counts.sum()), 1)
-    for rank, (token_id, count) in enumerate(top_tokens(counts, top), start=1):
-        table.add_row(str(rank), str(token_id), repr(tokenizer.decode([token_id])), f"{count:,}",
-                      f"{count / total:.2%}")
-    console.print(table)
+    rows = [
+        {"rank": rank, "id": token_id, "token": repr(tokenizer.decode([token_id])), "count": f"{count:,}",
+         "share": f"{count / total:.2%}"}
+        for rank, (token_id, count) in enumerate(top_tokens(counts, top), start=1)
+    ]
+    print_table(f"top {top} target tokens", rows)

@@ -1,31 +1,32 @@
-"""Data commands: ``eagle3 datasets list``, ``eagle3 discover [--search ...]``, ``eagle3 normalize``.
+"""Data commands: ``eagle3 datasets list [--json]``, ``eagle3 discover [--search ...]``, ``eagle3 normalize``.
 
 ``datasets list`` and ``discover --search`` are quick library calls. ``discover`` and ``normalize`` run their flows
-(visible in the Prefect UI); ``normalize`` prints the mix plan (per source: available, weight, cap, planned) before
-any work starts, and the per-source counts at the end.
+(visible in the Prefect UI); ``normalize`` shows the mix plan (per source: available, weight, cap, planned) on stderr
+before any work starts, and prints the per-source counts (its result) on stdout at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
-
-
-def _table(title: str, rows: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title=title)
-    for key in rows[0] if rows else []:
-        table.add_column(str(key))
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    return table
+from flows.commands.common import (
+    ConfigOption,
+    JsonOption,
+    RecipeOption,
+    SetOption,
+    console,
+    print_json,
+    print_table,
+    resolve_config,
+    rich_table,
+)
 
 
 @contextmanager
@@ -35,24 +36,26 @@ def _spinner(text: str) -> Iterator[None]:
         yield
 
 
-def _list_datasets() -> None:
+def _list_datasets(as_json: bool = JsonOption) -> None:
     """Print the dataset catalog: every registered adapter with its Hub id, format, license, size and tier."""
-    from eagle3.data.catalog import table_rows
+    from eagle3.data.catalog import entries, table_rows
 
-    console.print(_table("dataset adapters", table_rows()))
+    if as_json:  # typed values (rows as a number, domains as a list), not the table's formatted strings
+        print_json([dataclasses.asdict(e) | {"tier": e.tier} for e in entries()])
+        return
+    print_table("dataset adapters", table_rows())
 
 
 def _search(query: str, min_rows: int, licenses: str | None, limit: int) -> None:
-    from eagle3.data.hub import HubError, search_hub
+    from eagle3.data.hub import search_hub
 
     wanted = [x.strip() for x in licenses.split(",")] if licenses else None
-    try:
-        with _spinner(f"searching the Hub for {query!r}"):
-            found = search_hub(query, min_rows=min_rows, licenses=wanted, limit=limit)
-    except HubError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
-    console.print(_table(f"Hub datasets matching {query!r}", found) if found else "no matching datasets")
+    with _spinner(f"searching the Hub for {query!r}"):  # a HubError exits 1 (the common exit-code table)
+        found = search_hub(query, min_rows=min_rows, licenses=wanted, limit=limit)
+    if not found:
+        console.print(f"no Hub datasets match {query!r}")
+        return
+    print_table(f"Hub datasets matching {query!r}", found)
 
 
 def _print_plan(cfg: Any) -> None:
@@ -64,7 +67,7 @@ def _print_plan(cfg: Any) -> None:
         catalog_dir = discover(cfg)
     plan = plan_table(mix_plan(cfg, catalog_dir))
     total = sum(int(line["planned"]) for line in plan)
-    console.print(_table(f"mix plan ({total:,} rows planned, seed {cfg.mix.seed})", plan))
+    console.print(rich_table(f"mix plan ({total:,} rows planned, seed {cfg.mix.seed})", plan))
 
 
 def register(app: typer.Typer) -> None:
@@ -91,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
         with _spinner("discover"):
             out = discover_flow(cfg)
-        console.print(f"catalog: {out}/catalog.json")
+        typer.echo(f"catalog: {out}/catalog.json")
 
     @app.command("normalize")
     def normalize_cmd(
@@ -108,5 +111,5 @@ def register(app: typer.Typer) -> None:
         stats = read_stage_stats(out) or {}
         rows = [{k: s[k] for k in ("source", "in", "kept", "duplicates", "quarantined")} for s in
                 stats.get("sources", {}).values()]  # fmt: skip
-        console.print(_table("per-source counts", rows))
-        console.print(f"prompts: {out} ({stats.get('kept', 0):,} prompts in {stats.get('shards', 0)} shards)")
+        print_table("per-source counts", rows)
+        typer.echo(f"prompts: {out} ({stats.get('kept', 0):,} prompts in {stats.get('shards', 0)} shards)")

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from eagle3.bench.preflight import Check
-from eagle3.config import PipelineConfig
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    EXIT_FAILED,
+    CliError,
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    console,
+    resolve_config,
+    results,
+)
+
+if TYPE_CHECKING:  # eagle3.bench.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
+    from eagle3.bench.preflight import Check
+    from eagle3.config import PipelineConfig
 
 DraftOption = typer.Option(None, "--draft", "-d", help="Draft export dir (config.json + model.safetensors).")
 FlavourOption = typer.Option("sglang", "--flavour", help="sglang (python -m sglang.launch_server) or reference.")
@@ -91,11 +103,10 @@ def preflight(
         checks += _runtime(cfg, url, draft, smoke_prompts, min_accept)
     for check in checks:
         colour = "green" if check.ok else "red"
-        console.print(
-            f"[{colour}]{'PASS' if check.ok else 'FAIL'}[/{colour}] {check.name}: {check.message}", soft_wrap=True
-        )
-    if pf.failed(checks):
-        raise typer.Exit(1)
+        results.print(f"[{colour}]{'PASS' if check.ok else 'FAIL'}[/{colour}] {check.name}: {check.message}")
+    failed = pf.failed(checks)
+    if failed:
+        raise CliError(f"{len(failed)} of {len(checks)} preflight checks failed", code=EXIT_FAILED)
 
 
 def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float) -> list[Check]:
@@ -128,7 +139,7 @@ def gate(
 
     cfg = resolve_config(recipe, config, set_)
     with console.status("running the gate (see the Prefect UI for progress)"):
-        out = gate_flow(
+        result = gate_flow(
             cfg,
             [str(d) for d in draft],
             baseline_url=baseline_url,
@@ -139,10 +150,10 @@ def gate(
             promote=promote,
             force=force,
         )
-    typer.echo(Path(out["markdown"]).read_text())
-    console.print(f"report: {out['out_dir']}")
-    if not out["passed"]:
-        raise typer.Exit(1)
+    typer.echo(Path(result["markdown"]).read_text())
+    typer.echo(f"report: {result['out_dir']}")
+    if not result["passed"]:
+        raise CliError(f"the gate passed no draft (report: {result['out_dir']})", code=EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

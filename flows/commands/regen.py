@@ -8,14 +8,23 @@ its arguments to ``python -m eagle3.serve`` (argparse lives in the library; see 
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    EXIT_FAILED,
+    CliError,
+    ConfigOption,
+    JsonOption,
+    RecipeOption,
+    SetOption,
+    console,
+    print_json,
+    resolve_config,
+)
 
 RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp>).")
 
@@ -65,16 +74,15 @@ def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> 
         stop.set()
         watcher.join()
     if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
-        console.print(f"[red]{state.name}[/red]: {state.message}")
-        raise typer.Exit(1)
+        raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
     summary = state.result()
-    console.print(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
+    typer.echo(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
     return summary
 
 
 def _status(
     run: Path | None = typer.Option(None, "--run", help="A regen stage dir (default: the one this config names)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: bool = JsonOption,
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
@@ -83,13 +91,9 @@ def _status(
     from eagle3.lineage import Lineage
     from eagle3.regen.status import regen_status
 
-    try:
-        status = regen_status(run or Lineage(resolve_config(recipe, config, set_)).input("regen"))
-    except FileNotFoundError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    status = regen_status(run or Lineage(resolve_config(recipe, config, set_)).input("regen"))
     if as_json:
-        typer.echo(json.dumps(status.to_dict(), indent=2))
+        print_json(status.to_dict())
         return
     rate = f"{status.tokens_per_s:,.0f} tok/s, {status.samples_per_s:,.2f} samples/s" if status.tokens_per_s else "idle"
     eta = f"{status.eta_s / 3600:,.2f} h" if status.eta_s is not None else "unknown"

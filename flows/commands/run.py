@@ -15,7 +15,16 @@ from pathlib import Path
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    EXIT_FAILED,
+    CliError,
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    console,
+    resolve_config,
+    results,
+)
 from flows.commands.dev import build_tiny
 
 ScaleOption = typer.Option(
@@ -36,7 +45,7 @@ def register(app: typer.Typer) -> None:
         """Run the pipeline (discover -> ... -> gate); the tiny recipe first builds (or reuses) the tiny world."""
         cfg = resolve_config(recipe, config, set_)
         if cfg.dev.tiny_world:
-            build_tiny(Path(cfg.dev.cache_dir) if cfg.dev.cache_dir else None)
+            build_tiny(Path(cfg.dev.cache_dir) if cfg.dev.cache_dir else None, report=console)
         console.print(f"run root: {cfg.root_path}")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
         from flows.pipeline import data_scaling
@@ -63,14 +72,12 @@ def _patient_ephemeral_server() -> contextlib.AbstractContextManager[object]:
 
 
 def _report(state: object) -> None:
-    """Print where the gate report is and exit 0 (pass) or 1 (refused or failed)."""
+    """Print where the gate report and the scaling curve are (stdout), or fail with exit 1 (refused or failed)."""
     from prefect.states import State
 
     assert isinstance(state, State)
-    if state.is_completed():
-        summary = state.result()
-        console.print(f"[green]gate passed[/green]: report {summary['gate']['markdown']}")
-        console.print(f"scaling curve: {summary['curve']['curve']} ({summary['curve']['verdict']})")
-        return
-    console.print(f"[red]{state.name}[/red]: {state.message}")
-    raise typer.Exit(1)
+    if not state.is_completed():
+        raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
+    summary = state.result()
+    results.print(f"[green]gate passed[/green]: report {summary['gate']['markdown']}")
+    results.print(f"scaling curve: {summary['curve']['curve']} ({summary['curve']['verdict']})")

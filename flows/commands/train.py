@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config
+from flows.commands.common import (
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    bad_input,
+    console,
+    resolve_config,
+    results,
+)
 
 FeaturesOption = typer.Option(None, "--features", help="Finished features stage dir (default: this config's).")
 VocabOption = typer.Option(None, "--vocab", help="vocab.safetensors or its dir (default: this config's).")
@@ -24,19 +32,14 @@ def train(
     """Train the draft (torchrun workers when --nproc > 1), then export it for SGLang; resumes automatically."""
     overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
     cfg = resolve_config(recipe, config, overrides)
-    from eagle3.layout import StageInputError
     from eagle3.lineage import Lineage
     from flows.train import train_flow
 
     lineage = Lineage(cfg)
-    try:
-        features = lineage.input("capture", features)
-        vocab = lineage.input("vocab", vocab, features_dir=features)
-    except StageInputError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    features = lineage.input("capture", features)
+    vocab = lineage.input("vocab", vocab, features_dir=features)
     result = train_flow(cfg, str(features), str(vocab))
-    console.print(f"[green]draft exported[/green]: {result['export']}")
+    results.print(f"[green]draft exported[/green]: {result['export']}")
 
 
 def export(
@@ -55,11 +58,8 @@ def export(
     overrides = [*(set_ or []), *([f"export.push_to_hub={push_to_hub}"] if push_to_hub else [])]
     cfg = resolve_config(recipe, config, overrides)
     vocab_file = vocab / "vocab.safetensors" if vocab.is_dir() else vocab
-    try:
+    with bad_input(ValueError):  # a checkpoint, vocab or features dir that does not make a valid export
         path = export_draft(cfg, draft_dir, vocab_file, features, out)
-    except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
     console.print(f"[green]exported[/green] {path}")
 
 
