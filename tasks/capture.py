@@ -24,7 +24,7 @@ from prefect.context import TaskRunContext
 from eagle3.capture.run import capture_shard, finalize_features, output_paths
 from eagle3.capture.stage import plan_capture
 from eagle3.config import validate
-from eagle3.model.vocab import build_vocab_stage
+from eagle3.train.vocab import build_vocab_stage
 from tasks.common import Progress, cache_key_from, output_cache_key
 
 
