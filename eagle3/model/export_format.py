@@ -169,7 +169,7 @@ def load_export(export_dir: Path) -> DraftExport:
     Raises ``FileNotFoundError`` naming the missing file and the fix when it is not an export dir."""
     export_dir = Path(export_dir)
     for path in missing_files(export_dir):
-        raise FileNotFoundError(f"{path} is missing: point at an export dir written by `eagle3 export` (or {REEXPORT})")
+        raise FileNotFoundError(f"{path} is missing: point at an export dir written by `eagle3 export`")
     config = json.loads((export_dir / CONFIG_FILE).read_text())
     with safe_open(str(export_dir / WEIGHTS_FILE), framework="pt") as fh:
         keys = list(fh.keys())
