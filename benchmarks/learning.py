@@ -23,9 +23,9 @@ from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.template import render_prompt
 from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
 from eagle3.dev.samples import generate_conversations
-from eagle3.model.export import export_draft
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
+from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, batches_from_target, build_draft, load_inputs, train_on_source
 
 

@@ -21,9 +21,9 @@ from eagle3.config import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint
 from eagle3.data.normalize import prompts_fingerprint
 from eagle3.layout import PLAN_FILE, VOCAB_FILE, find_input, stage_dir
-from eagle3.model.vocab import vocab_fingerprint
 from eagle3.regen.plan import regen_fingerprint
 from eagle3.scaling import feature_set_fingerprint
+from eagle3.train.vocab import vocab_fingerprint
 
 # stage -> (the option that points at another directory, the command that produces it)
 _HINTS: dict[str, tuple[str, str]] = {

@@ -26,7 +26,7 @@ from eagle3.capture.stage import plan_capture
 from eagle3.config import PipelineConfig
 from eagle3.layout import ShardsFailed, write_failed_shards
 from eagle3.lineage import Lineage
-from eagle3.model.vocab import build_vocab_stage
+from eagle3.train.vocab import build_vocab_stage
 from tasks.common import Progress, cache_key_from, output_cache_key, publish_markdown, publish_table
 
 

@@ -15,10 +15,11 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from eagle3.config import PipelineConfig
-from eagle3.layout import stage_dir
-from eagle3.model.export import export_draft, validate_export
+from eagle3.layout import EXPORT_DIR, stage_dir
+from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
 from eagle3.runroot import Manifest, atomic_write_text
 from eagle3.train.distributed import run_workers, worker_command
+from eagle3.train.export import export_draft
 from eagle3.train.metrics import METRICS_FILE, read_metrics
 from eagle3.train.trainer import draft_fingerprint
 from tasks.common import Progress, artifact_key, cache_key_from, output_cache_key, publish_markdown
@@ -47,7 +48,7 @@ def _train_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
 
 def _export_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     base = cache_key_from("fingerprint", "out_dir")(context, parameters)
-    return output_cache_key(base, Path(parameters["out_dir"]) / "export" / "model.safetensors")
+    return output_cache_key(base, Path(parameters["out_dir"]) / EXPORT_DIR / WEIGHTS_FILE)
 
 
 @task(name="train-draft", retries=2, retry_delay_seconds=10, cache_key_fn=_train_cache_key, persist_result=True)
@@ -90,11 +91,8 @@ def export_draft_task(
 ) -> str:
     """Export the latest checkpoint to ``<out>/export`` (validated) and publish the model card."""
     export = export_draft(config, Path(out_dir), Path(vocab_path), Path(features_dir),
-                          Path(out_dir) / "export")
-    problems = validate_export(export)
-    if problems:
-        raise ValueError(f"export {export} is invalid: {problems}")
-    publish_markdown(artifact_key("draft-card", fingerprint), (export / "README.md").read_text(),
+                          Path(out_dir) / EXPORT_DIR)  # validated before it is renamed into place
+    publish_markdown(artifact_key("draft-card", fingerprint), (export / CARD_FILE).read_text(),
                      description=f"EAGLE-3 draft {fingerprint}")
     get_run_logger().info("draft exported to %s", export)
     return str(export)

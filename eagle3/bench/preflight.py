@@ -3,8 +3,9 @@
 Design choices:
 - Every check returns ``Check(name, ok, message)``; a failing message is one line that names the problem and the
   fix. Checks never raise on bad input: a missing file is a failed check, so one run lists every problem.
-- Key set and shapes come from ``eagle3.model.export`` (one definition for writing and checking); preflight
-  splits them into named checks (``draft_keys``, ``fc_shape``, ``draft_shapes``...) so a failure names its fix.
+- The export format (file names, key set and shapes, the d2t/t2d rules) is ``eagle3.model.export_format``, the one
+  definition for writing and checking; preflight splits it into named checks (``draft_keys``, ``fc_shape``,
+  ``draft_shapes``, ``d2t_order``...) so a failure names its fix.
 - Static checks read only files: the export dir (``config.json`` + the safetensors header for shapes; ``d2t``/``t2d``
   are the only tensors loaded), the target's ``config.json`` when it is a local dir, the capture footer, and the
   two launch commands. Runtime checks ask a live server (``/get_server_info``) and run a smoke benchmark.
@@ -25,21 +26,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import safe_open
-
 from eagle3.bench.launch import ALGORITHM_FLAG, DRAFT_FLAG, LaunchCommand, split_speculative, without_address
 from eagle3.config import PipelineConfig, to_sglang_ids
 from eagle3.data.parquet import ShardError, shard_metadata
-from eagle3.model.export import expected_shapes as export_shapes
+from eagle3.model.export_format import ARCHITECTURE, DraftExport, expected_shapes, load_export, vocab_problems
 
 logger = logging.getLogger(__name__)
 
 EXPECTED_ALGORITHM = "EAGLE3"
-DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SMOKE_MIN_ACCEPT = 1.5
-TENSOR_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -57,38 +52,6 @@ class Check:
 
 def failed(checks: list[Check]) -> list[Check]:
     return [c for c in checks if not c.ok]
-
-
-@dataclass
-class DraftExport:
-    """What static checks need from an export dir: its config, tensor shapes, and the vocab maps."""
-
-    path: Path
-    config: dict[str, Any]
-    shapes: dict[str, list[int]]
-    d2t: torch.Tensor | None
-    t2d: torch.Tensor | None
-
-
-def read_export(path: Path) -> DraftExport:
-    """Read an export dir; raises ``FileNotFoundError``/``ValueError`` with the fix when it is not one."""
-    path = Path(path)
-    cfg_path, tensors = path / CONFIG_FILE, path / TENSOR_FILE
-    for needed in (cfg_path, tensors):
-        if not needed.exists():
-            raise FileNotFoundError(f"{needed} is missing: point --draft at an export dir written by the train stage")
-    config = json.loads(cfg_path.read_text())
-    with safe_open(str(tensors), framework="pt") as fh:
-        keys = list(fh.keys())
-        shapes = {k: list(fh.get_slice(k).get_shape()) for k in keys}
-        d2t = fh.get_tensor("d2t") if "d2t" in keys else None
-        t2d = fh.get_tensor("t2d") if "t2d" in keys else None
-    return DraftExport(path, config, shapes, d2t, t2d)
-
-
-def expected_shapes(cfg: dict[str, Any]) -> dict[str, list[int]]:
-    """The exact tensor set and shapes SGLang's ``LlamaForCausalLMEagle3`` loads (export's single definition)."""
-    return {k: list(v) for k, v in export_shapes(cfg).items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,13 +109,13 @@ def check_draft_path(spec: LaunchCommand, export_dir: Path) -> Check:
 
 def check_architecture(export: DraftExport) -> Check:
     arch, layers = export.config.get("architectures"), export.config.get("num_hidden_layers")
-    if arch == [DRAFT_ARCHITECTURE] and layers == 1:
-        return Check("architecture", True, f"{DRAFT_ARCHITECTURE}, 1 layer")
+    if arch == [ARCHITECTURE] and layers == 1:
+        return Check("architecture", True, f"{ARCHITECTURE}, 1 layer")
     return Check(
         "architecture",
         False,
         f"config.json has architectures={arch}, num_hidden_layers={layers}: re-export with "
-        f'architectures ["{DRAFT_ARCHITECTURE}"] and num_hidden_layers 1',
+        f'architectures ["{ARCHITECTURE}"] and num_hidden_layers 1',
     )
 
 
@@ -169,14 +132,15 @@ def check_keys(export: DraftExport) -> Check:
         "draft_keys",
         False,
         f"tensor keys off (missing {missing}, extra {extra}; SGLang drops unknown keys silently): "
-        "re-export with eagle3.model.export so the key set is exact",
+        "re-export with `eagle3 export` so the key set is exact",
     )
 
 
 def check_fc(export: DraftExport, target_hidden: int) -> Check:
     h = export.config.get("hidden_size")
     want = [h, 3 * target_hidden]
-    have = export.shapes.get("fc.weight")
+    shape = export.shapes.get("fc.weight")
+    have = None if shape is None else list(shape)
     if have == want:
         return Check("fc_shape", True, f"fc.weight {have} = [H, 3*H_target]")
     return Check(
@@ -196,7 +160,7 @@ def check_shapes(export: DraftExport) -> Check:
     bad.pop("fc.weight", None)  # reported by fc_shape with its own fix
     if not bad:
         return Check("draft_shapes", True, "every tensor matches config.json")
-    detail = ", ".join(f"{k} {have} != {need}" for k, (have, need) in sorted(bad.items()))
+    detail = ", ".join(f"{k} {list(have)} != {list(need)}" for k, (have, need) in sorted(bad.items()))
     return Check("draft_shapes", False, f"tensor shapes disagree with config.json ({detail}): re-export the draft")
 
 
@@ -218,27 +182,10 @@ def check_vocab(export: DraftExport, target_vocab: int) -> Check:
 def check_d2t(export: DraftExport, target_vocab: int) -> Check:
     if export.d2t is None:
         return Check("d2t_order", False, "d2t is missing: export the vocab mapping (d2t, t2d) with the draft")
-    d2t = export.d2t.long()
-    targets = torch.arange(d2t.numel()) + d2t  # target_id = draft_id + d2t[draft_id]
-    if targets.numel() and (targets.min() < 0 or targets.max() >= target_vocab):
-        return Check(
-            "d2t_order",
-            False,
-            f"d2t maps to target ids in [{int(targets.min())}, {int(targets.max())}], outside the vocab "
-            f"[0, {target_vocab}): d2t must hold offsets target_id - draft_id; rebuild the vocab stage",
-        )
-    if targets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
-        return Check(
-            "d2t_order",
-            False,
-            "d2t targets are not strictly increasing (draft ids must be the selected target ids sorted ascending): "
-            "rebuild the vocab stage",
-        )
-    if export.t2d is not None and (
-        int(export.t2d.bool().sum()) != targets.numel() or not bool(export.t2d.bool()[targets].all())
-    ):
-        return Check("d2t_order", False, "t2d does not mark exactly the d2t targets: rebuild the vocab stage")
-    return Check("d2t_order", True, f"{targets.numel()} draft ids map to ascending target ids inside the vocab")
+    problems = vocab_problems(export.d2t, export.t2d, target_vocab)
+    if problems:
+        return Check("d2t_order", False, f"{'; '.join(problems)}: rebuild the vocab stage and re-export")
+    return Check("d2t_order", True, f"{export.d2t.numel()} draft ids map to ascending target ids inside the vocab")
 
 
 def capture_layer_ids(features_dir: Path) -> list[int]:
@@ -329,7 +276,7 @@ def _flag(args: list[str], name: str) -> str | None:
 
 
 def _target_config(config: PipelineConfig) -> dict[str, Any] | None:
-    path = Path(config.target.model_path).expanduser() / CONFIG_FILE
+    path = Path(config.target.model_path).expanduser() / "config.json"  # the target's HF config
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -352,7 +299,7 @@ def run_static(
     """Every static check of DESIGN §6; read-only, never raises on a bad export."""
     checks = [check_algorithm(spec), check_arms_match(baseline, spec), check_draft_path(spec, export_dir)]
     try:
-        export = read_export(export_dir)
+        export = load_export(export_dir)
     except (OSError, ValueError) as exc:
         return [*checks, Check("export_files", False, str(exc))]
     capture_source = f"the capture footer in {features_dir}" if features_dir else "config capture.aux_layers"

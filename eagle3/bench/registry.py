@@ -7,8 +7,9 @@ Layout under ``<root>/registry/``::
     drafts/<draft_id>/       a copy of every promoted export, so the champion survives its training run's cleanup
 
 Design choices:
-- The draft id is a content hash of the export's ``config.json`` and ``model.safetensors``, so promoting the same
-  draft twice reuses one copy, and a gate can tell "the candidate is the champion" by id, not by path.
+- The draft id is a content hash of the export's files that define the draft (``export_format.EXPORT_FILES``:
+  ``config.json`` and ``model.safetensors``), so promoting the same draft twice reuses one copy, and a gate can tell
+  "the candidate is the champion" by id, not by path.
 - Promotion order: copy the export into ``drafts/<id>`` (tmp dir + rename), append the history line, then replace
   ``promoted.json`` (tmp + rename). A kill at any point leaves the old pointer or the new one; a history line
   without a pointer update is a promotion that did not take effect (its id is not the pointer's).
@@ -25,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3.model.export_format import EXPORT_FILES, missing_files
 from eagle3.runroot import atomic_write_json, fingerprint, fsync_dir, sha256_file
 
 logger = logging.getLogger(__name__)
 
-EXPORT_FILES: tuple[str, ...] = ("config.json", "model.safetensors")
 POINTER = "promoted.json"
 HISTORY = "history.jsonl"
 
@@ -37,7 +38,7 @@ HISTORY = "history.jsonl"
 def draft_id(export_dir: Path) -> str:
     """Content id of an export: hash of its config and weights (paths and timestamps play no part)."""
     export_dir = Path(export_dir)
-    missing = [name for name in EXPORT_FILES if not (export_dir / name).exists()]
+    missing = [path.name for path in missing_files(export_dir)]
     if missing:
         raise FileNotFoundError(f"{export_dir} lacks {missing}: pass an export dir written by the train stage")
     return fingerprint(*(sha256_file(export_dir / name) for name in EXPORT_FILES))

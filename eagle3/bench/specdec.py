@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 
 from eagle3.model.draft import DraftKVCache
-from eagle3.model.export import load_draft
+from eagle3.model.export_format import load_draft
 
 logger = logging.getLogger(__name__)
 
@@ -157,13 +157,24 @@ def _truncate(generated: list[int], max_new_tokens: int, eos: set[int]) -> list[
 
 
 def evaluate_acceptance(
-    decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_ids: Sequence[int]
+    decoder: SpeculativeDecoder,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    on_prompt: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Offline acceptance over prompts: total generated tokens / total verify passes."""
+    """Offline acceptance over prompts: total generated tokens / total verify passes.
+
+    ``on_prompt`` is called after each prompt is decoded, so a caller (the CLI) can draw progress without
+    re-implementing this loop."""
     tokens = passes = 0
-    for output, verify in decoder.generate_batch(prompts, max_new_tokens, eos_ids):
+    for ids in prompts:
+        output, verify = decoder.generate(ids, max_new_tokens, eos_ids)
         tokens += len(output)
         passes += verify
+        if on_prompt is not None:
+            on_prompt()
     return {"prompts": len(prompts), "tokens": tokens, "verify_passes": passes,
             "accept_length": tokens / passes if passes else float("nan"), "aux_mode": decoder.aux_mode}
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from eagle3.model.vocab import build_vocab, save_vocab
+from eagle3.model.vocab import save_vocab
+from eagle3.train.vocab import build_vocab
 
 Sequences = list[tuple[list[int], list[int]]]  # (input_ids, loss_mask) pairs
 

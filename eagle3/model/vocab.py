@@ -1,36 +1,23 @@
-"""The draft vocabulary (DESIGN §4 "Draft vocab"): which target ids the draft's ``lm_head`` can emit.
+"""The draft vocabulary as a type (DESIGN §4 "Draft vocab"): which target ids the draft's ``lm_head`` can emit.
 
-* Counts are taken over loss-masked positions only (the tokens the draft is trained to predict), from regen or
-  feature shards (both carry ``input_ids`` + ``loss_mask``).
-* The draft vocab is the top ``draft_vocab_size`` ids by count, ties broken by the lower id, then sorted ascending.
-  When fewer distinct ids were seen, it is padded with the lowest unseen ids, so the size is always the configured
-  one (the draft's ``lm_head`` shape is fixed by config); it can never exceed the target vocab.
-* ``d2t[draft_id] = target_id - draft_id`` (int64 offsets, SGLang's format), ``t2d`` is a bool mask over the target
-  vocab. Saved as safetensors with the ``counts`` they came from.
+A ``DraftVocab`` is the pair of maps of the export format (``d2t`` int64 offsets, ``t2d`` bool mask; the rules live
+in ``eagle3.model.export_format``) plus the loss-masked ``counts`` they were selected from. It is saved as one
+safetensors file, ``vocab.safetensors``, that the trainer and export read; loading checks the maps against the
+format's rules, so a broken file fails where it is read, not at serving time. Building one from feature shards is
+the vocab stage's job (``eagle3.train.vocab``).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.config import PipelineConfig
-from eagle3.data.parquet import open_shard
-from eagle3.layout import stage_dir
-from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint
-
-logger = logging.getLogger(__name__)
-
-VOCAB_FILE = "vocab.safetensors"
-_COUNT_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])
+from eagle3.layout import VOCAB_FILE
+from eagle3.model.export_format import target_ids, vocab_problems
+from eagle3.runroot import atomic_path
 
 
 @dataclass(frozen=True)
@@ -50,66 +37,7 @@ class DraftVocab:
     @property
     def target_ids(self) -> torch.Tensor:
         """Target id of each draft id (ascending)."""
-        return torch.arange(self.draft_vocab_size, dtype=torch.int64) + self.d2t
-
-
-def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) -> torch.Tensor:
-    """Occurrences of each target id at loss-masked positions over the shards (footer and schema validated).
-
-    ``vocab_size`` fixes the length (an id beyond it is an error); None sizes it to the largest id seen + 1."""
-    counts = np.zeros(vocab_size or 0, dtype=np.int64)
-    for path in shard_paths:
-        for batch in open_shard(path, schema=_COUNT_SCHEMA).iter_batches(columns=_COUNT_SCHEMA.names):
-            ids = pc.list_flatten(batch.column("input_ids")).to_numpy()
-            mask = pc.list_flatten(batch.column("loss_mask")).to_numpy().astype(bool)
-            if ids.shape != mask.shape:
-                raise ValueError(f"{path}: input_ids and loss_mask lengths differ; rebuild the shard")
-            ids = ids[mask]
-            if ids.size and ids.min() < 0:
-                raise ValueError(f"{path}: negative token id {ids.min()}")
-            if vocab_size is not None and ids.size and ids.max() >= vocab_size:
-                raise ValueError(f"{path}: token id {ids.max()} >= target.vocab_size={vocab_size}; fix the config")
-            found = np.bincount(ids, minlength=len(counts))
-            if len(found) > len(counts):
-                counts = np.pad(counts, (0, len(found) - len(counts)))
-            counts += found
-    return torch.from_numpy(counts)
-
-
-def build_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
-    """Top ``draft_vocab_size`` ids by count (ties: lower id), padded with the lowest unseen ids, ascending."""
-    counts = counts.to(torch.int64)
-    target_vocab = int(counts.numel())
-    if draft_vocab_size > target_vocab:
-        raise ValueError(
-            f"vocab.draft_vocab_size={draft_vocab_size} exceeds the target vocab ({target_vocab}); "
-            f"set vocab.draft_vocab_size <= {target_vocab}"
-        )
-    ids = torch.arange(target_vocab, dtype=torch.int64)
-    # sort by count descending, then id ascending: a stable sort by -count over ids already in ascending order
-    order = torch.sort(-counts, stable=True).indices
-    chosen = order[:draft_vocab_size]  # unseen ids (count 0) come last, lowest first: the padding rule
-    chosen = torch.sort(chosen).values
-    t2d = torch.zeros(target_vocab, dtype=torch.bool)
-    t2d[chosen] = True
-    d2t = chosen - ids[:draft_vocab_size]
-    seen = int((counts > 0).sum())
-    if seen < draft_vocab_size:
-        logger.warning("only %d distinct ids seen; padded the draft vocab with %d unseen ids",
-                       seen, draft_vocab_size - seen)
-    return DraftVocab(d2t=d2t, t2d=t2d, counts=counts)
-
-
-def coverage(counts: torch.Tensor, vocab: DraftVocab) -> float:
-    """Share of loss-masked tokens (by ``counts``) whose id is inside the draft vocab."""
-    total = int(counts.sum())
-    return float(counts[vocab.t2d].sum()) / total if total else 0.0
-
-
-def top_tokens(counts: torch.Tensor, k: int = 20) -> list[tuple[int, int]]:
-    """The ``k`` most frequent ids as ``(id, count)`` (ties: lower id)."""
-    order = torch.sort(-counts, stable=True).indices[:k]
-    return [(int(i), int(counts[i])) for i in order if counts[i] > 0]
+        return target_ids(self.d2t)
 
 
 def save_vocab(vocab: DraftVocab, path: Path) -> Path:
@@ -122,7 +50,7 @@ def save_vocab(vocab: DraftVocab, path: Path) -> Path:
 
 
 def load_vocab(path: Path) -> DraftVocab:
-    """Load a vocab file (or a vocab stage directory) and check that ``d2t`` and ``t2d`` agree."""
+    """Load a vocab file (or a vocab stage directory) and check that ``d2t`` and ``t2d`` follow the format's rules."""
     path = Path(path)
     path = path / VOCAB_FILE if path.is_dir() else path
     tensors = load_file(str(path))
@@ -130,46 +58,7 @@ def load_vocab(path: Path) -> DraftVocab:
     if missing:
         raise ValueError(f"{path}: missing tensors {sorted(missing)}; rebuild with `eagle3 vocab`")
     vocab = DraftVocab(d2t=tensors["d2t"], t2d=tensors["t2d"], counts=tensors["counts"])
-    targets = vocab.target_ids
-    if bool((targets[1:] <= targets[:-1]).any()) or int(targets.max()) >= vocab.target_vocab_size:
-        raise ValueError(f"{path}: d2t does not map to strictly increasing ids inside the target vocab")
-    if not torch.equal(torch.nonzero(vocab.t2d).flatten(), targets):
-        raise ValueError(f"{path}: t2d and d2t disagree; rebuild with `eagle3 vocab`")
+    problems = vocab_problems(vocab.d2t, vocab.t2d, vocab.target_vocab_size)
+    if problems:
+        raise ValueError(f"{path}: {'; '.join(problems)}; rebuild with `eagle3 vocab`")
     return vocab
-
-
-def vocab_fingerprint(config: PipelineConfig, features_fp: str) -> str:
-    return fingerprint("vocab", features_fp, config.vocab.draft_vocab_size, config.target.vocab_size)
-
-
-def build_vocab_stage(config: PipelineConfig, features_dir: Path) -> Path:
-    """Count, select and save the draft vocab of a finished features stage; returns the vocab file
-    ``<root>/vocab/<fp>/vocab.safetensors`` (what the trainer and export load).
-
-    Skipped when that directory's manifest exists and its files verify."""
-    from eagle3.capture.run import feature_shards
-    from eagle3.scaling import feature_set_fingerprint
-
-    features_dir = Path(features_dir)
-    shards = feature_shards(features_dir)
-    # Keyed on the shards the manifest lists, not the directory: nightly runs add shards to one features directory.
-    out_dir = stage_dir(config.root_path, "vocab", vocab_fingerprint(config, feature_set_fingerprint(features_dir)))
-    done = Manifest.read(out_dir)
-    if done is not None and not done.verify(out_dir):
-        logger.info("draft vocab %s already built; skipping", out_dir)
-        return out_dir / VOCAB_FILE
-    counts = count_tokens(shards, vocab_size=config.target.vocab_size)
-    vocab = build_vocab(counts, config.vocab.draft_vocab_size)
-    path = save_vocab(vocab, out_dir / VOCAB_FILE)
-    stats = {
-        "coverage": round(coverage(counts, vocab), 6),
-        "distinct_ids": int((counts > 0).sum()),
-        "loss_tokens": int(counts.sum()),
-        "draft_vocab_size": vocab.draft_vocab_size,
-        "top_tokens": top_tokens(counts, 20),
-    }
-    Manifest(stage="vocab", fingerprint=out_dir.name, files=[FileEntry.of(path, rows=vocab.draft_vocab_size,
-             base=out_dir)], config={"vocab": config.vocab.model_dump(), "features": str(features_dir)},
-             stats=stats).write(out_dir)
-    logger.info("draft vocab: %d ids, coverage %.4f of loss tokens", vocab.draft_vocab_size, stats["coverage"])
-    return path

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from eagle3.config import PipelineConfig
 from eagle3.model.draft import DraftConfig, DraftModel
+from eagle3.model.export_format import target_ids
 from eagle3.model.target_weights import TargetHead, load_target_head
 from eagle3.runroot import fingerprint
 from eagle3.train import checkpoint as ckpt
@@ -82,8 +83,8 @@ class DraftInputs:
 
     @property
     def draft_ids(self) -> torch.Tensor:
-        """Target id of each draft id: ``draft_id + d2t[draft_id]``."""
-        return torch.arange(len(self.d2t)) + self.d2t
+        """Target id of each draft id (the export format's d2t rule)."""
+        return target_ids(self.d2t)
 
 
 def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str) -> str:

@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Build the draft vocabulary (top target ids over loss-masked tokens) from a features stage."""
         from eagle3.lineage import Lineage
-        from eagle3.model.vocab import build_vocab_stage, load_vocab
+        from eagle3.model.vocab import load_vocab
+        from eagle3.train.vocab import build_vocab_stage
 
         cfg = resolve_config(recipe, config, set_)
         features_dir = Lineage(cfg).input("capture", features)
@@ -97,7 +98,7 @@ def register(app: typer.Typer) -> None:
 def _print_stats(model_path: str, vocab: DraftVocab, top: int) -> None:
     from transformers import AutoTokenizer
 
-    from eagle3.model.vocab import coverage, top_tokens
+    from eagle3.train.vocab import coverage, top_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     counts = vocab.counts

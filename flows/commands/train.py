@@ -53,7 +53,7 @@ def export(
     set_: list[str] | None = SetOption,
 ) -> None:
     """Write the SGLang draft directory (exact key set, validated) from a training checkpoint."""
-    from eagle3.model.export import export_draft
+    from eagle3.train.export import export_draft
 
     overrides = [*(set_ or []), *([f"export.push_to_hub={push_to_hub}"] if push_to_hub else [])]
     cfg = resolve_config(recipe, config, overrides)
@@ -78,8 +78,13 @@ def evaluate(
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.bench.specdec import SpeculativeDecoder, load_prompt_file
+    from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance, load_prompt_file
+    from eagle3.model.export_format import validate_export
 
+    problems = validate_export(draft)  # before loading the target: a broken export fails in a second
+    if problems:
+        console.print(f"[red]error:[/red] {draft} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
+        raise typer.Exit(1)
     cfg = resolve_config(recipe, config, set_)
     target_path = cfg.target.model_path
     tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.target.revision)
@@ -88,15 +93,12 @@ def evaluate(
     decoder = SpeculativeDecoder(target, tokenizer, draft, cfg.speculative.num_steps, aux)  # type: ignore[arg-type]
     prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    tokens = passes = 0
     with Progress(console=console) as progress:
         bar = progress.add_task("speculative decoding", total=len(prompt_ids))
-        for ids in prompt_ids:
-            out, verify = decoder.generate(ids, max_new_tokens, eos)
-            tokens, passes = tokens + len(out), passes + verify
-            progress.advance(bar)
-    accept = tokens / passes if passes else float("nan")
-    console.print(f"accept length {accept:.3f} ({tokens} tokens / {passes} verify passes, aux={aux})")
+        result = evaluate_acceptance(decoder, prompt_ids, max_new_tokens=max_new_tokens, eos_ids=eos,
+                                     on_prompt=lambda: progress.advance(bar))
+    console.print(f"accept length {result['accept_length']:.3f} ({result['tokens']} tokens / "
+                  f"{result['verify_passes']} verify passes, aux={aux})")
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import with_overrides
-from eagle3.model.export import validate_export
+from eagle3.model.export_format import validate_export
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tasks"))
 from test_train_tasks import TRAIN_OVERRIDES, train_stage_inputs

@@ -11,8 +11,8 @@ from prefect.logging import disable_run_logger
 
 from eagle3.capture.run import capture_shard, finalize_features
 from eagle3.config import with_overrides
-from eagle3.model.export import validate_export
-from eagle3.model.vocab import build_vocab_stage
+from eagle3.model.export_format import validate_export
+from eagle3.train.vocab import build_vocab_stage
 
 TRAIN_OVERRIDES = ["vocab.draft_vocab_size=64", "train.max_steps=4", "train.ttt_steps=2", "train.batch_size=2",
                    "train.save_every=2", "train.log_every=1", "train.max_seq_len=256"]

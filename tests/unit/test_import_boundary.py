@@ -46,3 +46,23 @@ def test_importing_the_library_does_not_load_prefect():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    return modules | {node.module for node in ast.walk(tree)
+                      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+
+
+def test_model_package_is_architecture_only():
+    """``eagle3/model`` (draft head, export format, vocab type) imports no stage code, not even inside functions."""
+    allowed = {"eagle3.config", "eagle3.runroot", "eagle3.layout"}
+    offenders = {
+        str(p.relative_to(REPO)): upward
+        for p in sorted((REPO / "eagle3" / "model").rglob("*.py"))
+        if (upward := sorted(m for m in _imported_modules(p) if m.startswith("eagle3.")
+                             and m not in allowed and not m.startswith("eagle3.model.")))
+    }
+    assert offenders == {}

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3.bench.preflight import expected_shapes
 from eagle3.config import PipelineConfig, TargetConfig
+from eagle3.model.export_format import expected_shapes
 
 H, VOCAB, DRAFT_VOCAB, LAYERS = 128, 2048, 512, 8
 
@@ -125,8 +125,8 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
     from eagle3.data.template import render_prompt
     from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
     from eagle3.dev.samples import generate_conversations
-    from eagle3.model.export import export_draft
     from eagle3.train.distributed import DistInfo
+    from eagle3.train.export import export_draft
     from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")

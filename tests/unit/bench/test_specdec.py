@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance
 from eagle3.model.draft import DraftConfig, DraftModel
-from eagle3.model.export import export_config, validate_export
+from eagle3.model.export_format import export_config, validate_export
 
 V, VD, EOS = 256, 128, 3
 
@@ -77,8 +77,9 @@ def test_speculative_output_equals_plain_greedy_on_20_prompts(target, draft_dir,
 def test_accept_length_is_generated_tokens_over_verify_passes(target, draft_dir):
     decoder = SpeculativeDecoder(target, None, draft_dir, num_steps=2)
     prompts = _prompts(3)
-    result = evaluate_acceptance(decoder, prompts, max_new_tokens=16, eos_ids=[])
-    assert result["tokens"] == 48
+    done: list[int] = []
+    result = evaluate_acceptance(decoder, prompts, max_new_tokens=16, eos_ids=[], on_prompt=lambda: done.append(1))
+    assert result["tokens"] == 48 and len(done) == 3  # the progress hook fires once per prompt
     assert result["accept_length"] == pytest.approx(48 / result["verify_passes"])
     assert result["accept_length"] >= 1.0
 

@@ -1,5 +1,5 @@
-"""Export to the SGLang directory: exact key set (golden), shapes, config fields, refusal of broken exports,
-and a lossless round trip (reloaded export gives identical logits)."""
+"""The SGLang export format and its writer: exact key set (golden, ``export_format.expected_shapes``), shapes,
+config fields, refusal of broken exports, and a lossless round trip (reloaded export gives identical logits)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from transformers import LlamaConfig
 
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.model.draft import DraftConfig, DraftModel
-from eagle3.model.export import export_draft, load_draft, validate_export
+from eagle3.model.export_format import WEIGHTS_FILE, expected_shapes, load_draft, validate_export
 from eagle3.model.target_weights import load_target_head
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.train.checkpoint import save_checkpoint
+from eagle3.train.export import export_draft
 
 GOLDEN = Path(__file__).parent / "golden" / "export_keys.json"
 H, V, VD, LAYERS = 32, 64, 16, 8
@@ -47,8 +48,10 @@ def trained_out(tmp_path) -> tuple[PipelineConfig, Path, Path, DraftModel]:
 def test_export_key_set_equals_golden_and_config_matches_sglang(trained_out, tmp_path):
     config, out, vocab, _ = trained_out
     export = export_draft(config, out, vocab, None, tmp_path / "export")
-    assert sorted(load_file(str(export / "model.safetensors"))) == json.loads(GOLDEN.read_text())
+    golden = json.loads(GOLDEN.read_text())
+    assert sorted(load_file(str(export / WEIGHTS_FILE))) == golden
     cfg = json.loads((export / "config.json").read_text())
+    assert sorted(expected_shapes(cfg)) == golden  # the format's key set itself, not only what export wrote
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
     assert cfg["vocab_size"] == V and cfg["draft_vocab_size"] == VD and cfg["tie_word_embeddings"] is False
     assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True}

@@ -1,0 +1,239 @@
+"""The SGLang EAGLE-3 export format (``LlamaForCausalLMEagle3``): the one definition that writing, checking and
+loading an export directory all use.
+
+Why it is this strict: SGLang silently drops unknown keys and silently skips ``fc`` when the hidden widths match, so
+a wrong export does not fail at load, it serves with accept length ~1. Hence:
+
+* An export directory holds ``config.json`` and ``model.safetensors`` (the draft itself, ``EXPORT_FILES``) plus a
+  ``README.md`` model card.
+* ``model.safetensors`` holds *exactly* the keys of ``expected_shapes`` (DESIGN §4), each with the shape the
+  ``config.json`` implies. There is no ``embed_tokens``: SGLang takes the target's.
+* The vocab maps (DESIGN §4 "Draft vocab"): draft id ``i`` emits target id ``i + d2t[i]`` (``d2t`` holds int64
+  offsets, SGLang's format); the target ids are strictly increasing and inside the target vocab; ``t2d`` is the bool
+  mask over the target vocab of exactly those ids. ``vocab_maps`` builds the pair, ``vocab_problems`` checks it.
+* ``eagle_config.eagle_aux_hidden_state_layer_ids`` are 3 ids in the ``output_of_layer`` convention (SGLang adds 1).
+
+``load_export`` reads what checks need (config, tensor shapes from the safetensors header, the vocab maps) without
+judging it; ``validate_export`` lists every problem, each naming the file and the fix; ``load_draft`` gives a
+``DraftModel`` for evaluation and refuses an export with any problem.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from eagle3.model.draft import DraftConfig, DraftModel
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+CARD_FILE = "README.md"
+EXPORT_FILES: tuple[str, ...] = (CONFIG_FILE, WEIGHTS_FILE)  # what the draft is (its content id hashes these)
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+REEXPORT = "re-export the draft with `eagle3 export`"
+
+
+def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The exact key set of ``model.safetensors`` and each tensor's shape, implied by an export ``config.json``.
+
+    Raises ``KeyError`` naming a size field the config lacks."""
+    h, th = cfg["hidden_size"], cfg.get("target_hidden_size", cfg["hidden_size"])
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv, inter = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
+    return {
+        "d2t": (cfg["draft_vocab_size"],),
+        "t2d": (cfg["vocab_size"],),
+        "fc.weight": (h, 3 * th),  # [H, 3*H_target]: fuses the three aux layers
+        "lm_head.weight": (cfg["draft_vocab_size"], h),
+        "norm.weight": (h,),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),  # attention reads cat([embed, hidden]): 2H
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (inter, h),
+        "midlayer.mlp.up_proj.weight": (inter, h),
+        "midlayer.mlp.down_proj.weight": (h, inter),
+    }
+
+
+def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfloat16") -> dict[str, Any]:
+    """The ``config.json`` of an export: LlamaConfig fields of the draft plus the EAGLE-3 fields."""
+    cfg: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": draft.hidden_size,
+        "intermediate_size": draft.intermediate_size,
+        "num_attention_heads": draft.num_attention_heads,
+        "num_key_value_heads": draft.num_key_value_heads,
+        "head_dim": draft.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": draft.hidden_act,
+        "rms_norm_eps": draft.rms_norm_eps,
+        "rope_theta": draft.rope_theta,
+        "rope_scaling": draft.rope_scaling,
+        "max_position_embeddings": draft.max_position_embeddings,
+        "vocab_size": draft.vocab_size,
+        "draft_vocab_size": draft.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+    }
+    if draft.target_hidden_size != draft.hidden_size:
+        cfg["target_hidden_size"] = draft.target_hidden_size
+    return cfg
+
+
+def draft_config_from_export(cfg: dict[str, Any]) -> DraftConfig:
+    """The draft architecture an export ``config.json`` describes (the inverse of ``export_config``)."""
+    return DraftConfig(
+        hidden_size=cfg["hidden_size"], target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
+        num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"],
+        rope_scaling=cfg.get("rope_scaling"), max_position_embeddings=cfg["max_position_embeddings"],
+        vocab_size=cfg["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
+        hidden_act=cfg.get("hidden_act", "silu"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The vocab maps
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def vocab_maps(target_ids: torch.Tensor, target_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d2t, t2d)`` of a draft vocab given as ascending target ids: int64 offsets and the bool target mask."""
+    target_ids = target_ids.to(torch.int64)
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[target_ids] = True
+    return target_ids - torch.arange(target_ids.numel(), dtype=torch.int64), t2d
+
+
+def target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """The target id of each draft id: ``draft_id + d2t[draft_id]``."""
+    return torch.arange(d2t.numel(), dtype=torch.int64) + d2t.long()
+
+
+def vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab: int) -> list[str]:
+    """What breaks the vocab-map rules (the caller adds the file and the fix); ``t2d`` None checks ``d2t`` only."""
+    targets = target_ids(d2t)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= target_vocab):
+        return [f"d2t maps to target ids in [{int(targets.min())}, {int(targets.max())}], outside the vocab "
+                f"[0, {target_vocab}): d2t must hold offsets target_id - draft_id"]
+    problems = []
+    if targets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
+        problems.append("d2t target ids are not strictly increasing (draft ids are the selected target ids sorted "
+                        "ascending)")
+    if t2d is not None and (t2d.dtype != torch.bool or t2d.numel() != target_vocab
+                            or int(t2d.sum()) != targets.numel() or not bool(t2d[targets].all())):
+        problems.append(f"t2d and d2t disagree: t2d must be the bool mask over the {target_vocab} target ids of "
+                        "exactly the d2t targets")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading and validating an export directory
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftExport:
+    """What checks need from an export dir: its config, every tensor's shape, and the vocab maps (when present)."""
+
+    path: Path
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    d2t: torch.Tensor | None
+    t2d: torch.Tensor | None
+
+
+def missing_files(export_dir: Path) -> list[Path]:
+    """The files of ``EXPORT_FILES`` that ``export_dir`` lacks."""
+    return [Path(export_dir) / name for name in EXPORT_FILES if not (Path(export_dir) / name).exists()]
+
+
+def load_export(export_dir: Path) -> DraftExport:
+    """Read an export dir without judging it (only ``d2t``/``t2d`` are loaded; other shapes come from the header).
+
+    Raises ``FileNotFoundError`` naming the missing file and the fix when it is not an export dir."""
+    export_dir = Path(export_dir)
+    for path in missing_files(export_dir):
+        raise FileNotFoundError(f"{path} is missing: point at an export dir written by `eagle3 export`")
+    config = json.loads((export_dir / CONFIG_FILE).read_text())
+    with safe_open(str(export_dir / WEIGHTS_FILE), framework="pt") as fh:
+        keys = list(fh.keys())
+        shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in keys}
+        d2t = fh.get_tensor("d2t") if "d2t" in keys else None
+        t2d = fh.get_tensor("t2d") if "t2d" in keys else None
+    return DraftExport(export_dir, config, shapes, d2t, t2d)
+
+
+def _config_problems(cfg: dict[str, Any]) -> list[str]:
+    problems = []
+    if cfg.get("architectures") != [ARCHITECTURE]:
+        problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{ARCHITECTURE!r}]")
+    if cfg.get("num_hidden_layers") != 1:
+        problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, an EAGLE-3 draft has 1")
+    if cfg.get("tie_word_embeddings") is not False:
+        problems.append("tie_word_embeddings must be false (SGLang would replace lm_head by the embedding)")
+    eagle = cfg.get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) for i in ids)):
+        problems.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}: write 3 ids (output_of_layer)")
+    if eagle.get("use_aux_hidden_state") is not True:
+        problems.append("eagle_config.use_aux_hidden_state must be true")
+    missing = [k for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                           "vocab_size", "draft_vocab_size", "max_position_embeddings") if k not in cfg]
+    problems += [f"lacks {k}" for k in missing]
+    return problems
+
+
+def _tensor_problems(export: DraftExport) -> list[str]:
+    want = expected_shapes(export.config)
+    problems = [f"missing tensor {k}" for k in sorted(set(want) - set(export.shapes))]
+    problems += [f"unexpected tensor {k} (SGLang would silently drop it)"
+                 for k in sorted(set(export.shapes) - set(want))]
+    problems += [f"{k} has shape {list(export.shapes[k])}, config.json implies {list(shape)}"
+                 for k, shape in want.items() if k in export.shapes and export.shapes[k] != shape]
+    if problems or export.d2t is None:
+        return problems
+    return vocab_problems(export.d2t, export.t2d, export.config["vocab_size"])
+
+
+def validate_export(export_dir: Path) -> list[str]:
+    """Every problem that would make SGLang serve this draft wrongly, each naming its file and the fix; an empty
+    list means the export is sound."""
+    export_dir = Path(export_dir)
+    missing = missing_files(export_dir)
+    if missing:
+        return [f"{path} is missing: {REEXPORT}" for path in missing]
+    export = load_export(export_dir)
+    problems = [f"{export_dir / CONFIG_FILE}: {p}: {REEXPORT}" for p in _config_problems(export.config)]
+    if problems:
+        return problems
+    return [f"{export_dir / WEIGHTS_FILE}: {p}: {REEXPORT}" for p in _tensor_problems(export)]
+
+
+def load_draft(export_dir: Path) -> tuple[DraftModel, torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Load an export for evaluation: ``(DraftModel in eval mode, d2t, t2d, config.json)``; validates first."""
+    export_dir = Path(export_dir)
+    problems = validate_export(export_dir)
+    if problems:
+        raise ValueError(f"{export_dir} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
+    cfg = json.loads((export_dir / CONFIG_FILE).read_text())
+    tensors = load_file(str(export_dir / WEIGHTS_FILE))
+    d2t, t2d = tensors.pop("d2t"), tensors.pop("t2d")
+    model = DraftModel(draft_config_from_export(cfg))
+    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+    return model.eval(), d2t, t2d, cfg
