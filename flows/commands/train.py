@@ -81,7 +81,8 @@ def evaluate(
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.bench.specdec import SpeculativeDecoder, load_prompt_file
+    from eagle3.bench.specdec import load_prompt_file
+    from eagle3.serve.specdec import SpeculativeDecoder
 
     cfg = resolve_config(recipe, config, set_)
     target_path = cfg.target.model_path

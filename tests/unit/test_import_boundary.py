@@ -11,15 +11,20 @@ REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"prefect", "prefect_ray", "typer", "tasks", "flows", "deployments"}
 
 
-def _imported_roots(path: Path) -> set[str]:
+def _imported_modules(path: Path) -> set[str]:
+    """Every absolute module a file imports, function-local imports included."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    roots = set()
+    modules = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
+            modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    return roots
+            modules.add(node.module)
+    return modules
+
+
+def _imported_roots(path: Path) -> set[str]:
+    return {module.split(".")[0] for module in _imported_modules(path)}
 
 
 def test_library_source_never_imports_prefect_or_upper_layers():
@@ -46,3 +51,12 @@ def test_importing_the_library_does_not_load_prefect():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_server_never_imports_the_bench():
+    """``eagle3.serve`` is the lower layer: the bench launches and measures servers, never the other way round."""
+    offenders = {
+        str(p.relative_to(REPO)): sorted(m for m in _imported_modules(p) if m.split(".")[:2] == ["eagle3", "bench"])
+        for p in sorted((REPO / "eagle3" / "serve").rglob("*.py"))
+    }
+    assert {path: bad for path, bad in offenders.items() if bad} == {}

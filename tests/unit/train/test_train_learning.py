@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from eagle3.bench.specdec import SpeculativeDecoder
 from eagle3.config import with_overrides
 from eagle3.dev.distil import greedy_answers
 from eagle3.model.export import export_draft
+from eagle3.serve.specdec import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.trainer import ListBatchSource, build_draft, load_inputs, train_on_source
