@@ -6,7 +6,7 @@ only builds the SGLang launch commands (``eagle3.bench.launch``).
 
 Design choices:
 - The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both ``eagle3.serve`` and
-  ``sglang.launch_server`` take) and picks a free port for port 0, so two servers started at once never collide.
+  ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage never choose one.
 - The child dies with its parent (``eagle3.procs.die_with_parent``) and runs in its own process group, which is
   stopped as a whole (SIGTERM, then SIGKILL) on exit or error: no server, nor a worker it spawned, outlives the
   command that started it.
