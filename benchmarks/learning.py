@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance
+from eagle3.bench.specdec import evaluate_acceptance
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.template import render_prompt
 from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
 from eagle3.dev.samples import generate_conversations
+from eagle3.serve.specdec import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft

@@ -26,7 +26,7 @@ from eagle3.data.template import render_prompt
 from eagle3.regen.shard import load_tokenizer
 from eagle3.regen.stage import run_regen
 from eagle3.runroot import FileEntry, Manifest, fingerprint
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 
 
 def build_target(out: Path) -> Path:
@@ -106,7 +106,7 @@ def main() -> None:
             for i in range(n)
         ]
         extra = ["--max-running-requests", str(args.concurrency), "--num-threads", "1"]
-        with ReferenceServer(model, extra_args=extra) as server:
+        with reference_server(model, extra_args=extra) as server:
             regen = RegenConfig(
                 servers=[server.url], concurrency_per_server=args.concurrency, max_new_tokens=new, temperature=0.0
             )

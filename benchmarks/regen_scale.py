@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 
 sys.path.insert(0, str(Path(__file__).parent))
 from regen_overhead import write_prompts
@@ -59,7 +59,7 @@ def main() -> None:
         tok = build_tokenizer_dir(root / "tok")
         extra = ["--synthetic-tokens", "8", "--synthetic-delay", str(args.delay)]
         results = {}
-        with ReferenceServer(None, extra_args=extra) as server:
+        with reference_server(None, extra_args=extra) as server:
             for n in (small, large):
                 prompts = write_prompts(root / f"p{n}", n, rows_per_shard=2000)
                 config = PipelineConfig(

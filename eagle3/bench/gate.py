@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.bench import preflight
-from eagle3.bench.launch import LaunchCommand, ServerProcess, build_launch
+from eagle3.bench.launch import LaunchCommand, build_launch
 from eagle3.bench.prompts import BenchPrompt, load_gate_prompts, send_prompts_async
 from eagle3.bench.registry import Promotion, Registry, draft_id
 from eagle3.bench.report import ArmResult, Decision, GateReport, LevelStats, read_report, write_report
 from eagle3.config import GateConfig, PipelineConfig, SpeculativeConfig
 from eagle3.layout import stage_dir
 from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.serve.launch import LaunchError
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def serving(command: LaunchCommand | None, url: str | None, log_path: Path, flav
         yield url.rstrip("/")
         return
     assert command is not None
-    with ServerProcess(command, log_path=log_path, health_timeout_s=HEALTH_TIMEOUT_S[flavour]) as server:
+    with command.server(log_path=log_path, health_timeout_s=HEALTH_TIMEOUT_S[flavour]) as server:
         yield server.url
 
 
@@ -249,8 +250,6 @@ def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None)
 def _measure_plan(
     plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path, flavour: str
 ) -> None:
-    from eagle3.bench.launch import LaunchError
-
     for arm in plan.arms:
         if arm.error:
             continue

@@ -1,4 +1,4 @@
-"""Server launch commands generated from config, never hand-typed (DESIGN §5), and a managed server process.
+"""Server launch commands of the gate's arms, generated from config, never hand-typed (DESIGN §5).
 
 Design choices:
 - One function builds every arm. The arms share one argument list (model, tp, dtype, context length, memory
@@ -12,30 +12,22 @@ Design choices:
   project's CPU server). The reference flavour carries the same model, context, batch and speculative flags;
   GPU/Hub-only flags (tp, memory fraction, CUDA graphs, revision, remote code, extra args) are SGLang's alone and
   are left out, identically for both arms.
-- ``ServerProcess`` starts a command in its own process group, waits for ``GET /health`` and always stops the
-  whole group (SIGTERM, then SIGKILL) on exit or error, so no server outlives the command that started it.
+- A command names a concrete port (port 0 becomes a free one here), so a printed line can be pasted. It is run by
+  the project's one launcher (``eagle3.serve.launch.ServerProcess``), which owns where a server listens: it gets
+  the line without ``--host``/``--port`` and adds them back, last.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 from eagle3.config import PipelineConfig, SpeculativeConfig
-from eagle3.procs import die_with_parent, free_port
-
-logger = logging.getLogger(__name__)
+from eagle3.procs import free_port
+from eagle3.serve.launch import ServerProcess
 
 SGLANG_VERSION = "0.5.23"
 Arm = Literal["baseline", "eagle3"]
@@ -57,10 +49,6 @@ SPECULATIVE_FLAGS: tuple[str, ...] = (
 ADDRESS_FLAGS: tuple[str, ...] = ("--host", "--port")
 
 
-class LaunchError(RuntimeError):
-    """A server could not be launched or did not become healthy; the message says why and where the log is."""
-
-
 @dataclass(frozen=True)
 class LaunchCommand:
     """One server launch: ``argv`` starts with ``python -m <module>``; ``url`` is where it will listen."""
@@ -80,13 +68,20 @@ class LaunchCommand:
     def shell(self) -> str:
         return shlex.join(self.argv)
 
-    def process_argv(self) -> list[str]:
-        """The argv to execute here: ``python`` replaced by this interpreter (the one with the packages)."""
-        return [sys.executable, *self.argv[1:]]
-
     def server_args(self) -> list[str]:
         """The arguments after ``python -m <module>`` (what the server's own parser sees)."""
         return self.argv[3:]
+
+    def server(self, *, log_path: Path | None = None, health_timeout_s: float = 300.0) -> ServerProcess:
+        """This command under the launcher, with this interpreter (the one with the packages) as ``python``."""
+        return ServerProcess(
+            [sys.executable, *without_address(self.argv[1:])],
+            host=self.host,
+            port=self.port,
+            name=f"{self.arm} server",
+            log_path=log_path,
+            health_timeout_s=health_timeout_s,
+        )
 
 
 def _served_dtype(config: PipelineConfig, flavour: str) -> str:
@@ -212,106 +207,3 @@ def parse_with_sglang(args: list[str]):  # -> argparse.Namespace
     ServerArgs.add_cli_args(parser)
     return parser.parse_args(args)
 
-
-def _get_ok(url: str, timeout_s: float) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
-
-
-class ServerProcess:
-    """Context manager: start a launch command, wait for ``/health``, stop the process group on exit.
-
-    The server's stdout/stderr go to ``log_path`` (a temp file next to nothing when not given); a server that exits
-    or stays unhealthy past ``health_timeout_s`` raises ``LaunchError`` with the tail of its log.
-    """
-
-    def __init__(
-        self,
-        command: LaunchCommand,
-        *,
-        log_path: Path | None = None,
-        health_timeout_s: float = 300.0,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.command = command
-        self.log_path = Path(log_path) if log_path else Path(f"/tmp/eagle3-{command.arm}-{command.port}.log")
-        self.health_timeout_s = health_timeout_s
-        self.env = {**os.environ, **(env or {})}
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return self.command.url
-
-    def start(self) -> ServerProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logger.info("starting %s arm: %s", self.command.arm, self.command.shell())
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                self.command.process_argv(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-                env=self.env,
-            )
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        logger.info("%s arm healthy at %s", self.command.arm, self.url)
-        return self
-
-    def _wait_healthy(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.health_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise LaunchError(
-                    f"{self.command.arm} server exited with code {self._proc.returncode} before it was healthy; "
-                    f"fix the error in its log {self.log_path}:\n{self.log_tail()}"
-                )
-            if _get_ok(f"{self.url}/health", timeout_s=2.0):
-                return
-            time.sleep(0.2)
-        raise LaunchError(
-            f"{self.command.arm} server not healthy after {self.health_timeout_s:.0f}s at {self.url}/health; "
-            f"raise the timeout or read its log {self.log_path}:\n{self.log_tail()}"
-        )
-
-    def log_tail(self, lines: int = 20) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def wait(self) -> int:
-        """Block until the server exits (used by ``launch-sglang --run``)."""
-        assert self._proc is not None
-        return self._proc.wait()
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                logger.warning("%s server ignored %s, escalating", self.command.arm, sig.name)
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -46,13 +46,13 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
     if config.regen.servers:
         yield list(config.regen.servers)
         return
-    from eagle3.serve.launch import ReferenceServer
+    from eagle3.serve.launch import reference_server
 
     extra = ["--max-running-requests", str(config.regen.concurrency_per_server), "--dtype", config.target.dtype]
     if config.server.context_length or config.target.context_length:
         extra += ["--context-length", str(config.server.context_length or config.target.context_length)]
     log_path = (log_dir / "reference-server.log") if log_dir else None
-    with ReferenceServer(config.target.model_path, port=0, extra_args=extra, log_path=log_path) as server:
+    with reference_server(config.target.model_path, extra_args=extra, log_path=log_path) as server:
         yield [server.url]
 
 

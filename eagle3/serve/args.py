@@ -2,9 +2,10 @@
 
 Flag spellings follow ``sglang.launch_server`` where SGLang has the flag (``--model-path``, ``--context-length``,
 ``--max-running-requests``, ``--max-queued-requests``, the ``--speculative-*`` family), so the same generated
-launch line can point at either server. Speculative flags are accepted and reported by ``/get_server_info``;
-this server decodes plainly until a speculative engine is attached. ``--fault-*`` flags exist for tests only and
-``--synthetic-*`` only for the client-scaling benchmark.
+launch line can point at either server. ``--speculative-algorithm EAGLE3`` (or ``EAGLE``) with a draft runs greedy
+chain speculative decoding (``eagle3.serve.speculative``) and every speculative flag is reported by
+``/get_server_info``. ``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the client-scaling
+benchmark.
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's).")
     p.add_argument("--request-log", default=None, help="Append the rid of every completed request to this file.")
     p.add_argument("--log-level", default="info")
-    spec = p.add_argument_group("speculative decoding (SGLang flags; stored and reported, not yet run here)")
-    spec.add_argument("--speculative-algorithm", default=None)
-    spec.add_argument("--speculative-draft-model-path", default=None)
-    spec.add_argument("--speculative-num-steps", type=int, default=None)
-    spec.add_argument("--speculative-eagle-topk", type=int, default=None)
-    spec.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    spec = p.add_argument_group("speculative decoding (SGLang flags; a draft is run as greedy chain speculation)")
+    spec.add_argument(
+        "--speculative-algorithm", default=None, help="EAGLE3, or EAGLE (the draft sees the last hidden state only)."
+    )
+    spec.add_argument("--speculative-draft-model-path", default=None, help="Draft export directory.")
+    spec.add_argument("--speculative-num-steps", type=int, default=None, help="Draft tokens per verify (default 3).")
+    spec.add_argument("--speculative-eagle-topk", type=int, default=None, help="Above 1 still drafts a chain.")
+    spec.add_argument(
+        "--speculative-num-draft-tokens", type=int, default=None, help="Reported only: a chain verifies num-steps."
+    )
     faults = p.add_argument_group("fault injection (tests only)")
     faults.add_argument("--fault-fail-rate", type=float, default=0.0, help="Answer 500 to this fraction of /generate.")
     faults.add_argument("--fault-extra-latency", type=float, default=0.0, help="Seconds added to every /generate.")

@@ -1,15 +1,24 @@
-"""Start the reference server as a subprocess for the length of a ``with`` block.
+"""Start a server as a child process for the length of a ``with`` block: the one launcher of the project.
 
-``ReferenceServer`` runs ``python -m eagle3.serve ...`` (same interpreter), waits for ``/health``, exposes
-``.url``, and always stops the process on exit (SIGTERM, then SIGKILL after a grace period). ``port=0`` picks a
-free port first. The server's output goes to a log file (``.log_path``) so a chatty server can never block on a
-full pipe; its tail is in the error when it dies during start-up.
+The reference server (regen, tests, benchmarks) and both SGLang arms of the gate start through ``ServerProcess``, so
+there is one health poll, one error and one way to stop a server. It lives in ``serve``, the lower layer; the bench
+only builds the SGLang launch commands (``eagle3.bench.launch``).
+
+Design choices:
+- The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both ``eagle3.serve`` and
+  ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage never choose one.
+- The child dies with its parent (``eagle3.procs.die_with_parent``) and runs in its own process group, which is
+  stopped as a whole (SIGTERM, then SIGKILL) on exit or error: no server, nor a worker it spawned, outlives the
+  command that started it.
+- Output goes to a log file, never a pipe, so a chatty server cannot block on a full pipe; a server that exits or
+  stays unhealthy during start-up raises ``LaunchError`` naming the log and quoting its tail.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,45 +34,47 @@ from eagle3.procs import die_with_parent, free_port
 logger = logging.getLogger(__name__)
 
 
-class ServerStartError(RuntimeError):
-    """The reference server exited or did not become healthy in time."""
+class LaunchError(RuntimeError):
+    """A server exited or did not become healthy in time; the message names its log and quotes the tail."""
 
 
-def is_healthy(url: str, *, timeout: float = 2.0) -> bool:
+def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
+    """``GET <url>/health`` answers 200."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 
 
-class ReferenceServer:
-    """Context manager around one reference-server process (see module docstring)."""
+class ServerProcess:
+    """Context manager around one server process (see module docstring); ``.url`` is where it listens."""
 
     def __init__(
         self,
-        model_path: str | Path | None,
+        argv: Sequence[str],
         *,
-        port: int = 0,
         host: str = "127.0.0.1",
-        extra_args: Sequence[str] = (),
-        startup_timeout_s: float = 300.0,
+        port: int = 0,
+        name: str = "server",
         log_path: Path | None = None,
+        health_timeout_s: float = 300.0,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.host = host
+        self.name = name
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        self.args = [sys.executable, "-m", "eagle3.serve", "--host", host, "--port", str(self.port)]
-        if model_path is not None:
-            self.args += ["--model", str(model_path)]
-        self.args += list(extra_args)
-        self.startup_timeout_s = startup_timeout_s
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="eagle3-serve-", suffix=".log")[1])
+        self.argv = [*argv, "--host", host, "--port", str(self.port)]
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="eagle3-server-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        self.log_path = Path(log_path)
+        self.health_timeout_s = health_timeout_s
         self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> ReferenceServer:
+    def __enter__(self) -> ServerProcess:
         self.start()
         return self
 
@@ -73,41 +84,83 @@ class ReferenceServer:
         self.stop()
 
     def start(self) -> None:
-        logger.info("starting reference server: %s (log %s)", " ".join(self.args), self.log_path)
+        """Start the process and return once ``/health`` answers; stop it and raise ``LaunchError`` otherwise."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("starting %s: %s (log %s)", self.name, " ".join(self.argv), self.log_path)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=die_with_parent
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                env=self.env,
             )
-        deadline = time.monotonic() + self.startup_timeout_s
         try:
-            while not is_healthy(self.url):
-                if self.proc.poll() is not None:
-                    raise ServerStartError(
-                        f"reference server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}"
-                    )
-                if time.monotonic() > deadline:
-                    raise ServerStartError(
-                        f"reference server not healthy after {self.startup_timeout_s:.0f}s:\n{self.log_tail()}"
-                    )
-                time.sleep(0.2)
+            self._wait_healthy(self._proc)
         except BaseException:
             self.stop()
             raise
-        logger.info("reference server healthy at %s", self.url)
+        logger.info("%s healthy at %s", self.name, self.url)
 
-    def log_tail(self, chars: int = 4000) -> str:
+    def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.health_timeout_s
+        while not is_healthy(self.url):
+            if proc.poll() is not None:
+                raise LaunchError(
+                    f"{self.name} exited with code {proc.returncode} before it was healthy; "
+                    f"fix the error in its log {self.log_path}:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"{self.name} not healthy after {self.health_timeout_s:.0f}s at {self.url}/health; "
+                    f"raise the timeout or read its log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 40) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "<no log>"
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Block until the server exits on its own; its exit code."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self._proc.wait(timeout=timeout_s)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("reference server did not stop on SIGTERM in %.0fs; killing it", grace_s)
-            self.proc.kill()
-            self.proc.wait()
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                logger.warning("%s ignored %s in %.0fs, escalating", self.name, sig.name, wait_s)
+
+
+def reference_server(
+    model_path: str | Path | None,
+    *,
+    extra_args: Sequence[str] = (),
+    log_path: Path | None = None,
+    health_timeout_s: float = 300.0,
+) -> ServerProcess:
+    """The project's reference server (``python -m eagle3.serve`` in this interpreter) on a free local port.
+
+    ``model_path`` None is for ``--synthetic-tokens`` (no model) in ``extra_args``.
+    """
+    argv = [sys.executable, "-m", "eagle3.serve"]
+    if model_path is not None:
+        argv += ["--model", str(model_path)]
+    return ServerProcess(
+        [*argv, *extra_args], name="reference server", log_path=log_path, health_timeout_s=health_timeout_s
+    )

@@ -1,7 +1,7 @@
 """Speculative engine of the reference server: ``--speculative-algorithm EAGLE3|EAGLE`` with a draft attached.
 
 It implements the scheduler's ``Engine`` protocol (``admit``/``step``/``num_running``/``reset``) on top of
-``eagle3.bench.specdec.SpeculativeDecoder`` (real greedy chain speculative decoding: the output is the target's
+``eagle3.serve.specdec.SpeculativeDecoder`` (real greedy chain speculative decoding: the output is the target's
 greedy decoding, ``verify_ct`` is the true number of target verify passes).
 
 Design choices:
@@ -99,7 +99,7 @@ def build_speculative_engine(
     model: Any, tokenizer: Any, args: argparse.Namespace, *, context_length: int
 ) -> SpeculativeEngine:
     """The engine ``ModelBackend`` uses when ``--speculative-algorithm`` is given."""
-    from eagle3.bench.specdec import SpeculativeDecoder
+    from eagle3.serve.specdec import SpeculativeDecoder
 
     aux_mode = check_speculative_args(args)
     steps = args.speculative_num_steps or DEFAULT_NUM_STEPS

@@ -65,7 +65,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.data.catalog", "CatalogError", EXIT_USAGE),  # an unknown dataset adapter in the config's sources
     ("eagle3.regen.plan", "RegenInputError", EXIT_USAGE),
     ("eagle3.data.hub", "HubError", EXIT_FAILED),
-    ("eagle3.bench.launch", "LaunchError", EXIT_FAILED),
+    ("eagle3.serve.launch", "LaunchError", EXIT_FAILED),
 )
 
 

@@ -49,7 +49,8 @@ def launch_sglang(
     set_: list[str] | None = SetOption,
 ) -> None:
     """Print (or run) the launch command of one arm, generated from config for the pinned SGLang."""
-    from eagle3.bench.launch import LaunchError, ServerProcess, build_launch
+    from eagle3.bench.launch import build_launch
+    from eagle3.serve.launch import LaunchError
 
     cfg = resolve_config(recipe, config, set_)
     if arm == "eagle3" and draft is None:
@@ -64,7 +65,7 @@ def launch_sglang(
         return
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
     try:
-        with ServerProcess(command, health_timeout_s=1800.0 if flavour == "sglang" else 180.0) as server:
+        with command.server(health_timeout_s=1800.0 if flavour == "sglang" else 180.0) as server:
             console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
             code = server.wait()
     except LaunchError as exc:

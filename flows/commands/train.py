@@ -78,8 +78,9 @@ def evaluate(
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.bench.specdec import SpeculativeDecoder, evaluate_acceptance, load_prompt_file
+    from eagle3.bench.specdec import evaluate_acceptance, load_prompt_file
     from eagle3.model.export_format import validate_export
+    from eagle3.serve.specdec import SpeculativeDecoder
 
     problems = validate_export(draft)  # before loading the target: a broken export fails in a second
     if problems:

@@ -12,7 +12,7 @@ from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.runroot import FileEntry, Manifest, fingerprint
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(pref
     from flows.regen import regen_flow
 
     prompts = _prompts(tmp_path)
-    with ReferenceServer(None, extra_args=["--synthetic-tokens", "3", "--synthetic-delay", "0.01"]) as server:
+    with reference_server(None, extra_args=["--synthetic-tokens", "3", "--synthetic-delay", "0.01"]) as server:
         config = PipelineConfig(
             name="flow-test",
             root=str(tmp_path),

@@ -12,7 +12,7 @@ from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.layout import ShardsFailed, shard_name
 from eagle3.runroot import FileEntry, Manifest
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task, server_limit_names
 
 
@@ -62,7 +62,7 @@ def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
     build_model(tokenizer, num_layers=4, max_position_embeddings=128).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     prompts = _prompts(tmp_path)
-    with ReferenceServer(None, extra_args=["--synthetic-tokens", "2"]) as server:
+    with reference_server(None, extra_args=["--synthetic-tokens", "2"]) as server:
         config = PipelineConfig(
             name="t",
             root=str(tmp_path),

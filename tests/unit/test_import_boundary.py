@@ -11,15 +11,20 @@ REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"prefect", "prefect_ray", "typer", "tasks", "flows", "deployments"}
 
 
-def _imported_roots(path: Path) -> set[str]:
+def _imported_modules(path: Path) -> set[str]:
+    """Every absolute module a file imports, function-local imports included."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    roots = set()
+    modules = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
+            modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    return roots
+            modules.add(node.module)
+    return modules
+
+
+def _imported_roots(path: Path) -> set[str]:
+    return {module.split(".")[0] for module in _imported_modules(path)}
 
 
 def test_library_source_never_imports_prefect_or_upper_layers():

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import time
+import sys
 
 import pytest
 
 from eagle3.bench.launch import (
     SPECULATIVE_FLAGS,
-    LaunchCommand,
-    LaunchError,
-    ServerProcess,
     build_launch,
-    free_port,
     split_speculative,
     without_address,
 )
@@ -67,6 +62,14 @@ def test_port_zero_picks_a_free_port(bench_config):
     assert cmd.port > 0 and cmd.url.endswith(f":{cmd.port}")
 
 
+def test_the_launcher_runs_the_command_with_this_interpreter_and_its_address_last(bench_config, tmp_path):
+    cmd = build_launch(bench_config, "baseline", flavour="reference", port=31000)
+    server = cmd.server(log_path=tmp_path / "s.log")
+    assert server.argv[:3] == [sys.executable, "-m", "eagle3.serve"]
+    assert server.argv[3:] == [*without_address(cmd.server_args()), "--host", cmd.host, "--port", "31000"]
+    assert server.url == cmd.url
+
+
 def test_reference_flavour_parses_with_the_reference_server_parser(bench_config, tmp_path):
     from eagle3.serve.args import parse_args
 
@@ -100,40 +103,3 @@ def test_without_address_drops_host_and_port_only():
         "auto",
     ]
 
-
-def test_server_that_exits_before_healthy_raises_with_its_log(tmp_path):
-    code = "import sys; print('boom: bad flag'); sys.exit(3)"
-    cmd = LaunchCommand("baseline", "reference", ["python", "-c", code], "127.0.0.1", 1)
-    with pytest.raises(LaunchError, match=r"exited with code 3[\s\S]*boom: bad flag"):
-        ServerProcess(cmd, log_path=tmp_path / "server.log", health_timeout_s=30).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_server_is_stopped_with_its_process_group_on_exit(tmp_path):
-    pid_file = tmp_path / "child.pid"
-    code = (
-        "import http.server, subprocess, sys\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-        "class H(http.server.BaseHTTPRequestHandler):\n"
-        "    def do_GET(self):\n"
-        "        self.send_response(200); self.end_headers()\n"
-        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
-    )
-    port = free_port()
-    cmd = LaunchCommand("baseline", "reference", ["python", "-c", code, str(port)], "127.0.0.1", port)
-    with ServerProcess(cmd, log_path=tmp_path / "s.log", health_timeout_s=30) as server:
-        assert server.url == f"http://127.0.0.1:{port}"
-        child = int(pid_file.read_text())
-        assert _alive(child)
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child), "the server's child process outlived the server"

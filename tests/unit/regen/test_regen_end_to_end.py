@@ -17,12 +17,12 @@ from eagle3.regen.plan import regen_fingerprint
 from eagle3.regen.sample import round_trips
 from eagle3.regen.stage import run_regen
 from eagle3.runroot import Manifest
-from eagle3.serve.launch import ReferenceServer, is_healthy
+from eagle3.serve.launch import is_healthy, reference_server
 
 
 @pytest.fixture(scope="module")
 def server(regen_model_dir: Path):
-    with ReferenceServer(regen_model_dir, extra_args=["--num-threads", "1", "--max-running-requests", "8"]) as srv:
+    with reference_server(regen_model_dir, extra_args=["--num-threads", "1", "--max-running-requests", "8"]) as srv:
         yield srv
 
 

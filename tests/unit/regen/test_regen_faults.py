@@ -11,7 +11,7 @@ from eagle3.procs import free_port
 from eagle3.regen.journal import read_journal
 from eagle3.regen.stage import run_regen
 from eagle3.runroot import Manifest
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 
 SYNTH = ["--synthetic-tokens", "4", "--synthetic-delay", "0.01"]
 
@@ -28,7 +28,7 @@ def test_two_servers_one_down_one_failing_completes_with_nothing_lost(tmp_path, 
     shards = [[regen_helpers.chat(f"{s}-{i}", f"question {s} {i}") for i in range(15)] for s in range(2)]
     prompts = regen_helpers.write_prompts(tmp_path, shards)
     dead = f"http://127.0.0.1:{free_port()}"
-    with ReferenceServer(None, extra_args=[*SYNTH, "--fault-fail-rate", "0.2", "--fault-seed", "1"]) as flaky:
+    with reference_server(None, extra_args=[*SYNTH, "--fault-fail-rate", "0.2", "--fault-seed", "1"]) as flaky:
         config = regen_helpers.config(
             tmp_path, regen_model_dir, [dead, flaky.url], max_retries=8, eject_after_failures=2, readmit_after_s=0.5
         )
@@ -45,7 +45,7 @@ def test_two_servers_one_down_one_failing_completes_with_nothing_lost(tmp_path, 
 def test_injected_400s_end_as_failed_samples_with_the_server_message(tmp_path, regen_model_dir, regen_helpers):
     rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(12)]
     prompts = regen_helpers.write_prompts(tmp_path, [rows])
-    with ReferenceServer(None, extra_args=[*SYNTH, "--fault-bad-request-every", "4"]) as server:
+    with reference_server(None, extra_args=[*SYNTH, "--fault-bad-request-every", "4"]) as server:
         summary = run_regen(regen_helpers.config(tmp_path, regen_model_dir, [server.url]), prompts_dir=prompts)
     out = Path(summary["regen_dir"])
     failed = pq.read_table(out / "failed-00000.parquet").to_pylist()
@@ -60,7 +60,7 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     shards.append([regen_helpers.chat(f"b{i}", f"second {i}") for i in range(10)])
     prompts = regen_helpers.write_prompts(tmp_path, shards)
     regen = {"max_retries": 2, "concurrency_per_server": 2, "shards_in_flight": 1}  # shard 0 ends before the crash
-    with ReferenceServer(None, extra_args=[*SYNTH, "--fault-crash-after", "6"]) as doomed:
+    with reference_server(None, extra_args=[*SYNTH, "--fault-crash-after", "6"]) as doomed:
         config = regen_helpers.config(tmp_path, regen_model_dir, [doomed.url], **regen)
         summary = run_regen(config, prompts_dir=prompts)
     out = Path(summary["regen_dir"])
@@ -70,7 +70,7 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     assert sorted(_ids(out)) == [f"a{i}" for i in range(4)]
     journaled = len(read_journal(out / "shard-00001.journal.jsonl"))
     assert journaled >= 1  # what succeeded before the crash is kept
-    with ReferenceServer(None, extra_args=SYNTH) as healthy:
+    with reference_server(None, extra_args=SYNTH) as healthy:
         config = regen_helpers.config(tmp_path, regen_model_dir, [healthy.url], **regen)
         summary = run_regen(config, prompts_dir=prompts, shard_ids=[1])
     assert summary["done"] and summary["failed_shards"] == []

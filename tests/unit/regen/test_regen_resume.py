@@ -15,7 +15,7 @@ from eagle3.layout import stage_dir
 from eagle3.regen.journal import read_journal
 from eagle3.regen.plan import regen_fingerprint
 from eagle3.runroot import Manifest
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 
 N = 60
 CONCURRENCY = 4
@@ -28,7 +28,7 @@ def test_resume_after_kill_redoes_only_inflight_requests(tmp_path, regen_model_d
     prompts = regen_helpers.write_prompts(
         tmp_path, [[regen_helpers.chat(f"s{i:02d}", f"question {i}") for i in range(N)]]
     )
-    with ReferenceServer(regen_model_dir, extra_args=extra) as server:
+    with reference_server(regen_model_dir, extra_args=extra) as server:
         config = regen_helpers.config(tmp_path, regen_model_dir, [server.url], concurrency_per_server=CONCURRENCY)
         config_path = tmp_path / "config.yaml"
         config_path.write_text(config.to_yaml())

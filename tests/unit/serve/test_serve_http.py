@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 
 from eagle3.serve.args import parse_args, server_info
-from eagle3.serve.launch import ReferenceServer
+from eagle3.serve.launch import reference_server
 
 SERVER_ARGS = ["--num-threads", "1", "--max-running-requests", "8", "--context-length", "256"]
 
 
 @pytest.fixture(scope="module")
 def server(serve_model_dir: Path):
-    with ReferenceServer(serve_model_dir, extra_args=SERVER_ARGS) as srv:
+    with reference_server(serve_model_dir, extra_args=SERVER_ARGS) as srv:
         yield srv
 
 
@@ -151,7 +151,7 @@ def test_synthetic_mode_faults_and_queue_cap():
         "--max-queued-requests",
         "2",
     ]
-    with ReferenceServer(None, extra_args=extra) as srv:
+    with reference_server(None, extra_args=extra) as srv:
         assert _get(f"{srv.url}/get_model_info")["synthetic"] is True
         replies = _run_posts(f"{srv.url}/generate", [{"input_ids": [5, 6]}] * 6)
     statuses = sorted(s for s, _ in replies)
@@ -162,8 +162,7 @@ def test_synthetic_mode_faults_and_queue_cap():
 
 
 def test_crash_after_exits_the_process():
-    with ReferenceServer(None, extra_args=["--synthetic-tokens", "2", "--fault-crash-after", "2"]) as srv:
+    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--fault-crash-after", "2"]) as srv:
         _run_posts(f"{srv.url}/generate", [{"input_ids": [5]}])
         _run_posts(f"{srv.url}/generate", [{"input_ids": [5]}])
-        assert srv.proc is not None
-        assert srv.proc.wait(timeout=20) == 70
+        assert srv.wait(timeout_s=20) == 70

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from eagle3.bench.specdec import SpeculativeDecoder
 from eagle3.config import with_overrides
 from eagle3.dev.distil import greedy_answers
+from eagle3.serve.specdec import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
