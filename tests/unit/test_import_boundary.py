@@ -54,20 +54,46 @@ def test_importing_the_library_does_not_load_prefect():
 
 
 
-def _imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    modules = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    return modules | {node.module for node in ast.walk(tree)
-                      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+
+# The library's packages, lowest first: a package imports only packages of earlier rows (never a sibling or a row
+# above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
+# placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
+    {"config", "procs"},
+    {"runroot"},
+    {"layout"},
+    {"data", "model", "scaling"},  # model: the draft architecture, the export format, the vocab mapping type
+    {"serve"},  # the reference server and the one server launcher
+    {"regen", "capture"},
+    {"train"},  # training, the vocab and export writers
+    {"bench"},  # the gate: launches servers, measures, decides
+    {"dev"},  # the tiny world
+    {"recipes", "lineage"},  # configs by name; which stage directory a config names
+))  # fmt: skip
 
 
-def test_model_package_is_architecture_only():
-    """``eagle3/model`` (draft head, export format, vocab type) imports no stage code, not even inside functions."""
-    allowed = {"eagle3.config", "eagle3.runroot", "eagle3.layout"}
-    offenders = {
-        str(p.relative_to(REPO)): upward
-        for p in sorted((REPO / "eagle3" / "model").rglob("*.py"))
-        if (upward := sorted(m for m in _imported_modules(p) if m.startswith("eagle3.")
-                             and m not in allowed and not m.startswith("eagle3.model.")))
-    }
-    assert offenders == {}
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "eagle3" and len(parts) > 1 else None
+
+
+def test_every_library_package_has_a_layer():
+    placed = set().union(*LAYERS)
+    found = {p.stem if p.is_file() else p.name for p in (REPO / "eagle3").iterdir()
+             if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.name != "__init__.py"}  # fmt: skip
+    assert found - placed == set(), "place each new package in LAYERS"
+    assert placed - found == set(), "LAYERS names packages that no longer exist"
+
+
+def test_library_packages_import_only_lower_layers():
+    rank = {name: i for i, row in enumerate(LAYERS) for name in row}
+    offenders = []
+    for path in sorted((REPO / "eagle3").rglob("*.py")):
+        own = _package("eagle3." + ".".join(path.relative_to(REPO / "eagle3").with_suffix("").parts))
+        if path.name == "__main__.py" or own is None:
+            continue
+        for module in sorted(_imported_modules(path)):
+            other = _package(module)
+            if other is not None and other != own and rank[other] >= rank[own]:
+                offenders.append(f"{path.relative_to(REPO)} imports {module} ({own} is not above {other})")
+    assert offenders == []
