@@ -15,8 +15,9 @@ Design choices:
 * ``data-scaling`` has ``concurrency_limit=1`` with the ENQUEUE strategy: a night that runs long makes the next
   one wait, never overlap on the same run root. ``regen`` is limited to one run too (re-triggers of shard subsets
   queue behind each other).
-* ``regen`` and ``gate`` take the config resolved here, at deploy time, as a plain dict parameter (what their
-  flows accept); ``data-scaling`` takes the recipe name and overrides, resolved on the worker each night.
+* Every deployment stores the recipe (a name or a YAML path) and the overrides, never a resolved config: the
+  worker resolves them at run time (``eagle3.recipes.ConfigRef``), so no absolute run root or stale config is
+  frozen at apply time; re-run ``apply`` only to change the recipe, overrides, schedule or pools.
 * Work pools ``cpu`` and ``gpu`` (type ``process``), the zombie-run automation and one global concurrency limit
   per configured regen server (1 slot: one shard at a time per server across the nightly run and re-triggers, so
   ``regen.concurrency_per_server`` is the server's real in-flight bound) are created if missing, so ``apply`` is
@@ -67,12 +68,6 @@ class DeploySpec:
         return self.name or self.recipe
 
 
-def _resolved_config(spec: DeploySpec) -> dict[str, Any]:
-    from eagle3.recipes import load_recipe
-
-    return load_recipe(spec.recipe, spec.overrides).model_dump(mode="json")
-
-
 def build_deployments(spec: DeploySpec, *, with_pools: bool = True) -> list[RunnerDeployment]:
     """The three deployments; ``with_pools=False`` for ``serve`` (the serving process runs them itself)."""
     from flows.gate import gate_flow
@@ -84,7 +79,7 @@ def build_deployments(spec: DeploySpec, *, with_pools: bool = True) -> list[Runn
 
     one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
     name = spec.deployment_name
-    config = _resolved_config(spec)
+    config = {"recipe": spec.recipe, "overrides": spec.overrides}  # a ConfigRef: resolved on the worker per run
     return [
         data_scaling.to_deployment(
             name,
@@ -146,7 +141,9 @@ def ensure_server_limits(servers: Sequence[str]) -> list[str]:
 def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]:
     """Register the deployments on the server (pools, limits and automation first); returns ``{flow/name: id}``."""
     ensure_work_pools([spec.cpu_pool, spec.gpu_pool])
-    ensure_server_limits(_resolved_config(spec)["regen"]["servers"])
+    from eagle3.recipes import resolve
+
+    ensure_server_limits(resolve(spec.recipe, spec.overrides).regen.servers)
     if zombie_automation:
         ensure_zombie_automation()
     ids = {}

@@ -13,8 +13,10 @@ one features directory), so they are computed from that directory, found first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from eagle3.capture.run import features_fingerprint
 from eagle3.config import PipelineConfig
@@ -64,6 +66,17 @@ class Lineage:
         fp = {"normalize": lambda: self.prompts_fp, "regen": lambda: self.regen_fp,
               "capture": lambda: self.features_fp}[stage]()  # fmt: skip
         return stage_dir(self.config.root_path, stage, fp)
+
+    def resolve_inputs(self, wanted: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, Any]:
+        """A stage's plan inputs: each ``wanted`` parameter (-> its upstream stage) is the given path or else the
+        directory this config names (``input``); other given values pass through. Resolved in order, so a vocab
+        follows the features directory resolved before it."""
+        out = dict(given)
+        for param, upstream in wanted.items():
+            explicit = given.get(param)
+            out[param] = self.input(upstream, Path(explicit) if explicit else None,
+                                    features_dir=out.get("features_dir"))  # fmt: skip
+        return out
 
     def input(self, stage: str, explicit: Path | None = None, *, features_dir: Path | None = None) -> Path:
         """The directory of ``stage`` that a downstream command reads (the input rule of ``eagle3.layout``).

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.config import (
     ConfigError,
@@ -207,3 +208,19 @@ def resolve(recipe_or_path: str | Path, overrides: list[str] | None = None) -> P
         return load_yaml(path, overrides)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+
+
+class ConfigRef(BaseModel):
+    """A config by reference (a recipe name or a YAML path, plus overrides), resolved where it is used.
+
+    Deployments store this, not a resolved config: a worker resolves it at run time, so an upgrade, a changed
+    ``EAGLE3_HOME`` or an edited YAML file takes effect on the next run, and no absolute run root is frozen into
+    the deployment at apply time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    recipe: str = "tiny"
+    overrides: list[str] = Field(default_factory=list)
+
+    def resolve(self) -> PipelineConfig:
+        return resolve(self.recipe, self.overrides)

@@ -1,38 +1,32 @@
-"""Capture flows: regen shards -> feature shards (one task per shard), then the draft vocab (DESIGN §7).
+"""The capture and vocab flows: regen shards -> feature shards (one task per shard), then the draft vocab.
 
-The flow only wires tasks: plan, submit every ready shard, follow them to completion (a progress artifact counts
-shards and tokens), finalize (a table artifact shows each shard's state; the manifest when none failed). A failed
-shard does not stop the others; the stage then fails with the re-trigger command (``eagle3.layout.ShardsFailed``).
-The task runner and Ray placement come from the caller (``flows.runners``), as in the pipeline.
+Both are the one stage wiring (``flows.stage.run_stage``) over their library stage: plan, units, finalize. A capture
+shard task asks Ray for one GPU when ``capture.device`` is CUDA (``flows.runners``) and carries the ``capture`` tag
+for Prefect concurrency limits (``prefect concurrency-limit create capture <n GPUs>``); on the thread runner the
+shard tasks of one process share one loaded model. A failed shard does not stop the others; the stage then fails
+with the re-trigger command.
 """
 
 from __future__ import annotations
 
 from prefect import flow
 
+from eagle3.capture.stage import CaptureStage
 from eagle3.config import PipelineConfig
-from tasks.capture import capture_shard_task, finalize_features_task, plan_capture_task, vocab_task
-from tasks.common import Progress, artifact_key, gather_shards
+from eagle3.layout import VOCAB_FILE
+from eagle3.train.vocab import VocabStage
+from flows.stage import run_stage
 
 
 @flow(name="capture", log_prints=False)
-def capture_flow(
-    config: PipelineConfig, shard_ids: list[int] | None = None, regen_dir: str | None = None
-) -> str:
-    """Capture hidden states for the ready regen shards; returns the features directory."""
-    plan = plan_capture_task(config, regen_dir, shard_ids)
-    progress = Progress(artifact_key("capture", plan["fingerprint"]), total=len(plan["shards"]), unit="shards",
-                        every_s=plan["progress_every_s"])
-    futures = {
-        capture_shard_task.submit(config, path, plan["features_dir"], plan["fingerprint"], int(index)): int(index)
-        for index, path in sorted(plan["shards"].items())
-    }
-    results, failed = gather_shards(futures, lambda done, failed: progress.update(
-        len(done) + len(failed), tokens=sum(r.get("tokens", 0) for r in done)))  # fmt: skip
-    return finalize_features_task(config, plan, results, failed)
+def capture_flow(config: PipelineConfig, shard_ids: list[int] | None = None, regen_dir: str | None = None) -> str:
+    """Capture hidden states for the ready shards of ``regen_dir`` (default: the regen stage this config names);
+    returns the features directory."""
+    return str(run_stage(CaptureStage(), config, regen_dir=regen_dir, shard_ids=shard_ids).out_dir)
 
 
 @flow(name="vocab", log_prints=False)
-def vocab_flow(config: PipelineConfig, features_dir: str) -> str:
-    """Build the draft vocab from a features stage; returns the vocab.safetensors path."""
-    return vocab_task(config, features_dir)
+def vocab_flow(config: PipelineConfig, features_dir: str | None = None) -> str:
+    """Build the draft vocab of ``features_dir`` (default: the features stage this config names); returns the
+    vocab.safetensors path."""
+    return str(run_stage(VocabStage(), config, features_dir=features_dir).out_dir / VOCAB_FILE)

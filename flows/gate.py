@@ -7,12 +7,14 @@ from typing import Any
 from prefect import flow
 
 from eagle3.config import PipelineConfig
+from eagle3.recipes import ConfigRef
+from tasks.common import resolve_config_task
 from tasks.gate import gate_task
 
 
 @flow(name="gate", log_prints=False)
 def gate_flow(
-    config: PipelineConfig,
+    config: PipelineConfig | ConfigRef,
     drafts: list[str],
     baseline_url: str | None = None,
     spec_url: str | None = None,
@@ -22,9 +24,10 @@ def gate_flow(
     promote: bool = True,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Run the benchmark gate; the Markdown report is a Prefect artifact (key ``gate-report``)."""
+    """Run the benchmark gate; the Markdown report is a Prefect artifact (key ``gate-report``). ``config`` is a
+    resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker."""
     return gate_task(
-        config,
+        resolve_config_task(config),
         drafts,
         baseline_url=baseline_url,
         spec_url=spec_url,

@@ -21,6 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
+from eagle3.recipes import ConfigRef
 from flows.capture import capture_flow, vocab_flow
 from flows.discover import discover_flow
 from flows.gate import gate_flow
@@ -28,11 +29,11 @@ from flows.normalize import normalize_flow
 from flows.regen import regen_flow
 from flows.runners import build_task_runner, shard_placement
 from flows.train import train_flow
+from tasks.common import resolve_config_task
 from tasks.pipeline import (
     plan_night_task,
     publish_summary_task,
     record_scaling_point_task,
-    resolve_config_task,
     tiny_world_task,
 )
 
@@ -49,7 +50,7 @@ def data_scaling(
 
     ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
     """
-    config = resolve_config_task(recipe, overrides or [])
+    config = resolve_config_task(ConfigRef(recipe=recipe, overrides=overrides or []))
     runner = build_task_runner(config.orchestration)
     tiny_world_task(config)
     catalog = discover_flow(config)

@@ -15,16 +15,20 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config import PipelineConfig
+from eagle3.recipes import ConfigRef
 from eagle3.regen.stage import regen_servers
-from tasks.common import gather_shards
+from tasks.common import gather_shards, resolve_config_task
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task
 
 
 @flow(name="regen", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
 def regen_flow(
-    config: PipelineConfig, shard_ids: list[int] | None = None, prompts_dir: str | None = None
+    config: PipelineConfig | ConfigRef, shard_ids: list[int] | None = None, prompts_dir: str | None = None
 ) -> dict[str, Any]:
-    """Regenerate the prompts stage's conversations with the target; returns the stage summary."""
+    """Regenerate the prompts stage's conversations with the target; returns the stage summary. ``config`` is a
+    resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker; ``prompts_dir`` defaults to the
+    prompts stage that config names."""
+    config = resolve_config_task(config)
     planned = plan_regen_task(config, prompts_dir, shard_ids)
     plan = planned["plan"]
     with regen_servers(config, log_dir=Path(plan["regen_dir"])) as servers:

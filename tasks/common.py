@@ -14,14 +14,19 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from prefect.futures import PrefectFuture, as_completed
+
+from eagle3.config import PipelineConfig
+from eagle3.recipes import ConfigRef
 
 
 def artifact_key(*parts: str) -> str:
@@ -118,3 +123,13 @@ def gather_shards(
         if on_done is not None:
             on_done(results, failed)
     return results, sorted(failed)
+
+
+@task(name="resolve-config", cache_policy=NO_CACHE)
+def resolve_config_task(config: PipelineConfig | ConfigRef) -> PipelineConfig:
+    """The validated config of a run: a ``ConfigRef`` (what deployments store: a recipe name or a YAML path plus
+    ``a.b=value`` overrides) is resolved here, on the worker, at run time; a resolved config passes through.
+    Resolved once per run: every task and subflow takes the result as is."""
+    resolved = config.resolve() if isinstance(config, ConfigRef) else config
+    get_run_logger().info("config %s, run root %s", resolved.name, resolved.root_path)
+    return resolved

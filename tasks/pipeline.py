@@ -1,4 +1,4 @@
-"""Prefect tasks of the data-scaling pipeline: resolve the config, make sure the tiny world exists, plan tonight's
+"""Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, plan tonight's
 shards, extend the scaling curve, publish the night's summary.
 
 Thin wrappers over ``eagle3.scaling``, the config loader and the tiny-world builder. No Prefect result cache on any
@@ -15,7 +15,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.recipes import eagle3_home, resolve
+from eagle3.recipes import eagle3_home
 from eagle3.runroot import Manifest
 from eagle3.scaling import (
     ScalingPoint,
@@ -30,15 +30,6 @@ from eagle3.scaling import (
     shard_rows,
 )
 from tasks.common import publish_markdown, publish_table
-
-
-@task(name="resolve-config", cache_policy=NO_CACHE)
-def resolve_config_task(recipe: str, overrides: list[str] | None = None) -> PipelineConfig:
-    """A recipe name, or a path to a YAML config, plus ``a.b=value`` overrides -> the validated config (resolved
-    once per run; every task and subflow takes it as is)."""
-    config = resolve(recipe, overrides)
-    get_run_logger().info("config %s, run root %s", config.name, config.root_path)
-    return config
 
 
 @task(name="tiny-world", cache_policy=NO_CACHE)

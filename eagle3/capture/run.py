@@ -351,13 +351,13 @@ def shared_backend(config: PipelineConfig) -> CaptureBackend:
         return _BACKENDS[key]
 
 
-def finalize_features(config: PipelineConfig, out_dir: Path, shard_results: Sequence[dict[str, Any]]) -> Path:
+def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int]) -> Path:
     """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine file.
 
-    ``shard_results`` are this run's shards (each must be finished); shards finished by earlier runs into the same
+    ``shard_ids`` are this run's shards (each must be finished); shards finished by earlier runs into the same
     directory (earlier nights) are listed too, so the manifest always describes everything captured so far."""
     out_dir = Path(out_dir)
-    indices = {int(r["shard_index"]) for r in shard_results}
+    indices = set(shard_ids)
     indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}
     files, rows, quarantined, tokens = [], 0, 0, 0
     for index in sorted(indices):

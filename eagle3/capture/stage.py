@@ -1,64 +1,107 @@
-"""The capture stage's plan: which regen stage feeds it, which of its shards are ready, where features go.
+"""The capture stage (the stage contract of ``eagle3.stage``): regen shards -> feature shards, one unit per shard.
 
-The caller names the regen stage (``eagle3.lineage`` finds the one the config names).
-A regen shard is ready when its final ``shard-NNNNN.parquet`` validates; shards not ready (still running, or failed
-and listed for re-trigger) are reported as ``missing`` and skipped, so a night's capture takes what regen finished.
-The features directory is ``<root>/features/<features_fingerprint(config, regen_fp)>``: one per regen stage, so a
-nightly run over a grown prompt set adds shards to it instead of recapturing old ones.
+The caller names the regen stage (``eagle3.lineage`` finds the one the config names). A regen shard is ready when
+its final ``shard-NNNNN.parquet`` validates; shards not ready (still running, or failed and listed for re-trigger)
+are reported as ``missing`` and skipped, so a night's capture takes what regen finished. The features directory is
+``<root>/features/<features_fingerprint(config, regen_fp)>``: one per regen stage, so a nightly run over a grown
+prompt set adds shards to it instead of recapturing old ones.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from eagle3.capture.run import REGEN_INPUT_SCHEMA, features_fingerprint, shard_index_of
+from eagle3.capture.run import (
+    REGEN_INPUT_SCHEMA,
+    capture_shard,
+    features_fingerprint,
+    finalize_features,
+    output_paths,
+    shard_index_of,
+)
 from eagle3.config import PipelineConfig
-from eagle3.data.parquet import shard_is_valid
-from eagle3.layout import SHARD_GLOB, stage_dir
+from eagle3.data.parquet import ShardError, open_shard, shard_is_valid
+from eagle3.layout import SHARD_GLOB, stage_dir, write_failed_shards
+from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)
 
 
-def plan_capture(config: PipelineConfig, *, regen_dir: Path, shard_ids: list[int] | None = None) -> dict[str, Any]:
-    """A plain-dict plan: ``regen_dir, fingerprint, features_dir, shards {index: regen shard path}, missing``."""
-    regen = Path(regen_dir)
-    present = {shard_index_of(p): p for p in sorted(regen.glob(SHARD_GLOB))}
-    wanted = sorted(set(shard_ids)) if shard_ids is not None else sorted(present)
-    ready = {i: str(present[i]) for i in wanted if i in present and shard_is_valid(present[i],
-                                                                                  schema=REGEN_INPUT_SCHEMA)}
-    missing = [i for i in wanted if i not in ready]
-    if missing:
-        logger.warning("regen shards %s are not finished in %s; capturing the %d that are", missing, regen, len(ready))
-    fp = features_fingerprint(config, regen.name)
-    return {
-        "regen_dir": str(regen),
-        "fingerprint": fp,
-        "features_dir": str(stage_dir(config.root_path, "capture", fp)),
-        "shards": ready,
-        "missing": missing,
-    }
+class CapturePlan(Plan):
+    regen_dir: Path
+    shards: dict[int, Path]  # ready shard index -> its regen shard
+    missing: tuple[int, ...] = ()  # asked for, but not finished in the regen stage
 
 
-def capture_progress(plan: dict[str, Any]) -> tuple[int, int]:
-    """(samples done, samples total) of a plan, read from files on disk (safe to call from another process).
+class CaptureStage(Stage[CapturePlan]):
+    name = "capture"
+    unit_name = "shard"
+    inputs: ClassVar[dict[str, str]] = {"regen_dir": "regen"}
 
-    A finished shard counts all its regen rows; a running one the rows of its finished part files."""
-    from eagle3.capture.run import output_paths
-    from eagle3.data.parquet import ShardError, open_shard
+    def plan(self, config: PipelineConfig, *, regen_dir: Path, shard_ids: Sequence[int] | None = None) -> CapturePlan:
+        regen = Path(regen_dir)
+        present = {shard_index_of(p): p for p in sorted(regen.glob(SHARD_GLOB))}
+        wanted = sorted(set(shard_ids)) if shard_ids is not None else sorted(present)
+        ready = {i: present[i] for i in wanted if i in present and shard_is_valid(present[i],
+                                                                                   schema=REGEN_INPUT_SCHEMA)}
+        missing = tuple(i for i in wanted if i not in ready)
+        if missing:
+            logger.warning("regen shards %s are not finished in %s; capturing the %d that are", missing, regen,
+                           len(ready))
+        fp = features_fingerprint(config, regen.name)
+        return CapturePlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "capture", fp),
+                           units=tuple(ready), regen_dir=regen, shards=ready, missing=missing)  # fmt: skip
 
-    out_dir, done, total = Path(plan["features_dir"]), 0, 0
-    for index, regen_shard in plan["shards"].items():
-        rows = open_shard(Path(regen_shard)).metadata.num_rows
-        total += rows
-        shard, _, parts = output_paths(out_dir, int(index))
-        if shard.exists():
-            done += rows
-            continue
-        for part in parts.glob("*.part-*.parquet") if parts.exists() else []:
-            try:
-                done += open_shard(part).metadata.num_rows
-            except (ShardError, FileNotFoundError):
-                continue  # removed by the merge between listing and opening
-    return done, total
+    def run_unit(
+        self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        report = None if on_progress is None else (lambda done, _total, tokens: on_progress(done, tokens))
+        result = capture_shard(config, plan.shards[int(unit)], plan.out_dir, progress=report)
+        return UnitReport(unit=unit, skipped=result["skipped"], rows=result["rows"], tokens=result.get("tokens", 0),
+                          detail={"quarantined": result["quarantined"]})  # fmt: skip
+
+    def unit_output(self, plan: CapturePlan, unit: Unit) -> Path:
+        return output_paths(plan.out_dir, int(unit))[0]
+
+    def progress(self, plan: CapturePlan) -> Progress:
+        """Samples done / planned, from files on disk (safe from another process): a finished shard counts all its
+        regen rows, a running one the rows of its finished part files."""
+        done = total = 0
+        for index, regen_shard in plan.shards.items():
+            rows = open_shard(regen_shard).metadata.num_rows
+            total += rows
+            shard, _, parts = output_paths(plan.out_dir, index)
+            if shard.exists():
+                done += rows
+                continue
+            for part in parts.glob("*.part-*.parquet") if parts.exists() else []:
+                try:
+                    done += open_shard(part).metadata.num_rows
+                except (ShardError, FileNotFoundError):
+                    continue  # removed by the merge between listing and opening
+        return Progress(done=done, total=total)
+
+    def retrigger(self, plan: CapturePlan, failed: Sequence[Unit]) -> str:
+        return f"eagle3 capture --regen-dir {plan.regen_dir} " + " ".join(f"--shard {u}" for u in failed)
+
+    def finalize(
+        self, config: PipelineConfig, plan: CapturePlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        table = [{"shard": r.unit, "rows": r.rows, "quarantined": r.detail.get("quarantined", 0),
+                  "state": "skipped (done)" if r.skipped else "captured"} for r in reports]
+        table += [{"shard": u, "rows": 0, "quarantined": 0, "state": "failed"} for u in failed]
+        fields: dict[str, Any] = {
+            "summary": {"shards": len(reports), "missing": list(plan.missing)},
+            "table": sorted(table, key=lambda r: r["shard"]),
+            "markdown": f"# capture {plan.fingerprint}\n\n- features: `{plan.out_dir}`\n- shards captured: "
+            f"{len(reports)}, failed: {list(failed) or 'none'}, not ready in regen: {list(plan.missing) or 'none'}\n",
+        }
+        if failed:
+            return self.failed_result(plan, failed, **fields)
+        write_failed_shards(plan.out_dir, [])
+        logger.info("features manifest %s", finalize_features(config, plan.out_dir, [int(r.unit) for r in reports]))
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True, **fields)

@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ from eagle3.model.export_format import vocab_maps
 from eagle3.model.vocab import DraftVocab, save_vocab
 from eagle3.runroot import FileEntry, Manifest, fingerprint
 from eagle3.scaling import feature_set_fingerprint
+from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)
 
@@ -121,3 +123,41 @@ def build_vocab_stage(config: PipelineConfig, features_dir: Path) -> Path:
              stats=stats).write(out_dir)
     logger.info("draft vocab: %d ids, coverage %.4f of loss tokens", vocab.draft_vocab_size, stats["coverage"])
     return path
+
+
+class VocabPlan(Plan):
+    features_dir: Path
+
+
+class VocabStage(Stage[VocabPlan]):
+    """The vocab stage as one unit (``eagle3.stage``): the draft vocab of a finished features stage."""
+
+    name = "vocab"
+    inputs: ClassVar[dict[str, str]] = {"features_dir": "capture"}
+
+    def plan(self, config: PipelineConfig, *, features_dir: Path) -> VocabPlan:
+        # Keyed on the shards the manifest lists, not the directory: nightly runs add shards to one features dir.
+        fp = vocab_fingerprint(config, feature_set_fingerprint(features_dir))
+        return VocabPlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "vocab", fp),
+                         features_dir=Path(features_dir))  # fmt: skip
+
+    def run_unit(
+        self, config: PipelineConfig, plan: VocabPlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        skipped = Manifest.read(plan.out_dir) is not None
+        path = build_vocab_stage(config, plan.features_dir)
+        return UnitReport(unit=unit, skipped=skipped, rows=config.vocab.draft_vocab_size, detail={"path": str(path)})
+
+    def unit_output(self, plan: VocabPlan, unit: Unit) -> Path:
+        return plan.out_dir / VOCAB_FILE
+
+    def finalize(
+        self, config: PipelineConfig, plan: VocabPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        if failed:
+            return self.failed_result(plan, failed)
+        manifest = Manifest.read(plan.out_dir)
+        stats = manifest.stats if manifest is not None else {}
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
+                           summary={"vocab": str(plan.out_dir / VOCAB_FILE), **stats})  # fmt: skip

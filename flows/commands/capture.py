@@ -23,21 +23,22 @@ from flows.commands.common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from eagle3.model.vocab import DraftVocab
+    from eagle3.stage import Progress as StageProgress
 
 
-def _watch(plan: dict, stop: threading.Event) -> None:
+def _watch(progress: Callable[[], StageProgress], stop: threading.Event) -> None:
     """Poll the features directory and draw samples done / total until ``stop`` is set."""
-    from eagle3.capture.stage import capture_progress
-
     columns = (TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
                TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
-        done, total = capture_progress(plan)
-        task = bar.add_task("capture", total=total, completed=done)
+        first = progress()
+        task = bar.add_task("capture", total=first.total, completed=first.done)
         while not stop.wait(1.0):
-            bar.update(task, completed=capture_progress(plan)[0])
-        bar.update(task, completed=capture_progress(plan)[0])
+            bar.update(task, completed=progress().done)
+        bar.update(task, completed=progress().done)
 
 
 def register(app: typer.Typer) -> None:
@@ -50,21 +51,22 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
-        from eagle3.capture.stage import plan_capture
+        from eagle3.capture.stage import CaptureStage
         from eagle3.lineage import Lineage
         from flows.capture import capture_flow
         from flows.runners import build_task_runner, shard_placement
 
         cfg = resolve_config(recipe, config, set_)
-        plan = plan_capture(cfg, regen_dir=Lineage(cfg).input("regen", regen_dir), shard_ids=shard_ids or None)
-        console.print(f"regen {plan['regen_dir']} -> features {plan['features_dir']} ({len(plan['shards'])} shards)")
+        stage = CaptureStage()
+        plan = stage.plan(cfg, regen_dir=Lineage(cfg).input("regen", regen_dir), shard_ids=shard_ids or None)
+        console.print(f"regen {plan.regen_dir} -> features {plan.out_dir} ({len(plan.units)} shards)")
         stop = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(plan, stop), daemon=True)
+        watcher = threading.Thread(target=_watch, args=(lambda: stage.progress(plan), stop), daemon=True)
         watcher.start()
         try:
             with shard_placement(cfg, "capture"):
                 flow = capture_flow.with_options(task_runner=build_task_runner(cfg.orchestration))
-                state = flow(cfg, shard_ids=sorted(plan["shards"]), regen_dir=plan["regen_dir"], return_state=True)
+                state = flow(cfg, shard_ids=list(plan.units), regen_dir=str(plan.regen_dir), return_state=True)
         finally:
             stop.set()
             watcher.join()

@@ -9,21 +9,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eagle3.capture.run import capture_shard, finalize_features
-from eagle3.capture.stage import plan_capture
+from eagle3.capture.stage import CaptureStage
 from eagle3.config import with_overrides
 from eagle3.lineage import Lineage
 from eagle3.runroot import Manifest
+from eagle3.stage import run_stage
 
 OVERRIDES = ["vocab.draft_vocab_size=64"]
 
 
 def _capture(config, regen: Path) -> Path:
     """A finished features stage of ``config`` over ``regen``, built with the library."""
-    plan = plan_capture(config, regen_dir=regen)
-    out = Path(plan["features_dir"])
-    finalize_features(config, out, [capture_shard(config, Path(p), out) for p in plan["shards"].values()])
-    return out
+    return run_stage(CaptureStage(), config, regen_dir=regen).out_dir
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,11 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from eagle3.bench.report import Decision, GateReport, write_report
+from eagle3.recipes import ConfigRef
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.scaling import read_curve
-from tasks.pipeline import plan_night_task, record_scaling_point_task, resolve_config_task
+from tasks.common import resolve_config_task
+from tasks.pipeline import plan_night_task, record_scaling_point_task
 
 
 @pytest.fixture(autouse=True)
@@ -45,15 +47,15 @@ def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> dic
 
 
 def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
-    from_recipe = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
+    from_recipe = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=[f"root={tmp_path}"]))
     path = tmp_path / "cfg.yaml"
     path.write_text(from_recipe.to_yaml())
-    from_file = resolve_config_task.fn(str(path), ["train.lr=0.5"])
+    from_file = resolve_config_task.fn(ConfigRef(recipe=str(path), overrides=["train.lr=0.5"]))
     assert from_recipe.root == str(tmp_path) and from_file.train.lr == 0.5
 
 
 def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harness):
-    config = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
+    config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=[f"root={tmp_path}"]))
     prompts = _prompts(tmp_path, [10, 10, 10, 4])
     night1 = plan_night_task.fn(config, str(prompts), 15)
     assert night1["shard_ids"] == [0, 1] and night1["total_prompts"] == 20
@@ -73,7 +75,7 @@ def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harne
 
 
 def test_scaling_point_comes_from_the_gate_report_and_is_published(tmp_path, prefect_harness):
-    config = resolve_config_task.fn("kimi_k2_5", [f"root={tmp_path}"])
+    config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=[f"root={tmp_path}"]))
     for n, accept in enumerate((1.5, 1.9), start=1):
         out = record_scaling_point_task.fn(
             config,
@@ -102,6 +104,8 @@ def test_deployments_nightly_cron_with_timezone_one_at_a_time_and_regen_shard_id
     assert nightly.parameters == {"recipe": "kimi_k2_5", "overrides": [], "scale": 5000}
     assert nightly.entrypoint == "flows.pipeline.data_scaling" and nightly.work_pool_name == "gpu"
     assert by_flow["regen"].work_pool_name == "cpu" and "shard_ids" in by_flow["regen"].parameters
+    reference = {"recipe": "kimi_k2_5", "overrides": []}  # resolved on the worker at run time, no frozen run root
+    assert by_flow["regen"].parameters["config"] == reference and by_flow["gate"].parameters["config"] == reference
 
 
 def test_zombie_automation_crashes_runs_that_miss_heartbeats():

@@ -23,7 +23,7 @@ def train_stage_inputs(config, write_regen_stage) -> tuple[str, str]:
     regen = write_regen_stage(config.root_path / "regen" / "regenfp", shards=1, rows=8, seed=5)
     features = config.root_path / "features" / "featfp"
     result = capture_shard(config, regen / "shard-00000.parquet", features)
-    finalize_features(config, features, [result])
+    finalize_features(config, features, [result["shard_index"]])
     return str(features), str(build_vocab_stage(config, features))
 
 

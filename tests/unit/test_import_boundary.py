@@ -62,6 +62,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
     {"config", "procs"},
     {"runroot"},
     {"layout"},
+    {"stage"},  # the stage contract
     {"data", "model", "scaling"},  # model: the draft architecture, the export format, the vocab mapping type
     {"serve"},  # the reference server and the one server launcher
     {"regen", "capture"},

@@ -1,0 +1,166 @@
+"""The stage contract: every stage of the pipeline has one shape, so one set of Prefect tasks and one library runner
+drive them all (DESIGN §1, §3).
+
+::
+
+    plan(config, **inputs) -> Plan          what to do: fingerprint, output directory, units (quick; writes at most
+                                            plan.json); ``inputs`` names the upstream directories it takes: the
+                                            caller passes explicit paths or lets eagle3.lineage find the config's
+    resources(config, plan)                 a context for the units' length (regen: the servers); default: none
+    run_unit(config, plan, unit, env, on_progress) -> UnitReport
+                                            one unit (a shard, a source, or the stage's single unit); resumable:
+                                            a finished unit is skipped cheaply, an interrupted one resumes
+    unit_output(plan, unit) -> Path | None  the file whose presence marks the unit done (its Prefect cache key)
+    progress(plan) -> Progress | None       work done / planned, read from files (a CLI bar, a Prefect artifact)
+    finalize(config, plan, reports, failed) -> StageResult
+                                            records failed units (then the caller raises ``UnitsFailed`` with
+                                            the re-trigger command); else writes the manifest (the done marker)
+
+Plans, unit reports and results are frozen pydantic models: JSON on the wire (Prefect task parameters, Ray) and on
+disk. The config crosses every boundary as the validated ``PipelineConfig``; a stage never re-reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagle3.config import PipelineConfig
+from eagle3.layout import FAILED_SHARDS_FILE, write_failed_shards
+
+logger = logging.getLogger(__name__)
+
+Unit = int | str
+OnProgress = Callable[[int, int], None]  # (work items done in this unit, tokens done in this unit)
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Plan(Frozen):
+    """What one run of a stage does. Stages subclass it with their own typed fields."""
+
+    stage: str
+    fingerprint: str
+    out_dir: Path
+    units: tuple[Unit, ...] = (0,)  # the units this run executes (shard ids, source names, or the single unit 0)
+
+
+class UnitReport(Frozen):
+    unit: Unit
+    skipped: bool = False  # already done on disk before this run
+    rows: int = 0
+    tokens: int = 0
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class StageResult(Frozen):
+    stage: str
+    fingerprint: str
+    out_dir: Path
+    done: bool  # the manifest is written
+    failed: tuple[Unit, ...] = ()  # units that failed in this run (recorded in failed_shards.json)
+    retrigger: str = ""  # the command that re-runs only the failed units
+    summary: dict[str, Any] = Field(default_factory=dict)
+    table: list[dict[str, Any]] = Field(default_factory=list)  # one row per unit, for a table artifact
+    markdown: str = ""
+
+    def raise_for_failed(self) -> StageResult:
+        """The one failure policy: a stage with failed units fails, after finalize recorded them (and after the
+        caller published the table), with the re-trigger command; otherwise returns itself."""
+        if self.failed:
+            raise UnitsFailed(self.stage, self.out_dir, self.failed, self.retrigger)
+        return self
+
+
+class Progress(Frozen):
+    done: int
+    total: int
+    tokens: int = 0
+    unit: str = "samples"
+
+
+class UnitsFailed(RuntimeError):
+    """The one failure policy: the stage ran every other unit, recorded the failed ones (``failed_shards.json``),
+    wrote no manifest, and says how to re-run just those."""
+
+    def __init__(self, stage: str, out_dir: Path | str, units: Sequence[Unit], retrigger: str) -> None:
+        self.stage, self.out_dir, self.units = stage, Path(out_dir), sorted(set(units), key=str)
+        record = self.out_dir / FAILED_SHARDS_FILE
+        super().__init__(f"{stage} failed for units {self.units} (recorded in {record}); the others are done. "
+                         f"Re-run only those: {retrigger}")
+
+
+P = TypeVar("P", bound=Plan)
+
+
+class Stage(ABC, Generic[P]):
+    """One pipeline stage. Subclasses set ``name`` and implement plan, run_unit and finalize."""
+
+    name: ClassVar[str]
+    unit_name: ClassVar[str] = "unit"  # how the UI names a unit: shard, source, ...
+    retries: ClassVar[int] = 1  # how often a failed unit is retried (it resumes) before it counts as failed
+    inputs: ClassVar[dict[str, str]] = {}  # plan parameter -> the upstream stage whose directory it takes
+
+    @abstractmethod
+    def plan(self, config: PipelineConfig, **inputs: Any) -> P: ...
+
+    @contextlib.contextmanager
+    def resources(self, config: PipelineConfig, plan: P) -> Iterator[Any]:
+        yield None
+
+    @abstractmethod
+    def run_unit(
+        self, config: PipelineConfig, plan: P, unit: Unit, *, env: Any = None, on_progress: OnProgress | None = None
+    ) -> UnitReport: ...
+
+    def unit_output(self, plan: P, unit: Unit) -> Path | None:
+        return None
+
+    def max_in_flight(self, config: PipelineConfig) -> int | None:
+        """Units running at once (None: as many as the task runner runs)."""
+        return None
+
+    def concurrency_limits(self, config: PipelineConfig) -> list[str]:
+        """Names of orchestrator-wide concurrency limits a unit holds one slot of while it runs."""
+        return []
+
+    def progress(self, plan: P) -> Progress | None:
+        return None
+
+    @abstractmethod
+    def finalize(
+        self, config: PipelineConfig, plan: P, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult: ...
+
+    def retrigger(self, plan: P, failed: Sequence[Unit]) -> str:
+        """The command that re-runs only the failed units (in ``UnitsFailed``)."""
+        return f"eagle3 {self.name} " + " ".join(f"--{self.unit_name} {u}" for u in failed)
+
+    def failed_result(self, plan: P, failed: Sequence[Unit], **fields: Any) -> StageResult:
+        """What ``finalize`` returns when units failed: ``failed_shards.json`` written, no manifest."""
+        write_failed_shards(plan.out_dir, [int(u) for u in failed])
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=False,
+                           failed=tuple(failed), retrigger=self.retrigger(plan, failed), **fields)  # fmt: skip
+
+
+def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageResult:
+    """Run a stage in this process, units one after another (no Prefect): the same contract the flows drive."""
+    plan = stage.plan(config, **inputs)
+    reports: list[UnitReport] = []
+    failed: list[Unit] = []
+    with stage.resources(config, plan) as env:
+        for unit in plan.units:
+            try:
+                reports.append(stage.run_unit(config, plan, unit, env=env))
+            except Exception:  # the failure policy: the other units go on; finalize records it, then we raise
+                logger.exception("%s %s %s failed", stage.name, stage.unit_name, unit)
+                failed.append(unit)
+    return stage.finalize(config, plan, reports, failed).raise_for_failed()

@@ -1,0 +1,79 @@
+"""The one wiring of a stage flow: plan -> units (bounded, placed, followed) -> finalize.
+
+Every stage flow (``flows/<stage>.py``) is a named ``@flow`` whose body calls :func:`run_stage`. Units are submitted
+to the flow's task runner, at most ``stage.max_in_flight(config)`` at a time, inside ``stage.resources`` (regen's
+servers) and the Ray placement of ``flows.runners``. While they run, one progress artifact per stage run
+(``<stage>-progress-<fp>``) is refreshed from ``stage.progress(plan)``, which reads the stage's files: the same
+numbers whatever process or Ray worker runs a unit, and only this run's work counts toward the rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefect.futures import PrefectFuture, as_completed
+
+from eagle3.config import PipelineConfig
+from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
+from flows.runners import shard_placement
+from tasks.common import Progress, artifact_key
+from tasks.stage import stage_tasks
+
+POLL_S = 1.0  # how often the flow looks at unfinished units (and, every progress_every_s, the progress)
+
+
+def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> StageResult:
+    """Plan, run every unit (a failed one never stops the others), finalize; raises ``UnitsFailed`` after
+    finalizing when units failed."""
+    plan_task, unit_task, finalize_task = stage_tasks(stage)
+    plan: Plan = plan_task(stage, config, inputs)
+    tracker = _progress(stage, plan, config)
+    with stage.resources(config, plan) as env, shard_placement(config, stage.name):
+        reports, failed = _run_units(lambda unit: unit_task.submit(stage, config, plan, unit, env), list(plan.units),
+                                     in_flight=stage.max_in_flight(config), poll=tracker)  # fmt: skip
+    tracker(force=True)
+    return finalize_task(stage, config, plan, reports, failed)
+
+
+def _progress(stage: Stage[Any], plan: Plan, config: PipelineConfig) -> Callable[..., None]:
+    """A function that refreshes the stage's progress artifact from its files (a no-op for stages without one)."""
+    first = stage.progress(plan)
+    if first is None:
+        return lambda force=False: None
+    bar = Progress(artifact_key(stage.name, "progress", plan.fingerprint), total=first.total, unit=first.unit,
+                   every_s=config.orchestration.progress_every_s, already_done=first.done)  # fmt: skip
+
+    def refresh(force: bool = False) -> None:
+        now = stage.progress(plan)
+        if now is not None:
+            bar.update(now.done, tokens=now.tokens or None, force=force)
+
+    return refresh
+
+
+def _run_units(
+    submit: Callable[[Unit], PrefectFuture[UnitReport]], units: list[Unit], *, in_flight: int | None,
+    poll: Callable[[], None],
+) -> tuple[list[UnitReport], list[Unit]]:  # fmt: skip
+    """Submit units (at most ``in_flight`` running), wait for all; (reports of completed units, failed units)."""
+    running: dict[PrefectFuture[UnitReport], Unit] = {}
+    reports: list[UnitReport] = []
+    failed: list[Unit] = []
+    while units or running:
+        while units and (in_flight is None or len(running) < in_flight):
+            unit = units.pop(0)
+            running[submit(unit)] = unit
+        try:
+            future = next(iter(as_completed(list(running), timeout=POLL_S)))
+        except TimeoutError:
+            poll()
+            continue
+        unit = running.pop(future)
+        value = future.result(raise_on_failure=False)  # a failed unit's exception, logged by its task run
+        if future.state.is_completed():
+            reports.append(value)
+        else:
+            failed.append(unit)
+        poll()
+    return reports, failed

@@ -1,0 +1,96 @@
+"""The generic Prefect tasks of every stage (``eagle3.stage``): plan, one task per unit, finalize.
+
+A stage adds nothing here but its name, unit name and retries (``Stage`` class attributes) and, where it truly
+differs, its concurrency limit names (regen: one slot per persistent server). The unit task's cache key is the
+stage, its plan fingerprint and the unit, plus the size and mtime of the unit's output file, and there is no key
+while that file is missing (``output_cache_key``): the library already skips a finished unit cheaply, so the cache
+is only a shortcut that can never serve a unit whose output was deleted or cut short. Library log records
+(``eagle3.*``) are forwarded to the run logger, so the Prefect UI shows what the library says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.context import TaskRunContext
+
+from eagle3.config import PipelineConfig
+from eagle3.lineage import Lineage
+from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
+from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
+
+
+@contextmanager
+def library_logs_to_run_logger() -> Iterator[None]:
+    """Forward ``eagle3.*`` log records (INFO and up) to this task run's logger while the block runs."""
+    run_logger = get_run_logger()
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            run_logger.log(record.levelno, "%s: %s", record.name, record.getMessage())
+
+    handler, library = Forward(logging.INFO), logging.getLogger("eagle3")
+    library.addHandler(handler)
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+
+
+@task(name="plan", cache_policy=NO_CACHE)
+def plan_task(stage: Stage[Any], config: PipelineConfig, inputs: dict[str, Any]) -> Plan:
+    """The stage's plan (fingerprint, output directory, units) from the config and the upstream directories: given
+    paths win, the others are the directories this config names (the one input rule, ``eagle3.lineage``)."""
+    plan = stage.plan(config, **Lineage(config).resolve_inputs(stage.inputs, inputs))
+    get_run_logger().info("%s %s -> %s: %d %ss %s", stage.name, plan.fingerprint, plan.out_dir, len(plan.units),
+                          stage.unit_name, list(plan.units))  # fmt: skip
+    return plan
+
+
+def unit_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    """Stage, plan fingerprint and unit, plus the unit output's size and mtime; None (no cache) while it is missing."""
+    stage, plan, unit = parameters["stage"], parameters["plan"], parameters["unit"]
+    output = stage.unit_output(plan, unit)
+    return None if output is None else output_cache_key(f"{stage.name}-{plan.fingerprint}-{unit}", output)
+
+
+@task(name="unit", cache_key_fn=unit_cache_key, persist_result=True, retry_delay_seconds=10)
+def unit_task(stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit, env: Any = None) -> UnitReport:
+    """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped)."""
+    limits = stage.concurrency_limits(config)
+    with library_logs_to_run_logger(), concurrency(limits, occupy=1, strict=False) if limits else nullcontext():
+        report = stage.run_unit(config, plan, unit, env=env)
+    get_run_logger().info("%s %s %s: %s", stage.name, stage.unit_name, unit,
+                          "already done" if report.skipped else report.model_dump(exclude={"unit"}))  # fmt: skip
+    return report
+
+
+@task(name="finalize", cache_policy=NO_CACHE)
+def finalize_task(
+    stage: Stage[Any], config: PipelineConfig, plan: Plan, reports: list[UnitReport], failed: list[Unit]
+) -> StageResult:
+    """Finalize (manifest when complete), publish the unit table and the summary, then apply the failure policy."""
+    with library_logs_to_run_logger():
+        result = stage.finalize(config, plan, reports, failed)
+    if result.table:
+        publish_table(artifact_key(stage.name, f"{stage.unit_name}s", plan.fingerprint), result.table,
+                      description=f"{stage.name} {stage.unit_name} states")  # fmt: skip
+    if result.markdown:
+        publish_markdown(artifact_key(stage.name, "summary", plan.fingerprint), result.markdown,
+                         description=f"{stage.name} summary")  # fmt: skip
+    return result.raise_for_failed()
+
+
+def stage_tasks(stage: Stage[Any]) -> tuple[Any, Any, Any]:
+    """The plan, unit and finalize tasks named for ``stage`` (``capture-plan``, ``capture-shard``, ...)."""
+    return (
+        plan_task.with_options(name=f"{stage.name}-plan"),
+        unit_task.with_options(name=f"{stage.name}-{stage.unit_name}", retries=stage.retries, tags=[stage.name]),
+        finalize_task.with_options(name=f"{stage.name}-finalize"),
+    )

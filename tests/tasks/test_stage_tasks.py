@@ -1,0 +1,72 @@
+"""The generic stage tasks called as plain functions (``task.fn``), driven by the capture and vocab stages: plan,
+units, finalize, the failure policy and the unit cache key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prefect.logging import disable_run_logger
+
+from eagle3.capture.stage import CaptureStage
+from eagle3.config import with_overrides
+from eagle3.layout import VOCAB_FILE, read_failed_shards
+from eagle3.runroot import Manifest
+from eagle3.stage import UnitsFailed
+from eagle3.train.vocab import VocabStage
+from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
+
+
+@pytest.fixture
+def capture_setup(tiny_config, write_regen_stage, tmp_path):
+    config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
+    return config, write_regen_stage(config.root_path / "regen" / "regenfp")
+
+
+def _run(stage, config, inputs, *, failed=()):
+    plan = plan_task.fn(stage, config, inputs)
+    reports = [unit_task.fn(stage, config, plan, unit) for unit in plan.units if unit not in failed]
+    return plan, finalize_task.fn(stage, config, plan, reports, list(failed))
+
+
+def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_harness):
+    config, regen = capture_setup
+    with disable_run_logger():
+        plan, result = _run(CaptureStage(), config, {"regen_dir": str(regen)})
+        assert plan.units == (0, 1) and plan.missing == ()
+        _vocab_plan, vocab = _run(VocabStage(), config, {"features_dir": str(result.out_dir)})
+    manifest = Manifest.read(result.out_dir)
+    assert result.done and manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 10
+    assert manifest.verify(result.out_dir) == [] and read_failed_shards(result.out_dir) == []
+    assert [row["state"] for row in result.table] == ["captured", "captured"]
+    assert Path(vocab.summary["vocab"]) == vocab.out_dir / VOCAB_FILE and (vocab.out_dir / VOCAB_FILE).exists()
+    assert Manifest.read(vocab.out_dir).config["features"] == str(result.out_dir)
+
+
+def test_plan_reports_regen_shards_not_ready(capture_setup):
+    config, regen = capture_setup
+    with disable_run_logger():
+        plan = plan_task.fn(CaptureStage(), config, {"regen_dir": str(regen), "shard_ids": [0, 1, 7]})
+    assert plan.units == (0, 1) and plan.missing == (7,)
+
+
+def test_a_failed_unit_is_recorded_and_fails_the_stage_with_the_retrigger_command(capture_setup, prefect_harness):
+    config, regen = capture_setup
+    with disable_run_logger(), pytest.raises(UnitsFailed, match=r"capture failed .*\[1\].*--regen-dir .* --shard 1"):
+        _run(CaptureStage(), config, {"regen_dir": str(regen)}, failed=(1,))
+    features = next((config.root_path / "features").iterdir())
+    assert read_failed_shards(features) == [1]
+    assert Manifest.read(features) is None and (features / "shard-00000.parquet").exists()
+
+
+def test_unit_cache_key_exists_only_while_the_output_does_and_follows_it(capture_setup):
+    config, regen = capture_setup
+    stage = CaptureStage()
+    plan = stage.plan(config, regen_dir=regen)
+    params = {"stage": stage, "plan": plan, "unit": 0}
+    assert unit_cache_key(None, params) is None  # nothing on disk: never served from the cache
+    plan.out_dir.mkdir(parents=True)
+    (plan.out_dir / "shard-00000.parquet").write_bytes(b"x" * 100)
+    whole = unit_cache_key(None, params)
+    (plan.out_dir / "shard-00000.parquet").write_bytes(b"x" * 60)
+    assert whole.startswith(f"capture-{plan.fingerprint}-0-") and unit_cache_key(None, params) != whole
