@@ -24,9 +24,10 @@ from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.data.template import render_prompt
 from eagle3.regen.shard import load_tokenizer
-from eagle3.regen.stage import run_regen
+from eagle3.regen.stage import RegenStage
 from eagle3.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import reference_server
+from eagle3.stage import run_stage
 
 
 def build_target(out: Path) -> Path:
@@ -123,7 +124,7 @@ def main() -> None:
             load_tokenizer(str(model))  # both sides start with the tokenizer loaded
             bare1 = asyncio.run(bare_client(server.url, ids, params, args.concurrency))
             start = time.perf_counter()
-            summary = run_regen(config, prompts_dir=prompts_dir)
+            summary = run_stage(RegenStage(), config, prompts_dir=prompts_dir).summary
             pipeline = summary["completion_tokens"] / (time.perf_counter() - start)
             bare2 = asyncio.run(bare_client(server.url, ids, params, args.concurrency))
             serial = asyncio.run(bare_client(server.url, ids[: max(n // 4, 8)], params, 1))

@@ -125,7 +125,7 @@ def ensure_work_pools(names: Sequence[str]) -> None:
 
 def ensure_server_limits(servers: Sequence[str]) -> list[str]:
     """Create the 1-slot global concurrency limit of each regen server that has none; returns the limit names."""
-    from tasks.regen import server_limit_names
+    from eagle3.regen.stage import server_limit_names
 
     names = server_limit_names(list(servers))
     with get_client(sync_client=True) as client:

@@ -4,7 +4,8 @@ A run root holds one directory per stage and fingerprint::
 
     <root>/catalog/<fp>/   discover    catalog.json
     <root>/prompts/<fp>/   normalize   shard-NNNNN.parquet, quarantine.parquet, spill/<source>/
-    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet), plan.json, failed_shards.json
+    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet), plan.json, config.yaml,
+                                       failed_shards.json
     <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, parts-NNNNN/ while running
     <root>/vocab/<fp>/     vocab       vocab.safetensors
     <root>/drafts/<fp>/    train       ckpt/step-NNNNNN/, ckpt/latest, metrics.jsonl; export/ (the export stage)
@@ -41,6 +42,7 @@ STAGE_DIRS: dict[str, str] = {
 
 CATALOG_FILE = "catalog.json"
 PLAN_FILE = "plan.json"
+CONFIG_FILE = "config.yaml"  # the resolved config a stage directory was run with
 FAILED_SHARDS_FILE = "failed_shards.json"
 VOCAB_FILE = "vocab.safetensors"
 CKPT_DIR = "ckpt"
@@ -143,14 +145,3 @@ def write_failed_shards(out_dir: Path | str, shard_ids: list[int]) -> None:
 def read_failed_shards(out_dir: Path | str) -> list[int]:
     path = Path(out_dir) / FAILED_SHARDS_FILE
     return [int(i) for i in json.loads(path.read_text())] if path.exists() else []
-
-
-class ShardsFailed(RuntimeError):
-    """The one failure policy of the sharded stages (regen, capture): the stage ran every other shard, recorded the
-    failed ones in ``failed_shards.json`` and wrote no manifest; the message says how to re-run just those."""
-
-    def __init__(self, stage: str, out_dir: Path | str, shard_ids: list[int], retrigger: str) -> None:
-        self.stage, self.out_dir, self.shard_ids = stage, Path(out_dir), sorted(set(shard_ids))
-        record = self.out_dir / FAILED_SHARDS_FILE
-        super().__init__(f"{stage} failed for shards {self.shard_ids} (recorded in {record}); the others are done. "
-                         f"Re-run only those: {retrigger}")

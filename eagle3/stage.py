@@ -26,6 +26,7 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -152,15 +153,17 @@ class Stage(ABC, Generic[P]):
 
 
 def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageResult:
-    """Run a stage in this process, units one after another (no Prefect): the same contract the flows drive."""
+    """Run a stage in this process without Prefect (``python -m``, benchmarks, tests): the same contract the flows
+    drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths."""
     plan = stage.plan(config, **inputs)
     reports: list[UnitReport] = []
     failed: list[Unit] = []
-    with stage.resources(config, plan) as env:
-        for unit in plan.units:
+    with stage.resources(config, plan) as env, ThreadPoolExecutor(stage.max_in_flight(config) or 1) as pool:
+        futures = {pool.submit(stage.run_unit, config, plan, unit, env=env): unit for unit in plan.units}
+        for future in as_completed(futures):
             try:
-                reports.append(stage.run_unit(config, plan, unit, env=env))
+                reports.append(future.result())
             except Exception:  # the failure policy: the other units go on; finalize records it, then we raise
-                logger.exception("%s %s %s failed", stage.name, stage.unit_name, unit)
-                failed.append(unit)
+                logger.exception("%s %s %s failed", stage.name, stage.unit_name, futures[future])
+                failed.append(futures[future])
     return stage.finalize(config, plan, reports, failed).raise_for_failed()

@@ -23,7 +23,6 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
-from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config import PipelineConfig
 from eagle3.recipes import ConfigRef
@@ -102,27 +101,6 @@ def publish_table(key: str, rows: Sequence[Mapping[str, Any]], *, description: s
 
 def publish_markdown(key: str, markdown: str, *, description: str = "") -> None:
     create_markdown_artifact(key=artifact_key(key), markdown=markdown, description=description)
-
-
-def gather_shards(
-    futures: Mapping[PrefectFuture[Any], int], on_done: Callable[[list[Any], list[int]], None] | None = None
-) -> tuple[list[Any], list[int]]:
-    """Wait for every shard task of a sharded stage: (results of the completed ones, ids of the failed ones).
-
-    A failed shard never stops the others (the one failure policy: the stage finalizes, records the failed shards
-    and then fails with the re-trigger command). ``on_done(results, failed)`` runs after each finished shard.
-    """
-    results: list[Any] = []
-    failed: list[int] = []
-    for future in as_completed(list(futures)):
-        value = future.result(raise_on_failure=False)  # a failed shard's exception, logged by its task run
-        if future.state.is_completed():
-            results.append(value)
-        else:
-            failed.append(futures[future])
-        if on_done is not None:
-            on_done(results, failed)
-    return results, sorted(failed)
 
 
 @task(name="resolve-config", cache_policy=NO_CACHE)

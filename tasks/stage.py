@@ -19,6 +19,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.context import TaskRunContext
+from prefect.exceptions import MissingContextError
 
 from eagle3.config import PipelineConfig
 from eagle3.lineage import Lineage
@@ -26,14 +27,26 @@ from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
 
 
+def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The run logger inside a flow or task run; this module's logger when a task is called as ``task.fn``."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
 @contextmanager
 def library_logs_to_run_logger() -> Iterator[None]:
     """Forward ``eagle3.*`` log records (INFO and up) to this task run's logger while the block runs."""
-    run_logger = get_run_logger()
+    try:
+        target = get_run_logger()
+    except MissingContextError:  # called as ``task.fn``: the library logs reach the root logger as they are
+        yield
+        return
 
     class Forward(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            run_logger.log(record.levelno, "%s: %s", record.name, record.getMessage())
+            target.log(record.levelno, "%s: %s", record.name, record.getMessage())
 
     handler, library = Forward(logging.INFO), logging.getLogger("eagle3")
     library.addHandler(handler)
@@ -48,7 +61,7 @@ def plan_task(stage: Stage[Any], config: PipelineConfig, inputs: dict[str, Any])
     """The stage's plan (fingerprint, output directory, units) from the config and the upstream directories: given
     paths win, the others are the directories this config names (the one input rule, ``eagle3.lineage``)."""
     plan = stage.plan(config, **Lineage(config).resolve_inputs(stage.inputs, inputs))
-    get_run_logger().info("%s %s -> %s: %d %ss %s", stage.name, plan.fingerprint, plan.out_dir, len(plan.units),
+    run_logger().info("%s %s -> %s: %d %ss %s", stage.name, plan.fingerprint, plan.out_dir, len(plan.units),
                           stage.unit_name, list(plan.units))  # fmt: skip
     return plan
 
@@ -66,7 +79,7 @@ def unit_task(stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit,
     limits = stage.concurrency_limits(config)
     with library_logs_to_run_logger(), concurrency(limits, occupy=1, strict=False) if limits else nullcontext():
         report = stage.run_unit(config, plan, unit, env=env)
-    get_run_logger().info("%s %s %s: %s", stage.name, stage.unit_name, unit,
+    run_logger().info("%s %s %s: %s", stage.name, stage.unit_name, unit,
                           "already done" if report.skipped else report.model_dump(exclude={"unit"}))  # fmt: skip
     return report
 

@@ -71,7 +71,7 @@ def write_regen_stage(tiny_tokenizer):
     from eagle3.layout import PLAN_FILE
     from eagle3.regen.plan import RegenPlan
     from eagle3.regen.schema import REGEN_SCHEMA
-    from eagle3.runroot import atomic_write_json
+    from eagle3.runroot import atomic_write_text
 
     def write(regen_dir: Path, *, shards: int = 2, rows: int = 5, seed: int = 3) -> Path:
         convs = generate_conversations(shards * rows, seed=seed)
@@ -83,8 +83,9 @@ def write_regen_stage(tiny_tokenizer):
                             "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
             with ShardWriter(Path(regen_dir), REGEN_SCHEMA, start_index=s) as writer:
                 writer.write_rows(out)
-        plan = RegenPlan(Path(regen_dir).name, str(regen_dir), "", "", dict.fromkeys(range(shards), rows), {})
-        atomic_write_json(Path(regen_dir) / PLAN_FILE, plan.to_dict())  # planned, as a regen stage always is
+        plan = RegenPlan(stage="regen", fingerprint=Path(regen_dir).name, out_dir=regen_dir, units=tuple(range(shards)),
+                         prompts_dir=regen_dir, prompts_fingerprint="", shards=dict.fromkeys(range(shards), rows))
+        atomic_write_text(Path(regen_dir) / PLAN_FILE, plan.model_dump_json())  # planned, as a regen stage always is
         return Path(regen_dir)
 
     return write

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from eagle3.recipes import resolve
-from eagle3.regen.stage import run_regen
+from eagle3.regen.stage import RegenStage
+from eagle3.stage import UnitsFailed, run_stage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,9 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = resolve(args.config or args.recipe, args.overrides)
-    summary = run_regen(config, prompts_dir=args.prompts, shard_ids=args.shards)
-    sys.stdout.write(json.dumps(summary) + "\n")
-    return 0 if summary["done"] else 1
+    try:
+        result = run_stage(RegenStage(), config, prompts_dir=args.prompts, shard_ids=args.shards)
+    except UnitsFailed as exc:
+        logging.getLogger(__name__).error("%s", exc)
+        return 1
+    sys.stdout.write(json.dumps(result.summary) + "\n")
+    return 0 if result.done else 1
 
 
 if __name__ == "__main__":

@@ -2,22 +2,19 @@
 
 Stage fingerprint = hash(prompts fingerprint, sampling config, target model). The server URLs, concurrency,
 retry and timeout settings are deliberately not in it: moving a 50-hour job to other servers must resume it, not
-restart it. The plan is a plain dict on the wire (Prefect task parameters) and ``plan.json`` on disk (read by
-``eagle3 regen status`` from another terminal, and by ``eagle3 retry-shards`` to rerun with the same config).
+restart it. The plan is a frozen model: JSON on the wire (Prefect task parameters) and ``plan.json`` on disk.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig, RegenConfig
-from eagle3.data.parquet import open_shard
-from eagle3.layout import PLAN_FILE, shard_index, shard_name, stage_dir
-from eagle3.runroot import Manifest, atomic_write_json, fingerprint
+from eagle3.layout import CONFIG_FILE, PLAN_FILE, shard_index, shard_name, stage_dir
+from eagle3.runroot import Manifest, atomic_write_text, fingerprint
+from eagle3.stage import Plan
 
 
 class RegenInputError(ValueError):
@@ -45,50 +42,20 @@ def regen_fingerprint(prompts_fp: str, config: PipelineConfig) -> str:
     return fingerprint("regen", prompts_fp, sampling_fields(config.regen), target_fields(config))
 
 
-@dataclass
-class RegenPlan:
-    fingerprint: str
-    regen_dir: str
-    prompts_dir: str
+class RegenPlan(Plan):
+    """One run of the regen stage; ``plan.json`` in the stage directory (read by ``eagle3 regen status`` from
+    another terminal). The config it ran with is ``config.yaml`` beside it (``eagle3 retry-shards`` reruns with it)."""
+
+    prompts_dir: Path
     prompts_fingerprint: str
-    shards: dict[int, int]  # prompts shard index -> rows
-    config: dict[str, Any]  # the PipelineConfig, JSON
-
-    @property
-    def pipeline(self) -> PipelineConfig:
-        return _validated(json.dumps(self.config, sort_keys=True))
-
-    @property
-    def regen(self) -> RegenConfig:
-        return self.pipeline.regen
+    shards: dict[int, int]  # every prompts shard index -> rows (``units`` are this run's)
 
     @property
     def total(self) -> int:
-        return sum(self.shards.values())
+        return sum(self.shards[i] for i in self.units)
 
     def prompt_shard(self, index: int) -> Path:
-        return Path(self.prompts_dir) / shard_name(index)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"shards": {str(k): v for k, v in self.shards.items()}}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RegenPlan:
-        return cls(**(data | {"shards": {int(k): int(v) for k, v in data["shards"].items()}}))
-
-    def select(self, shard_ids: list[int] | None) -> list[int]:
-        """The shards to run: all, or the given ids (each must exist)."""
-        if shard_ids is None:
-            return sorted(self.shards)
-        unknown = sorted(set(shard_ids) - set(self.shards))
-        if unknown:
-            raise RegenInputError(f"shard ids {unknown} are not in this regen stage (it has {sorted(self.shards)})")
-        return sorted(set(shard_ids))
-
-
-@lru_cache(maxsize=8)
-def _validated(config_json: str) -> PipelineConfig:
-    return PipelineConfig.model_validate(json.loads(config_json))
+        return self.prompts_dir / shard_name(index)
 
 
 def _prompts_manifest(prompts_dir: Path) -> Manifest:
@@ -104,31 +71,30 @@ def regen_dir_for(config: PipelineConfig, prompts_dir: Path) -> Path:
     return stage_dir(config.root_path, "regen", fp)
 
 
-def plan_regen(config: PipelineConfig, prompts_dir: Path) -> RegenPlan:
-    """Plan the stage over a finished prompts stage (fingerprint, shards); writes ``plan.json`` into its directory."""
+def plan_regen(config: PipelineConfig, prompts_dir: Path, shard_ids: Sequence[int] | None = None) -> RegenPlan:
+    """Plan the stage over a finished prompts stage: all its shards, or ``shard_ids`` (each must exist); writes
+    ``plan.json`` and ``config.yaml`` into the stage directory."""
     prompts = Path(prompts_dir)
     manifest = _prompts_manifest(prompts)
-    out = regen_dir_for(config, prompts)
-    shards = {}
-    for entry in manifest.files:
-        index = shard_index(entry.path)
-        if index is not None:
-            shards[index] = entry.rows
+    shards = {i: entry.rows for entry in manifest.files if (i := shard_index(entry.path)) is not None}
     if not shards:
         raise RegenInputError(f"{prompts}: the manifest lists no shard-NNNNN.parquet files")
-    plan = RegenPlan(out.name, str(out), str(prompts), manifest.fingerprint, shards, config.model_dump(mode="json"))
+    unknown = sorted(set(shard_ids or ()) - set(shards))
+    if unknown:
+        raise RegenInputError(f"shard ids {unknown} are not in this regen stage (it has {sorted(shards)})")
+    out = regen_dir_for(config, prompts)
+    units = tuple(sorted(set(shard_ids))) if shard_ids is not None else tuple(sorted(shards))
+    plan = RegenPlan(stage="regen", fingerprint=out.name, out_dir=out, units=units, prompts_dir=prompts,
+                     prompts_fingerprint=manifest.fingerprint, shards=shards)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / PLAN_FILE, plan.to_dict())
+    atomic_write_text(out / CONFIG_FILE, config.to_yaml())
+    atomic_write_text(out / PLAN_FILE, plan.model_dump_json(indent=2))
     return plan
 
 
-def shard_rows(path: Path) -> int:
-    return int(open_shard(path).metadata.num_rows)
-
-
 def read_plan(regen_dir: Path) -> RegenPlan:
-    """The plan a regen stage dir was run with (``plan.json``)."""
+    """The plan a regen stage dir was last run with (``plan.json``)."""
     path = Path(regen_dir) / PLAN_FILE
     if not path.exists():
         raise RegenInputError(f"{regen_dir} has no {PLAN_FILE}: not a regen stage directory")
-    return RegenPlan.from_dict(json.loads(path.read_text()))
+    return RegenPlan.model_validate_json(path.read_text())

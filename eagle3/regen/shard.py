@@ -20,15 +20,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from eagle3.config import PipelineConfig
 from eagle3.data.parquet import (
     ShardWriter,
     iter_batches,
     shard_is_valid,
     shard_metadata,
-    shard_name,
     write_table,
 )
 from eagle3.data.template import TemplateError, template_hash
+from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan
@@ -76,21 +77,23 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def regen_shard(plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None) -> ShardReport:
+def regen_shard(
+    config: PipelineConfig, plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
+) -> ShardReport:
     """Run (or resume, or skip) one shard to completion; raises ``ShardFailed`` when servers are gone."""
-    return asyncio.run(regen_shard_async(plan, index, servers, on_result=on_result))
+    return asyncio.run(regen_shard_async(config, plan, index, servers, on_result=on_result))
 
 
 async def regen_shard_async(
-    plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
+    config: PipelineConfig, plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
 ) -> ShardReport:
-    out = Path(plan.regen_dir)
+    out = plan.out_dir
     shard_path = out / shard_name(index)
     if shard_is_valid(shard_path, schema=REGEN_SCHEMA):
         (out / journal_name(index)).unlink(missing_ok=True)
         return report_from_shard(shard_path, index)
-    cfg, start = plan.regen, time.monotonic()
-    tokenizer = load_tokenizer(plan.pipeline.target.model_path)
+    cfg, start = config.regen, time.monotonic()
+    tokenizer = load_tokenizer(config.target.model_path)
     pool = shared_pool(
         servers,
         concurrency=cfg.concurrency_per_server,
@@ -101,11 +104,11 @@ async def regen_shard_async(
     with Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
         skip = set(journal.done)
         async with Client(cfg, pool, api_key=api_key, seed=index) as client:
-            ctx = SampleContext(tokenizer, client, cfg.api, plan.pipeline.target.model_path, tokenizer.eos_token_id)
+            ctx = SampleContext(tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id)
             error = await _run_samples(ctx, _prompt_rows(plan, index, skip), journal, pool.capacity, on_result)
     if error is not None:
         raise ShardFailed(index, error)
-    report = compact_shard(plan, index, template=template_hash(tokenizer))
+    report = compact_shard(config, plan, index, template=template_hash(tokenizer))
     report.elapsed_s = time.monotonic() - start
     return report
 
@@ -171,9 +174,9 @@ def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: in
     }
 
 
-def compact_shard(plan: RegenPlan, index: int, *, template: str) -> ShardReport:
+def compact_shard(config: PipelineConfig, plan: RegenPlan, index: int, *, template: str) -> ShardReport:
     """Journal -> ``failed-NNNNN.parquet`` (if any failures) and ``shard-NNNNN.parquet`` (in prompts order)."""
-    out = Path(plan.regen_dir)
+    out = plan.out_dir
     journal_path = out / journal_name(index)
     by_id: dict[str, dict[str, Any]] = {}
     for row in read_journal(journal_path):
@@ -187,13 +190,13 @@ def compact_shard(plan: RegenPlan, index: int, *, template: str) -> ShardReport:
     rows = [by_id[sid] for sid in dict.fromkeys(order)]
     failed = [r for r in rows if r["status"] == STATUS_FAILED]
     kept = [r for r in rows if r["status"] != STATUS_FAILED]
-    if not plan.regen.keep_truncated:
+    if not config.regen.keep_truncated:
         kept = [r for r in kept if r["status"] != STATUS_TRUNCATED]
     stats = _stats(kept, failed, dropped=len(rows) - len(failed) - len(kept))
     meta = {
         STATS_KEY: json.dumps(stats),
         "regen_fingerprint": plan.fingerprint,
-        "target_model": plan.pipeline.target.model_path,
+        "target_model": config.target.model_path,
         "chat_template_hash": template,
     }
     if failed:

@@ -1,20 +1,23 @@
-"""The whole regen stage: servers for the run, finalization (manifest, failed shards), and a library runner.
+"""The regen stage (the stage contract of ``eagle3.stage``): prompts shards -> the target's own answers, one unit
+per shard.
 
-``regen_servers`` yields the configured server URLs, or starts the project's reference server on the target
-model for the length of the block when ``regen.servers`` is empty (the tiny recipe). ``finalize_regen`` writes
-``failed_shards.json`` (empty list when none) every time and ``manifest.json`` only when every shard is compacted.
-``run_regen`` runs the stage in one process (``regen.shards_in_flight`` shards at once on one event loop); the
-Prefect flow does the same with one task per shard.
+* ``resources``: the configured ``regen.servers``, or the project's reference server on the target model for the
+  length of the stage run (the tiny recipe).
+* ``max_in_flight``: ``regen.shards_in_flight`` shards at once, so ``regen.concurrency_per_server`` is what a
+  server sees; ``concurrency_limits``: one orchestrator-wide slot per persistent server (a nightly run and a
+  re-trigger never double a server's load; a reference server started by this run has a fresh port and none).
+* ``progress``: samples done / planned over this run's shards, from the journals and shard footers.
+* ``finalize``: ``failed_shards.json`` every time (empty when none), ``manifest.json`` only when every shard of the
+  prompts stage is compacted (a run over a subset of shards leaves the stage unfinished, not failed).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
@@ -22,22 +25,13 @@ from eagle3.layout import shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.schema import REGEN_SCHEMA
-from eagle3.regen.shard import OnResult, ShardFailed, ShardReport, regen_shard_async, report_from_shard
+from eagle3.regen.shard import ShardReport, regen_shard, report_from_shard
+from eagle3.regen.status import regen_status
 from eagle3.runroot import FileEntry, Manifest
+from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
 
-logger = logging.getLogger(__name__)
-
-STAGE = "regen"
-REPORT_FIELDS = (
-    "ok",
-    "truncated",
-    "dropped",
-    "failed",
-    "pretokenized",
-    "completion_tokens",
-    "round_trip_failures",
-    "mask_fallbacks",
-)
+REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "completion_tokens", "round_trip_failures",
+                 "mask_fallbacks")  # fmt: skip
 
 
 @contextmanager
@@ -56,90 +50,121 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
         yield [server.url]
 
 
-def finalize_regen(plan: RegenPlan, failed_shards: list[int]) -> dict[str, Any]:
-    """Write ``failed_shards.json`` and, when every shard is compacted, ``manifest.json``; return a summary."""
-    out = Path(plan.regen_dir)
-    write_failed_shards(out, failed_shards)
-    reports, files, pending = [], [], []
-    for index in sorted(plan.shards):
-        path = out / shard_name(index)
-        if not shard_is_valid(path, schema=REGEN_SCHEMA):
-            pending.append(index)
-            continue
-        report = report_from_shard(path, index)
-        reports.append(report)
-        files.append(FileEntry.of(path, rows=report.rows, base=out))
-        failed_path = out / shard_name(index, "failed")
-        if failed_path.exists():
-            files.append(FileEntry.of(failed_path, rows=report.failed, base=out))
-    stats: dict[str, Any] = {k: sum(getattr(r, k) for r in reports) for k in REPORT_FIELDS}
-    stats |= {"shards_done": len(reports), "shards_pending": pending, "failed_shards": sorted(set(failed_shards))}
-    done = not pending
-    if done:
-        config = plan.pipeline
-        Manifest(
-            stage=STAGE,
-            fingerprint=plan.fingerprint,
-            files=files,
-            config={
-                "sampling": sampling_fields(config.regen),
-                "sampling_params": sampling_params(config.regen),
-                "target": target_fields(config),
-                "prompts_dir": plan.prompts_dir,
-                "prompts_fingerprint": plan.prompts_fingerprint,
-                "servers": list(config.regen.servers) or ["<local reference server>"],
-            },
-            stats=stats,
-        ).write(out)
-    return {"regen_dir": str(out), "fingerprint": plan.fingerprint, "done": done, **stats}
+def server_limit_names(servers: Sequence[str]) -> list[str]:
+    """Orchestrator-wide concurrency limit names, one per server (``deployments/deploy.py`` creates them)."""
+    return ["regen-server-" + re.sub(r"[^a-z0-9]+", "-", url.split("://", 1)[-1].lower()).strip("-") for url in servers]
 
 
-async def _run_shards(
-    plan: RegenPlan, shard_ids: list[int], servers: list[str], workers: int, on_result: OnResult | None
-) -> tuple[list[ShardReport], list[int]]:
-    gate = asyncio.Semaphore(workers)
-    reports: list[ShardReport] = []
-    failed: list[int] = []
+class RegenStage(Stage[RegenPlan]):
+    name = "regen"
+    unit_name = "shard"
+    retries = 2
+    inputs: ClassVar[dict[str, str]] = {"prompts_dir": "normalize"}
 
-    async def one(index: int) -> None:
-        async with gate:
-            try:
-                reports.append(await regen_shard_async(plan, index, servers, on_result=on_result))
-            except ShardFailed as exc:
-                logger.error("%s", exc)
-                failed.append(index)
+    def plan(self, config: PipelineConfig, *, prompts_dir: Path, shard_ids: Sequence[int] | None = None) -> RegenPlan:
+        return plan_regen(config, prompts_dir, shard_ids)
 
-    await asyncio.gather(*(one(i) for i in shard_ids))
-    return reports, failed
+    @contextmanager
+    def resources(self, config: PipelineConfig, plan: RegenPlan) -> Iterator[list[str]]:
+        with regen_servers(config, log_dir=plan.out_dir) as servers:
+            yield servers
+
+    def max_in_flight(self, config: PipelineConfig) -> int:
+        return config.regen.shards_in_flight
+
+    def concurrency_limits(self, config: PipelineConfig) -> list[str]:
+        return server_limit_names(config.regen.servers)
+
+    def run_unit(
+        self, config: PipelineConfig, plan: RegenPlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        on_result = None if on_progress is None else (
+            lambda row: on_progress(1, int(row.get("completion_tokens") or 0)))  # fmt: skip
+        report = regen_shard(config, plan, int(unit), list(env), on_result=on_result)
+        return _unit_report(report)
+
+    def unit_output(self, plan: RegenPlan, unit: Unit) -> Path:
+        return plan.out_dir / shard_name(int(unit))
+
+    def progress(self, plan: RegenPlan) -> Progress:
+        status = regen_status(plan.out_dir, shard_ids=list(plan.units))
+        return Progress(done=status.done, total=status.total, tokens=status.tokens)
+
+    def retrigger(self, plan: RegenPlan, failed: Sequence[Unit]) -> str:
+        return (f"eagle3 retry-shards --run {plan.out_dir} --failed (or the regen deployment with "
+                f"shard_ids={sorted(int(u) for u in failed)})")  # fmt: skip
+
+    def finalize(
+        self, config: PipelineConfig, plan: RegenPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        table, done = shard_table(plan, failed), _compacted(plan)
+        pending = sorted(set(plan.shards) - set(done))
+        summary: dict[str, Any] = {k: sum(r.detail.get(k, 0) for r in done.values()) for k in REPORT_FIELDS}
+        summary |= {"regen_dir": str(plan.out_dir), "fingerprint": plan.fingerprint, "done": not pending,
+                    "shards_done": len(done), "shards_pending": pending, "failed_shards": sorted(map(int, failed))}
+        markdown = _summary_markdown(plan, summary, self.retrigger(plan, failed) if failed else "")
+        if failed:
+            return self.failed_result(plan, failed, summary=summary, table=table, markdown=markdown)
+        write_failed_shards(plan.out_dir, [])
+        if not pending:
+            _write_manifest(config, plan, done, summary)
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=not pending,
+                           summary=summary, table=table, markdown=markdown)  # fmt: skip
 
 
-def run_regen(
-    config: PipelineConfig,
-    *,
-    prompts_dir: Path,
-    shard_ids: list[int] | None = None,
-    on_result: OnResult | None = None,
-) -> dict[str, Any]:
-    """Run the regen stage in this process (no Prefect): plan, servers, shards, finalize."""
-    plan = plan_regen(config, prompts_dir)
-    selected = plan.select(shard_ids)
-    with regen_servers(config, log_dir=Path(plan.regen_dir)) as servers:
-        workers = config.regen.shards_in_flight
-        _reports, failed = asyncio.run(_run_shards(plan, selected, servers, workers, on_result))
-    return finalize_regen(plan, failed)
+def _unit_report(report: ShardReport) -> UnitReport:
+    return UnitReport(unit=report.index, skipped=report.state == "skipped", rows=report.rows,
+                      tokens=report.completion_tokens, detail=report.to_dict())  # fmt: skip
 
 
-def shard_states(plan: RegenPlan, failed_shards: list[int]) -> list[dict[str, Any]]:
-    """One row per shard (for the Prefect table artifact): state, rows, outcome counts, generated tokens."""
-    out = Path(plan.regen_dir)
+def _compacted(plan: RegenPlan) -> dict[int, UnitReport]:
+    """The report of every compacted shard of the stage (this run's and earlier runs')."""
+    paths = {i: plan.out_dir / shard_name(i) for i in sorted(plan.shards)}
+    valid = {i: p for i, p in paths.items() if shard_is_valid(p, schema=REGEN_SCHEMA)}
+    return {i: _unit_report(report_from_shard(p, i)) for i, p in valid.items()}
+
+
+def shard_table(plan: RegenPlan, failed: Sequence[Unit]) -> list[dict[str, Any]]:
+    """One row per shard (the Prefect table artifact): state, prompts, outcome counts, generated tokens."""
+    done = _compacted(plan)
     table = []
     for index in sorted(plan.shards):
-        path = out / shard_name(index)
         row: dict[str, Any] = {"shard": index, "prompts": plan.shards[index]}
-        if shard_is_valid(path, schema=REGEN_SCHEMA):
-            report = report_from_shard(path, index)
-            row |= {"state": "done"} | {k: getattr(report, k) for k in REPORT_FIELDS}
+        if index in done:
+            row |= {"state": "done"} | {k: done[index].detail.get(k, 0) for k in REPORT_FIELDS}
         else:
-            row["state"] = "failed" if index in failed_shards else "pending"
+            row["state"] = "failed" if index in failed else "pending"
         table.append(row)
     return table
+
+
+def _write_manifest(
+    config: PipelineConfig, plan: RegenPlan, done: dict[int, UnitReport], stats: dict[str, Any]
+) -> None:
+    files = []
+    for index, report in done.items():
+        files.append(FileEntry.of(plan.out_dir / shard_name(index), rows=report.rows, base=plan.out_dir))
+        failed_path = plan.out_dir / shard_name(index, "failed")
+        if failed_path.exists():
+            files.append(FileEntry.of(failed_path, rows=report.detail.get("failed", 0), base=plan.out_dir))
+    Manifest(stage="regen", fingerprint=plan.fingerprint, files=files, stats=stats, config={
+        "sampling": sampling_fields(config.regen),
+        "sampling_params": sampling_params(config.regen),
+        "target": target_fields(config),
+        "prompts_dir": str(plan.prompts_dir),
+        "prompts_fingerprint": plan.prompts_fingerprint,
+        "servers": list(config.regen.servers) or ["<local reference server>"],
+    }).write(plan.out_dir)  # fmt: skip
+
+
+def _summary_markdown(plan: RegenPlan, summary: dict[str, Any], retrigger: str) -> str:
+    failed = summary["failed_shards"]
+    return "\n".join([
+        f"# regen {plan.fingerprint}",
+        f"- stage dir: `{plan.out_dir}`",
+        f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
+        f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
+        f"failed samples {summary['failed']}, round-trip failures {summary['round_trip_failures']}",
+        f"- failed shards: {failed or 'none'}" + (f" (re-run: `{retrigger}`)" if failed else ""),
+    ])  # fmt: skip

@@ -44,12 +44,13 @@ class RegenStatus:
         return asdict(self) | {"percent": self.percent}
 
 
-def regen_status(regen_dir: Path, *, window_s: float = 300.0) -> RegenStatus:
-    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config names)."""
+def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_s: float = 300.0) -> RegenStatus:
+    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config names), over all
+    its shards or only ``shard_ids`` (one run's: a night's subset, a re-trigger)."""
     out = find_input(Path(regen_dir).parent.parent, "regen", None, explicit=regen_dir, option="--run",
                      produce="eagle3 regen", marker=PLAN_FILE)  # fmt: skip
     plan = json.loads((out / PLAN_FILE).read_text())
-    shards = {int(k): int(v) for k, v in plan["shards"].items()}
+    shards = {int(k): int(v) for k, v in plan["shards"].items() if shard_ids is None or int(k) in shard_ids}
     status = RegenStatus(
         regen_dir=str(out),
         total=sum(shards.values()),

@@ -2,7 +2,7 @@
 
 ``regen status`` reads only the stage's files (journals, shard footers, plan.json), so it works from another
 terminal while a 50-hour job runs. ``retry-shards --failed`` reruns the shards listed in ``failed_shards.json``
-with the config saved in the stage's ``plan.json`` (``--set`` can point it at other servers). ``serve`` passes
+with the config saved in the stage's ``config.yaml`` (``--set`` can point it at other servers). ``serve`` passes
 its arguments to ``python -m eagle3.serve`` (argparse lives in the library; see ``eagle3 serve --help``).
 """
 
@@ -131,8 +131,8 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Rerun failed (or given) regen shards with the stage's saved config."""
-        from eagle3.config import with_overrides
-        from eagle3.layout import PLAN_FILE, find_input, read_failed_shards
+        from eagle3.layout import CONFIG_FILE, PLAN_FILE, find_input, read_failed_shards
+        from eagle3.recipes import resolve
         from eagle3.regen.plan import read_plan
 
         regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
@@ -143,8 +143,8 @@ def register(app: typer.Typer) -> None:
         if not ids:
             console.print("nothing to retry (no failed shards; pass --failed or --shard N)")
             return
-        plan = read_plan(regen_dir)
-        run_flow(with_overrides(plan.pipeline, list(set_ or [])), sorted(set(ids)), Path(plan.prompts_dir))
+        prompts = read_plan(regen_dir).prompts_dir
+        run_flow(resolve(regen_dir / CONFIG_FILE, list(set_ or [])), sorted(set(ids)), prompts)
 
     @app.command(
         "serve",

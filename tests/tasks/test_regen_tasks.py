@@ -1,4 +1,4 @@
-"""Regen tasks called as plain functions (``task.fn``): plan, shard, finalize; the cache key ignores servers."""
+"""The regen stage through the generic tasks (``task.fn``): plan, shard, finalize; the cache key ignores servers."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import pytest
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
-from eagle3.layout import ShardsFailed, shard_name
+from eagle3.layout import shard_name
+from eagle3.regen.plan import RegenPlan
+from eagle3.regen.stage import RegenStage, server_limit_names
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.serve.launch import reference_server
-from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task, server_limit_names
+from eagle3.stage import UnitsFailed
+from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 
 def _prompts(root: Path) -> Path:
@@ -41,16 +44,17 @@ def _prompts(root: Path) -> Path:
 
 
 def test_shard_task_cache_key_ignores_servers_and_is_none_until_the_shard_exists(tmp_path):
-    key = regen_shard_task.cache_key_fn
-    params = {"plan": {"regen_dir": str(tmp_path)}, "fingerprint": "f", "shard_index": 3}
-    assert key(None, {**params, "servers": ["http://a"]}) is None
+    plan = RegenPlan(stage="regen", fingerprint="f", out_dir=tmp_path, units=(3,), prompts_dir=tmp_path,
+                     prompts_fingerprint="p", shards={3: 1})  # fmt: skip
+    params = {"stage": RegenStage(), "plan": plan, "unit": 3}
+    assert unit_cache_key(None, {**params, "env": ["http://a"]}) is None
     (tmp_path / shard_name(3)).write_bytes(b"rows")
-    a = key(None, {**params, "servers": ["http://a"]})
-    b = key(None, {**params, "plan": {"regen_dir": str(tmp_path), "x": 2}, "servers": ["http://b"]})
+    a = unit_cache_key(None, {**params, "env": ["http://a"]})
+    b = unit_cache_key(None, {**params, "env": ["http://b"]})
     assert a is not None and a == b
-    assert key(None, {**params, "fingerprint": "g"}) != a
+    assert unit_cache_key(None, {**params, "plan": plan.model_copy(update={"fingerprint": "g"})}) != a
     (tmp_path / shard_name(3)).write_bytes(b"rebuilt rows")
-    assert key(None, params) != a
+    assert unit_cache_key(None, params) != a
     assert server_limit_names(["http://10.0.0.1:30000"]) == ["regen-server-10-0-0-1-30000"]
 
 
@@ -69,15 +73,15 @@ def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
             target=TargetConfig(model_path=str(model_dir), num_layers=8, hidden_size=128, vocab_size=300),
             regen=RegenConfig(servers=[server.url], max_new_tokens=2),
         )
-        planned = plan_regen_task.fn(config, str(prompts), [1])
-        assert planned["shard_ids"] == [1]
-        plan = planned["plan"]
-        report = regen_shard_task.fn(plan, plan["fingerprint"], 1, [server.url])
-    assert report["state"] == "done" and report["rows"] == 3
-    summary = finalize_regen_task.fn(plan, [])
-    assert summary["shards_pending"] == [0] and not summary["done"]
-    assert json.loads((Path(plan["regen_dir"]) / "failed_shards.json").read_text()) == []
-    with pytest.raises(ShardsFailed, match=r"regen failed for shards \[0\].*eagle3 retry-shards --run .* --failed"):
-        finalize_regen_task.fn(plan, [0])  # the failure policy: recorded, no manifest, the re-trigger command
-    assert json.loads((Path(plan["regen_dir"]) / "failed_shards.json").read_text()) == [0]
-    assert not (Path(plan["regen_dir"]) / "manifest.json").exists()
+        stage = RegenStage()
+        plan = plan_task.fn(stage, config, {"prompts_dir": str(prompts), "shard_ids": [1]})
+        assert plan.units == (1,)
+        report = unit_task.fn(stage, config, plan, 1, [server.url])
+    assert not report.skipped and report.rows == 3
+    result = finalize_task.fn(stage, config, plan, [report], [])
+    assert result.summary["shards_pending"] == [0] and not result.done
+    assert json.loads((plan.out_dir / "failed_shards.json").read_text()) == []
+    with pytest.raises(UnitsFailed, match=r"regen failed for units \[0\].*eagle3 retry-shards --run .* --failed"):
+        finalize_task.fn(stage, config, plan, [report], [0])  # the failure policy: recorded, no manifest, retrigger
+    assert json.loads((plan.out_dir / "failed_shards.json").read_text()) == [0]
+    assert not (plan.out_dir / "manifest.json").exists()

@@ -15,9 +15,10 @@ from transformers import AutoTokenizer
 from eagle3.data.template import render_conversation, render_prompt
 from eagle3.regen.plan import regen_fingerprint
 from eagle3.regen.sample import round_trips
-from eagle3.regen.stage import run_regen
+from eagle3.regen.stage import RegenStage
 from eagle3.runroot import Manifest
 from eagle3.serve.launch import is_healthy, reference_server
+from eagle3.stage import run_stage
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_every_prompt_regenerated_with_sent_prompt_ids_and_received_output_ids(
 ):
     prompts = regen_helpers.write_prompts(tmp_path, _prompts(regen_helpers))
     config = regen_helpers.config(tmp_path, regen_model_dir, [server.url])
-    summary = run_regen(config, prompts_dir=prompts)
+    summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
     assert summary["done"] and summary["failed_shards"] == []
     out = Path(summary["regen_dir"])
     assert out.name == regen_fingerprint(Manifest.read(prompts).fingerprint, config)
@@ -86,7 +87,7 @@ def test_without_servers_a_local_reference_server_runs_for_the_stage_and_truncat
 ):
     prompts = regen_helpers.write_prompts(tmp_path, [[regen_helpers.chat("a", "hello"), regen_helpers.chat("b", "hi")]])
     config = regen_helpers.config(tmp_path, regen_model_dir, [], max_new_tokens=1, keep_truncated=False)
-    summary = run_regen(config, prompts_dir=prompts)
+    summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
     out = Path(summary["regen_dir"])
     kept = pq.read_table(out / "shard-00000.parquet").num_rows
     assert kept + summary["dropped"] == 2 and summary["truncated"] == 0
@@ -100,7 +101,7 @@ def test_openai_path_records_that_output_ids_are_retokenized(tmp_path, regen_mod
         tmp_path, [[regen_helpers.chat("o1", "hello"), regen_helpers.chat("o2", "hi")]]
     )
     config = regen_helpers.config(tmp_path, regen_model_dir, [server.url], api="openai")
-    summary = run_regen(config, prompts_dir=prompts)
+    summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
     tok = AutoTokenizer.from_pretrained(regen_model_dir)
     for row in pq.read_table(Path(summary["regen_dir"]) / "shard-00000.parquet").to_pylist():
         meta = json.loads(row["meta"])

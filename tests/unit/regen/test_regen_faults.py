@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from eagle3.procs import free_port
 from eagle3.regen.journal import read_journal
-from eagle3.regen.stage import run_regen
+from eagle3.regen.stage import RegenStage
 from eagle3.runroot import Manifest
 from eagle3.serve.launch import reference_server
+from eagle3.stage import UnitsFailed, run_stage
 
 SYNTH = ["--synthetic-tokens", "4", "--synthetic-delay", "0.01"]
 
@@ -32,7 +34,7 @@ def test_two_servers_one_down_one_failing_completes_with_nothing_lost(tmp_path, 
         config = regen_helpers.config(
             tmp_path, regen_model_dir, [dead, flaky.url], max_retries=8, eject_after_failures=2, readmit_after_s=0.5
         )
-        summary = run_regen(config, prompts_dir=prompts)
+        summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
     assert summary["done"] and summary["failed"] == 0 and summary["failed_shards"] == []
     out = Path(summary["regen_dir"])
     assert sorted(_ids(out)) == sorted(r["sample_id"] for s in shards for r in s)
@@ -46,7 +48,8 @@ def test_injected_400s_end_as_failed_samples_with_the_server_message(tmp_path, r
     rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(12)]
     prompts = regen_helpers.write_prompts(tmp_path, [rows])
     with reference_server(None, extra_args=[*SYNTH, "--fault-bad-request-every", "4"]) as server:
-        summary = run_regen(regen_helpers.config(tmp_path, regen_model_dir, [server.url]), prompts_dir=prompts)
+        config = regen_helpers.config(tmp_path, regen_model_dir, [server.url])
+        summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
     out = Path(summary["regen_dir"])
     failed = pq.read_table(out / "failed-00000.parquet").to_pylist()
     assert len(failed) == 3 and summary["failed"] == 3 and summary["done"]
@@ -62,9 +65,9 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     regen = {"max_retries": 2, "concurrency_per_server": 2, "shards_in_flight": 1}  # shard 0 ends before the crash
     with reference_server(None, extra_args=[*SYNTH, "--fault-crash-after", "6"]) as doomed:
         config = regen_helpers.config(tmp_path, regen_model_dir, [doomed.url], **regen)
-        summary = run_regen(config, prompts_dir=prompts)
-    out = Path(summary["regen_dir"])
-    assert summary["failed_shards"] == [1] and not summary["done"]
+        with pytest.raises(UnitsFailed, match=r"regen failed for units \[1\]") as failure:
+            run_stage(RegenStage(), config, prompts_dir=prompts)
+    out = failure.value.out_dir
     assert json.loads((out / "failed_shards.json").read_text()) == [1]
     assert Manifest.read(out) is None
     assert sorted(_ids(out)) == [f"a{i}" for i in range(4)]
@@ -72,7 +75,7 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     assert journaled >= 1  # what succeeded before the crash is kept
     with reference_server(None, extra_args=SYNTH) as healthy:
         config = regen_helpers.config(tmp_path, regen_model_dir, [healthy.url], **regen)
-        summary = run_regen(config, prompts_dir=prompts, shard_ids=[1])
+        summary = run_stage(RegenStage(), config, prompts_dir=prompts, shard_ids=[1]).summary
     assert summary["done"] and summary["failed_shards"] == []
     assert Path(summary["regen_dir"]) == out  # servers are not part of the stage fingerprint
     assert sorted(_ids(out)) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(10)])

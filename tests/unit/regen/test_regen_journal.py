@@ -44,7 +44,7 @@ def test_compaction_dedups_by_sample_id_in_prompts_order(tmp_path, regen_model_d
         for sid in ("z", "x", "z", "y", "x"):
             journal.append(pretokenized_row(next(r for r in rows if r["sample_id"] == sid)))
         journal.append(failed_row({"sample_id": "y"}, "late duplicate", attempts=1))
-    report = compact_shard(plan, 0, template="t")
+    report = compact_shard(config, plan, 0, template="t")
     table = pq.read_table(tmp_path / "regen" / plan.fingerprint / "shard-00000.parquet").to_pylist()
     assert [r["sample_id"] for r in table] == ["x", "y", "z"]
     assert report.rows == 3 and report.failed == 0
