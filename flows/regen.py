@@ -1,4 +1,4 @@
-"""The regen flow: plan, one task per prompts shard (bounded by the task runner), finalize.
+"""The regen flow: plan, one task per prompts shard (on the config's task runner, ``flows.runners``), finalize.
 
 Servers: ``regen.servers``, or the project's reference server started for the length of the flow (tiny recipe).
 ``shard_ids`` re-runs only those shards (re-triggers of failed shards). A shard that fails after its retries does
@@ -12,22 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config import PipelineConfig
 from eagle3.regen.stage import regen_servers
+from flows.runners import shard_runner
 from tasks.common import gather_shards
 from tasks.regen import finalize_regen_task, plan_regen_task, regen_shard_task
 
 
-@flow(name="regen", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
+@flow(name="regen", log_prints=False)
 def regen_flow(
     config: PipelineConfig, shard_ids: list[int] | None = None, prompts_dir: str | None = None
 ) -> dict[str, Any]:
     """Regenerate the prompts stage's conversations with the target; returns the stage summary."""
     planned = plan_regen_task(config, prompts_dir, shard_ids)
     plan = planned["plan"]
-    with regen_servers(config, log_dir=Path(plan["regen_dir"])) as servers:
-        futures = {regen_shard_task.submit(plan, plan["fingerprint"], i, servers): i for i in planned["shard_ids"]}
+    with regen_servers(config, log_dir=Path(plan["regen_dir"])) as servers, shard_runner(config, "regen") as runner:
+        shared = {"plan": plan, "fingerprint": plan["fingerprint"], "servers": servers}
+        futures = {runner.submit(regen_shard_task, shared | {"shard_index": i}): i for i in planned["shard_ids"]}
         _reports, failed = gather_shards(futures)
     return finalize_regen_task(plan, failed)

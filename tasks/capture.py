@@ -1,7 +1,7 @@
 """Prefect tasks of the capture stage: plan, one task per regen shard, finalize, and the draft vocab.
 
 Placement: on the thread runner the shard tasks share one loaded model per process (``shared_backend``); with
-``orchestration.task_runner == "ray"`` the caller wraps submission in ``flows.runners.shard_placement(config,
+``orchestration.task_runner == "ray"`` the capture flow submits them through ``flows.runners.shard_runner(config,
 "capture")``, i.e. ``prefect_ray.context.remote_options(num_gpus=1)``, so Ray places one shard task per GPU
 (``prefect_ray`` is imported only there, only when asked for). Tasks carry the ``capture`` tag for Prefect
 concurrency limits (``prefect concurrency-limit create capture <n GPUs>``).

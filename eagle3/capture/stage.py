@@ -31,28 +31,42 @@ def plan_capture(config: PipelineConfig, *, regen_dir: Path, shard_ids: list[int
     missing = [i for i in wanted if i not in ready]
     if missing:
         logger.warning("regen shards %s are not finished in %s; capturing the %d that are", missing, regen, len(ready))
-    fp = features_fingerprint(config, regen.name)
+    features_dir = features_dir_for(config, regen)
     return {
         "regen_dir": str(regen),
-        "fingerprint": fp,
-        "features_dir": str(stage_dir(config.root_path, "capture", fp)),
+        "fingerprint": features_dir.name,
+        "features_dir": str(features_dir),
         "shards": ready,
         "missing": missing,
     }
 
 
-def capture_progress(plan: dict[str, Any]) -> tuple[int, int]:
-    """(samples done, samples total) of a plan, read from files on disk (safe to call from another process).
+def features_dir_for(config: PipelineConfig, regen_dir: Path) -> Path:
+    """``<root>/features/<fp>``: the features stage of this config over a regen stage (one per regen stage)."""
+    return stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
 
-    A finished shard counts all its regen rows; a running one the rows of its finished part files."""
+
+def capture_progress(regen_dir: Path, features_dir: Path, *, shard_ids: list[int] | None = None) -> tuple[int, int]:
+    """(samples done, samples total) over the finished regen shards (or only ``shard_ids``), read from files on disk
+    (safe to call from another process while the flow runs, and without its plan).
+
+    A finished feature shard counts all its regen rows; a running one the rows of its finished part files. A regen
+    shard that does not open yet is not counted: the flow's plan skips it as not ready too."""
     from eagle3.capture.run import output_paths
     from eagle3.data.parquet import ShardError, open_shard
 
-    out_dir, done, total = Path(plan["features_dir"]), 0, 0
-    for index, regen_shard in plan["shards"].items():
-        rows = open_shard(Path(regen_shard)).metadata.num_rows
+    wanted = None if shard_ids is None else set(shard_ids)
+    done, total = 0, 0
+    for regen_shard in sorted(Path(regen_dir).glob(SHARD_GLOB)):
+        index = shard_index_of(regen_shard)
+        if wanted is not None and index not in wanted:
+            continue
+        try:
+            rows = open_shard(regen_shard).metadata.num_rows
+        except (ShardError, FileNotFoundError):
+            continue
         total += rows
-        shard, _, parts = output_paths(out_dir, int(index))
+        shard, _, parts = output_paths(Path(features_dir), index)
         if shard.exists():
             done += rows
             continue
