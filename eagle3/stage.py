@@ -109,6 +109,7 @@ class Stage(ABC, Generic[P]):
     unit_name: ClassVar[str] = "unit"  # how the UI names a unit: shard, source, ...
     retries: ClassVar[int] = 1  # how often a failed unit is retried (it resumes) before it counts as failed
     inputs: ClassVar[dict[str, str]] = {}  # plan parameter -> the upstream stage whose directory it takes
+    scale_out: ClassVar[bool] = False  # units run on the configured task runner (threads or a Ray cluster)
 
     @abstractmethod
     def plan(self, config: PipelineConfig, **inputs: Any) -> P: ...

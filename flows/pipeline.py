@@ -9,7 +9,8 @@ Design choices:
   nightly run over a grown prompt set all redo only what is missing.
 * The night's shard selection is a task over the run root (``eagle3.scaling``): the first whole prompt shards
   covering ``previous total + scale``; explicit ``shard_ids`` override it (re-triggers, tests).
-* Regen and capture get the task runner from ``orchestration`` (threads, or Ray with one GPU per capture task).
+* Regen and capture run their shards on the task runner ``orchestration`` names (threads, or Ray with one GPU per
+  capture task); each stage flow picks it from its config (``flows.runners``).
 * A refused gate ends the run **Failed** with the report path in the message; the report is also the
   ``gate-report`` markdown artifact, and the night's point is on the scaling curve either way.
 """
@@ -27,7 +28,6 @@ from flows.discover import discover_flow
 from flows.gate import gate_flow
 from flows.normalize import normalize_flow
 from flows.regen import regen_flow
-from flows.runners import build_task_runner, shard_placement
 from flows.train import train_flow
 from tasks.common import resolve_config_task
 from tasks.pipeline import (
@@ -51,17 +51,12 @@ def data_scaling(
     ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
     """
     config = resolve_config_task(ConfigRef(recipe=recipe, overrides=overrides or []))
-    runner = build_task_runner(config.orchestration)
     tiny_world_task(config)
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)
     night = plan_night_task(config, prompts, scale, shard_ids)
-    with shard_placement(config, "regen"):
-        regen = regen_flow.with_options(task_runner=runner)(config, shard_ids=night["shard_ids"], prompts_dir=prompts)
-    with shard_placement(config, "capture"):
-        features = capture_flow.with_options(task_runner=runner)(
-            config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"]
-        )
+    regen = regen_flow(config, shard_ids=night["shard_ids"], prompts_dir=prompts)
+    features = capture_flow(config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"])
     vocab = vocab_flow(config, features)
     draft = train_flow(config, features, vocab)
     gate = gate_flow(config, [draft["export"]], features_dir=features)

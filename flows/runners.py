@@ -1,8 +1,9 @@
 """Task runners from config: threads by default, a Ray cluster for shard scale-out (DESIGN §7).
 
-Stage flows are decorated with a default task runner; the pipeline swaps it per run with
-``flow.with_options(task_runner=build_task_runner(config.orchestration))`` so one config key moves regen and capture
-shards from local threads onto a Ray cluster. ``prefect-ray`` is an optional extra (``pip install
+A sharded stage flow (regen, capture) submits its shard tasks to :func:`shard_runner`, built from the config the
+flow is given: a flow's decorated task runner is fixed at import time, so choosing it there (or in every caller) could
+not follow the config. One config key thus moves regen and capture shards from local threads onto a Ray cluster,
+whoever calls the flow (the CLI, the pipeline, a deployment). ``prefect-ray`` is an optional extra (``pip install
 'eagle3-pipeline[ray]'``) imported only when asked for. On a GPU cluster every capture shard task asks Ray for one
 GPU (``remote_options(num_gpus=1)``), so Ray packs one capture task per device; regen shards stay CPU tasks (they
 only drive HTTP clients against the SGLang servers).
@@ -44,6 +45,14 @@ def shard_resources(config: PipelineConfig, stage: ShardStage) -> dict[str, Any]
     if stage == "capture" and config.capture.device.startswith("cuda"):
         return {"num_gpus": 1}
     return {"num_cpus": 1}
+
+
+@contextlib.contextmanager
+def shard_runner(config: PipelineConfig, stage: ShardStage) -> Iterator[TaskRunner[Any]]:
+    """The config's task runner, started for the block, with ``stage``'s placement applied: submit the shard tasks
+    with ``runner.submit(task, parameters)`` and wait for them inside the block (leaving it shuts the runner down)."""
+    with build_task_runner(config.orchestration) as runner, shard_placement(config, stage):
+        yield runner
 
 
 @contextlib.contextmanager

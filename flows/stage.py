@@ -1,22 +1,24 @@
 """The one wiring of a stage flow: plan -> units (bounded, placed, followed) -> finalize.
 
 Every stage flow (``flows/<stage>.py``) is a named ``@flow`` whose body calls :func:`run_stage`. Units are submitted
-to the flow's task runner, at most ``stage.max_in_flight(config)`` at a time, inside ``stage.resources`` (regen's
-servers) and the Ray placement of ``flows.runners``. While they run, one progress artifact per stage run
+at most ``stage.max_in_flight(config)`` at a time, inside ``stage.resources`` (regen's servers): a scale-out stage's
+(regen, capture) on the config's task runner with its Ray placement (``flows.runners.shard_runner``), any other's
+on the flow's own runner. While they run, one progress artifact per stage run
 (``<stage>-progress-<fp>``) is refreshed from ``stage.progress(plan)``, which reads the stage's files: the same
 numbers whatever process or Ray worker runs a unit, and only this run's work counts toward the rate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config import PipelineConfig
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
-from flows.runners import shard_placement
+from flows.runners import shard_runner
 from tasks.common import Progress, artifact_key
 from tasks.stage import stage_tasks
 
@@ -29,11 +31,23 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
     plan_task, unit_task, finalize_task = stage_tasks(stage)
     plan: Plan = plan_task(stage, config, inputs)
     tracker = _progress(stage, plan, config)
-    with stage.resources(config, plan) as env, shard_placement(config, stage.name):
-        reports, failed = _run_units(lambda unit: unit_task.submit(stage, config, plan, unit, env), list(plan.units),
-                                     in_flight=stage.max_in_flight(config), poll=tracker)  # fmt: skip
+    with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
+        reports, failed = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,
+                                                          "unit": unit, "env": env}),
+                                     list(plan.units), in_flight=stage.max_in_flight(config), poll=tracker)  # fmt: skip
     tracker(force=True)
     return finalize_task(stage, config, plan, reports, failed)
+
+
+@contextmanager
+def _submitter(stage: Stage[Any], config: PipelineConfig, unit_task: Any) -> Iterator[Callable[..., Any]]:
+    """Submit unit tasks on the config's task runner (threads or Ray, with the stage's placement) for scale-out
+    stages, on the flow's own runner otherwise; units are waited for inside the block."""
+    if not stage.scale_out:
+        yield lambda parameters: unit_task.submit(**parameters)
+        return
+    with shard_runner(config, stage.name) as runner:  # type: ignore[arg-type]
+        yield lambda parameters: runner.submit(unit_task, parameters)
 
 
 def _progress(stage: Stage[Any], plan: Plan, config: PipelineConfig) -> Callable[..., None]:

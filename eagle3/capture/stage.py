@@ -30,6 +30,39 @@ from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, U
 logger = logging.getLogger(__name__)
 
 
+def features_dir_for(config: PipelineConfig, regen_dir: Path) -> Path:
+    """``<root>/features/<fp>``: the features stage of this config over a regen stage (one per regen stage)."""
+    return stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
+
+
+def capture_progress(regen_dir: Path, features_dir: Path, *, shard_ids: Sequence[int] | None = None) -> tuple[int, int]:
+    """(samples done, samples total) over the finished regen shards (or only ``shard_ids``), read from files on disk
+    (safe from another process while a flow runs, and without its plan): a finished feature shard counts all its
+    regen rows, a running one the rows of its finished part files; a regen shard that does not open yet is not
+    counted (the plan skips it as not ready too)."""
+    wanted = None if shard_ids is None else set(shard_ids)
+    done = total = 0
+    for regen_shard in sorted(Path(regen_dir).glob(SHARD_GLOB)):
+        index = shard_index_of(regen_shard)
+        if wanted is not None and index not in wanted:
+            continue
+        try:
+            rows = open_shard(regen_shard).metadata.num_rows
+        except (ShardError, FileNotFoundError):
+            continue
+        total += rows
+        shard, _, parts = output_paths(Path(features_dir), index)
+        if shard.exists():
+            done += rows
+            continue
+        for part in parts.glob("*.part-*.parquet") if parts.exists() else []:
+            try:
+                done += open_shard(part).metadata.num_rows
+            except (ShardError, FileNotFoundError):
+                continue  # removed by the merge between listing and opening
+    return done, total
+
+
 class CapturePlan(Plan):
     regen_dir: Path
     shards: dict[int, Path]  # ready shard index -> its regen shard
@@ -39,6 +72,7 @@ class CapturePlan(Plan):
 class CaptureStage(Stage[CapturePlan]):
     name = "capture"
     unit_name = "shard"
+    scale_out = True
     inputs: ClassVar[dict[str, str]] = {"regen_dir": "regen"}
 
     def plan(self, config: PipelineConfig, *, regen_dir: Path, shard_ids: Sequence[int] | None = None) -> CapturePlan:
@@ -51,9 +85,9 @@ class CaptureStage(Stage[CapturePlan]):
         if missing:
             logger.warning("regen shards %s are not finished in %s; capturing the %d that are", missing, regen,
                            len(ready))
-        fp = features_fingerprint(config, regen.name)
-        return CapturePlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "capture", fp),
-                           units=tuple(ready), regen_dir=regen, shards=ready, missing=missing)  # fmt: skip
+        out = features_dir_for(config, regen)
+        return CapturePlan(stage=self.name, fingerprint=out.name, out_dir=out, units=tuple(ready), regen_dir=regen,
+                           shards=ready, missing=missing)  # fmt: skip
 
     def run_unit(
         self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,
@@ -68,21 +102,7 @@ class CaptureStage(Stage[CapturePlan]):
         return output_paths(plan.out_dir, int(unit))[0]
 
     def progress(self, plan: CapturePlan) -> Progress:
-        """Samples done / planned, from files on disk (safe from another process): a finished shard counts all its
-        regen rows, a running one the rows of its finished part files."""
-        done = total = 0
-        for index, regen_shard in plan.shards.items():
-            rows = open_shard(regen_shard).metadata.num_rows
-            total += rows
-            shard, _, parts = output_paths(plan.out_dir, index)
-            if shard.exists():
-                done += rows
-                continue
-            for part in parts.glob("*.part-*.parquet") if parts.exists() else []:
-                try:
-                    done += open_shard(part).metadata.num_rows
-                except (ShardError, FileNotFoundError):
-                    continue  # removed by the merge between listing and opening
+        done, total = capture_progress(plan.regen_dir, plan.out_dir, shard_ids=list(plan.units))
         return Progress(done=done, total=total)
 
     def retrigger(self, plan: CapturePlan, failed: Sequence[Unit]) -> str:

@@ -58,6 +58,7 @@ def server_limit_names(servers: Sequence[str]) -> list[str]:
 class RegenStage(Stage[RegenPlan]):
     name = "regen"
     unit_name = "shard"
+    scale_out = True
     retries = 2
     inputs: ClassVar[dict[str, str]] = {"prompts_dir": "normalize"}
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from flows.commands.common import (
     EXIT_FAILED,
     CliError,
     ConfigOption,
+    Poll,
     RecipeOption,
     SetOption,
     bad_input,
@@ -20,25 +19,21 @@ from flows.commands.common import (
     print_table,
     resolve_config,
     results,
+    watch_progress,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from eagle3.model.vocab import DraftVocab
-    from eagle3.stage import Progress as StageProgress
 
 
-def _watch(progress: Callable[[], StageProgress], stop: threading.Event) -> None:
-    """Poll the features directory and draw samples done / total until ``stop`` is set."""
-    columns = (TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-               TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        first = progress()
-        task = bar.add_task("capture", total=first.total, completed=first.done)
-        while not stop.wait(1.0):
-            bar.update(task, completed=progress().done)
-        bar.update(task, completed=progress().done)
+def _capture_poll(regen_dir: Path, features_dir: Path, shard_ids: list[int] | None) -> Poll:
+    """``capture_progress`` of the stage as (samples done, total) for :func:`watch_progress`."""
+    from eagle3.capture.stage import capture_progress
+
+    def poll() -> tuple[int, int, str]:
+        return *capture_progress(regen_dir, features_dir, shard_ids=shard_ids), "samples"
+
+    return poll
 
 
 def register(app: typer.Typer) -> None:
@@ -51,25 +46,17 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
-        from eagle3.capture.stage import CaptureStage
+        from eagle3.capture.stage import features_dir_for
         from eagle3.lineage import Lineage
         from flows.capture import capture_flow
-        from flows.runners import build_task_runner, shard_placement
 
         cfg = resolve_config(recipe, config, set_)
-        stage = CaptureStage()
-        plan = stage.plan(cfg, regen_dir=Lineage(cfg).input("regen", regen_dir), shard_ids=shard_ids or None)
-        console.print(f"regen {plan.regen_dir} -> features {plan.out_dir} ({len(plan.units)} shards)")
-        stop = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(lambda: stage.progress(plan), stop), daemon=True)
-        watcher.start()
-        try:
-            with shard_placement(cfg, "capture"):
-                flow = capture_flow.with_options(task_runner=build_task_runner(cfg.orchestration))
-                state = flow(cfg, shard_ids=list(plan.units), regen_dir=str(plan.regen_dir), return_state=True)
-        finally:
-            stop.set()
-            watcher.join()
+        regen = Lineage(cfg).input("regen", regen_dir)
+        features_dir = features_dir_for(cfg, regen)
+        ids = list(shard_ids) if shard_ids else None
+        console.print(f"regen {regen} -> features {features_dir}")
+        with watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):
+            state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
         if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
             raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
         typer.echo(f"features: {state.result()}")

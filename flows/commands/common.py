@@ -4,6 +4,9 @@ the exit-code table.
 Streams: a command's result (a table, a report, the path it produced) goes to stdout, so it can be piped; progress,
 plans and status lines go to stderr (``console``).
 
+A command that runs a long flow shows a progress bar (:func:`watch_progress`) polled from a library status function
+that reads the stage's files, so the flow needs no hook for it and the bar matches ``<stage> status`` output.
+
 Exit codes, the same for every command:
 
 * ``0``: success.
@@ -22,7 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 import click
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -136,3 +141,36 @@ def rich_table(title: str, rows: Sequence[Mapping[str, Any]]) -> Table:
 def print_json(data: Any) -> None:
     """A result as indented JSON on stdout (the ``--json`` form of a command)."""
     typer.echo(json.dumps(data, indent=2))
+
+
+# (done, total, extra text shown after the count), or None while the stage has nothing to report yet.
+Poll = Callable[[], tuple[int, int, str] | None]
+
+
+@contextmanager
+def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0) -> Iterator[None]:
+    """A progress bar on stderr for the block: a thread calls ``poll`` every ``every_s`` seconds (and once more when
+    the block exits, so the last count shows) and draws done / total, the extra text and an ETA."""
+    stop = threading.Event()
+
+    def draw() -> None:
+        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[extra]}"),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console) as bar:
+            task = bar.add_task(label, total=None, extra="")
+            while True:
+                stopping = stop.wait(every_s)
+                polled = poll()
+                if polled is not None:
+                    done, total, extra = polled
+                    bar.update(task, completed=done, total=total, extra=extra)
+                if stopping:
+                    return
+
+    watcher = threading.Thread(target=draw, name=f"{label}-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()

@@ -5,23 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from flows.commands.common import console, results
-
-
-def build_tiny(cache_dir: Path | None = None, *, report: Console) -> None:
-    """Build the tiny world with a live status line; shared by ``dev build-tiny`` (where the world is the result,
-    so ``report`` is stdout) and ``run --recipe tiny`` (where it is a first step, so stderr)."""
-    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
-    from eagle3.recipes import eagle3_home
-
-    cache = cache_dir or eagle3_home() / "cache"
-    with console.status("building the tiny world") as status:
-        world, hit = build_tiny_world(cache, TinyWorldSpec(), progress=lambda msg: status.update(msg))
-    report.print(f"tiny world: {'cache hit' if hit else 'built'} at {world.root}")
-    for key, value in world.report.items():
-        report.print(f"  {key}: {value}")
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +17,14 @@ def register(app: typer.Typer) -> None:
         cache_dir: Path | None = typer.Option(None, help="Where to cache it (default: $EAGLE3_HOME/cache)."),
     ) -> None:
         """Build the tiny world (sample datasets, BPE tokenizer, tiny Llama target); a second call is a cache hit."""
-        build_tiny(cache_dir, report=results)
+        from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+        from eagle3.recipes import eagle3_home
+
+        with console.status("building the tiny world") as status:
+            world, hit = build_tiny_world(cache_dir or eagle3_home() / "cache", TinyWorldSpec(),
+                                          progress=lambda msg: status.update(msg))
+        results.print(f"tiny world: {'cache hit' if hit else 'built'} at {world.root}")
+        for key, value in world.report.items():
+            results.print(f"  {key}: {value}")
 
     app.add_typer(group, name="dev")

@@ -8,71 +8,53 @@ its arguments to ``python -m eagle3.serve`` (argparse lives in the library; see 
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from eagle3.config import PipelineConfig
 from flows.commands.common import (
     EXIT_FAILED,
     CliError,
     ConfigOption,
     JsonOption,
+    Poll,
     RecipeOption,
     SetOption,
     console,
     print_json,
     resolve_config,
+    watch_progress,
 )
 
 RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp>).")
 
 
-def _watch(regen_dir: Path, stop: threading.Event) -> None:
-    """A rich progress bar fed by ``regen_status`` every 2 s until ``stop`` is set."""
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
-
+def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
+    """``regen_status`` of this run's shards as (done, total, throughput) for :func:`watch_progress`."""
     from eagle3.layout import StageInputError
     from eagle3.regen.status import regen_status
 
-    with Progress(
-        TextColumn("regen"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("regen", total=None, rate="")
-        while not stop.wait(2.0):
-            try:
-                status = regen_status(regen_dir)
-            except StageInputError:
-                continue  # the flow has not written plan.json yet
-            rate = f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else ""
-            bar.update(task, total=status.total, completed=status.done, rate=rate)
+    def poll() -> tuple[int, int, str] | None:
+        try:
+            status = regen_status(regen_dir, shard_ids=shard_ids)
+        except StageInputError:
+            return None  # the flow has not written plan.json yet
+        return status.done, status.total, f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else ""
+
+    return poll
 
 
-def run_flow(config: Any, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
-    """Run the regen flow with the config's task runner and a CLI progress bar; exit 1 when shards failed."""
+def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
+    """Run the regen flow with a CLI progress bar; exit 1 when shards failed."""
     from eagle3.lineage import Lineage
     from eagle3.regen.plan import regen_dir_for
     from flows.regen import regen_flow
-    from flows.runners import build_task_runner
 
     prompts_dir = Lineage(config).input("normalize", prompts)
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(regen_dir_for(config, prompts_dir), stop), daemon=True)
-    watcher.start()
-    try:
-        flow = regen_flow.with_options(task_runner=build_task_runner(config.orchestration))
-        state = flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir),
-                     return_state=True)
-    finally:
-        stop.set()
-        watcher.join()
+    with watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):
+        state = regen_flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True)
     if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
         raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
     summary = state.result()

@@ -25,7 +25,6 @@ from flows.commands.common import (
     resolve_config,
     results,
 )
-from flows.commands.dev import build_tiny
 
 ScaleOption = typer.Option(
     None, "--scale", min=1, help="Grow the cumulative training set by this many prompts (default: use them all)."
@@ -42,11 +41,12 @@ def register(app: typer.Typer) -> None:
         scale: int | None = ScaleOption,
         shard: list[int] | None = ShardsOption,
     ) -> None:
-        """Run the pipeline (discover -> ... -> gate); the tiny recipe first builds (or reuses) the tiny world."""
-        cfg = resolve_config(recipe, config, set_)
-        if cfg.dev.tiny_world:
-            build_tiny(Path(cfg.dev.cache_dir) if cfg.dev.cache_dir else None, report=console)
+        """Run the pipeline (discover -> ... -> gate); with the tiny recipe its first task builds (or reuses) the
+        tiny world."""
+        cfg = resolve_config(recipe, config, set_)  # a config error exits 2 here, before Prefect starts
         console.print(f"run root: {cfg.root_path}")
+        if cfg.dev.tiny_world:
+            console.print("tiny world: built (or reused) by the run's first task, which logs where")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
         from flows.pipeline import data_scaling
 

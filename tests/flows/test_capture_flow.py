@@ -1,25 +1,35 @@
 """The capture flow captures every ready regen shard, writes the manifest, skips finished shards on a re-run,
-and the vocab flow builds the draft vocab from it."""
+and the vocab flow builds the draft vocab from it; ``eagle3 capture`` runs the same flow."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 from eagle3.runroot import Manifest
 
 
 def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, prefect_harness):
+    from eagle3.capture.stage import capture_progress, features_dir_for
     from eagle3.config import with_overrides
     from flows.capture import capture_flow, vocab_flow
+    from flows.cli import app
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
     regen = write_regen_stage(config.root_path / "regen" / "flowfp", rows=4, seed=5)
+    assert capture_progress(regen, features_dir_for(config, regen)) == (0, 8)  # what the CLI's bar polls
     features = Path(capture_flow(config, regen_dir=str(regen)))
+    assert features == features_dir_for(config, regen)
+    assert capture_progress(regen, features) == (8, 8) and capture_progress(regen, features, shard_ids=[1]) == (4, 4)
     manifest = Manifest.read(features)
     assert manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 8
     assert sorted(p.name for p in features.glob("shard-*.parquet")) == ["shard-00000.parquet", "shard-00001.parquet"]
     stamp = {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*.parquet")}
-    assert capture_flow(config, regen_dir=str(regen)) == str(features)
+    rerun = CliRunner().invoke(app, ["capture", "--regen-dir", str(regen), "--set", f"root={config.root}",
+                                     "--set", "vocab.draft_vocab_size=64"])  # fmt: skip
+    assert rerun.exit_code == 0, rerun.output
+    assert rerun.stdout.strip() == f"features: {features}"
     assert {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*.parquet")} == stamp  # nothing redone
     vocab = Path(vocab_flow(config, str(features)))
     assert vocab.exists() and Manifest.read(vocab.parent).stats["draft_vocab_size"] == 64

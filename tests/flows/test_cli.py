@@ -114,3 +114,23 @@ def test_datasets_list_json_is_parseable_with_typed_values():
     assert set(listed) == {e.name for e in entries()}
     assert listed["sharegpt"]["hub_id"] == "anon8231489123/ShareGPT_Vicuna_unfiltered"
     assert isinstance(listed["sharegpt"]["rows"], int) and isinstance(listed["sharegpt"]["domains"], list)
+
+
+def test_watch_progress_polls_until_the_block_exits_and_once_more_after():
+    import time
+
+    from flows.commands.common import watch_progress
+
+    answers = iter([None, (1, 4, "")])
+    calls: list[int] = []
+
+    def poll() -> tuple[int, int, str] | None:
+        calls.append(1)
+        return next(answers, (4, 4, "done"))
+
+    with watch_progress("test", poll, every_s=0.01):
+        while len(calls) < 3:
+            time.sleep(0.01)
+    settled = len(calls)
+    assert settled >= 4, "the last poll after the block shows the final count"
+    assert len(calls) == settled, "the watcher thread stopped with the block"

@@ -8,9 +8,9 @@ import pytest
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from eagle3.config import ConfigError, OrchestrationConfig
+from eagle3.config import ConfigError, OrchestrationConfig, PipelineConfig
 from eagle3.recipes import load_recipe
-from flows.runners import build_task_runner, shard_placement, shard_resources
+from flows.runners import build_task_runner, shard_placement, shard_resources, shard_runner
 
 
 def test_thread_runner_by_default_sized_by_max_workers():
@@ -42,16 +42,22 @@ def _worker_pid(shard: int) -> tuple[int, int]:
 
 
 @flow
-def _shards(shard_ids: list[int]) -> list[tuple[int, int]]:
-    return [f.result() for f in _worker_pid.map(shard_ids)]
+def _shards(config: PipelineConfig, shard_ids: list[int]) -> list[tuple[int, int]]:
+    with shard_runner(config, "regen") as runner:
+        return [runner.submit(_worker_pid, {"shard": shard}).result() for shard in shard_ids]
+
+
+def test_shard_runner_runs_shard_tasks_on_threads_in_this_process_by_default(prefect_harness):
+    config = load_recipe("tiny", ["orchestration.max_workers=2"])
+    results = _shards(config, [0, 1, 2])
+    assert sorted(shard for shard, _ in results) == [0, 1, 2]
+    assert all(pid == os.getpid() for _, pid in results), "the thread runner runs shard tasks in this process"
 
 
 @pytest.mark.slow
 def test_ray_runner_runs_shard_tasks_in_ray_worker_processes(prefect_harness):
     pytest.importorskip("prefect_ray", reason="needs the [ray] extra")
     config = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray", "orchestration.max_workers=2"])
-    runner = build_task_runner(config.orchestration)
-    with shard_placement(config, "regen"):
-        results = _shards.with_options(task_runner=runner)([0, 1, 2])
+    results = _shards(config, [0, 1, 2])
     assert sorted(shard for shard, _ in results) == [0, 1, 2]
     assert all(pid != os.getpid() for _, pid in results), "shard tasks ran in the flow process, not on Ray"
