@@ -1,4 +1,8 @@
-"""The train flow: plan the draft directory, train (torchrun workers), export the SGLang directory."""
+"""The train flow: train the draft (torchrun workers), then export the SGLang directory.
+
+Both are the one stage wiring (``flows.stage.run_stage``) over their library stage (``eagle3.train.stage``): the
+export reads the draft directory, vocab and features the train stage planned.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,17 @@ from typing import Any
 from prefect import flow
 
 from eagle3.config import PipelineConfig
-from tasks.train import export_draft_task, plan_draft_task, train_draft_task
+from eagle3.train.stage import ExportStage, TrainStage
+from flows.stage import run_stage
 
 
 @flow(name="train", log_prints=False)
-def train_flow(config: PipelineConfig, features_dir: str, vocab: str) -> dict[str, Any]:
-    """Train an EAGLE-3 draft on finished features and a vocab, then export it; returns paths and the summary."""
-    plan = plan_draft_task(config, features_dir, vocab)
-    summary = train_draft_task(config, features_dir, plan["vocab"], plan["out_dir"], plan["fingerprint"])
-    export = export_draft_task(config, plan["out_dir"], plan["vocab"], features_dir, plan["fingerprint"])
-    return {**plan, "export": export, "summary": summary}
+def train_flow(config: PipelineConfig, features_dir: str | None = None, vocab: str | None = None) -> dict[str, Any]:
+    """Train an EAGLE-3 draft on finished features and a vocab (default: the ones this config names), then export
+    it; returns the draft's fingerprint, directory, vocab file, training-sample count, export path and summary."""
+    train = run_stage(TrainStage(), config, features_dir=features_dir, vocab=vocab)
+    plan = train.summary
+    export = run_stage(ExportStage(), config, draft_dir=train.out_dir, vocab=plan["vocab"],
+                       features_dir=plan["features_dir"])  # fmt: skip
+    return {"fingerprint": train.fingerprint, "out_dir": str(train.out_dir), "vocab": plan["vocab"],
+            "train_samples": plan["train_samples"], "export": export.summary["export"], "summary": train.summary}

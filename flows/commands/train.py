@@ -54,12 +54,12 @@ def export(
 ) -> None:
     """Write the SGLang draft directory (exact key set, validated) from a training checkpoint."""
     from eagle3.train.export import export_draft
+    from eagle3.train.stage import vocab_file
 
     overrides = [*(set_ or []), *([f"export.push_to_hub={push_to_hub}"] if push_to_hub else [])]
     cfg = resolve_config(recipe, config, overrides)
-    vocab_file = vocab / "vocab.safetensors" if vocab.is_dir() else vocab
     with bad_input(ValueError):  # a checkpoint, vocab or features dir that does not make a valid export
-        path = export_draft(cfg, draft_dir, vocab_file, features, out)
+        path = export_draft(cfg, draft_dir, vocab_file(vocab), features, out)
     console.print(f"[green]exported[/green] {path}")
 
 

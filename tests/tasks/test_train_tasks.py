@@ -1,9 +1,11 @@
-"""Train-stage tasks called as plain functions (``task.fn``): plan, train through the real worker subprocess
-(``python -m eagle3.train`` on Parquet features), resume-on-rerun, export with the capture manifest's layer ids."""
+"""The train and export stages through the generic stage tasks (``task.fn``): plan, train through the real worker
+subprocess (``python -m eagle3.train`` on Parquet features), resume-on-rerun, export with the capture manifest's
+layer ids, and the unit cache keys."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,10 @@ from prefect.logging import disable_run_logger
 from eagle3.capture.run import capture_shard, finalize_features
 from eagle3.config import with_overrides
 from eagle3.model.export_format import validate_export
+from eagle3.stage import Progress
+from eagle3.train.stage import ExportPlan, ExportStage, TrainPlan, TrainStage
 from eagle3.train.vocab import build_vocab_stage
+from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 TRAIN_OVERRIDES = ["vocab.draft_vocab_size=64", "train.max_steps=4", "train.ttt_steps=2", "train.batch_size=2",
                    "train.save_every=2", "train.log_every=1", "train.max_seq_len=256"]
@@ -34,37 +39,66 @@ def train_setup(tiny_config, write_regen_stage, tmp_path):
     return config, features, vocab
 
 
-@pytest.mark.slow
-def test_train_task_runs_the_worker_and_export_task_writes_a_valid_draft(train_setup, prefect_harness):
-    from tasks.train import export_draft_task, plan_draft_task, train_draft_task
+def _worker_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "eagle3.train.stage"]
 
+
+@pytest.mark.slow
+def test_train_runs_the_worker_resumes_on_rerun_and_export_writes_a_valid_draft(train_setup, prefect_harness, caplog):
     config, features, vocab = train_setup
+    train = TrainStage()
+    caplog.set_level(logging.INFO, logger="eagle3")
     with disable_run_logger():
-        plan = plan_draft_task.fn(config, features, vocab)
-        assert plan["train_samples"] == 8 and Path(plan["out_dir"]).name == plan["fingerprint"]
-        result = train_draft_task.fn(config, features, plan["vocab"], plan["out_dir"], plan["fingerprint"])
-        assert result["steps"] == 4
-        ckpt = Path(plan["out_dir"]) / "ckpt"
+        plan = plan_task.fn(train, config, {"features_dir": features, "vocab": str(Path(vocab).parent)})
+        assert plan.train_samples == 8 and plan.out_dir.name == plan.fingerprint and plan.vocab == Path(vocab)
+        assert train.progress(plan) == Progress(done=0, total=4, unit="steps")
+        first = unit_task.fn(train, config, plan, 0)
+        ckpt = plan.out_dir / "ckpt"
+        assert not first.skipped and (ckpt / "latest").read_text().strip() == "step-000004"
+        assert any("step 4/4" in line for line in _worker_lines(caplog))  # worker lines reach the library logger
+        assert train.progress(plan).done == 4
+
+        (ckpt / "latest").write_text("step-000002")  # as if killed after the step-2 checkpoint
+        caplog.clear()
+        resumed = unit_task.fn(train, config, plan, 0)
+        assert not resumed.skipped and any("resumed from" in line for line in _worker_lines(caplog))
         assert (ckpt / "latest").read_text().strip() == "step-000004"
-        rerun = train_draft_task.fn(config, features, plan["vocab"], plan["out_dir"], plan["fingerprint"])
-        assert rerun["steps"] == 4  # resumed from latest: nothing left to train
-        export = Path(export_draft_task.fn(config, plan["out_dir"], plan["vocab"], features, plan["fingerprint"]))
-    assert validate_export(export) == []
-    cfg = json.loads((export / "config.json").read_text())
+        assert unit_task.fn(train, config, plan, 0).skipped  # finished: no worker is started again
+        result = finalize_task.fn(train, config, plan, [resumed], [])
+        assert result.done and result.summary["steps"] == 4 and "loss" in result.summary["final"]
+
+        export = ExportStage()
+        export_plan = plan_task.fn(export, config, {"draft_dir": plan.out_dir, "vocab": str(plan.vocab),
+                                                    "features_dir": features})  # fmt: skip
+        report = unit_task.fn(export, config, export_plan, 0)
+        exported = finalize_task.fn(export, config, export_plan, [report], [])
+    path = Path(exported.summary["export"])
+    assert path == plan.out_dir / "export" and validate_export(path) == []
+    assert exported.markdown == (path / "README.md").read_text()  # the model card is the export summary artifact
+    cfg = json.loads((path / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
 
 
 def test_train_and_export_cache_keys_exist_only_while_their_outputs_do(tmp_path):
-    from tasks.train import _export_cache_key, _train_cache_key
+    def plans(root: Path) -> tuple[TrainPlan, ExportPlan]:
+        out, features, vocab = root / "drafts" / "fp", root / "features" / "f", root / "vocab" / "v"
+        return (TrainPlan(stage="train", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab,
+                          train_samples=8, planned_steps=4),
+                ExportPlan(stage="export", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab))
 
-    old_root = {"fingerprint": "fp", "out_dir": str(tmp_path / "old" / "drafts" / "fp")}
-    new_root = {"fingerprint": "fp", "out_dir": str(tmp_path / "new" / "drafts" / "fp")}
-    latest, weights = Path(old_root["out_dir"]) / "ckpt" / "latest", Path(old_root["out_dir"]) / "export"
-    assert _train_cache_key(None, old_root) is None and _export_cache_key(None, old_root) is None
+    def keys(root: Path) -> list[str | None]:
+        train, export = plans(root)
+        return [unit_cache_key(None, {"stage": TrainStage(), "plan": train, "unit": 0}),
+                unit_cache_key(None, {"stage": ExportStage(), "plan": export, "unit": 0})]
+
+    old = tmp_path / "old"
+    assert keys(old) == [None, None]
+    latest, export = old / "drafts" / "fp" / "ckpt" / "latest", old / "drafts" / "fp" / "export"
     latest.parent.mkdir(parents=True)
     latest.write_text("step-000004")
-    weights.mkdir()
-    (weights / "model.safetensors").write_bytes(b"weights")
-    assert _train_cache_key(None, old_root) is not None and _export_cache_key(None, old_root) is not None
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"weights")
+    train_key, export_key = keys(old)
+    assert train_key.startswith("train-fp-0-") and export_key.startswith("export-fp-0-")
     # Same fingerprint under another run root (a deleted one, say): never served the old root's result.
-    assert _train_cache_key(None, new_root) is None and _export_cache_key(None, new_root) is None
+    assert keys(tmp_path / "new") == [None, None]

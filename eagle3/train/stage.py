@@ -1,0 +1,176 @@
+"""The train and export stages (the stage contract of ``eagle3.stage``): one draft directory, one unit each.
+
+``TrainStage`` runs the training workers (``python -m eagle3.train``, under torchrun when ``train.nproc > 1``) in
+``<root>/drafts/<draft fingerprint>``; the fingerprint covers the features, the vocab, the result-relevant train
+config and the target, so a finished checkpoint there is the finished draft and a re-run skips it without starting a
+worker. An interrupted run (a kill, a retry) resumes from ``ckpt/latest``. The workers' output lines go to this
+module's logger, which the Prefect unit task forwards to the run logger; progress is read from ``metrics.jsonl``.
+
+``ExportStage`` writes the SGLang directory ``<draft>/export`` from the latest checkpoint (validated before it is
+renamed into place); its summary markdown is the model card. Export is seconds of work and always reflects the
+latest checkpoint, so it is redone rather than skipped (the unit cache key on ``export/model.safetensors`` is the
+shortcut).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from eagle3.config import PipelineConfig
+from eagle3.layout import CKPT_DIR, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, stage_dir, write_failed_shards
+from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
+from eagle3.runroot import Manifest, atomic_write_text
+from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
+from eagle3.train.checkpoint import latest_checkpoint
+from eagle3.train.distributed import run_workers, worker_command
+from eagle3.train.export import export_draft
+from eagle3.train.metrics import read_metrics
+from eagle3.train.trainer import draft_fingerprint
+
+logger = logging.getLogger(__name__)
+
+CONFIG_YAML = "config.yaml"  # the resolved config the workers load (they run in other processes)
+
+
+def vocab_file(vocab: Path | str) -> Path:
+    """``vocab.safetensors`` given the file or its vocab stage directory."""
+    path = Path(vocab)
+    return path / VOCAB_FILE if path.is_dir() else path
+
+
+class TrainPlan(Plan):
+    features_dir: Path
+    vocab: Path  # the vocab.safetensors file
+    train_samples: int  # rows of the features manifest
+    planned_steps: int  # train.max_steps, else an estimate until the trainer's first metrics record gives its count
+
+
+class TrainStage(Stage[TrainPlan]):
+    """Train the draft on a finished features stage and its vocab (one unit: the whole training run)."""
+
+    name = "train"
+    unit_name = "draft"
+    retries = 2  # a retry resumes from ckpt/latest, losing at most train.save_every steps
+    inputs: ClassVar[dict[str, str]] = {"features_dir": "capture", "vocab": "vocab"}
+
+    def plan(self, config: PipelineConfig, *, features_dir: Path, vocab: Path) -> TrainPlan:
+        features, vocab_path = Path(features_dir), vocab_file(vocab)
+        fp = draft_fingerprint(config, features.name, vocab_path.parent.name)
+        manifest = Manifest.read(features)
+        samples = manifest.rows if manifest else 0
+        per_step = config.train.batch_size * config.train.nproc
+        planned = config.train.max_steps or config.train.epochs * max(math.ceil(samples / per_step), 1)
+        return TrainPlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "train", fp),
+                         features_dir=features, vocab=vocab_path, train_samples=samples,
+                         planned_steps=planned)  # fmt: skip
+
+    def run_unit(
+        self, config: PipelineConfig, plan: TrainPlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        if _trained(plan.out_dir):
+            logger.info("draft %s is already trained (%s)", plan.fingerprint, plan.out_dir / CKPT_DIR)
+            return UnitReport(unit=unit, skipped=True, rows=plan.train_samples)
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
+        config_yaml = plan.out_dir / CONFIG_YAML
+        atomic_write_text(config_yaml, config.to_yaml())
+        command = worker_command(config_yaml, plan.features_dir, plan.vocab, plan.out_dir, nproc=config.train.nproc)
+        logger.info("starting: %s", " ".join(command))
+        code = run_workers(command, lambda line: logger.info("%s", line))
+        if code != 0:
+            raise RuntimeError(f"training exited with code {code}; a retry resumes from {plan.out_dir / CKPT_DIR}")
+        last = _last_metrics(plan.out_dir)
+        return UnitReport(unit=unit, rows=plan.train_samples, tokens=int(last.get("tokens", 0)),
+                          detail={"steps": last.get("step")})  # fmt: skip
+
+    def unit_output(self, plan: TrainPlan, unit: Unit) -> Path:
+        return plan.out_dir / CKPT_DIR / "latest"
+
+    def progress(self, plan: TrainPlan) -> Progress:
+        """Optimizer steps done / total from ``metrics.jsonl`` (written by rank 0, readable from any process)."""
+        last = _last_metrics(plan.out_dir)
+        return Progress(done=int(last.get("step", 0)), total=int(last.get("total_steps", plan.planned_steps)),
+                        tokens=int(last.get("tokens", 0)), unit="steps")  # fmt: skip
+
+    def retrigger(self, plan: TrainPlan, failed: Sequence[Unit]) -> str:
+        return f"eagle3 train --features {plan.features_dir} --vocab {plan.vocab}"
+
+    def finalize(
+        self, config: PipelineConfig, plan: TrainPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        last = _last_metrics(plan.out_dir)
+        summary = {"out_dir": str(plan.out_dir), "steps": last.get("step"), "final": last,
+                   "features_dir": str(plan.features_dir), "vocab": str(plan.vocab),
+                   "train_samples": plan.train_samples}  # fmt: skip
+        if failed:
+            return self.failed_result(plan, failed, summary=summary)
+        write_failed_shards(plan.out_dir, [])
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
+                           summary=summary)  # fmt: skip
+
+
+def _last_metrics(out_dir: Path) -> dict[str, Any]:
+    records = read_metrics(out_dir / METRICS_FILE)
+    return records[-1] if records else {}
+
+
+def _trained(out_dir: Path) -> bool:
+    """Whether ``ckpt/latest`` is the trainer's last step (the fingerprint fixes the step count)."""
+    latest = latest_checkpoint(out_dir / CKPT_DIR)
+    if latest is None:
+        return False
+    state = json.loads((latest / "trainer.json").read_text())
+    return int(state["step"]) >= int(state["total_steps"])
+
+
+class ExportPlan(Plan):
+    features_dir: Path  # its manifest gives the layer ids the draft was trained on
+    vocab: Path  # the vocab.safetensors file
+
+    @property
+    def export_dir(self) -> Path:
+        return self.out_dir / EXPORT_DIR
+
+
+class ExportStage(Stage[ExportPlan]):
+    """Export a trained draft directory (the train stage's ``out_dir``) for SGLang (one unit)."""
+
+    name = "export"
+    unit_name = "draft"
+    retries = 1
+    inputs: ClassVar[dict[str, str]] = {"features_dir": "capture", "vocab": "vocab"}
+
+    def plan(self, config: PipelineConfig, *, draft_dir: Path, vocab: Path, features_dir: Path) -> ExportPlan:
+        draft = Path(draft_dir)
+        return ExportPlan(stage=self.name, fingerprint=draft.name, out_dir=draft, features_dir=Path(features_dir),
+                          vocab=vocab_file(vocab))  # fmt: skip
+
+    def run_unit(
+        self, config: PipelineConfig, plan: ExportPlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        export = export_draft(config, plan.out_dir, plan.vocab, plan.features_dir, plan.export_dir)
+        logger.info("draft exported to %s", export)
+        return UnitReport(unit=unit, detail={"export": str(export)})
+
+    def unit_output(self, plan: ExportPlan, unit: Unit) -> Path:
+        return plan.export_dir / WEIGHTS_FILE
+
+    def retrigger(self, plan: ExportPlan, failed: Sequence[Unit]) -> str:
+        return (f"eagle3 export --draft-dir {plan.out_dir} --out {plan.export_dir} --vocab {plan.vocab} "
+                f"--features {plan.features_dir}")  # fmt: skip
+
+    def finalize(
+        self, config: PipelineConfig, plan: ExportPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        if failed:
+            return self.failed_result(plan, failed)
+        write_failed_shards(plan.out_dir, [])
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
+                           summary={"export": str(plan.export_dir)},
+                           markdown=(plan.export_dir / CARD_FILE).read_text())  # fmt: skip
