@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from eagle3.config import PipelineConfig
-from eagle3.layout import CKPT_DIR, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, stage_dir, write_failed_shards
+from eagle3.layout import CKPT_DIR, CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, stage_dir, write_failed_shards
 from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
 from eagle3.runroot import Manifest, atomic_write_text
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
@@ -33,8 +33,6 @@ from eagle3.train.metrics import read_metrics
 from eagle3.train.trainer import draft_fingerprint
 
 logger = logging.getLogger(__name__)
-
-CONFIG_YAML = "config.yaml"  # the resolved config the workers load (they run in other processes)
 
 
 def vocab_file(vocab: Path | str) -> Path:
@@ -77,7 +75,7 @@ class TrainStage(Stage[TrainPlan]):
             logger.info("draft %s is already trained (%s)", plan.fingerprint, plan.out_dir / CKPT_DIR)
             return UnitReport(unit=unit, skipped=True, rows=plan.train_samples)
         plan.out_dir.mkdir(parents=True, exist_ok=True)
-        config_yaml = plan.out_dir / CONFIG_YAML
+        config_yaml = plan.out_dir / CONFIG_FILE
         atomic_write_text(config_yaml, config.to_yaml())
         command = worker_command(config_yaml, plan.features_dir, plan.vocab, plan.out_dir, nproc=config.train.nproc)
         logger.info("starting: %s", " ".join(command))
