@@ -1,4 +1,10 @@
-"""The gate flow: one task that benchmarks drafts against the baseline (and champion) and publishes the report."""
+"""The gate flow (drafts benchmarked against the baseline and the champion) and the scaling flow (tonight's gate
+result added to the scaling curve): the one stage wiring (``flows.stage.run_stage``) over ``eagle3.bench.stage``.
+
+Besides the generic per-run artifacts (``<stage>-summary-<fp>``), each flow publishes its result under a fixed key,
+``gate-report``, ``scaling-curve`` and ``scaling-curve-summary``: the UI and the README point at those, and a fixed
+key is what gives "the latest report" (the generic keys change with every fingerprint).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,11 @@ from typing import Any
 
 from prefect import flow
 
+from eagle3.bench.stage import GateStage, ScalingStage
 from eagle3.config import PipelineConfig
 from eagle3.recipes import ConfigRef
-from tasks.common import resolve_config_task
-from tasks.gate import gate_task
+from flows.stage import run_stage
+from tasks.common import publish_markdown, publish_table, resolve_config_task
 
 
 @flow(name="gate", log_prints=False)
@@ -25,15 +32,31 @@ def gate_flow(
     force: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark gate; the Markdown report is a Prefect artifact (key ``gate-report``). ``config`` is a
-    resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker."""
-    return gate_task(
-        resolve_config_task(config),
-        drafts,
-        baseline_url=baseline_url,
-        spec_url=spec_url,
-        champion_url=champion_url,
-        flavour=flavour,
-        features_dir=features_dir,
-        promote=promote,
-        force=force,
-    )
+    resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker. Returns the report paths, the
+    verdict (``passed``), the promotion and whether a finished gate was read back (``reused``)."""
+    result = run_stage(GateStage(), resolve_config_task(config), drafts=drafts, baseline_url=baseline_url,
+                       spec_url=spec_url, champion_url=champion_url, flavour=flavour, features_dir=features_dir,
+                       promote=promote, force=force)  # fmt: skip
+    verdict = "PASS" if result.summary["passed"] else "FAIL"
+    publish_markdown("gate-report", result.markdown, description=f"gate {result.fingerprint}: {verdict}")
+    return result.summary
+
+
+@flow(name="scaling", log_prints=False)
+def scaling_flow(
+    config: PipelineConfig,
+    gate: dict[str, Any],
+    total_prompts: int,
+    train_samples: int,
+    draft_fingerprint: str,
+    label: str = "",
+) -> dict[str, Any]:
+    """Add tonight's point (from ``gate``, what ``gate_flow`` returned) to ``<root>/scaling/curve.jsonl`` and publish
+    the curve (``scaling-curve`` table, ``scaling-curve-summary`` Markdown with the verdict, ``curve.png``).
+    Returns the number of nights, the verdict and the curve and plot paths."""
+    result = run_stage(ScalingStage(), config, gate_dir=gate["out_dir"], total_prompts=total_prompts,
+                       train_samples=train_samples, draft_fingerprint=draft_fingerprint, label=label)  # fmt: skip
+    verdict = result.summary["verdict"]
+    publish_table("scaling-curve", result.table, description=verdict)
+    publish_markdown("scaling-curve-summary", result.markdown, description=verdict)
+    return result.summary

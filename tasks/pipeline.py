@@ -1,5 +1,5 @@
 """Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, plan tonight's
-shards, extend the scaling curve, publish the night's summary.
+shards, publish the night's summary (the scaling curve is a stage: ``flows.gate.scaling_flow``).
 
 Thin wrappers over ``eagle3.scaling``, the config loader and the tiny-world builder. No Prefect result cache on any
 of them: each is quick and reads the run root, which is the truth (the curve tells tonight's total; a cached plan
@@ -17,19 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from eagle3.config import PipelineConfig
 from eagle3.recipes import eagle3_home
 from eagle3.runroot import Manifest
-from eagle3.scaling import (
-    ScalingPoint,
-    curve_markdown,
-    curve_table,
-    data_limited_verdict,
-    plan_night,
-    plot_curve,
-    previous_total,
-    read_curve,
-    record_point,
-    shard_rows,
-)
-from tasks.common import publish_markdown, publish_table
+from eagle3.scaling import plan_night, previous_total, read_curve, shard_rows
+from tasks.common import publish_markdown
 
 
 @task(name="tiny-world", cache_policy=NO_CACHE)
@@ -77,41 +66,6 @@ def plan_night_task(
         "pool_prompts": plan.pool_prompts,
         "exhausted": plan.exhausted,
     }
-
-
-@task(name="record-scaling-point", cache_policy=NO_CACHE)
-def record_scaling_point_task(
-    config: PipelineConfig,
-    *,
-    gate: dict[str, Any],
-    total_prompts: int,
-    train_samples: int,
-    draft_fingerprint: str,
-    label: str,
-) -> dict[str, Any]:
-    """Add tonight's gate result to ``<root>/scaling/curve.jsonl``; publish the curve as a table, Markdown, PNG."""
-    from eagle3.bench.report import read_report
-
-    report = read_report(Path(gate["out_dir"]))
-    decision = report.decisions[0] if report.decisions else None
-    point = ScalingPoint(
-        total_prompts=total_prompts,
-        train_samples=train_samples,
-        accept_length=float(decision.accept_length or 0.0) if decision else 0.0,
-        speedup=float(decision.speedup or 0.0) if decision else 0.0,
-        passed=bool(gate["passed"]),
-        draft_fingerprint=draft_fingerprint,
-        report=str(gate["report"]),
-        label=label,
-    )
-    root = config.root_path
-    points = record_point(root, point)
-    png = plot_curve(points, root / "scaling" / "curve.png")
-    verdict = data_limited_verdict(points)
-    publish_table("scaling-curve", curve_table(points), description=verdict)
-    publish_markdown("scaling-curve-summary", curve_markdown(points, png=png), description=verdict)
-    get_run_logger().info("scaling curve: %d nights, %s (plot %s)", len(points), verdict, png)
-    return {"points": len(points), "verdict": verdict, "png": str(png), "curve": str(root / "scaling" / "curve.jsonl")}
 
 
 @task(name="night-summary", cache_policy=NO_CACHE)

@@ -15,6 +15,8 @@ Design choices:
   ``min_gain_over_champion``. The gate passes iff some candidate passes; the best passing one is promoted.
 - Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is read back, not
   re-measured, unless ``force``.
+- The fingerprint and directory are known before measuring (``gate_identity``), so the gate stage's plan
+  (``eagle3.bench.stage``) names them without launching anything.
 """
 
 from __future__ import annotations
@@ -318,6 +320,38 @@ def _report(
     )
 
 
+@dataclass(frozen=True)
+class GateIdentity:
+    """What a gate measures and where it writes, known before measuring: a stage plan computes it cheaply."""
+
+    drafts: list[Path]
+    champion: Promotion | None
+    urls: dict[str, str | None]
+    fingerprint: str
+    out_dir: Path
+
+
+def gate_identity(
+    config: PipelineConfig,
+    drafts: list[Path | str],
+    *,
+    baseline_url: str | None = None,
+    spec_url: str | None = None,
+    champion_url: str | None = None,
+    flavour: str = "reference",
+) -> GateIdentity:
+    """The validated drafts, today's champion, the URLs, and the gate's fingerprint and directory."""
+    paths = [Path(d).expanduser().resolve() for d in drafts]
+    if not paths:
+        raise ValueError("pass at least one --draft <export dir>")
+    if bool(baseline_url) != bool(spec_url):
+        raise ValueError("pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)")
+    champion = Registry(config.root_path).champion()
+    urls = {"baseline": baseline_url, "spec": spec_url, "champion": champion_url, "flavour": flavour}
+    fp = gate_fingerprint(config, paths, champion, urls)
+    return GateIdentity(paths, champion, urls, fp, stage_dir(config.root_path, "gate", fp))
+
+
 def run_gate(
     config: PipelineConfig,
     drafts: list[Path | str],
@@ -333,29 +367,15 @@ def run_gate(
     """Benchmark the drafts against the baseline (and the champion), decide, report, promote the best passing one."""
     from transformers import AutoTokenizer
 
-    paths = [Path(d).expanduser().resolve() for d in drafts]
-    if not paths:
-        raise ValueError("pass at least one --draft <export dir>")
-    if bool(baseline_url) != bool(spec_url):
-        raise ValueError("pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)")
-    registry = Registry(config.root_path)
-    champion = registry.champion()
-    urls = {"baseline": baseline_url, "spec": spec_url, "champion": champion_url, "flavour": flavour}
-    fp = gate_fingerprint(config, paths, champion, urls)
-    out_dir = stage_dir(config.root_path, "gate", fp)
+    gate = gate_identity(config, drafts, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url,
+                         flavour=flavour)  # fmt: skip
+    paths, fp, out_dir = gate.drafts, gate.fingerprint, gate.out_dir
     if not force and Manifest.read(out_dir) is not None:
         logger.info("gate %s already done, reading its report", fp)
         return GateResult(out_dir, read_report(out_dir), reused=True)
     refused = _refusals(config, paths, features_dir)
-    plan = _plan(
-        config,
-        paths,
-        champion,
-        flavour=flavour,
-        baseline_url=baseline_url,
-        spec_url=spec_url,
-        champion_url=champion_url,
-    )
+    plan = _plan(config, paths, gate.champion, flavour=flavour, baseline_url=baseline_url, spec_url=spec_url,
+                 champion_url=champion_url)  # fmt: skip
     prompts: list[BenchPrompt] = []
     if len(refused) < len(paths):  # every candidate refused statically: nothing worth measuring
         tokenizer = AutoTokenizer.from_pretrained(
@@ -366,16 +386,15 @@ def run_gate(
     else:
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
-    report = _report(config, fp, plan.arms, decide(plan.arms, config.gate, refused), prompts, champion)
-    c = config.gate.decision_concurrency
+    report = _report(config, fp, plan.arms, decide(plan.arms, config.gate, refused), prompts, gate.champion)
     if promote:
-        report.promotion = _promote(registry, report, out_dir, c)
+        report.promotion = _promote(Registry(config.root_path), report, out_dir, config.gate.decision_concurrency)
     files = write_report(report, out_dir)
     Manifest(
         "gate",
         fp,
         files=[FileEntry.of(p, rows=0, base=out_dir) for p in files.values()],
-        config={"gate": config.gate.model_dump(mode="json"), "urls": urls},
+        config={"gate": config.gate.model_dump(mode="json"), "urls": gate.urls},
         stats={"passed": report.passed, "promoted": bool(report.promotion)},
     ).write(out_dir)
     logger.info("gate %s: %s (report %s)", fp, "PASS" if report.passed else "FAIL", files["markdown"])

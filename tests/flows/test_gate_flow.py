@@ -1,4 +1,5 @@
-"""The gate flow runs its task and publishes the Markdown report as the ``gate-report`` artifact."""
+"""The gate flow runs the gate stage and publishes the Markdown report as the ``gate-report`` artifact; the scaling
+flow records the gate's point and publishes the curve as ``scaling-curve`` and ``scaling-curve-summary``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch
 from prefect.artifacts import Artifact
 from safetensors.torch import save_file
 
+from eagle3.bench.report import Decision, GateReport, write_report
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
-from flows.gate import gate_flow
+from flows.gate import gate_flow, scaling_flow
 
 
 def test_gate_flow_publishes_the_refusal_as_a_markdown_artifact(tmp_path, prefect_harness):
@@ -30,3 +32,22 @@ def test_gate_flow_publishes_the_refusal_as_a_markdown_artifact(tmp_path, prefec
     artifact = Artifact.get("gate-report")
     assert artifact is not None and "# EAGLE-3 gate: FAIL" in str(artifact.data)
     assert "--speculative-algorithm is 'EAGLE'" in str(artifact.data)
+    assert Artifact.get(f"gate-summary-{Path(out['out_dir']).name}") is not None  # the generic stage summary too
+
+
+def test_scaling_flow_publishes_the_curve_under_its_fixed_keys(tmp_path, prefect_harness):
+    config = PipelineConfig(
+        name="scaling-flow",
+        root=str(tmp_path / "root"),
+        target=TargetConfig(model_path=str(tmp_path / "target"), num_layers=8, hidden_size=64, vocab_size=2048),
+    )
+    gate_dir = tmp_path / "gate"
+    decision = Decision("d", True, "spec", 1.2, 1.7, None)
+    thresholds = {"decision_concurrency": 1, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0}
+    write_report(GateReport("g", "tiny", thresholds, {}, [], [decision], passed=True), gate_dir)
+    out = scaling_flow(config, gate={"out_dir": str(gate_dir)}, total_prompts=10, train_samples=9,
+                       draft_fingerprint="d", label="night 1")  # fmt: skip
+    assert out["points"] == 1 and Path(out["png"]).is_file()
+    table, summary = Artifact.get("scaling-curve"), Artifact.get("scaling-curve-summary")
+    assert table is not None and table.description == out["verdict"] and "1.7" in str(table.data)
+    assert summary is not None and out["verdict"] in str(summary.data)

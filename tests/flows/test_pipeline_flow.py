@@ -1,4 +1,5 @@
-"""The data-scaling flow's own tasks and its deployments, against the session's ephemeral Prefect API."""
+"""The data-scaling flow's own tasks, its scaling step (the scaling stage through the generic stage tasks) and its
+deployments, against the session's ephemeral Prefect API."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from eagle3.bench.report import Decision, GateReport, write_report
+from eagle3.bench.stage import ScalingStage
 from eagle3.recipes import ConfigRef
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.scaling import read_curve
 from tasks.common import resolve_config_task
-from tasks.pipeline import plan_night_task, record_scaling_point_task
+from tasks.pipeline import plan_night_task
+from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +33,7 @@ def _prompts(tmp_path: Path, rows: list[int]) -> Path:
     return out
 
 
-def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> dict:
+def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> Path:
     out = tmp_path / "gate" / f"g{accept}"
     report = GateReport(
         fingerprint=out.name,
@@ -42,8 +45,15 @@ def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> dic
         passed=passed,
     )
     write_report(report, out)
-    paths = {"out_dir": str(out), "report": str(out / "report.json"), "markdown": str(out / "report.md")}
-    return paths | {"passed": passed}
+    return out
+
+
+def _record(config, gate_dir: Path, **inputs):
+    """Tonight's scaling point through the generic stage tasks (what ``flows.gate.scaling_flow`` runs)."""
+    stage = ScalingStage()
+    plan = plan_task.fn(stage, config, {"gate_dir": str(gate_dir), **inputs})
+    reports = [unit_task.fn(stage, config, plan, unit) for unit in plan.units]
+    return finalize_task.fn(stage, config, plan, reports, [])
 
 
 def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
@@ -59,14 +69,8 @@ def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harne
     prompts = _prompts(tmp_path, [10, 10, 10, 4])
     night1 = plan_night_task.fn(config, str(prompts), 15)
     assert night1["shard_ids"] == [0, 1] and night1["total_prompts"] == 20
-    record_scaling_point_task.fn(
-        config,
-        gate=_gate(tmp_path, accept=1.4, speedup=1.01, passed=False),
-        total_prompts=20,
-        train_samples=19,
-        draft_fingerprint="a",
-        label="night 1",
-    )
+    _record(config, _gate(tmp_path, accept=1.4, speedup=1.01, passed=False), total_prompts=20, train_samples=19,
+            draft_fingerprint="a", label="night 1")  # fmt: skip
     night2 = plan_night_task.fn(config, str(prompts), 15)
     assert night2["shard_ids"] == [0, 1, 2, 3] and night2["new_shard_ids"] == [2, 3] and night2["exhausted"]
     assert plan_night_task.fn(config, str(prompts), None, [3, 1])["shard_ids"] == [1, 3]
@@ -77,18 +81,21 @@ def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harne
 def test_scaling_point_comes_from_the_gate_report_and_is_published(tmp_path, prefect_harness):
     config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=[f"root={tmp_path}"]))
     for n, accept in enumerate((1.5, 1.9), start=1):
-        out = record_scaling_point_task.fn(
-            config,
-            gate=_gate(tmp_path, accept=accept, speedup=1.2, passed=True),
-            total_prompts=100 * n,
-            train_samples=90 * n,
-            draft_fingerprint=f"d{n}",
-            label=f"night {n}",
-        )
+        result = _record(config, _gate(tmp_path, accept=accept, speedup=1.2, passed=True), total_prompts=100 * n,
+                         train_samples=90 * n, draft_fingerprint=f"d{n}", label=f"night {n}")  # fmt: skip
     points = read_curve(tmp_path)
     assert [(p.train_samples, p.accept_length, p.speedup) for p in points] == [(90, 1.5, 1.2), (180, 1.9, 1.2)]
+    assert [p.report for p in points] == [str(tmp_path / "gate" / f"g{a}" / "report.json") for a in (1.5, 1.9)]
+    out = result.summary
     assert out["points"] == 2 and out["verdict"].startswith("still data-limited")
-    assert Path(out["png"]).is_file()
+    assert Path(out["png"]).is_file() and out["curve"] == str(tmp_path / "scaling" / "curve.jsonl")
+    assert [row["train_samples"] for row in result.table] == [90, 180] and out["verdict"] in result.markdown
+    # Re-recording night 2 replaces its point; the shared curve never marks a night done (no Prefect cache).
+    again = _record(config, _gate(tmp_path, accept=1.9, speedup=1.2, passed=True), total_prompts=200,
+                    train_samples=180, draft_fingerprint="d2", label="night 2")  # fmt: skip
+    assert again.summary["points"] == 2
+    plan = ScalingStage().plan(config, gate_dir=tmp_path, total_prompts=1, train_samples=1, draft_fingerprint="d")
+    assert unit_cache_key(None, {"stage": ScalingStage(), "plan": plan, "unit": 0}) is None
 
 
 def test_deployments_nightly_cron_with_timezone_one_at_a_time_and_regen_shard_ids():

@@ -1,4 +1,6 @@
-"""The gate task: a draft launched with the wrong algorithm is refused before any server starts; report published."""
+"""The gate stage through the generic stage tasks (``task.fn``): a draft launched with the wrong algorithm is refused
+before any server starts; the plan knows the gate's directory before measuring; a finished gate is read back, and
+``force`` measures again; the report is the finalize Markdown."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ import torch
 from prefect.logging import disable_run_logger
 from safetensors.torch import save_file
 
+from eagle3.bench.stage import GateStage
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
-from tasks.gate import gate_task
+from eagle3.runroot import Manifest
+from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 
-def refused_gate_setup(tmp_path: Path) -> tuple[dict, str]:
+def refused_gate_setup(tmp_path: Path) -> tuple[PipelineConfig, str]:
     """A config that serves with ``EAGLE`` and a (stub) draft export: static preflight refuses it."""
     export = tmp_path / "export"
     export.mkdir()
@@ -28,13 +32,36 @@ def refused_gate_setup(tmp_path: Path) -> tuple[dict, str]:
     return config, str(export)
 
 
-def test_gate_task_refuses_statically_and_returns_report_paths(tmp_path, prefect_harness):
+def _gate(config, inputs):
+    stage = GateStage()
+    plan = plan_task.fn(stage, config, inputs)
+    reports = [unit_task.fn(stage, config, plan, unit) for unit in plan.units]
+    return plan, finalize_task.fn(stage, config, plan, reports, [])
+
+
+def test_gate_refuses_statically_and_returns_report_paths(tmp_path, prefect_harness):
     config, export = refused_gate_setup(tmp_path)
     with disable_run_logger():
-        out = gate_task.fn(config, [export])
-    assert out["passed"] is False and out["promotion"] is None
+        plan = plan_task.fn(GateStage(), config, {"drafts": [export]})
+        assert Manifest.read(plan.out_dir) is None  # planned, not measured
+        _plan, result = _gate(config, {"drafts": [export]})
+    out = result.summary
+    assert result.out_dir == plan.out_dir and out["out_dir"] == str(plan.out_dir)
+    assert out["passed"] is False and out["promotion"] is None and out["reused"] is False
     report = json.loads(Path(out["report"]).read_text())
     assert report["arms"] == []  # nothing was launched or measured
     (decision,) = report["decisions"]
     assert any("--speculative-algorithm is 'EAGLE'" in r for r in decision["reasons"])
     assert "# EAGLE-3 gate: FAIL" in Path(out["markdown"]).read_text()
+    assert result.markdown == Path(out["markdown"]).read_text()
+
+
+def test_a_finished_gate_is_read_back_unless_forced_and_never_served_from_the_prefect_cache(tmp_path, prefect_harness):
+    config, export = refused_gate_setup(tmp_path)
+    with disable_run_logger():
+        first_plan, first = _gate(config, {"drafts": [export]})
+        again_plan, again = _gate(config, {"drafts": [export]})
+        _forced_plan, forced = _gate(config, {"drafts": [export], "force": True})
+    assert again_plan.fingerprint == first_plan.fingerprint and again.summary["reused"] is True
+    assert forced.summary["reused"] is False and forced.out_dir == first.out_dir
+    assert unit_cache_key(None, {"stage": GateStage(), "plan": first_plan, "unit": 0}) is None
