@@ -3,10 +3,11 @@
 For each size a synthetic JSONL source (distinct random-word prompts, ShareGPT layout) is normalized in a fresh
 subprocess, twice:
 
-* ``normalize``: discovery + ``normalize_source`` (read, convert, validate, token-length, decontaminate, spill).
-  This part streams, so its peak RSS should not grow with the input (goal: RSS ratio large/small <= 1.2).
-* ``full``: ``run_normalize`` (the above + global exact/near dedup + shards). Dedup keeps a digest and a MinHash
-  signature per kept row by design, so its RSS grows with rows; the bytes per row are reported.
+* ``normalize``: discovery + the normalize stage's one source unit (read, convert, validate, token-length,
+  decontaminate, spill). This part streams, so its peak RSS should not grow with the input (goal: RSS ratio
+  large/small <= 1.2).
+* ``full``: discover + the whole normalize stage (the above + global exact/near dedup + shards). Dedup keeps a
+  digest and a MinHash signature per kept row by design, so its RSS grows with rows; the bytes per row are reported.
 
 Usage: ``python benchmarks/normalize_scale.py [--quick]`` (quick: 20K and 200K rows; default 100K and 1M).
 """
@@ -47,21 +48,25 @@ def build_tokenizer(out: Path) -> None:
 
 def warm_up(config: object, work: Path) -> None:
     """Run the whole stage once on a small file first: imports and tokenizer loading are not throughput."""
-    from eagle3.data.pipeline import run_normalize
-
     warm = config.model_copy(deep=True)
     warm.root = str(work / "run-warm")
     warm.sources[0].path = str(work / "rows-warm.jsonl")
-    run_normalize(warm)
+    normalize_stage(warm)
+
+
+def normalize_stage(config: object) -> object:
+    """Discover, then the whole normalize stage in this process (``eagle3.stage.run_stage``); returns its result."""
+    from eagle3.data.stage import DiscoverStage, NormalizeStage
+    from eagle3.stage import run_stage
+
+    return run_stage(NormalizeStage(), config, catalog_dir=run_stage(DiscoverStage(), config).out_dir)
 
 
 def child(mode: str, work: Path, rows: int) -> None:
     """Runs in a subprocess: normalize one size and print a JSON line with rows/s and peak RSS."""
     from eagle3.config import PipelineConfig, SourceConfig, TargetConfig, with_overrides
-    from eagle3.data.discover import discover
-    from eagle3.data.normalize import normalize_source, prompts_fingerprint
-    from eagle3.data.pipeline import run_normalize
-    from eagle3.layout import stage_dir
+    from eagle3.data.stage import DiscoverStage, NormalizeStage
+    from eagle3.stage import run_stage
 
     bench = work / "bench.jsonl"
     config = PipelineConfig(
@@ -74,13 +79,11 @@ def child(mode: str, work: Path, rows: int) -> None:
     warm_up(config, work)
     start = time.perf_counter()
     if mode == "normalize":
-        catalog_dir = discover(config)
-        out = stage_dir(config.root_path, "normalize", prompts_fingerprint(config, catalog_dir.name))
-        kept = normalize_source(config, config.sources[0], catalog_dir, out)["kept"]
+        stage = NormalizeStage()
+        plan = stage.plan(config, catalog_dir=run_stage(DiscoverStage(), config).out_dir)
+        kept = stage.run_unit(config, plan, plan.units[0]).rows
     else:
-        from eagle3.runroot import Manifest
-
-        kept = Manifest.read(run_normalize(config)).stats["kept"]
+        kept = normalize_stage(config).summary["kept"]
     seconds = time.perf_counter() - start
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"mode": mode, "rows": rows, "kept": kept, "seconds": seconds, "rss_mb": rss_mb}))

@@ -1,7 +1,8 @@
-"""``normalize``: one task per source (its normalized spill), then one dedup + shard task (DESIGN §3, §7).
+"""``normalize``: one unit per source (its normalized spill), then dedup + shard in finalize (DESIGN §3, §7).
 
-The per-source tasks run concurrently on the flow's task runner; the shard task needs them all, since dedup is
-global and first-occurrence-wins in source order. A finished stage short-circuits inside the tasks (manifest hit).
+The one stage wiring (``flows.stage.run_stage``) over ``eagle3.data.stage.NormalizeStage``: the per-source units run
+concurrently on the flow's task runner; finalize needs them all, since dedup is global and first-occurrence-wins in
+source order. A finished stage is a manifest hit (every source unit is skipped, finalize writes nothing).
 """
 
 from __future__ import annotations
@@ -9,21 +10,16 @@ from __future__ import annotations
 from prefect import flow
 
 from eagle3.config import PipelineConfig
+from eagle3.data.stage import NormalizeStage
 from flows.discover import discover_flow
-from tasks.data import build_prompt_shards_task, normalize_source_task, prompts_plan_task
+from flows.stage import run_stage
 
 
 @flow(name="normalize", log_prints=False)
-def normalize_flow(config: PipelineConfig, catalog_dir: str) -> str:
-    """Returns the prompts stage directory."""
-    plan = prompts_plan_task(config, catalog_dir)
-    planned = {line["source"]: line["planned"] for line in plan["plan"]}
-    futures = [
-        normalize_source_task.submit(config, name, catalog_dir, plan["prompts_dir"], planned[name])
-        for name in plan["sources"]
-    ]
-    spills = [future.result() for future in futures]
-    return build_prompt_shards_task(config, spills, plan["prompts_dir"])
+def normalize_flow(config: PipelineConfig, catalog_dir: str | None = None) -> str:
+    """Normalize the sources of ``catalog_dir`` (default: the finished catalog this config names); returns the
+    prompts stage directory."""
+    return str(run_stage(NormalizeStage(), config, catalog_dir=catalog_dir).out_dir)
 
 
 @flow(name="prompts", log_prints=False)

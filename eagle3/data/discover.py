@@ -8,12 +8,14 @@ data files are fetched into the HF cache with ``snapshot_download`` (normalizati
 (``HF_HUB_OFFLINE=1``) the same call resolves the cached snapshot (``refs/<revision>``) without the network.
 
 The fingerprint covers what is cheap to probe: the sources' discovery fields plus each local file's size and mtime,
-or the Hub revision sha; a second run with the same inputs is a manifest hit.
+or the Hub revision sha; a second run with the same inputs is a manifest hit. ``DiscoverStage``
+(``eagle3.data.stage``) runs it on the stage contract; the normalize stage reads the catalog back here.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import re
 from pathlib import Path
@@ -23,8 +25,7 @@ from eagle3.config import PipelineConfig, SourceConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import TURN_LIST_KEYS
 from eagle3.data.readers import DATA_SUFFIXES, count_rows, iter_rows
-from eagle3.data.stage import CATALOG_FILE
-from eagle3.layout import stage_dir
+from eagle3.layout import CATALOG_FILE
 from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
@@ -108,10 +109,17 @@ def _sample_row(files: list[Path]) -> Any:
     return None
 
 
-def _describe_files(label: str, files: list[Path], *, fix: str) -> list[dict[str, Any]]:
+def _require_files(label: str, files: list[Path], *, fix: str) -> list[Path]:
     if not files:
         raise DiscoveryError(f"source {label!r}: no data files ({', '.join(DATA_SUFFIXES)}) found; {fix}")
-    return [{"path": str(f), "bytes": f.stat().st_size, "rows": count_rows(f)} for f in files]
+    return files
+
+
+def _describe_files(label: str, files: list[Path], *, fix: str) -> list[dict[str, Any]]:
+    return [
+        {"path": str(f), "bytes": f.stat().st_size, "rows": count_rows(f)}
+        for f in _require_files(label, files, fix=fix)
+    ]
 
 
 def _probe(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
@@ -149,23 +157,42 @@ def catalog_fingerprint(config: PipelineConfig) -> str:
     return fingerprint(DISCOVER_VERSION, [_probe(s, catalog.get(s.adapter)) for s in config.sources])
 
 
-def discover(config: PipelineConfig) -> Path:
-    """Resolve every configured source; returns the catalog stage directory (manifest written last)."""
+def check_sources(config: PipelineConfig) -> None:
+    """Fail fast, before any row is counted, on what no retry fixes: duplicate labels, unknown adapters, and a local
+    source without data files or whose rows do not fit its adapter (both cheap to see; a Hub source's files are only
+    fetched when the catalog is written, so its format is checked then)."""
     labels = [s.label for s in config.sources]
     dupes = sorted({n for n in labels if labels.count(n) > 1})
     if dupes:
         raise DiscoveryError(f"sources {dupes} appear twice; give each a distinct `name`")
     for s in config.sources:
-        catalog.get(s.adapter)
-    fp = catalog_fingerprint(config)
-    out = stage_dir(config.root_path, "discover", fp)
-    if Manifest.read(out) is not None:
-        logger.info("catalog %s is up to date (manifest hit): nothing to do", out)
-        return out
+        entry = catalog.get(s.adapter)
+        if s.path:
+            files = _require_files(s.label, local_files(s.path), fix=f"check sources path {s.path!r}")
+            check_format(s.label, entry, {**entry.columns, **s.columns}, _sample_row(files))
+
+
+def write_catalog(config: PipelineConfig, out: Path) -> dict[str, Any]:
+    """Resolve every configured source into ``out/catalog.json``, manifest written last; returns the stats."""
     records = [_record(s, catalog.get(s.adapter)) for s in config.sources]
     path = out / CATALOG_FILE
-    atomic_write_json(path, {"fingerprint": fp, "datasets": records})
+    atomic_write_json(path, {"fingerprint": out.name, "datasets": records})
     stats = {"datasets": len(records), "rows": sum(r["rows"] for r in records)}
-    Manifest("catalog", fp, files=[FileEntry.of(path, rows=len(records), base=out)], stats=stats).write(out)
+    Manifest("catalog", out.name, files=[FileEntry.of(path, rows=len(records), base=out)], stats=stats).write(out)
     logger.info("catalog %s: %d datasets, %d rows", out, stats["datasets"], stats["rows"])
-    return out
+    return stats
+
+
+def load_catalog(catalog_dir: Path) -> dict[str, Any]:
+    path = Path(catalog_dir) / CATALOG_FILE
+    if Manifest.read(Path(catalog_dir)) is None or not path.exists():
+        raise FileNotFoundError(f"{catalog_dir} is not a finished catalog stage; run `eagle3 discover` first")
+    return json.loads(path.read_text())
+
+
+def source_record(doc: dict[str, Any], label: str) -> dict[str, Any]:
+    for record in doc["datasets"]:
+        if record["name"] == label:
+            return record
+    known = [r["name"] for r in doc["datasets"]]
+    raise KeyError(f"source {label!r} is not in the catalog (has {known}); rerun `eagle3 discover`")

@@ -37,7 +37,8 @@ from eagle3.config import NormalizeConfig, PipelineConfig, SourceConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import Converted, Message, RowError, convert_row
 from eagle3.data.decontam import Decontaminator, load_prompt_sets
-from eagle3.data.mix import Selector
+from eagle3.data.discover import load_catalog, source_record
+from eagle3.data.mix import MixLine, Selector, plan_mix
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.readers import RawRow, iter_rows, truncate_raw
 from eagle3.data.schema import (
@@ -51,8 +52,7 @@ from eagle3.data.schema import (
     QUARANTINE_SCHEMA,
     TOO_LONG,
 )
-from eagle3.data.stage import load_catalog, mix_lines, read_stage_stats, source_record
-from eagle3.runroot import atomic_write_json, fingerprint
+from eagle3.runroot import Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,26 @@ ROW_GROUP_BYTES = 8 * 2**20  # the writer buffers one row group: bounded, so mem
 _TOKENIZER_LOCK = threading.Lock()
 NORMALIZE_VERSION = "1"
 _NEXT = {None: ("user",), "user": ("assistant",), "assistant": ("user", "tool"), "tool": ("tool", "assistant")}
+
+
+def mix_lines(config: PipelineConfig, doc: dict[str, Any]) -> list[MixLine]:
+    """The mix plan: rows planned per source from the catalog's available rows, weights and caps."""
+    sources = [(s.label, source_record(doc, s.label)["rows"], s.weight, s.max_rows) for s in config.sources]
+    return plan_mix(sources, total=config.mix.total)
+
+
+def spill_counts_path(out_dir: Path, label: str) -> Path:
+    """``<prompts dir>/spill/<source>/counts.json``: written last, so its presence marks the source's rows on disk."""
+    return Path(out_dir) / "spill" / label / "counts.json"
+
+
+def source_counts(out_dir: Path, label: str) -> dict[str, Any] | None:
+    """A source's counts once its rows are on disk (the finished stage's manifest, or its spill), else None."""
+    manifest = Manifest.read(Path(out_dir))
+    if manifest is not None:
+        return manifest.stats["sources"].get(label)
+    path = spill_counts_path(out_dir, label)
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _has_surrogate(text: str) -> bool:
@@ -330,16 +350,14 @@ def normalize_source(
     ``out_dir`` is the prompts stage directory; when its manifest exists the stage is done and the recorded counts
     are returned without work. A finished source (``counts.json`` written last) is not redone either.
     """
-    done = read_stage_stats(out_dir)
+    done = source_counts(out_dir, source.label)
     if done is not None:
-        return done["sources"][source.label]
-    out = Path(out_dir) / "spill" / source.label
-    counts_path = out / "counts.json"
-    if counts_path.exists():
-        return json.loads(counts_path.read_text())
+        return done
+    counts_path = spill_counts_path(out_dir, source.label)
     doc = load_catalog(catalog_dir)
     line = next(m for m in mix_lines(config, doc) if m.source == source.label)
-    counts = _run_source(config, source, source_record(doc, source.label), line.planned, out, on_progress)
+    counts = _run_source(config, source, source_record(doc, source.label), line.planned, counts_path.parent,
+                         on_progress)  # fmt: skip
     counts |= {"available": line.available, "planned": line.planned}
     atomic_write_json(counts_path, counts)
     logger.info("%s: %d in, %d kept, quarantined %s", source.label, counts["in"], counts["kept"], counts["quarantined"])

@@ -25,7 +25,6 @@ from eagle3.data.normalize import ROW_GROUP_BYTES
 from eagle3.data.parquet import ShardWriter, iter_batches, open_shard, write_table
 from eagle3.data.readers import truncate_raw
 from eagle3.data.schema import PROMPT_SCHEMA, QUARANTINE_SCHEMA
-from eagle3.data.stage import read_stage_stats
 from eagle3.runroot import FileEntry, Manifest
 
 logger = logging.getLogger(__name__)
@@ -113,15 +112,16 @@ def _balance(spill: dict[str, Any], kept: int, dropped: Counter[str]) -> dict[st
     return record
 
 
-def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], out_dir: Path) -> Path:
-    """Dedup the spills across sources, write prompt shards + quarantine + manifest; returns ``out_dir``.
+def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+    """Dedup the spills across sources, write prompt shards + quarantine + manifest; returns the manifest's stats.
 
-    A finished stage (manifest present) is returned untouched.
+    A finished stage (manifest present) is left untouched.
     """
     out_dir = Path(out_dir)
-    if read_stage_stats(out_dir) is not None:
+    done = Manifest.read(out_dir)
+    if done is not None:
         logger.info("prompts %s are up to date (manifest hit): nothing to do", out_dir)
-        return out_dir
+        return done.stats
     n = config.normalize
     deduper = Deduper(threshold=n.near_dup_threshold, num_perm=n.minhash_num_perm)
     meta = {"stage": "prompts", "fingerprint": out_dir.name, "system_prompt_policy": n.system_prompt_policy}
@@ -151,7 +151,7 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     Manifest("prompts", out_dir.name, files=files, config=config_doc, stats=stats).write(out_dir)
     shutil.rmtree(out_dir / "spill", ignore_errors=True)
     logger.info("prompts %s: %d kept in %d shards, %d quarantined", out_dir, stats["kept"], len(shards), q_rows)
-    return out_dir
+    return stats
 
 
 def summary_markdown(stats: dict[str, Any]) -> str:

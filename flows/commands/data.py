@@ -59,13 +59,15 @@ def _search(query: str, min_rows: int, licenses: str | None, limit: int) -> None
 
 
 def _print_plan(cfg: Any) -> None:
-    from eagle3.data.discover import discover
+    from eagle3.data.discover import load_catalog
     from eagle3.data.mix import plan_table
-    from eagle3.data.pipeline import mix_plan
+    from eagle3.data.normalize import mix_lines
+    from eagle3.data.stage import DiscoverStage
+    from eagle3.stage import run_stage
 
     with _spinner("resolving sources"):
-        catalog_dir = discover(cfg)
-    plan = plan_table(mix_plan(cfg, catalog_dir))
+        catalog_dir = run_stage(DiscoverStage(), cfg).out_dir
+    plan = plan_table(mix_lines(cfg, load_catalog(catalog_dir)))
     total = sum(int(line["planned"]) for line in plan)
     console.print(rich_table(f"mix plan ({total:,} rows planned, seed {cfg.mix.seed})", plan))
 
@@ -103,12 +105,13 @@ def register(app: typer.Typer) -> None:
         """Normalize, dedup and decontaminate the sources into prompt shards (prints the mix plan first)."""
         cfg = resolve_config(recipe, config, set_)
         _print_plan(cfg)
-        from eagle3.data.stage import read_stage_stats
+        from eagle3.runroot import Manifest
         from flows.normalize import prompts_flow
 
         with _spinner("normalize"):
             out = Path(prompts_flow(cfg))
-        stats = read_stage_stats(out) or {}
+        manifest = Manifest.read(out)
+        stats = manifest.stats if manifest is not None else {}
         rows = [{k: s[k] for k in ("source", "in", "kept", "duplicates", "quarantined")} for s in
                 stats.get("sources", {}).values()]  # fmt: skip
         print_table("per-source counts", rows)

@@ -1,19 +1,23 @@
-"""Data tasks called as plain functions (``task.fn``): discover, plan, per-source normalize, shards, cache key."""
+"""The discover and normalize stages through the generic stage tasks (``task.fn``): plan, units, finalize, the
+published tables and summary, resume/skip, the failure policy and the per-source unit cache key."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from prefect.logging import disable_run_logger
 
 from eagle3.config import PipelineConfig, SourceConfig, TargetConfig
+from eagle3.data.stage import DiscoverStage, NormalizeStage
+from eagle3.layout import FAILED_SHARDS_FILE, StageInputError
 from eagle3.runroot import Manifest
+from eagle3.stage import UnitsFailed
+from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 
 @pytest.fixture(scope="module")
-def data_config(tmp_path_factory) -> dict:
+def data_config(tmp_path_factory) -> PipelineConfig:
     """Two sample sources (ShareGPT JSON, local Q/A JSONL) and a tiny tokenizer, no tiny world needed."""
     from eagle3.dev.samples import FILE_NAMES, generate_conversations, write_samples
     from eagle3.dev.tiny_target import build_tokenizer
@@ -22,7 +26,7 @@ def data_config(tmp_path_factory) -> dict:
     write_samples(root / "data", rows_per_source=40)
     corpus = [m["content"] for conv in generate_conversations(100, seed=1) for m in conv]
     build_tokenizer(corpus, vocab_size=1024).save_pretrained(root / "model")
-    config = PipelineConfig(
+    return PipelineConfig(
         name="data-tasks",
         root=str(root / "run"),
         target=TargetConfig(model_path=str(root / "model"), num_layers=8, hidden_size=64, vocab_size=1024),
@@ -36,55 +40,78 @@ def data_config(tmp_path_factory) -> dict:
             ),
         ],
     )
-    return config
 
 
 @pytest.fixture
-def no_artifacts(monkeypatch):
-    """Record artifacts instead of sending them to a Prefect API (task.fn runs outside a flow)."""
-    import tasks.data as mod
+def artifacts(monkeypatch) -> dict[str, list]:
+    """Record the artifacts finalize publishes instead of sending them to a Prefect API."""
+    import tasks.stage as mod
 
     calls: dict[str, list] = {"tables": [], "markdown": []}
     monkeypatch.setattr(mod, "publish_table", lambda key, rows, **kw: calls["tables"].append((key, rows)))
     monkeypatch.setattr(mod, "publish_markdown", lambda key, md, **kw: calls["markdown"].append((key, md)))
-
-    class _Progress:
-        def __init__(self, *a, **kw) -> None:
-            self.done = 0
-
-        def update(self, done, **kw) -> None:
-            self.done = done
-
-    monkeypatch.setattr(mod, "Progress", _Progress)
-    monkeypatch.setattr(mod, "get_run_logger", lambda: SimpleNamespace(info=lambda *a, **k: None))
     return calls
 
 
-def test_tasks_run_the_stage_and_publish_per_source_counts(data_config, no_artifacts):
-    from tasks.data import build_prompt_shards_task, discover_task, normalize_source_task, prompts_plan_task
-
-    catalog_dir = discover_task.fn(data_config)
-    assert json.loads((Path(catalog_dir) / "catalog.json").read_text())["datasets"][0]["rows"] == 40
-    plan = prompts_plan_task.fn(data_config, catalog_dir)
-    assert plan["sources"] == ["sharegpt", "local_qa"] and not plan["done"]
-    assert [line["planned"] for line in plan["plan"]] == [40, 40]
-    spills = [normalize_source_task.fn(data_config, s, catalog_dir, plan["prompts_dir"], 40) for s in plan["sources"]]
-    assert all(s["in"] == 40 == s["kept"] + sum(s["quarantined"].values()) for s in spills)
-    out = build_prompt_shards_task.fn(data_config, spills, plan["prompts_dir"])
-    assert Manifest.read(Path(out)) is not None and not (Path(out) / "spill").exists()
-    ((key, rows),) = no_artifacts["tables"][-1:]
-    assert key.startswith("prompts-sources-") and {r["source"] for r in rows} == {"sharegpt", "local_qa"}
-    assert "prompts" in no_artifacts["markdown"][-1][1]
-    assert prompts_plan_task.fn(data_config, catalog_dir)["done"]
+def _run(stage, config, inputs, *, failed=()):
+    plan = plan_task.fn(stage, config, inputs)
+    reports = [unit_task.fn(stage, config, plan, unit) for unit in plan.units if unit not in failed]
+    return plan, reports, finalize_task.fn(stage, config, plan, reports, list(failed))
 
 
-def test_source_cache_key_exists_only_while_the_output_does(tmp_path):
-    from tasks.data import _source_cache_key
+def test_discover_then_normalize_through_the_generic_tasks(data_config, artifacts):
+    with disable_run_logger():
+        _plan, _reports, catalog = _run(DiscoverStage(), data_config, {})
+        assert json.loads((catalog.out_dir / "catalog.json").read_text())["datasets"][0]["rows"] == 40
+        key, datasets = artifacts["tables"][-1]
+        assert key.startswith("discover-") and [d["name"] for d in datasets] == ["sharegpt", "local_qa"]
+        plan, reports, result = _run(NormalizeStage(), data_config, {"catalog_dir": str(catalog.out_dir)})
+        assert plan.units == ("sharegpt", "local_qa") and plan.planned == {"sharegpt": 40, "local_qa": 40}
+        assert all(r.detail["in"] == 40 == r.rows + sum(r.detail["quarantined"].values()) for r in reports)
+        assert not any(r.skipped for r in reports)
+        assert result.done and Manifest.read(result.out_dir) is not None and not (result.out_dir / "spill").exists()
+        key, rows = artifacts["tables"][-1]
+        assert key.startswith("normalize-sources-") and {r["source"] for r in rows} == {"sharegpt", "local_qa"}
+        key, markdown = artifacts["markdown"][-1]
+        assert key.startswith("normalize-summary-") and "prompts" in markdown
+        before = (result.out_dir / "manifest.json").read_text()
+        _plan, again, rerun = _run(NormalizeStage(), data_config, {})  # the catalog this config names
+    assert rerun.out_dir == result.out_dir and all(r.skipped for r in again)
+    assert (result.out_dir / "manifest.json").read_text() == before  # a manifest hit writes nothing
 
-    ctx = SimpleNamespace(task=SimpleNamespace(name="normalize-source"))
-    params = {"prompts_dir": str(tmp_path / "fp"), "source_name": "sharegpt"}
-    assert _source_cache_key(ctx, params) is None  # nothing on disk: never answered from the cache
-    (tmp_path / "fp" / "spill" / "sharegpt").mkdir(parents=True)
-    (tmp_path / "fp" / "spill" / "sharegpt" / "counts.json").write_text("{}")
-    done = _source_cache_key(ctx, params)
-    assert done is not None and "sharegpt" in done and str(tmp_path / "fp") in done
+
+def test_a_finished_source_is_skipped_and_a_failed_one_fails_the_stage(data_config, tmp_path, artifacts):
+    config = data_config.model_copy(update={"root": str(tmp_path / "run")})
+    stage = NormalizeStage()
+    with disable_run_logger():
+        _run(DiscoverStage(), config, {})
+        with pytest.raises(UnitsFailed, match=r"normalize failed .*local_qa.*eagle3 normalize"):
+            _run(stage, config, {}, failed=("local_qa",))
+        plan = plan_task.fn(stage, config, {})
+        assert json.loads((plan.out_dir / FAILED_SHARDS_FILE).read_text()) == ["local_qa"]
+        assert Manifest.read(plan.out_dir) is None and stage.progress(plan).done == 40
+        assert unit_task.fn(stage, config, plan, "sharegpt").skipped  # its spill is on disk: resumed, not redone
+        assert stage.progress(plan).total == 80
+
+
+def test_normalize_without_a_finished_catalog_names_discover(data_config, tmp_path):
+    config = data_config.model_copy(update={"root": str(tmp_path / "empty")})
+    with pytest.raises(StageInputError, match="eagle3 discover"):
+        NormalizeStage().plan(config)
+
+
+def test_unit_cache_key_exists_only_once_the_sources_rows_are_on_disk(data_config, tmp_path, artifacts):
+    config = data_config.model_copy(update={"root": str(tmp_path / "run")})
+    with disable_run_logger():
+        _run(DiscoverStage(), config, {})
+    stage = NormalizeStage()
+    plan = stage.plan(config)
+    params = {"stage": stage, "plan": plan, "unit": "sharegpt"}
+    assert unit_cache_key(None, params) is None  # nothing on disk: never answered from the cache
+    counts = plan.out_dir / "spill" / "sharegpt" / "counts.json"
+    counts.parent.mkdir(parents=True)
+    counts.write_text("{}")
+    done = unit_cache_key(None, params)
+    assert done is not None and done.startswith(f"normalize-{plan.fingerprint}-sharegpt-")
+    (plan.out_dir / "manifest.json").write_text("{}")
+    assert unit_cache_key(None, params) != done  # the finished stage's manifest now marks the rows on disk

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from data_stage_helpers import VOCAB, make_config, write_pretokenized
+from data_stage_helpers import VOCAB, make_config, normalize, write_pretokenized
 
 from eagle3.config import PipelineConfig
 from eagle3.dev.samples import generate_conversations, write_samples
@@ -37,7 +37,5 @@ def config_factory(data_world: dict[str, Path], tmp_path: Path):
 @pytest.fixture(scope="session")
 def normalized_run(data_world: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """The prompts stage run once over every sample format: (config, prompts stage dir)."""
-    from eagle3.data import run_normalize
-
     config = make_config(data_world, tmp_path_factory.mktemp("normalized-run"))
-    return config, run_normalize(config)
+    return config, normalize(config)

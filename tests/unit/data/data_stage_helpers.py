@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3.config import GateConfig, PipelineConfig, SourceConfig, TargetConfig, with_overrides
+from eagle3.data.stage import DiscoverStage, NormalizeStage
 from eagle3.dev.samples import FILE_NAMES, generate_conversations
+from eagle3.stage import run_stage
 
 VOCAB = 2048
 # Pretokenized rows: index -> expected quarantine reason (None = kept).
@@ -78,3 +80,13 @@ def bad_rows(data: Path) -> dict[str, dict[int, str]]:
     return {("local_qa" if k == "local_jsonl" else k): {r["row"]: r["reason"] for r in v} for k, v in doc.items()} | {
         "pretokenized": dict(PRETOKENIZED_BAD)
     }
+
+
+def discover(config: PipelineConfig) -> Path:
+    """The catalog stage of ``config``, run in this process (``eagle3.stage.run_stage``)."""
+    return run_stage(DiscoverStage(), config).out_dir
+
+
+def normalize(config: PipelineConfig) -> Path:
+    """Discover, then the prompts stage of ``config``, in this process; returns the prompts stage directory."""
+    return run_stage(NormalizeStage(), config, catalog_dir=discover(config)).out_dir

@@ -8,8 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from data_stage_helpers import discover, normalize
 
-from eagle3.data.discover import DiscoveryError, discover, split_files
+from eagle3.data.discover import DiscoveryError, split_files
 from eagle3.data.hub import HubError, rank_candidates
 from eagle3.runroot import Manifest
 
@@ -75,9 +76,7 @@ def test_hub_dataset_resolves_offline_from_the_hf_cache(config_factory, tmp_path
     record = _catalog(discover(config))["ultrachat"]
     assert record["kind"] == "hub" and record["revision"] == SHA and record["license"] == "mit"
     assert record["rows"] == 7 and [Path(f["path"]).name for f in record["files"]] == ["train-00000-of-00001.parquet"]
-    from eagle3.data import run_normalize
-
-    stats = Manifest.read(run_normalize(config)).stats["sources"]["ultrachat"]
+    stats = Manifest.read(normalize(config)).stats["sources"]["ultrachat"]
     assert stats["kept"] == 7
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from data_stage_helpers import normalize
 
-from eagle3.data import run_normalize
 from eagle3.runroot import Manifest
 
 GOOD = {
@@ -129,7 +129,7 @@ def _run(config_factory, tmp_path: Path, adapter: str, path: Path) -> dict[str, 
     config = config_factory(
         ["gate.prompt_sets={}", f"sources=[{{adapter: {adapter}, path: '{path}'}}]"], root=tmp_path / "run"
     )
-    out = run_normalize(config)
+    out = normalize(config)
     stats = Manifest.read(out).stats["sources"][adapter]
     assert stats["in"] == stats["kept"] + sum(stats["quarantined"].values())
     return stats
@@ -168,5 +168,5 @@ def test_parquet_row_with_invalid_utf8_in_any_column_is_bad_encoding(config_fact
         ["gate.prompt_sets={}", f"sources=[{{adapter: parquet, path: '{path}', columns: {{user: bad}}}}]"],
         root=tmp_path / "run",
     )
-    stats = Manifest.read(run_normalize(config)).stats["sources"]["parquet"]
+    stats = Manifest.read(normalize(config)).stats["sources"]["parquet"]
     assert stats["quarantined"] == {"bad_encoding": 1} and stats["kept"] == 1

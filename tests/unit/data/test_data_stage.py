@@ -8,9 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from data_stage_helpers import bad_rows
+from data_stage_helpers import bad_rows, normalize
 
-from eagle3.data import run_normalize
 from eagle3.data.dedup import shingles
 from eagle3.data.normalize import prompts_fingerprint
 from eagle3.data.parquet import open_shard
@@ -119,7 +118,7 @@ def test_same_config_twice_is_a_manifest_hit(normalized_run, caplog):
     config, out = normalized_run
     before = (out / "manifest.json").read_text()
     with caplog.at_level("INFO"):
-        assert run_normalize(config) == out
+        assert normalize(config) == out
     assert (out / "manifest.json").read_text() == before
     assert "manifest hit" in caplog.text
 
@@ -129,7 +128,7 @@ def test_changing_one_source_cap_changes_the_fingerprint_and_takes_exactly_the_c
     capped = config_factory(["sources.0.max_rows=40"])
     assert prompts_fingerprint(base, "cat") != prompts_fingerprint(capped, "cat")
     assert prompts_fingerprint(base, "cat") == prompts_fingerprint(config_factory(), "cat")
-    out = run_normalize(capped)
+    out = normalize(capped)
     stats = Manifest.read(out).stats["sources"]["sharegpt"]
     assert stats["planned"] == stats["in"] == 40
     assert stats["kept"] + sum(stats["quarantined"].values()) == 40
