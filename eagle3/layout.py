@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from eagle3.runroot import MANIFEST, Manifest, atomic_write_json
@@ -137,11 +138,12 @@ def find_input(
     )
 
 
-def write_failed_shards(out_dir: Path | str, shard_ids: list[int]) -> None:
-    """``failed_shards.json``: the shards of a sharded stage that failed in its last run (``[]`` when none)."""
-    atomic_write_json(Path(out_dir) / FAILED_SHARDS_FILE, sorted(set(shard_ids)))
+def write_failed_shards(out_dir: Path | str, units: Sequence[int | str]) -> None:
+    """``failed_shards.json``: the units (shard ids, or source names) of a stage that failed in its last run (``[]``
+    when none)."""
+    atomic_write_json(Path(out_dir) / FAILED_SHARDS_FILE, sorted(set(units), key=lambda u: (str(type(u)), u)))
 
 
-def read_failed_shards(out_dir: Path | str) -> list[int]:
+def read_failed_shards(out_dir: Path | str) -> list[int | str]:
     path = Path(out_dir) / FAILED_SHARDS_FILE
-    return [int(i) for i in json.loads(path.read_text())] if path.exists() else []
+    return list(json.loads(path.read_text())) if path.exists() else []

@@ -72,6 +72,7 @@ class StageResult(Frozen):
     summary: dict[str, Any] = Field(default_factory=dict)
     table: list[dict[str, Any]] = Field(default_factory=list)  # one row per unit, for a table artifact
     markdown: str = ""
+    description: str = ""  # a one-line verdict for the artifacts' descriptions (the gate's PASS/FAIL, the curve's)
 
     def raise_for_failed(self) -> StageResult:
         """The one failure policy: a stage with failed units fails, after finalize recorded them (and after the
@@ -110,6 +111,10 @@ class Stage(ABC, Generic[P]):
     retries: ClassVar[int] = 1  # how often a failed unit is retried (it resumes) before it counts as failed
     inputs: ClassVar[dict[str, str]] = {}  # plan parameter -> the upstream stage whose directory it takes
     scale_out: ClassVar[bool] = False  # units run on the configured task runner (threads or a Ray cluster)
+    # Prefect artifact keys of the finalize table and summary (None: ``<stage>-<unit>s-<fp>`` and
+    # ``<stage>-summary-<fp>``); a fixed key is "the latest" one (the gate report, the scaling curve)
+    table_key: ClassVar[str | None] = None
+    summary_key: ClassVar[str | None] = None
 
     @abstractmethod
     def plan(self, config: PipelineConfig, **inputs: Any) -> P: ...
@@ -143,12 +148,13 @@ class Stage(ABC, Generic[P]):
     ) -> StageResult: ...
 
     def retrigger(self, plan: P, failed: Sequence[Unit]) -> str:
-        """The command that re-runs only the failed units (in ``UnitsFailed``)."""
-        return f"eagle3 {self.name} " + " ".join(f"--{self.unit_name} {u}" for u in failed)
+        """The command that re-runs only the failed units (in ``UnitsFailed``): by default the stage's command with
+        the same config, since finished units are skipped."""
+        return f"eagle3 {self.name} (same config: finished {self.unit_name}s are skipped)"
 
     def failed_result(self, plan: P, failed: Sequence[Unit], **fields: Any) -> StageResult:
         """What ``finalize`` returns when units failed: ``failed_shards.json`` written, no manifest."""
-        write_failed_shards(plan.out_dir, [int(u) for u in failed])
+        write_failed_shards(plan.out_dir, failed)
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=False,
                            failed=tuple(failed), retrigger=self.retrigger(plan, failed), **fields)  # fmt: skip
 

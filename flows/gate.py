@@ -1,9 +1,8 @@
 """The gate flow (drafts benchmarked against the baseline and the champion) and the scaling flow (tonight's gate
 result added to the scaling curve): the one stage wiring (``flows.stage.run_stage``) over ``eagle3.bench.stage``.
 
-Besides the generic per-run artifacts (``<stage>-summary-<fp>``), each flow publishes its result under a fixed key,
-``gate-report``, ``scaling-curve`` and ``scaling-curve-summary``: the UI and the README point at those, and a fixed
-key is what gives "the latest report" (the generic keys change with every fingerprint).
+Their artifacts have fixed keys (``gate-report``, ``scaling-curve``, ``scaling-curve-summary``; the stages'
+``summary_key``/``table_key``): the UI and the README point at "the latest" of each.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from eagle3.bench.stage import GateStage, ScalingStage
 from eagle3.config import PipelineConfig
 from eagle3.recipes import ConfigRef
 from flows.stage import run_stage
-from tasks.common import publish_markdown, publish_table, resolve_config_task
+from tasks.common import resolve_config_task
 
 
 @flow(name="gate", log_prints=False)
@@ -37,8 +36,6 @@ def gate_flow(
     result = run_stage(GateStage(), resolve_config_task(config), drafts=drafts, baseline_url=baseline_url,
                        spec_url=spec_url, champion_url=champion_url, flavour=flavour, features_dir=features_dir,
                        promote=promote, force=force)  # fmt: skip
-    verdict = "PASS" if result.summary["passed"] else "FAIL"
-    publish_markdown("gate-report", result.markdown, description=f"gate {result.fingerprint}: {verdict}")
     return result.summary
 
 
@@ -56,7 +53,4 @@ def scaling_flow(
     Returns the number of nights, the verdict and the curve and plot paths."""
     result = run_stage(ScalingStage(), config, gate_dir=gate["out_dir"], total_prompts=total_prompts,
                        train_samples=train_samples, draft_fingerprint=draft_fingerprint, label=label)  # fmt: skip
-    verdict = result.summary["verdict"]
-    publish_table("scaling-curve", result.table, description=verdict)
-    publish_markdown("scaling-curve-summary", result.markdown, description=verdict)
     return result.summary

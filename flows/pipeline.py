@@ -25,7 +25,7 @@ from prefect.states import Failed, State
 from eagle3.recipes import ConfigRef
 from flows.capture import capture_flow, vocab_flow
 from flows.discover import discover_flow
-from flows.gate import gate_flow
+from flows.gate import gate_flow, scaling_flow
 from flows.normalize import normalize_flow
 from flows.regen import regen_flow
 from flows.train import train_flow
@@ -33,7 +33,6 @@ from tasks.common import resolve_config_task
 from tasks.pipeline import (
     plan_night_task,
     publish_summary_task,
-    record_scaling_point_task,
     tiny_world_task,
 )
 
@@ -60,7 +59,7 @@ def data_scaling(
     vocab = vocab_flow(config, features)
     draft = train_flow(config, features, vocab)
     gate = gate_flow(config, [draft["export"]], features_dir=features)
-    curve = record_scaling_point_task(
+    curve = scaling_flow(
         config,
         gate=gate,
         total_prompts=night["total_prompts"],

@@ -92,11 +92,11 @@ def finalize_task(
     with library_logs_to_run_logger():
         result = stage.finalize(config, plan, reports, failed)
     if result.table:
-        publish_table(artifact_key(stage.name, f"{stage.unit_name}s", plan.fingerprint), result.table,
-                      description=f"{stage.name} {stage.unit_name} states")  # fmt: skip
+        key = stage.table_key or artifact_key(stage.name, f"{stage.unit_name}s", plan.fingerprint)
+        publish_table(key, result.table, description=result.description or f"{stage.name} {stage.unit_name} states")
     if result.markdown:
-        publish_markdown(artifact_key(stage.name, "summary", plan.fingerprint), result.markdown,
-                         description=f"{stage.name} summary")  # fmt: skip
+        key = stage.summary_key or artifact_key(stage.name, "summary", plan.fingerprint)
+        publish_markdown(key, result.markdown, description=result.description or f"{stage.name} summary")
     return result.raise_for_failed()
 
 

@@ -53,6 +53,7 @@ class GateStage(Stage[GatePlan]):
     """The benchmark gate as one unit: measure (or read back), decide, report, promote."""
 
     name = "gate"
+    summary_key = "gate-report"  # the latest verdict, whatever the fingerprint
     retries = 0  # a failed arm is recorded in the report, not raised; what does raise would fail again the same way
 
     def plan(
@@ -99,7 +100,8 @@ class GateStage(Stage[GatePlan]):
             "reused": all(r.skipped for r in reports),
         }
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
-                           summary=summary, markdown=to_markdown(report))  # fmt: skip
+                           summary=summary, markdown=to_markdown(report),
+                           description=f"gate {plan.fingerprint}: {'PASS' if report.passed else 'FAIL'}")  # fmt: skip
 
 
 class ScalingPlan(Plan):
@@ -114,6 +116,8 @@ class ScalingStage(Stage[ScalingPlan]):
     """Tonight's point on the scaling curve, from the gate report, as one unit."""
 
     name = "scaling"
+    table_key = "scaling-curve"  # one curve per run root: the latest is the whole ledger
+    summary_key = "scaling-curve-summary"
     retries = 0  # reading a report and rewriting a small file: a failure is not transient
 
     def plan(
@@ -157,5 +161,5 @@ class ScalingStage(Stage[ScalingPlan]):
         png, curve = plan.out_dir / CURVE_PNG, curve_path(config.root_path)
         summary = {"points": len(points), "verdict": data_limited_verdict(points), "png": str(png), "curve": str(curve)}
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
-                           summary=summary, table=curve_table(points),
-                           markdown=curve_markdown(points, png=png))  # fmt: skip
+                           summary=summary, table=curve_table(points), markdown=curve_markdown(points, png=png),
+                           description=summary["verdict"])  # fmt: skip

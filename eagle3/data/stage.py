@@ -20,8 +20,8 @@ from eagle3.config import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint, check_sources, load_catalog, write_catalog
 from eagle3.data.normalize import mix_lines, normalize_source, prompts_fingerprint, source_counts, spill_counts_path
 from eagle3.data.shard import build_prompt_shards, summary_markdown
-from eagle3.layout import FAILED_SHARDS_FILE, find_input, stage_dir
-from eagle3.runroot import MANIFEST, Manifest, atomic_write_json
+from eagle3.layout import find_input, stage_dir, write_failed_shards
+from eagle3.runroot import MANIFEST, Manifest
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)
@@ -122,12 +122,6 @@ class NormalizeStage(Stage[NormalizePlan]):
     def retrigger(self, plan: NormalizePlan, failed: Sequence[Unit]) -> str:
         return "eagle3 normalize"  # finished sources are skipped, so a re-run redoes only the failed ones
 
-    def failed_result(self, plan: NormalizePlan, failed: Sequence[Unit], **fields: Any) -> StageResult:
-        """The contract's failure record, with source labels where the base class writes integer shard ids."""
-        atomic_write_json(plan.out_dir / FAILED_SHARDS_FILE, sorted(str(u) for u in failed))
-        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=False,
-                           failed=tuple(failed), retrigger=self.retrigger(plan, failed), **fields)  # fmt: skip
-
     def finalize(
         self, config: PipelineConfig, plan: NormalizePlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
     ) -> StageResult:
@@ -138,7 +132,7 @@ class NormalizeStage(Stage[NormalizePlan]):
         by_unit = {r.unit: r.detail for r in reports}
         # Config order, whatever order the units finished in: dedup keeps the first occurrence in this order.
         stats = build_prompt_shards(config, [by_unit[u] for u in plan.units], plan.out_dir)
-        (plan.out_dir / FAILED_SHARDS_FILE).unlink(missing_ok=True)
+        write_failed_shards(plan.out_dir, [])
         table = [{"source": s["source"], "in": s["in"], "kept": s["kept"], "duplicates": s["duplicates"],
                   **{f"q_{k}": v for k, v in s["quarantined"].items()}} for s in stats["sources"].values()]  # fmt: skip
         markdown = f"# prompts {plan.fingerprint}\n\n`{plan.out_dir}`\n\n" + summary_markdown(stats)

@@ -32,7 +32,7 @@ def test_gate_flow_publishes_the_refusal_as_a_markdown_artifact(tmp_path, prefec
     artifact = Artifact.get("gate-report")
     assert artifact is not None and "# EAGLE-3 gate: FAIL" in str(artifact.data)
     assert "--speculative-algorithm is 'EAGLE'" in str(artifact.data)
-    assert Artifact.get(f"gate-summary-{Path(out['out_dir']).name}") is not None  # the generic stage summary too
+    assert artifact.description.endswith("FAIL")  # the verdict at a glance
 
 
 def test_scaling_flow_publishes_the_curve_under_its_fixed_keys(tmp_path, prefect_harness):
