@@ -29,6 +29,7 @@ from typing import Any
 from eagle3.bench.launch import ALGORITHM_FLAG, DRAFT_FLAG, LaunchCommand, split_speculative, without_address
 from eagle3.config import PipelineConfig, to_sglang_ids
 from eagle3.data.parquet import ShardError, shard_metadata
+from eagle3.layout import shard_files
 from eagle3.model.export_format import ARCHITECTURE, DraftExport, expected_shapes, load_export, vocab_problems
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def check_d2t(export: DraftExport, target_vocab: int) -> Check:
 
 def capture_layer_ids(features_dir: Path) -> list[int]:
     """The capture's aux layer ids in ``input_of_layer`` convention, from the first shard's footer."""
-    shards = sorted(Path(features_dir).glob("shard-*.parquet"))
+    shards = list(shard_files(features_dir).values())
     if not shards:
         raise FileNotFoundError(f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)")
     meta = shard_metadata(shards[0])

@@ -17,7 +17,7 @@ from e2e_support import FAST_TINY, REPO, PrefectServer, dump_dom, screenshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STAGE_FLOWS = {"discover", "normalize", "regen", "capture", "vocab", "train", "gate"}
+STAGE_FLOWS = {"discover", "normalize", "regen", "capture", "vocab", "train", "gate", "scaling"}
 RUN_TIMEOUT_S = 900
 
 
