@@ -155,12 +155,17 @@ def llama3_8b() -> PipelineConfig:
 
 
 def kimi_k2_5() -> PipelineConfig:
-    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8."""
+    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8.
+
+    A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config``).
+    Captured with ``capture.device=auto``: about 1 TB of weights only fits spread over the node's GPUs by
+    transformers' device_map, which needs the ``multigpu`` extra (accelerate)."""
     config = PipelineConfig(
         name="kimi_k2_5",
         root=_run_root("kimi_k2_5"),
         target=TargetConfig(
             model_path="moonshotai/Kimi-K2.5",
+            family="deepseek",
             num_layers=61,
             hidden_size=7168,
             vocab_size=163_840,
@@ -171,7 +176,7 @@ def kimi_k2_5() -> PipelineConfig:
         mix=MixConfig(total=88_088),
         gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.tp=8", "train.nproc=8", "train.parallel=fsdp"])
+    return with_overrides(config, ["server.tp=8", "capture.device=auto", "train.nproc=8", "train.parallel=fsdp"])
 
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {

@@ -5,6 +5,9 @@ Design choices:
   fraction, max running requests, CUDA graph batch size, extra args) and the speculative arm only appends the five
   ``--speculative-*`` flags, so "baseline and speculative differ only in speculation" holds by construction;
   preflight still diffs the two lists in case either was edited by hand.
+- ``--max-running-requests`` is always emitted, the same for both arms: without it SGLang 0.5.23 caps only the
+  speculative server at 48 (``ServerArgs._handle_speculative_decoding`` in ``python/sglang/srt/server_args.py``), so
+  the arms would compare different batch limits at high concurrency. Preflight checks both arms carry it.
 - Flag spellings are those of the pinned SGLang (``SGLANG_VERSION``, the ``sglang`` extra). In 0.5.23 the CUDA graph
   cap is ``--cuda-graph-max-bs-decode`` (the older ``--cuda-graph-max-bs`` is gone; argparse would reject it as an
   ambiguous prefix) and tensor parallelism is ``--tp-size``.
@@ -45,6 +48,7 @@ SPECULATIVE_FLAGS: tuple[str, ...] = (
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
 )
+MAX_RUNNING_FLAG = "--max-running-requests"
 # Flags whose value differs per launch by design (where the server listens), ignored when arms are compared.
 ADDRESS_FLAGS: tuple[str, ...] = ("--host", "--port")
 
@@ -100,8 +104,7 @@ def shared_args(config: PipelineConfig, flavour: str, *, host: str, port: int) -
         args.append("--trust-remote-code")
     args += ["--dtype", _served_dtype(config, flavour)]
     args += ["--context-length", str(server.context_length or target.context_length)]
-    if server.max_running_requests is not None:
-        args += ["--max-running-requests", str(server.max_running_requests)]
+    args += [MAX_RUNNING_FLAG, str(server.max_running_requests)]
     if flavour == "sglang":
         args += ["--tp-size", str(server.tp)]
         if server.mem_fraction_static is not None:

@@ -13,8 +13,11 @@ Design choices:
   sends the draft the last hidden state only (H wide), silently skips ``fc`` because widths match, and accept
   length falls to ~1.0. The algorithm check catches the flag; the smoke accept-length check catches it live.
 - Layer ids: the capture footer records ids in ``input_of_layer`` (SGLang's capture convention); a draft's
-  ``eagle_aux_hidden_state_layer_ids`` are ``output_of_layer``, to which SGLang adds 1. They must agree after
-  conversion, or the draft sees other layers than it was trained on.
+  ``eagle_aux_hidden_state_layer_ids`` are ``output_of_layer``, which SGLang maps back by the target family's rule
+  (``eagle3.config.served_layer_ids``: Llama-like +1 always, DeepSeek/Kimi +1 only when the first id is 1).
+  The served layers must equal the captured ones, or the draft sees other layers than it was trained on.
+- Batch limit: both arms must pass the same ``--max-running-requests``; left out, SGLang caps only the speculative
+  arm (at 48), and the comparison at high concurrency measures the cap, not speculation.
 """
 
 from __future__ import annotations
@@ -26,8 +29,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.bench.launch import ALGORITHM_FLAG, DRAFT_FLAG, LaunchCommand, split_speculative, without_address
-from eagle3.config import PipelineConfig, to_sglang_ids
+from eagle3.bench.launch import (
+    ALGORITHM_FLAG,
+    DRAFT_FLAG,
+    MAX_RUNNING_FLAG,
+    LaunchCommand,
+    split_speculative,
+    without_address,
+)
+from eagle3.config import PipelineConfig, served_layer_ids, to_sglang_ids
 from eagle3.data.parquet import ShardError, shard_metadata
 from eagle3.layout import shard_files
 from eagle3.model.export_format import ARCHITECTURE, DraftExport, expected_shapes, load_export, vocab_problems
@@ -78,11 +88,18 @@ def check_algorithm(spec: LaunchCommand) -> Check:
 
 
 def check_arms_match(baseline: LaunchCommand, spec: LaunchCommand) -> Check:
-    """The arms may differ only in ``--speculative-*`` flags (and where they listen)."""
+    """The arms may differ only in ``--speculative-*`` flags (and where they listen), and both set the batch limit."""
     base_shared, base_spec = split_speculative(without_address(baseline.server_args()))
     spec_shared, _ = split_speculative(without_address(spec.server_args()))
     if base_spec:
         return Check("arms_match", False, f"baseline arm carries speculative flags {sorted(base_spec)}: drop them")
+    if _flag(spec_shared, MAX_RUNNING_FLAG) is None:
+        return Check(
+            "arms_match",
+            False,
+            f"the speculative arm has no {MAX_RUNNING_FLAG}: SGLang then caps it at 48 running requests but not the "
+            "baseline; pass the same server.max_running_requests to both arms (`eagle3 launch-sglang` does)",
+        )
     if base_shared == spec_shared:
         return Check("arms_match", True, "baseline and speculative arms share every non-speculative flag")
     only_base = [t for t in base_shared if t not in spec_shared]
@@ -198,7 +215,8 @@ def capture_layer_ids(features_dir: Path) -> list[int]:
     return to_sglang_ids(json.loads(meta["layer_ids"]), meta.get("layer_convention", "input_of_layer"))
 
 
-def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str) -> Check:
+def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str, family: str) -> Check:
+    """The layers SGLang serves the draft (by ``family``'s rule) must be the captured ones."""
     eagle = export.config.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     if not ids or len(ids) != 3:
@@ -208,13 +226,14 @@ def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str) ->
             f"eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}: write the 3 capture layers in output_of_layer "
             f"convention ({[i - 1 for i in capture_ids]}), never rely on SGLang's default",
         )
-    served = [i + 1 for i in ids]  # SGLang adds 1: output of layer j = input of layer j+1
+    served = served_layer_ids(ids, family)
     if served != list(capture_ids):
         return Check(
             "layer_ids",
             False,
-            f"draft layer ids {ids} (output_of_layer) serve input_of_layer {served}, but {source} captured "
-            f"{list(capture_ids)}: export eagle_aux_hidden_state_layer_ids={[i - 1 for i in capture_ids]}",
+            f"draft layer ids {ids} (output_of_layer) are served on a {family} target as input_of_layer {served}, "
+            f"but {source} captured {list(capture_ids)}: export eagle_aux_hidden_state_layer_ids="
+            f"{[i - 1 for i in capture_ids]} (and, for a deepseek target, capture from layer 2)",
         )
     if not eagle.get("use_aux_hidden_state", False):
         return Check("layer_ids", False, "eagle_config.use_aux_hidden_state is not true: set it in the export")
@@ -321,6 +340,7 @@ def run_static(
                 export,
                 capture_layer_ids(features_dir) if features_dir else config.sglang_layer_ids,
                 capture_source,
+                config.target.family,
             ),
         ),
         check_tied(export),

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -99,12 +100,18 @@ def load_hf_backend(config: PipelineConfig) -> HFBackend:
     """Load ``config.target`` with transformers in ``config.capture.dtype`` on ``config.capture.device``.
 
     ``capture.device`` is one device (``cpu``, ``cuda``, ``cuda:1``) or a ``device_map`` strategy (``auto``,
-    ``balanced``, ...) that spreads a target too large for one GPU over all visible ones."""
+    ``balanced``, ...) that spreads a target too large for one GPU over all visible ones; transformers does that
+    with ``accelerate``, the ``multigpu`` extra, checked here so a missing package fails before the model loads."""
     from transformers import AutoModelForCausalLM
 
     target, capture = config.target, config.capture
+    spread = capture.device in _SPREAD
+    if spread and importlib.util.find_spec("accelerate") is None:
+        raise RuntimeError(
+            f"capture.device={capture.device!r} spreads the target over GPUs with transformers' device_map, which "
+            "needs accelerate: pip install 'eagle3-pipeline[multigpu]', or set capture.device to one device (cuda)"
+        )
     logger.info("loading %s (%s) on %s for capture", target.model_path, capture.dtype, capture.device)
-    spread = capture.device in _SPREAD  # multi-GPU: transformers' device_map (needs the `accelerate` package)
     model = AutoModelForCausalLM.from_pretrained(
         target.model_path,
         revision=target.revision,

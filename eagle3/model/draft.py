@@ -11,6 +11,13 @@ Design choices (DESIGN §4, matching SGLang's ``LlamaForCausalLMEagle3``):
   q/k/v project from 2H, ``o_proj`` and the SwiGLU MLP work at H. The residual stream is the *hidden* stream, not the
   embedding: ``r1 = hidden + attn``, ``r2 = r1 + mlp(post_attention_layernorm(r1))``. ``r2`` is the pre-norm output:
   ``lm_head(norm(r2))`` gives the draft logits and ``r2`` itself is the hidden input of the next step (TTT/chain).
+* Attention shape per target family (``attention_shape``). A Llama-like target gives heads, kv heads and
+  ``head_dim`` (or ``H // heads``) directly. A DeepSeek-V2/V3 or Kimi-K2/K2.5 target (multi-head latent attention,
+  recognised by ``kv_lora_rank`` in its config) has no plain attention to copy: transformers' ``DeepseekV3Config``
+  sets ``head_dim`` to the RoPE sub-dimension ``qk_rope_head_dim`` (64), half the width the draft needs. The draft
+  uses ``num_attention_heads`` query *and* kv heads of ``v_head_dim`` (128), SpecForge's shape for these targets
+  (sgl-project/SpecForge ``configs/kimi-k2-eagle3.json`` and ``configs/kimi-k25-eagle3.json``: 64 heads, 64 kv
+  heads, ``head_dim`` 128 on ``hidden_size`` 7168).
 * Token embeddings come from the frozen target ``embed_tokens`` and are passed in by the caller (``input_embeds``),
   so the (possibly huge) embedding table is never part of the trained, sharded or exported module.
 * RoPE follows the target's rope settings (``default``, ``linear`` and ``llama3`` scaling are implemented; other
@@ -84,9 +91,7 @@ class DraftConfig:
         """
         target = getattr(target, "text_config", None) or target
         hidden = int(target.hidden_size)
-        heads = int(target.num_attention_heads)
-        kv_heads = int(getattr(target, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(target, "head_dim", None) or hidden // heads)
+        heads, kv_heads, head_dim = attention_shape(target)
         theta, scaling = _rope_settings(target)
         target_ctx = int(getattr(target, "max_position_embeddings", 0) or 0)
         return cls(
@@ -106,6 +111,15 @@ class DraftConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def attention_shape(target: Any) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim) of the draft's attention for a transformers target config (module docstring)."""
+    heads = int(target.num_attention_heads)
+    if getattr(target, "kv_lora_rank", None):  # DeepSeek-V2/V3, Kimi-K2/K2.5: latent attention, SpecForge's shape
+        return heads, heads, int(target.v_head_dim)
+    kv_heads = int(getattr(target, "num_key_value_heads", None) or heads)
+    return heads, kv_heads, int(getattr(target, "head_dim", None) or int(target.hidden_size) // heads)
 
 
 def _rope_settings(target: Any) -> tuple[float, dict[str, Any] | None]:

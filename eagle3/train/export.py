@@ -4,8 +4,9 @@ and an optional Hub push.
 The format itself (file names, exact key set and shapes, the vocab maps, validation) is
 ``eagle3.model.export_format``; this module only fills it. The export is written into ``<dir>.tmp``, validated
 there, and renamed, so a broken export is never left where SGLang or the gate could pick it up.
-``eagle_config.eagle_aux_hidden_state_layer_ids`` is in the ``output_of_layer`` convention (SGLang adds 1), taken
-from the capture manifest so training and serving read the same layers.
+``eagle_config.eagle_aux_hidden_state_layer_ids`` is in the ``output_of_layer`` convention, taken from the capture
+manifest and checked against the config, whose validation has already refused any set SGLang would map back to other
+layers on this target family (``eagle3.config.served_layer_ids``), so training and serving read the same layers.
 """
 
 from __future__ import annotations

@@ -39,3 +39,16 @@ def test_recipe_paths_resolve_from_eagle3_home_not_cwd(monkeypatch, tmp_path):
     cfg = load_recipe("tiny")
     assert cfg.root.startswith(str(tmp_path))
     assert all(s.path is None or s.path.startswith(str(tmp_path)) for s in cfg.sources)
+
+
+def test_kimi_is_a_deepseek_family_target_captured_across_gpus():
+    cfg = load_recipe("kimi_k2_5")
+    assert (cfg.target.family, cfg.capture.device) == ("deepseek", "auto")
+    assert load_recipe("llama3_8b").target.family == "llama"
+
+
+def test_kimi_refuses_aux_layers_sglang_would_serve_verbatim():
+    """[3, 30, 58] exports as [2, 29, 57]; SGLang's DeepSeek path adds 1 only when the first id is 1, so it would
+    capture layers [2, 29, 57], not the trained [3, 30, 58]."""
+    with pytest.raises(ConfigError, match=r"input_of_layer \[2, 29, 57\].*first aux layer must be 2"):
+        load_recipe("kimi_k2_5", ["capture.aux_layers=[3,30,58]"])

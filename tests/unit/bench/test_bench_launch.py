@@ -52,6 +52,14 @@ def test_sglang_flags_use_the_pinned_spellings(bench_config, tmp_path):
     assert "--enable-metrics" in args
 
 
+def test_both_arms_carry_the_same_batch_limit_by_default(bench_config, tmp_path):
+    """SGLang 0.5.23 server_args.py ServerArgs._handle_speculative_decoding sets max_running_requests=48 for an
+    EAGLE/EAGLE3 server when none is given; the baseline would stay uncapped, so both arms always get the flag."""
+    for arm in ("baseline", "eagle3"):
+        args = build_launch(bench_config, arm, draft=tmp_path, port=31000).argv
+        assert args[args.index("--max-running-requests") + 1] == "48"
+
+
 def test_eagle3_arm_without_a_draft_is_refused(bench_config):
     with pytest.raises(ValueError, match="--draft"):
         build_launch(bench_config, "eagle3")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from eagle3.bench.launch import build_launch
+from eagle3.bench.launch import LaunchCommand, build_launch
 from eagle3.bench.preflight import Check, failed, run_static
 from eagle3.config import PipelineConfig, with_overrides
 from eagle3.data.parquet import write_table
@@ -138,6 +138,19 @@ def test_layer_ids_of_an_output_convention_capture_are_converted(bench_config, m
     assert _failures(_static(bench_config, make_export(), features=features)) == {}
 
 
+def test_layer_ids_are_checked_by_the_target_familys_sglang_rule(bench_config, make_export):
+    """Ids [2, 4, 5] on a capture of [2, 4, 5]: Llama's SGLang path serves [3, 5, 6]; DeepSeek's serves them
+    verbatim (first id is not 1), so the same export fails on one family and passes on the other."""
+    verbatim = make_export(
+        "verbatim", eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True}
+    )
+    llama = _failures(_static(bench_config, verbatim))
+    assert set(llama) == {"layer_ids"} and "input_of_layer [3, 5, 6]" in llama["layer_ids"]
+    deepseek = with_overrides(bench_config, ["target.family=deepseek"])
+    assert _failures(_static(deepseek, verbatim, spec_config=deepseek)) == {}
+    assert _failures(_static(deepseek, make_export(), spec_config=deepseek)) == {}
+
+
 def test_absent_or_two_layer_ids_fail(bench_config, make_export):
     absent = make_export("absent", eagle_config={"use_aux_hidden_state": True})
     two = make_export("two", eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3], "use_aux_hidden_state": True})
@@ -170,6 +183,17 @@ def test_arms_differing_beyond_speculative_flags_fail(bench_config, make_export)
     fails = _failures(_static(bench_config, make_export(), spec_config=longer))
     assert set(fails) == {"arms_match"}
     assert "'--mem-fraction-static'" in fails["arms_match"]
+
+
+def test_speculative_arm_without_a_batch_limit_fails(bench_config, make_export):
+    export = make_export()
+    spec = build_launch(bench_config, "eagle3", draft=export, port=30000)
+    at = spec.argv.index("--max-running-requests")
+    uncapped = LaunchCommand(spec.arm, spec.flavour, spec.argv[:at] + spec.argv[at + 2:], spec.host, spec.port)
+    baseline = build_launch(bench_config, "baseline", port=30000)
+    fails = _failures(run_static(bench_config, export, baseline=baseline, spec=uncapped))
+    assert set(fails) == {"arms_match"}
+    assert "caps it at 48" in fails["arms_match"]
 
 
 def test_missing_export_is_a_failed_check_not_a_crash(bench_config, tmp_path):

@@ -40,3 +40,14 @@ def test_output_of_layer_convention_is_checked_in_its_own_range():
 def test_unnamed_convention_fails_with_the_known_ones():
     with pytest.raises(ConfigError, match=r"unknown layer convention 'hf_index'.*'input_of_layer'"):
         _config("capture.layer_convention=hf_index")
+
+
+def test_device_auto_without_accelerate_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from eagle3.capture.hf import load_hf_backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(RuntimeError, match=r"needs accelerate: pip install 'eagle3-pipeline\[multigpu\]'"):
+        load_hf_backend(_config("capture.device=auto"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig
+from transformers import DeepseekV3Config, LlamaConfig
 
 from eagle3.model.draft import DraftConfig, DraftKVCache, DraftModel, TTTCache, rope_inv_freq
 
@@ -24,6 +24,17 @@ def test_config_from_target_takes_shapes_and_raises_context():
     assert (cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size) == (48, V, VD)
     assert cfg.max_position_embeddings == 512 and cfg.rms_norm_eps == 1e-5
     assert _config().rope_scaling is None
+
+
+def test_deepseek_target_gives_specforges_attention_width_not_the_rope_dim():
+    """Kimi-K2-like MLA target: transformers' DeepseekV3Config.head_dim is qk_rope_head_dim (64); SpecForge's
+    configs/kimi-k2-eagle3.json and kimi-k25-eagle3.json draft uses 64 heads, 64 kv heads of head_dim 128."""
+    target = DeepseekV3Config(hidden_size=7168, num_attention_heads=64, num_key_value_heads=64, qk_rope_head_dim=64,
+                              qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512, intermediate_size=18432,
+                              vocab_size=163_840, num_hidden_layers=61)
+    assert target.head_dim == 64
+    cfg = DraftConfig.from_target_config(target, draft_vocab_size=32_000)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 64, 128)
 
 
 def test_llama3_rope_scaling_is_kept_and_changes_low_frequencies():
