@@ -2,7 +2,7 @@
 
 Design choices:
 - Refuse before measuring: each candidate draft first passes static preflight against the SGLang commands that
-  would ship it; each launched (or given) speculative server then passes the runtime checks (``/get_server_info``
+  would ship it; each launched (or given) speculative server then passes the runtime checks (``/server_info``
   says EAGLE3 with this draft, a smoke run speculates). A refused draft is never benchmarked, so a broken launch
   line (``EAGLE`` instead of ``EAGLE3``) cannot produce a report that looks like a slow-but-valid draft.
 - Arms run one after another, never side by side, so they do not share the machine; the same rendered prompts go
@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}
 SMOKE_PROMPTS = 4
 SMOKE_TOKENS = 32
+FLUSH_ATTEMPTS = 5
+FLUSH_WAIT_S = 0.5
 
 
 class ArmError(RuntimeError):
@@ -67,8 +69,40 @@ def config_label(spec: SpeculativeConfig) -> str:
     return f"s{spec.num_steps}-k{spec.eagle_topk}-n{spec.num_draft_tokens}"
 
 
-def measure(url: str, prompts: list[BenchPrompt], gate: GateConfig) -> list[LevelStats]:
-    """Warm-up (excluded), then every prompt at each concurrency of ``gate.concurrency``."""
+def flush_cache(url: str, *, attempts: int = FLUSH_ATTEMPTS, wait_s: float = FLUSH_WAIT_S) -> str | None:
+    """POST ``/flush_cache``; ``None`` once flushed, else why it could not be.
+
+    SGLang refuses to flush while requests are running or waiting (400; sgl-project/sglang
+    ``python/sglang/srt/entrypoints/http_server.py`` ``flush_cache``). Right after a level the last replies may still
+    be leaving the server, so a 400 is retried a few times. Not flushing does not fail the arm (the numbers stay
+    real, a warm prefix cache only flatters the next level), so the caller records it in the report instead.
+    """
+    import urllib.error
+    import urllib.request
+
+    last = "no attempt made"
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(wait_s)
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{url}/flush_cache", method="POST"), timeout=30):
+                return None
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}: {exc.read().decode(errors='replace').strip()}"
+            if exc.code != 400:
+                break
+        except OSError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+            break
+    return f"could not flush the cache at {url} after {attempt + 1} attempts: {last}"
+
+
+def measure(arm: ArmResult, url: str, prompts: list[BenchPrompt], gate: GateConfig) -> None:
+    """Warm-up (excluded), then every prompt at each concurrency of ``gate.concurrency`` into ``arm.levels``.
+
+    The cache is flushed before each level so no level rides on the prefixes the previous one left behind; a flush
+    that the server kept refusing is noted in ``arm.flush_failures``.
+    """
     pairs = [(p.prompt_id, list(p.input_ids)) for p in prompts]
 
     async def run() -> list[LevelStats]:
@@ -78,6 +112,10 @@ def measure(url: str, prompts: list[BenchPrompt], gate: GateConfig) -> list[Leve
             )
         levels = []
         for c in gate.concurrency:
+            failure = await asyncio.to_thread(flush_cache, url)
+            if failure:
+                logger.warning("before concurrency %d: %s", c, failure)
+                arm.flush_failures.append(f"concurrency {c}: {failure}")
             sent = await send_prompts_async(url, pairs, concurrency=c, max_new_tokens=gate.max_new_tokens)
             errors = [r.error for r in sent.results if r.error]
             if errors:
@@ -86,7 +124,7 @@ def measure(url: str, prompts: list[BenchPrompt], gate: GateConfig) -> list[Leve
             logger.info("%s concurrency %d: %.1f tok/s", url, c, levels[-1].output_tok_s)
         return levels
 
-    return asyncio.run(run())
+    arm.levels = asyncio.run(run())
 
 
 @contextlib.contextmanager
@@ -120,7 +158,7 @@ def _run_spec_arm(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: 
     bad = preflight.failed(checks)
     if bad:
         raise ArmError("runtime preflight failed: " + "; ".join(c.line() for c in bad))
-    arm.levels = measure(url, prompts, config.gate)
+    measure(arm, url, prompts, config.gate)
 
 
 @dataclass
@@ -263,7 +301,7 @@ def _measure_plan(
             with serving(plan.commands[arm.name], plan.urls[arm.name], log, flavour) as url:
                 arm.url = url
                 if arm.role == "baseline":
-                    arm.levels = measure(url, prompts, config.gate)
+                    measure(arm, url, prompts, config.gate)
                 else:
                     _run_spec_arm(arm, url, prompts, config)
         except (ArmError, LaunchError, OSError) as exc:

@@ -8,7 +8,7 @@ Design choices:
   ``draft_shapes``, ``d2t_order``...) so a failure names its fix.
 - Static checks read only files: the export dir (``config.json`` + the safetensors header for shapes; ``d2t``/``t2d``
   are the only tensors loaded), the target's ``config.json`` when it is a local dir, the capture footer, and the
-  two launch commands. Runtime checks ask a live server (``/get_server_info``) and run a smoke benchmark.
+  two launch commands. Runtime checks ask a live server (``/server_info``) and run a smoke benchmark.
 - The real failure this exists for: a good EAGLE-3 draft served with ``--speculative-algorithm EAGLE``. SGLang then
   sends the draft the last hidden state only (H wide), silently skips ``fc`` because widths match, and accept
   length falls to ~1.0. The algorithm check catches the flag; the smoke accept-length check catches it live.
@@ -365,7 +365,7 @@ def get_json(url: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
 
 
 def check_server_info(info: dict[str, Any], export_dir: Path | str | None) -> list[Check]:
-    """``/get_server_info`` must show EAGLE3 and (when given) the draft that was checked statically."""
+    """``/server_info`` must show EAGLE3 and (when given) the draft that was checked statically."""
     algo = info.get("speculative_algorithm")
     checks = [
         Check("server_algorithm", True, f"server runs {algo}")
@@ -423,9 +423,9 @@ def run_runtime(
     from eagle3.bench.prompts import send_prompts
 
     try:
-        checks = check_server_info(get_json(f"{url.rstrip('/')}/get_server_info"), export_dir)
+        checks = check_server_info(get_json(f"{url.rstrip('/')}/server_info"), export_dir)
     except (OSError, ValueError) as exc:
-        return [Check("server_info", False, f"GET {url}/get_server_info failed ({exc}): is the server up at {url}?")]
+        return [Check("server_info", False, f"GET {url}/server_info failed ({exc}): is the server up at {url}?")]
     results = send_prompts(url, prompt_ids, concurrency=1, max_new_tokens=max_new_tokens, timeout_s=timeout_s)
     errors = [r.error for r in results if r.error]
     if errors:

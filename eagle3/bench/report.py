@@ -67,6 +67,7 @@ class ArmResult:
     launch_sglang: str | None = None
     levels: list[LevelStats] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
+    flush_failures: list[str] = field(default_factory=list)  # levels measured without a cache flush (bench.gate)
     error: str | None = None
 
     def level(self, concurrency: int) -> LevelStats | None:
@@ -142,6 +143,9 @@ def to_markdown(report: GateReport) -> str:
                 f"| {arm.name} | {arm.role} | {lv.concurrency} | {lv.output_tok_s:.1f} | {lv.tpot_ms:.1f} | "
                 f"{_fmt(lv.accept_length)} | {lv.requests} |"
             )
+    unflushed = [f"- {arm.name}: {note}" for arm in report.arms for note in arm.flush_failures]
+    if unflushed:
+        lines += ["", "## Levels measured without a cache flush", "", *unflushed]
     lines += ["", "## Decisions", ""]
     for d in report.decisions:
         head = f"- `{d.draft}`: **{'pass' if d.passed else 'fail'}** (best arm {d.best_arm}, speedup "

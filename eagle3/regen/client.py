@@ -1,9 +1,16 @@
 """One generation request with retries (DESIGN §8), over SGLang's ``/generate`` or the OpenAI chat API.
 
-* 200: the reply. 400 (and other 4xx but 408/429): ``BadRequestError`` carrying the server's message, no retry;
-  the sample fails alone. 5xx, 408, 429, connection errors and timeouts: retried with exponential backoff and full
-  jitter (``backoff_base_s * 2**k``, capped at ``backoff_max_s``) up to ``max_retries`` times, possibly on another
-  server; then ``RetriesExhausted``. A 503 (queue full) or 429 is retried but does not count towards ejection.
+* Every attempt carries a fresh rid, ``<base>-a<attempt>`` (``base`` is the sample id and turn; the sample id stays
+  the journal key). SGLang refuses a rid that is still in flight (400 ``Duplicate request ID detected``,
+  sgl-project/sglang ``python/sglang/srt/managers/tokenizer_manager.py``, ``TokenizerManager``): after a client-side
+  timeout the server may still be running the first attempt, so resending its rid would turn a slow answer into a lost
+  sample.
+* 200: the reply. Retryable, with exponential backoff and full jitter (``backoff_base_s * 2**k``, capped at
+  ``backoff_max_s``) up to ``max_retries`` times, possibly on another server, then ``RetriesExhausted``: SGLang's
+  transient answers (a duplicate-rid 400, 429, 503 queue full; these do not count towards ejection: the server is
+  alive) and signs of a failing server (5xx, 408, connection loss, timeouts, unparsable replies; these do count).
+* Permanent: any other 4xx, a true input error, raised as ``BadRequestError`` with the server's message; the sample
+  fails alone.
 * ``/generate`` sends the project's token ids and gets token ids back: nothing is re-tokenized. The OpenAI path
   sends messages and gets text; its ids are re-tokenized from that text and the row's meta says so.
 """
@@ -60,6 +67,24 @@ def backoff_s(cfg: RegenConfig, attempt: int, rng: random.Random) -> float:
     return rng.uniform(0.0, min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (attempt - 1)))
 
 
+DUPLICATE_RID = "Duplicate request ID"  # SGLang's message for a rid still in flight (TokenizerManager)
+
+
+def attempt_rid(base: str, attempt: int) -> str:
+    """The rid of one attempt: unique per attempt, so a retry never collides with its own timed-out predecessor."""
+    return f"{base}-a{attempt}"
+
+
+def classify(status: int, message: str) -> str:
+    """What an HTTP error means for the request: ``transient`` (retry, server healthy), ``failure`` (retry, counts
+    towards ejection) or ``permanent`` (the input is wrong; no retry)."""
+    if status in (429, 503) or (status == 400 and DUPLICATE_RID in message):
+        return "transient"
+    if status >= 500 or status == 408:
+        return "failure"
+    return "permanent"
+
+
 def _error_message(status: int, body: str) -> str:
     try:
         data = json.loads(body)
@@ -92,26 +117,27 @@ class Client:
         if self.session is not None:
             await self.session.close()
 
-    async def generate(self, rid: str, prompt_ids: list[int]) -> Reply:
-        payload = {"input_ids": prompt_ids, "sampling_params": self.params, "rid": rid}
-        return await self._with_retries("/generate", payload, _parse_generate)
+    async def generate(self, base_rid: str, prompt_ids: list[int]) -> Reply:
+        """One ``/generate`` turn; ``base_rid`` names the turn, each attempt's rid is ``attempt_rid(base_rid, n)``."""
+        payload = {"input_ids": prompt_ids, "sampling_params": self.params}
+        return await self._with_retries("/generate", payload, base_rid, _parse_generate)
 
-    async def chat(self, rid: str, messages: list[dict[str, str]], model: str) -> Reply:
+    async def chat(self, base_rid: str, messages: list[dict[str, str]], model: str) -> Reply:
+        """One OpenAI chat turn; rids as in ``generate``."""
         payload = {
             "model": model,
             "messages": messages,
             "max_tokens": self.cfg.max_new_tokens,
             "temperature": self.cfg.temperature,
             "top_p": self.cfg.top_p,
-            "rid": rid,
         }
         if self.cfg.top_k > 0:
             payload["top_k"] = self.cfg.top_k
         if self.cfg.stop:
             payload["stop"] = list(self.cfg.stop)
-        return await self._with_retries("/v1/chat/completions", payload, _parse_chat)
+        return await self._with_retries("/v1/chat/completions", payload, base_rid, _parse_chat)
 
-    async def _with_retries(self, path: str, payload: dict[str, Any], parse: Any) -> Reply:
+    async def _with_retries(self, path: str, payload: dict[str, Any], base_rid: str, parse: Any) -> Reply:
         assert self.session is not None, "use `async with Client(...)`"
         last = "no attempt made"
         for attempt in range(1, self.cfg.max_retries + 2):
@@ -124,18 +150,19 @@ class Client:
                 continue
             start = time.monotonic()
             outcome: bool | None = False
+            body_json = payload | {"rid": attempt_rid(base_rid, attempt)}
             try:
-                async with self.session.post(server.url + path, json=payload, timeout=self.timeout) as resp:
+                async with self.session.post(server.url + path, json=body_json, timeout=self.timeout) as resp:
                     body = await resp.text()
                     if resp.status == 200:
                         fields = parse(json.loads(body))
                         outcome = True
                         return Reply(**fields, server=server.url, latency_s=time.monotonic() - start, attempts=attempt)
                     last = _error_message(resp.status, body)
-                    if resp.status in (429, 503):
-                        outcome = None
-                    elif 400 <= resp.status < 500 and resp.status != 408:
-                        outcome = None
+                    kind = classify(resp.status, last)
+                    if kind != "failure":
+                        outcome = None  # the server answered sensibly: no ejection
+                    if kind == "permanent":
                         raise BadRequestError(last)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -72,17 +72,17 @@ def round_trips(tokenizer: Any, ids: list[int]) -> bool:
 
 
 async def _turn(ctx: SampleContext, sample_id: str, state: _Turns) -> None:
-    rid = f"{sample_id}:{state.turns}"
+    base_rid = f"{sample_id}:{state.turns}"  # the client appends -a<attempt>: one rid per attempt
     state.prompt_history = list(state.history)
     state.prompt_ids = render_prompt(ctx.tokenizer, state.history)
     if ctx.api == "openai":
-        reply = await ctx.client.chat(rid, state.history, ctx.model)
+        reply = await ctx.client.chat(base_rid, state.history, ctx.model)
         ids = list(ctx.tokenizer(reply.text, add_special_tokens=False)["input_ids"])
         if reply.finish_reason == "stop" and ctx.eos_id is not None:
             ids.append(ctx.eos_id)
         reply.output_ids = ids
     else:
-        reply = await ctx.client.generate(rid, state.prompt_ids)
+        reply = await ctx.client.generate(base_rid, state.prompt_ids)
     state.last = reply
     state.turns += 1
     state.latency_s += reply.latency_s

@@ -1,9 +1,24 @@
-"""The HTTP layer: SGLang's endpoint subset (DESIGN §5) on aiohttp.web.
+"""The HTTP layer: SGLang's endpoint subset (DESIGN §5) on aiohttp.web, as strict as SGLang 0.5.23 where a client
+can tell the difference.
 
 Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are
-``{"error": {"message", "type", "code"}}`` with status 400 (bad input), 500 (injected or engine failure) or 503
-(queue full, only with ``--max-queued-requests``). Streaming uses server-sent events, one ``data: {...}`` per step
-with the cumulative text and output ids, then ``data: [DONE]``.
+``{"error": {"message", "type", "code"}}`` with status 400 (bad input, or a rid still in flight), 500 (injected or
+engine failure) or 503 (queue full, only with ``--max-queued-requests``). Streaming uses server-sent events, one
+``data: {...}`` per step with the cumulative text and output ids, then ``data: [DONE]``.
+
+What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
+* A rid that is still in flight is refused with 400 and ``Duplicate request ID detected: <rid>``
+  (``managers/tokenizer_manager.py``, ``TokenizerManager`` registering the request state; the ``ValueError`` becomes a
+  400 in ``entrypoints/http_server.py`` ``generate_request`` via ``_create_error_response``). A client that resends a
+  timed-out request under the same rid meets exactly this answer (``eagle3.regen.client``).
+* ``/server_info`` and ``/model_info`` are the canonical info routes; ``/get_server_info`` and ``/get_model_info`` are
+  SGLang's deprecated aliases with the same payloads (``entrypoints/http_server.py``), served because external tools
+  still call them. Project code calls the canonical routes only.
+* ``/flush_cache`` answers 400 while requests are running or waiting and 200 when idle (``http_server.flush_cache``).
+* ``meta_info`` carries ``spec_verify_ct`` and ``spec_accept_length`` only on a speculative server, only on the final
+  chunk, and only when the request had verify passes (``TokenizerManager`` adds them from the batch output).
+* ``cached_tokens`` is always 0: the reference server has no prefix (radix) cache, so no prompt token is ever served
+  from cache; reporting anything else would be a lie that benchmark reports would repeat.
 """
 
 from __future__ import annotations
@@ -21,13 +36,14 @@ from aiohttp import web
 from eagle3.serve.args import server_info
 from eagle3.serve.faults import FaultInjector
 from eagle3.serve.protocol import Completion
-from eagle3.serve.requests import BadRequest, parse_chat, parse_generate
+from eagle3.serve.requests import BadRequest, GenerateRequest, parse_chat, parse_generate
 
 logger = logging.getLogger(__name__)
 
 BACKEND = web.AppKey("backend", object)
 ARGS = web.AppKey("args", argparse.Namespace)
 FAULTS = web.AppKey("faults", FaultInjector)
+IN_FLIGHT = web.AppKey("in_flight", set)
 
 
 def error_response(status: int, message: str) -> web.Response:
@@ -35,16 +51,32 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
-def meta_info(c: Completion, prompt_tokens: int) -> dict[str, Any]:
-    return {
+def meta_info(c: Completion, prompt_tokens: int, *, speculative: bool) -> dict[str, Any]:
+    """The final ``meta_info``; speculative counters only where SGLang reports them (see the module docstring)."""
+    meta: dict[str, Any] = {
         "id": c.rid,
         "finish_reason": c.finish_reason,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(c.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": 0,  # no prefix cache
         "e2e_latency": c.e2e_latency,
-        "spec_verify_ct": c.verify_ct,
     }
+    if speculative and c.verify_ct > 0:
+        meta["spec_verify_ct"] = c.verify_ct
+        meta["spec_accept_length"] = len(c.output_ids) / c.verify_ct
+    return meta
+
+
+def _speculative(request: web.Request) -> bool:
+    return bool(request.app[ARGS].speculative_algorithm)
+
+
+def _register(request: web.Request, rid: str) -> None:
+    """Mark ``rid`` in flight, or refuse it as SGLang's ``TokenizerManager`` does when it already is."""
+    in_flight = request.app[IN_FLIGHT]
+    if rid in in_flight:
+        raise BadRequest(f"Duplicate request ID detected: {rid}")
+    in_flight.add(rid)
 
 
 def _text(backend: Any, c: Completion) -> str:
@@ -82,11 +114,20 @@ async def _read_json(request: web.Request) -> Any:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    backend = request.app[BACKEND]
     try:
-        req = parse_generate(await _read_json(request), backend)
+        req = parse_generate(await _read_json(request), request.app[BACKEND])
+        _register(request, req.rid)
     except BadRequest as exc:
         return error_response(400, str(exc))
+    try:
+        return await _generate(request, req)
+    finally:
+        request.app[IN_FLIGHT].discard(req.rid)
+
+
+async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
+    """``/generate`` once its rid is registered: admission, then a JSON reply or an SSE stream."""
+    backend = request.app[BACKEND]
     refused = await _admission(request)
     if refused is not None:
         return refused
@@ -96,7 +137,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         c = await backend.generate(req.rid, req.input_ids, req.params)
     except RuntimeError as exc:
         return error_response(500, f"generation failed: {exc}")
-    body = {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta_info(c, len(req.input_ids))}
+    meta = meta_info(c, len(req.input_ids), speculative=_speculative(request))
+    body = {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta}
     response = web.json_response(body)
     await response.prepare(request)
     await response.write_eof()
@@ -104,7 +146,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _generate_stream(request: web.Request, req: Any) -> web.StreamResponse:
+async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
     """SSE: one event per engine step with the cumulative output, the final one with ``finish_reason``."""
     backend = request.app[BACKEND]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -125,6 +167,7 @@ async def _generate_stream(request: web.Request, req: Any) -> web.StreamResponse
                 "finish_reason": None,
                 "prompt_tokens": len(req.input_ids),
                 "completion_tokens": len(ids),
+                "cached_tokens": 0,
                 "e2e_latency": time.monotonic() - start,
             }
             await _sse(response, {"text": backend.decode(ids), "output_ids": ids, "meta_info": meta})
@@ -135,7 +178,7 @@ async def _generate_stream(request: web.Request, req: Any) -> web.StreamResponse
         return response
     finally:
         task.cancel()
-    meta = meta_info(c, len(req.input_ids))
+    meta = meta_info(c, len(req.input_ids), speculative=_speculative(request))
     await _sse(response, {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
@@ -148,11 +191,20 @@ async def _sse(response: web.StreamResponse, obj: Any) -> None:
 
 
 async def chat_completions(request: web.Request) -> web.Response:
-    backend = request.app[BACKEND]
     try:
-        req = parse_chat(await _read_json(request), backend)
+        req = parse_chat(await _read_json(request), request.app[BACKEND])
+        _register(request, req.rid)
     except BadRequest as exc:
         return error_response(400, str(exc))
+    try:
+        return await _chat_completions(request, req)
+    finally:
+        request.app[IN_FLIGHT].discard(req.rid)
+
+
+async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.Response:
+    """``/v1/chat/completions`` once its rid is registered."""
+    backend = request.app[BACKEND]
     refused = await _admission(request)
     if refused is not None:
         return refused
@@ -199,7 +251,7 @@ async def health_generate(request: web.Request) -> web.Response:
     return web.Response(text="")
 
 
-async def get_model_info(request: web.Request) -> web.Response:
+async def model_info(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
     args = request.app[ARGS]
     info = {
@@ -215,7 +267,7 @@ async def get_model_info(request: web.Request) -> web.Response:
     return web.json_response(info)
 
 
-async def get_server_info(request: web.Request) -> web.Response:
+async def server_info_route(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
     info = server_info(request.app[ARGS])
     info["context_length"] = backend.context_length
@@ -225,7 +277,13 @@ async def get_server_info(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    return web.Response(text="Cache flushed (the reference server keeps no prefix cache).\n")
+    """200 when idle, 400 while requests run or wait: SGLang refuses to flush under load, so callers must retry."""
+    busy = len(request.app[IN_FLIGHT])  # every /generate and chat request, queued or running
+    if busy:
+        return web.Response(
+            status=400, text=f"Flush cache failed: {busy} requests are running or waiting; retry when idle.\n"
+        )
+    return web.Response(text="Cache flushed (the reference server keeps no prefix cache, nothing was dropped).\n")
 
 
 def build_app(args: argparse.Namespace, backend: Any) -> web.Application:
@@ -233,12 +291,15 @@ def build_app(args: argparse.Namespace, backend: Any) -> web.Application:
     app[ARGS] = args
     app[BACKEND] = backend
     app[FAULTS] = FaultInjector(args)
+    app[IN_FLIGHT] = set()
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
-    app.router.add_get("/get_model_info", get_model_info)
-    app.router.add_get("/get_server_info", get_server_info)
+    for path in ("/model_info", "/get_model_info"):  # canonical, then SGLang's deprecated alias
+        app.router.add_get(path, model_info)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info_route)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/flush_cache", flush_cache)
 

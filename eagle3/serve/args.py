@@ -4,7 +4,7 @@ Flag spellings follow ``sglang.launch_server`` where SGLang has the flag (``--mo
 ``--max-running-requests``, ``--max-queued-requests``, the ``--speculative-*`` family), so the same generated
 launch line can point at either server. ``--speculative-algorithm EAGLE3`` (or ``EAGLE``) with a draft runs greedy
 chain speculative decoding (``eagle3.serve.speculative``) and every speculative flag is reported by
-``/get_server_info``. ``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the client-scaling
+``/server_info``. ``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the client-scaling
 benchmark.
 """
 
@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--fault-extra-latency", type=float, default=0.0, help="Seconds added to every /generate.")
     faults.add_argument("--fault-crash-after", type=int, default=None, help="Exit after N completed requests.")
     faults.add_argument("--fault-bad-request-every", type=int, default=None, help="Answer 400 to every Nth request.")
+    faults.add_argument(
+        "--fault-stall-first-s", type=float, default=0.0, help="Hold the first generation request this many seconds."
+    )
     faults.add_argument("--fault-seed", type=int, default=0)
     synth = p.add_argument_group("synthetic load mode (client-scaling benchmark only: no model)")
     synth.add_argument("--synthetic-tokens", type=int, default=None, help="Return N tokens per request, no model.")
@@ -78,7 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def server_info(args: argparse.Namespace) -> dict[str, Any]:
-    """Resolved server args as ``/get_server_info`` reports them (SGLang key names)."""
+    """Resolved server args as ``/server_info`` reports them (SGLang key names)."""
     info = {k: v for k, v in vars(args).items()}
     info["model_path"] = args.model_path or "synthetic"
     info["tokenizer_path"] = args.tokenizer_path or args.model_path

@@ -3,7 +3,7 @@
 ``ModelBackend`` loads a transformers causal LM and its tokenizer and runs them through the scheduler.
 ``SyntheticBackend`` has no model at all: every request sleeps ``--synthetic-delay`` seconds and returns
 ``--synthetic-tokens`` ids cycling through a fixed range. It exists only so the client-scaling benchmark can push a
-million requests through a real HTTP server; ``/get_model_info`` and the log say so.
+million requests through a real HTTP server; ``/model_info`` and the log say so.
 """
 
 from __future__ import annotations

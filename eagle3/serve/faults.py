@@ -32,25 +32,34 @@ class FaultInjector:
         self.extra_latency = args.fault_extra_latency
         self.crash_after = args.fault_crash_after
         self.bad_every = args.fault_bad_request_every
+        self.stall_first_s = args.fault_stall_first_s
         self._rng = random.Random(args.fault_seed)
         self._requests = 0
         self._completed = 0
         if self.enabled:
             logger.warning(
-                "FAULT INJECTION ON: fail_rate=%s extra_latency=%ss crash_after=%s bad_request_every=%s",
+                "FAULT INJECTION: fail_rate=%s extra_latency=%ss crash_after=%s bad_request_every=%s stall_first=%ss",
                 self.fail_rate,
                 self.extra_latency,
                 self.crash_after,
                 self.bad_every,
+                self.stall_first_s,
             )
 
     @property
     def enabled(self) -> bool:
-        return bool(self.fail_rate or self.extra_latency or self.crash_after or self.bad_every)
+        return bool(self.fail_rate or self.extra_latency or self.crash_after or self.bad_every or self.stall_first_s)
 
     async def before(self) -> Fault | None:
-        """Called on every generation request before it is queued; may delay it or answer a fault."""
+        """Called on every generation request before it is queued; may delay it or answer a fault.
+
+        The request's rid is already registered as in flight (``app._registered``), so a stalled request holds its
+        rid the way a long generation does on SGLang: a client that times out and resends the same rid meets the
+        duplicate-rid 400.
+        """
         self._requests += 1
+        if self.stall_first_s and self._requests == 1:
+            await asyncio.sleep(self.stall_first_s)
         if self.extra_latency:
             await asyncio.sleep(self.extra_latency)
         if self.bad_every and self._requests % self.bad_every == 0:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from eagle3.bench import preflight
-from eagle3.bench.gate import decide, run_gate
+from eagle3.bench.gate import decide, flush_cache, run_gate
 from eagle3.bench.launch import build_launch
 from eagle3.bench.prompts import load_gate_prompts
 from eagle3.bench.registry import Registry, draft_id
 from eagle3.config import with_overrides
+from eagle3.serve.launch import reference_server
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +46,19 @@ def test_eagle_instead_of_eagle3_serves_accept_length_one_and_fails_runtime_pref
     assert float(good["smoke_accept"].message.split()[2]) > accept + 0.3
 
 
+def test_gate_flush_retries_while_the_server_is_busy_then_says_why_it_could_not():
+    """SGLang answers ``/flush_cache`` with 400 while requests run; the gate retries, then reports the refusal."""
+    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "3"]) as srv:
+        assert flush_cache(srv.url) is None  # idle
+        busy = threading.Thread(target=urllib.request.urlopen, args=(srv.url + "/generate", b'{"input_ids": [5]}', 30))
+        busy.start()
+        time.sleep(0.5)
+        failure = flush_cache(srv.url, attempts=2, wait_s=0.1)
+        busy.join()
+        assert flush_cache(srv.url, attempts=3, wait_s=0.2) is None
+    assert failure is not None and "after 2 attempts" in failure and "HTTP 400" in failure
+
+
 def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champion(gate_world):
     cfg = gate_world.config
     result = run_gate(cfg, [gate_world.export])
@@ -51,6 +68,7 @@ def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champio
     assert names == ["baseline", "cand0:s3-k1-n4"]
     for arm in report.arms:
         assert arm.error is None and [lv.concurrency for lv in arm.levels] == [1, 2]
+        assert arm.flush_failures == []  # the cache was flushed before every level
         assert all(lv.requests == 12 and lv.completion_tokens > 0 and lv.output_tok_s > 0 for lv in arm.levels)
     cand = report.arms[1]
     assert cand.level(1).accept_length >= cfg.gate.min_accept

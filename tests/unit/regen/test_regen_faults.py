@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3.procs import free_port
+from eagle3.regen.client import attempt_rid, classify
 from eagle3.regen.journal import read_journal
 from eagle3.regen.stage import RegenStage
 from eagle3.runroot import Manifest
@@ -79,3 +80,34 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     assert summary["done"] and summary["failed_shards"] == []
     assert Path(summary["regen_dir"]) == out  # servers are not part of the stage fingerprint
     assert sorted(_ids(out)) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(10)])
+
+
+def test_timed_out_request_still_running_is_retried_under_a_new_rid_and_written_once(
+    tmp_path, regen_model_dir, regen_helpers
+):
+    """The first request stalls past the client's timeout while the server keeps it in flight. Resending its rid would
+    meet SGLang's duplicate-rid 400; the retry carries ``-a2`` instead, succeeds, and the sample is written once."""
+    rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(3)]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
+    log = tmp_path / "requests.log"
+    extra = [*SYNTH, "--fault-stall-first-s", "4", "--request-log", str(log)]
+    with reference_server(None, extra_args=extra) as server:
+        config = regen_helpers.config(
+            tmp_path, regen_model_dir, [server.url], request_timeout_s=1.0, concurrency_per_server=1
+        )
+        summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
+    assert summary["done"] and summary["failed"] == 0
+    out = Path(summary["regen_dir"])
+    written = [r for p in out.glob("shard-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert sorted(r["sample_id"] for r in written) == ["q0", "q1", "q2"]  # each once, none lost
+    [stalled] = [r for r in written if r["attempts"] == 2]
+    assert f"{stalled['sample_id']}:0-a2" in log.read_text().split()  # the retry's own rid was served
+
+
+def test_retry_policy_separates_sglang_transients_from_input_errors():
+    assert attempt_rid("s1:0", 3) == "s1:0-a3"
+    assert classify(400, "HTTP 400: Duplicate request ID detected: s1:0-a1") == "transient"
+    assert classify(429, "HTTP 429: too many requests") == classify(503, "HTTP 503: queue full") == "transient"
+    assert classify(500, "HTTP 500: boom") == classify(408, "HTTP 408: timeout") == "failure"
+    assert classify(400, "HTTP 400: input_ids must be a non-empty list") == "permanent"
+    assert classify(422, "HTTP 422: bad field") == "permanent"

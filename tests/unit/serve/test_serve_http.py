@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from eagle3.serve.app import meta_info
 from eagle3.serve.args import parse_args, server_info
 from eagle3.serve.launch import reference_server
+from eagle3.serve.protocol import Completion
 
 SERVER_ARGS = ["--num-threads", "1", "--max-running-requests", "8", "--context-length", "256"]
 
@@ -52,8 +55,9 @@ def test_generate_answers_with_sglang_fields(server):
     meta = body["meta_info"]
     assert meta["id"] == "r1"
     assert meta["finish_reason"]["type"] == "length"
-    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["spec_verify_ct"]) == (4, 4, 4)
-    assert {"cached_tokens", "e2e_latency"} <= set(meta)
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]) == (4, 4, 0)  # no prefix cache
+    assert "e2e_latency" in meta
+    assert not {"spec_verify_ct", "spec_accept_length"} & set(meta)  # not a speculative server
 
 
 def test_concurrent_greedy_requests_equal_each_alone(server):
@@ -94,6 +98,8 @@ def test_stream_sends_events_then_done(server):
     assert final["meta_info"]["finish_reason"]["type"] == "length"
     assert len(final["output_ids"]) == 3
     assert all(e.startswith("data: ") for e in events)
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert not any("spec_verify_ct" in c["meta_info"] for c in chunks)  # not a speculative server
 
 
 def test_chat_completions_renders_the_chat_template(server):
@@ -106,13 +112,19 @@ def test_chat_completions_renders_the_chat_template(server):
 
 
 def test_info_endpoints_report_model_and_server_args(server, serve_model_dir):
-    model = _get(f"{server.url}/get_model_info")
+    model = _get(f"{server.url}/model_info")
     assert model["model_path"] == str(serve_model_dir)
     assert model["architectures"] == ["LlamaForCausalLM"] and model["synthetic"] is False
-    info = _get(f"{server.url}/get_server_info")
+    info = _get(f"{server.url}/server_info")
     assert info["speculative_algorithm"] is None
     assert info["max_running_requests"] == 8
     assert "avg_spec_accept_length" in info["internal_states"][0]
+    # SGLang's deprecated aliases (entrypoints/http_server.py) answer the same payloads
+    assert _get(f"{server.url}/get_model_info") == model
+    alias = _get(f"{server.url}/get_server_info")
+    assert {k: v for k, v in alias.items() if k != "internal_states"} == {
+        k: v for k, v in info.items() if k != "internal_states"
+    }
     with urllib.request.urlopen(f"{server.url}/health_generate", timeout=30) as resp:
         assert resp.status == 200
 
@@ -152,7 +164,7 @@ def test_synthetic_mode_faults_and_queue_cap():
         "2",
     ]
     with reference_server(None, extra_args=extra) as srv:
-        assert _get(f"{srv.url}/get_model_info")["synthetic"] is True
+        assert _get(f"{srv.url}/model_info")["synthetic"] is True
         replies = _run_posts(f"{srv.url}/generate", [{"input_ids": [5, 6]}] * 6)
     statuses = sorted(s for s, _ in replies)
     assert statuses.count(400) == 2  # requests #3 and #6
@@ -166,3 +178,64 @@ def test_crash_after_exits_the_process():
         _run_posts(f"{srv.url}/generate", [{"input_ids": [5]}])
         _run_posts(f"{srv.url}/generate", [{"input_ids": [5]}])
         assert srv.wait(timeout_s=20) == 70
+
+
+async def _post_after(session: aiohttp.ClientSession, delay_s: float, url: str, body: Any) -> tuple[int, Any]:
+    await asyncio.sleep(delay_s)
+    async with session.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None) if resp.content_type == "application/json" else None
+
+
+def test_a_rid_in_flight_is_refused_like_sglang_and_free_again_once_done():
+    """SGLang's ``TokenizerManager`` refuses a rid it is still serving: 400 ``Duplicate request ID detected: <rid>``."""
+    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "0.8"]) as srv:
+        url, body = f"{srv.url}/generate", {"input_ids": [5, 6], "rid": "dup"}
+
+        async def go() -> list[tuple[int, Any]]:
+            async with aiohttp.ClientSession() as session:
+                first = _post_after(session, 0.0, url, body)
+                return list(await asyncio.gather(first, _post_after(session, 0.3, url, body)))
+
+        (first, first_body), (second, second_body) = asyncio.run(go())
+        assert first == 200 and first_body["meta_info"]["id"] == "dup"
+        assert second == 400 and second_body["error"]["message"] == "Duplicate request ID detected: dup"
+        [(again, _)] = _run_posts(url, [body])  # finished: the rid may be used again
+    assert again == 200
+
+
+def _flush(url: str, method: str = "POST") -> tuple[int, str]:
+    req = urllib.request.Request(f"{url}/flush_cache", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_flush_cache_is_refused_while_requests_run_and_done_when_idle():
+    """``/flush_cache``: 400 while anything runs or waits, 200 when idle (SGLang's ``http_server.flush_cache``)."""
+    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "1.0"]) as srv:
+
+        async def go() -> tuple[tuple[int, str], tuple[int, Any]]:
+            async with aiohttp.ClientSession() as session:
+                running = asyncio.ensure_future(_post_after(session, 0.0, f"{srv.url}/generate", {"input_ids": [5]}))
+                await asyncio.sleep(0.3)
+                busy = await asyncio.to_thread(_flush, srv.url)
+                return busy, await running
+
+        (busy, message), (status, _) = asyncio.run(go())
+        assert status == 200
+        assert busy == 400 and "running or waiting" in message
+        assert _flush(srv.url)[0] == 200
+        assert _flush(srv.url, "GET")[0] == 200
+
+
+def test_speculative_counters_only_on_a_speculative_server_and_only_when_positive():
+    """SGLang's ``TokenizerManager`` adds ``spec_verify_ct``/``spec_accept_length`` for speculative requests only."""
+    done = Completion("r", [5], [7, 8, 9, 10], {"type": "length", "length": 4}, verify_ct=2, e2e_latency=0.1)
+    spec = meta_info(done, 1, speculative=True)
+    assert (spec["spec_verify_ct"], spec["spec_accept_length"], spec["cached_tokens"]) == (2, 2.0, 0)
+    plain = meta_info(done, 1, speculative=False)
+    assert not {"spec_verify_ct", "spec_accept_length"} & set(plain)
+    no_pass = Completion("r", [5], [], {"type": "abort"}, verify_ct=0, e2e_latency=0.0)
+    assert "spec_verify_ct" not in meta_info(no_pass, 1, speculative=True)
