@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,9 @@ from eagle3.bench.launch import (
     without_address,
 )
 from eagle3.config import with_overrides
+from eagle3.recipes import load_recipe
+
+REPO = Path(__file__).resolve().parents[3]
 
 GPU_SETTINGS = [
     "server.tp=2",
@@ -93,14 +99,46 @@ def test_reference_flavour_parses_with_the_reference_server_parser(bench_config,
     assert args.max_running_requests == 64 and args.context_length == 1024
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="the sglang extra is not installed")
-def test_generated_command_parses_with_sglang_server_args(bench_config, tmp_path):
-    from eagle3.bench.launch import parse_with_sglang
+SGLANG_PARSER = REPO / ".cache" / "sglang-parser"  # infra/dev.sh test installs SGLang 0.5.23 there (--no-deps)
+PARSE = (
+    "import json, sys\n"
+    "from eagle3.bench.launch import parse_with_sglang\n"
+    "print(json.dumps([vars(parse_with_sglang(a)) for a in json.loads(sys.argv[1])], default=str))"
+)
 
-    cfg = with_overrides(bench_config, GPU_SETTINGS)
-    ns = parse_with_sglang(build_launch(cfg, "eagle3", draft=tmp_path, port=31000).server_args())
-    assert ns.speculative_algorithm == "EAGLE3"
-    assert ns.tp_size == 2 and ns.cuda_graph_max_bs_decode == 32 and ns.speculative_num_draft_tokens == 4
+
+RECIPES = ("tiny", "llama3_8b", "kimi_k2_5")
+
+
+@pytest.fixture(scope="module")
+def parsed_by_sglang(tmp_path_factory) -> dict[str, tuple[dict, dict, int]]:
+    """Both arms of every recipe parsed by SGLang 0.5.23's own ``ServerArgs.add_cli_args`` (one child process: the
+    import takes seconds): recipe -> (baseline namespace, speculative namespace, configured max running requests)."""
+    if not (SGLANG_PARSER / "sglang").is_dir():
+        pytest.skip("run `bash infra/dev.sh test`: it installs the pinned SGLang parser into .cache/sglang-parser")
+    root = tmp_path_factory.mktemp("recipes")
+    configs = {name: load_recipe(name, [f"root={root}"]) for name in RECIPES}
+    arms = [args for cfg in configs.values() for args in (build_launch(cfg, "baseline", port=31000).server_args(),
+            build_launch(cfg, "eagle3", draft=root, port=31000).server_args())]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SGLANG_PARSER)}
+    done = subprocess.run([sys.executable, "-c", PARSE, json.dumps(arms)], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    parsed = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: (parsed[2 * i], parsed[2 * i + 1], cfg.server.max_running_requests)
+            for i, (name, cfg) in enumerate(configs.items())}  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_both_arms_of_every_recipe_parse_with_sglang_and_share_every_other_argument(recipe, parsed_by_sglang):
+    """SGLang 0.5.23's parser (python/sglang/srt/server_args.py) accepts both generated arms, and they agree on every
+    non-speculative argument, ``--max-running-requests`` included (SGLang caps only a speculative server at 48 when it
+    is unset, ``ServerArgs._handle_speculative_decoding``, so the comparison would not be fair)."""
+    base, spec, max_running = parsed_by_sglang[recipe]
+    assert spec["speculative_algorithm"] == "EAGLE3" and base["speculative_algorithm"] is None
+    assert spec["max_running_requests"] == base["max_running_requests"] == max_running
+    differ = {k for k in base if base[k] != spec[k]}
+    assert differ <= {k for k in spec if k.startswith("speculative_")}, differ
 
 
 def test_without_address_drops_host_and_port_only():
