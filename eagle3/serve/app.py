@@ -29,6 +29,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -113,16 +114,25 @@ async def _read_json(request: web.Request) -> Any:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
 
 
-async def generate(request: web.Request) -> web.StreamResponse:
+async def _in_flight(
+    request: web.Request,
+    parse: Callable[[Any, Any], GenerateRequest],
+    handle: Callable[[web.Request, GenerateRequest], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is SGLang's 400)."""
     try:
-        req = parse_generate(await _read_json(request), request.app[BACKEND])
+        req = parse(await _read_json(request), request.app[BACKEND])
         _register(request, req.rid)
     except BadRequest as exc:
         return error_response(400, str(exc))
     try:
-        return await _generate(request, req)
+        return await handle(request, req)
     finally:
         request.app[IN_FLIGHT].discard(req.rid)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _in_flight(request, parse_generate, _generate)
 
 
 async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
@@ -190,16 +200,8 @@ async def _sse(response: web.StreamResponse, obj: Any) -> None:
     await response.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
 
-async def chat_completions(request: web.Request) -> web.Response:
-    try:
-        req = parse_chat(await _read_json(request), request.app[BACKEND])
-        _register(request, req.rid)
-    except BadRequest as exc:
-        return error_response(400, str(exc))
-    try:
-        return await _chat_completions(request, req)
-    finally:
-        request.app[IN_FLIGHT].discard(req.rid)
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _in_flight(request, parse_chat, _chat_completions)
 
 
 async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.Response:
