@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -22,7 +22,6 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.context import TaskRunContext
 
 from eagle3.config import PipelineConfig
 from eagle3.recipes import ConfigRef
@@ -32,17 +31,6 @@ def artifact_key(*parts: str) -> str:
     """A valid Prefect artifact key from free text: lowercase, digits and dashes."""
     key = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
     return re.sub(r"-{2,}", "-", key)[:100]
-
-
-def cache_key_from(*param_names: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:
-    """A ``cache_key_fn`` that keys on the named parameters only (fingerprints and shard ids)."""
-
-    def key_fn(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-        task = context.task.name if context and context.task else "task"
-        values = "-".join(str(parameters.get(name)) for name in param_names)
-        return f"{task}-{values}"
-
-    return key_fn
 
 
 def output_cache_key(base: str, output: Path) -> str | None:

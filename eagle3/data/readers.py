@@ -82,15 +82,6 @@ def count_rows(path: Path) -> int:
     return n
 
 
-def first_row(path: Path) -> Any:
-    """The first parseable row of a file (format detection), or None."""
-    for row in iter_rows([Path(path)], batch_size=16):
-        if row.error is None:
-            return row.value
-        return None
-    return None
-
-
 def _decode_lines(path: Path) -> Iterator[str]:
     with open(path, "rb") as fh:
         for line in fh:
