@@ -188,6 +188,13 @@ class RegenConfig(StrictModel):
     backoff_max_s: float = Field(default=60.0, gt=0)
     eject_after_failures: int = Field(default=5, gt=0)
     readmit_after_s: float = Field(default=30.0, gt=0)
+    no_server_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long regen waits with no healthy server (probing every readmit_after_s, spending no "
+        "retries) before its shards fail with one line naming the servers and their last error; raise it when a "
+        "server restart takes longer.",
+    )
     journal_fsync_every: int = Field(default=16, gt=0)
     api_key_env: str | None = None
 

@@ -9,6 +9,8 @@
   ``backoff_max_s``) up to ``max_retries`` times, possibly on another server, then ``RetriesExhausted``: SGLang's
   transient answers (a duplicate-rid 400, 429, 503 queue full; these do not count towards ejection: the server is
   alive) and signs of a failing server (5xx, 408, connection loss, timeouts, unparsable replies; these do count).
+* No server: while every server is out of rotation the request waits in the pool without spending an attempt;
+  ``NoServerAvailable`` (no server healthy for ``regen.no_server_timeout_s``) is not retried: it fails the shard.
 * Permanent: any other 4xx, a true input error, raised as ``BadRequestError`` with the server's message; the sample
   fails alone.
 * ``/generate`` sends the project's token ids and gets token ids back: nothing is re-tokenized. The OpenAI path
@@ -27,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from eagle3.config import RegenConfig
-from eagle3.regen.pool import NoServerAvailable, ServerPool
+from eagle3.regen.pool import ServerPool
 
 
 class BadRequestError(RuntimeError):
@@ -143,11 +145,7 @@ class Client:
         for attempt in range(1, self.cfg.max_retries + 2):
             if attempt > 1:
                 await asyncio.sleep(backoff_s(self.cfg, attempt - 1, self.rng))
-            try:
-                server = await self.pool.acquire(self.session)
-            except NoServerAvailable as exc:
-                last = str(exc)
-                continue
+            server = await self.pool.acquire(self.session)  # waits out an outage; NoServerAvailable ends the shard
             start = time.monotonic()
             outcome: bool | None = False
             body_json = payload | {"rid": attempt_rid(base_rid, attempt)}
@@ -167,7 +165,7 @@ class Client:
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             finally:
-                self.pool.release(server, outcome)
+                self.pool.release(server, outcome, error=last)
         raise RetriesExhausted(f"{path} failed {self.cfg.max_retries + 1} times; last error: {last}")
 
 

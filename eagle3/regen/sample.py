@@ -9,16 +9,23 @@ capture never re-tokenizes model output. ``loss_mask`` = 1 on the earlier (regen
 prompt and on every output id. The prompt's mask comes from ``render_conversation`` of the history when its ids
 are a prefix of the sent ids (the normal case); otherwise (a BPE merge across the generation prompt) from the
 assistant character spans mapped onto the sent ids through the tokenizer's offsets ("mask_fallback" in meta).
+
+Resume: every turn but the last is handed to ``SampleContext.on_turn`` as a turn record (the journal's turn line),
+and ``regenerate`` given a sample's earlier records replays them instead of asking again: a kill redoes only the
+turns in flight. The replayed history is what the server said, so the resumed sample is the one an unbroken run
+would have produced.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3.data.template import assistant_char_spans, render_conversation, render_prompt
 from eagle3.regen.client import BadRequestError, Client, Reply
+from eagle3.regen.journal import TURN_KEY
 from eagle3.regen.schema import STATUS_FAILED, STATUS_OK, STATUS_TRUNCATED
 
 Message = dict[str, str]
@@ -33,6 +40,7 @@ class SampleContext:
     api: str = "generate"
     model: str = ""
     eos_id: int | None = None
+    on_turn: Callable[[dict[str, Any]], None] | None = None  # gets the record of every turn before the last
 
 
 @dataclass
@@ -71,7 +79,24 @@ def round_trips(tokenizer: Any, ids: list[int]) -> bool:
     return list(tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]) == list(ids)
 
 
-async def _turn(ctx: SampleContext, sample_id: str, state: _Turns) -> None:
+def user_runs(messages: list[Message]) -> list[list[Message]]:
+    """The non-assistant messages before each reply to generate: one run per stretch between assistant turns (the
+    original assistant turns are discarded; a leading or repeated assistant turn asks nothing)."""
+    runs: list[list[Message]] = []
+    after_assistant = True
+    for message in messages:
+        if message["role"] == "assistant":
+            after_assistant = True
+            continue
+        if after_assistant:
+            runs.append([])
+            after_assistant = False
+        runs[-1].append({"role": message["role"], "content": message["content"]})
+    return runs
+
+
+async def _turn(ctx: SampleContext, sample_id: str, state: _Turns) -> dict[str, Any]:
+    """Generate the next turn; returns its turn record (what the journal keeps of it)."""
     base_rid = f"{sample_id}:{state.turns}"  # the client appends -a<attempt>: one rid per attempt
     state.prompt_history = list(state.history)
     state.prompt_ids = render_prompt(ctx.tokenizer, state.history)
@@ -84,33 +109,47 @@ async def _turn(ctx: SampleContext, sample_id: str, state: _Turns) -> None:
     else:
         reply = await ctx.client.generate(base_rid, state.prompt_ids)
     state.last = reply
+    record = {"sample_id": sample_id, TURN_KEY: state.turns, "text": reply.text, "finish_reason": reply.finish_reason,
+              "completion_tokens": len(reply.output_ids), "round_trip": round_trips(ctx.tokenizer, reply.output_ids),
+              "latency_s": reply.latency_s, "attempts": reply.attempts, "server": reply.server}  # fmt: skip
+    _add_turn(state, record)
+    return record
+
+
+def _add_turn(state: _Turns, record: dict[str, Any]) -> None:
+    """Count one finished turn (generated now or replayed from the journal) into the sample's state."""
     state.turns += 1
-    state.latency_s += reply.latency_s
-    state.attempts += reply.attempts
-    state.completion_tokens += len(reply.output_ids)
-    state.truncated |= reply.finish_reason == "length"
-    state.round_trip &= round_trips(ctx.tokenizer, reply.output_ids)
-    state.history.append({"role": "assistant", "content": reply.text})
+    state.latency_s += record["latency_s"]
+    state.attempts += record["attempts"]
+    state.completion_tokens += record["completion_tokens"]
+    state.truncated |= record["finish_reason"] == "length"
+    state.round_trip &= record["round_trip"]
+    state.history.append({"role": "assistant", "content": record["text"]})
 
 
-async def regenerate(ctx: SampleContext, row: dict[str, Any]) -> dict[str, Any]:
-    """The regen row for one prompts row (failed rows carry the server's message in ``error``)."""
+async def regenerate(
+    ctx: SampleContext, row: dict[str, Any], done_turns: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The regen row for one prompts row (failed rows carry the server's message in ``error``); ``done_turns``: the
+    records of its first turns from an earlier run, replayed rather than generated again."""
     if row.get("input_ids") is not None:
         return pretokenized_row(row)
+    runs = user_runs(row["messages"])
+    if not runs:
+        return failed_row(row, "no turn to regenerate (the conversation has no user turn)", attempts=0)
+    replay = (done_turns or [])[: len(runs) - 1]  # the last turn is never journaled as a turn line
     state = _Turns()
     try:
-        for message in row["messages"]:
-            if message["role"] == "assistant":
-                if state.history and state.history[-1]["role"] != "assistant":
-                    await _turn(ctx, row["sample_id"], state)
+        for k, run in enumerate(runs):
+            state.history.extend(run)
+            if k < len(replay):
+                _add_turn(state, replay[k])
                 continue
-            state.history.append({"role": message["role"], "content": message["content"]})
-        if state.history and state.history[-1]["role"] != "assistant":
-            await _turn(ctx, row["sample_id"], state)
+            record = await _turn(ctx, row["sample_id"], state)
+            if k < len(runs) - 1 and ctx.on_turn is not None:
+                ctx.on_turn(record)
     except BadRequestError as exc:
         return failed_row(row, str(exc), attempts=state.attempts + 1)
-    if state.last is None:
-        return failed_row(row, "no turn to regenerate (the conversation has no user turn)", attempts=0)
     return _row(ctx, row, state)
 
 

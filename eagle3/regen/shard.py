@@ -1,10 +1,13 @@
 """Regenerate one prompts shard: resume from its journal, fan out requests, compact into Parquet.
 
 A shard is done when ``shard-NNNNN.parquet`` (written last, via the shared ``ShardWriter``: tmp + rename) is
-valid; its journal is then removed. Resume = skip every sample id already in the journal. The number of samples in
-flight is bounded by the pool's capacity (``concurrency_per_server * servers``), so memory does not grow with the
-shard. When a sample exhausts its retries (server gone), no new samples start, those in flight finish and are
-journaled, and ``ShardFailed`` is raised: the shard fails alone and a re-run picks up where it stopped.
+valid; its journal is then removed. Resume = skip every sample id already in the journal and replay the journaled
+turns of unfinished multi-turn samples. The number of samples in flight is bounded by the pool's capacity
+(``concurrency_per_server * servers``), so memory does not grow with the shard. When a sample exhausts its retries or
+no server has been healthy for ``regen.no_server_timeout_s``, no new samples start, those in flight are cancelled
+(what finished is journaled) and ``ShardFailed`` is raised with that one line: the shard fails alone and a re-run
+picks up where it stopped. While no server is healthy, ``shard-NNNNN.waiting.json`` says since when and why
+(``regen status`` and the progress bar show "waiting for servers"); it is removed when one is back.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan
-from eagle3.regen.pool import shared_pool
+from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
 from eagle3.regen.sample import SampleContext, failed_row, regenerate
 from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
+from eagle3.regen.stop import running_shard
+from eagle3.runroot import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +49,8 @@ OnResult = Callable[[dict[str, Any]], None]
 
 
 class ShardFailed(RuntimeError):
-    """A shard stopped because requests exhausted their retries; what succeeded is journaled."""
+    """A shard stopped because requests exhausted their retries or no server was healthy; what succeeded is
+    journaled."""
 
     def __init__(self, index: int, message: str) -> None:
         super().__init__(f"regen shard {index} failed: {message}")
@@ -99,18 +105,55 @@ async def regen_shard_async(
         concurrency=cfg.concurrency_per_server,
         eject_after=cfg.eject_after_failures,
         readmit_after_s=cfg.readmit_after_s,
+        no_server_timeout_s=cfg.no_server_timeout_s,
     )
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    with Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
-        skip = set(journal.done)
+    with running_shard(index), Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
+        rows = _prompt_rows(plan, index, set(journal.done))
         async with Client(cfg, pool, api_key=api_key, seed=index) as client:
-            ctx = SampleContext(tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id)
-            error = await _run_samples(ctx, _prompt_rows(plan, index, skip), journal, pool.capacity, on_result)
+            ctx = SampleContext(tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id,
+                                on_turn=journal.append)  # fmt: skip
+            watcher = asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index)))
+            try:
+                error = await _run_samples(ctx, rows, journal, pool.capacity, on_result)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
     if error is not None:
         raise ShardFailed(index, error)
     report = compact_shard(config, plan, index, template=template_hash(tokenizer))
     report.elapsed_s = time.monotonic() - start
     return report
+
+
+def waiting_name(index: int) -> str:
+    """The marker a shard keeps while no server is healthy (see module docstring)."""
+    return f"shard-{index:05d}.waiting.json"
+
+
+def read_waiting(path: Path) -> dict[str, Any] | None:
+    """A shard's waiting marker (``since``, ``timeout_s``, ``servers``), or None when it is not waiting."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # not waiting, or caught between write and rename
+        return None
+
+
+async def _mark_outages(pool: ServerPool, marker: Path) -> None:
+    """Keep ``marker`` in step with the pool's outage (checked every second) until cancelled, then remove it."""
+    shown: dict[str, object] | None = None
+    try:
+        while True:
+            outage = pool.outage()
+            if outage != shown:
+                if outage is None:
+                    marker.unlink(missing_ok=True)
+                else:
+                    atomic_write_text(marker, json.dumps(outage))
+                shown = outage
+            await asyncio.sleep(1.0)
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def _prompt_rows(plan: RegenPlan, index: int, skip: set[str]) -> Iterator[dict[str, Any]]:
@@ -127,15 +170,16 @@ async def _run_samples(
     capacity: int,
     on_result: OnResult | None,
 ) -> str | None:
-    """Regenerate ``rows`` with at most ``capacity`` in flight; returns the error that stopped the shard, if any."""
+    """Regenerate ``rows`` with at most ``capacity`` in flight; returns the error that stopped the shard, if any.
+    Samples still in flight when it stops (a failure, a cancellation) are cancelled before the journal closes."""
     slots = asyncio.Semaphore(capacity)
     failure: list[str] = []
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(row: dict[str, Any]) -> None:
         try:
-            result = await regenerate(ctx, row)
-        except RetriesExhausted as exc:
+            result = await regenerate(ctx, row, journal.turns.pop(row["sample_id"], None))
+        except (RetriesExhausted, NoServerAvailable) as exc:
             failure.append(str(exc))
             return
         except TemplateError as exc:
@@ -146,16 +190,20 @@ async def _run_samples(
         if on_result is not None:
             on_result(result)
 
-    for row in rows:
-        await slots.acquire()
-        if failure:
-            slots.release()
-            break
-        task = asyncio.ensure_future(one(row))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.gather(*tasks)
+    try:
+        for row in rows:
+            await slots.acquire()
+            if failure:
+                break
+            task = asyncio.ensure_future(one(row))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks and not failure:
+            await asyncio.wait(list(tasks), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return failure[0] if failure else None
 
 

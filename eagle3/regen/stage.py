@@ -2,7 +2,7 @@
 per shard.
 
 * ``resources``: the configured ``regen.servers``, or the project's reference server on the target model for the
-  length of the stage run (the tiny recipe).
+  length of the stage run (the tiny recipe); SIGTERM and Ctrl-C stop the running shards first (``regen.stop``).
 * ``max_in_flight``: ``regen.shards_in_flight`` shards at once, so ``regen.concurrency_per_server`` is what a
   server sees; ``concurrency_limits``: one orchestrator-wide slot per persistent server (a nightly run and a
   re-trigger never double a server's load; a reference server started by this run has a fresh port and none).
@@ -27,6 +27,7 @@ from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fie
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import ShardReport, regen_shard, report_from_shard
 from eagle3.regen.status import regen_status
+from eagle3.regen.stop import stop_shards_on_signals
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
 
@@ -67,7 +68,7 @@ class RegenStage(Stage[RegenPlan]):
 
     @contextmanager
     def resources(self, config: PipelineConfig, plan: RegenPlan) -> Iterator[list[str]]:
-        with regen_servers(config, log_dir=plan.out_dir) as servers:
+        with regen_servers(config, log_dir=plan.out_dir) as servers, stop_shards_on_signals():
             yield servers
 
     def max_in_flight(self, config: PipelineConfig) -> int:

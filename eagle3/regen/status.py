@@ -2,7 +2,8 @@
 
 Done samples = rows of compacted shards (from their footer stats) + lines of live journals. Throughput and ETA come
 from the journals' finish times over the last ``window_s`` seconds; right after a restart (or when only compacted
-shards exist) they are unknown rather than made up.
+shards exist) they are unknown rather than made up. ``waiting_for_servers`` says since when no server has been
+healthy, and which, while a running shard waits for one (its ``shard-NNNNN.waiting.json``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from eagle3.data.parquet import shard_is_valid
 from eagle3.layout import PLAN_FILE, find_input, read_failed_shards, shard_name
 from eagle3.regen.journal import journal_name
 from eagle3.regen.schema import REGEN_SCHEMA
-from eagle3.regen.shard import journal_progress, report_from_shard
+from eagle3.regen.shard import journal_progress, read_waiting, report_from_shard, waiting_name
 from eagle3.runroot import MANIFEST
 
 
@@ -35,6 +36,7 @@ class RegenStatus:
     tokens_per_s: float | None = None
     eta_s: float | None = None
     finished: bool = False
+    waiting_for_servers: str | None = None  # "waiting for servers for 42s (fails at 300s): <servers, last errors>"
 
     @property
     def percent(self) -> float:
@@ -75,6 +77,10 @@ def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_
         if not journal.exists():
             continue
         status.shards_running.append(index)
+        waiting = read_waiting(out / waiting_name(index))
+        if waiting is not None:
+            status.waiting_for_servers = (f"waiting for servers for {now - float(waiting['since']):.0f}s (fails at "
+                                          f"{float(waiting['timeout_s']):g}s): {waiting['servers']}")  # fmt: skip
         samples, tokens, times = journal_progress(journal)
         status.done += samples
         status.tokens += tokens

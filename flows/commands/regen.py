@@ -41,6 +41,8 @@ def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
             status = regen_status(regen_dir, shard_ids=shard_ids)
         except StageInputError:
             return None  # the flow has not written plan.json yet
+        if status.waiting_for_servers:  # "waiting for servers for 9s (fails at 300s)", the servers left out
+            return status.done, status.total, status.waiting_for_servers.split(":", 1)[0]
         return status.done, status.total, f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else ""
 
     return poll
@@ -83,6 +85,7 @@ def _status(
         f"{status.regen_dir}\n{status.done:,}/{status.total:,} samples ({status.percent:.1f}%), "
         f"{status.tokens:,} tokens; {rate}; ETA {eta}\nshards: {status.shards_done}/{status.shards_total} "
         f"done, running {status.shards_running}, failed {status.failed_shards}, finished {status.finished}"
+        + (f"\n{status.waiting_for_servers}" if status.waiting_for_servers else "")
     )
 
 
