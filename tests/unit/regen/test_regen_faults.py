@@ -1,17 +1,26 @@
-"""Server faults through real (synthetic-mode) reference servers: retries, ejection, 400s, a server gone."""
+"""Server faults through real (synthetic-mode) reference servers: retries, ejection, 400s, a server gone, no server
+for longer than ``regen.no_server_timeout_s``, SIGTERM while waiting for one."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.layout import StageInputError
 from eagle3.procs import free_port
 from eagle3.regen.client import attempt_rid, classify
 from eagle3.regen.journal import read_journal
+from eagle3.regen.plan import regen_dir_for
+from eagle3.regen.shard import ShardFailed, waiting_name
 from eagle3.regen.stage import RegenStage
+from eagle3.regen.status import regen_status
 from eagle3.runroot import Manifest
 from eagle3.serve.launch import reference_server
 from eagle3.stage import UnitsFailed, run_stage
@@ -80,6 +89,67 @@ def test_server_gone_fails_its_shard_alone_and_retry_completes_it(tmp_path, rege
     assert summary["done"] and summary["failed_shards"] == []
     assert Path(summary["regen_dir"]) == out  # servers are not part of the stage fingerprint
     assert sorted(_ids(out)) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(10)])
+
+
+def _watch_waiting(regen_dir: Path, seen: list[str], stop: threading.Event) -> None:
+    """Collect the ``waiting_for_servers`` lines ``regen status`` shows while the stage runs."""
+    while not stop.wait(0.2):
+        try:
+            waiting = regen_status(regen_dir).waiting_for_servers
+        except StageInputError:  # not planned yet
+            continue
+        if waiting:
+            seen.append(waiting)
+
+
+def test_dead_server_fails_its_shard_after_no_server_timeout_without_spending_retries(
+    tmp_path, regen_model_dir, regen_helpers, caplog
+):
+    """50 retries a sample: spending one per readmission probe (what an outage once did) would take minutes and end
+    with "failed 51 times"; waiting in the pool spends none, so only ``no_server_timeout_s`` ends the shard."""
+    prompts = regen_helpers.write_prompts(tmp_path, [[regen_helpers.chat(f"q{i}", f"question {i}") for i in range(6)]])
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = regen_helpers.config(
+        tmp_path, regen_model_dir, [dead], max_retries=50, eject_after_failures=2, no_server_timeout_s=3
+    )
+    out, seen, stop = regen_dir_for(config, prompts), [], threading.Event()
+    watcher = threading.Thread(target=_watch_waiting, args=(out, seen, stop))
+    watcher.start()
+    try:
+        with pytest.raises(UnitsFailed, match=r"regen failed for units \[0\]"):
+            run_stage(RegenStage(), config, prompts_dir=prompts)
+    finally:
+        stop.set()
+        watcher.join()
+    assert json.loads((out / "failed_shards.json").read_text()) == [0]
+    [cause] = [r.exc_info[1] for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], ShardFailed)]
+    assert "no server healthy for 3s (regen.no_server_timeout_s)" in str(cause) and dead in str(cause)
+    assert "last error: health probe: ClientConnectorError" in str(cause)
+    assert seen and seen[0].startswith("waiting for servers for") and dead in seen[0]
+    assert not (out / waiting_name(0)).exists()
+
+
+def test_sigterm_stops_a_shard_waiting_for_servers_with_its_journal_flushed(tmp_path, regen_model_dir, regen_helpers):
+    rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(8)]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
+    with reference_server(None, extra_args=[*SYNTH, "--fault-crash-after", "3"]) as doomed:
+        config = regen_helpers.config(tmp_path, regen_model_dir, [doomed.url], concurrency_per_server=1,
+                                      eject_after_failures=1, no_server_timeout_s=600)  # fmt: skip
+        marker = regen_dir_for(config, prompts) / waiting_name(0)
+
+        def terminate_when_waiting() -> None:
+            deadline = time.monotonic() + 300
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_when_waiting, daemon=True).start()
+        with pytest.raises(SystemExit) as stopped:  # long before the 600 s timeout
+            run_stage(RegenStage(), config, prompts_dir=prompts)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the stage's handler is gone with the stage
+    assert 3 <= len(read_journal(marker.parent / "shard-00000.journal.jsonl")) < len(rows)
+    assert not marker.exists()
 
 
 def test_timed_out_request_still_running_is_retried_under_a_new_rid_and_written_once(

@@ -17,7 +17,8 @@ from eagle3.regen.shard import compact_shard, regen_shard
 
 def test_torn_last_line_is_ignored_and_cut_before_appending(tmp_path):
     path = tmp_path / "shard-00000.journal.jsonl"
-    path.write_text(json.dumps(pretokenized_row({"sample_id": "a", "input_ids": [1]})) + "\n" + '{"sample_id": "b", "inp')
+    torn = '{"sample_id": "b", "inp'
+    path.write_text(json.dumps(pretokenized_row({"sample_id": "a", "input_ids": [1]})) + "\n" + torn)
     assert [r["sample_id"] for r in read_journal(path)] == ["a"]
     with Journal(path, fsync_every=1) as journal:
         assert journal.done == {"a"}

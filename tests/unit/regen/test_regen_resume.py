@@ -1,4 +1,5 @@
-"""kill -9 of the regen client half way, then restart: every sample exactly once, only in-flight requests redone."""
+"""kill -9 of the regen client half way, then restart: every sample exactly once, only in-flight requests redone,
+multi-turn samples included (their finished turns are journaled, so no finished turn is asked again)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3.layout import stage_dir
-from eagle3.regen.journal import read_journal
+from eagle3.regen.journal import scan_journal
 from eagle3.regen.plan import regen_fingerprint
 from eagle3.runroot import Manifest
 from eagle3.serve.launch import reference_server
 
-N = 60
+N = 30
 CONCURRENCY = 4
+TURNS = [1 if i % 2 else 3 for i in range(N)]  # half the samples have three user turns
 
 
 @pytest.mark.slow
 def test_resume_after_kill_redoes_only_inflight_requests(tmp_path, regen_model_dir, regen_helpers):
     request_log = tmp_path / "requests.log"
     extra = ["--num-threads", "1", "--request-log", str(request_log), "--fault-extra-latency", "0.4"]
-    prompts = regen_helpers.write_prompts(
-        tmp_path, [[regen_helpers.chat(f"s{i:02d}", f"question {i}") for i in range(N)]]
-    )
+    rows = [regen_helpers.chat(f"s{i:02d}", *[f"question {i}.{t}" for t in range(TURNS[i])]) for i in range(N)]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
     with reference_server(regen_model_dir, extra_args=extra) as server:
         config = regen_helpers.config(tmp_path, regen_model_dir, [server.url], concurrency_per_server=CONCURRENCY)
         config_path = tmp_path / "config.yaml"
@@ -38,19 +39,20 @@ def test_resume_after_kill_redoes_only_inflight_requests(tmp_path, regen_model_d
         with open(tmp_path / "client1.log", "wb") as log:
             first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
-        while len(read_journal(journal)) < N // 2:
+        while len(scan_journal(journal).good) < sum(TURNS) // 2:  # a line per finished turn
             assert first.poll() is None, (tmp_path / "client1.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the client made no progress"
             time.sleep(0.05)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-        journaled_at_kill = len(read_journal(journal))
-        assert journaled_at_kill < N, "the kill came too late to test resume"
+        at_kill = scan_journal(journal)
+        assert len(at_kill.rows) < N, "the kill came too late to test resume"
+        assert {t["sample_id"] for t in at_kill.turns} - {r["sample_id"] for r in at_kill.rows}, "no sample mid-way"
         second = subprocess.run(cmd, capture_output=True, timeout=600)
         assert second.returncode == 0, second.stderr.decode()[-3000:]
     ids = pq.read_table(out / "shard-00000.parquet", columns=["sample_id"]).column("sample_id").to_pylist()
     assert sorted(ids) == [f"s{i:02d}" for i in range(N)]  # every sample exactly once
     assert not journal.exists()
     completed = request_log.read_text().split()
-    redone = len(completed) - N
-    assert 0 <= redone <= CONCURRENCY, f"{redone} requests redone, at most {CONCURRENCY} were in flight"
+    redone = len(completed) - sum(TURNS)
+    assert 0 <= redone <= CONCURRENCY, f"{redone} turns redone, at most {CONCURRENCY} were in flight"
