@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,11 +19,11 @@ from eagle3.procs import free_port
 from eagle3.regen.client import attempt_rid, classify
 from eagle3.regen.journal import read_journal
 from eagle3.regen.plan import regen_dir_for
-from eagle3.regen.shard import ShardFailed, waiting_name
+from eagle3.regen.shard import waiting_name
 from eagle3.regen.stage import RegenStage
 from eagle3.regen.status import regen_status
 from eagle3.runroot import Manifest
-from eagle3.serve.launch import reference_server
+from eagle3.serve.launch import ServerProcess, reference_server
 from eagle3.stage import UnitsFailed, run_stage
 
 SYNTH = ["--synthetic-tokens", "4", "--synthetic-delay", "0.01"]
@@ -122,11 +123,41 @@ def test_dead_server_fails_its_shard_after_no_server_timeout_without_spending_re
         stop.set()
         watcher.join()
     assert json.loads((out / "failed_shards.json").read_text()) == [0]
-    [cause] = [r.exc_info[1] for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], ShardFailed)]
-    assert "no server healthy for 3s (regen.no_server_timeout_s)" in str(cause) and dead in str(cause)
-    assert "last error: health probe: ClientConnectorError" in str(cause)
+    lines = [line for line in caplog.text.splitlines() if "regen shard 0 failed: no server healthy for 3s" in line]
+    assert lines and dead in lines[0] and "last error: health probe: ClientConnectorError" in lines[0]  # one line
     assert seen and seen[0].startswith("waiting for servers for") and dead in seen[0]
     assert not (out / waiting_name(0)).exists()
+
+
+def test_a_server_back_within_no_server_timeout_resumes_the_shard_without_spending_retries(
+    tmp_path, regen_model_dir, regen_helpers
+):
+    """One retry a sample: the request cut by the crash spends it, every other waits the outage out in the pool."""
+    rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(8)]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
+    argv = [sys.executable, "-m", "eagle3.serve", *SYNTH]
+    port = free_port()
+    regen = {"concurrency_per_server": 2, "max_retries": 1, "eject_after_failures": 1, "no_server_timeout_s": 300}
+    config = regen_helpers.config(tmp_path, regen_model_dir, [f"http://127.0.0.1:{port}"], **regen)
+    marker, finished = regen_dir_for(config, prompts) / waiting_name(0), threading.Event()
+
+    def restart_when_waiting() -> None:  # the server lives as long as the thread that starts it (die_with_parent)
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with ServerProcess(argv, port=port, name="restarted server"):
+            finished.wait()
+
+    restarter = threading.Thread(target=restart_when_waiting)
+    try:
+        with ServerProcess([*argv, "--fault-crash-after", "3"], port=port, name="doomed server"):
+            restarter.start()
+            summary = run_stage(RegenStage(), config, prompts_dir=prompts).summary
+    finally:
+        finished.set()
+        restarter.join()
+    assert summary["done"] and summary["failed"] == 0
+    assert sorted(_ids(Path(summary["regen_dir"]))) == sorted(r["sample_id"] for r in rows)
 
 
 def test_sigterm_stops_a_shard_waiting_for_servers_with_its_journal_flushed(tmp_path, regen_model_dir, regen_helpers):
