@@ -232,7 +232,7 @@ def _train_step(
     finite = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device)]).isfinite()
     if not bool(finite.all()):
         raise NonFiniteStep(
-            f"step {run.step + 1} (rank {run.info.rank}): loss {float(loss):.4g}, gradient norm {float(grad_norm):.4g}"
+            f"step {run.step + 1} (rank {run.info.rank}): loss {loss.item():.4g}, gradient norm {grad_norm.item():.4g}"
             f" are not finite; not applied, training stopped. Batch: {source.origin()}. Check those rows (e.g. "
             "`eagle3 capture` again after deleting the shard and the features manifest), or lower train.lr"
         )
