@@ -370,7 +370,7 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
     for index in sorted(indices):
         shard, quarantine, parts = output_paths(out_dir, index)
         if parts.exists() or not shard.exists():
-            raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture`")
+            raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture --shard {index}`")
         n = open_shard(shard, schema=FEATURE_SCHEMA).metadata.num_rows
         q = open_shard(quarantine, schema=CAPTURE_QUARANTINE_SCHEMA).metadata.num_rows
         files += [FileEntry.of(shard, rows=n, base=out_dir), FileEntry.of(quarantine, rows=q, base=out_dir)]

@@ -217,8 +217,8 @@ def _train_step(
     run: _Run, batch: dict[str, torch.Tensor], inputs: DraftInputs, config: PipelineConfig, source: BatchSource
 ):
     """One optimizer step; returns (global per-step stats [K, 3], global tokens, grad norm). Raises
-    ``NonFiniteStep`` before the update when the loss or the gradient norm is NaN/inf (one sync, as the norm's
-    ``float`` already was)."""
+    ``NonFiniteStep`` before the update when the loss or the gradient norm is NaN/inf (the norm was read on the
+    host already; the loss adds one sync)."""
     device, steps = run.info.device, config.train.ttt_steps
     ids, aux, probs, masks, attn = _prepare(batch, inputs, steps, device)
     counts = all_reduce_sum(masks.sum(dim=(1, 2)))
@@ -229,18 +229,18 @@ def _train_step(
         loss, stats = run.model(ids, aux, inputs.head.embed.to(device), probs, masks, denominators)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.draft.parameters(), config.train.grad_clip)
-    finite = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device)]).isfinite()
-    if not bool(finite.all()):
+    loss_value, norm = float(loss.detach()), float(grad_norm)  # float() also gathers a sharded (FSDP) norm
+    if not (math.isfinite(loss_value) and math.isfinite(norm)):
         raise NonFiniteStep(
-            f"step {run.step + 1} (rank {run.info.rank}): loss {loss.item():.4g}, gradient norm {grad_norm.item():.4g}"
-            f" are not finite; not applied, training stopped. Batch: {source.origin()}. Check those rows (e.g. "
-            "`eagle3 capture` again after deleting the shard and the features manifest), or lower train.lr"
+            f"step {run.step + 1} (rank {run.info.rank}): loss {loss_value:.4g}, gradient norm {norm:.4g} are not "
+            f"finite; not applied, training stopped. Batch: {source.origin()}. Check those rows (e.g. `eagle3 "
+            "capture` again after deleting the shard and the features manifest), or lower train.lr"
         )
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     tokens = all_reduce_sum(attn.sum().float())
-    return all_reduce_sum(stats.detach()), int(tokens.item()), float(grad_norm)
+    return all_reduce_sum(stats.detach()), int(tokens.item()), norm
 
 
 def _record(step: int, window: torch.Tensor, decay: float, lr: float, extra: dict[str, Any]) -> dict[str, Any]:

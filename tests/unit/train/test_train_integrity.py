@@ -50,7 +50,7 @@ def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_mani
 def _damage_hidden_states(path: Path) -> None:
     """Overwrite 64 bytes inside the aux_hidden column chunk; the footer stays intact (the issue's experiment)."""
     column = pq.ParquetFile(path).metadata.row_group(0).column(FEATURE_SCHEMA.names.index("aux_hidden"))
-    at = column.data_page_offset + column.total_compressed_size // 2
+    at = (column.dictionary_page_offset or column.data_page_offset) + column.total_compressed_size // 2
     data = bytearray(path.read_bytes())
     data[at : at + 64] = b"\xff" * 64
     path.write_bytes(bytes(data))
