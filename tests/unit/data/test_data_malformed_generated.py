@@ -2,8 +2,9 @@
 case is kept or quarantined with a known reason, no row is lost or counted twice, and nothing raises.
 
 Cases are the cross product of turn contents (types, blank, control-only, invisible-only, lone surrogates, ...)
-and roles, the same contents as a system prompt, plus structural damage (missing or mistyped turn lists); one source file per format holds every case, so
-the whole corpus costs four normalize runs. Each case's text is unique, so deduplication does not hide a case.
+and roles, the same contents as a system prompt, plus structural damage (missing or mistyped turn lists); one
+source file per format holds every case, so the whole corpus costs four normalize runs. Each case's text is unique,
+so deduplication does not hide a case.
 """
 
 from __future__ import annotations
