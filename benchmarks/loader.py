@@ -4,7 +4,8 @@
     python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4]
 
 Feature shards hold random bf16 states (the loader's cost does not depend on their values); batches come out as
-float32 as the trainer consumes them.
+float32 as the trainer consumes them. The shards have a manifest, so the loader verifies their sha256 when it is
+built (``eagle3.integrity``): that one-off cost is timed with the loader's epoch and also reported alone.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 from torch import nn
 
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
 from eagle3.data.parquet import ShardWriter
+from eagle3.integrity import damaged_files
+from eagle3.runroot import FileEntry, Manifest
 from eagle3.train.data import FeatureDataset
 
 
@@ -37,7 +41,10 @@ def write_features(out: Path, rows: int, hidden: int, seed: int = 0) -> list[Pat
                 "sample_id": f"s{i}", "input_ids": [rng.randrange(2048) for _ in range(n)], "loss_mask": [1] * n,
                 "seq_len": n, "aux_hidden": tensor_bytes(torch.randn(n, 3 * hidden), "bfloat16"),
                 "last_hidden": tensor_bytes(torch.randn(n, hidden), "bfloat16")}]))
-        return [info.path for info in writer.close()]
+        paths = [info.path for info in writer.close()]
+    files = [FileEntry.of(p, rows=pq.ParquetFile(p).metadata.num_rows, base=out) for p in paths]
+    Manifest("features", out.name, files=files).write(out)
+    return paths
 
 
 class DraftLike(nn.Module):
@@ -83,15 +90,29 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         run(memory[:2], model, optimizer)  # warm-up
         mem_s, steps = run(memory, model, optimizer)
-        loader_s, loader_steps = run(make(), model, optimizer)
+        built = time.perf_counter()
+        loader = make()  # verifies every shard against the manifest
+        build_s = time.perf_counter() - built
+        loader_s, loader_steps = run(loader, model, optimizer)
         mem_s2, _ = run(memory, model, optimizer)  # again: bracket the loader run
+        verify_s = min(timed(lambda: damaged_files(Path(tmp))) for _ in range(3))
+        shard_bytes = sum(p.stat().st_size for p in paths)
     assert steps == loader_steps
     mem = (mem_s + mem_s2) / 2
+    loader_s += build_s
     print(json.dumps({
         "hidden": args.hidden, "rows": args.rows, "steps": steps, "batch_size": args.batch_size,
         "step_ms_in_memory": round(1000 * mem / steps, 2), "step_ms_loader": round(1000 * loader_s / steps, 2),
         "ratio_loader_over_memory": round(loader_s / mem, 3), "goal": "<= 1.05",
+        "verify_s": round(verify_s, 3), "verify_share_of_loader_epoch": round(verify_s / loader_s, 4),
+        "verify_mb_per_s": round(shard_bytes / verify_s / 2**20, 1),
     }, indent=2))
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

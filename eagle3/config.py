@@ -198,6 +198,18 @@ class RegenConfig(StrictModel):
     journal_fsync_every: int = Field(default=16, gt=0)
     api_key_env: str | None = None
 
+    @field_validator("servers")
+    @classmethod
+    def _servers_are_urls(cls, servers: list[str]) -> list[str]:
+        """Each server is an http(s) URL with a host, so a typo fails at load instead of as a dead server later."""
+        from urllib.parse import urlparse
+
+        for server in servers:
+            url = urlparse(server)
+            if url.scheme not in ("http", "https") or not url.hostname or " " in server:
+                raise ValueError(f"{server!r} is not a server URL; write http://HOST:PORT (e.g. http://10.0.0.5:30000)")
+        return servers
+
 
 class CaptureConfig(StrictModel):
     """Hidden-state capture. ``aux_layers`` empty means SGLang's default ``[2, L//2, L-3]``."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.config import PipelineConfig
+from eagle3.errors import DataError
 from eagle3.layout import FAILED_SHARDS_FILE, write_failed_shards
 
 logger = logging.getLogger(__name__)
@@ -74,11 +75,12 @@ class StageResult(Frozen):
     markdown: str = ""
     description: str = ""  # a one-line verdict for the artifacts' descriptions (the gate's PASS/FAIL, the curve's)
 
-    def raise_for_failed(self) -> StageResult:
+    def raise_for_failed(self, causes: Mapping[str, str] | None = None) -> StageResult:
         """The one failure policy: a stage with failed units fails, after finalize recorded them (and after the
-        caller published the table), with the re-trigger command; otherwise returns itself."""
+        caller published the table), with the re-trigger command and each unit's error (``causes``, by
+        ``str(unit)``); otherwise returns itself."""
         if self.failed:
-            raise UnitsFailed(self.stage, self.out_dir, self.failed, self.retrigger)
+            raise UnitsFailed(self.stage, self.out_dir, self.failed, self.retrigger, causes=causes)
         return self
 
 
@@ -93,11 +95,16 @@ class UnitsFailed(RuntimeError):
     """The one failure policy: the stage ran every other unit, recorded the failed ones (``failed_shards.json``),
     wrote no manifest, and says how to re-run just those."""
 
-    def __init__(self, stage: str, out_dir: Path | str, units: Sequence[Unit], retrigger: str) -> None:
+    def __init__(
+        self, stage: str, out_dir: Path | str, units: Sequence[Unit], retrigger: str, *,
+        causes: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.stage, self.out_dir, self.units = stage, Path(out_dir), sorted(set(units), key=str)
         record = self.out_dir / FAILED_SHARDS_FILE
+        # the units' own errors come last: the one line a user reads ends with what is wrong and how to fix it
+        why = "".join(f" {stage} {unit}: {causes[str(unit)]}" for unit in self.units if str(unit) in (causes or {}))
         super().__init__(f"{stage} failed for units {self.units} (recorded in {record}); the others are done. "
-                         f"Re-run only those: {retrigger}")
+                         f"Re-run only those: {retrigger}.{why}")
 
 
 P = TypeVar("P", bound=Plan)
@@ -165,12 +172,21 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
     plan = stage.plan(config, **inputs)
     reports: list[UnitReport] = []
     failed: list[Unit] = []
+    causes: dict[str, str] = {}
     with stage.resources(config, plan) as env, ThreadPoolExecutor(stage.max_in_flight(config) or 1) as pool:
         futures = {pool.submit(stage.run_unit, config, plan, unit, env=env): unit for unit in plan.units}
         for future in as_completed(futures):
             try:
                 reports.append(future.result())
-            except Exception:  # the failure policy: the other units go on; finalize records it, then we raise
+            except Exception as exc:  # the failure policy: the other units go on; finalize records it, then we raise
                 logger.exception("%s %s %s failed", stage.name, stage.unit_name, futures[future])
                 failed.append(futures[future])
-    return stage.finalize(config, plan, reports, failed).raise_for_failed()
+                causes[str(futures[future])] = unit_error(exc)
+    return stage.finalize(config, plan, reports, failed).raise_for_failed(causes)
+
+
+def unit_error(exc: BaseException) -> str:
+    """A unit's error as it ends the stage's failure line: its type unless it is a ``DataError`` (whose message is
+    the whole story), its message's first line."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return first if isinstance(exc, DataError) else f"{type(exc).__name__}: {first}"

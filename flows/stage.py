@@ -17,7 +17,7 @@ from typing import Any
 from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config import PipelineConfig
-from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
+from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, unit_error
 from flows.runners import shard_runner
 from tasks.common import Progress, artifact_key
 from tasks.stage import stage_tasks
@@ -32,11 +32,11 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
     plan: Plan = plan_task(stage, config, inputs)
     tracker = _progress(stage, plan, config)
     with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
-        reports, failed = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,
+        reports, failed, causes = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,
                                                           "unit": unit, "env": env}),
                                      list(plan.units), in_flight=stage.max_in_flight(config), poll=tracker)  # fmt: skip
     tracker(force=True)
-    return finalize_task(stage, config, plan, reports, failed)
+    return finalize_task(stage, config, plan, reports, failed, causes)
 
 
 @contextmanager
@@ -69,11 +69,13 @@ def _progress(stage: Stage[Any], plan: Plan, config: PipelineConfig) -> Callable
 def _run_units(
     submit: Callable[[Unit], PrefectFuture[UnitReport]], units: list[Unit], *, in_flight: int | None,
     poll: Callable[[], None],
-) -> tuple[list[UnitReport], list[Unit]]:  # fmt: skip
-    """Submit units (at most ``in_flight`` running), wait for all; (reports of completed units, failed units)."""
+) -> tuple[list[UnitReport], list[Unit], dict[str, str]]:  # fmt: skip
+    """Submit units (at most ``in_flight`` running), wait for all; (reports of completed units, failed units, their
+    errors by ``str(unit)``)."""
     running: dict[PrefectFuture[UnitReport], Unit] = {}
     reports: list[UnitReport] = []
     failed: list[Unit] = []
+    causes: dict[str, str] = {}
     while units or running:
         while units and (in_flight is None or len(running) < in_flight):
             unit = units.pop(0)
@@ -89,5 +91,7 @@ def _run_units(
             reports.append(value)
         else:
             failed.append(unit)
+            if isinstance(value, BaseException):
+                causes[str(unit)] = unit_error(value)
         poll()
-    return reports, failed
+    return reports, failed, causes

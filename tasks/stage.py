@@ -20,8 +20,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.context import TaskRunContext
 from prefect.exceptions import MissingContextError
+from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from eagle3.errors import DataError
 from eagle3.lineage import Lineage
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
@@ -73,7 +75,14 @@ def unit_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str |
     return None if output is None else output_cache_key(f"{stage.name}-{plan.fingerprint}-{unit}", output)
 
 
-@task(name="unit", cache_key_fn=unit_cache_key, persist_result=True, retry_delay_seconds=10)
+def retry_unless_data_error(task: Any, task_run: Any, state: State) -> bool:
+    """Prefect's retry condition of unit tasks: retries are for infrastructure; a ``DataError`` fails at once (the
+    same data fails the same way), so its message is not buried under the retries' tracebacks."""
+    return not isinstance(state.data, DataError)
+
+
+@task(name="unit", cache_key_fn=unit_cache_key, persist_result=True, retry_delay_seconds=10,
+      retry_condition_fn=retry_unless_data_error)
 def unit_task(stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit, env: Any = None) -> UnitReport:
     """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped)."""
     limits = stage.concurrency_limits(config)
@@ -86,9 +95,11 @@ def unit_task(stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit,
 
 @task(name="finalize", cache_policy=NO_CACHE)
 def finalize_task(
-    stage: Stage[Any], config: PipelineConfig, plan: Plan, reports: list[UnitReport], failed: list[Unit]
+    stage: Stage[Any], config: PipelineConfig, plan: Plan, reports: list[UnitReport], failed: list[Unit],
+    causes: dict[str, str] | None = None,
 ) -> StageResult:
-    """Finalize (manifest when complete), publish the unit table and the summary, then apply the failure policy."""
+    """Finalize (manifest when complete), publish the unit table and the summary, then apply the failure policy
+    (``causes``: the failed units' errors, which end its message)."""
     with library_logs_to_run_logger():
         result = stage.finalize(config, plan, reports, failed)
     if result.table:
@@ -97,7 +108,7 @@ def finalize_task(
     if result.markdown:
         key = stage.summary_key or artifact_key(stage.name, "summary", plan.fingerprint)
         publish_markdown(key, result.markdown, description=result.description or f"{stage.name} summary")
-    return result.raise_for_failed()
+    return result.raise_for_failed(causes)
 
 
 def stage_tasks(stage: Stage[Any]) -> tuple[Any, Any, Any]:

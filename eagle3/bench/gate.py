@@ -142,7 +142,10 @@ def _static_preflight(config: PipelineConfig, draft: Path, spec: SpeculativeConf
     port = config.server.port or 30000
     baseline = build_launch(config, "baseline", port=port)
     shipped = build_launch(config, "eagle3", draft=draft, speculative=spec, port=port)
-    return preflight.run_static(config, draft, baseline=baseline, spec=shipped, features_dir=features)
+    checks = preflight.run_static(config, draft, baseline=baseline, spec=shipped, features_dir=features)
+    if features is not None and not preflight.failed(checks):  # a damaged draft fails here, before any server
+        checks += preflight.run_offline(config, draft, features)
+    return checks
 
 
 def _run_spec_arm(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig) -> None:

@@ -6,6 +6,9 @@ Design choices:
 - The export format (file names, key set and shapes, the d2t/t2d rules) is ``eagle3.model.export_format``, the one
   definition for writing and checking; preflight splits it into named checks (``draft_keys``, ``fc_shape``,
   ``draft_shapes``, ``d2t_order``...) so a failure names its fix.
+- A NaN-trained or damaged draft has the right keys and shapes: ``weights_finite`` loads every tensor, and, given
+  the features, ``offline_accept`` runs the draft on a few captured rows (CPU, the target's saved states) and
+  requires ``gate.min_accept`` (simulated), so such a draft fails here, not after a GPU benchmark.
 - Static checks read only files: the export dir (``config.json`` + the safetensors header for shapes; ``d2t``/``t2d``
   are the only tensors loaded), the target's ``config.json`` when it is a local dir, the capture footer, and the
   two launch commands. Runtime checks ask a live server (``/server_info``) and run a smoke benchmark.
@@ -40,12 +43,21 @@ from eagle3.bench.launch import (
 from eagle3.config import PipelineConfig, served_layer_ids, to_sglang_ids
 from eagle3.data.parquet import ShardError, shard_metadata
 from eagle3.layout import shard_files
-from eagle3.model.export_format import ARCHITECTURE, DraftExport, expected_shapes, load_export, vocab_problems
+from eagle3.model.export_format import (
+    ARCHITECTURE,
+    WEIGHTS_FILE,
+    DraftExport,
+    expected_shapes,
+    load_export,
+    non_finite_tensors,
+    vocab_problems,
+)
 
 logger = logging.getLogger(__name__)
 
 EXPECTED_ALGORITHM = "EAGLE3"
 SMOKE_MIN_ACCEPT = 1.5
+OFFLINE_ROWS = 4  # captured rows of the offline acceptance smoke: seconds on CPU for a tiny draft
 
 
 @dataclass(frozen=True)
@@ -300,6 +312,43 @@ def _target_config(config: PipelineConfig) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def check_weights_finite(export: DraftExport) -> Check:
+    bad = non_finite_tensors(export.path / WEIGHTS_FILE)
+    if bad:
+        return Check("weights_finite", False, f"NaN/inf in {', '.join(bad[:5])}: the draft is damaged or was trained on"
+                     " damaged data; retrain (the trainer names the bad batch) and re-export")
+    return Check("weights_finite", True, "every floating-point tensor is finite")
+
+
+def check_offline_accept(config: PipelineConfig, export: DraftExport, features_dir: Path) -> Check:
+    """The draft's simulated accept length on a few captured rows (CPU, the target's states, no server), so a
+    damaged draft fails before any GPU time is spent."""
+    from eagle3.train.trainer import accept_on_features
+
+    shard = next(iter(shard_files(features_dir).values()), None)
+    if shard is None:
+        raise FileNotFoundError(f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)")
+    accept = accept_on_features(config, export.path, shard, rows=OFFLINE_ROWS)
+    where, floor = f"{OFFLINE_ROWS} rows of {shard}", config.gate.min_accept
+    if accept >= floor:
+        return Check("offline_accept", True, f"simulated accept length {accept:.2f} >= {floor} on {where}")
+    return Check("offline_accept", False, f"simulated accept length {accept:.2f} < gate.min_accept "
+                 f"{config.gate.min_accept} on {where}: the draft is damaged or untrained; retrain and re-export")
+
+
+def run_offline(config: PipelineConfig, export_dir: Path, features_dir: Path) -> list[Check]:
+    """The offline acceptance smoke (loads the draft, the target's embedding and head, a few captured rows);
+    run after the static checks pass, never raises on a bad export."""
+    try:
+        export = load_export(export_dir)
+    except (OSError, ValueError) as exc:
+        return [Check("export_files", False, str(exc))]
+    check = _guard("offline_accept", lambda: check_offline_accept(config, export, features_dir))
+    if not check.ok:
+        logger.warning("preflight %s", check.line())
+    return [check]
+
+
 def _guard(name: str, fn: Callable[[], Check]) -> Check:
     """Run one check; a file it cannot read is that check's failure, not a crash of the whole preflight."""
     try:
@@ -347,6 +396,7 @@ def run_static(
         check_context(export, served_context),
         _guard("tp_heads", lambda: check_tp_heads(export, _target_config(config), tp)),
     ]
+    checks.append(_guard("weights_finite", lambda: check_weights_finite(export)))
     for check in failed(checks):
         logger.warning("preflight %s", check.line())
     return checks

@@ -49,6 +49,7 @@ from eagle3.capture.schema import (
 )
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_metadata, write_table
+from eagle3.integrity import verify_files
 from eagle3.layout import SHARD_GLOB, shard_index, shard_name
 from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint
 
@@ -127,7 +128,9 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
 
 
 def read_regen_shard(path: Path) -> list[Sample]:
-    """The ``sample_id, input_ids, loss_mask`` of a regen shard (footer and schema validated)."""
+    """The ``sample_id, input_ids, loss_mask`` of a regen shard (footer and schema validated, and checked against
+    the regen manifest's sha256 once that stage is finished)."""
+    verify_files([path], rebuild="eagle3 regen")
     table = open_shard(path, schema=REGEN_INPUT_SCHEMA).read(columns=REGEN_INPUT_SCHEMA.names)
     rows = table.to_pydict()
     return [Sample(*row) for row in zip(rows["sample_id"], rows["input_ids"], rows["loss_mask"], strict=True)]
@@ -221,8 +224,9 @@ def _capture_batch(
 
 
 def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str) -> dict | None:
-    """The result of a shard already finished and valid, or None (and a stale/broken final file is deleted)."""
-    shard, quarantine, _ = output_paths(out_dir, index)
+    """The result of a shard already finished and valid, or None (and a stale/broken final file is deleted). The
+    parts of a finished shard are deleted here too: the merge renames the shard before it removes them."""
+    shard, quarantine, parts_dir = output_paths(out_dir, index)
     if not shard.exists():
         return None
     try:
@@ -233,6 +237,9 @@ def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, f
         logger.warning("rebuilding feature shard %d: %s", index, exc)
         rows, q_rows, same_stage = -1, 0, False
     if same_stage and rows + q_rows == n_input:
+        if parts_dir.exists():  # a kill between the merge's rename and its rmtree: the parts are leftovers
+            logger.info("feature shard %d is finished; removing its leftover parts %s", index, parts_dir)
+            shutil.rmtree(parts_dir)
         return {"shard_index": index, "path": str(shard), "rows": rows, "quarantined": q_rows, "skipped": True}
     logger.warning("feature shard %s does not validate (rows %d + quarantined %d != %d); rebuilding",
                    shard, rows, q_rows, n_input)
@@ -363,7 +370,7 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
     for index in sorted(indices):
         shard, quarantine, parts = output_paths(out_dir, index)
         if parts.exists() or not shard.exists():
-            raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture`")
+            raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture --shard {index}`")
         n = open_shard(shard, schema=FEATURE_SCHEMA).metadata.num_rows
         q = open_shard(quarantine, schema=CAPTURE_QUARANTINE_SCHEMA).metadata.num_rows
         files += [FileEntry.of(shard, rows=n, base=out_dir), FileEntry.of(quarantine, rows=q, base=out_dir)]

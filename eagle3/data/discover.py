@@ -24,7 +24,8 @@ from typing import Any
 from eagle3.config import PipelineConfig, SourceConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import TURN_LIST_KEYS
-from eagle3.data.readers import DATA_SUFFIXES, count_rows, iter_rows
+from eagle3.data.readers import DATA_SUFFIXES, RawRow, count_rows, file_problem, iter_rows
+from eagle3.errors import DataError
 from eagle3.layout import CATALOG_FILE
 from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
 
@@ -35,8 +36,9 @@ _FIELDS = ("adapter", "path", "hub_id", "revision", "subset", "split", "columns"
 _TURN_FORMATS = {"sharegpt", "messages"}
 
 
-class DiscoveryError(RuntimeError):
-    """A source that cannot be resolved; the message names the dataset and the fix."""
+class DiscoveryError(DataError):
+    """A source that cannot be resolved; the message names the dataset and the fix (a data error: not retried,
+    exit code 2)."""
 
 
 def local_files(path: str) -> list[Path]:
@@ -100,18 +102,30 @@ def check_format(label: str, entry: catalog.DatasetEntry, columns: dict[str, str
     return fitting[0] if fitting else fmt
 
 
-def _sample_row(files: list[Path]) -> Any:
+def _sample_row(label: str, files: list[Path]) -> Any:
+    """The first readable row of the first file; raises naming the file when its first rows are all unreadable
+    (not JSON at all) or it has none."""
+    first: RawRow | None = None
     for raw in iter_rows(files[:1], batch_size=16):
         if raw.error is None:
             return raw.value
+        first = first or raw
         if raw.index >= 20:
             break
-    return None
+    if first is None:
+        raise DiscoveryError(f"source {label!r}: {files[0]} holds no rows; fix the file or remove it from sources")
+    kind = files[0].suffix.lstrip(".").upper()
+    raise DiscoveryError(f"source {label!r}: {files[0]} does not start with readable rows ({first.error}: "
+                         f"{first.raw[:80]!r}); check that it is {kind} as its name says")
 
 
 def _require_files(label: str, files: list[Path], *, fix: str) -> list[Path]:
+    """``files``, each readable as a whole (``file_problem``); raises naming every one that is not."""
     if not files:
         raise DiscoveryError(f"source {label!r}: no data files ({', '.join(DATA_SUFFIXES)}) found; {fix}")
+    problems = [p for f in files if (p := file_problem(f)) is not None]
+    if problems:
+        raise DiscoveryError(f"source {label!r}: " + "; ".join(problems))
     return files
 
 
@@ -148,7 +162,7 @@ def _record(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]
         fix = f"check split {hub['split']!r}/config {base['config']!r} of {hub['id']}"
         files = _describe_files(label, [Path(p) for p in hub.pop("files")], fix=fix)
         extra = {"kind": "hub", **hub}
-    detected = check_format(label, entry, columns, _sample_row([Path(f["path"]) for f in files]))
+    detected = check_format(label, entry, columns, _sample_row(label, [Path(f["path"]) for f in files]))
     rows = sum(f["rows"] for f in files)
     return base | extra | {"format": detected, "files": files, "rows": rows, "bytes": sum(f["bytes"] for f in files)}
 
@@ -169,7 +183,7 @@ def check_sources(config: PipelineConfig) -> None:
         entry = catalog.get(s.adapter)
         if s.path:
             files = _require_files(s.label, local_files(s.path), fix=f"check sources path {s.path!r}")
-            check_format(s.label, entry, {**entry.columns, **s.columns}, _sample_row(files))
+            check_format(s.label, entry, {**entry.columns, **s.columns}, _sample_row(s.label, files))
 
 
 def write_catalog(config: PipelineConfig, out: Path) -> dict[str, Any]:

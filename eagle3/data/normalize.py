@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
 import unicodedata
 from collections import Counter
@@ -60,6 +61,9 @@ BATCH = 512
 ROW_GROUP_BYTES = 8 * 2**20  # the writer buffers one row group: bounded, so memory does not grow with the source
 _TOKENIZER_LOCK = threading.Lock()
 NORMALIZE_VERSION = "1"
+# Characters that print nothing: whitespace, C0/C1 controls, soft hyphen, zero-width and bidi marks, word joiners,
+# BOM. A turn made only of these is empty ("\x00\x01\x02" is no prompt); found by one C-level regex search.
+_VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
 _NEXT = {None: ("user",), "user": ("assistant",), "assistant": ("user", "tool"), "tool": ("tool", "assistant")}
 
 
@@ -91,6 +95,11 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
+def _blank(text: str) -> bool:
+    """Whether ``text`` has no printable content (only whitespace, control and invisible format characters)."""
+    return _VISIBLE.search(text) is None
+
+
 def normalize_messages(messages: list[Message], cfg: NormalizeConfig) -> list[Message]:
     """Validated, NFC-normalized messages with the system-prompt policy applied; raises ``RowError``."""
     if not messages:
@@ -103,12 +112,13 @@ def normalize_messages(messages: list[Message], cfg: NormalizeConfig) -> list[Me
     msgs = [{"role": m["role"], "content": unicodedata.normalize("NFC", m["content"])} for m in messages]
     system = [m for m in msgs[:1] if m["role"] == "system"]
     body = msgs[len(system) :]
-    if cfg.system_prompt_policy == "drop" or (system and not system[0]["content"].strip()):
+    if cfg.system_prompt_policy == "drop" or (system and _blank(system[0]["content"])):
         system = []
     if cfg.system_prompt_policy == "replace":
         system = [{"role": "system", "content": unicodedata.normalize("NFC", cfg.system_prompt or "")}]
-    if not body or any(not m["content"].strip() for m in body if m["role"] != "assistant"):
-        raise RowError(EMPTY, "no turns besides the system prompt" if not body else "a user/tool turn is blank")
+    if not body or any(_blank(m["content"]) for m in body if m["role"] != "assistant"):
+        raise RowError(EMPTY, "no turns besides the system prompt" if not body else
+                       "a user/tool turn has no printable characters (blank, control or invisible only)")
     if not any(m["role"] == "user" for m in body):
         raise RowError(NO_USER_TURN, "no user turn")
     prev = None

@@ -59,6 +59,31 @@ def file_format(path: Path) -> str:
     return suffix[1:]
 
 
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
+
+
+def file_problem(path: Path) -> str | None:
+    """Why a data file cannot be read as a whole (one line naming the file, what and the fix), else None: an empty
+    file, text that is not UTF-8 (a UTF-16/32 byte-order mark, or every other byte NUL), a Parquet file whose
+    footer does not read (cut short, or not Parquet). Bad rows inside a readable file are not this: they are
+    quarantined."""
+    path = Path(path)
+    if path.stat().st_size == 0:
+        return f"{path}: empty file (0 bytes); re-download it or remove it from sources"
+    if file_format(path) == "parquet":
+        try:
+            pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            return f"{path}: not a readable Parquet file ({exc}); re-download it (it may be cut short)"
+        return None
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if head.startswith(_UTF16_BOMS) or head.count(b"\x00") > len(head) // 4:  # BOM, or UTF-16 without one
+        return (f"{path}: text is UTF-16/32, not UTF-8; convert it, e.g. `iconv -f UTF-16 -t UTF-8 {path} > "
+                f"{path.with_suffix('.utf8' + path.suffix)}`, and point sources at the result")
+    return None
+
+
 def iter_rows(files: Sequence[Path], *, batch_size: int = 1024) -> Iterator[RawRow]:
     """Rows of ``files`` in order, indexed across files."""
     offset = 0

@@ -121,6 +121,7 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     done = Manifest.read(out_dir)
     if done is not None:
         logger.info("prompts %s are up to date (manifest hit): nothing to do", out_dir)
+        shutil.rmtree(out_dir / "spill", ignore_errors=True)  # left by a kill between the manifest and the rmtree
         return done.stats
     n = config.normalize
     deduper = Deduper(threshold=n.near_dup_threshold, num_perm=n.minhash_num_perm)

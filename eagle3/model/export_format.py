@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from eagle3.model.draft import DraftConfig, DraftModel
@@ -171,12 +171,27 @@ def load_export(export_dir: Path) -> DraftExport:
     for path in missing_files(export_dir):
         raise FileNotFoundError(f"{path} is missing: point at an export dir written by `eagle3 export`")
     config = json.loads((export_dir / CONFIG_FILE).read_text())
-    with safe_open(str(export_dir / WEIGHTS_FILE), framework="pt") as fh:
-        keys = list(fh.keys())
-        shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in keys}
-        d2t = fh.get_tensor("d2t") if "d2t" in keys else None
-        t2d = fh.get_tensor("t2d") if "t2d" in keys else None
+    try:
+        with safe_open(str(export_dir / WEIGHTS_FILE), framework="pt") as fh:
+            keys = list(fh.keys())
+            shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in keys}
+            d2t = fh.get_tensor("d2t") if "d2t" in keys else None
+            t2d = fh.get_tensor("t2d") if "t2d" in keys else None
+    except SafetensorError as exc:  # zero bytes, cut short, a damaged header
+        weights = export_dir / WEIGHTS_FILE
+        raise ValueError(f"{weights} is not a readable safetensors file ({exc}): {REEXPORT}") from None
     return DraftExport(export_dir, config, shapes, d2t, t2d)
+
+
+def non_finite_tensors(path: Path) -> list[str]:
+    """Names of the floating-point tensors of a safetensors file holding NaN or inf (one tensor in memory at a
+    time). A NaN-trained draft has the right keys and shapes, so only this finds it."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            names = list(fh.keys())
+            return [k for k in names if (t := fh.get_tensor(k)).is_floating_point() and not t.isfinite().all()]
+    except SafetensorError as exc:
+        raise ValueError(f"{path} is not a readable safetensors file ({exc}): {REEXPORT}") from None
 
 
 def _config_problems(cfg: dict[str, Any]) -> list[str]:
@@ -218,7 +233,10 @@ def validate_export(export_dir: Path) -> list[str]:
     missing = missing_files(export_dir)
     if missing:
         return [f"{path} is missing: {REEXPORT}" for path in missing]
-    export = load_export(export_dir)
+    try:
+        export = load_export(export_dir)
+    except ValueError as exc:  # unreadable config.json or weights: itself the problem
+        return [str(exc)]
     problems = [f"{export_dir / CONFIG_FILE}: {p}: {REEXPORT}" for p in _config_problems(export.config)]
     if problems:
         return problems

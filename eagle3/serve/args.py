@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -58,11 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _looks_local(model: str) -> bool:
+    """A filesystem path rather than a Hub id (``org/name``): absolute, relative with ``./``, or ``~``."""
+    return model.startswith(("/", "./", "../", "~")) or Path(model).exists()
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.synthetic_tokens is None and not args.model_path:
         parser.error("--model PATH is required (or --synthetic-tokens N for the load benchmark)")
+    if args.model_path and _looks_local(args.model_path) and not Path(args.model_path).expanduser().is_dir():
+        parser.exit(2, f"{parser.prog}: error: --model {args.model_path}: no such model directory (pass a local HF "
+                       "model dir or a Hub id)\n")  # one line: the usage text would bury it
     if args.synthetic_tokens is not None and args.synthetic_tokens <= 0:
         parser.error("--synthetic-tokens must be > 0")
     if not 0.0 <= args.fault_fail_rate <= 1.0:

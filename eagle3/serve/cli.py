@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -24,6 +25,17 @@ def make_backend(args: argparse.Namespace) -> object:
     return ModelBackend(args)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Exit with one line (code 1) when ``host:port`` cannot be bound, e.g. another server already listens there."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(f"error: cannot listen on {host}:{port} ({exc.strerror}): another server uses the port;"
+                             " stop it or pass --port") from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -31,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _check_port_free(args.host, args.port)  # before the model loads: a taken port fails in a second, in one line
     backend = make_backend(args)
     logger.info("eagle3 reference server on http://%s:%d", args.host, args.port)
     web.run_app(

@@ -62,11 +62,14 @@ class FaultInjector:
             await asyncio.sleep(self.stall_first_s)
         if self.extra_latency:
             await asyncio.sleep(self.extra_latency)
+        fault = None
         if self.bad_every and self._requests % self.bad_every == 0:
-            return Fault(400, f"injected fault: request #{self._requests} rejected as a bad request")
-        if self.fail_rate and self._rng.random() < self.fail_rate:
-            return Fault(500, f"injected fault: internal error on request #{self._requests}")
-        return None
+            fault = Fault(400, f"injected fault: request #{self._requests} rejected as a bad request")
+        elif self.fail_rate and self._rng.random() < self.fail_rate:
+            fault = Fault(500, f"injected fault: internal error on request #{self._requests}")
+        if fault is not None:  # in the server log too, so a client's retries can be matched to what was injected
+            logger.warning("answering %d: %s", fault.status, fault.message)
+        return fault
 
     def after_completion(self) -> None:
         """Called when a request's reply has been sent; exits the process after ``crash_after`` of them."""

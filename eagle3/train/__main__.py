@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from eagle3.config import load_yaml
+from eagle3.errors import DATA_ERROR_EXIT, DATA_ERROR_PREFIX, DataError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3.train.trainer import train
 
     config = load_yaml(args.config_yaml, args.overrides)
-    summary = train(config, args.features, args.vocab, args.out)
+    try:
+        summary = train(config, args.features, args.vocab, args.out)
+    except DataError as exc:  # one line the parent recognises; no traceback: the message is the whole story
+        print(f"{DATA_ERROR_PREFIX}{exc}", file=sys.stderr, flush=True)
+        return DATA_ERROR_EXIT
     if rank == 0:
         logging.getLogger("eagle3.train").info("summary %s", json.dumps(summary))
     return 0

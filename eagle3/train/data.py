@@ -38,6 +38,7 @@ from torch.utils.data import IterableDataset
 
 from eagle3.capture.schema import FEATURE_SCHEMA, TORCH_DTYPES, binary_tensors, check_footer
 from eagle3.data.parquet import open_shard
+from eagle3.integrity import verify_files
 from eagle3.runroot import fingerprint
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class FeatureDataset(IterableDataset):
         if pack and max_seq_len is None:
             raise ValueError("pack=True needs max_seq_len (the packed sequence length)")
         self.paths = _resolve(shards)
+        verify_files(self.paths, rebuild="eagle3 capture")  # before any byte is trained on (eagle3.integrity)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
         self._files: list[pq.ParquetFile] = []
@@ -117,6 +119,7 @@ class FeatureDataset(IterableDataset):
         self.epoch, self.step = 0, 0
         self._plans: dict[int, list[Batch]] = {}
         self._cache: OrderedDict[int, _Decoded] = OrderedDict()
+        self._last: Batch = []  # the batch yielded last, for ``origin``
         self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
                                     rank, world_size, batch_size, pack, max_seq_len)
 
@@ -247,10 +250,21 @@ class FeatureDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         batches = self.plan(self.epoch)
         while self.step < len(batches):
-            batch = self._collate(batches[self.step])
+            self._last = batches[self.step]
+            batch = self._collate(self._last)
             self.step += 1
             yield batch
         self.epoch, self.step = self.epoch + 1, 0
+
+    def origin(self) -> str:
+        """Where the batch yielded last came from: shard paths and sample ids (read only when asked, on a failure)."""
+        where: dict[Path, list[str]] = {}
+        for seq in self._last:
+            for g, r in seq:
+                group = self.groups[g]
+                ids = self._files[group.shard].read_row_group(group.row_group, columns=["sample_id"]).column(0)
+                where.setdefault(self.paths[group.shard], []).append(str(ids[r]))
+        return "; ".join(f"{path} samples {ids}" for path, ids in where.items()) or "no batch yet"
 
     # ---- position -------------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.config import ConfigError, PipelineConfig, to_export_ids
+from eagle3.errors import DataError
 from eagle3.layout import CKPT_DIR, METRICS_FILE
 from eagle3.model.draft import DraftConfig
 from eagle3.model.export_format import (
@@ -145,6 +146,11 @@ def export_draft(
     served = (config.export.max_position_embeddings, config.server.context_length, config.target.context_length)
     draft.max_position_embeddings = max(draft.max_position_embeddings, *(n or 0 for n in served))
     weights = load_file(str(step_path / CKPT_WEIGHTS))
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not v.isfinite().all()]
+    if bad:
+        raise DataError(f"{step_path / CKPT_WEIGHTS}: NaN/inf in {len(bad)} tensor(s) ({', '.join(bad[:5])}); not "
+                        "exported. Train again from an earlier checkpoint (delete the bad step-* directories and "
+                        "ckpt/latest) after finding the bad data (the trainer names it)")
     vocab = load_file(str(vocab_path))
     dtype = "float32" if config.train.precision == "fp32" else "bfloat16"
     tensors = {k: v.to(torch.float32 if dtype == "float32" else torch.bfloat16) for k, v in weights.items()}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from eagle3.config import PipelineConfig
+from eagle3.errors import DATA_ERROR_PREFIX, DataError
 from eagle3.layout import CKPT_DIR, CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, stage_dir, write_failed_shards
 from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
 from eagle3.runroot import Manifest, atomic_write_text
@@ -79,7 +80,16 @@ class TrainStage(Stage[TrainPlan]):
         atomic_write_text(config_yaml, config.to_yaml())
         command = worker_command(config_yaml, plan.features_dir, plan.vocab, plan.out_dir, nproc=config.train.nproc)
         logger.info("starting: %s", " ".join(command))
-        code = run_workers(command, lambda line: logger.info("%s", line))
+        data_errors: list[str] = []
+
+        def on_line(line: str) -> None:
+            logger.info("%s", line)
+            if DATA_ERROR_PREFIX in line:  # torchrun may prefix worker lines with their rank
+                data_errors.append(line.split(DATA_ERROR_PREFIX, 1)[1])
+
+        code = run_workers(command, on_line)
+        if code != 0 and data_errors:
+            raise DataError(data_errors[0])  # not retried: the same data fails the same way
         if code != 0:
             raise RuntimeError(f"training exited with code {code}; a retry resumes from {plan.out_dir / CKPT_DIR}")
         last = _last_metrics(plan.out_dir)

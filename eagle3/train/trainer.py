@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.config import PipelineConfig
+from eagle3.errors import DataError
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import target_ids
 from eagle3.model.target_weights import TargetHead, load_target_head
@@ -48,6 +49,10 @@ class BatchSource(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def origin(self) -> str:
+        """Where the batch yielded last came from (files, sample ids): named when a step goes non-finite."""
+        ...
+
 
 class ListBatchSource:
     """In-memory global batches; rank ``r`` of ``w`` trains on rows ``r::w`` of each (tests, benchmarks)."""
@@ -68,6 +73,9 @@ class ListBatchSource:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "index": self.index}
+
+    def origin(self) -> str:
+        return f"in-memory batch {self.index - 1} (epoch {self.epoch})"
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
@@ -200,8 +208,17 @@ def _prepare(batch: dict[str, torch.Tensor], inputs: DraftInputs, steps: int, de
     return ids, aux, probs, masks, attn
 
 
-def _train_step(run: _Run, batch: dict[str, torch.Tensor], inputs: DraftInputs, config: PipelineConfig):
-    """One optimizer step; returns (global per-step stats [K, 3], global tokens, grad norm)."""
+class NonFiniteStep(DataError):
+    """A training step's loss or gradient is not finite: the step is not applied (the weights and the last
+    checkpoint stay finite) and training stops, naming the batch's shard and samples."""
+
+
+def _train_step(
+    run: _Run, batch: dict[str, torch.Tensor], inputs: DraftInputs, config: PipelineConfig, source: BatchSource
+):
+    """One optimizer step; returns (global per-step stats [K, 3], global tokens, grad norm). Raises
+    ``NonFiniteStep`` before the update when the loss or the gradient norm is NaN/inf (the norm was read on the
+    host already; the loss adds one sync)."""
     device, steps = run.info.device, config.train.ttt_steps
     ids, aux, probs, masks, attn = _prepare(batch, inputs, steps, device)
     counts = all_reduce_sum(masks.sum(dim=(1, 2)))
@@ -212,11 +229,18 @@ def _train_step(run: _Run, batch: dict[str, torch.Tensor], inputs: DraftInputs, 
         loss, stats = run.model(ids, aux, inputs.head.embed.to(device), probs, masks, denominators)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.draft.parameters(), config.train.grad_clip)
+    loss_value, norm = float(loss.detach()), float(grad_norm)  # float() also gathers a sharded (FSDP) norm
+    if not (math.isfinite(loss_value) and math.isfinite(norm)):
+        raise NonFiniteStep(
+            f"step {run.step + 1} (rank {run.info.rank}): loss {loss_value:.4g}, gradient norm {norm:.4g} are not "
+            f"finite; not applied, training stopped. Batch: {source.origin()}. Check those rows (e.g. `eagle3 "
+            "capture` again after deleting the shard and the features manifest), or lower train.lr"
+        )
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     tokens = all_reduce_sum(attn.sum().float())
-    return all_reduce_sum(stats.detach()), int(tokens.item()), float(grad_norm)
+    return all_reduce_sum(stats.detach()), int(tokens.item()), norm
 
 
 def _record(step: int, window: torch.Tensor, decay: float, lr: float, extra: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +259,7 @@ def _loop(run: _Run, config: PipelineConfig, out_dir: Path, source: BatchSource,
     last: dict[str, Any] = {}
     tokens, started, batches = 0, time.monotonic(), _forever(source)
     while run.step < run.total_steps:
-        stats, n_tokens, grad_norm = _train_step(run, next(batches), inputs, config)
+        stats, n_tokens, grad_norm = _train_step(run, next(batches), inputs, config, source)
         run.step += 1
         window += stats.cpu()
         tokens += n_tokens
@@ -296,10 +320,37 @@ def load_inputs(config: PipelineConfig, vocab_path: Path) -> DraftInputs:
         max_position_embeddings=max(target.context_length, config.export.max_position_embeddings or 0),
         intermediate_size=config.train.draft_intermediate_size,
     )
+    return DraftInputs(draft_config=draft_config, head=target_head(config, hf_config), d2t=vocab["d2t"].long())
+
+
+def target_head(config: PipelineConfig, hf_config: Any) -> TargetHead:
+    """The frozen target embedding and ``lm_head`` (tied or not, as the target's HF config says)."""
     text_config = getattr(hf_config, "text_config", None) or hf_config
-    head = load_target_head(target.model_path, revision=target.revision,
+    return load_target_head(config.target.model_path, revision=config.target.revision,
                             tie_word_embeddings=getattr(text_config, "tie_word_embeddings", None))
-    return DraftInputs(draft_config=draft_config, head=head, d2t=vocab["d2t"].long())
+
+
+@torch.no_grad()
+def accept_on_features(config: PipelineConfig, export_dir: Path, shard: Path, *, rows: int) -> float:
+    """Simulated accept length (``accept_length`` of the per-step accuracies, as ``metrics.jsonl`` reports it) of
+    an exported draft on the first ``rows`` rows of one feature shard, on CPU: the target is not run, its captured
+    states are; a draft whose weights were damaged after training falls to ~1."""
+    from transformers import AutoConfig
+
+    from eagle3.model.export_format import load_draft
+    from eagle3.train.data import FeatureDataset
+
+    draft, d2t, _, _ = load_draft(export_dir)
+    hf_config = AutoConfig.from_pretrained(config.target.model_path, revision=config.target.revision,
+                                           trust_remote_code=config.target.trust_remote_code)
+    inputs = DraftInputs(draft_config=draft.config, head=target_head(config, hf_config), d2t=d2t.long())
+    loader = FeatureDataset([shard], batch_size=rows, shuffle=False, max_seq_len=config.train.max_seq_len,
+                            hidden_dtype=torch.float32)
+    steps = config.train.ttt_steps
+    ids, aux, probs, masks, _ = _prepare(next(iter(loader)), inputs, steps, torch.device("cpu"))
+    objective = TTTObjective(draft.float(), steps=steps, decay=config.train.step_weight_decay)
+    _, stats = objective(ids, aux, inputs.head.embed.float(), probs, masks, masks.sum(dim=(1, 2)).clamp(min=1.0))
+    return accept_length((stats[:, 1] / stats[:, 2].clamp(min=1.0)).tolist())
 
 
 def feature_source(config: PipelineConfig, features_dir: Path, info: DistInfo) -> BatchSource:

@@ -13,7 +13,11 @@ Exit codes, the same for every command:
 * ``1`` (``EXIT_FAILED``): the work ran and its verdict is negative, or it could not finish (the gate refused the
   draft, regen shards failed, preflight checks failed, a server or the Hub did not answer).
 * ``2`` (``EXIT_USAGE``): bad usage, config or input (a ``ConfigError``, a missing or unfinished input directory,
-  a file that is not what it should be).
+  a file that is not what it should be: an ``eagle3.errors.DataError`` such as an empty, cut-short, UTF-16 or
+  not-JSON source, or a feature shard that differs from its manifest). A data error inside a stage fails its unit
+  without Prefect retries; the stage then exits ``1`` with a line that ends with that unit's message.
+* ``eagle3 serve`` (argparse, like SGLang's launcher): ``2`` for a bad flag or a missing ``--model`` directory,
+  ``1`` when the port is taken; one line either way.
 
 An expected failure prints one ``error: <message>`` line on stderr and no traceback (``--verbose`` logs it):
 commands raise ``CliError`` (or let the library's input and config errors propagate) and ``ErrorHandlingGroup``,
@@ -71,6 +75,8 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.regen.plan", "RegenInputError", EXIT_USAGE),
     ("eagle3.data.hub", "HubError", EXIT_FAILED),
     ("eagle3.serve.launch", "LaunchError", EXIT_FAILED),
+    ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
+    ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors
 )
 
 

@@ -87,7 +87,8 @@ def preflight(
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
 ) -> None:
-    """Static checks of a draft and both launch commands; with --url, runtime checks too. Exit 1 on any failure."""
+    """Static checks of a draft and both launch commands; with --features, an offline acceptance smoke on a few
+    captured rows (CPU); with --url, runtime checks too. Exit 1 on any failure."""
     from eagle3.bench import preflight as pf
     from eagle3.bench.launch import build_launch
 
@@ -100,6 +101,9 @@ def preflight(
         spec=build_launch(cfg, "eagle3", draft=draft, port=port),
         features_dir=features,
     )
+    if features is not None and not pf.failed(checks):
+        with console.status("offline acceptance smoke (CPU)"):
+            checks += pf.run_offline(cfg, draft, features)
     if url:
         checks += _runtime(cfg, url, draft, smoke_prompts, min_accept)
     for check in checks:

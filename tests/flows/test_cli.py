@@ -93,6 +93,42 @@ def test_vocab_export_and_train_agree_that_missing_input_is_exit_2(root_override
     assert "features" in _assert_one_error_line(_invoke("train", "--set", root_override))
 
 
+def test_data_errors_exit_2_and_failed_units_exit_1():
+    from eagle3.data.discover import DiscoveryError
+    from eagle3.errors import DataError
+    from eagle3.stage import UnitsFailed
+
+    assert exit_code_for(DataError("damaged shard")) == EXIT_USAGE
+    assert exit_code_for(DiscoveryError("empty file")) == EXIT_USAGE
+    assert exit_code_for(UnitsFailed("train", "/run", [0], "eagle3 train")) == EXIT_FAILED
+
+
+def test_a_server_that_is_not_a_url_is_refused_at_load_in_one_line():
+    result = _invoke("config", "show", "--set", "regen.servers=[not a url]")
+    _assert_one_error_line(result)  # "error: invalid config:" and the field's line under it
+    assert "regen.servers: 'not a url' is not a server URL; write http://HOST:PORT" in result.stderr
+
+
+def test_serve_with_a_missing_model_dir_exits_2_in_one_line():
+    result = _invoke("serve", "--model", "/nonexistent")
+    assert result.exit_code == EXIT_USAGE and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert "--model /nonexistent: no such model directory" in line
+
+
+def test_serve_on_a_taken_port_exits_1_in_one_line_before_loading_anything():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _invoke("serve", "--synthetic-tokens", "4", "--host", "127.0.0.1", "--port", str(port))
+    assert result.exit_code == EXIT_FAILED and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
+
+
 def test_a_click_usage_error_is_also_exit_2():
     assert _invoke("vocab", "--no-such-flag").exit_code == EXIT_USAGE
 

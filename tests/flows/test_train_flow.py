@@ -25,3 +25,37 @@ def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, write_regen_st
     assert Path(result["export"]) == Path(result["out_dir"]) / "export"
     assert validate_export(Path(result["export"])) == []
     assert result["summary"]["steps"] == 4
+
+
+@pytest.mark.slow
+def test_train_on_a_damaged_feature_shard_fails_once_naming_it_last_and_exports_nothing(
+    tiny_config, write_regen_stage, tmp_path, prefect_harness, caplog
+):
+    import logging
+
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from eagle3.capture.schema import FEATURE_SCHEMA
+    from flows.cli import app
+    from flows.commands.common import EXIT_FAILED
+
+    root = f"root={tmp_path / 'root'}"
+    config = with_overrides(tiny_config, [root, *TRAIN_OVERRIDES])
+    features, vocab = train_stage_inputs(config, write_regen_stage)
+    shard = Path(features) / "shard-00000.parquet"
+    column = pq.ParquetFile(shard).metadata.row_group(0).column(FEATURE_SCHEMA.names.index("aux_hidden"))
+    data = bytearray(shard.read_bytes())
+    start = column.dictionary_page_offset or column.data_page_offset
+    at = start + column.total_compressed_size // 2  # inside the hidden states' pages; the footer stays intact
+    data[at : at + 64] = bytes(64)
+    shard.write_bytes(bytes(data))
+    caplog.set_level(logging.INFO, logger="eagle3")
+    sets = [arg for item in [root, *TRAIN_OVERRIDES] for arg in ("--set", item)]
+    result = CliRunner().invoke(app, ["train", "--features", features, "--vocab", vocab, *sets])
+    assert result.exit_code == EXIT_FAILED, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: train failed") and f"{shard}: sha256 differs" in last and "Traceback" not in last
+    starts = [r for r in caplog.records if r.name == "eagle3.train.stage" and r.getMessage().startswith("starting:")]
+    assert len(starts) == 1  # a data error is not retried
+    assert not list((tmp_path / "root" / "drafts").glob("*/export"))

@@ -59,9 +59,9 @@ def test_importing_the_library_does_not_load_prefect():
 # above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
 # placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
-    {"config", "procs"},
+    {"config", "procs", "errors"},  # errors: the DataError type (not retried, exit 2)
     {"runroot"},
-    {"layout"},
+    {"layout", "integrity"},  # integrity: files checked against their manifest before use
     {"stage"},  # the stage contract
     {"data", "model", "scaling"},  # model: the draft architecture, the export format, the vocab mapping type
     {"serve"},  # the reference server and the one server launcher

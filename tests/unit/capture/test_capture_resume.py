@@ -160,3 +160,31 @@ def test_non_finite_states_are_quarantined_not_written(make_config, regen_shard,
     q = pq.read_table(quarantine).to_pylist()
     assert {r["sample_id"] for r in q} == bad and {r["reason"] for r in q} == {"non_finite"}
     assert not bad & set(_ids(result["path"]))
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9 at one line: nothing after it runs, nothing catches it."""
+
+
+def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
+    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+):
+    from eagle3.capture import run
+    from eagle3.capture.run import finalize_features
+
+    config = make_config("capture.aux_layers=[2,4,5]")
+    out_dir = tmp_path / "features" / "fp"
+
+    def killed(path, *args, **kwargs):
+        raise _Killed
+
+    monkeypatch.setattr(run.shutil, "rmtree", killed)  # the merge's rename is done, its rmtree never runs
+    with pytest.raises(_Killed):
+        capture_shard(config, regen_shard, out_dir, backend=hf_backend)
+    shard, _, parts = output_paths(out_dir, 3)
+    assert shard.exists() and parts.exists()  # the crash window: a finished shard plus its parts
+    monkeypatch.undo()
+    backend = CountingBackend(hf_backend)
+    again = capture_shard(config, regen_shard, out_dir, backend=backend)
+    assert again["skipped"] is True and backend.seen == 0 and not parts.exists()
+    assert finalize_features(config, out_dir, [3]).exists()

@@ -47,6 +47,35 @@ def test_missing_local_path_names_the_source(config_factory, tmp_path):
         discover(config)
 
 
+def _good_parquet(path: Path) -> bytes:
+    pq.write_table(pa.table({"conversations": ['[{"from": "human", "value": "hi"}]'] * 50}), path)
+    return path.read_bytes()
+
+
+BAD_FILES = {  # file name -> (bytes, what the one line says)
+    "empty.parquet": (lambda p: b"", "empty file"),
+    "cut.parquet": (lambda p: _good_parquet(p)[:-40], "not a readable Parquet file"),
+    "empty.json": (lambda p: b"", "empty file"),
+    "empty.jsonl": (lambda p: b"", "empty file"),
+    "prose.json": (lambda p: b"Once upon a time, not JSON.\n", "does not start with readable rows"),
+    "utf16.json": (lambda p: '[{"conversations": []}]'.encode("utf-16"), "UTF-16/32, not UTF-8"),
+    "utf16-nobom.jsonl": (lambda p: '{"conversations": []}'.encode("utf-16-le"), "UTF-16/32, not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_an_unreadable_source_file_is_refused_in_one_line_naming_it(name, config_factory, tmp_path):
+    path = tmp_path / name
+    make, what = BAD_FILES[name]
+    path.write_bytes(make(path))
+    adapter = "parquet" if name.endswith(".parquet") else "sharegpt"
+    config = config_factory([f"sources=[{{adapter: {adapter}, path: '{path}'}}]"], root=tmp_path / "run")
+    with pytest.raises(DiscoveryError) as failure:
+        discover(config)
+    message = str(failure.value)
+    assert str(path) in message and what in message and "\n" not in message
+
+
 def _fake_hub_cache(home: Path) -> Path:
     """The HF cache layout: datasets--owner--name/{refs/main, snapshots/<sha>/...}."""
     repo = home / "hub" / "datasets--tiny-org--tiny-chat"

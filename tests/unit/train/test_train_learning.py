@@ -63,3 +63,62 @@ def test_trained_draft_accepts_more_and_both_drafts_decode_exactly_greedy(draft_
             tokens, passes = tokens + len(output), passes + verify
         accept[name] = tokens / passes
     assert accept["trained"] >= 1.3 * accept["untrained"], accept  # benchmarks/learning.py tracks the 1.5 goal
+
+
+def _held_out_features(draft_world, out_dir, rows: int = 4):
+    """A feature shard of held-out rows (target greedy answers, states captured online) in ``out_dir``."""
+    from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.dev.distil import answer_sequences
+    from eagle3.train.trainer import batches_from_target
+
+    prompts = draft_world.held_out[:rows]
+    answers = greedy_answers(draft_world.target, prompts, max_new_tokens=MAX_NEW, eos_id=draft_world.eos,
+                             pad_id=draft_world.tokenizer.pad_token_id)
+    config = draft_world.config
+    (batch,) = batches_from_target(draft_world.target, answer_sequences(prompts, answers),
+                                   layer_ids=config.sglang_layer_ids, batch_size=rows)
+    table = []
+    for i in range(rows):
+        n = int(batch["attention_mask"][i].sum())
+        table.append({"sample_id": f"held-{i}", "input_ids": batch["input_ids"][i, :n].tolist(),
+                      "loss_mask": batch["loss_mask"][i, :n].long().tolist(), "seq_len": n,
+                      "aux_hidden": tensor_bytes(batch["aux_hidden"][i, :n], "float32"),
+                      "last_hidden": tensor_bytes(batch["last_hidden"][i, :n], "float32")})
+    meta = footer_metadata(target_model=str(draft_world.model_dir), target_revision=None,
+                           hidden_size=config.target.hidden_size, num_layers=config.target.num_layers,
+                           layer_ids=config.sglang_layer_ids, dtype="float32", chat_template_hash="-",
+                           system_prompt_policy="keep", truncation="quarantine", max_seq_len=1024,
+                           features_fingerprint=out_dir.name)
+    with ShardWriter(out_dir, FEATURE_SCHEMA, metadata=meta) as writer:
+        writer.write_table(feature_table(table))
+        writer.close()
+    return out_dir
+
+
+def _overwrite_tensor_bytes(export_dir, key: str, garbage: bytes) -> None:
+    """Overwrite the middle of one tensor's bytes in ``model.safetensors`` (header intact: it still loads)."""
+    path = export_dir / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    header_len = int.from_bytes(data[:8], "little")
+    start, end = json.loads(data[8 : 8 + header_len])[key]["data_offsets"]
+    at = 8 + header_len + (start + end) // 2 - len(garbage) // 2
+    data[at : at + len(garbage)] = garbage
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_preflight_offline_smoke_passes_the_trained_draft_and_fails_a_damaged_one(draft_world, trained, tmp_path):
+    import shutil
+
+    from eagle3.bench.preflight import run_offline
+
+    _, _, exports = trained
+    features = _held_out_features(draft_world, tmp_path / "features" / "fp")
+    (good,) = run_offline(draft_world.config, exports["trained"], features)
+    assert good.ok, good.message
+    damaged = shutil.copytree(exports["trained"], tmp_path / "damaged")
+    garbage = (torch.randn(1024, generator=torch.Generator().manual_seed(0)) * 50).numpy().tobytes()  # 4 KiB, finite
+    _overwrite_tensor_bytes(damaged, "midlayer.mlp.gate_proj.weight", garbage)
+    (bad,) = run_offline(draft_world.config, damaged, features)
+    assert not bad.ok and "simulated accept length" in bad.message and "gate.min_accept" in bad.message, bad.message

@@ -1,0 +1,121 @@
+"""Damaged data never trains silently: shards are checked against their manifest before the first batch, a
+non-finite step stops training naming the batch's shard and samples, and export refuses non-finite weights."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from train_synthetic import H, synthetic
+
+from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
+from eagle3.data.parquet import ShardWriter
+from eagle3.errors import DATA_ERROR_EXIT, DATA_ERROR_PREFIX, DataError
+from eagle3.runroot import FileEntry, Manifest
+from eagle3.train.checkpoint import latest_checkpoint
+from eagle3.train.data import FeatureDataset
+from eagle3.train.distributed import DistInfo
+from eagle3.train.trainer import ListBatchSource, NonFiniteStep, train_on_source
+
+CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_manifest: bool = True) -> Path:
+    """A finished features directory of one float32 shard (hidden size H); row ``nan_row`` has a NaN state."""
+    meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
+                           dtype="float32", chat_template_hash="x", system_prompt_policy="keep",
+                           truncation="quarantine", max_seq_len=64, features_fingerprint=out.name)
+    g = torch.Generator().manual_seed(0)
+    table = []
+    for k in range(rows):
+        aux = torch.randn(10, 3 * H, generator=g)
+        if k == nan_row:
+            aux[3, 5] = float("nan")
+        table.append({"sample_id": f"s{k}", "input_ids": torch.randint(0, 64, (10,), generator=g).tolist(),
+                      "loss_mask": [1] * 10, "seq_len": 10, "aux_hidden": tensor_bytes(aux, "float32"),
+                      "last_hidden": tensor_bytes(torch.randn(10, H, generator=g), "float32")})
+    with ShardWriter(out, FEATURE_SCHEMA, metadata=meta) as writer:
+        writer.write_table(feature_table(table))
+        (info,) = writer.close()
+    if with_manifest:
+        Manifest("features", out.name, files=[FileEntry.of(info.path, rows=rows, base=out)]).write(out)
+    return info.path
+
+
+def _damage_hidden_states(path: Path) -> None:
+    """Overwrite 64 bytes inside the aux_hidden column chunk; the footer stays intact (the issue's experiment)."""
+    column = pq.ParquetFile(path).metadata.row_group(0).column(FEATURE_SCHEMA.names.index("aux_hidden"))
+    at = (column.dictionary_page_offset or column.data_page_offset) + column.total_compressed_size // 2
+    data = bytearray(path.read_bytes())
+    data[at : at + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_feature_shard_is_refused_before_the_first_batch_naming_it(tmp_path):
+    shard = _features(tmp_path / "features" / "fp")
+    FeatureDataset(shard.parent, batch_size=2)  # intact: verified and opened
+    _damage_hidden_states(shard)
+    pq.ParquetFile(shard)  # the footer alone still reads: only the manifest's sha256 catches the damage
+    with pytest.raises(DataError, match=rf"{shard}: sha256 differs.*eagle3 capture"):
+        FeatureDataset(shard.parent, batch_size=2)
+
+
+def test_truncated_feature_shard_is_refused_with_its_size(tmp_path):
+    shard = _features(tmp_path / "features" / "fp")
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(DataError, match=rf"{shard}: \d+ bytes, the manifest says \d+"):
+        FeatureDataset(shard.parent, batch_size=2)
+
+
+def test_non_finite_step_stops_training_naming_the_shard_and_samples_and_keeps_weights_finite(tmp_path):
+    config, inputs, _ = synthetic(**{"train.max_steps": 4, "train.save_every": 1, "train.batch_size": 2})
+    shard = _features(tmp_path / "features" / "fp", nan_row=5, with_manifest=False)
+    source = FeatureDataset([shard], batch_size=2, shuffle=False, hidden_dtype=torch.float32)
+    with pytest.raises(NonFiniteStep, match=rf"step 3 .*not finite.*{shard} samples \['s4', 's5'\]"):
+        train_on_source(config, source, inputs, tmp_path / "draft", CPU)
+    latest = latest_checkpoint(tmp_path / "draft" / "ckpt")
+    assert latest is not None and latest.name == "step-000002"  # the bad step was never applied nor saved
+    assert all(t.isfinite().all() for t in load_file(str(latest / "model.safetensors")).values())
+
+
+def test_in_memory_batches_name_their_index_when_non_finite(tmp_path):
+    config, inputs, batches = synthetic(**{"train.max_steps": 2})
+    batches[1]["aux_hidden"][0, 2, 0] = float("inf")
+    with pytest.raises(NonFiniteStep, match=r"in-memory batch 1"):
+        train_on_source(config, ListBatchSource(batches), inputs, tmp_path / "draft", CPU)
+
+
+def test_export_refuses_a_checkpoint_with_nan_weights(tmp_path):
+    from eagle3.train.export import export_draft
+
+    config, inputs, batches = synthetic(**{"train.max_steps": 1})
+    train_on_source(config, ListBatchSource(batches), inputs, tmp_path / "draft", CPU)
+    step = latest_checkpoint(tmp_path / "draft" / "ckpt")
+    assert step is not None
+    weights = load_file(str(step / "model.safetensors"))
+    weights["fc.weight"][0, 0] = float("nan")
+    save_file(weights, str(step / "model.safetensors"))
+    with pytest.raises(DataError, match=r"NaN/inf in 1 tensor\(s\) \(fc.weight\); not exported"):
+        export_draft(config, tmp_path / "draft", tmp_path / "vocab.safetensors", None, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
+def test_worker_prints_a_data_error_as_one_line_and_its_exit_code(tmp_path):
+    config, _, _ = synthetic()
+    shard = _features(tmp_path / "features" / "fp")
+    _damage_hidden_states(shard)
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    (tmp_path / "vocab.safetensors").write_bytes(b"")
+    code = ("import sys; from unittest import mock; import eagle3.train.trainer as t; from eagle3.train.__main__ import"
+            " main; t.load_inputs = mock.Mock(); sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "--config-yaml", str(tmp_path / "config.yaml"), "--features",
+                           str(shard.parent), "--vocab", str(tmp_path / "vocab.safetensors"), "--out",
+                           str(tmp_path / "draft")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == DATA_ERROR_EXIT, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(DATA_ERROR_PREFIX) and str(shard) in last and "Traceback" not in proc.stderr
