@@ -1,4 +1,4 @@
-"""The library's data-error type: input that cannot be used as it is, so retrying the same work cannot help.
+"""Error types that retrying cannot help: damaged input (``DataError``) and a deliberate stop (``Stopped``).
 
 Prefect retries are for infrastructure (a server, a node, a disk that came back); a ``DataError`` (a damaged shard,
 a non-finite training step, a source file that is not what its name says) fails its unit at once, and its message
@@ -11,6 +11,10 @@ from __future__ import annotations
 
 class DataError(ValueError):
     """Input data is damaged or unusable; the message names the file (or rows), what is wrong and the fix."""
+
+
+class Stopped(RuntimeError):
+    """The work was stopped on purpose (SIGTERM, Ctrl-C); a retry would undo the stop, a re-run resumes it."""
 
 
 # A worker process (``python -m eagle3.train``) prints a ``DataError`` as one line with this prefix and exits with

@@ -23,7 +23,7 @@ from prefect.exceptions import MissingContextError
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from eagle3.errors import DataError
+from eagle3.errors import DataError, Stopped
 from eagle3.lineage import Lineage
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
@@ -75,14 +75,15 @@ def unit_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str |
     return None if output is None else output_cache_key(f"{stage.name}-{plan.fingerprint}-{unit}", output)
 
 
-def retry_unless_data_error(task: Any, task_run: Any, state: State) -> bool:
+def retry_unless_data_error_or_stopped(task: Any, task_run: Any, state: State) -> bool:
     """Prefect's retry condition of unit tasks: retries are for infrastructure; a ``DataError`` fails at once (the
-    same data fails the same way), so its message is not buried under the retries' tracebacks."""
-    return not isinstance(state.data, DataError)
+    same data fails the same way), so its message is not buried under the retries' tracebacks, and a ``Stopped``
+    unit (SIGTERM) stays stopped instead of being retried after the delay."""
+    return not isinstance(state.data, (DataError, Stopped))
 
 
 @task(name="unit", cache_key_fn=unit_cache_key, persist_result=True, retry_delay_seconds=10,
-      retry_condition_fn=retry_unless_data_error)
+      retry_condition_fn=retry_unless_data_error_or_stopped)
 def unit_task(stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit, env: Any = None) -> UnitReport:
     """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped)."""
     limits = stage.concurrency_limits(config)

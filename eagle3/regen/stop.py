@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from eagle3.errors import Stopped
+
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -27,7 +29,7 @@ _running: dict[asyncio.Task[Any], asyncio.AbstractEventLoop] = {}
 _stopping: list[str] = []  # the reason, while a stop is under way
 
 
-class ShardStopped(RuntimeError):
+class ShardStopped(Stopped):
     """A shard was stopped by a signal; what finished is journaled and a re-run resumes it."""
 
 

@@ -13,8 +13,9 @@ from prefect import flow
 from prefect.states import Failed
 
 from eagle3.errors import DataError
+from eagle3.regen.stop import ShardStopped
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, UnitsFailed
-from tasks.stage import retry_unless_data_error
+from tasks.stage import retry_unless_data_error_or_stopped
 
 ATTEMPTS: Counter[Unit] = Counter()
 
@@ -55,6 +56,7 @@ def test_data_error_is_not_retried_and_ends_the_stage_failure_line(tiny_config, 
                                        "Fix: rebuild it")
 
 
-def test_infrastructure_errors_are_still_retried():
-    assert retry_unless_data_error(None, None, Failed(data=ConnectionError("server went away")))
-    assert not retry_unless_data_error(None, None, Failed(data=DataError("damaged")))
+def test_infrastructure_errors_are_still_retried_but_data_errors_and_stops_are_not():
+    assert retry_unless_data_error_or_stopped(None, None, Failed(data=ConnectionError("server went away")))
+    assert not retry_unless_data_error_or_stopped(None, None, Failed(data=DataError("damaged")))
+    assert not retry_unless_data_error_or_stopped(None, None, Failed(data=ShardStopped("stopped by SIGTERM")))
