@@ -115,29 +115,26 @@ def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 20) -> None:
         proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    """A real ``prefect server start`` (API + UI) for one test module."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
+def launch_prefect_server(home: Path, port: int, **extra: str) -> tuple[subprocess.Popen[bytes], PrefectServer]:
+    """``infra/prefect-server.sh`` (API + UI) on loopback with state in ``home``, once its health endpoint answers;
+    ``extra`` is its environment (``EAGLE3_PREFECT_DB`` ...). Re-launching on the same home and port is a restart."""
     url = f"http://127.0.0.1:{port}"
     env = base_env(PREFECT_HOME=str(home), PREFECT_API_URL=f"{url}/api", PREFECT_UI_API_URL=f"{url}/api")
+    server_env = env | {"EAGLE3_PREFECT_HOST": "127.0.0.1", "EAGLE3_PREFECT_PORT": str(port),
+                        "EAGLE3_PREFECT_PUBLIC_URL": url, **extra}
     log = home / "server.log"
-    proc = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log)
-    server = PrefectServer(url, env, home)
+    proc = _start(["bash", str(REPO / "infra" / "prefect-server.sh")], server_env, log)
     deadline = time.monotonic() + 180
     while True:
         try:
             if httpx.get(f"{url}/api/health", timeout=5).status_code == 200:
-                break
+                return proc, PrefectServer(url, env, home)
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
             pytest.fail(f"prefect server did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
-    yield server
-    stop(proc)
 
 
 @pytest.fixture(scope="module")
