@@ -320,6 +320,9 @@ class DevConfig(StrictModel):
 class PipelineConfig(StrictModel):
     name: str
     root: str
+    # The id in the run root's marker (eagle3.runroot) that workers must find at flow start: set by
+    # `deployments/deploy.py apply`, so a worker without the shared mount fails fast. None: claimed at first use.
+    root_id: str | None = None
     target: TargetConfig
     sources: list[SourceConfig] = Field(default_factory=list)
     mix: MixConfig = Field(default_factory=MixConfig)
