@@ -26,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from eagle3.config import PipelineConfig
 from eagle3.recipes import ConfigRef
 from eagle3.runroot import check_run_root
+from tasks.secrets import load_secret_blocks
 
 
 def artifact_key(*parts: str) -> str:
@@ -99,5 +100,6 @@ def resolve_config_task(config: PipelineConfig | ConfigRef) -> PipelineConfig:
     Resolved once per run: every task and subflow takes the result as is."""
     resolved = config.resolve() if isinstance(config, ConfigRef) else config
     root_id = check_run_root(resolved.root_path, resolved.root_id)  # shared storage: fail fast on a wrong mount
+    load_secret_blocks(resolved)  # secrets missing from the environment, from their Prefect Secret blocks
     get_run_logger().info("config %s, run root %s (id %s)", resolved.name, resolved.root_path, root_id)
     return resolved
