@@ -244,7 +244,10 @@ class TrainConfig(StrictModel):
 
 class ExportConfig(StrictModel):
     max_position_embeddings: int | None = Field(default=None, gt=0)
-    push_to_hub: str | None = None
+    # Hub model card metadata (eagle3.model.export_format.card_metadata): the draft's license, and the target's
+    # Hub id when target.model_path is a local directory (the card's base_model; a Hub id model_path is used as is).
+    license: str = "other"
+    base_model: str | None = None
 
 
 class ServerLaunchConfig(StrictModel):

@@ -17,6 +17,14 @@ from eagle3.config import PipelineConfig
 from eagle3.secrets import block_name, secret_names
 
 
+def secret_from_block(env_name: str) -> str | None:
+    """The value of ``env_name``'s Secret block, None when the server has no such block."""
+    try:
+        return str(Secret.load(block_name(env_name)).get())
+    except ValueError:  # no such block: the secret stays unset (optional ones) or comes from a later source
+        return None
+
+
 def load_secret_blocks(config: PipelineConfig) -> dict[str, str]:
     """Export the missing secrets that have a Secret block; returns ``{env name: where it came from}`` (no values)."""
     sources = {}
@@ -24,12 +32,10 @@ def load_secret_blocks(config: PipelineConfig) -> dict[str, str]:
         if os.environ.get(name):
             sources[name] = "environment"
             continue
-        try:
-            block = Secret.load(block_name(name))
-        except ValueError:  # no such block: the secret stays unset (optional ones) or comes from a later source
-            continue
-        os.environ[name] = str(block.get())
-        sources[name] = f"Secret block {block_name(name)}"
+        value = secret_from_block(name)
+        if value is not None:
+            os.environ[name] = value
+            sources[name] = f"Secret block {block_name(name)}"
     if sources:
         get_run_logger().info("secrets: %s", ", ".join(f"{k} from {v}" for k, v in sources.items()))
     return sources
