@@ -102,6 +102,11 @@ PUBLIC_URL="${EAGLE3_PREFECT_PUBLIC_URL:-http://$(hostname -f 2>/dev/null || hos
 
 export PREFECT_HOME="${PREFECT_HOME:-$HOME_DIR/prefect}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1
+# Concurrency leases (deployment concurrency_limit=1, the per-regen-server slots) live in the server's memory by
+# default: a server crash forgets them while the database still counts their slots as taken, so running flows are
+# terminated (lease renewal: 410 Gone) and the next runs queue forever. On disk under PREFECT_HOME they survive a
+# restart, and expired ones are reclaimed. (Several server replicas need prefect-redis's lease storage instead.)
+export PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE="${PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem}"
 # The UI is served by this process but runs in the browser: it must be told where the API is when not on :4200
 # or when browsers reach the server under another name.
 export PREFECT_UI_API_URL="${PREFECT_UI_API_URL:-${PUBLIC_URL}/api}"

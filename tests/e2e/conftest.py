@@ -59,6 +59,7 @@ def prefect_server(
     """A real Prefect server (API + UI) on PostgreSQL for one test module, with its own database."""
     database = "prefect_" + request.module.__name__.rsplit(".", 1)[-1].lower()
     home = tmp_path_factory.mktemp("prefect-home")
-    proc, server = launch_prefect_server(home, free_port(), **pg_cluster.server_env(database))
+    server = launch_prefect_server(home, free_port(), **pg_cluster.server_env(database))
     yield server
-    stop(proc)
+    if server.proc is not None:
+        stop(server.proc)
