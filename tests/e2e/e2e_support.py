@@ -154,10 +154,13 @@ def launch_prefect_server(home: Path, port: int, **extra: str) -> PrefectServer:
 
 @pytest.fixture(scope="module")
 def process_worker(prefect_server: PrefectServer) -> Iterator[subprocess.Popen[bytes]]:
-    """A process worker on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess."""
+    """``infra/prefect-worker.sh`` on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess.
+
+    The script sets the 60 s flow-run heartbeat the zombie automation (created by ``deploy.py apply``) expects:
+    a bare ``prefect worker start`` heartbeats every 180 s (Prefect 3.9's default), so any run longer than the
+    automation's 180 s window was marked Crashed mid-way."""
     env = prefect_server.env | {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
-    args = [str(BIN / "prefect"), "worker", "start", "--pool", "e2e", "--type", "process", "--limit", "1"]
-    proc = _start(args, env, prefect_server.home / "worker.log")
+    proc = _start(["bash", str(REPO / "infra" / "prefect-worker.sh"), "e2e"], env, prefect_server.home / "worker.log")
     yield proc
     stop(proc)
 
