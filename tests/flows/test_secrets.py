@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,18 @@ def _files_containing(directory: Path, needles: list[bytes]) -> list[str]:
 
 @pytest.mark.slow
 def test_regen_run_with_tokens_set_leaves_them_nowhere(
-    tiny_world: Any, prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd
+    tiny_world: Any,
+    prefect_harness: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ):
     from prefect.settings import get_current_settings
 
     from flows.regen import regen_flow
 
+    caplog.set_level(logging.INFO)
     monkeypatch.setenv("HF_TOKEN", HF_SECRET)
     monkeypatch.setenv("EAGLE3_REGEN_KEY", KEY_SECRET)
     root = tmp_path / "root"
@@ -65,8 +72,9 @@ def test_regen_run_with_tokens_set_leaves_them_nowhere(
     leaks = [leak for place in places if place.exists() for leak in _files_containing(place, needles)]
     assert not leaks, leaks
     out, err = capfd.readouterr()
-    assert not [s for s in (HF_SECRET, KEY_SECRET) if s in out + err], "a secret reached stdout/stderr"
-    assert "EAGLE3_REGEN_KEY from environment" in out + err, "the run should say where its secrets came from"
+    output = out + err + caplog.text  # the run's logs, wherever the session's Prefect handlers send them
+    assert not [s for s in (HF_SECRET, KEY_SECRET) if s in output], "a secret reached stdout/stderr or the logs"
+    assert "EAGLE3_REGEN_KEY from environment" in output, "the run should say where its secrets came from"
 
 
 def test_secret_missing_from_the_environment_comes_from_its_prefect_secret_block(
