@@ -22,6 +22,11 @@ Design choices:
   per configured regen server (1 slot: one shard at a time per server across the nightly run and re-triggers, so
   ``regen.concurrency_per_server`` is the server's real in-flight bound) are created if missing, so ``apply`` is
   idempotent and safe to re-run after every upgrade.
+* **Shared storage.** ``apply`` claims the run root (``eagle3.runroot``: created with its id marker at first use;
+  run ``apply`` where the shared filesystem is mounted) and adds ``root_id=<id>`` to the deployments' overrides: a
+  worker that does not see that root fails at flow start with the shared-storage message. Pooled flow runs store
+  Prefect's persisted task results under ``<root>/.prefect-results`` (the job's environment), so a unit cached on
+  one machine is a cache hit on every other one.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +73,20 @@ class DeploySpec:
         return self.name or self.recipe
 
 
-def build_deployments(spec: DeploySpec, *, with_pools: bool = True) -> list[RunnerDeployment]:
-    """The three deployments; ``with_pools=False`` for ``serve`` (the serving process runs them itself)."""
+def build_deployments(
+    spec: DeploySpec, *, with_pools: bool = True, job_env: dict[str, str] | None = None
+) -> list[RunnerDeployment]:
+    """The three deployments; ``with_pools=False`` for ``serve`` (the serving process runs them itself).
+    ``job_env`` is the environment of every pooled flow run (``shared_storage_env``)."""
     from flows.gate import gate_flow
     from flows.pipeline import data_scaling
     from flows.regen import regen_flow
 
     def pool(name: str) -> dict[str, Any]:
-        return {"work_pool_name": name, "entrypoint_type": EntrypointType.MODULE_PATH} if with_pools else {}
+        if not with_pools:
+            return {}
+        return {"work_pool_name": name, "entrypoint_type": EntrypointType.MODULE_PATH,
+                "job_variables": {"env": dict(job_env or {})}}
 
     one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
     name = spec.deployment_name
@@ -138,6 +149,20 @@ def ensure_server_limits(servers: Sequence[str]) -> list[str]:
     return names
 
 
+def claim_shared_root(spec: DeploySpec) -> tuple[DeploySpec, dict[str, str]]:
+    """The spec with ``root_id=<the run root's id>`` among its overrides (the root is claimed here unless the
+    overrides name an id already) and the pooled runs' environment that puts Prefect results under the root."""
+    from eagle3.recipes import resolve
+    from eagle3.runroot import RESULTS_DIR, check_run_root
+
+    config = resolve(spec.recipe, spec.overrides)
+    root_id = check_run_root(config.root_path, config.root_id)
+    if config.root_id is None:
+        spec = replace(spec, overrides=[*spec.overrides, f"root_id={root_id}"])
+    logger.info("run root %s (id %s) must be mounted at that path on every worker", config.root_path, root_id)
+    return spec, {"PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(config.root_path / RESULTS_DIR)}
+
+
 def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]:
     """Register the deployments on the server (pools, limits and automation first); returns ``{flow/name: id}``."""
     ensure_work_pools([spec.cpu_pool, spec.gpu_pool])
@@ -146,8 +171,9 @@ def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]
     ensure_server_limits(resolve(spec.recipe, spec.overrides).regen.servers)
     if zombie_automation:
         ensure_zombie_automation()
+    spec, job_env = claim_shared_root(spec)
     ids = {}
-    for deployment in build_deployments(spec):
+    for deployment in build_deployments(spec, job_env=job_env):
         deployment_id = deployment.apply(work_pool_name=deployment.work_pool_name)
         ids[f"{deployment.flow_name}/{deployment.name}"] = str(deployment_id)
     for full_name, deployment_id in ids.items():

@@ -263,7 +263,10 @@ class TrainConfig(StrictModel):
 
 class ExportConfig(StrictModel):
     max_position_embeddings: int | None = Field(default=None, gt=0)
-    push_to_hub: str | None = None
+    # Hub model card metadata (eagle3.model.export_format.card_metadata): the draft's license, and the target's
+    # Hub id when target.model_path is a local directory (the card's base_model; a Hub id model_path is used as is).
+    license: str = "other"
+    base_model: str | None = None
 
 
 class ServerLaunchConfig(StrictModel):
@@ -339,6 +342,9 @@ class DevConfig(StrictModel):
 class PipelineConfig(StrictModel):
     name: str
     root: str
+    # The id in the run root's marker (eagle3.runroot) that workers must find at flow start: set by
+    # `deployments/deploy.py apply`, so a worker without the shared mount fails fast. None: claimed at first use.
+    root_id: str | None = None
     target: TargetConfig
     sources: list[SourceConfig] = Field(default_factory=list)
     mix: MixConfig = Field(default_factory=MixConfig)

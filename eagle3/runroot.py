@@ -3,6 +3,12 @@
 Every stage writes into ``<root>/<stage>/<fingerprint>/`` and writes ``manifest.json`` last; a stage is done only
 when its manifest exists. Files are written as ``*.tmp`` and renamed into place, so a kill leaves either the old
 state or the new one, never half a file under a final name.
+
+Workers on several machines share one run root, so it must be one shared filesystem (NFS or another shared POSIX
+filesystem) mounted at the same path everywhere. ``.eagle3-root.json`` gives the root an id at first use; a worker
+that expects that id and finds another root (a local, empty directory where the mount should be) stops at flow
+start (``check_run_root``) instead of regenerating days of shards into a disk nobody else reads. Prefect's task
+results live under the root too (``.prefect-results/``), so a cached unit recorded on one machine is a hit on all.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ import hashlib
 import json
 import os
 import platform
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -20,6 +28,16 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+ROOT_MARKER = ".eagle3-root.json"  # {"id", "created_at", "created_on"}: the run root's identity
+RESULTS_DIR = ".prefect-results"  # Prefect result storage (persisted task results), shared like the stage dirs
+SHARED_STORAGE_RULE = (
+    "every worker must see the run root as one shared filesystem mounted at the same path (NFS or another shared "
+    "POSIX filesystem; README 'Shared storage')"
+)
+
+
+class SharedStorageError(RuntimeError):
+    """This machine cannot use the run root the run expects (missing, another root, or not writable)."""
 
 
 def fingerprint(*parts: Any, length: int = 16) -> str:
@@ -133,3 +151,45 @@ class Manifest:
             elif path.stat().st_size != entry.bytes or sha256_file(path) != entry.sha256:
                 problems.append(f"{entry.path}: changed since the manifest was written")
         return problems
+
+
+def claim_run_root(root: Path) -> str:
+    """The run root's id, giving the root one (and creating it) at first use."""
+    root = Path(root)
+    marker = root / ROOT_MARKER
+    if not marker.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        info = {"id": uuid.uuid4().hex, "created_at": time.time(), "created_on": socket.gethostname()}
+        with atomic_path(marker) as tmp:  # two first users racing: one id wins the rename, both read it back
+            tmp.write_text(json.dumps(info, indent=2) + "\n")
+    return json.loads(marker.read_text())["id"]
+
+
+def check_run_root(root: Path, expected_id: str | None = None) -> str:
+    """Fail fast unless this machine can read and write ``root`` and, when ``expected_id`` is given, the root is
+    the one with that id; returns the root's id (claimed here when the run expects none)."""
+    root = Path(root)
+    host = socket.gethostname()
+    if expected_id is not None:
+        marker = root / ROOT_MARKER
+        if not marker.exists():
+            raise SharedStorageError(
+                f"run root {root} on {host}: no {ROOT_MARKER} (expected root id {expected_id}), so this machine "
+                f"does not see the run's shared run root: {SHARED_STORAGE_RULE}"
+            )
+        found = json.loads(marker.read_text()).get("id")
+        if found != expected_id:
+            raise SharedStorageError(
+                f"run root {root} on {host} is root id {found}, the run expects {expected_id}: {SHARED_STORAGE_RULE}"
+            )
+    try:
+        root_id = claim_run_root(root)
+        probe = root / f".probe-{host}-{os.getpid()}"
+        atomic_write_text(probe, host)
+        readable = probe.read_text() == host
+        probe.unlink()
+    except OSError as err:
+        raise SharedStorageError(f"run root {root} on {host} is not writable ({err}): {SHARED_STORAGE_RULE}") from err
+    if not readable:
+        raise SharedStorageError(f"run root {root} on {host} returned other bytes than written: {SHARED_STORAGE_RULE}")
+    return root_id

@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.commands.train",
     "flows.commands.data",
     "flows.commands.regen",
+    "flows.commands.push",
 )
 
 app = typer.Typer(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage: infra/dev.sh run  [eagle3 run args...]   set up .venv (idempotent), then `eagle3 run --recipe tiny`
-#        infra/dev.sh test [pytest args...]       set up .venv (idempotent), SGLang's arg parser and Chromium (for the UI test),
-#                                                 then the whole test suite (CI); `-m 'not e2e'` skips the pipeline runs
+#        infra/dev.sh test [pytest args...]       set up .venv (idempotent), SGLang's arg parser, Chromium and PostgreSQL
+#                                                 (the UI test's Prefect server runs on it), then the whole test suite
+#                                                 (CI); `-m 'not e2e'` skips the pipeline runs
 #        infra/dev.sh setup                       only set up .venv
 # Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev,ray: the local Ray cluster test runs in CI),
 # PIP_FIND_LINKS (a folder holding a CPU torch wheel, used when present; elsewhere torch resolves from the pyproject
@@ -51,10 +52,15 @@ sglang_parser() {
     echo "$want" > "$stamp"
 }
 
-browser() {
-    # The Prefect UI test screenshots the flow-run page with Debian's Chromium.
-    if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null
+system_packages() {
+    # The Prefect UI test screenshots the flow-run page with Debian's Chromium, from a Prefect server on Debian's
+    # PostgreSQL (the e2e fixtures start the cluster themselves through infra/prefect-server.sh; none runs as a
+    # service). CI measured about a second for initdb + start + createdb on top of the apt install.
+    local missing=()
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+    if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
     fi
 }
 
@@ -63,6 +69,6 @@ shift || true
 case "$verb" in
     setup) setup ;;
     run) setup; exec "$VENV/bin/eagle3" run --recipe tiny "$@" ;;
-    test) setup; sglang_parser; browser; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
+    test) setup; sglang_parser; system_packages; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
     *) sed -n '2,7p' "$0"; exit 2 ;;
 esac

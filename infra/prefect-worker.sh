@@ -5,6 +5,9 @@
 # also creates both pools). Run the `gpu` worker on a GPU node (capture, training, gate) and the `cpu` worker
 # anywhere that reaches the SGLang servers (regeneration only drives HTTP clients). Flow runs emit heartbeats
 # every EAGLE3_HEARTBEAT_S seconds so the zombie-run automation can mark runs of a dead worker Crashed.
+# Every worker must mount the run root (the recipe's `root`) at the same path as the machine that ran
+# `deployments/deploy.py apply`: each flow checks the root's id marker at start and fails at once without it.
+# Secrets (HF_TOKEN, regen.api_key_env) come from this worker's environment or Prefect Secret blocks eagle3-<name>.
 #
 # Environment (defaults in brackets):
 #   PREFECT_API_URL       the server's API (required), e.g. http://prefect-host:4200/api

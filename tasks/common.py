@@ -25,6 +25,8 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
 from eagle3.recipes import ConfigRef
+from eagle3.runroot import check_run_root
+from tasks.secrets import load_secret_blocks
 
 
 def artifact_key(*parts: str) -> str:
@@ -97,5 +99,7 @@ def resolve_config_task(config: PipelineConfig | ConfigRef) -> PipelineConfig:
     ``a.b=value`` overrides) is resolved here, on the worker, at run time; a resolved config passes through.
     Resolved once per run: every task and subflow takes the result as is."""
     resolved = config.resolve() if isinstance(config, ConfigRef) else config
-    get_run_logger().info("config %s, run root %s", resolved.name, resolved.root_path)
+    root_id = check_run_root(resolved.root_path, resolved.root_id)  # shared storage: fail fast on a wrong mount
+    load_secret_blocks(resolved)  # secrets missing from the environment, from their Prefect Secret blocks
+    get_run_logger().info("config %s, run root %s (id %s)", resolved.name, resolved.root_path, root_id)
     return resolved

@@ -21,14 +21,17 @@ judging it; ``validate_export`` lists every problem, each naming the file and th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from eagle3.config import PipelineConfig
 from eagle3.model.draft import DraftConfig, DraftModel
 
 CONFIG_FILE = "config.json"
@@ -36,6 +39,9 @@ WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "README.md"
 EXPORT_FILES: tuple[str, ...] = (CONFIG_FILE, WEIGHTS_FILE)  # what the draft is (its content id hashes these)
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+CARD_TAGS: tuple[str, ...] = ("eagle3", "speculative-decoding", "sglang")
+CARD_LIBRARY = "sglang"  # the draft is served by SGLang, not loadable by transformers alone
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 REEXPORT = "re-export the draft with `eagle3 export`"
 
 
@@ -255,3 +261,18 @@ def load_draft(export_dir: Path) -> tuple[DraftModel, torch.Tensor, torch.Tensor
     model = DraftModel(draft_config_from_export(cfg))
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     return model.eval(), d2t, t2d, cfg
+
+
+def card_metadata(config: PipelineConfig) -> dict[str, Any]:
+    """The card's Hub YAML metadata; ``base_model`` is the target's Hub id (``export.base_model`` for a target
+    served from a local directory, which the Hub could not link)."""
+    base = config.export.base_model or config.target.model_path
+    meta: dict[str, Any] = {"license": config.export.license, "library_name": CARD_LIBRARY, "tags": list(CARD_TAGS)}
+    if HUB_ID.match(base) and not Path(base).expanduser().exists():
+        meta["base_model"] = base
+    return meta
+
+
+def front_matter(config: PipelineConfig) -> str:
+    """The ``---``-fenced YAML block a Hub model card starts with."""
+    return "---\n" + yaml.safe_dump(card_metadata(config), sort_keys=False) + "---\n\n"

@@ -1,5 +1,5 @@
 """The export stage: a training checkpoint -> the SGLang ``LlamaForCausalLMEagle3`` directory, plus a model card
-and an optional Hub push.
+(with the Hub's metadata; ``eagle3 push`` publishes the gated champion, ``eagle3.bench.hub``).
 
 The format itself (file names, exact key set and shapes, the vocab maps, validation) is
 ``eagle3.model.export_format``; this module only fills it. The export is written into ``<dir>.tmp``, validated
@@ -31,6 +31,7 @@ from eagle3.model.export_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     export_config,
+    front_matter,
     validate_export,
 )
 from eagle3.runroot import Manifest
@@ -74,6 +75,8 @@ def export_layer_ids(config: PipelineConfig, features_manifest: Path | None) -> 
 def _model_card(config: PipelineConfig, cfg: dict[str, Any], summary: dict[str, Any]) -> str:
     train = config.train
     lines = [
+        front_matter(config).rstrip("\n"),
+        "",
         f"# EAGLE-3 draft for `{config.target.model_path}`",
         "",
         "Served by SGLang with `--speculative-algorithm EAGLE3 --speculative-draft-model-path <this dir>`.",
@@ -159,20 +162,4 @@ def export_draft(
     card = _model_card(config, cfg, _training_summary(step_path, trainer_state["step"], features_manifest))
     export_dir = _write_validated(Path(export_dir), tensors, cfg, card)
     logger.info("exported draft %s (%s) to %s", step_path.name, ARCHITECTURE, export_dir)
-    if config.export.push_to_hub:
-        push_to_hub(export_dir, config.export.push_to_hub)
     return export_dir
-
-
-def push_to_hub(export_dir: Path, repo_id: str) -> str:
-    """Upload an export with ``huggingface_hub`` (token from ``HF_TOKEN`` in the environment only)."""
-    from huggingface_hub import HfApi
-
-    token = os.environ.get("HF_TOKEN")
-    if not token:
-        raise ConfigError("set HF_TOKEN in the environment to push to the Hub (it is never read from config)")
-    api = HfApi(token=token)
-    api.create_repo(repo_id, exist_ok=True)
-    info = api.upload_folder(folder_path=str(export_dir), repo_id=repo_id)
-    logger.info("pushed %s to %s", export_dir, repo_id)
-    return str(info)

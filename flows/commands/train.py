@@ -47,7 +47,6 @@ def export(
     out: Path = typer.Option(..., "--out", help="Export directory to write."),
     vocab: Path = typer.Option(..., "--vocab", help="vocab.safetensors used in training."),
     features: Path | None = typer.Option(None, "--features", help="Features dir (its manifest gives layer ids)."),
-    push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Hub repo id (token from HF_TOKEN)."),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
@@ -56,8 +55,7 @@ def export(
     from eagle3.train.export import export_draft
     from eagle3.train.stage import vocab_file
 
-    overrides = [*(set_ or []), *([f"export.push_to_hub={push_to_hub}"] if push_to_hub else [])]
-    cfg = resolve_config(recipe, config, overrides)
+    cfg = resolve_config(recipe, config, set_)
     with bad_input(ValueError):  # a checkpoint, vocab or features dir that does not make a valid export
         path = export_draft(cfg, draft_dir, vocab_file(vocab), features, out)
     console.print(f"[green]exported[/green] {path}")

@@ -63,6 +63,31 @@ class PrefectServer:
     url: str  # http://127.0.0.1:P
     env: dict[str, str]  # for every child process that talks to this server
     home: Path
+    proc: subprocess.Popen[bytes] | None = None  # the server process (replaced by ``start`` after a kill)
+    server_env: dict[str, str] | None = None  # what ``infra/prefect-server.sh`` was started with
+
+    def kill9(self) -> None:
+        """``kill -9`` the server, as a crash or an OOM kill would (its database is left as it is)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def start(self) -> None:
+        """Start ``infra/prefect-server.sh`` on this server's port and state; returns once ``/api/health`` answers."""
+        assert self.server_env is not None
+        script = ["bash", str(REPO / "infra" / "prefect-server.sh")]
+        self.proc = _start(script, self.server_env, self.home / "server.log")
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{self.api}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                stop(self.proc)
+                pytest.fail(f"prefect server did not start:\n{(self.home / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.5)
 
     @property
     def api(self) -> str:
@@ -115,37 +140,27 @@ def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 20) -> None:
         proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    """A real ``prefect server start`` (API + UI) for one test module."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
+def launch_prefect_server(home: Path, port: int, **extra: str) -> PrefectServer:
+    """``infra/prefect-server.sh`` (API + UI) on loopback with state in ``home``, once its health endpoint answers;
+    ``extra`` is its environment (``EAGLE3_PREFECT_DB`` ...)."""
     url = f"http://127.0.0.1:{port}"
     env = base_env(PREFECT_HOME=str(home), PREFECT_API_URL=f"{url}/api", PREFECT_UI_API_URL=f"{url}/api")
-    log = home / "server.log"
-    proc = _start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log)
-    server = PrefectServer(url, env, home)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"{url}/api/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            pytest.fail(f"prefect server did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield server
-    stop(proc)
+    server_env = env | {"EAGLE3_PREFECT_HOST": "127.0.0.1", "EAGLE3_PREFECT_PORT": str(port),
+                        "EAGLE3_PREFECT_PUBLIC_URL": url, **extra}  # fmt: skip
+    server = PrefectServer(url, env, home, server_env=server_env)
+    server.start()
+    return server
 
 
 @pytest.fixture(scope="module")
 def process_worker(prefect_server: PrefectServer) -> Iterator[subprocess.Popen[bytes]]:
-    """A process worker on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess."""
+    """``infra/prefect-worker.sh`` on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess.
+
+    The script sets the 60 s flow-run heartbeat the zombie automation (created by ``deploy.py apply``) expects:
+    a bare ``prefect worker start`` heartbeats every 180 s (Prefect 3.9's default), so any run longer than the
+    automation's 180 s window was marked Crashed mid-way."""
     env = prefect_server.env | {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
-    args = [str(BIN / "prefect"), "worker", "start", "--pool", "e2e", "--type", "process", "--limit", "1"]
-    proc = _start(args, env, prefect_server.home / "worker.log")
+    proc = _start(["bash", str(REPO / "infra" / "prefect-worker.sh"), "e2e"], env, prefect_server.home / "worker.log")
     yield proc
     stop(proc)
 

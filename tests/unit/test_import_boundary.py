@@ -60,7 +60,7 @@ def test_importing_the_library_does_not_load_prefect():
 # placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
     {"config", "procs", "errors"},  # errors: the DataError type (not retried, exit 2)
-    {"runroot"},
+    {"runroot", "secrets"},  # secrets: where a token comes from (eagle3.secrets)
     {"layout", "integrity"},  # integrity: files checked against their manifest before use
     {"stage"},  # the stage contract
     {"data", "model", "scaling"},  # model: the draft architecture, the export format, the vocab mapping type

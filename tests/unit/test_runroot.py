@@ -5,7 +5,17 @@ from pathlib import Path
 import pytest
 
 from eagle3.layout import stage_dir
-from eagle3.runroot import FileEntry, Manifest, atomic_path, atomic_write_json, fingerprint
+from eagle3.runroot import (
+    ROOT_MARKER,
+    FileEntry,
+    Manifest,
+    SharedStorageError,
+    atomic_path,
+    atomic_write_json,
+    check_run_root,
+    claim_run_root,
+    fingerprint,
+)
 
 
 def test_fingerprint_ignores_key_order_and_sees_values():
@@ -35,3 +45,23 @@ def test_atomic_path_keeps_the_old_file_when_writing_fails(tmp_path: Path):
         raise RuntimeError("boom")
     assert target.read_text().strip().startswith("{")
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_run_root_gets_one_id_at_first_use_and_keeps_it(tmp_path: Path):
+    root = tmp_path / "new-root"
+    first = check_run_root(root)  # no expected id: a local run claims the root
+    assert (root / ROOT_MARKER).is_file() and claim_run_root(root) == first
+    assert check_run_root(root, first) == first
+    assert [p.name for p in root.iterdir()] == [ROOT_MARKER], "the write probe was left behind"
+
+
+def test_worker_without_the_shared_root_is_refused_with_the_requirement(tmp_path: Path):
+    shared_id = claim_run_root(tmp_path / "shared")
+    unmounted = tmp_path / "where-the-mount-should-be"
+    with pytest.raises(SharedStorageError, match=f"expected root id {shared_id}.*shared filesystem"):
+        check_run_root(unmounted, shared_id)
+    assert not unmounted.exists(), "a refused worker must not create a local run root"
+    other = tmp_path / "another-root"
+    other_id = claim_run_root(other)
+    with pytest.raises(SharedStorageError, match=f"is root id {other_id}, the run expects {shared_id}"):
+        check_run_root(other, shared_id)

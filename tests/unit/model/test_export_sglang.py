@@ -56,7 +56,8 @@ def test_export_key_set_equals_golden_and_config_matches_sglang(trained_out, tmp
     assert cfg["vocab_size"] == V and cfg["draft_vocab_size"] == VD and cfg["tie_word_embeddings"] is False
     assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True}
     assert cfg["max_position_embeddings"] >= 256 and "target_hidden_size" not in cfg
-    assert (export / "README.md").read_text().startswith("# EAGLE-3 draft")
+    card = (export / "README.md").read_text()  # Hub metadata first (export_format.card_metadata), then the card
+    assert card.startswith("---\nlicense: ") and "\n---\n\n# EAGLE-3 draft" in card
     assert validate_export(export) == []
 
 

@@ -1,0 +1,108 @@
+"""Hub push: the card's metadata, gate numbers and SGLang command, the dry-run file list, and the token lookup."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3.bench.hub import champion_upload, push
+from eagle3.bench.registry import Registry
+from eagle3.bench.report import ArmResult, Decision, GateReport, LevelStats, write_report
+from eagle3.config import ConfigError, ExportConfig, GateConfig, PipelineConfig, TargetConfig
+
+SPEC = {"algorithm": "EAGLE3", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
+
+
+def _config(tmp_path: Path, model_path: str, base_model: str | None = None) -> PipelineConfig:
+    return PipelineConfig(
+        name="hub-test",
+        root=str(tmp_path / "root"),
+        target=TargetConfig(model_path=model_path, num_layers=8, hidden_size=128, vocab_size=2048),
+        export=ExportConfig(license="apache-2.0", base_model=base_model),
+    )
+
+
+def _promote_champion(config: PipelineConfig, tmp_path: Path) -> Path:
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}\n')
+    (export / "model.safetensors").write_bytes(b"weights")
+    (export / "README.md").write_text("---\nlicense: other\n---\n\n# EAGLE-3 draft for the target\n")
+    level = LevelStats(1, 4, 100, 40, 8.0, 125.0, 10.0, 2.5)
+    gate = GateConfig(decision_concurrency=1)
+    report = GateReport(
+        fingerprint="gatefp", target=config.target.model_path, thresholds=gate.model_dump(mode="json"),
+        prompts={"chat": 4}, arms=[ArmResult("cand0", "candidate", "http://x", draft=str(export), levels=[level])],
+        decisions=[Decision(str(export), True, "cand0", 1.37, 2.5, None)], passed=True,
+    )  # fmt: skip
+    report_dir = tmp_path / "gate"
+    write_report(report, report_dir)
+    Registry(config.root_path).promote(export, report=report_dir / "report.json", speculative=SPEC)
+    return export
+
+
+def test_card_has_hub_metadata_gate_numbers_and_the_sglang_command(tmp_path: Path):
+    config = _config(tmp_path, "meta-llama/Llama-3.1-8B-Instruct")
+    _promote_champion(config, tmp_path)
+    upload = champion_upload(config, "acme/llama-eagle3")
+    card = upload.card.read_text()
+    _, meta, body = card.split("---\n", 2)
+    assert yaml.safe_load(meta) == {
+        "license": "apache-2.0",
+        "library_name": "sglang",
+        "tags": ["eagle3", "speculative-decoding", "sglang"],
+        "base_model": "meta-llama/Llama-3.1-8B-Instruct",
+    }
+    assert body.count("---\n") == 0, "the export card's own metadata must not be repeated in the body"
+    assert "# EAGLE-3 draft for the target" in body and "**PASS**" in body and "| 1.37 | 2.50 |" in body
+    (command,) = [line for line in body.splitlines() if "sglang.launch_server" in line]
+    argv = shlex.split(command)
+    assert argv[argv.index("--model-path") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "acme/llama-eagle3"
+    assert argv[argv.index("--speculative-num-steps") + 1] == "5"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "6"
+
+
+def test_dry_run_lists_the_champion_files_and_the_new_card_without_touching_the_export(tmp_path: Path):
+    config = _config(tmp_path, str(tmp_path), base_model="acme/tiny-target")  # a local target: base_model given
+    export = _promote_champion(config, tmp_path)
+    upload = champion_upload(config, "acme/tiny-eagle3")
+    champion = Registry(config.root_path).champion()
+    assert champion is not None
+    assert upload.files == {
+        "config.json": Path(champion.draft_dir) / "config.json",
+        "model.safetensors": Path(champion.draft_dir) / "model.safetensors",
+        "README.md": config.root_path / "hub" / champion.draft_id / "README.md",
+    }
+    assert [line.split("\t")[0] for line in upload.listing()] == ["README.md", "config.json", "model.safetensors"]
+    assert yaml.safe_load(upload.card.read_text().split("---\n")[1])["base_model"] == "acme/tiny-target"
+    assert (export / "README.md").read_text().startswith("---\nlicense: other"), "the export was rewritten"
+    with pytest.raises(ConfigError, match="<owner>/<name>"):
+        champion_upload(config, "not a repo id")
+
+
+def test_push_without_any_token_names_the_three_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from huggingface_hub import constants
+
+    config = _config(tmp_path, "meta-llama/Llama-3.1-8B-Instruct")
+    _promote_champion(config, tmp_path)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    with pytest.raises(ConfigError, match=r"HF_TOKEN.*eagle3-hf-token.*hf auth login"):
+        push(champion_upload(config, "acme/llama-eagle3"))
+
+
+def test_token_saved_by_hf_auth_login_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from huggingface_hub import constants
+
+    from eagle3.secrets import hf_token
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    (tmp_path / "token").write_text("hf_saved_by_login")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    assert hf_token() == "hf_saved_by_login"
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    assert hf_token() == "hf_from_env"
