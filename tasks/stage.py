@@ -6,7 +6,8 @@ stage, its plan fingerprint and the unit, plus the size and mtime of the unit's 
 while that file is missing (``output_cache_key``): the library already skips a finished unit cheaply, so the cache
 is only a shortcut that can never serve a unit whose output was deleted or cut short. A plan already done
 (``eagle3.stage.recorded_result``) never reaches the unit tasks: ``flows.stage.run_stage`` returns its recorded
-result. Library log records (``eagle3.*``) are forwarded to the run logger, so the Prefect UI shows what the library says.
+result. Library log records (``eagle3.*``) are forwarded to the run logger, so the Prefect UI shows what the
+library says.
 """
 
 from __future__ import annotations
