@@ -70,8 +70,20 @@ class ShardReport:
         return asdict(self)
 
 
+# tokenizer_config.json classes that are the plain fast (``tokenizers``) tokenizer: loaded without AutoTokenizer,
+# whose config machinery imports torch (~10 s of a regen command's start on a busy machine) for a tokenizer
+_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str) -> Any:
+    """The target's tokenizer (the class AutoTokenizer would pick); a plain fast tokenizer without importing torch."""
+    config = Path(path) / "tokenizer_config.json"
+    declared = json.loads(config.read_text()) if config.is_file() else {}
+    if declared.get("tokenizer_class") in _PLAIN_FAST and "auto_map" not in declared:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
