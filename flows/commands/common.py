@@ -233,12 +233,23 @@ def _temporary_server() -> Iterator[str]:
             time.sleep(0.2)
         yield api_url
     finally:
+        _drain_to(server)
         server.terminate()
         try:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _drain_to(server: subprocess.Popen[bytes]) -> None:
+    """Send the logs and events Prefect still holds while the server is up (else they fail after it stops)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    if server.poll() is None:
+        APILogWorker.drain_all(timeout=10)
+        EventsWorker.drain_all(timeout=10)
 
 
 def _healthy(api_url: str) -> bool:
