@@ -28,7 +28,7 @@ from eagle3.data.parquet import (
     shard_metadata,
     write_table,
 )
-from eagle3.data.template import TemplateError, template_hash
+from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
 from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
@@ -70,20 +70,12 @@ class ShardReport:
         return asdict(self)
 
 
-# tokenizer_config.json classes that are the plain fast (``tokenizers``) tokenizer: loaded without AutoTokenizer,
-# whose config machinery imports torch (~10 s of a regen command's start on a busy machine) for a tokenizer
-_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str) -> Any:
-    """The target's tokenizer (the class AutoTokenizer would pick); a plain fast tokenizer without importing torch."""
-    config = Path(path) / "tokenizer_config.json"
-    declared = json.loads(config.read_text()) if config.is_file() else {}
-    if declared.get("tokenizer_class") in _PLAIN_FAST and "auto_map" not in declared:
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path)
+    """The target's tokenizer: a plain fast one without AutoTokenizer's torch import (``load_local_tokenizer``)."""
+    local = load_local_tokenizer(path)
+    if local is not None:
+        return local
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
