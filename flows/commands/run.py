@@ -9,6 +9,7 @@ refuses the draft (the report path is printed either way), 2 on a config error.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
 
@@ -48,9 +49,9 @@ def register(app: typer.Typer) -> None:
         if cfg.dev.tiny_world:
             console.print("tiny world: built (or reused) by the run's first task, which logs where")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
-        from flows.pipeline import data_scaling
+        with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
+            from flows.pipeline import data_scaling
 
-        with prefect_api():
             state = data_scaling(
                 recipe=str(config) if config else recipe,
                 overrides=list(set_ or []),
