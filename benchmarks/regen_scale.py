@@ -1,10 +1,16 @@
-"""Regen client memory: peak RSS of the regen client at 1M prompts / at 10K prompts (goal <= 1.2).
+"""Regen at scale: peak RSS of the regen client at 1M prompts / at 10K prompts (goal <= 1.2), and Prefect's
+bookkeeping per shard at the real shard count as a fraction of one shard's work (``--flow-overhead``).
 
 The server is the reference server in synthetic mode (no model: a fixed number of cycling ids after a small fixed
 delay), so the client is the bottleneck. Each size runs ``python -m eagle3.regen`` in a fresh process (the stage
 runner the flow's tasks call) and reads its peak RSS from ``getrusage``. ``--quick``: 2K vs 50K prompts.
 
-    python benchmarks/regen_scale.py [--quick]
+``--flow-overhead N``: a plan of N shards of 2 prompts each (1M prompts are 500 shards of 2,000), run by the library
+runner (``eagle3.stage.run_stage``) and by the regen flow (a task per shard, against a Prefect API started before
+the clock starts), one after the other; (flow - library) / N is the bookkeeping per shard, printed against the
+library's time for one real 2,000-prompt shard on the same server (goal <= 0.05 of it).
+
+    python benchmarks/regen_scale.py [--quick] [--flow-overhead 500]
 """
 
 from __future__ import annotations
@@ -47,12 +53,59 @@ def peak_rss_mb(config_path: Path, prompts: Path) -> tuple[float, float]:
     return int(kb) / 1024, time.perf_counter() - start
 
 
+def scale_config(root: Path, tok: Path, url: str, run: str) -> PipelineConfig:
+    return PipelineConfig(
+        name="scale",
+        root=str(root / run),
+        target=TargetConfig(model_path=str(tok), num_layers=8, hidden_size=8, vocab_size=512),
+        regen=RegenConfig(servers=[url], concurrency_per_server=64, max_new_tokens=8),
+    )
+
+
+def flow_overhead(root: Path, tok: Path, url: str, shards: int, shard_size: int = 2_000) -> dict[str, float]:
+    """Seconds of Prefect bookkeeping per shard (flow minus library over ``shards`` 2-prompt shards) and the library's
+    seconds for one ``shard_size``-prompt shard."""
+    from eagle3.regen.stage import RegenStage
+    from eagle3.stage import run_stage
+    from flows.commands.common import prefect_api
+    from flows.regen import regen_flow
+
+    small = write_prompts(root / "fo-small", shards * 2, rows_per_shard=2)
+    one = write_prompts(root / "fo-one", shard_size, rows_per_shard=shard_size)
+    start = time.perf_counter()
+    run_stage(RegenStage(), scale_config(root, tok, url, "fo-one"), prompts_dir=one)
+    shard_s = time.perf_counter() - start
+    start = time.perf_counter()
+    run_stage(RegenStage(), scale_config(root, tok, url, "fo-lib"), prompts_dir=small)
+    library_s = time.perf_counter() - start
+    with prefect_api():
+        start = time.perf_counter()
+        regen_flow(scale_config(root, tok, url, "fo-flow"), prompts_dir=str(small))
+        flow_s = time.perf_counter() - start
+    per_shard = (flow_s - library_s) / shards
+    return {"shards": shards, "library_s": round(library_s, 1), "flow_s": round(flow_s, 1),
+            "bookkeeping_per_shard_s": round(per_shard, 3), f"one_{shard_size}_prompt_shard_s": round(shard_s, 1),
+            "fraction": round(per_shard / shard_s, 4)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2K vs 50K prompts")
     parser.add_argument("--delay", type=float, default=0.002)
     parser.add_argument("--sizes", type=int, nargs=2, default=None, help="Override: small and large prompt counts.")
+    parser.add_argument("--flow-overhead", type=int, default=None, metavar="SHARDS",
+                        help="Prefect bookkeeping per shard over SHARDS shards (instead of memory).")  # fmt: skip
     args = parser.parse_args()
+    if args.flow_overhead:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            tok = build_tokenizer_dir(root / "tok")
+            extra = ["--synthetic-tokens", "8", "--synthetic-delay", str(args.delay)]
+            with reference_server(None, extra_args=extra) as server:
+                result = flow_overhead(root, tok, server.url, args.flow_overhead)
+        print(json.dumps(result, indent=2))
+        print(f"prefect bookkeeping per shard / one 2,000-prompt shard = {result['fraction']:.4f}  (goal <= 0.05)")
+        return
     small, large = args.sizes or ((2_000, 50_000) if args.quick else (10_000, 1_000_000))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -62,12 +115,7 @@ def main() -> None:
         with reference_server(None, extra_args=extra) as server:
             for n in (small, large):
                 prompts = write_prompts(root / f"p{n}", n, rows_per_shard=2000)
-                config = PipelineConfig(
-                    name="scale",
-                    root=str(root / f"run{n}"),
-                    target=TargetConfig(model_path=str(tok), num_layers=8, hidden_size=8, vocab_size=512),
-                    regen=RegenConfig(servers=[server.url], concurrency_per_server=64, max_new_tokens=8),
-                )
+                config = scale_config(root, tok, server.url, f"run{n}")
                 path = root / f"config{n}.yaml"
                 path.write_text(config.to_yaml())
                 rss, wall = peak_rss_mb(path, prompts)

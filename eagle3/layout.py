@@ -12,7 +12,9 @@ A run root holds one directory per stage and fingerprint::
     <root>/gate/<fp>/      gate        report.json, report.md, *.png
     <root>/scaling/        scaling     curve.jsonl, curve.png (one ledger per run root, no fingerprint)
 
-A stage directory is finished when its ``manifest.json`` exists (``eagle3.runroot.Manifest``).
+A stage directory is finished when its ``manifest.json`` exists (``eagle3.runroot.Manifest``). A stage run that
+succeeded also leaves ``result-<stage>-<plan key>.json`` in its directory: the result of that exact plan, read back
+instead of running it again (``eagle3.stage.recorded_result``).
 
 **The input rule.** A stage reads the directory of its upstream stage whose fingerprint is the one the resolved
 config gives (the caller computes it); an explicit path always wins; when no such directory is finished, the error
@@ -53,6 +55,11 @@ CURVE_FILE = "curve.jsonl"
 
 _SHARD_RE = re.compile(r"^(?P<kind>[a-z]+)-(?P<index>\d{5})\.parquet$")
 SHARD_GLOB = "shard-[0-9][0-9][0-9][0-9][0-9].parquet"
+
+
+def stage_result_file(stage: str, plan_key: str) -> str:
+    """``result-<stage>-<plan key>.json``: a finished run's result (train and export share a directory)."""
+    return f"result-{stage}-{plan_key}.json"
 
 
 def shard_name(index: int, kind: str = "shard") -> str:

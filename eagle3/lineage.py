@@ -18,14 +18,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from eagle3.capture.run import features_fingerprint
 from eagle3.config import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint
 from eagle3.data.normalize import prompts_fingerprint
 from eagle3.layout import PLAN_FILE, VOCAB_FILE, find_input, stage_dir
 from eagle3.regen.plan import regen_fingerprint
 from eagle3.scaling import feature_set_fingerprint
-from eagle3.train.vocab import vocab_fingerprint
 
 # stage -> (the option that points at another directory, the command that produces it)
 _HINTS: dict[str, tuple[str, str]] = {
@@ -56,9 +54,13 @@ class Lineage:
 
     @cached_property
     def features_fp(self) -> str:
+        from eagle3.capture.run import features_fingerprint  # capture and vocab import torch: only when asked
+
         return features_fingerprint(self.config, self.regen_fp)
 
     def vocab_fp(self, features_dir: Path) -> str:
+        from eagle3.train.vocab import vocab_fingerprint
+
         return vocab_fingerprint(self.config, feature_set_fingerprint(features_dir))
 
     def stage_dir(self, stage: str) -> Path:

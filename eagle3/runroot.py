@@ -79,6 +79,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` atomically; rewriting identical content leaves the file and its mtime alone, so a re-run that
+    plans the same work (``plan.json``, ``failed_shards.json``) changes nothing in the run root."""
+    path = Path(path)
+    if path.is_file() and path.read_text() == text:
+        return
     with atomic_path(path) as tmp:
         tmp.write_text(text)
 

@@ -16,6 +16,11 @@ drive them all (DESIGN §1, §3).
                                             records failed units (then the caller raises ``UnitsFailed`` with
                                             the re-trigger command); else writes the manifest (the done marker)
 
+A run that succeeds records its result beside its outputs (``record_result``). A later run of the same plan reads
+it back (``recorded_result``) while every unit's output and the manifest are unchanged since, and does nothing
+else: no resources (regen's reference server), no unit, no finalize, no file written. A finished night costs its
+plans, not a server start, a trainer launch or a re-export.
+
 Plans, unit reports and results are frozen pydantic models: JSON on the wire (Prefect task parameters, Ray) and on
 disk. The config crosses every boundary as the validated ``PipelineConfig``; a stage never re-reads it.
 """
@@ -34,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.config import PipelineConfig
 from eagle3.errors import DataError
-from eagle3.layout import FAILED_SHARDS_FILE, write_failed_shards
+from eagle3.layout import FAILED_SHARDS_FILE, stage_result_file, write_failed_shards
+from eagle3.runroot import MANIFEST, atomic_path, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +160,11 @@ class Stage(ABC, Generic[P]):
         self, config: PipelineConfig, plan: P, reports: Sequence[UnitReport], failed: Sequence[Unit]
     ) -> StageResult: ...
 
+    def reuse_recorded(self, plan: P) -> bool:
+        """Whether a recorded result of this exact plan may stand in for running it (``recorded_result``); a plan
+        that asks for the work to be redone (the gate's ``force``) says no."""
+        return True
+
     def retrigger(self, plan: P, failed: Sequence[Unit]) -> str:
         """The command that re-runs only the failed units (in ``UnitsFailed``): by default the stage's command with
         the same config, since finished units are skipped."""
@@ -166,10 +177,48 @@ class Stage(ABC, Generic[P]):
                            failed=tuple(failed), retrigger=self.retrigger(plan, failed), **fields)  # fmt: skip
 
 
+def result_path(plan: Plan) -> Path:
+    """Where a successful run of ``plan`` records its result: keyed by the whole plan (fingerprint, units, inputs),
+    so a night over more shards, or another draft, is another record."""
+    return plan.out_dir / stage_result_file(plan.stage, fingerprint(plan.model_dump(mode="json")))
+
+
+def record_result(plan: Plan, result: StageResult) -> None:
+    """Record a successful run's result (written last, after every output it rests on; always rewritten, even when
+    identical, so the record stays newer than the outputs this run wrote)."""
+    if not result.failed:
+        with atomic_path(result_path(plan)) as tmp:
+            tmp.write_text(result.model_dump_json(indent=2))
+
+
+def recorded_result(stage: Stage[P], plan: P) -> StageResult | None:
+    """The result an earlier run of this exact plan recorded, when nothing it rests on changed since: every unit's
+    output (``unit_output``) and the stage manifest exist and none is newer than the record. None: run the stage.
+
+    A deleted or rewritten shard, a manifest written by a later, larger run, or a stage that asks to redo its work
+    (``reuse_recorded``) all mean None; the stage then runs as usual and skips its finished units itself."""
+    path = result_path(plan)
+    if not stage.reuse_recorded(plan) or not path.is_file():
+        return None
+    recorded_ns = path.stat().st_mtime_ns
+    outputs = [stage.unit_output(plan, unit) for unit in plan.units]
+    manifest = plan.out_dir / MANIFEST
+    for output in [o for o in outputs if o is not None] + ([manifest] if manifest.exists() else []):
+        if not output.exists() or output.stat().st_mtime_ns > recorded_ns:
+            return None
+    return StageResult.model_validate_json(path.read_text())
+
+
 def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Run a stage in this process without Prefect (``python -m``, benchmarks, tests): the same contract the flows
-    drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths."""
+    drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths; a plan
+    already done (``recorded_result``) is read back, not run."""
     plan = stage.plan(config, **inputs)
+    recorded = recorded_result(stage, plan)
+    if recorded is not None:
+        logger.info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,
+                    result_path(plan).name)  # fmt: skip
+        return recorded
     reports: list[UnitReport] = []
     failed: list[Unit] = []
     causes: dict[str, str] = {}
@@ -182,7 +231,9 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
                 logger.exception("%s %s %s failed", stage.name, stage.unit_name, futures[future])
                 failed.append(futures[future])
                 causes[str(futures[future])] = unit_error(exc)
-    return stage.finalize(config, plan, reports, failed).raise_for_failed(causes)
+    result = stage.finalize(config, plan, reports, failed)
+    record_result(plan, result)
+    return result.raise_for_failed(causes)
 
 
 def unit_error(exc: BaseException) -> str:

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config import PipelineConfig
-from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, unit_error
+from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, recorded_result, result_path, unit_error
 from flows.runners import shard_runner
 from tasks.common import Progress, artifact_key
 from tasks.stage import stage_tasks
@@ -27,9 +28,15 @@ POLL_S = 1.0  # how often the flow looks at unfinished units (and, every progres
 
 def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Plan, run every unit (a failed one never stops the others), finalize; raises ``UnitsFailed`` after
-    finalizing when units failed."""
+    finalizing when units failed. A plan an earlier run finished (``recorded_result``: decided from the plan and the
+    files alone) ends here with that run's result: no resources, unit or finalize task, no file written."""
     plan_task, unit_task, finalize_task = stage_tasks(stage)
     plan: Plan = plan_task(stage, config, inputs)
+    recorded = recorded_result(stage, plan)
+    if recorded is not None:
+        get_run_logger().info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,
+                              result_path(plan).name)  # fmt: skip
+        return recorded
     tracker = _progress(stage, plan, config)
     with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
         reports, failed, causes = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,

@@ -4,8 +4,10 @@ A stage adds nothing here but its name, unit name and retries (``Stage`` class a
 differs, its concurrency limit names (regen: one slot per persistent server). The unit task's cache key is the
 stage, its plan fingerprint and the unit, plus the size and mtime of the unit's output file, and there is no key
 while that file is missing (``output_cache_key``): the library already skips a finished unit cheaply, so the cache
-is only a shortcut that can never serve a unit whose output was deleted or cut short. Library log records
-(``eagle3.*``) are forwarded to the run logger, so the Prefect UI shows what the library says.
+is only a shortcut that can never serve a unit whose output was deleted or cut short. A plan already done
+(``eagle3.stage.recorded_result``) never reaches the unit tasks: ``flows.stage.run_stage`` returns its recorded
+result. Library log records (``eagle3.*``) are forwarded to the run logger, so the Prefect UI shows what the
+library says.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from prefect.states import State
 from eagle3.config import PipelineConfig
 from eagle3.errors import DataError, Stopped
 from eagle3.lineage import Lineage
-from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
+from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, record_result
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
 
 
@@ -99,10 +101,12 @@ def finalize_task(
     stage: Stage[Any], config: PipelineConfig, plan: Plan, reports: list[UnitReport], failed: list[Unit],
     causes: dict[str, str] | None = None,
 ) -> StageResult:
-    """Finalize (manifest when complete), publish the unit table and the summary, then apply the failure policy
-    (``causes``: the failed units' errors, which end its message)."""
+    """Finalize (manifest when complete), record a successful result (a re-run of this plan reads it back), publish
+    the unit table and the summary, then apply the failure policy (``causes``: the failed units' errors, which end its
+    message)."""
     with library_logs_to_run_logger():
         result = stage.finalize(config, plan, reports, failed)
+    record_result(plan, result)
     if result.table:
         key = stage.table_key or artifact_key(stage.name, f"{stage.unit_name}s", plan.fingerprint)
         publish_table(key, result.table, description=result.description or f"{stage.name} {stage.unit_name} states")

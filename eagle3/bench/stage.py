@@ -80,6 +80,9 @@ class GateStage(Stage[GatePlan]):
                                f"{result.out_dir}); run the gate again")  # fmt: skip
         return UnitReport(unit=unit, skipped=result.reused, detail={"passed": result.passed})
 
+    def reuse_recorded(self, plan: GatePlan) -> bool:
+        return not plan.force  # ``force`` measures again
+
     def retrigger(self, plan: GatePlan, failed: Sequence[Unit]) -> str:
         urls = {"baseline": plan.baseline_url, "spec": plan.spec_url, "champion": plan.champion_url}
         options = [f"--draft {d}" for d in plan.drafts] + [f"--{k}-url {url}" for k, url in urls.items() if url]

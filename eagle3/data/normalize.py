@@ -53,6 +53,7 @@ from eagle3.data.schema import (
     QUARANTINE_SCHEMA,
     TOO_LONG,
 )
+from eagle3.data.template import load_local_tokenizer
 from eagle3.runroot import Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,9 @@ def sample_id(messages: list[Message], input_ids: list[int] | None = None) -> st
 
 @lru_cache(maxsize=4)
 def _tokenizer(model_path: str, revision: str | None, trust_remote_code: bool) -> Any:
+    local = None if revision else load_local_tokenizer(model_path)  # no AutoTokenizer (torch) for a plain one
+    if local is not None:
+        return local
     from transformers import AutoTokenizer
 
     try:

@@ -11,8 +11,10 @@ the server would see.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 Message = dict[str, str]
@@ -27,6 +29,23 @@ class Rendered:
     input_ids: list[int]
     loss_mask: list[int]
     text: str
+
+
+# tokenizer_config.json classes that are the plain fast (``tokenizers``) tokenizer: loaded without AutoTokenizer,
+# whose config machinery imports torch and most of transformers (~10 s of a command's start on a busy machine)
+_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_local_tokenizer(path: Path | str) -> Any | None:
+    """The tokenizer of a local model directory whose config names the plain fast tokenizer (the class AutoTokenizer
+    would pick), loaded without AutoTokenizer; None for anything else (a Hub id, custom code, another class)."""
+    config = Path(path) / "tokenizer_config.json"
+    declared = json.loads(config.read_text()) if config.is_file() else {}
+    if declared.get("tokenizer_class") not in _PLAIN_FAST or "auto_map" in declared:
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
 
 
 def template_hash(tokenizer: Any) -> str:

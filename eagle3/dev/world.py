@@ -27,8 +27,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
-import transformers
 
 from eagle3.dev.samples import (
     BAD_ROWS_FILE,
@@ -38,7 +36,6 @@ from eagle3.dev.samples import (
     generate_conversations,
     write_samples,
 )
-from eagle3.dev.tiny_target import build_model, build_tokenizer, train_model
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +192,11 @@ def _write_pretokenized(world_root: Path, tokenizer: Any, spec: TinyWorldSpec, v
 
 def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], threads: int) -> TinyWorld:
     """Build every part of a world under `root` (a fresh directory) and return it, `world.json` not yet written."""
+    import torch  # only to build: resolving a recipe (every `eagle3 --recipe tiny` command) must not load them
+    import transformers
+
+    from eagle3.dev.tiny_target import build_model, build_tokenizer, train_model
+
     started = time.perf_counter()
     say(f"writing sample datasets ({spec.rows_per_source} rows per source)")
     samples = write_samples(root / "data", seed=spec.seed, rows_per_source=spec.rows_per_source)

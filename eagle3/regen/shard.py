@@ -31,7 +31,7 @@ from eagle3.data.parquet import (
     shard_metadata,
     write_table,
 )
-from eagle3.data.template import TemplateError, template_hash
+from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
 from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
@@ -78,6 +78,10 @@ class ShardReport:
 
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str) -> Any:
+    """The target's tokenizer: a plain fast one without AutoTokenizer's torch import (``load_local_tokenizer``)."""
+    local = load_local_tokenizer(path)
+    if local is not None:
+        return local
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)

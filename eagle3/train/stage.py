@@ -7,9 +7,12 @@ worker. An interrupted run (a kill, a retry) resumes from ``ckpt/latest``. The w
 module's logger, which the Prefect unit task forwards to the run logger; progress is read from ``metrics.jsonl``.
 
 ``ExportStage`` writes the SGLang directory ``<draft>/export`` from the latest checkpoint (validated before it is
-renamed into place); its summary markdown is the model card. Export is seconds of work and always reflects the
-latest checkpoint, so it is redone rather than skipped (the unit cache key on ``export/model.safetensors`` is the
-shortcut).
+renamed into place); its summary markdown is the model card. Its plan carries a fingerprint of the config fields the
+export reads (``export_settings``), so a finished export is read back (``eagle3.stage.recorded_result``) while the
+checkpoint, the export and those settings are unchanged, and redone when any of them changed.
+
+A finished night does neither: the train plan's recorded result stands for the trained draft (no worker is
+started, not even to find it is at its last step) and the export plan's for the export.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from eagle3.config import PipelineConfig
 from eagle3.errors import DATA_ERROR_PREFIX, DataError
 from eagle3.layout import CKPT_DIR, CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, stage_dir, write_failed_shards
 from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
-from eagle3.runroot import Manifest, atomic_write_text
+from eagle3.runroot import Manifest, atomic_write_text, fingerprint
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.distributed import run_workers, worker_command
@@ -139,10 +142,19 @@ def _trained(out_dir: Path) -> bool:
 class ExportPlan(Plan):
     features_dir: Path  # its manifest gives the layer ids the draft was trained on
     vocab: Path  # the vocab.safetensors file
+    settings: str  # fingerprint of the config fields the export reads: another value is another export plan
 
     @property
     def export_dir(self) -> Path:
         return self.out_dir / EXPORT_DIR
+
+
+def export_settings(config: PipelineConfig) -> str:
+    """The config fields ``export_draft`` reads beyond the checkpoint (dtype, served context, the model card's
+    target and sources, the Hub repo), as one fingerprint."""
+    return fingerprint(config.export.model_dump(mode="json"), config.train.precision, config.server.context_length,
+                       config.target.model_dump(mode="json"), [s.model_dump(mode="json") for s in config.sources],
+                       config.mix.total)  # fmt: skip
 
 
 class ExportStage(Stage[ExportPlan]):
@@ -156,7 +168,7 @@ class ExportStage(Stage[ExportPlan]):
     def plan(self, config: PipelineConfig, *, draft_dir: Path, vocab: Path, features_dir: Path) -> ExportPlan:
         draft = Path(draft_dir)
         return ExportPlan(stage=self.name, fingerprint=draft.name, out_dir=draft, features_dir=Path(features_dir),
-                          vocab=vocab_file(vocab))  # fmt: skip
+                          vocab=vocab_file(vocab), settings=export_settings(config))  # fmt: skip
 
     def run_unit(
         self, config: PipelineConfig, plan: ExportPlan, unit: Unit, *, env: Any = None,

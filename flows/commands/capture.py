@@ -16,6 +16,7 @@ from flows.commands.common import (
     SetOption,
     bad_input,
     console,
+    prefect_api,
     print_table,
     resolve_config,
     results,
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
         features_dir = features_dir_for(cfg, regen)
         ids = list(shard_ids) if shard_ids else None
         console.print(f"regen {regen} -> features {features_dir}")
-        with watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):
+        with prefect_api(), watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):
             state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
         if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
             raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)

@@ -4,6 +4,12 @@ the exit-code table.
 Streams: a command's result (a table, a report, the path it produced) goes to stdout, so it can be piped; progress,
 plans and status lines go to stderr (``console``).
 
+Every command that runs a flow does so inside :func:`prefect_api`, the one Prefect start-up policy: the server
+``PREFECT_API_URL`` names when one is configured (reused, nothing started), else a temporary local API server that
+this command starts, waits for up to ``PREFECT_STARTUP_TIMEOUT_S`` (a busy 2-core machine needs more than Prefect's
+own 20 s) and stops on exit, and that dies with the command even on ``kill -9`` (``eagle3.procs.die_with_parent``,
+as the reference server and the training workers do).
+
 A command that runs a long flow shows a progress bar (:func:`watch_progress`) polled from a library status function
 that reads the stage's files, so the flow needs no hook for it and the bar matches ``<stage> status`` output.
 
@@ -28,8 +34,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,12 +52,17 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from eagle3.config import PipelineConfig
+from eagle3.procs import die_with_parent, free_port
 from eagle3.recipes import resolve
 
 logger = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+# Seconds a temporary Prefect API server may take to answer (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
+# when set, wins): Prefect's own 20 s default fails stage commands on a busy machine.
+PREFECT_STARTUP_TIMEOUT_S = 120
 
 console = Console(stderr=True)  # progress and status
 results = Console(soft_wrap=True)  # never wrapped or cut, so `| grep` sees whole lines
@@ -180,3 +194,81 @@ def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0) -> Iterator[
     finally:
         stop.set()
         watcher.join()
+
+
+@contextmanager
+def prefect_api(*, meanwhile: Callable[[], object] | None = None) -> Iterator[None]:
+    """Run the block against a Prefect API: the configured ``PREFECT_API_URL`` (a local server the user keeps
+    running, reused), else a temporary server started for the block that never outlives this process.
+
+    ``meanwhile`` (e.g. importing the flow's modules) runs while a temporary server starts: the two largest fixed
+    costs of a command overlap instead of adding up."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value():
+        if meanwhile is not None:
+            meanwhile()
+        yield
+        return
+    with _temporary_server(meanwhile) as api_url, temporary_settings({PREFECT_API_URL: api_url}):
+        yield
+
+
+@contextmanager
+def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
+    """Prefect's ephemeral API server (the app and environment Prefect's own ephemeral mode uses, over the same
+    database), as a child of this process that dies with it; yields its API URL."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    port = free_port()
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+           "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}  # fmt: skip
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+               "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+    timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", PREFECT_STARTUP_TIMEOUT_S))
+    api_url = f"http://127.0.0.1:{port}/api"
+    console.print(f"prefect: starting a temporary API server on {api_url} (set PREFECT_API_URL to reuse one)")
+    server = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    try:
+        deadline = time.monotonic() + timeout_s
+        if meanwhile is not None:
+            meanwhile()
+        while not _healthy(api_url):
+            if server.poll() is not None:
+                raise CliError(f"Prefect's temporary API server exited with code {server.returncode} before it "
+                               "answered; set PREFECT_API_URL to a running server", code=EXIT_FAILED)  # fmt: skip
+            if time.monotonic() > deadline:
+                raise CliError(f"Prefect's temporary API server did not answer within {timeout_s:.0f} s; raise "
+                               "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS or set PREFECT_API_URL to a "
+                               "running server", code=EXIT_FAILED)  # fmt: skip
+            time.sleep(0.2)
+        yield api_url
+    finally:
+        _drain_to(server)
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _drain_to(server: subprocess.Popen[bytes]) -> None:
+    """Send the logs and events Prefect still holds while the server is up (else they fail after it stops)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    if server.poll() is None:
+        APILogWorker.drain_all(timeout=10)
+        EventsWorker.drain_all(timeout=10)
+
+
+def _healthy(api_url: str) -> bool:
+    import httpx
+
+    try:
+        return bool(httpx.get(f"{api_url}/health", timeout=5).status_code == 200)
+    except httpx.HTTPError:
+        return False

@@ -22,6 +22,7 @@ from flows.commands.common import (
     RecipeOption,
     SetOption,
     console,
+    prefect_api,
     print_json,
     print_table,
     resolve_config,
@@ -94,7 +95,7 @@ def register(app: typer.Typer) -> None:
         cfg = resolve_config(recipe, config, set_)
         from flows.discover import discover_flow
 
-        with _spinner("discover"):
+        with prefect_api(), _spinner("discover"):
             out = discover_flow(cfg)
         typer.echo(f"catalog: {out}/catalog.json")
 
@@ -108,7 +109,7 @@ def register(app: typer.Typer) -> None:
         from eagle3.runroot import Manifest
         from flows.normalize import prompts_flow
 
-        with _spinner("normalize"):
+        with prefect_api(), _spinner("normalize"):
             out = Path(prompts_flow(cfg))
         manifest = Manifest.read(out)
         stats = manifest.stats if manifest is not None else {}

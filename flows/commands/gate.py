@@ -15,6 +15,7 @@ from flows.commands.common import (
     RecipeOption,
     SetOption,
     console,
+    prefect_api,
     resolve_config,
     results,
 )
@@ -143,7 +144,7 @@ def gate(
     from flows.gate import gate_flow
 
     cfg = resolve_config(recipe, config, set_)
-    with console.status("running the gate (see the Prefect UI for progress)"):
+    with prefect_api(), console.status("running the gate (see the Prefect UI for progress)"):
         result = gate_flow(
             cfg,
             [str(d) for d in draft],

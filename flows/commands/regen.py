@@ -23,6 +23,7 @@ from flows.commands.common import (
     RecipeOption,
     SetOption,
     console,
+    prefect_api,
     print_json,
     resolve_config,
     watch_progress,
@@ -55,7 +56,7 @@ def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path 
     from flows.regen import regen_flow
 
     prompts_dir = Lineage(config).input("normalize", prompts)
-    with watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):
+    with prefect_api(), watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):
         state = regen_flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True)
     if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
         raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)

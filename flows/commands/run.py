@@ -1,16 +1,16 @@
 """``eagle3 run``: the whole pipeline for a recipe (the README's main command), as the ``data-scaling`` flow.
 
-Without ``PREFECT_API_URL`` the flow runs in Prefect's ephemeral mode (no server to start); with it, the run shows
-up in that server's UI. Killing the command at any point and running it again resumes: finished stages are skipped
+The flow runs against ``PREFECT_API_URL`` when it is set (the run shows up in that server's UI), else against a
+temporary API server the command starts and stops (``flows.commands.common.prefect_api``, the policy of every command
+that runs a flow). Killing the command at any point and running it again resumes: finished stages are skipped
 from their manifests, running shards resume from their journals. Exit code 0 when the gate passes, 1 when it
 refuses the draft (the report path is printed either way), 2 on a config error.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import logging
-import os
 from pathlib import Path
 
 import typer
@@ -22,6 +22,7 @@ from flows.commands.common import (
     RecipeOption,
     SetOption,
     console,
+    prefect_api,
     resolve_config,
     results,
 )
@@ -48,9 +49,9 @@ def register(app: typer.Typer) -> None:
         if cfg.dev.tiny_world:
             console.print("tiny world: built (or reused) by the run's first task, which logs where")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
-        from flows.pipeline import data_scaling
+        with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
+            from flows.pipeline import data_scaling
 
-        with _patient_ephemeral_server():
             state = data_scaling(
                 recipe=str(config) if config else recipe,
                 overrides=list(set_ or []),
@@ -58,17 +59,7 @@ def register(app: typer.Typer) -> None:
                 shard_ids=list(shard) if shard else None,
                 return_state=True,
             )
-        _report(state)
-
-
-def _patient_ephemeral_server() -> contextlib.AbstractContextManager[object]:
-    """Give Prefect's ephemeral server 120 s to start (its 20 s default times out on a busy 2-core machine),
-    unless the user set ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` themselves."""
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
-
-    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ:
-        return contextlib.nullcontext()
-    return temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120})
+            _report(state)
 
 
 def _report(state: object) -> None:

@@ -13,6 +13,7 @@ from flows.commands.common import (
     SetOption,
     bad_input,
     console,
+    prefect_api,
     resolve_config,
     results,
 )
@@ -38,7 +39,8 @@ def train(
     lineage = Lineage(cfg)
     features = lineage.input("capture", features)
     vocab = lineage.input("vocab", vocab, features_dir=features)
-    result = train_flow(cfg, str(features), str(vocab))
+    with prefect_api():
+        result = train_flow(cfg, str(features), str(vocab))
     results.print(f"[green]draft exported[/green]: {result['export']}")
 
 

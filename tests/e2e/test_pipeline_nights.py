@@ -6,11 +6,14 @@ The module is one story on one run root (tests run in file order and share it):
 2. the same command again finishes: prompts are not rebuilt, regen rows journaled before the kill are kept
    (their ``server`` is the first run's reference server), every sample appears exactly once;
 3. night 2 adds ``scale`` prompts: earlier regen and feature shards are untouched, only new shards are written,
-   and the scaling curve has two points.
+   and the scaling curve has two points;
+4. night 2 run again (its shards given explicitly) is a no-op: no process but the command and its Prefect API server
+   (no reference server, trainer or gate arm), and not one file of the run root written or touched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -20,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 from e2e_support import BIN, FAST_TINY, REPO, base_env, stop
@@ -120,3 +124,50 @@ def test_second_night_adds_only_new_shards_and_a_curve_point(story: dict[str, An
     assert len(points) == 2 and points[1]["total_prompts"] > points[0]["total_prompts"]
     assert points[1]["train_samples"] > points[0]["train_samples"]
     assert (root / "scaling" / "curve.png").is_file()
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
+    """path -> (mtime_ns, size, sha256) of every file under the run root."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _children_while_running(proc: subprocess.Popen[bytes]) -> set[str]:
+    """The command lines of every descendant the command started, polled until it exits (not the empty line of an
+    exited child, nor the command's own line, which a forked child shows until it executes its program)."""
+    seen: set[str] = set()
+    parent = psutil.Process(proc.pid)
+    own = " ".join(parent.cmdline())
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the no-op night did not finish"
+        try:
+            children = parent.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for child in children:
+            try:
+                seen.add(" ".join(child.cmdline()))
+            except psutil.Error:  # exited between the listing and the look
+                continue
+        time.sleep(0.1)
+    return seen - {"", own}
+
+
+def test_a_finished_night_run_again_starts_nothing_and_changes_no_file(story: dict[str, Any]):
+    root = story["root"]
+    shards = sorted(int(p.name[6:11]) for p in _regen_dir(root).glob("shard-*.parquet"))
+    before = _snapshot(root)
+    args = story["args"] + [arg for k in shards for arg in ("--shard", str(k))]
+    with open(story["log"], "ab") as log:
+        proc = subprocess.Popen(args, env=story["env"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        started = _children_while_running(proc)
+    assert proc.wait() in (0, 1), story["log"].read_text()[-4000:]  # 1 = the gate refused the tiny draft
+    others = {cmd for cmd in started if "prefect.server.api.server:create_app" not in cmd}
+    assert not others, f"a finished night started processes: {others}"
+    after = _snapshot(root)
+    changed = {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+    assert not changed, f"a finished night wrote or touched: {sorted(changed)}"

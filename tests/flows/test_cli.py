@@ -170,3 +170,53 @@ def test_watch_progress_polls_until_the_block_exits_and_once_more_after():
     settled = len(calls)
     assert settled >= 4, "the last poll after the block shows the final count"
     assert len(calls) == settled, "the watcher thread stopped with the block"
+
+
+def test_a_configured_prefect_api_is_reused_and_nothing_is_started(monkeypatch: pytest.MonkeyPatch):
+    import subprocess
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.commands.common import prefect_api
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started a server next to a configured one"))
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}), prefect_api():
+        assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
+
+
+_HOLD_A_TEMPORARY_API = """
+import time
+from prefect.settings import PREFECT_API_URL
+from flows.commands.common import prefect_api
+with prefect_api():
+    print(PREFECT_API_URL.value(), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_temporary_prefect_server_answers_and_dies_with_a_kill_9_of_its_command(tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(tmp_path), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
+    command = subprocess.Popen([sys.executable, "-c", _HOLD_A_TEMPORARY_API], env=env, stdout=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    try:
+        api_url = command.stdout.readline().strip()  # printed once the server answered
+        assert httpx.get(f"{api_url}/health", timeout=10).status_code == 200
+        (server,) = psutil.Process(command.pid).children()
+    finally:
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+    deadline = time.monotonic() + 30
+    while server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"Prefect's temporary server {server.pid} outlived its command"
+        time.sleep(0.2)

@@ -1,8 +1,11 @@
 """The generic stage tasks called as plain functions (``task.fn``), driven by the capture and vocab stages: plan,
-units, finalize, the failure policy and the unit cache key."""
+units, finalize, the failure policy and the unit cache key; and the recorded result that makes a finished plan cost
+nothing when it is run again."""
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ from eagle3.capture.stage import CaptureStage
 from eagle3.config import with_overrides
 from eagle3.layout import VOCAB_FILE, read_failed_shards
 from eagle3.runroot import Manifest
-from eagle3.stage import UnitsFailed
+from eagle3.stage import Plan, Stage, StageResult, UnitReport, UnitsFailed, recorded_result, run_stage
 from eagle3.train.vocab import VocabStage
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
@@ -70,3 +73,77 @@ def test_unit_cache_key_exists_only_while_the_output_does_and_follows_it(capture
     whole = unit_cache_key(None, params)
     (plan.out_dir / "shard-00000.parquet").write_bytes(b"x" * 60)
     assert whole.startswith(f"capture-{plan.fingerprint}-0-") and unit_cache_key(None, params) != whole
+
+
+class CountingStage(Stage[Plan]):
+    """Two units that each write one file, inside a resource that counts how often it was started (regen's server)."""
+
+    name = "counting"
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir, self.started, self.ran = out_dir, 0, []
+
+    def plan(self, config, **inputs) -> Plan:
+        return Plan(stage=self.name, fingerprint="fp", out_dir=self.out_dir, units=(0, 1))
+
+    @contextmanager
+    def resources(self, config, plan):
+        self.started += 1
+        yield "server"
+
+    def run_unit(self, config, plan, unit, *, env=None, on_progress=None) -> UnitReport:
+        self.ran.append(unit)
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
+        self.unit_output(plan, unit).write_text(f"unit {unit} with {env}")
+        return UnitReport(unit=unit, rows=1)
+
+    def unit_output(self, plan: Plan, unit) -> Path:
+        return plan.out_dir / f"out-{unit}.txt"
+
+    def finalize(self, config, plan, reports, failed) -> StageResult:
+        if failed:
+            return self.failed_result(plan, failed)
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
+                           summary={"rows": sum(r.rows for r in reports)})  # fmt: skip
+
+
+def _files(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_finished_plan_is_read_back_without_resources_units_or_writes(tmp_path, tiny_config):
+    stage = CountingStage(tmp_path / "stage")
+    first = run_stage(stage, tiny_config)
+    assert (stage.started, sorted(stage.ran), first.summary) == (1, [0, 1], {"rows": 2})
+    before = _files(tmp_path)
+
+    again = run_stage(stage, tiny_config)
+
+    assert again == first and stage.started == 1 and sorted(stage.ran) == [0, 1]  # no server, no unit ran
+    assert _files(tmp_path) == before  # not one file written or touched
+
+
+def test_a_deleted_or_rewritten_output_makes_the_plan_run_again(tmp_path, tiny_config):
+    stage = CountingStage(tmp_path / "stage")
+    plan = stage.plan(tiny_config)
+    run_stage(stage, tiny_config)
+    stage.unit_output(plan, 1).unlink()
+    assert recorded_result(stage, plan) is None
+    run_stage(stage, tiny_config)
+    assert stage.started == 2 and recorded_result(stage, plan) is not None
+    output = stage.unit_output(plan, 0)
+    os.utime(output, ns=(output.stat().st_mtime_ns + 10**9,) * 2)  # rewritten after the result was recorded
+    assert recorded_result(stage, plan) is None
+
+
+def test_a_failed_run_records_nothing_and_finalize_task_records_a_success(tmp_path, tiny_config, prefect_harness):
+    stage = CountingStage(tmp_path / "stage")
+    with disable_run_logger():
+        plan = plan_task.fn(stage, tiny_config, {})
+        report = unit_task.fn(stage, tiny_config, plan, 0)
+        with pytest.raises(UnitsFailed):
+            finalize_task.fn(stage, tiny_config, plan, [report], [1])
+        assert recorded_result(stage, plan) is None
+        report_1 = unit_task.fn(stage, tiny_config, plan, 1)
+        result = finalize_task.fn(stage, tiny_config, plan, [report, report_1], [])
+    assert recorded_result(stage, plan) == result

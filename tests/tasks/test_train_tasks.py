@@ -84,7 +84,8 @@ def test_train_and_export_cache_keys_exist_only_while_their_outputs_do(tmp_path)
         out, features, vocab = root / "drafts" / "fp", root / "features" / "f", root / "vocab" / "v"
         return (TrainPlan(stage="train", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab,
                           train_samples=8, planned_steps=4),
-                ExportPlan(stage="export", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab))
+                ExportPlan(stage="export", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab,
+                           settings="s"))
 
     def keys(root: Path) -> list[str | None]:
         train, export = plans(root)
