@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from eagle3.capture.backends import register_backend
-from eagle3.capture.schema import TORCH_DTYPES
+from eagle3.capture.encoding import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from eagle3.config import PipelineConfig
