@@ -96,8 +96,9 @@ class CaptureStage(Stage[CapturePlan]):
         """The disk budget, checked once before any unit writes (``eagle3.capture.budget``): shards already
         finished need nothing more."""
         todo = [path for i, path in plan.shards.items() if not self.unit_output(plan, i).exists()]
-        check_disk_budget(capture_estimate(config, todo), plan.out_dir, reserve_bytes=config.capture.disk_reserve_bytes,
-                          encoding=config.capture.encoding)
+        if todo:
+                check_disk_budget(capture_estimate(config, todo), plan.out_dir,
+                              reserve_bytes=config.capture.disk_reserve_bytes, encoding=config.capture.encoding)
         yield None
 
     def run_unit(
