@@ -25,8 +25,8 @@ def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_gr
     rng = random.Random(seed)
     aux_codec, last_codec = column_codecs(encoding, dtype, H)
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
-                           dtype=dtype, encoding=encoding, chat_template_hash="x", system_prompt_policy="keep", truncation="quarantine",
-                           max_seq_len=64, features_fingerprint="fp")
+                           dtype=dtype, encoding=encoding, chat_template_hash="x", system_prompt_policy="keep",
+                           truncation="quarantine", max_seq_len=64, features_fingerprint="fp")
     paths, k = [], 0
     for s in range(n_shards):
         table_rows = []
@@ -51,7 +51,7 @@ def _ids(batch) -> list[int]:
 
 @pytest.mark.parametrize(("encoding", "tolerance"), [("raw", 0.0), ("fp8_aux", 0.07), ("fp8_all", 0.07)])
 def test_batches_follow_the_training_contract(tmp_path, encoding, tolerance):
-    """Every encoding decodes to the same contract; fp8 (3 mantissa bits: 1/16 rounding, then bf16) within 7% of each value."""
+    """Every encoding decodes to the same contract; fp8 (3 mantissa bits: 1/16 rounding, then bf16) within 7%."""
     paths = _write_shards(tmp_path, n_shards=1, rows=10, encoding=encoding)
     ds = FeatureDataset(paths, batch_size=3, shuffle=False)
     batch = next(iter(ds))
