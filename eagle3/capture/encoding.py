@@ -128,5 +128,14 @@ def quantize(x: torch.Tensor, segments: int) -> tuple[torch.Tensor, torch.Tensor
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """fp8 ``values [..., W]`` times ``scales [..., S]`` (each over ``W/S`` values) -> ``[..., W]`` in ``dtype``."""
-    parts = values.float().unflatten(-1, (scales.shape[-1], -1))  # [..., W] -> [..., S, W/S]
-    return (parts * scales.unsqueeze(-1)).flatten(-2).to(dtype)
+    parts = fp8_as_half(values).float().unflatten(-1, (scales.shape[-1], -1))  # [..., W] -> [..., S, W/S]
+    return (parts * (scales * 2.0**8).unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def fp8_as_half(values: torch.Tensor) -> torch.Tensor:
+    """e4m3 values as float16, each exactly ``value * 2**-8``, by moving the bits: sign to bit 15, exponent and
+    mantissa (7 bits) to bits 7-13. The exponent biases differ by 8 (7 vs 15) and e4m3 subnormals land on fp16
+    subnormals, so every finite e4m3 value maps exactly. Why: torch's own fp8 -> float conversion is a scalar loop
+    on CPU (~2x slower than these three vector integer ops); fp16 -> float32 is a vector instruction."""
+    bits = values.view(torch.uint8).to(torch.int16)
+    return (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).view(torch.float16)

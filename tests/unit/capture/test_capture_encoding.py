@@ -75,3 +75,10 @@ def test_capture_is_refused_before_writing_when_the_estimate_does_not_fit(make_c
     assert f"{estimate.tokens:,} tokens" in message and "free at" in message and "disk_reserve_bytes" in message
     assert not out.exists() and not (config.root_path / "features").exists()  # nothing written
     assert json.dumps(message).count("\\n") == 0  # one line
+
+
+def test_every_finite_fp8_value_decodes_exactly():
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~codes.float().isnan()
+    decoded = dequantize(codes[finite], torch.ones(1), torch.float32)
+    assert torch.equal(decoded, codes[finite].float())
