@@ -113,12 +113,13 @@ def compare_encodings(config: PipelineConfig, target, tokenizer, inputs, batches
     cpu = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     h, out = config.target.hidden_size, {}
     for encoding in encodings:
-        train_on_source(config, ListBatchSource(as_stored(batches, encoding)), inputs, work / f"enc-{encoding}", cpu)
+        summary = train_on_source(config, ListBatchSource(as_stored(batches, encoding)), inputs,
+                                  work / f"enc-{encoding}", cpu)
         export_draft(config, work / f"enc-{encoding}", work / "vocab.safetensors", None, work / f"export-{encoding}")
         decoder = SpeculativeDecoder(target, tokenizer, work / f"export-{encoding}", config.speculative.num_steps,
                                      "eagle3")
         stats = evaluate_acceptance(decoder, held, max_new_tokens=max_new, eos_ids=[eos])
-        out[encoding] = {"accept": round(stats["accept_length"], 3),
+        out[encoding] = {"accept": round(stats["accept_length"], 3), "final_loss": summary["final_loss"],
                          "bytes_per_token_over_8H": round(bytes_per_token(encoding, "bfloat16", h) / (8 * h), 3)}
     base = out.get("raw", {}).get("accept")
     for row in out.values():

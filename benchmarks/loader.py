@@ -2,7 +2,7 @@
 (goal <= 1.05), side by side in one run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
 
     python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4] [--encoding raw]
-                                [--codec lz4] [--prefetch 2]
+                                [--codec zstd] [--prefetch 2]
 
 Feature shards hold random bf16 states in ``--encoding`` with ``--codec`` on the state columns (the loader's cost
 does not depend on their values); batches come out as float32 on the CPU as the trainer consumes them there (fp8
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--encoding", default="raw", choices=["raw", "fp8_aux", "fp8_all"])
-    parser.add_argument("--codec", default="lz4", choices=["none", "lz4", "zstd"])
+    parser.add_argument("--codec", default="zstd", choices=["none", "lz4", "zstd"])
     parser.add_argument("--prefetch", type=int, default=2, help="batches the reader thread collates ahead")
     args = parser.parse_args()
     if args.quick:
