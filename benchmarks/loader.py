@@ -1,11 +1,14 @@
 """Loader (DESIGN §9): train-step time with the Parquet ``FeatureDataset`` / with the same batches already in memory
 (goal <= 1.05), side by side in one run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
 
-    python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4]
+    python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4] [--encoding raw]
+                                [--codec zstd] [--prefetch 2]
 
-Feature shards hold random bf16 states (the loader's cost does not depend on their values); batches come out as
-float32 as the trainer consumes them. The shards have a manifest, so the loader verifies their sha256 when it is
-built (``eagle3.integrity``): that one-off cost is timed with the loader's epoch and also reported alone.
+Feature shards hold random bf16 states in ``--encoding`` with ``--codec`` on the state columns (the loader's cost
+does not depend on their values); batches come out as float32 on the CPU as the trainer consumes them there (fp8
+decodes on the CPU then, on the reader thread). The shards have a manifest, so
+the loader verifies their sha256 when it is built (``eagle3.integrity``): that one-off cost is timed with the
+loader's epoch and also reported alone.
 """
 
 from __future__ import annotations
@@ -21,26 +24,30 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
+from eagle3.capture.encoding import column_codecs
+from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
 from eagle3.integrity import damaged_files
 from eagle3.runroot import FileEntry, Manifest
 from eagle3.train.data import FeatureDataset
 
 
-def write_features(out: Path, rows: int, hidden: int, seed: int = 0) -> list[Path]:
+def write_features(out: Path, rows: int, hidden: int, *, encoding: str, codec: str, seed: int = 0) -> list[Path]:
     rng = random.Random(seed)
+    aux_codec, last_codec = column_codecs(encoding, "bfloat16", hidden)
     meta = footer_metadata(target_model="bench", target_revision=None, hidden_size=hidden, num_layers=8,
-                           layer_ids=[2, 4, 5], dtype="bfloat16", chat_template_hash="-", system_prompt_policy="keep",
-                           truncation="quarantine", max_seq_len=4096, features_fingerprint="bench")
+                           layer_ids=[2, 4, 5], dtype="bfloat16", encoding=encoding, chat_template_hash="-",
+                           system_prompt_policy="keep", truncation="quarantine", max_seq_len=4096,
+                           features_fingerprint="bench")
+    compression = {n: codec if n in ("aux_hidden", "last_hidden") else "zstd" for n in FEATURE_SCHEMA.names}
     with ShardWriter(out, FEATURE_SCHEMA, rows_per_shard=max(rows // 2, 1), row_group_bytes=16 * 2**20,
-                     metadata=meta) as writer:
+                     metadata=meta, compression=compression) as writer:
         for i in range(rows):
             n = rng.randint(128, 1024)
             writer.write_table(feature_table([{
                 "sample_id": f"s{i}", "input_ids": [rng.randrange(2048) for _ in range(n)], "loss_mask": [1] * n,
-                "seq_len": n, "aux_hidden": tensor_bytes(torch.randn(n, 3 * hidden), "bfloat16"),
-                "last_hidden": tensor_bytes(torch.randn(n, hidden), "bfloat16")}]))
+                "seq_len": n, "aux_hidden": aux_codec.encode(torch.randn(n, 3 * hidden)),
+                "last_hidden": last_codec.encode(torch.randn(n, hidden))}]))
         paths = [info.path for info in writer.close()]
     files = [FileEntry.of(p, rows=pq.ParquetFile(p).metadata.num_rows, base=out) for p in paths]
     Manifest("features", out.name, files=files).write(out)
@@ -78,13 +85,17 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--encoding", default="raw", choices=["raw", "fp8_aux", "fp8_all"])
+    parser.add_argument("--codec", default="zstd", choices=["none", "lz4", "zstd"])
+    parser.add_argument("--prefetch", type=int, default=2, help="batches the reader thread collates ahead")
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.rows = 256, 32
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_features(Path(tmp), args.rows, args.hidden)
-        make = lambda: FeatureDataset(paths, batch_size=args.batch_size, seed=0, hidden_dtype=torch.float32)  # noqa: E731
+        paths = write_features(Path(tmp), args.rows, args.hidden, encoding=args.encoding, codec=args.codec)
+        make = lambda: FeatureDataset(paths, batch_size=args.batch_size, seed=0, hidden_dtype=torch.float32,  # noqa: E731
+                                      prefetch=args.prefetch)
         memory = list(make())
         model = DraftLike(args.hidden)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -102,6 +113,7 @@ def main() -> None:
     loader_s += build_s
     print(json.dumps({
         "hidden": args.hidden, "rows": args.rows, "steps": steps, "batch_size": args.batch_size,
+        "encoding": args.encoding, "codec": args.codec, "prefetch": args.prefetch,
         "step_ms_in_memory": round(1000 * mem / steps, 2), "step_ms_loader": round(1000 * loader_s / steps, 2),
         "ratio_loader_over_memory": round(loader_s / mem, 3), "goal": "<= 1.05",
         "verify_s": round(verify_s, 3), "verify_share_of_loader_epoch": round(verify_s / loader_s, 4),

@@ -223,6 +223,23 @@ class CaptureConfig(StrictModel):
     max_seq_len: int = Field(default=4096, gt=0)
     truncation: Literal["quarantine", "truncate"] = "quarantine"
     row_group_bytes: int = Field(default=64 * 2**20, gt=0)
+    encoding: Literal["raw", "fp8_aux", "fp8_all"] = Field(
+        default="raw",
+        description="How hidden states are stored (eagle3.capture.encoding): raw in capture.dtype (8*H bytes per "
+        "token in bf16), fp8_aux (aux states fp8 + per-token scales: ~5*H), fp8_all (final state too: ~4*H).",
+    )
+    hidden_compression: Literal["none", "lz4", "zstd"] = Field(
+        default="zstd",
+        description="Parquet codec of the two hidden-state columns (the others use zstd). Measured by "
+        "benchmarks/storage.py (BENCHMARKS.md): zstd stores bf16 at 0.78 and fp8 at 0.82 of their size (the fp8 "
+        "codes' entropy; higher levels gain nothing); lz4 saves nothing on either; none reads fastest.",
+    )
+    disk_reserve_bytes: int = Field(
+        default=4 * 2**30,
+        ge=0,
+        description="Free space to keep at the features root beyond the capture estimate; capture refuses to "
+        "start when free < estimate + reserve.",
+    )
 
     @field_validator("layer_convention", mode="before")
     @classmethod

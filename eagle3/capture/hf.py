@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from eagle3.capture.backends import register_backend
-from eagle3.capture.schema import TORCH_DTYPES
+from eagle3.capture.encoding import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from eagle3.config import PipelineConfig
@@ -88,7 +88,8 @@ class HFBackend:
         states = out.hidden_states
         if len(states) != self.num_layers + 1:
             raise RuntimeError(f"model returned {len(states)} hidden states, expected {self.num_layers + 1}")
-        aux = torch.cat([states[i] for i in self.layer_ids], dim=-1)  # 3 x [B, T, H] -> [B, T, 3H]
+        # 3 x [B, T, H] -> [B, T, 3H]; spread over GPUs (device_map), each layer's state lives on its layer's GPU
+        aux = torch.cat([states[i].to(self.device) for i in self.layer_ids], dim=-1)
         for b, n in enumerate(lengths):
             yield aux[b, :n], last[b, :n]
 

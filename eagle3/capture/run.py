@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import torch
 
 from eagle3.capture.backends import CaptureBackend, make_backend
+from eagle3.capture.encoding import ColumnCodec, column_codecs
 from eagle3.capture.schema import (
     CAPTURE_QUARANTINE_SCHEMA,
     FEATURE_SCHEMA,
@@ -45,7 +46,6 @@ from eagle3.capture.schema import (
     REASON_TOO_LONG,
     feature_table,
     footer_metadata,
-    tensor_bytes,
 )
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_metadata, write_table
@@ -70,7 +70,8 @@ class Sample:
 
 
 def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
-    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, length policy."""
+    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, encoding, length
+    policy. (Not the Parquet codecs: they change bytes on disk, not the states a reader gets back.)"""
     return fingerprint(
         "features",
         regen_fp,
@@ -79,6 +80,7 @@ def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
         config.sglang_layer_ids,
         LAYER_CONVENTION,
         config.capture.dtype,
+        config.capture.encoding,
         config.capture.max_seq_len,
         config.capture.truncation,
     )
@@ -119,6 +121,7 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
         num_layers=target.num_layers,
         layer_ids=config.sglang_layer_ids,
         dtype=config.capture.dtype,
+        encoding=config.capture.encoding,
         chat_template_hash=_template_hash(target.model_path, target.revision),
         system_prompt_policy=config.normalize.system_prompt_policy,
         truncation=config.capture.truncation,
@@ -195,10 +198,12 @@ def _scan_parts(parts_dir: Path) -> tuple[list[Path], list[Path], set[str], int]
 
 
 def _capture_batch(
-    backend: CaptureBackend, batch: Sequence[Sample], *, hidden_size: int, dtype: str
+    backend: CaptureBackend, batch: Sequence[Sample], *, hidden_size: int, codecs: tuple[ColumnCodec, ColumnCodec]
 ) -> tuple[list[dict], list[dict]]:
-    """Forward one batch; rows for the feature table and quarantined rows (non-finite states)."""
+    """Forward one batch; rows for the feature table (states encoded on the backend's device) and quarantined rows
+    (non-finite states)."""
     rows, quarantined = [], []
+    aux_codec, last_codec = codecs
     outputs = backend.forward([s.input_ids for s in batch])
     for sample, (aux, last) in zip(batch, outputs, strict=True):
         n = len(sample.input_ids)
@@ -216,8 +221,8 @@ def _capture_batch(
                 "input_ids": sample.input_ids,
                 "loss_mask": sample.loss_mask,
                 "seq_len": n,
-                "aux_hidden": tensor_bytes(aux, dtype),
-                "last_hidden": tensor_bytes(last, dtype),
+                "aux_hidden": aux_codec.encode(aux),
+                "last_hidden": last_codec.encode(last),
             }
         )
     return rows, quarantined
@@ -299,11 +304,11 @@ def _run_batches(
 ) -> int:
     """Forward ``todo`` in planned batches, one atomic part file (+ quarantine part) per batch; returns tokens."""
     tokens, done = 0, done_before
+    codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size)
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
         batch = [todo[i] for i in batch_idx]
-        rows, quarantined = _capture_batch(backend, batch, hidden_size=config.target.hidden_size,
-                                           dtype=config.capture.dtype)
+        rows, quarantined = _capture_batch(backend, batch, hidden_size=config.target.hidden_size, codecs=codecs)
         if quarantined:  # written first: a kill between the two files only redoes this batch's good rows
             q_table = pa.Table.from_pylist(quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
             write_table(parts_dir / f"quarantine-{index:05d}.part-{k:05d}.parquet", q_table, metadata=footer)
@@ -314,6 +319,13 @@ def _run_batches(
         if progress is not None:
             progress(done, total, tokens)
     return tokens
+
+
+def feature_compression(config: PipelineConfig) -> dict[str, str]:
+    """Parquet codec per feature column: ``capture.hidden_compression`` for the two state columns, zstd for the
+    small rest (ids and masks compress well and cost little to decode)."""
+    hidden = config.capture.hidden_compression
+    return {name: hidden if name in ("aux_hidden", "last_hidden") else "zstd" for name in FEATURE_SCHEMA.names}
 
 
 def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:
@@ -334,7 +346,7 @@ def _merge(
     q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=footer)
     shard.with_name(shard.name + ".tmp").unlink(missing_ok=True)
     with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index, row_group_bytes=config.capture.row_group_bytes,
-                     metadata=footer) as writer:
+                     metadata=footer, compression=feature_compression(config)) as writer:
         for part in feature_parts:
             writer.write_table(pq.read_table(part).cast(FEATURE_SCHEMA))
         infos = writer.close()

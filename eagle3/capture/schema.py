@@ -1,22 +1,21 @@
 """The features/ contract (DESIGN §3): columns, footer metadata and the per-shard quarantine.
 
-One row per sample. Hidden states are stored as raw little-endian bytes in ``binary`` columns (``seq_len x 3H`` and
-``seq_len x H``), so a reader can view them as tensors without decoding; the element type is the footer's ``dtype``
-(``bfloat16`` or ``float32``). Each value is one row's states, so a Kimi-sized row (hundreds of MB) never crosses
-Arrow's 2 GiB per-array limit as long as arrays are built per row (``hidden_column``).
+One row per sample. Hidden states are stored as bytes in ``binary`` columns (``seq_len x 3H`` and ``seq_len x H``),
+so a reader can view them as tensors without decoding; how (raw in the footer's ``dtype``, or fp8 with per-token
+scales) is the footer's ``encoding`` (``eagle3.capture.encoding``). Each value is one row's states, so a
+Kimi-sized row (hundreds of MB) never crosses Arrow's 2 GiB per-array limit as long as arrays are built per row
+(``hidden_column``).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import torch
 
+from eagle3.capture.encoding import ENCODINGS, TORCH_DTYPES, ColumnCodec, column_codecs
 from eagle3.runroot import versions
 
 FEATURE_SCHEMA = pa.schema(
@@ -44,9 +43,6 @@ REASON_NON_FINITE = "non_finite"
 REASON_BAD_INPUT = "bad_input"
 
 LAYER_CONVENTION = "input_of_layer"
-TORCH_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-# The integer dtype of the same width, used to move bf16 through numpy/arrow (numpy has no bfloat16).
-STORAGE_VIEW: dict[str, torch.dtype] = {"bfloat16": torch.int16, "float32": torch.float32}
 
 REQUIRED_FOOTER_KEYS: tuple[str, ...] = (
     "target_model",
@@ -56,6 +52,7 @@ REQUIRED_FOOTER_KEYS: tuple[str, ...] = (
     "layer_ids",
     "layer_convention",
     "dtype",
+    "encoding",
     "chat_template_hash",
     "system_prompt_policy",
     "eagle3_version",
@@ -70,6 +67,7 @@ def footer_metadata(
     num_layers: int,
     layer_ids: Sequence[int],
     dtype: str,
+    encoding: str,
     chat_template_hash: str,
     system_prompt_policy: str,
     truncation: str,
@@ -85,6 +83,7 @@ def footer_metadata(
         "layer_ids": json.dumps(list(layer_ids)),
         "layer_convention": LAYER_CONVENTION,
         "dtype": dtype,
+        "encoding": encoding,
         "chat_template_hash": chat_template_hash,
         "system_prompt_policy": system_prompt_policy,
         "truncation": truncation,
@@ -101,14 +100,10 @@ def check_footer(meta: dict[str, str], *, path: Any) -> None:
         raise ValueError(f"{path}: feature shard footer lacks {missing}; re-run `eagle3 capture` to rebuild it")
     if meta["dtype"] not in TORCH_DTYPES:
         raise ValueError(f"{path}: footer dtype {meta['dtype']!r} is not one of {sorted(TORCH_DTYPES)}")
+    if meta["encoding"] not in ENCODINGS:
+        raise ValueError(f"{path}: footer encoding {meta['encoding']!r} is not one of {list(ENCODINGS)}")
     if meta["layer_convention"] != LAYER_CONVENTION:
         raise ValueError(f"{path}: layer convention {meta['layer_convention']!r}, expected {LAYER_CONVENTION!r}")
-
-
-def tensor_bytes(x: torch.Tensor, dtype: str) -> bytes:
-    """Little-endian bytes of ``x`` in the storage ``dtype`` (bf16 moves through an int16 view)."""
-    x = x.detach().to(device="cpu", dtype=TORCH_DTYPES[dtype]).contiguous()
-    return x.view(STORAGE_VIEW[dtype]).numpy().tobytes()
 
 
 def hidden_column(values: Sequence[bytes]) -> pa.ChunkedArray:
@@ -132,31 +127,6 @@ def feature_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
     return table.cast(FEATURE_SCHEMA)
 
 
-def binary_tensors(column: pa.ChunkedArray | pa.Array, dtype: str, width: int) -> list[torch.Tensor]:
-    """View each value of a hidden-state binary column as a ``[seq_len, width]`` tensor, without copying.
-
-    ``torch.frombuffer`` wraps the Arrow data buffer in place (keeping it alive); bf16 is read as int16 and
-    reinterpreted. The tensors are read-only views: copy before writing into them."""
-    view, out = STORAGE_VIEW[dtype], []
-    itemsize = torch.empty((), dtype=view).element_size()
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    with warnings.catch_warnings():  # Arrow buffers are read-only; the views are never written to
-        warnings.simplefilter("ignore", UserWarning)
-        for chunk in chunks:
-            out += _views(chunk, view, itemsize, dtype, width)
-    return out
-
-
-def _views(chunk: pa.Array, view: torch.dtype, itemsize: int, dtype: str, width: int) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    if len(chunk) == 0:
-        return out
-    _validity, offsets_buf, data = chunk.buffers()
-    offsets = memoryview(offsets_buf).cast("i")[chunk.offset : chunk.offset + len(chunk) + 1]
-    for start, end in itertools.pairwise(offsets):
-        count = (end - start) // itemsize
-        if count == 0 or count % width:
-            raise ValueError(f"hidden-state value of {end - start} bytes is not a multiple of width {width}")
-        flat = torch.frombuffer(data, dtype=view, count=count, offset=start)
-        out.append(flat.view(TORCH_DTYPES[dtype]).view(count // width, width))
-    return out
+def footer_codecs(meta: dict[str, str]) -> tuple[ColumnCodec, ColumnCodec]:
+    """The (aux, final-state) column codecs a checked footer describes."""
+    return column_codecs(meta["encoding"], meta["dtype"], int(meta["hidden_size"]))

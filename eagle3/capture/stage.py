@@ -9,11 +9,13 @@ prompt set adds shards to it instead of recapturing old ones.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from eagle3.capture.budget import capture_estimate, check_disk_budget
 from eagle3.capture.run import (
     REGEN_INPUT_SCHEMA,
     capture_shard,
@@ -88,6 +90,16 @@ class CaptureStage(Stage[CapturePlan]):
         out = features_dir_for(config, regen)
         return CapturePlan(stage=self.name, fingerprint=out.name, out_dir=out, units=tuple(ready), regen_dir=regen,
                            shards=ready, missing=missing)  # fmt: skip
+
+    @contextlib.contextmanager
+    def resources(self, config: PipelineConfig, plan: CapturePlan) -> Iterator[None]:
+        """The disk budget, checked once before any unit writes (``eagle3.capture.budget``): shards already
+        finished need nothing more."""
+        todo = [path for i, path in plan.shards.items() if not self.unit_output(plan, i).exists()]
+        if todo:
+                check_disk_budget(capture_estimate(config, todo), plan.out_dir,
+                              reserve_bytes=config.capture.disk_reserve_bytes, encoding=config.capture.encoding)
+        yield None
 
     def run_unit(
         self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,

@@ -53,7 +53,7 @@ class ShardWriter:
         rows_per_shard: int | None = None,
         row_group_bytes: int = 64 * 2**20,
         metadata: Mapping[str, str] | None = None,
-        compression: str = "zstd",
+        compression: str | Mapping[str, str] = "zstd",  # one codec, or one per column name
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,12 @@ Design choices:
   packing), so the position ``(epoch, step)`` resumes exactly; ``state_dict`` also reports the row group index and
   row the next batch starts at, plus a plan fingerprint that refuses to resume on different data.
 * Hidden states become tensors without an extra copy: ``torch.frombuffer`` over the decompressed Arrow buffers
-  (bf16 is stored as int16 and reinterpreted). The one copy is into the padded batch tensors.
+  (``eagle3.capture.encoding``: raw bf16 is stored as int16 and reinterpreted; fp8 values and their per-token
+  scales are two views of one value). The one copy is into the padded batch tensors, kept in the stored form
+  (bf16, fp8 + scales) and decoded to ``hidden_dtype`` on ``device`` (the GPU when training there), except raw
+  states for a CPU consumer, converted during the copy.
+* Reading, decompressing and collating run on one background thread, ``prefetch`` batches ahead of the consumer
+  (Arrow's decompression and torch's copies release the GIL), so the training step does not wait for the disk.
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """
@@ -24,8 +29,9 @@ import itertools
 import json
 import logging
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +42,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset
 
-from eagle3.capture.schema import FEATURE_SCHEMA, TORCH_DTYPES, binary_tensors, check_footer
+from eagle3.capture.encoding import FP8, TORCH_DTYPES, ColumnCodec, Encoded, dequantize
+from eagle3.capture.schema import FEATURE_SCHEMA, check_footer, footer_codecs
 from eagle3.data.parquet import open_shard
 from eagle3.integrity import verify_files
 from eagle3.runroot import fingerprint
@@ -58,8 +65,8 @@ class RowGroup:
 class _Decoded:
     input_ids: list[torch.Tensor]
     loss_mask: list[torch.Tensor]
-    aux: list[torch.Tensor]
-    last: list[torch.Tensor]
+    aux: list[Encoded]
+    last: list[Encoded]
 
 
 def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -89,7 +96,7 @@ class FeatureDataset(IterableDataset):
     last_hidden [B,T,H]`` (right padding) from feature shards; one pass of ``__iter__`` is one epoch.
 
     ``shards`` is a finished features directory (its manifest lists the shards) or shard paths. ``hidden_dtype``
-    None keeps the stored dtype (footer ``dtype``)."""
+    None keeps the stored dtype (footer ``dtype``); batches come out on ``device``."""
 
     def __init__(
         self,
@@ -103,6 +110,8 @@ class FeatureDataset(IterableDataset):
         shuffle: bool = True,
         pack: bool = False,
         hidden_dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+        prefetch: int = 2,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -114,8 +123,9 @@ class FeatureDataset(IterableDataset):
         self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
         self._files: list[pq.ParquetFile] = []
         self.groups: list[RowGroup] = []
-        self.dtype, self.hidden_size = self._scan()
+        self.dtype, self.hidden_size, (self.aux_codec, self.last_codec) = self._scan()
         self.hidden_dtype = hidden_dtype or TORCH_DTYPES[self.dtype]
+        self.device, self.prefetch = torch.device(device), prefetch
         self.epoch, self.step = 0, 0
         self._plans: dict[int, list[Batch]] = {}
         self._cache: OrderedDict[int, _Decoded] = OrderedDict()
@@ -123,26 +133,27 @@ class FeatureDataset(IterableDataset):
         self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
                                     rank, world_size, batch_size, pack, max_seq_len)
 
-    def _scan(self) -> tuple[str, int]:
+    def _scan(self) -> tuple[str, int, tuple[ColumnCodec, ColumnCodec]]:
         """Open every shard (footer + schema validated), read row counts and lengths per row group."""
-        dtypes, hidden = set(), set()
+        dtypes, hidden, codecs = set(), set(), set()
         for s, path in enumerate(self.paths):
             pf = open_shard(path, schema=FEATURE_SCHEMA)
             meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
             check_footer(meta, path=path)
             dtypes.add(meta["dtype"])
             hidden.add(int(meta["hidden_size"]))
+            codecs.add(footer_codecs(meta))
             self._files.append(pf)
             for rg in range(pf.num_row_groups):
                 lengths = pf.read_row_group(rg, columns=["seq_len"]).column(0).to_pylist()
                 if lengths:
                     self.groups.append(RowGroup(s, rg, tuple(lengths)))
-        if len(dtypes) > 1 or len(hidden) > 1:
-            raise ValueError(f"feature shards mix dtypes {sorted(dtypes)} / hidden sizes {sorted(hidden)}; "
-                             "train on shards of one capture stage")
+        if len(dtypes) > 1 or len(hidden) > 1 or len(codecs) > 1:
+            raise ValueError(f"feature shards mix dtypes {sorted(dtypes)} / hidden sizes {sorted(hidden)} / "
+                             "encodings; train on shards of one capture stage")
         if not self.groups:
             raise ValueError(f"no rows in feature shards {[str(p) for p in self.paths]}")
-        return dtypes.pop(), hidden.pop()
+        return dtypes.pop(), hidden.pop(), codecs.pop()
 
     # ---- the plan -------------------------------------------------------------------------------------------
 
@@ -207,12 +218,11 @@ class FeatureDataset(IterableDataset):
         table = self._files[group.shard].read_row_group(group.row_group)
         if table.num_rows != len(group.lengths):
             raise ValueError(f"{self.paths[group.shard]} changed while training (row group {group.row_group})")
-        h = self.hidden_size
         decoded = _Decoded(
             input_ids=_list_column(table.column("input_ids"), torch.int64),
             loss_mask=_list_column(table.column("loss_mask"), torch.bool),
-            aux=binary_tensors(table.column("aux_hidden"), self.dtype, 3 * h),
-            last=binary_tensors(table.column("last_hidden"), self.dtype, h),
+            aux=self.aux_codec.views(table.column("aux_hidden")),
+            last=self.last_codec.views(table.column("last_hidden")),
         )
         self._cache[g] = decoded
         while len(self._cache) > 2:
@@ -222,14 +232,14 @@ class FeatureDataset(IterableDataset):
     def _collate(self, seqs: Batch) -> dict[str, torch.Tensor]:
         limit = self.max_seq_len or max(self.groups[g].lengths[r] for seq in seqs for g, r in seq)
         width = max(sum(min(self.groups[g].lengths[r], limit) for g, r in seq) for seq in seqs)
-        b, h = len(seqs), self.hidden_size
+        b = len(seqs)
         out = {
             "input_ids": torch.zeros(b, width, dtype=torch.int64),
             "loss_mask": torch.zeros(b, width, dtype=torch.bool),
             "attention_mask": torch.zeros(b, width, dtype=torch.bool),
-            "aux_hidden": torch.zeros(b, width, 3 * h, dtype=self.hidden_dtype),
-            "last_hidden": torch.zeros(b, width, h, dtype=self.hidden_dtype),
         }
+        aux, aux_scale = self._staged(self.aux_codec, b, width)
+        last, last_scale = self._staged(self.last_codec, b, width)
         if self.pack:
             out["position_ids"] = torch.zeros(b, width, dtype=torch.int64)
         for i, seq in enumerate(seqs):
@@ -240,20 +250,54 @@ class FeatureDataset(IterableDataset):
                 out["input_ids"][i, at : at + n] = d.input_ids[r][:n]
                 out["loss_mask"][i, at : at + n] = d.loss_mask[r][:n]
                 out["attention_mask"][i, at : at + n] = True
-                out["aux_hidden"][i, at : at + n] = d.aux[r][:n]  # the one copy: into the padded batch
-                out["last_hidden"][i, at : at + n] = d.last[r][:n]
+                aux[i, at : at + n] = d.aux[r][0][:n]  # the one copy: into the padded batch
+                last[i, at : at + n] = d.last[r][0][:n]
+                if aux_scale is not None:
+                    aux_scale[i, at : at + n] = d.aux[r][1][:n]
+                if last_scale is not None:
+                    last_scale[i, at : at + n] = d.last[r][1][:n]
                 if self.pack:
                     out["position_ids"][i, at : at + n] = torch.arange(n)
                 at += n
+        out = {k: v.to(self.device) for k, v in out.items()}
+        out["aux_hidden"] = self._decode(aux, aux_scale)
+        out["last_hidden"] = self._decode(last, last_scale)
         return out
 
+    def _staged(self, codec: ColumnCodec, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Zeroed padded buffers in the stored form (+ the fp8 scales); raw states for a CPU consumer are
+        converted to ``hidden_dtype`` by the copy itself."""
+        if codec.fp8:
+            return torch.zeros(b, width, codec.width, dtype=FP8), torch.zeros(b, width, codec.segments)
+        dtype = self.hidden_dtype if self.device.type == "cpu" else TORCH_DTYPES[codec.dtype]
+        return torch.zeros(b, width, codec.width, dtype=dtype), None
+
+    def _decode(self, values: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        """Move the stored form to ``device`` and decode it there (fp8 padding has scale 0: it decodes to 0)."""
+        values = values.to(self.device)
+        if scales is None:
+            return values.to(self.hidden_dtype)
+        return dequantize(values, scales.to(self.device), self.hidden_dtype)
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """One epoch from the current position; a reader thread collates up to ``prefetch`` batches ahead (the
+        position counts only the batches handed out, so a resume never skips a prefetched one)."""
         batches = self.plan(self.epoch)
-        while self.step < len(batches):
-            self._last = batches[self.step]
-            batch = self._collate(self._last)
-            self.step += 1
-            yield batch
+        with ThreadPoolExecutor(1, thread_name_prefix="feature-reader") as reader:
+            ahead: deque[Future[dict[str, torch.Tensor]]] = deque()
+            queued = self.step
+            try:
+                while self.step < len(batches):
+                    while queued < len(batches) and len(ahead) <= self.prefetch:
+                        ahead.append(reader.submit(self._collate, batches[queued]))
+                        queued += 1
+                    batch = ahead.popleft().result()
+                    self._last = batches[self.step]
+                    self.step += 1
+                    yield batch
+            finally:
+                for future in ahead:
+                    future.cancel()
         self.epoch, self.step = self.epoch + 1, 0
 
     def origin(self) -> str:

@@ -364,6 +364,7 @@ def feature_source(config: PipelineConfig, features_dir: Path, info: DistInfo) -
         seed=config.train.seed,
         rank=info.rank,
         world_size=info.world_size,
+        device=info.device,  # fp8 features decode there (on the GPU when training on one)
     )
 
 

@@ -19,11 +19,15 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOption,
         set_: list[str] | None = SetOption,
     ) -> None:
-        """Print the resolved config as YAML, then the values derived from it (aux layer ids)."""
+        """Print the resolved config as YAML, then the values derived from it (aux layer ids, and the feature disk
+        one night of the mix needs per capture encoding, before Parquet compression)."""
+        from eagle3.capture.budget import night_estimate
+
         cfg = resolve_config(recipe, config, set_)
         typer.echo(cfg.to_yaml(), nl=False)
         typer.echo("# derived (not read back):")
-        for line in yaml.safe_dump(cfg.derived(), sort_keys=False, default_flow_style=None).splitlines():
+        derived = {**cfg.derived(), "capture_disk_per_night": night_estimate(cfg)}
+        for line in yaml.safe_dump(derived, sort_keys=False, default_flow_style=None).splitlines():
             typer.echo(f"# {line}")
 
     app.add_typer(group, name="config")

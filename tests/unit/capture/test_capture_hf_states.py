@@ -6,9 +6,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from eagle3.capture.encoding import column_codecs
 from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard, read_regen_shard
-from eagle3.capture.schema import FEATURE_SCHEMA, binary_tensors
+from eagle3.capture.schema import FEATURE_SCHEMA
 from eagle3.data.parquet import open_shard, shard_metadata
 
 
@@ -22,8 +23,9 @@ def tiny_model(capture_model_dir):
 
 def _stored(path, hidden: int) -> dict[str, tuple[list[int], torch.Tensor, torch.Tensor]]:
     table = pq.read_table(path)
-    aux = binary_tensors(table.column("aux_hidden"), "float32", 3 * hidden)
-    last = binary_tensors(table.column("last_hidden"), "float32", hidden)
+    aux_codec, last_codec = column_codecs("raw", "float32", hidden)
+    aux = [v for v, _ in aux_codec.views(table.column("aux_hidden"))]
+    last = [v for v, _ in last_codec.views(table.column("last_hidden"))]
     ids = table.column("input_ids").to_pylist()
     return {sid: (ids[i], aux[i], last[i]) for i, sid in enumerate(table.column("sample_id").to_pylist())}
 
@@ -95,5 +97,5 @@ def test_bfloat16_capture_stores_bf16_bytes(make_config, regen_shard, capture_mo
     table = pq.read_table(result["path"])
     seq = table.column("seq_len").to_pylist()
     assert [len(b) for b in table.column("last_hidden").to_pylist()] == [n * 128 * 2 for n in seq]
-    aux = binary_tensors(table.column("aux_hidden"), "bfloat16", 3 * 128)
+    aux = [v for v, _ in column_codecs("raw", "bfloat16", 128)[0].views(table.column("aux_hidden"))]
     assert aux[0].dtype == torch.bfloat16 and torch.isfinite(aux[0].float()).all()

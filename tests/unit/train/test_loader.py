@@ -8,28 +8,34 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from eagle3.capture.schema import FEATURE_SCHEMA, binary_tensors, feature_table, footer_metadata, tensor_bytes
+from eagle3.capture.encoding import column_codecs
+from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
 from eagle3.train.data import FeatureDataset
 
 H = 8
 
 
-def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_group=4, seed=0):
+def _states(k: int, n: int) -> torch.Tensor:
+    return torch.arange(n * 3 * H, dtype=torch.float32).view(n, 3 * H) / 64 + k
+
+
+def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_group=4, seed=0, encoding="raw"):
     """Feature shards whose sample k has input_ids k, k+1, ... and states that encode k (row groups of ~4 rows)."""
     rng = random.Random(seed)
+    aux_codec, last_codec = column_codecs(encoding, dtype, H)
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
-                           dtype=dtype, chat_template_hash="x", system_prompt_policy="keep", truncation="quarantine",
-                           max_seq_len=64, features_fingerprint="fp")
+                           dtype=dtype, encoding=encoding, chat_template_hash="x", system_prompt_policy="keep",
+                           truncation="quarantine", max_seq_len=64, features_fingerprint="fp")
     paths, k = [], 0
     for s in range(n_shards):
         table_rows = []
         for _ in range(rows):
             n = rng.randint(3, 12)
-            aux = torch.arange(n * 3 * H, dtype=torch.float32).view(n, 3 * H) / 64 + k
+            aux = _states(k, n)
             table_rows.append({"sample_id": f"s{k}", "input_ids": list(range(k, k + n)),
                                "loss_mask": [i % 2 for i in range(n)], "seq_len": n,
-                               "aux_hidden": tensor_bytes(aux, dtype), "last_hidden": tensor_bytes(aux[:, :H], dtype)})
+                               "aux_hidden": aux_codec.encode(aux), "last_hidden": last_codec.encode(aux[:, :H])})
             k += 1
         one_row = feature_table(table_rows[:1]).nbytes
         with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=s, row_group_bytes=one_row * rows_per_group - 1,
@@ -43,8 +49,10 @@ def _ids(batch) -> list[int]:
     return [int(row[0]) for row in batch["input_ids"]]
 
 
-def test_batches_follow_the_training_contract(tmp_path):
-    paths = _write_shards(tmp_path, n_shards=1, rows=10)
+@pytest.mark.parametrize(("encoding", "tolerance"), [("raw", 0.0), ("fp8_aux", 0.07), ("fp8_all", 0.07)])
+def test_batches_follow_the_training_contract(tmp_path, encoding, tolerance):
+    """Every encoding decodes to the same contract; fp8 (3 mantissa bits: 1/16 rounding, then bf16) within 7%."""
+    paths = _write_shards(tmp_path, n_shards=1, rows=10, encoding=encoding)
     ds = FeatureDataset(paths, batch_size=3, shuffle=False)
     batch = next(iter(ds))
     b, t = batch["input_ids"].shape
@@ -56,16 +64,17 @@ def test_batches_follow_the_training_contract(tmp_path):
         n = int(batch["attention_mask"][i].sum())
         assert batch["attention_mask"][i, :n].all() and not batch["attention_mask"][i, n:].any()  # right padding
         assert batch["input_ids"][i, :n].tolist() == list(range(k, k + n))
-        expected = (torch.arange(n * 3 * H, dtype=torch.float32).view(n, 3 * H) / 64 + k).bfloat16()
-        assert torch.equal(batch["aux_hidden"][i, :n], expected)
-        assert torch.equal(batch["last_hidden"][i, :n], expected[:, :H])
-        assert not batch["aux_hidden"][i, n:].any()
+        expected = _states(k, n).bfloat16().float()
+        aux, last = batch["aux_hidden"][i, :n].float(), batch["last_hidden"][i, :n].float()
+        assert torch.allclose(aux, expected, rtol=tolerance, atol=0)
+        assert torch.allclose(last, expected[:, :H], rtol=tolerance if encoding == "fp8_all" else 0, atol=0)
+        assert not batch["aux_hidden"][i, n:].any() and not batch["last_hidden"][i, n:].any()
 
 
 def test_binary_columns_become_views_of_the_arrow_buffer(tmp_path):
     (path,) = _write_shards(tmp_path, n_shards=1, rows=4, dtype="float32")
     column = pq.read_table(path, columns=["aux_hidden"]).column(0)
-    tensors = binary_tensors(column, "float32", 3 * H)
+    tensors = [v for v, _ in column_codecs("raw", "float32", H)[0].views(column)]
     chunk = column.chunks[0]
     data = chunk.buffers()[2]
     first = memoryview(chunk.buffers()[1]).cast("i")[chunk.offset]
@@ -98,8 +107,11 @@ def test_unbalanced_row_groups_still_give_equal_steps(tmp_path):
     assert len(counts) == 1
 
 
-def test_resume_position_gives_the_exact_remaining_batches(tmp_path):
-    paths = _write_shards(tmp_path, n_shards=2, rows=15)
+@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all"])
+def test_resume_position_gives_the_exact_remaining_batches(tmp_path, encoding):
+    """The position is encoding-independent: a resumed loader (as after a kill -9 of training) hands out exactly
+    the batches an uninterrupted one would, prefetched batches included."""
+    paths = _write_shards(tmp_path, n_shards=2, rows=15, encoding=encoding)
     reference = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7)
     epoch0 = list(reference)
     epoch1 = list(reference)

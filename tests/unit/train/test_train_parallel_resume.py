@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
-from train_synthetic import synthetic
+from train_synthetic import B, synthetic, write_features
 
+from eagle3.train.data import FeatureDataset
 from eagle3.train.distributed import DistInfo
 from eagle3.train.trainer import ListBatchSource, train_on_source
 
@@ -66,14 +67,15 @@ RUN_SCRIPT = textwrap.dedent(
     import os, signal, sys
     sys.path.insert(0, {str(Path(__file__).parent)!r})
     import torch
-    from train_synthetic import synthetic
+    from train_synthetic import B, synthetic
     from pathlib import Path
+    from eagle3.train.data import FeatureDataset
     from eagle3.train.distributed import DistInfo
-    from eagle3.train.trainer import ListBatchSource, train_on_source
+    from eagle3.train.trainer import train_on_source
 
-    class KillAt(ListBatchSource):
-        def __init__(self, batches, kill_at):
-            super().__init__(batches)
+    class KillAt(FeatureDataset):
+        def __init__(self, features, kill_at):
+            super().__init__(features, batch_size=B, seed=0)
             self.kill_at, self.served = kill_at, 0
 
         def __iter__(self):
@@ -84,27 +86,30 @@ RUN_SCRIPT = textwrap.dedent(
                 yield batch
 
     torch.set_num_threads(1)
-    out, kill_at = Path(sys.argv[1]), int(sys.argv[2])
-    config, inputs, batches = synthetic(**{{"train.save_every": 3}})
-    train_on_source(config, KillAt(batches, kill_at), inputs, out, DistInfo(0, 1, 0, torch.device("cpu")))
+    out, kill_at, features = Path(sys.argv[1]), int(sys.argv[2]), sorted(Path(sys.argv[3]).glob("shard-*.parquet"))
+    config, inputs, _ = synthetic(**{{"train.save_every": 3}})
+    train_on_source(config, KillAt(features, kill_at), inputs, out, DistInfo(0, 1, 0, torch.device("cpu")))
     """
 )
 
 
 @pytest.mark.slow
-def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all"])
+def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_path, encoding):
+    """From feature shards in each encoding (the Parquet loader's position is part of the checkpoint)."""
     script = tmp_path / "run.py"
     script.write_text(RUN_SCRIPT)
 
     def run(out: Path, kill_at: int) -> int:
-        return subprocess.run([sys.executable, str(script), str(out), str(kill_at)], check=False,
-                              timeout=600).returncode
+        return subprocess.run([sys.executable, str(script), str(out), str(kill_at), str(tmp_path / "features")],
+                              check=False, timeout=600).returncode
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the subprocesses' setting: same kernels, same bits
     try:
         config, inputs, batches = synthetic(**{"train.save_every": 3})
-        train_on_source(config, ListBatchSource(batches), inputs, tmp_path / "straight", CPU)
+        source = FeatureDataset(write_features(batches, tmp_path / "features", encoding), batch_size=B, seed=0)
+        train_on_source(config, source, inputs, tmp_path / "straight", CPU)
     finally:
         torch.set_num_threads(threads)
     assert run(tmp_path / "killed", 8) == -9  # killed while serving the 8th batch, after the step-6 checkpoint

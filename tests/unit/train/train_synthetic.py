@@ -3,11 +3,15 @@ and their subprocess scripts; small enough to train in seconds on one CPU thread
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from eagle3.capture.encoding import column_codecs
+from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.data.parquet import ShardWriter
 from eagle3.model.draft import DraftConfig
 from eagle3.model.target_weights import TargetHead
 from eagle3.train.trainer import DraftInputs
@@ -38,3 +42,22 @@ def synthetic(steps_per_epoch: int = 4, **overrides: object) -> tuple[PipelineCo
         ["train.device=cpu", "train.precision=fp32", "train.ttt_steps=3", "train.lr=1e-2", "train.epochs=3",
          "train.log_every=1", "train.warmup_ratio=0.1", *[f"{k}={v}" for k, v in overrides.items()]])
     return config, inputs, batches
+
+
+def write_features(batches: list[dict], out_dir: Path, encoding: str) -> list[Path]:
+    """The batches' rows, in order, as one bf16 feature shard in ``encoding`` (for ``FeatureDataset``)."""
+    aux_codec, last_codec = column_codecs(encoding, "bfloat16", H)
+    rows: list[dict] = []
+    for batch in batches:
+        for i in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][i].sum())
+            rows.append({"sample_id": f"r{len(rows)}", "input_ids": batch["input_ids"][i, :n].tolist(),
+                         "loss_mask": batch["loss_mask"][i, :n].int().tolist(), "seq_len": n,
+                         "aux_hidden": aux_codec.encode(batch["aux_hidden"][i, :n]),
+                         "last_hidden": last_codec.encode(batch["last_hidden"][i, :n])})
+    meta = footer_metadata(target_model="x", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
+                           dtype="bfloat16", encoding=encoding, chat_template_hash="-", system_prompt_policy="keep",
+                           truncation="quarantine", max_seq_len=T, features_fingerprint="synthetic")
+    with ShardWriter(out_dir, FEATURE_SCHEMA, metadata=meta) as writer:
+        writer.write_table(feature_table(rows))
+        return [info.path for info in writer.close()]

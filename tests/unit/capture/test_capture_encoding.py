@@ -1,0 +1,84 @@
+"""Feature encodings: fp8 keeps each value within its rounding, a capture records its encoding, and the disk budget
+refuses a capture that does not fit before anything is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from eagle3.capture.budget import DiskBudgetError, capture_estimate, night_estimate, regen_tokens
+from eagle3.capture.encoding import bytes_per_token, column_codecs, dequantize, quantize
+from eagle3.capture.stage import CaptureStage, features_dir_for
+from eagle3.data.parquet import shard_metadata
+from eagle3.recipes import load_recipe
+from eagle3.runroot import Manifest
+from eagle3.stage import run_stage
+
+
+def test_fp8_round_trip_stays_within_one_rounding_per_segment():
+    x = torch.randn(5, 3 * 64) * torch.tensor([1.0, 30.0, 900.0]).repeat_interleave(64)  # layers of growing scale
+    values, scales = quantize(x, 3)
+    assert values.dtype == torch.float8_e4m3fn and scales.shape == (5, 3)
+    back = dequantize(values, scales, torch.float32)
+    segment_max = x.abs().unflatten(-1, (3, 64)).amax(-1).repeat_interleave(64, dim=-1)
+    assert ((back - x).abs() <= x.abs() / 16 + segment_max * 2**-9 / 448 * 8).all()  # 3 mantissa bits (+ subnormals)
+
+
+def test_codec_views_read_back_what_encode_wrote():
+    import pyarrow as pa
+
+    aux_codec, last_codec = column_codecs("fp8_all", "bfloat16", 16)
+    x = torch.randn(7, 48)
+    (values, scales), = aux_codec.views(pa.array([aux_codec.encode(x)], pa.binary()))
+    assert torch.equal(dequantize(values, scales, torch.float32), dequantize(*quantize(x, 3), torch.float32))
+    assert last_codec.bytes_per_token == 16 + 4 and aux_codec.bytes_per_token == 48 + 12
+
+
+def test_bytes_per_token_of_each_encoding_at_kimi_size():
+    h = 7168
+    assert bytes_per_token("raw", "bfloat16", h) == 8 * h + 5
+    assert bytes_per_token("fp8_aux", "bfloat16", h) == 3 * h + 12 + 2 * h + 5
+    assert bytes_per_token("fp8_all", "bfloat16", h) == 4 * h + 16 + 5
+    night = night_estimate(load_recipe("kimi_k2_5"))
+    assert night["prompts"] == 88_088 and night["bytes"]["raw"].endswith("TB")
+
+
+def test_fp8_capture_records_its_encoding_and_stores_fewer_bytes(make_config, regen_shard, tmp_path):
+    config = make_config("capture.encoding=fp8_aux")
+    result = run_stage(CaptureStage(), config, regen_dir=regen_shard.parent)
+    shard = next(result.out_dir.glob("shard-*.parquet"))
+    assert shard_metadata(shard)["encoding"] == "fp8_aux"
+    manifest = Manifest.read(result.out_dir)
+    assert manifest.config["capture"]["encoding"] == "fp8_aux" and manifest.stats["footer"]["encoding"] == "fp8_aux"
+    table = pq.read_table(shard, columns=["seq_len", "aux_hidden", "last_hidden"])
+    h = config.target.hidden_size
+    tokens = sum(table.column("seq_len").to_pylist())
+    assert sum(len(v) for v in table.column("aux_hidden").to_pylist()) == tokens * (3 * h + 12)
+    assert sum(len(v) for v in table.column("last_hidden").to_pylist()) == tokens * 4 * h  # float32, raw
+    assert result.out_dir != features_dir_for(make_config(), regen_shard.parent)  # another stage than raw
+
+
+def test_capture_is_refused_before_writing_when_the_estimate_does_not_fit(make_config, regen_shard):
+    free = shutil.disk_usage(regen_shard.parent).free
+    config = make_config(f"capture.disk_reserve_bytes={free}")  # estimate + reserve > free, whatever the disk
+    out = features_dir_for(config, regen_shard.parent)
+    estimate = capture_estimate(config, [regen_shard])
+    assert estimate.tokens == regen_tokens(regen_shard) == sum(
+        len(ids) for ids in pq.read_table(regen_shard, columns=["input_ids"]).column(0).to_pylist())
+    with pytest.raises(DiskBudgetError) as refused:
+        run_stage(CaptureStage(), config, regen_dir=regen_shard.parent)
+    message = str(refused.value)
+    assert f"{estimate.tokens:,} tokens" in message and "free at" in message and "disk_reserve_bytes" in message
+    assert not out.exists() and not (config.root_path / "features").exists()  # nothing written
+    assert json.dumps(message).count("\\n") == 0  # one line
+
+
+def test_every_finite_fp8_value_decodes_exactly():
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~codes.float().isnan()
+    decoded = dequantize(codes[finite], torch.ones(1), torch.float32)
+    assert torch.equal(decoded, codes[finite].float())
