@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from train_synthetic import H, synthetic
 
-from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
+from eagle3.capture.encoding import column_codecs
+from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
 from eagle3.errors import DATA_ERROR_EXIT, DATA_ERROR_PREFIX, DataError
 from eagle3.runroot import FileEntry, Manifest
@@ -28,8 +29,9 @@ CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_manifest: bool = True) -> Path:
     """A finished features directory of one float32 shard (hidden size H); row ``nan_row`` has a NaN state."""
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
-                           dtype="float32", chat_template_hash="x", system_prompt_policy="keep",
+                           dtype="float32", encoding="raw", chat_template_hash="x", system_prompt_policy="keep",
                            truncation="quarantine", max_seq_len=64, features_fingerprint=out.name)
+    aux_codec, last_codec = column_codecs("raw", "float32", H)
     g = torch.Generator().manual_seed(0)
     table = []
     for k in range(rows):
@@ -37,8 +39,8 @@ def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_mani
         if k == nan_row:
             aux[3, 5] = float("nan")
         table.append({"sample_id": f"s{k}", "input_ids": torch.randint(0, 64, (10,), generator=g).tolist(),
-                      "loss_mask": [1] * 10, "seq_len": 10, "aux_hidden": tensor_bytes(aux, "float32"),
-                      "last_hidden": tensor_bytes(torch.randn(10, H, generator=g), "float32")})
+                      "loss_mask": [1] * 10, "seq_len": 10, "aux_hidden": aux_codec.encode(aux),
+                      "last_hidden": last_codec.encode(torch.randn(10, H, generator=g))})
     with ShardWriter(out, FEATURE_SCHEMA, metadata=meta) as writer:
         writer.write_table(feature_table(table))
         (info,) = writer.close()

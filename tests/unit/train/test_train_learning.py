@@ -67,7 +67,8 @@ def test_trained_draft_accepts_more_and_both_drafts_decode_exactly_greedy(draft_
 
 def _held_out_features(draft_world, out_dir, rows: int = 4):
     """A feature shard of held-out rows (target greedy answers, states captured online) in ``out_dir``."""
-    from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata, tensor_bytes
+    from eagle3.capture.encoding import column_codecs
+    from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
     from eagle3.data.parquet import ShardWriter
     from eagle3.dev.distil import answer_sequences
     from eagle3.train.trainer import batches_from_target
@@ -78,16 +79,17 @@ def _held_out_features(draft_world, out_dir, rows: int = 4):
     config = draft_world.config
     (batch,) = batches_from_target(draft_world.target, answer_sequences(prompts, answers),
                                    layer_ids=config.sglang_layer_ids, batch_size=rows)
+    aux_codec, last_codec = column_codecs("raw", "float32", config.target.hidden_size)
     table = []
     for i in range(rows):
         n = int(batch["attention_mask"][i].sum())
         table.append({"sample_id": f"held-{i}", "input_ids": batch["input_ids"][i, :n].tolist(),
                       "loss_mask": batch["loss_mask"][i, :n].long().tolist(), "seq_len": n,
-                      "aux_hidden": tensor_bytes(batch["aux_hidden"][i, :n], "float32"),
-                      "last_hidden": tensor_bytes(batch["last_hidden"][i, :n], "float32")})
+                      "aux_hidden": aux_codec.encode(batch["aux_hidden"][i, :n]),
+                      "last_hidden": last_codec.encode(batch["last_hidden"][i, :n])})
     meta = footer_metadata(target_model=str(draft_world.model_dir), target_revision=None,
                            hidden_size=config.target.hidden_size, num_layers=config.target.num_layers,
-                           layer_ids=config.sglang_layer_ids, dtype="float32", chat_template_hash="-",
+                           layer_ids=config.sglang_layer_ids, dtype="float32", encoding="raw", chat_template_hash="-",
                            system_prompt_policy="keep", truncation="quarantine", max_seq_len=1024,
                            features_fingerprint=out_dir.name)
     with ShardWriter(out_dir, FEATURE_SCHEMA, metadata=meta) as writer:
