@@ -90,6 +90,7 @@ class Watch:
     def started(self, unit: Unit) -> None:
         if self.monitor.board is not None:
             self.monitor.board.mark(unit, "running")
+            self.monitor.publish(state="running")
 
     def finished(self, unit: Unit, error: BaseException | None) -> None:
         board = self.monitor.board

@@ -19,6 +19,7 @@ refresh retries); the stage's files stay the truth.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -191,7 +192,7 @@ class StageMonitor:
                                                    description=description)  # type: ignore[assignment]  # fmt: skip
             return
         with get_client(sync_client=True) as client:
-            client.update_artifact(self._table_id, ArtifactUpdate(data=rows, description=description))
+            client.update_artifact(self._table_id, ArtifactUpdate(data=json.dumps(rows), description=description))
 
     def _publish_status(self, state: str) -> None:
         if self.root is None:

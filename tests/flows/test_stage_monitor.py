@@ -55,7 +55,8 @@ class Sharded(Stage[Plan]):
 
     def finalize(self, config: PipelineConfig, plan: Plan, reports: Sequence[UnitReport],
                  failed: Sequence[Unit]) -> StageResult:  # fmt: skip
-        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=not failed)
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=not failed,
+                           failed=tuple(failed), retrigger=self.retrigger(plan, failed))
 
 
 class Single(Sharded):
