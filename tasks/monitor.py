@@ -11,7 +11,8 @@ Where each number shows (a 40-hour regen is watched from the nightly run's page,
   servers' health. ``<root flow>-progress`` is the same percent as a progress artifact there.
 * ``<stage>-<unit>s-live-<fp>``: a table artifact on the stage run, one row per unit, updated as each finishes or
   fails (with the reason), so a shard that failed in hour 3 is visible in hour 3.
-* A log line every ``monitor.log_every_s`` on the stage run's logger (Prefect's run logs).
+* A log line every ``monitor.log_every_s`` on the stage run's logger, copied into the top-level run's logs: the
+  tab the nightly run's page opens on reads the running stage's numbers without a click.
 
 Publishing never stops the work: a Prefect API error while refreshing a board is logged and skipped (the next
 refresh retries); the stage's files stay the truth.
@@ -24,13 +25,14 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
 import httpx
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate, LogCreate
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 
@@ -159,7 +161,7 @@ class StageMonitor:
         self._table_id: UUID | None = None
         self.root = RootRun.of_current()
         self._status_ids: tuple[UUID, UUID] | None = None
-        self.log.info("%s", status_line(stage, self.progress, board, ()))
+        self.say(status_line(stage, self.progress, board, ()))
         self.publish(state="running")
 
     def update(self, progress: Progress, *, health: Sequence[Mapping[str, Any]] = (), state: str = "running") -> None:
@@ -170,7 +172,22 @@ class StageMonitor:
         self.publish(state=state)
         if state != "running" or time.monotonic() - self._logged >= self.log_every_s:
             self._logged = time.monotonic()
-            self.log.info("%s", status_line(self.stage, self.progress, self.board, health))
+            self.say(status_line(self.stage, self.progress, self.board, health))
+
+    def say(self, line: str) -> None:
+        """Log ``line`` on the stage run and, when the stage is a subflow, in the top-level run's logs too (the tab
+        its page opens on), so the nightly page reads the running stage's numbers without a click."""
+        self.log.info("%s", line)
+        context = FlowRunContext.get()
+        if self.root is None or context is None or context.flow_run is None or context.flow_run.id == self.root.id:
+            return
+        try:
+            record = LogCreate(name="eagle3.monitor", level=logging.INFO, message=line,
+                               timestamp=datetime.now(timezone.utc), flow_run_id=self.root.id)  # fmt: skip
+            with get_client(sync_client=True) as client:
+                client.create_logs([record])
+        except httpx.HTTPError as exc:
+            self.log.warning("could not copy the status line to the top-level run's logs: %s", exc)
 
     def publish(self, *, state: str) -> None:
         """Refresh the live unit table and the top-level run's status (an API error is logged, not raised)."""
@@ -198,7 +215,8 @@ class StageMonitor:
         if self.root is None:
             return
         markdown = status_markdown(self.stage, self.progress, self.board, self.health, state=state)
-        description = f"{self.stage} {state} {self.progress.percent:.1f}% - ETA {self.progress.eta}"
+        failed = f" - {len(self.board.failed)} failed" if self.board is not None and self.board.failed else ""
+        description = f"{self.stage} {state} {self.progress.percent:.1f}% - ETA {self.progress.eta}{failed}"
         with get_client(sync_client=True) as client:
             if self._status_ids is None:
                 status = client.create_artifact(ArtifactCreate(

@@ -223,6 +223,15 @@ class Browser:
             time.sleep(1)
         return self.evaluate("document.body.innerText") or ""
 
+    def click_tab(self, label: str, *, until: str = "true", timeout_s: float = 60) -> str:
+        """Click the UI tab named ``label``, wait until ``until`` holds, return the page text."""
+        self.evaluate("Array.from(document.querySelectorAll('.p-tab')).find(e => e.textContent.trim() === "
+                      f"{label!r}).click()")  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.evaluate(until):
+            time.sleep(1)
+        return self.evaluate("document.body.innerText") or ""
+
     def images(self) -> list[dict[str, Any]]:
         return self.evaluate("Array.from(document.images).map(i => ({src: i.src.slice(0, 40), "
                              "width: i.naturalWidth, height: i.naturalHeight}))") or []

@@ -102,13 +102,15 @@ def _watch_mid_regen(server: PrefectServer, run_id: str, out: Path) -> dict[str,
         status = _latest_artifact(server, "data-scaling-status")
         if status and (status["description"] or "").startswith("regen running"):
             browser = Browser()
-            try:
-                text = browser.open(f"{server.url}/runs/flow-run/{run_id}?tab=Artifacts",
-                                    until="/% - ETA/.test(document.body.innerText)")  # fmt: skip
+            try:  # the page opens on its logs: the status line is there; the status itself under Artifacts
+                logs = browser.open(f"{server.url}/runs/flow-run/{run_id}", until="/regen: .*ETA/.test("
+                                    "document.body.innerText)")  # fmt: skip
+                browser.screenshot(out / "nightly-mid-regen-logs.png")
+                text = browser.click_tab("Artifacts", until="/regen running .*% - ETA/.test(document.body.innerText)")
                 browser.screenshot(out / "nightly-mid-regen.png")
             finally:
                 browser.close()
-            return {"status": status, "page": text}
+            return {"status": status, "page": text, "logs": logs}
         time.sleep(1)
     raise AssertionError("the nightly run never showed a running regen status")
 
@@ -123,8 +125,8 @@ def night(prefect_server: PrefectServer, deployed: Path, process_worker: Any, sc
     final = prefect_server.wait_for_run(run["id"], timeout_s=RUN_TIMEOUT_S)
     browser = Browser()
     try:
-        browser.open(f"{prefect_server.url}/runs/flow-run/{run['id']}?tab=Artifacts",
-                     until="/scaling (done|failed)/.test(document.body.innerText)")  # fmt: skip
+        browser.open(f"{prefect_server.url}/runs/flow-run/{run['id']}", until="document.querySelector('.p-tab')")
+        browser.click_tab("Artifacts", until="/scaling (done|failed)/.test(document.body.innerText)")
         browser.screenshot(screenshots / "nightly-completed.png")
     finally:
         browser.close()
@@ -182,6 +184,7 @@ def test_the_nightly_page_shows_the_running_stage_percent_and_eta_mid_run(night:
     assert mid["status"]["flow_run_id"] == night["id"], "the status is on the nightly run itself"
     assert PERCENT_ETA.search(mid["status"]["data"]) and "samples" in mid["status"]["data"], mid["status"]["data"]
     assert PERCENT_ETA.search(mid["page"]), mid["page"][-2000:]
+    assert re.search(r"regen: \d+\.\d% - .* - ETA ", mid["logs"]), mid["logs"][-2000:]
     assert (SCREENSHOTS / "nightly-mid-regen.png").stat().st_size > 10_000
 
 
