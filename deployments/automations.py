@@ -23,6 +23,7 @@ from datetime import timedelta
 from uuid import UUID
 
 from prefect.automations import Automation
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState, SendNotification
 from prefect.events.schemas.automations import EventTrigger, Posture
@@ -115,17 +116,18 @@ def _create_or_update(wanted: Automation) -> Automation:
     return wanted
 
 
-def ensure_webhook_block(url: str, *, name: str = ALERT_BLOCK) -> UUID:
+def webhook_block(url: str, *, name: str = ALERT_BLOCK) -> CustomWebhookNotificationBlock:
     """A generic webhook notification block posting a Slack-compatible JSON body (``{"text": ...}``, which Slack,
-    Mattermost and most chat webhooks accept), saved under ``name`` (overwritten: the URL may change); returns its
-    document id. Private and loopback URLs are allowed: the operator chose this URL."""
-    from prefect.blocks.notifications import CustomWebhookNotificationBlock
-
-    block = CustomWebhookNotificationBlock(
+    Mattermost and most chat webhooks accept). Private and loopback URLs are allowed: the operator chose this URL."""
+    return CustomWebhookNotificationBlock(
         name=name, url=url, method="POST", allow_private_urls=True,
         json_data={"text": "{{subject}}\n{{body}}", "subject": "{{subject}}", "body": "{{body}}"},
     )  # fmt: skip
-    return block.save(name, overwrite=True)
+
+
+def ensure_webhook_block(url: str, *, name: str = ALERT_BLOCK) -> UUID:
+    """Save the webhook block under ``name`` (overwritten: the URL may change); returns its document id."""
+    return webhook_block(url, name=name).save(name, overwrite=True)
 
 
 def notification_block_id(slug_and_name: str) -> UUID:
