@@ -65,7 +65,7 @@ class Watch:
 
     def __init__(self, stage: Stage[Any], plan: Plan, config: PipelineConfig, env: Any) -> None:
         self.stage, self.plan, self.config, self.env = stage, plan, config, env
-        self.units_done = 0
+        self.units_done, self.units_failed = 0, 0
         self._read_at = time.monotonic()
         board = UnitBoard(stage.unit_name, list(plan.units)) if stage.scale_out else None
         self.monitor = StageMonitor(stage.name, plan.fingerprint, self.read(), board=board, log=run_logger(),
@@ -94,8 +94,8 @@ class Watch:
 
     def finished(self, unit: Unit, error: BaseException | None) -> None:
         board = self.monitor.board
-        if error is None:
-            self.units_done += 1
+        self.units_done += error is None
+        self.units_failed += error is not None
         if board is not None:
             board.mark(unit, "done" if error is None else "failed", reason="" if error is None else str(error))
             if error is not None:
@@ -104,9 +104,7 @@ class Watch:
         self.poll(force=True)
 
     def finish(self) -> None:
-        board = self.monitor.board
-        failed = board is not None and board.failed
-        self.poll(force=True, state="failed" if failed else "done")
+        self.poll(force=True, state="failed" if self.units_failed else "done")
 
 
 def retrigger_commands(
