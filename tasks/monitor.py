@@ -6,7 +6,8 @@ Where each number shows (a 40-hour regen is watched from the nightly run's page,
 * ``<stage>-progress-<fp>``: a progress artifact on the stage's own run; its description leads with the ETA
   because the UI card cuts long descriptions.
 * ``<root flow>-status`` (``data-scaling-status`` for the nightly run): a Markdown artifact **on the top-level
-  flow run** (the nightly run when the stage is its subflow), stable key, updated in place: the running stage,
+  flow run** (the nightly run when the stage is its subflow), stable key, one for the whole run, updated in place
+  by each stage in turn: the running stage,
   percent, samples, rates, ETA, failed units so far with their reasons and the exact re-trigger commands, and the
   servers' health. ``<root flow>-progress`` is the same percent as a progress artifact there.
 * ``<stage>-<unit>s-live-<fp>``: a table artifact on the stage run, one row per unit, updated as each finishes or
@@ -31,8 +32,9 @@ from uuid import UUID
 
 import httpx
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate, LogCreate
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 
@@ -167,9 +169,7 @@ class StageMonitor:
     def update(self, progress: Progress, *, health: Sequence[Mapping[str, Any]] = (), state: str = "running") -> None:
         """A new reading: refresh the artifacts, and log the status line when ``log_every_s`` has passed."""
         self.progress, self.health = self.rates.observe(progress), health
-        update_progress_artifact(artifact_id=self._progress_id, progress=self.progress.percent,
-                                 description=card_description(self.progress))  # fmt: skip
-        self.publish(state=state)
+        self.publish(state=state, bar=True)
         if state != "running" or time.monotonic() - self._logged >= self.log_every_s:
             self._logged = time.monotonic()
             self.say(status_line(self.stage, self.progress, self.board, health))
@@ -189,9 +189,13 @@ class StageMonitor:
         except httpx.HTTPError as exc:
             self.log.warning("could not copy the status line to the top-level run's logs: %s", exc)
 
-    def publish(self, *, state: str) -> None:
-        """Refresh the live unit table and the top-level run's status (an API error is logged, not raised)."""
+    def publish(self, *, state: str, bar: bool = False) -> None:
+        """Refresh the live unit table, the top-level run's status and (``bar``) the stage's progress artifact; an
+        API error is logged, not raised: a 40-hour stage never dies of a dashboard."""
         try:
+            if bar:
+                update_progress_artifact(artifact_id=self._progress_id, progress=self.progress.percent,
+                                         description=card_description(self.progress))  # fmt: skip
             self._publish_table()
             self._publish_status(state)
         except httpx.HTTPError as exc:
@@ -219,6 +223,8 @@ class StageMonitor:
         description = f"{self.stage} {state} {self.progress.percent:.1f}% - ETA {self.progress.eta}{failed}"
         with get_client(sync_client=True) as client:
             if self._status_ids is None:
+                self._status_ids = self._earlier_status(client)
+            if self._status_ids is None:
                 status = client.create_artifact(ArtifactCreate(
                     key=artifact_key(self.root.flow_name, "status"), type="markdown", data=markdown,
                     description=description, flow_run_id=self.root.id))  # fmt: skip
@@ -230,3 +236,15 @@ class StageMonitor:
             client.update_artifact(self._status_ids[0], ArtifactUpdate(data=markdown, description=description))
             client.update_artifact(self._status_ids[1],
                                    ArtifactUpdate(data=self.progress.percent, description=description))  # fmt: skip
+
+    def _earlier_status(self, client: SyncPrefectClient) -> tuple[UUID, UUID] | None:
+        """The status artifacts an earlier stage of the same top-level run created (updated in place, so the run
+        shows one status card and one progress card for the whole night, not two per stage)."""
+        assert self.root is not None
+        keys = [artifact_key(self.root.flow_name, "status"), artifact_key(self.root.flow_name, "progress")]
+        latest = {a.key: a for a in client.read_latest_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))}  # fmt: skip
+        found = [latest.get(key) for key in keys]
+        if all(a is not None and a.flow_run_id == self.root.id for a in found):
+            return found[0].latest_id, found[1].latest_id  # type: ignore[union-attr]
+        return None
