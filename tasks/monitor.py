@@ -161,6 +161,7 @@ class StageMonitor:
             description=card_description(self.progress))  # type: ignore[assignment]  # fmt: skip
         self._table_key = artifact_key(stage, f"{board.unit_name}s-live", fingerprint) if board else ""
         self._table_id: UUID | None = None
+        self._table_rows: list[dict[str, Any]] = []
         self.root = RootRun.of_current()
         self._status_ids: tuple[UUID, UUID] | None = None
         self.say(status_line(stage, self.progress, board, ()))
@@ -203,11 +204,12 @@ class StageMonitor:
                              self.stage, exc)  # fmt: skip
 
     def _publish_table(self) -> None:
-        if self.board is None:
-            return
+        if self.board is None or self.board.rows() == self._table_rows:
+            return  # unchanged since the last refresh: no write
         rows, failed = self.board.rows(), self.board.failed
         description = (f"failed: {failed}; re-run: {self.board.retrigger[0]}" if failed and self.board.retrigger
                        else f"{self.stage} {self.board.unit_name}s, live")  # fmt: skip
+        self._table_rows = rows
         if self._table_id is None:
             self._table_id = create_table_artifact(table=rows, key=self._table_key,
                                                    description=description)  # type: ignore[assignment]  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -67,7 +68,7 @@ def deployed(
     """``deploy.py apply`` with the tiny recipe on a fresh run root, ``--scale`` below the pool, both pools named
     ``e2e``, alerts to the loopback webhook; returns the root."""
     root = tmp_path_factory.mktemp("ui-run-root")
-    overrides = (f"root={root}", "mix.total=120", "normalize.shard_size=40", "orchestration.progress_every_s=2",
+    overrides = (f"root={root}", "mix.total=120", "normalize.shard_size=40", "orchestration.progress_every_s=5",
                  "monitor.log_every_s=20", *FAST_TINY)  # 3 prompt shards  # fmt: skip
     sets = [arg for override in overrides for arg in ("--set", override)]
     args = [sys.executable, "deployments/deploy.py", "apply", "--recipe", "tiny", "--paused", "--scale", str(SCALE)]
@@ -123,6 +124,8 @@ def night(prefect_server: PrefectServer, deployed: Path, process_worker: Any, sc
     run = prefect_server.post(f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {}})
     mid_run = _watch_mid_regen(prefect_server, run["id"], screenshots)
     final = prefect_server.wait_for_run(run["id"], timeout_s=RUN_TIMEOUT_S)
+    for log in ("server.log", "worker.log"):  # beside the screenshots: what the server and worker said
+        shutil.copy(prefect_server.home / log, screenshots / log)
     browser = Browser()
     try:
         browser.open(f"{prefect_server.url}/runs/flow-run/{run['id']}", until="document.querySelector('.p-tab')")
