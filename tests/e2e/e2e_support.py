@@ -142,8 +142,11 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
 
 @pytest.fixture(scope="module")
 def process_worker(prefect_server: PrefectServer) -> Iterator[subprocess.Popen[bytes]]:
-    """A process worker on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess."""
-    env = prefect_server.env | {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+    """A process worker on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess. Flow runs send
+    heartbeats every 60 s as under ``infra/prefect-worker.sh``: Prefect's default (180 s) equals the zombie-run
+    automation's window (3 x 60 s), so a night longer than 3 minutes would race it and be marked Crashed."""
+    env = prefect_server.env | {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+                                "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "60"}  # fmt: skip
     args = [str(BIN / "prefect"), "worker", "start", "--pool", "e2e", "--type", "process", "--limit", "1"]
     proc = _start(args, env, prefect_server.home / "worker.log")
     yield proc
