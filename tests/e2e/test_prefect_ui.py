@@ -38,7 +38,8 @@ from e2e_support import (
     stop,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# The first test also pays for the module's fixtures: two applies, the whole night watched mid-run, two screenshots.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 STAGE_FLOWS = {"discover", "normalize", "regen", "capture", "vocab", "train", "gate", "scaling"}
 RUN_TIMEOUT_S = 900
