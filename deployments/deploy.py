@@ -27,6 +27,9 @@ Design choices:
   worker that does not see that root fails at flow start with the shared-storage message. Pooled flow runs store
   Prefect's persisted task results under ``<root>/.prefect-results`` (the job's environment), so a unit cached on
   one machine is a cache hit on every other one.
+* Alerts (``--alert-webhook URL`` or ``--alert-block slack-webhook/ops``): an automation notifies when a nightly
+  or regen run fails or crashes (``deployments.automations``); ``apply`` prints each automation it created or
+  updated with its id, beside the deployments.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
@@ -49,7 +53,12 @@ from prefect.schedules import Cron
 if __package__ in (None, ""):  # `python deployments/deploy.py`: make the repo importable like the installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deployments.automations import ensure_zombie_automation
+from deployments.automations import (
+    ensure_alert_automation,
+    ensure_webhook_block,
+    ensure_zombie_automation,
+    notification_block_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +76,8 @@ class DeploySpec:
     cpu_pool: str = "cpu"
     gpu_pool: str = "gpu"
     name: str | None = None  # deployment name; default: the recipe name
+    alert_webhook: str | None = None  # a URL: the ``eagle3-alerts`` webhook block is created/updated with it
+    alert_block: str | None = None  # an existing notification block, ``<type slug>/<name>``
 
     @property
     def deployment_name(self) -> str:
@@ -164,21 +175,38 @@ def claim_shared_root(spec: DeploySpec) -> tuple[DeploySpec, dict[str, str]]:
 
 
 def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]:
-    """Register the deployments on the server (pools, limits and automation first); returns ``{flow/name: id}``."""
+    """Register the deployments on the server (pools, limits and automation first), then the alert automation when
+    a notification target is given; returns ``{flow/name: id}`` plus ``automation/<name>: id`` for each automation."""
     ensure_work_pools([spec.cpu_pool, spec.gpu_pool])
     from eagle3.recipes import resolve
 
     ensure_server_limits(resolve(spec.recipe, spec.overrides).regen.servers)
-    if zombie_automation:
-        ensure_zombie_automation()
-    spec, job_env = claim_shared_root(spec)
     ids = {}
+    if zombie_automation:
+        zombie = ensure_zombie_automation()
+        ids[f"automation/{zombie.name}"] = str(zombie.id)
+    spec, job_env = claim_shared_root(spec)
     for deployment in build_deployments(spec, job_env=job_env):
         deployment_id = deployment.apply(work_pool_name=deployment.work_pool_name)
         ids[f"{deployment.flow_name}/{deployment.name}"] = str(deployment_id)
-    for full_name, deployment_id in ids.items():
-        logger.info("deployment %s: %s", full_name, deployment_id)
+    block_id = _alert_block(spec)
+    if block_id is not None:
+        watched = [ids[f"{flow}/{spec.deployment_name}"] for flow in ("data-scaling", "regen")]
+        alert = ensure_alert_automation(spec.deployment_name, watched, block_id)
+        ids[f"automation/{alert.name}"] = str(alert.id)
+    for full_name, object_id in ids.items():
+        logger.info("%s: %s", full_name, object_id)
     return ids
+
+
+def _alert_block(spec: DeploySpec) -> UUID | None:
+    """The notification block the alerts go through: an existing one (``--alert-block``), or the webhook block
+    ``--alert-webhook`` creates; None when neither is given (no alert automation)."""
+    if spec.alert_block and spec.alert_webhook:
+        raise SystemExit("error: give --alert-block or --alert-webhook, not both")
+    if spec.alert_block:
+        return notification_block_id(spec.alert_block)
+    return ensure_webhook_block(spec.alert_webhook) if spec.alert_webhook else None
 
 
 def serve_forever(spec: DeploySpec) -> None:
@@ -201,6 +229,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-pool", default=DeploySpec.gpu_pool)
     parser.add_argument("--name", default=None, help="deployment name (default: the recipe name)")
     parser.add_argument("--no-zombie-automation", action="store_true", help="skip the zombie-run automation")
+    parser.add_argument("--alert-webhook", default=None, help="URL to POST a Slack-compatible alert to when a "
+                        "nightly or regen run fails or crashes (saved as the webhook block eagle3-alerts)")
+    parser.add_argument("--alert-block", default=None, help="an existing notification block for the alerts, "
+                        "<type slug>/<name>, e.g. slack-webhook/ops")
     return parser
 
 
@@ -217,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu_pool=args.cpu_pool,
         gpu_pool=args.gpu_pool,
         name=args.name,
+        alert_webhook=args.alert_webhook,
+        alert_block=args.alert_block,
     )
     if args.mode == "serve":
         serve_forever(spec)

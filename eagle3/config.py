@@ -349,6 +349,13 @@ class OrchestrationConfig(StrictModel):
     progress_every_s: float = Field(default=10.0, gt=0)
 
 
+class MonitorConfig(StrictModel):
+    """How a running stage reports itself to a person watching (Prefect artifacts, logs, the CLI bar)."""
+
+    log_every_s: float = Field(default=300.0, gt=0, description="Seconds between the stage status log lines.")
+    rate_window_s: float = Field(default=300.0, gt=0, description="Seconds the throughput and ETA average over.")
+
+
 class DevConfig(StrictModel):
     """The tiny offline world (``eagle3 dev build-tiny``); only the ``tiny`` recipe enables it."""
 
@@ -375,6 +382,7 @@ class PipelineConfig(StrictModel):
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     dev: DevConfig = Field(default_factory=DevConfig)
 
     @model_validator(mode="after")

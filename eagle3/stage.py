@@ -11,7 +11,9 @@ drive them all (DESIGN §1, §3).
                                             one unit (a shard, a source, or the stage's single unit); resumable:
                                             a finished unit is skipped cheaply, an interrupted one resumes
     unit_output(plan, unit) -> Path | None  the file whose presence marks the unit done (its Prefect cache key)
-    progress(plan) -> Progress | None       work done / planned, read from files (a CLI bar, a Prefect artifact)
+    progress(plan) -> Progress | None       work done / planned by this run, read from files (a CLI bar, the Prefect
+                                            artifacts and status, the log line); None: finished units count
+    health(config, env) -> list[dict]       the resources' state while units run (regen: each server's health)
     finalize(config, plan, reports, failed) -> StageResult
                                             records failed units (then the caller raises ``UnitsFailed`` with
                                             the re-trigger command); else writes the manifest (the done marker)
@@ -29,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -91,10 +95,89 @@ class StageResult(Frozen):
 
 
 class Progress(Frozen):
+    """Work done / planned by one run of a stage: the one progress model behind the Prefect artifacts, the periodic
+    log line, ``eagle3 <stage> status`` and the CLI bars.
+
+    ``total`` is what this run planned (tonight's shards, a re-trigger's, a resume's); ``done`` counts those units'
+    finished work, including work finished before this run (a resume starts at its share). The rates are this run's
+    work only, smoothed over a window (:class:`RateWindow`, or the journals' finish times for ``regen status``);
+    None until there is something to measure, so a fresh or resumed run shows "ETA unknown", never a made-up one.
+    """
+
     done: int
     total: int
     tokens: int = 0
     unit: str = "samples"
+    per_s: float | None = None  # ``unit`` per second, this run's work over the recent window
+    tokens_per_s: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    @property
+    def percent(self) -> float:
+        """0-100; a stage with nothing planned is finished (100)."""
+        return 100.0 if self.total <= 0 else min(100.0, 100.0 * self.done / self.total)
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.finished:
+            return 0.0
+        return (self.total - self.done) / self.per_s if self.per_s else None
+
+    @property
+    def eta(self) -> str:
+        """The ETA a person reads: "31 h 12 min", "4 min 10 s", "done" or "unknown"."""
+        if self.finished:
+            return "done"
+        return "unknown" if self.eta_s is None else human_duration(self.eta_s)
+
+    def complete(self) -> Progress:
+        """This progress with every planned item done (a stage whose units all finished is at 100%)."""
+        return self.model_copy(update={"done": max(self.done, self.total)})
+
+    def describe(self) -> str:
+        """One line: "62.5% - 125/200 samples - 1.30 samples/s, 420 tok/s - ETA 31 h 12 min"."""
+        rate = "rate unknown" if self.per_s is None else f"{self.per_s:,.2f} {self.unit}/s"
+        if self.tokens_per_s:
+            rate += f", {self.tokens_per_s:,.0f} tok/s"
+        return f"{self.percent:.1f}% - {self.done:,}/{self.total:,} {self.unit} - {rate} - ETA {self.eta}"
+
+
+def human_duration(seconds: float) -> str:
+    """Seconds as a person reads them: "31 h 12 min", "4 min 10 s", "12 s" (a 40-hour job is not "2,400 min")."""
+    s = max(round(seconds), 0)
+    hours, minutes, secs = s // 3600, s % 3600 // 60, s % 60
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+class RateWindow:
+    """Turns successive readings of a stage's :class:`Progress` into rates over the last ``window_s`` seconds.
+
+    The first reading is the baseline, so work finished before this run (a resume, shards done on an earlier
+    night) never inflates the rate; a stall longer than the window brings the rate to 0 (ETA unknown), and a burst
+    is averaged over the window instead of swinging the ETA.
+    """
+
+    def __init__(self, window_s: float = 300.0, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s, self._clock = window_s, clock
+        self._points: deque[tuple[float, int, int]] = deque()
+
+    def observe(self, progress: Progress) -> Progress:
+        """``progress`` with ``per_s`` and ``tokens_per_s`` measured up to now."""
+        now = self._clock()
+        self._points.append((now, progress.done, progress.tokens))
+        while len(self._points) > 2 and self._points[1][0] <= now - self.window_s:
+            self._points.popleft()  # keep one reading at or before the window's start: the span covers the window
+        start, done0, tokens0 = self._points[0]
+        span = now - start
+        if span <= 0:
+            return progress
+        return progress.model_copy(update={"per_s": max(progress.done - done0, 0) / span,
+                                           "tokens_per_s": max(progress.tokens - tokens0, 0) / span})  # fmt: skip
 
 
 class UnitsFailed(RuntimeError):
@@ -154,6 +237,11 @@ class Stage(ABC, Generic[P]):
 
     def progress(self, plan: P) -> Progress | None:
         return None
+
+    def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
+        """The state of the stage's resources while it runs, one dict per server (``url``, ``healthy``,
+        ``completed``, ``errors``) for the status a person watches; default: none."""
+        return []
 
     @abstractmethod
     def finalize(

@@ -13,6 +13,9 @@ Design choices:
   capture task); each stage flow picks it from its config (``flows.runners``).
 * A refused gate ends the run **Failed** with the report path in the message; the report is also the
   ``gate-report`` markdown artifact, and the night's point is on the scaling curve either way.
+* What a person watches on this run's page: ``data-scaling-status`` (the running stage's percent, rates, ETA,
+  failed shards with their re-trigger commands, server health; ``tasks.monitor``) and ``night-plots`` (training
+  curves, gate plots, scaling curve as images).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from flows.regen import regen_flow
 from flows.train import train_flow
 from tasks.common import resolve_config_task
 from tasks.pipeline import (
+    night_plots_task,
     plan_night_task,
     publish_summary_task,
     tiny_world_task,
@@ -69,6 +73,7 @@ def data_scaling(
     )
     summary = {"night": night, "regen": regen, "draft": draft, "gate": gate, "curve": curve}
     publish_summary_task(summary)
+    night_plots_task(draft["out_dir"], gate["markdown"], curve["png"])
     get_run_logger().info("gate report: %s", gate["markdown"])
     if not gate["passed"]:
         return Failed(message=f"gate refused the draft {draft['export']}: report {gate['markdown']}", data=summary)

@@ -1,4 +1,5 @@
-"""Prefect plumbing shared by every task: cache keys from stage fingerprints, progress and table artifacts.
+"""Prefect plumbing shared by every task: cache keys from stage fingerprints, table, Markdown and image artifacts
+(a running stage's progress is ``tasks.monitor``).
 
 Tasks are thin: they call one library function and add retries, a cache key and artifacts. Cache keys are the
 stage fingerprint plus the shard id, never the task's source code, so editing a docstring does not redo a 50-hour
@@ -7,20 +8,14 @@ regeneration. Artifact keys are lowercase letters, digits and dashes (Prefect's 
 
 from __future__ import annotations
 
+import base64
 import re
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from prefect import get_run_logger, task
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
@@ -46,51 +41,31 @@ def output_cache_key(base: str, output: Path) -> str | None:
     return f"{base}-{stat.st_size}-{stat.st_mtime_ns}"
 
 
-class Progress:
-    """A Prefect progress artifact with throughput and ETA in its description, throttled to ``every_s``.
-
-    Works in any flow or task run context; ``update`` is cheap to call per sample. ``already_done`` (a resumed
-    stage) counts towards the bar but not towards the rate, so the ETA of a resumed run is not flattered.
-    """
-
-    def __init__(
-        self, key: str, *, total: int, unit: str = "samples", every_s: float = 10.0, already_done: int = 0
-    ) -> None:
-        self.key, self.total, self.unit, self.every_s = artifact_key(key), max(total, 1), unit, every_s
-        self.done = self.already_done = min(already_done, self.total)
-        self.tokens = 0
-        self._start = time.monotonic()
-        self._last = 0.0
-        self._id: UUID = create_progress_artifact(
-            progress=100.0 * self.done / self.total, key=self.key, description=self._describe()
-        )  # type: ignore[assignment]
-
-    def _describe(self) -> str:
-        elapsed = max(time.monotonic() - self._start, 1e-9)
-        rate = (self.done - self.already_done) / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-        tok = f", {self.tokens / elapsed:,.0f} tok/s" if self.tokens else ""
-        eta_txt = f"{eta / 60:,.1f} min" if eta == eta else "unknown"
-        return f"{self.done:,}/{self.total:,} {self.unit} ({rate:,.2f}/s{tok}), ETA {eta_txt}"
-
-    def update(self, done: int, *, tokens: int | None = None, force: bool = False) -> None:
-        self.done = min(done, self.total)
-        if tokens is not None:
-            self.tokens = tokens
-        now = time.monotonic()
-        if force or self.done >= self.total or now - self._last >= self.every_s:
-            self._last = now
-            update_progress_artifact(
-                artifact_id=self._id, progress=100.0 * self.done / self.total, description=self._describe()
-            )
-
-
 def publish_table(key: str, rows: Sequence[Mapping[str, Any]], *, description: str = "") -> None:
     create_table_artifact(key=artifact_key(key), table=[dict(r) for r in rows], description=description)
 
 
 def publish_markdown(key: str, markdown: str, *, description: str = "") -> None:
     create_markdown_artifact(key=artifact_key(key), markdown=markdown, description=description)
+
+
+def markdown_image(png: Path | str, alt: str) -> str:
+    """A PNG embedded in Markdown as a ``data:`` URI: the Prefect UI shows it as an image, offline, from any
+    machine (the file itself sits on a worker's disk the browser cannot reach)."""
+    encoded = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+    return f"![{alt}](data:image/png;base64,{encoded})"
+
+
+def publish_plots(key: str, plots: Mapping[str, Path | str | None], *, description: str = "") -> str | None:
+    """One Markdown artifact showing each existing PNG under its title (missing ones are skipped); returns the
+    Markdown, None when there was no plot to show."""
+    sections = [f"## {title}\n\n{markdown_image(path, title)}\n\n`{path}`"
+                for title, path in plots.items() if path and Path(path).is_file()]  # fmt: skip
+    if not sections:
+        return None
+    markdown = "\n\n".join(sections) + "\n"
+    publish_markdown(key, markdown, description=description)
+    return markdown
 
 
 @task(name="resolve-config", cache_policy=NO_CACHE)

@@ -1,5 +1,5 @@
 """Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, plan tonight's
-shards, publish the night's summary (the scaling curve is a stage: ``flows.gate.scaling_flow``).
+shards, publish the night's summary and plots (the scaling curve is a stage: ``flows.gate.scaling_flow``).
 
 Thin wrappers over ``eagle3.scaling``, the config loader and the tiny-world builder. No Prefect result cache on any
 of them: each is quick and reads the run root, which is the truth (the curve tells tonight's total; a cached plan
@@ -18,7 +18,7 @@ from eagle3.config import PipelineConfig
 from eagle3.recipes import eagle3_home
 from eagle3.runroot import Manifest
 from eagle3.scaling import plan_night, previous_total, read_curve, shard_rows
-from tasks.common import publish_markdown
+from tasks.common import publish_markdown, publish_plots
 
 
 @task(name="tiny-world", cache_policy=NO_CACHE)
@@ -87,4 +87,23 @@ def publish_summary_task(summary: dict[str, Any]) -> str:
         ]
     )
     publish_markdown("data-scaling-summary", markdown, description=f"gate {verdict}")
+    return markdown
+
+
+@task(name="night-plots", cache_policy=NO_CACHE)
+def night_plots_task(draft_dir: str, gate_report: str, curve_png: str) -> str | None:
+    """The night's plots as images in the UI (artifact ``night-plots`` on the nightly run): the training curves,
+    the gate's throughput-vs-concurrency and accept-length plots (beside its report) and the scaling curve."""
+    from eagle3.bench.report import ACCEPT_PNG, THROUGHPUT_PNG
+    from eagle3.train.metrics import PLOT_FILE
+
+    report_dir = Path(gate_report).parent
+    plots = {
+        "Training: loss and accuracy per TTT step": Path(draft_dir) / PLOT_FILE,
+        "Gate: throughput vs concurrency": report_dir / THROUGHPUT_PNG,
+        "Gate: accept length": report_dir / ACCEPT_PNG,
+        "Scaling curve": Path(curve_png),
+    }
+    markdown = publish_plots("night-plots", plots, description="training curves, gate plots, scaling curve")
+    get_run_logger().info("night plots: %s", ", ".join(str(p) for p in plots.values() if p.is_file()))
     return markdown

@@ -37,8 +37,8 @@ def features_dir_for(config: PipelineConfig, regen_dir: Path) -> Path:
     return stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
 
 
-def capture_progress(regen_dir: Path, features_dir: Path, *, shard_ids: Sequence[int] | None = None) -> tuple[int, int]:
-    """(samples done, samples total) over the finished regen shards (or only ``shard_ids``), read from files on disk
+def capture_progress(regen_dir: Path, features_dir: Path, *, shard_ids: Sequence[int] | None = None) -> Progress:
+    """Samples done / planned over the finished regen shards (or only ``shard_ids``), read from files on disk
     (safe from another process while a flow runs, and without its plan): a finished feature shard counts all its
     regen rows, a running one the rows of its finished part files; a regen shard that does not open yet is not
     counted (the plan skips it as not ready too)."""
@@ -62,7 +62,7 @@ def capture_progress(regen_dir: Path, features_dir: Path, *, shard_ids: Sequence
                 done += open_shard(part).metadata.num_rows
             except (ShardError, FileNotFoundError):
                 continue  # removed by the merge between listing and opening
-    return done, total
+    return Progress(done=done, total=total)
 
 
 class CapturePlan(Plan):
@@ -114,8 +114,7 @@ class CaptureStage(Stage[CapturePlan]):
         return output_paths(plan.out_dir, int(unit))[0]
 
     def progress(self, plan: CapturePlan) -> Progress:
-        done, total = capture_progress(plan.regen_dir, plan.out_dir, shard_ids=list(plan.units))
-        return Progress(done=done, total=total)
+        return capture_progress(plan.regen_dir, plan.out_dir, shard_ids=[int(u) for u in plan.units])
 
     def retrigger(self, plan: CapturePlan, failed: Sequence[Unit]) -> str:
         return f"eagle3 capture --regen-dir {plan.regen_dir} " + " ".join(f"--shard {u}" for u in failed)

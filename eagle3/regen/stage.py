@@ -6,7 +6,8 @@ per shard.
 * ``max_in_flight``: ``regen.shards_in_flight`` shards at once, so ``regen.concurrency_per_server`` is what a
   server sees; ``concurrency_limits``: one orchestrator-wide slot per persistent server (a nightly run and a
   re-trigger never double a server's load; a reference server started by this run has a fresh port and none).
-* ``progress``: samples done / planned over this run's shards, from the journals and shard footers.
+* ``progress``: samples done / planned over this run's shards, from the journals and shard footers;
+  ``health``: each server's state in the shards' shared pool.
 * ``finalize``: ``failed_shards.json`` every time (empty when none), ``manifest.json`` only when every shard of the
   prompts stage is compacted (a run over a subset of shards leaves the stage unfinished, not failed).
 """
@@ -24,6 +25,7 @@ from eagle3.data.parquet import shard_is_valid
 from eagle3.layout import shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
+from eagle3.regen.pool import shared_pool
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import ShardReport, regen_shard, report_from_shard
 from eagle3.regen.status import regen_status
@@ -90,12 +92,20 @@ class RegenStage(Stage[RegenPlan]):
         return plan.out_dir / shard_name(int(unit))
 
     def progress(self, plan: RegenPlan) -> Progress:
-        status = regen_status(plan.out_dir, shard_ids=list(plan.units))
-        return Progress(done=status.done, total=status.total, tokens=status.tokens)
+        """Samples done / planned over this run's shards (``plan.units``: tonight's, a re-trigger's), never the
+        whole prompt pool."""
+        return regen_status(plan.out_dir, shard_ids=[int(u) for u in plan.units]).progress
+
+    def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
+        """Each server's state in this process's pool (the one the shards share on the thread runner)."""
+        cfg = config.regen
+        pool = shared_pool(list(env), concurrency=cfg.concurrency_per_server, eject_after=cfg.eject_after_failures,
+                           readmit_after_s=cfg.readmit_after_s)  # fmt: skip
+        return pool.stats()
 
     def retrigger(self, plan: RegenPlan, failed: Sequence[Unit]) -> str:
-        return (f"eagle3 retry-shards --run {plan.out_dir} --failed (or the regen deployment with "
-                f"shard_ids={sorted(int(u) for u in failed)})")  # fmt: skip
+        """The exact command for these shards (it works mid-run too, before ``failed_shards.json`` is written)."""
+        return f"eagle3 retry-shards --run {plan.out_dir} " + " ".join(f"--shard {int(u)}" for u in sorted(failed))
 
     def finalize(
         self, config: PipelineConfig, plan: RegenPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]

@@ -1,6 +1,7 @@
 """Progress of a regen stage computed from its files alone (usable from another terminal while the job runs).
 
-Done samples = rows of compacted shards (from their footer stats) + lines of live journals. Throughput and ETA come
+Done samples = rows of compacted shards (from their footer stats) + lines of live journals, over the shards the
+stage's last run planned (not the whole prompt pool: a night with ``--scale`` runs a subset). Throughput and ETA come
 from the journals' finish times over the last ``window_s`` seconds; right after a restart (or when only compacted
 shards exist) they are unknown rather than made up. ``waiting_for_servers`` says since when no server has been
 healthy, and which, while a running shard waits for one (its ``shard-NNNNN.waiting.json``).
@@ -20,10 +21,13 @@ from eagle3.regen.journal import journal_name
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import journal_progress, read_waiting, report_from_shard, waiting_name
 from eagle3.runroot import MANIFEST
+from eagle3.stage import Progress
 
 
 @dataclass
 class RegenStatus:
+    """The shards' states and this run's :class:`~eagle3.stage.Progress` (``progress``: percent, rates, ETA)."""
+
     regen_dir: str
     total: int
     done: int
@@ -34,25 +38,27 @@ class RegenStatus:
     failed_shards: list[int] = field(default_factory=list)
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
-    eta_s: float | None = None
     finished: bool = False
     waiting_for_servers: str | None = None  # "waiting for servers for 42s (fails at 300s): <servers, last errors>"
 
     @property
-    def percent(self) -> float:
-        return 100.0 * self.done / max(self.total, 1)
+    def progress(self) -> Progress:
+        return Progress(done=self.done, total=self.total, tokens=self.tokens, per_s=self.samples_per_s,
+                        tokens_per_s=self.tokens_per_s)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"percent": self.percent}
+        progress = self.progress
+        return asdict(self) | {"percent": progress.percent, "eta_s": progress.eta_s, "eta": progress.eta}
 
 
 def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_s: float = 300.0) -> RegenStatus:
-    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config names), over all
-    its shards or only ``shard_ids`` (one run's: a night's subset, a re-trigger)."""
+    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config names) over the
+    shards its last run planned (``plan.json``'s units: a night's subset, a re-trigger), or only ``shard_ids``."""
     out = find_input(Path(regen_dir).parent.parent, "regen", None, explicit=regen_dir, option="--run",
                      produce="eagle3 regen", marker=PLAN_FILE)  # fmt: skip
     plan = json.loads((out / PLAN_FILE).read_text())
-    shards = {int(k): int(v) for k, v in plan["shards"].items() if shard_ids is None or int(k) in shard_ids}
+    wanted = set(plan.get("units") or plan["shards"]) if shard_ids is None else set(shard_ids)
+    shards = {int(k): int(v) for k, v in plan["shards"].items() if int(k) in {int(u) for u in wanted}}
     status = RegenStatus(
         regen_dir=str(out),
         total=sum(shards.values()),
@@ -93,5 +99,4 @@ def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_
         span = now - oldest
         status.samples_per_s = recent_samples / span
         status.tokens_per_s = recent_tokens / span
-        status.eta_s = (status.total - status.done) / status.samples_per_s
     return status

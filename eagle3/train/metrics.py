@@ -32,6 +32,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def describe_record(record: dict[str, Any]) -> str:
+    """A metrics record for a progress bar: "loss 2.310 - acc [0.41, 0.28, 0.2] - accept~1.82"."""
+    parts = [f"loss {record['loss']:.3f}"] if "loss" in record else []
+    if record.get("acc"):
+        parts.append(f"acc {[round(a, 2) for a in record['acc']]}")
+    if "accept_length_sim" in record:
+        parts.append(f"accept~{record['accept_length_sim']:.2f}")
+    return " - ".join(parts)
+
+
 class MetricsWriter:
     """Appends records to JSONL and TensorBoard; ``close`` draws the PNG."""
 
@@ -71,7 +81,8 @@ class MetricsWriter:
 
 
 def plot_metrics(records: list[dict[str, Any]], path: Path) -> Path | None:
-    """Loss and per-step accuracy against the training step, as a PNG; None when there is nothing to plot."""
+    """Loss (weighted and per TTT step) and per-step accuracy against the training step, as a PNG (the Prefect UI
+    shows it on the nightly run: ``tasks.pipeline.night_plots_task``); None when there is nothing to plot."""
     if not records:
         return None
     import matplotlib
@@ -81,8 +92,11 @@ def plot_metrics(records: list[dict[str, Any]], path: Path) -> Path | None:
 
     steps = [r["step"] for r in records]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_loss.plot(steps, [r["loss"] for r in records])
-    ax_loss.set(xlabel="step", ylabel="weighted TTT loss", title="loss")
+    ax_loss.plot(steps, [r["loss"] for r in records], color="black", label="weighted")
+    for k in range(len(records[-1].get("loss_k", []))):
+        ax_loss.plot(steps, [r["loss_k"][k] for r in records], linewidth=0.8, label=f"step {k}")
+    ax_loss.set(xlabel="step", ylabel="TTT loss", title="loss (weighted and per TTT step)")
+    ax_loss.legend(fontsize="small")
     n_steps = len(records[-1].get("acc", []))
     for k in range(n_steps):
         ax_acc.plot(steps, [r["acc"][k] for r in records], label=f"step {k}")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from eagle3.stage import Progress
 from flows.commands.common import (
     EXIT_FAILED,
     CliError,
@@ -28,11 +29,11 @@ if TYPE_CHECKING:
 
 
 def _capture_poll(regen_dir: Path, features_dir: Path, shard_ids: list[int] | None) -> Poll:
-    """``capture_progress`` of the stage as (samples done, total) for :func:`watch_progress`."""
+    """``capture_progress`` of the stage for :func:`watch_progress`."""
     from eagle3.capture.stage import capture_progress
 
-    def poll() -> tuple[int, int, str]:
-        return *capture_progress(regen_dir, features_dir, shard_ids=shard_ids), "samples"
+    def poll() -> tuple[Progress, str]:
+        return capture_progress(regen_dir, features_dir, shard_ids=shard_ids), ""
 
     return poll
 

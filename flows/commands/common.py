@@ -11,7 +11,8 @@ own 20 s) and stops on exit, and that dies with the command even on ``kill -9`` 
 as the reference server and the training workers do).
 
 A command that runs a long flow shows a progress bar (:func:`watch_progress`) polled from a library status function
-that reads the stage's files, so the flow needs no hook for it and the bar matches ``<stage> status`` output.
+that reads the stage's files, so the flow needs no hook for it and the bar matches ``<stage> status`` output and the
+Prefect artifacts (one ``eagle3.stage.Progress``: percent, this run's rate, a human ETA).
 
 Exit codes, the same for every command:
 
@@ -47,13 +48,15 @@ from typing import Any
 import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from typer.core import TyperGroup
 
 from eagle3.config import PipelineConfig
 from eagle3.procs import die_with_parent, free_port
 from eagle3.recipes import resolve
+from eagle3.stage import Progress as StageProgress
+from eagle3.stage import RateWindow
 
 logger = logging.getLogger(__name__)
 
@@ -163,37 +166,59 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
-# (done, total, extra text shown after the count), or None while the stage has nothing to report yet.
-Poll = Callable[[], tuple[int, int, str] | None]
+# A stage's progress now (``eagle3.stage.Progress``) and extra text for the bar (loss, accept length), or None
+# while the stage has nothing to report yet.
+Poll = Callable[[], tuple[StageProgress, str] | None]
 
 
 @contextmanager
-def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0) -> Iterator[None]:
+def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0, window_s: float = 300.0) -> Iterator[None]:
     """A progress bar on stderr for the block: a thread calls ``poll`` every ``every_s`` seconds (and once more when
-    the block exits, so the last count shows) and draws done / total, the extra text and an ETA."""
-    stop = threading.Event()
+    the block exits, so the last count shows) and draws the percent bar, done / total, this run's rate over the last
+    ``window_s`` seconds, the extra text and a human ETA (the same ``Progress`` the Prefect artifacts show).
+    Prefect's console log lines go through the same console meanwhile, so they print above the bar."""
+    stop, rates = threading.Event(), RateWindow(window_s)
 
     def draw() -> None:
-        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[extra]}"),
-                   TimeRemainingColumn())
-        with Progress(*columns, console=console) as bar:
-            task = bar.add_task(label, total=None, extra="")
+        with Progress(TextColumn(label), BarColumn(), TextColumn("{task.fields[line]}"), console=console) as bar:
+            task = bar.add_task(label, total=None, line="")
             while True:
                 stopping = stop.wait(every_s)
                 polled = poll()
                 if polled is not None:
-                    done, total, extra = polled
-                    bar.update(task, completed=done, total=total, extra=extra)
+                    progress, extra = rates.observe(polled[0]), polled[1]
+                    line = " - ".join(part for part in (progress.describe(), extra) if part)
+                    bar.update(task, completed=progress.done, total=max(progress.total, 1), line=line)
                 if stopping:
                     return
 
     watcher = threading.Thread(target=draw, name=f"{label}-progress", daemon=True)
-    watcher.start()
+    with prefect_logs_on(console):
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+
+
+@contextmanager
+def prefect_logs_on(target: Console) -> Iterator[None]:
+    """Print Prefect's console log lines through ``target`` for the block: a rich bar on the same console then
+    draws them above itself instead of being cut by them (Prefect's handler owns another console on stderr)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]  # fmt: skip
+    handlers = {id(h): h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}
+    saved = {key: handler.console for key, handler in handlers.items()}
+    for handler in handlers.values():
+        handler.console = target
     try:
         yield
     finally:
-        stop.set()
-        watcher.join()
+        for key, handler in handlers.items():
+            handler.console = saved[key]
 
 
 @contextmanager

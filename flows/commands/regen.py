@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from eagle3.config import PipelineConfig
+from eagle3.stage import Progress
 from flows.commands.common import (
     EXIT_FAILED,
     CliError,
@@ -33,18 +34,18 @@ RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp
 
 
 def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
-    """``regen_status`` of this run's shards as (done, total, throughput) for :func:`watch_progress`."""
+    """``regen_status`` of this run's shards for :func:`watch_progress`."""
     from eagle3.layout import StageInputError
     from eagle3.regen.status import regen_status
 
-    def poll() -> tuple[int, int, str] | None:
+    def poll() -> tuple[Progress, str] | None:
         try:
             status = regen_status(regen_dir, shard_ids=shard_ids)
         except StageInputError:
             return None  # the flow has not written plan.json yet
         if status.waiting_for_servers:  # "waiting for servers for 9s (fails at 300s)", the servers left out
-            return status.done, status.total, status.waiting_for_servers.split(":", 1)[0]
-        return status.done, status.total, f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else ""
+            return status.progress, status.waiting_for_servers.split(":", 1)[0]
+        return status.progress, f"failed shards {status.failed_shards}" if status.failed_shards else ""
 
     return poll
 
@@ -80,12 +81,10 @@ def _status(
     if as_json:
         print_json(status.to_dict())
         return
-    rate = f"{status.tokens_per_s:,.0f} tok/s, {status.samples_per_s:,.2f} samples/s" if status.tokens_per_s else "idle"
-    eta = f"{status.eta_s / 3600:,.2f} h" if status.eta_s is not None else "unknown"
     typer.echo(
-        f"{status.regen_dir}\n{status.done:,}/{status.total:,} samples ({status.percent:.1f}%), "
-        f"{status.tokens:,} tokens; {rate}; ETA {eta}\nshards: {status.shards_done}/{status.shards_total} "
-        f"done, running {status.shards_running}, failed {status.failed_shards}, finished {status.finished}"
+        f"{status.regen_dir}\n{status.progress.describe()}, {status.tokens:,} tokens\nshards (this run's): "
+        f"{status.shards_done}/{status.shards_total} done, running {status.shards_running}, failed "
+        f"{status.failed_shards}, finished {status.finished}"
         + (f"\n{status.waiting_for_servers}" if status.waiting_for_servers else "")
     )
 

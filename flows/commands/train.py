@@ -7,8 +7,11 @@ from pathlib import Path
 
 import typer
 
+from eagle3.config import PipelineConfig
+from eagle3.stage import Progress
 from flows.commands.common import (
     ConfigOption,
+    Poll,
     RecipeOption,
     SetOption,
     bad_input,
@@ -16,6 +19,7 @@ from flows.commands.common import (
     prefect_api,
     resolve_config,
     results,
+    watch_progress,
 )
 
 FeaturesOption = typer.Option(None, "--features", help="Finished features stage dir (default: this config's).")
@@ -39,9 +43,25 @@ def train(
     lineage = Lineage(cfg)
     features = lineage.input("capture", features)
     vocab = lineage.input("vocab", vocab, features_dir=features)
-    with prefect_api():
+    with prefect_api(), watch_progress("train", _train_poll(cfg, features, vocab)):
         result = train_flow(cfg, str(features), str(vocab))
     results.print(f"[green]draft exported[/green]: {result['export']}")
+
+
+def _train_poll(cfg: PipelineConfig, features: Path, vocab: Path) -> Poll:
+    """Steps done / planned from the trainer's ``metrics.jsonl`` (the train stage's progress) with the last loss
+    and accept-length estimate, for :func:`watch_progress`."""
+    from eagle3.train.metrics import METRICS_FILE, describe_record, read_metrics
+    from eagle3.train.stage import TrainStage
+
+    stage = TrainStage()
+    plan = stage.plan(cfg, features_dir=features, vocab=vocab)
+
+    def poll() -> tuple[Progress, str] | None:
+        records = read_metrics(plan.out_dir / METRICS_FILE)
+        return (stage.progress(plan), describe_record(records[-1])) if records else None
+
+    return poll
 
 
 def export(

@@ -195,6 +195,104 @@ def _chromium_args() -> list[str]:
     ]
 
 
+class Browser:
+    """Headless Chromium driven over the DevTools protocol: open a page, wait for text or images, read the page's
+    text and its images' natural sizes (0 when the browser could not load one), take screenshots."""
+
+    def __init__(self) -> None:
+        from websockets.sync.client import connect
+
+        port = free_port()
+        args = [arg for arg in _chromium_args() if not arg.startswith("--virtual-time-budget")]
+        self.proc = subprocess.Popen([*args, f"--remote-debugging-port={port}", "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline, pages = time.monotonic() + 60, []
+        while not pages and time.monotonic() < deadline:
+            try:
+                pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+                         if t["type"] == "page"]
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert pages, "Chromium's DevTools endpoint did not come up"
+        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 * 2**20, open_timeout=30)
+        self._id = 0
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        import json
+
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv(timeout=120))
+            if message.get("id") == self._id:
+                return message.get("result", {})
+
+    def evaluate(self, expression: str) -> Any:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def open(self, url: str, *, until: str = "true", timeout_s: float = 60) -> str:
+        """Navigate, wait until the JavaScript condition ``until`` holds (or ``timeout_s``), return the page text."""
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.evaluate(f"document.readyState === 'complete' && ({until})"):
+            time.sleep(1)
+        return self.evaluate("document.body.innerText") or ""
+
+    def click_tab(self, label: str, *, until: str = "true", timeout_s: float = 60) -> str:
+        """Click the UI tab named ``label``, wait until ``until`` holds, return the page text."""
+        self.evaluate("Array.from(document.querySelectorAll('.p-tab')).find(e => e.textContent.trim() === "
+                      f"{label!r}).click()")  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.evaluate(until):
+            time.sleep(1)
+        return self.evaluate("document.body.innerText") or ""
+
+    def images(self) -> list[dict[str, Any]]:
+        return self.evaluate("Array.from(document.images).map(i => ({src: i.src.slice(0, 40), "
+                             "width: i.naturalWidth, height: i.naturalHeight}))") or []
+
+    def screenshot(self, out: Path) -> Path:
+        import base64
+
+        self.call("Emulation.setDeviceMetricsOverride", width=1400, height=1600, deviceScaleFactor=1, mobile=False)
+        out.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return out
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(20)
+
+
+class WebhookReceiver:
+    """A loopback HTTP server that records the JSON bodies POSTed to it (the alert automation's target)."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received: list[dict[str, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                received.append(json.loads(body or b"{}"))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        self.received = received
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
 def eagle3(args: list[str], env: dict[str, str], *, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
     """Run the ``eagle3`` CLI to completion (output captured for assertions)."""
     return subprocess.run(

@@ -1,37 +1,85 @@
 """The nightly deployment on a real Prefect server, run by a process worker, checked over REST and in the UI.
 
-One tiny ``data-scaling`` run (module fixture) feeds every assertion; the regen re-trigger reuses its run root.
+One tiny ``data-scaling`` run (module fixture) over a subset of the prompt pool (``--scale``: 2 of 3 shards) feeds
+every assertion; it is watched while it runs (the nightly page's status mid-regen, in Chromium). The regen
+re-triggers reuse its run root: one against a reference server whose every request fails (a shard fails, the live
+table shows it with its reason, the alert fires), one that regenerates the shard. Screenshots go to
+``$E2E_SCREENSHOTS`` (default ``/tmp/eagle3-e2e-screenshots``), printed by the test.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from e2e_support import FAST_TINY, REPO, PrefectServer, dump_dom, screenshot
+from e2e_support import (
+    BIN,
+    FAST_TINY,
+    REPO,
+    TERMINAL,
+    Browser,
+    PrefectServer,
+    WebhookReceiver,
+    _start,
+    dump_dom,
+    free_port,
+    screenshot,
+    stop,
+)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# The first test also pays for the module's fixtures: two applies, the whole night watched mid-run, two screenshots.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 STAGE_FLOWS = {"discover", "normalize", "regen", "capture", "vocab", "train", "gate", "scaling"}
 RUN_TIMEOUT_S = 900
+SCALE = 80  # tonight: the first 2 of the 3 prompt shards of 40 (the pool is 120 prompts)
+SCREENSHOTS = Path(os.environ.get("E2E_SCREENSHOTS", "/tmp/eagle3-e2e-screenshots"))
+PERCENT_ETA = re.compile(r"\d+\.\d% - ETA (\d+ (h|min|s)|unknown|done)")
 
 
 @pytest.fixture(scope="module")
-def deployed(prefect_server: PrefectServer, tiny_world: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``deploy.py apply`` with the tiny recipe on a fresh run root, both pools named ``e2e``; returns the root."""
+def screenshots() -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    print(f"\nUI screenshots in {SCREENSHOTS}")
+    return SCREENSHOTS
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    prefect_server: PrefectServer, tiny_world: Any, tmp_path_factory: pytest.TempPathFactory, webhook: WebhookReceiver
+) -> Path:
+    """``deploy.py apply`` with the tiny recipe on a fresh run root, ``--scale`` below the pool, both pools named
+    ``e2e``, alerts to the loopback webhook; returns the root."""
     root = tmp_path_factory.mktemp("ui-run-root")
-    overrides = (f"root={root}", "mix.total=120", "normalize.shard_size=40", *FAST_TINY)  # 3 prompt shards
+    overrides = (f"root={root}", "mix.total=120", "normalize.shard_size=40", "orchestration.progress_every_s=5",
+                 "monitor.log_every_s=20", *FAST_TINY)  # 3 prompt shards  # fmt: skip
     sets = [arg for override in overrides for arg in ("--set", override)]
-    args = [sys.executable, "deployments/deploy.py", "apply", "--recipe", "tiny", "--paused"]
-    args += ["--cpu-pool", "e2e", "--gpu-pool", "e2e", *sets]
+    args = [sys.executable, "deployments/deploy.py", "apply", "--recipe", "tiny", "--paused", "--scale", str(SCALE)]
+    args += ["--cpu-pool", "e2e", "--gpu-pool", "e2e", "--alert-webhook", webhook.url, *sets]
     done = subprocess.run(args, env=prefect_server.env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "data-scaling/tiny" in done.stdout and "regen/tiny" in done.stdout and "gate/tiny" in done.stdout
+    assert "automation/eagle3-alert-tiny" in done.stdout, done.stdout
+    again = subprocess.run(args, env=prefect_server.env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout == done.stdout, "apply is not idempotent"
     return root
 
 
@@ -41,10 +89,52 @@ def _run_deployment(server: PrefectServer, name: str, parameters: dict[str, Any]
     return server.wait_for_run(run["id"], timeout_s=RUN_TIMEOUT_S)
 
 
+def _latest_artifact(server: PrefectServer, key: str) -> dict[str, Any] | None:
+    try:
+        return server.get(f"/artifacts/{key}/latest")
+    except httpx.HTTPStatusError:
+        return None
+
+
+def _watch_mid_regen(server: PrefectServer, run_id: str, out: Path) -> dict[str, Any]:
+    """While the night runs: wait for the regen stage's status on the nightly run, then open the nightly run's
+    page in Chromium; returns the status artifact and the page's text."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and server.get(f"/flow_runs/{run_id}")["state_type"] not in TERMINAL:
+        status = _latest_artifact(server, "data-scaling-status")
+        if status and (status["description"] or "").startswith("regen running"):
+            browser = Browser()
+            try:  # the page opens on its logs: the status line is there; the status itself under Artifacts
+                logs = browser.open(f"{server.url}/runs/flow-run/{run_id}", until="/regen: .*ETA/.test("
+                                    "document.body.innerText)")  # fmt: skip
+                browser.screenshot(out / "nightly-mid-regen-logs.png")
+                text = browser.click_tab("Artifacts", until="/regen running .*% - ETA/.test(document.body.innerText)")
+                browser.screenshot(out / "nightly-mid-regen.png")
+            finally:
+                browser.close()
+            return {"status": status, "page": text, "logs": logs}
+        time.sleep(1)
+    raise AssertionError("the nightly run never showed a running regen status")
+
+
 @pytest.fixture(scope="module")
-def night(prefect_server: PrefectServer, deployed: Path, process_worker: Any) -> dict[str, Any]:
-    """One nightly run, triggered like the schedule would (the deployment's own parameters)."""
-    return _run_deployment(prefect_server, "data-scaling/tiny", {})
+def night(prefect_server: PrefectServer, deployed: Path, process_worker: Any, screenshots: Path) -> dict[str, Any]:
+    """One nightly run, triggered like the schedule would (the deployment's own parameters: ``--scale``), watched
+    mid-regen; ``mid_run`` holds what the nightly page showed then."""
+    deployment = prefect_server.get("/deployments/name/data-scaling/tiny")
+    run = prefect_server.post(f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {}})
+    mid_run = _watch_mid_regen(prefect_server, run["id"], screenshots)
+    final = prefect_server.wait_for_run(run["id"], timeout_s=RUN_TIMEOUT_S)
+    for log in ("server.log", "worker.log"):  # beside the screenshots: what the server and worker said
+        shutil.copy(prefect_server.home / log, screenshots / log)
+    browser = Browser()
+    try:
+        browser.open(f"{prefect_server.url}/runs/flow-run/{run['id']}", until="document.querySelector('.p-tab')")
+        browser.click_tab("Artifacts", until="/scaling (done|failed)/.test(document.body.innerText)")
+        browser.screenshot(screenshots / "nightly-completed.png")
+    finally:
+        browser.close()
+    return final | {"mid_run": mid_run}
 
 
 def test_nightly_run_ends_with_the_gate_verdict(night: dict[str, Any], deployed: Path):
@@ -72,6 +162,8 @@ def test_progress_shard_table_and_gate_report_are_artifacts(prefect_server: Pref
         by_type.setdefault(artifact["type"], []).append(artifact)
     regen_progress = [a for a in by_type.get("progress", []) if (a["key"] or "").startswith("regen")]
     assert regen_progress and all(a["data"] == 100 for a in regen_progress), regen_progress
+    tonight = f"{SCALE}/{SCALE} samples"  # tonight's plan, not the pool's 120
+    assert any(tonight in (a["description"] or "") for a in regen_progress), regen_progress
     assert any((a["key"] or "").startswith("regen") for a in by_type.get("table", [])), "no regen shard table"
     report = prefect_server.get("/artifacts/gate-report/latest")
     assert report["type"] == "markdown" and "speedup" in report["data"].lower()
@@ -91,15 +183,99 @@ def test_flow_run_page_renders_the_run_in_a_browser(prefect_server: PrefectServe
     assert pixels.shape[0] >= 800 and pixels.std() > 0.02, "the screenshot is blank"
 
 
+def test_the_nightly_page_shows_the_running_stage_percent_and_eta_mid_run(night: dict[str, Any]):
+    mid = night["mid_run"]
+    assert mid["status"]["flow_run_id"] == night["id"], "the status is on the nightly run itself"
+    assert PERCENT_ETA.search(mid["status"]["data"]) and "samples" in mid["status"]["data"], mid["status"]["data"]
+    assert PERCENT_ETA.search(mid["page"]), mid["page"][-2000:]
+    assert re.search(r"regen: \d+\.\d% - .* - ETA ", mid["logs"]), mid["logs"][-2000:]
+    assert (SCREENSHOTS / "nightly-mid-regen.png").stat().st_size > 10_000
+
+
+def test_the_nights_plots_render_as_images_in_the_browser(prefect_server: PrefectServer, night: dict[str, Any]):
+    plots = prefect_server.get("/artifacts/night-plots/latest")
+    assert plots["flow_run_id"] == night["id"] and plots["data"].count("data:image/png;base64,") == 4
+    browser = Browser()
+    try:
+        browser.open(f"{prefect_server.url}/artifacts/artifact/{plots['id']}",
+                     until="document.images.length >= 4 && Array.from(document.images).every(i => i.complete)")
+        images = [i for i in browser.images() if i["src"].startswith("data:image/png")]
+        browser.screenshot(SCREENSHOTS / "night-plots.png")
+    finally:
+        browser.close()
+    assert len(images) == 4 and all(i["width"] > 0 and i["height"] > 0 for i in images), images
+
+
+def test_a_failing_nightly_run_posts_one_alert_with_its_name_state_and_link(
+    prefect_server: PrefectServer, night: dict[str, Any], webhook: WebhookReceiver
+):
+    failed = _run_deployment(prefect_server, "data-scaling/tiny", {"shard_ids": [99]})  # fails at plan-night
+    assert failed["state_type"] == "FAILED"
+    mine = _alerts_for(webhook, failed["name"], timeout_s=120)
+    time.sleep(10)  # a second notification (a subflow, a duplicate) would arrive by now
+    mine = _alerts_for(webhook, failed["name"], timeout_s=0)
+    assert len(mine) == 1, mine
+    assert "Failed" in mine[0]["text"] and f"/runs/flow-run/{failed['id']}" in mine[0]["text"], mine[0]
+
+
+def _alerts_for(webhook: WebhookReceiver, run_name: str, *, timeout_s: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        mine = [body for body in webhook.received if run_name in body.get("text", "")]
+        if mine or time.monotonic() >= deadline:
+            return mine
+        time.sleep(1)
+
+
+@pytest.fixture
+def failing_server(prefect_server: PrefectServer, tiny_world: Any) -> Iterator[str]:
+    """A reference server on the tiny model whose every generation request fails (the server's fault flag)."""
+    port = free_port()
+    args = [str(BIN / "python"), "-m", "eagle3.serve", "--model", str(tiny_world.model_dir), "--port", str(port),
+            "--fault-fail-rate", "1.0"]  # fmt: skip
+    proc = _start(args, prefect_server.env, prefect_server.home / "failing-server.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    yield url
+    stop(proc)
+
+
+def test_a_failed_shard_is_in_the_live_table_with_its_reason_before_the_stage_ends(
+    prefect_server: PrefectServer, night: dict[str, Any], deployed: Path, failing_server: str
+):
+    (regen_dir,) = [d for d in (deployed / "regen").iterdir() if d.is_dir()]
+    (regen_dir / "shard-00001.parquet").unlink()  # shard 1 to redo, against a server that fails every request
+    deployment = prefect_server.get("/deployments/name/regen/tiny")
+    config = deployment["parameters"]["config"]
+    overrides = [*config["overrides"], f'regen.servers=["{failing_server}"]', "regen.max_retries=0",
+                 "regen.eject_after_failures=1", "regen.readmit_after_s=1"]  # fmt: skip
+    run = _run_deployment(prefect_server, "regen/tiny", {"shard_ids": [1], "config": config | {"overrides": overrides}})
+    assert run["state_type"] == "FAILED", run["state"]
+    live = prefect_server.get(f"/artifacts/regen-shards-live-{regen_dir.name}/latest")
+    rows = {row["shard"]: row for row in json.loads(live["data"])}
+    assert rows[1]["state"] == "failed" and "injected fault" in rows[1]["reason"], rows
+    updated, ended = (datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (live["updated"], run["end_time"]))
+    assert updated < ended, "the live table showed the failure only after the stage ended"
+    status = prefect_server.get("/artifacts/regen-status/latest")["data"]
+    assert "prefect deployment run 'regen/tiny' --param shard_ids='[1]'" in status, status
+    assert f"eagle3 retry-shards --run {regen_dir} --shard 1" in status, status
+
+
 def test_regen_retrigger_reruns_only_the_requested_shard(
     prefect_server: PrefectServer, night: dict[str, Any], deployed: Path
 ):
     (regen_dir,) = [d for d in (deployed / "regen").iterdir() if d.is_dir()]
     shards = sorted(regen_dir.glob("shard-*.parquet"))
-    assert len(shards) >= 2, "the tiny prompts should make at least two regen shards"
-    lost = shards[1]
+    assert shards, "the night regenerated no shard"
+    lost = regen_dir / "shard-00001.parquet"
     kept = {p: p.stat().st_mtime_ns for p in shards if p != lost}
-    lost.unlink()  # as if shard 1 had failed
+    lost.unlink(missing_ok=True)  # as if shard 1 had failed (the failing-server test above left it missing)
     args = [sys.executable, "-m", "prefect", "deployment", "run", "regen/tiny", "--param", "shard_ids=[1]"]
     done = subprocess.run(args, env=prefect_server.env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

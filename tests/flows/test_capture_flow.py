@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from eagle3.runroot import Manifest
+from eagle3.stage import Progress
 
 
 def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, prefect_harness):
@@ -18,10 +19,11 @@ def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, 
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
     regen = write_regen_stage(config.root_path / "regen" / "flowfp", rows=4, seed=5)
-    assert capture_progress(regen, features_dir_for(config, regen)) == (0, 8)  # what the CLI's bar polls
+    assert capture_progress(regen, features_dir_for(config, regen)) == Progress(done=0, total=8)  # the CLI's bar
     features = Path(capture_flow(config, regen_dir=str(regen)))
     assert features == features_dir_for(config, regen)
-    assert capture_progress(regen, features) == (8, 8) and capture_progress(regen, features, shard_ids=[1]) == (4, 4)
+    assert capture_progress(regen, features).percent == 100.0
+    assert capture_progress(regen, features, shard_ids=[1]) == Progress(done=4, total=4)
     manifest = Manifest.read(features)
     assert manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 8
     assert sorted(p.name for p in features.glob("shard-*.parquet")) == ["shard-00000.parquet", "shard-00001.parquet"]

@@ -155,14 +155,15 @@ def test_datasets_list_json_is_parseable_with_typed_values():
 def test_watch_progress_polls_until_the_block_exits_and_once_more_after():
     import time
 
+    from eagle3.stage import Progress
     from flows.commands.common import watch_progress
 
-    answers = iter([None, (1, 4, "")])
+    answers = iter([None, (Progress(done=1, total=4), "")])
     calls: list[int] = []
 
-    def poll() -> tuple[int, int, str] | None:
+    def poll() -> tuple[Progress, str] | None:
         calls.append(1)
-        return next(answers, (4, 4, "done"))
+        return next(answers, (Progress(done=4, total=4), "done"))
 
     with watch_progress("test", poll, every_s=0.01):
         while len(calls) < 3:
@@ -220,3 +221,24 @@ def test_the_temporary_prefect_server_answers_and_dies_with_a_kill_9_of_its_comm
     while server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"Prefect's temporary server {server.pid} outlived its command"
         time.sleep(0.2)
+
+
+def test_prefect_log_lines_go_through_the_bars_console_while_it_draws():
+    import io
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+    from rich.console import Console
+
+    from flows.commands.common import prefect_logs_on
+
+    handler, target = PrefectConsoleHandler(), Console(file=io.StringIO(), width=200)
+    own = handler.console
+    logger = logging.getLogger("prefect.test-bar-console")
+    logger.addHandler(handler)
+    try:
+        with prefect_logs_on(target):
+            logger.warning("a flow log line")
+        assert "a flow log line" in target.file.getvalue() and handler.console is own
+    finally:
+        logger.removeHandler(handler)

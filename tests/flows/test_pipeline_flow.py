@@ -127,6 +127,36 @@ def test_zombie_automation_crashes_runs_that_miss_heartbeats():
         zombie_automation(heartbeat_s=10)
 
 
+def test_alert_automation_notifies_once_per_failed_or_crashed_run_of_the_nightly_and_regen_deployments():
+    from uuid import uuid4
+
+    from deployments.automations import alert_automation
+
+    block = uuid4()
+    automation = alert_automation("tiny", ["nightly-id", "regen-id"], block)
+    trigger = automation.trigger
+    assert trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"} and trigger.threshold == 1
+    assert trigger.posture == "Reactive" and automation.name == "eagle3-alert-tiny"
+    (related,) = trigger.match_related if isinstance(trigger.match_related, list) else [trigger.match_related]
+    assert related["prefect.resource.id"] == ["prefect.deployment.nightly-id", "prefect.deployment.regen-id"]
+    (action,) = automation.actions
+    assert action.block_document_id == block
+    for field in ("{{ flow_run.name }}", "{{ flow_run.state.name }}", "{{ flow_run|ui_url }}"):
+        assert field in action.subject + action.body
+
+
+def test_the_webhook_block_posts_a_slack_compatible_text_with_subject_and_body():
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    from deployments.automations import webhook_block
+
+    block = webhook_block("http://127.0.0.1:9/alerts")
+    assert isinstance(block, CustomWebhookNotificationBlock) and block.allow_private_urls
+    request = block._build_request_args("run sly-fox Failed\nhttp://ui/runs/flow-run/1", "eagle3: sly-fox is Failed")
+    assert request["url"] == "http://127.0.0.1:9/alerts" and request["method"] == "POST"
+    assert request["json"]["text"] == "eagle3: sly-fox is Failed\nrun sly-fox Failed\nhttp://ui/runs/flow-run/1"
+
+
 def test_each_configured_regen_server_gets_one_shard_slot_created_once(prefect_harness):
     from prefect.client.orchestration import get_client
 

@@ -1,23 +1,26 @@
-"""The progress artifact of a resumed stage: the bar starts at its share, the rate and ETA count new work only."""
+"""Plots reach the Prefect UI as images: a PNG becomes a data: URI in a Markdown artifact, a missing one is skipped."""
 
 from __future__ import annotations
 
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+import base64
 
-from tasks.common import Progress
-
-
-def _latest_progress(key: str) -> float:
-    with get_client(sync_client=True) as client:
-        [artifact] = client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    return float(artifact.data)
+from tasks.common import markdown_image, publish_plots
 
 
-def test_resumed_progress_starts_at_the_done_share_and_rates_only_this_runs_work(prefect_harness):
-    progress = Progress("resumed-stage", total=10, already_done=4, every_s=0)
-    assert _latest_progress(progress.key) == 40.0
-    assert "4/10 samples (0.00/s" in progress._describe() and "ETA unknown" in progress._describe()
-    progress.update(10)
-    assert _latest_progress(progress.key) == 100.0
-    assert "ETA 0.0 min" in progress._describe()
+def test_a_png_is_embedded_as_a_data_uri_the_browser_can_show(tmp_path):
+    png = tmp_path / "curve.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    image = markdown_image(png, "Scaling curve")
+    assert image.startswith("![Scaling curve](data:image/png;base64,") and image.endswith(")")
+    assert base64.b64decode(image.split("base64,")[1][:-1]) == png.read_bytes()
+
+
+def test_publish_plots_skips_missing_files_and_publishes_nothing_without_plots(tmp_path, monkeypatch):
+    published: list[tuple[str, str]] = []
+    monkeypatch.setattr("tasks.common.publish_markdown", lambda key, md, description="": published.append((key, md)))
+    png = tmp_path / "throughput.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n")
+    markdown = publish_plots("night-plots", {"Throughput": png, "Accept length": tmp_path / "missing.png"})
+    assert markdown is not None and "## Throughput" in markdown and "Accept length" not in markdown
+    assert published == [("night-plots", markdown)]
+    assert publish_plots("night-plots", {"Training": None}) is None and len(published) == 1
