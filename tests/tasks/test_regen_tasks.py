@@ -81,7 +81,7 @@ def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
     result = finalize_task.fn(stage, config, plan, [report], [])
     assert result.summary["shards_pending"] == [0] and not result.done
     assert json.loads((plan.out_dir / "failed_shards.json").read_text()) == []
-    with pytest.raises(UnitsFailed, match=r"regen failed for units \[0\].*eagle3 retry-shards --run .* --shard 0$"):
+    with pytest.raises(UnitsFailed, match=r"regen failed for units \[0\].*eagle3 retry-shards --run .* --shard 0\.$"):
         finalize_task.fn(stage, config, plan, [report], [0])  # the failure policy: recorded, no manifest, retrigger
     assert json.loads((plan.out_dir / "failed_shards.json").read_text()) == [0]
     assert not (plan.out_dir / "manifest.json").exists()
