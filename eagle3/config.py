@@ -299,7 +299,7 @@ class GateConfig(StrictModel):
     max_rounds: int = Field(
         default=8,
         ge=2,
-        description="Rounds at the decision concurrency: a PASS needs all; an interval still open after is INCONCLUSIVE.",
+        description="Rounds at the decision concurrency: a PASS needs all; still open after: INCONCLUSIVE.",
     )
     confidence: float = Field(
         default=0.9, gt=0.5, lt=1.0, description="Two-sided level of the t interval on the paired speedups."
