@@ -14,6 +14,7 @@ Exit codes, the same for every command:
   draft, regen shards failed, preflight checks failed, a server or the Hub did not answer).
 * ``2`` (``EXIT_USAGE``): bad usage, config or input (a ``ConfigError``, a missing or unfinished input directory,
   a file that is not what it should be).
+* ``3`` (``EXIT_INCONCLUSIVE``): ``eagle3 gate`` could not tell, noise or a failed sanity check; nothing promoted.
 
 An expected failure prints one ``error: <message>`` line on stderr and no traceback (``--verbose`` logs it):
 commands raise ``CliError`` (or let the library's input and config errors propagate) and ``ErrorHandlingGroup``,
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
 
 console = Console(stderr=True)  # progress and status
 results = Console(soft_wrap=True)  # never wrapped or cut, so `| grep` sees whole lines
