@@ -29,9 +29,9 @@ def _round(tok_s: float, r: int, *, accept: float | None = None, tokens: int = T
     return LevelStats(1, 12, tokens, verify, tokens / tok_s, tok_s, 10.0, tokens / verify if verify else None, round=r)
 
 
-def _arms(base: list[float], cand: list[float], *, accept: float = ACCEPT, cand_tokens: int = TOKENS) -> list[ArmResult]:
+def _arms(base: list[float], cand: list[float], *, accept: float = ACCEPT, tokens: int = TOKENS) -> list[ArmResult]:
     baseline = ArmResult("baseline", "baseline", "", rounds=[_round(t, r) for r, t in enumerate(base)])
-    rounds = [_round(t, r, accept=accept, tokens=cand_tokens) for r, t in enumerate(cand)]
+    rounds = [_round(t, r, accept=accept, tokens=tokens) for r, t in enumerate(cand)]
     candidate = ArmResult("cand0:s3-k1-n4", "candidate", "", draft="d", rounds=rounds)
     for arm in (baseline, candidate):
         arm.pool()
@@ -135,7 +135,7 @@ def test_the_accept_bound_allows_its_tolerance_and_no_more():
 
 
 def test_arms_that_generated_different_token_counts_are_inconclusive():
-    (decision,) = decide(_arms([100.0, 101.0, 99.0], [130.0, 131.0, 129.0], cand_tokens=TOKENS // 2), GATE)
+    (decision,) = decide(_arms([100.0, 101.0, 99.0], [130.0, 131.0, 129.0], tokens=TOKENS // 2), GATE)
     assert decision.verdict == INCONCLUSIVE
     assert any("same_tokens failed" in r and "50.0%" in r for r in decision.reasons), decision.reasons
 
@@ -157,8 +157,8 @@ def test_one_round_gives_no_interval_and_asks_for_more():
 
 def test_the_champion_bound_must_clear_min_gain_over_champion():
     arms = _arms([100.0] * 4, [130.0, 131.0, 129.0, 130.0])
-    champ = ArmResult("champion:s3-k1-n4", "champion", "", rounds=[_round(t, r, accept=ACCEPT) for r, t in
-                                                                   enumerate([128.0, 133.0, 127.0, 131.0])])  # fmt: skip
+    champ_rounds = [_round(t, r, accept=ACCEPT) for r, t in enumerate([128.0, 133.0, 127.0, 131.0])]
+    champ = ArmResult("champion:s3-k1-n4", "champion", "", rounds=champ_rounds)
     champ.pool()
     gate = GATE.model_copy(update={"min_gain_over_champion": 1.02})
     (decision,) = decide([*arms, champ], gate)
