@@ -92,7 +92,7 @@ class ArmResult:
     levels: list[LevelStats] = field(default_factory=list)  # pooled over rounds, one per concurrency
     rounds: list[LevelStats] = field(default_factory=list)  # every round at every concurrency, in measuring order
     preflight: list[dict[str, Any]] = field(default_factory=list)
-    flush_failures: list[str] = field(default_factory=list)  # levels measured without a cache flush (bench.gate)
+    flush_failures: list[str] = field(default_factory=list)  # rounds measured without a cache flush (bench.rounds)
     error: str | None = None
 
     def level(self, concurrency: int) -> LevelStats | None:
