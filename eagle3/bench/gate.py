@@ -132,7 +132,9 @@ def _plan(
     champion_url: str | None,
 ) -> _Plan:
     plan = _Plan([], {}, {})
-    measured = _side_by_side(config, flavour, 1 + len(drafts) * len(config.gate.sweep or [config.speculative]) + 1)
+    champion_arm = champion is not None and champion.draft_id not in {draft_id(d) for d in drafts}
+    arms = 1 + len(drafts) * len(config.gate.sweep or [config.speculative]) + champion_arm
+    measured = _side_by_side(config, flavour, arms)
 
     def add(arm: ArmResult, url: str | None, draft: Path | None, spec: SpeculativeConfig | None) -> None:
         kind = "baseline" if spec is None else "eagle3"
@@ -154,7 +156,7 @@ def _plan(
             arm = ArmResult(name, "candidate", spec_url or "", str(draft), draft_id(draft), config_label(spec))
             arm.speculative = spec.model_dump(mode="json")
             add(arm, spec_url, draft, spec)
-    if champion is not None and champion.draft_id not in {draft_id(d) for d in drafts}:
+    if champion is not None and champion_arm:
         spec = SpeculativeConfig(**champion.speculative) if champion.speculative else config.speculative
         arm = ArmResult(f"champion:{config_label(spec)}", "champion", champion_url or "", champion.draft_dir)
         arm.draft_id, arm.config_label = champion.draft_id, config_label(spec)
