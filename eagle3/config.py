@@ -331,6 +331,27 @@ class GateConfig(StrictModel):
     min_accept: float = Field(default=1.5, ge=1)
     min_gain_over_champion: float = Field(default=1.0, gt=0)
     sweep: list[SpeculativeConfig] = Field(default_factory=list)
+    # Interleaved rounds and the verdict's statistic (eagle3.bench.rounds, eagle3.bench.verdict).
+    min_rounds: int = Field(
+        default=3, ge=2, description="Rounds (one batch per arm, order alternating) before a FAIL may stop measuring."
+    )
+    max_rounds: int = Field(
+        default=8,
+        ge=2,
+        description="Rounds at the decision concurrency: a PASS needs all; still open after: INCONCLUSIVE.",
+    )
+    confidence: float = Field(
+        default=0.9, gt=0.5, lt=1.0, description="Two-sided level of the t interval on the paired speedups."
+    )
+    max_baseline_drift: float = Field(
+        default=0.2, gt=0, description="Largest max/min - 1 of the baseline's tok/s over its rounds, else INCONCLUSIVE."
+    )
+    accept_bound_tolerance: float = Field(
+        default=0.1, ge=0, description="A round's speedup may exceed its accept length by this fraction (noise)."
+    )
+    max_token_mismatch: float = Field(
+        default=0.02, ge=0, description="Largest relative gap in completion tokens between arms within one round."
+    )
 
     @model_validator(mode="after")
     def _decision_level_is_swept(self) -> GateConfig:
@@ -338,6 +359,11 @@ class GateConfig(StrictModel):
             raise ValueError(
                 f"gate.decision_concurrency={self.decision_concurrency} is not in gate.concurrency="
                 f"{self.concurrency}: add it to the sweep"
+            )
+        if self.min_rounds > self.max_rounds:
+            raise ValueError(
+                f"gate.min_rounds={self.min_rounds} > gate.max_rounds={self.max_rounds}: raise max_rounds or lower "
+                "min_rounds"
             )
         return self
 

@@ -32,7 +32,8 @@ def gate_flow(
 ) -> dict[str, Any]:
     """Run the benchmark gate; the Markdown report is a Prefect artifact (key ``gate-report``). ``config`` is a
     resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker. Returns the report paths, the
-    verdict (``passed``), the promotion and whether a finished gate was read back (``reused``)."""
+    ``verdict`` (pass, fail or inconclusive) with its ``reasons``, ``passed`` (promotable), the promotion and whether
+    a finished gate was read back (``reused``)."""
     result = run_stage(GateStage(), resolve_config_task(config), drafts=drafts, baseline_url=baseline_url,
                        spec_url=spec_url, champion_url=champion_url, flavour=flavour, features_dir=features_dir,
                        promote=promote, force=force)  # fmt: skip

@@ -11,8 +11,10 @@ Design choices:
   covering ``previous total + scale``; explicit ``shard_ids`` override it (re-triggers, tests).
 * Regen and capture run their shards on the task runner ``orchestration`` names (threads, or Ray with one GPU per
   capture task); each stage flow picks it from its config (``flows.runners``).
-* A refused gate ends the run **Failed** with the report path in the message; the report is also the
-  ``gate-report`` markdown artifact, and the night's point is on the scaling curve either way.
+* A refused gate ends the run **Failed** with the report path in the message; an inconclusive one (noise or a
+  failed sanity check, nothing promoted) in a Failed-type state named **Inconclusive**, with the reasons and the
+  report path; the report is also the ``gate-report`` markdown artifact, and the night's point is on the scaling
+  curve either way.
 * What a person watches on this run's page: ``data-scaling-status`` (the running stage's percent, rates, ETA,
   failed shards with their re-trigger commands, server health; ``tasks.monitor``) and ``night-plots`` (training
   curves, gate plots, scaling curve as images).
@@ -75,6 +77,9 @@ def data_scaling(
     publish_summary_task(summary)
     night_plots_task(draft["out_dir"], gate["markdown"], curve["png"])
     get_run_logger().info("gate report: %s", gate["markdown"])
+    if gate["verdict"] == "inconclusive":
+        return Failed(name="Inconclusive", data=summary, message=f"gate inconclusive for {draft['export']}, nothing "
+                      f"promoted ({'; '.join(gate['reasons'])}): report {gate['markdown']}")  # fmt: skip
     if not gate["passed"]:
         return Failed(message=f"gate refused the draft {draft['export']}: report {gate['markdown']}", data=summary)
     return summary

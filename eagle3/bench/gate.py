@@ -5,14 +5,17 @@ Design choices:
   would ship it; each launched (or given) speculative server then passes the runtime checks (``/server_info``
   says EAGLE3 with this draft, a smoke run speculates). A refused draft is never benchmarked, so a broken launch
   line (``EAGLE`` instead of ``EAGLE3``) cannot produce a report that looks like a slow-but-valid draft.
-- Arms run one after another, never side by side, so they do not share the machine; the same rendered prompts go
-  to every arm; a warm-up batch per arm is excluded from timing; any failed request fails the arm, not a number.
+- Every arm is up at once and the traffic alternates between them in rounds (``eagle3.bench.rounds``): the arms
+  take turns, never share the machine while timed, and get the same rendered prompts; any failed request fails
+  the arm, not a number.
 - Without URLs the gate launches the arms itself (``flavour`` "reference" on CPU, "sglang" on a GPU box), one
-  server per (draft, speculative config) of ``gate.sweep`` (default: ``config.speculative``). With URLs it measures
-  what is running; a sweep needs launching and is then not possible.
-- Decision per candidate at ``gate.decision_concurrency`` with its best config: speedup over baseline >=
-  ``min_speedup``, accept length >= ``min_accept``, and, when a champion exists, tok/s over the champion's >=
-  ``min_gain_over_champion``. The gate passes iff some candidate passes; the best passing one is promoted.
+  server per (draft, speculative config) of ``gate.sweep`` (default: ``config.speculative``). Launched SGLang arms
+  share the device, so when ``server.mem_fraction_static`` is unset each gets an equal share of ``SGLANG_MEMORY``
+  (the same for every arm, and in ``launch_used``; the shipped ``launch_sglang`` line keeps the config's). With
+  URLs it measures what is running; a sweep needs launching and is then not possible.
+- The verdict per candidate (``eagle3.bench.verdict``): PASS, FAIL or INCONCLUSIVE from the t interval of the
+  paired per-round speedups and the physical sanity checks. The gate passes iff some candidate passes; the best
+  passing one is promoted; INCONCLUSIVE never promotes.
 - Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is read back, not
   re-measured, unless ``force``.
 - The fingerprint and directory are known before measuring (``gate_identity``), so the gate stage's plan
@@ -21,7 +24,6 @@ Design choices:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -32,10 +34,12 @@ from typing import Any
 
 from eagle3.bench import preflight
 from eagle3.bench.launch import LaunchCommand, build_launch
-from eagle3.bench.prompts import BenchPrompt, load_gate_prompts, send_prompts_async
+from eagle3.bench.prompts import BenchPrompt, load_gate_prompts
 from eagle3.bench.registry import Promotion, Registry, draft_id
-from eagle3.bench.report import ArmResult, Decision, GateReport, LevelStats, read_report, write_report
-from eagle3.config import GateConfig, PipelineConfig, SpeculativeConfig
+from eagle3.bench.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
+from eagle3.bench.rounds import ArmError, measure_rounds
+from eagle3.bench.verdict import best_arm, decide, overall, undecided
+from eagle3.config import PipelineConfig, SpeculativeConfig, with_overrides
 from eagle3.layout import stage_dir
 from eagle3.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import LaunchError
@@ -45,12 +49,7 @@ logger = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}
 SMOKE_PROMPTS = 4
 SMOKE_TOKENS = 32
-FLUSH_ATTEMPTS = 5
-FLUSH_WAIT_S = 0.5
-
-
-class ArmError(RuntimeError):
-    """An arm could not be measured (launch, preflight or request failures); the message says which."""
+SGLANG_MEMORY = 0.85  # of the device, split over the SGLang arms the gate launches side by side
 
 
 @dataclass
@@ -64,67 +63,13 @@ class GateResult:
     def passed(self) -> bool:
         return self.report.passed
 
+    @property
+    def verdict(self) -> str:
+        return str(self.report.verdict)
+
 
 def config_label(spec: SpeculativeConfig) -> str:
     return f"s{spec.num_steps}-k{spec.eagle_topk}-n{spec.num_draft_tokens}"
-
-
-def flush_cache(url: str, *, attempts: int = FLUSH_ATTEMPTS, wait_s: float = FLUSH_WAIT_S) -> str | None:
-    """POST ``/flush_cache``; ``None`` once flushed, else why it could not be.
-
-    SGLang refuses to flush while requests are running or waiting (400; sgl-project/sglang
-    ``python/sglang/srt/entrypoints/http_server.py`` ``flush_cache``). Right after a level the last replies may still
-    be leaving the server, so a 400 is retried a few times. Not flushing does not fail the arm (the numbers stay
-    real, a warm prefix cache only flatters the next level), so the caller records it in the report instead.
-    """
-    import urllib.error
-    import urllib.request
-
-    last = "no attempt made"
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(wait_s)
-        try:
-            with urllib.request.urlopen(urllib.request.Request(f"{url}/flush_cache", method="POST"), timeout=30):
-                return None
-        except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code}: {exc.read().decode(errors='replace').strip()}"
-            if exc.code != 400:
-                break
-        except OSError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-            break
-    return f"could not flush the cache at {url} after {attempt + 1} attempts: {last}"
-
-
-def measure(arm: ArmResult, url: str, prompts: list[BenchPrompt], gate: GateConfig) -> None:
-    """Warm-up (excluded), then every prompt at each concurrency of ``gate.concurrency`` into ``arm.levels``.
-
-    The cache is flushed before each level so no level rides on the prefixes the previous one left behind; a flush
-    that the server kept refusing is noted in ``arm.flush_failures``.
-    """
-    pairs = [(p.prompt_id, list(p.input_ids)) for p in prompts]
-
-    async def run() -> list[LevelStats]:
-        if gate.warmup_requests:
-            await send_prompts_async(
-                url, pairs[: gate.warmup_requests], concurrency=gate.warmup_requests, max_new_tokens=gate.max_new_tokens
-            )
-        levels = []
-        for c in gate.concurrency:
-            failure = await asyncio.to_thread(flush_cache, url)
-            if failure:
-                logger.warning("before concurrency %d: %s", c, failure)
-                arm.flush_failures.append(f"concurrency {c}: {failure}")
-            sent = await send_prompts_async(url, pairs, concurrency=c, max_new_tokens=gate.max_new_tokens)
-            errors = [r.error for r in sent.results if r.error]
-            if errors:
-                raise ArmError(f"{len(errors)}/{len(pairs)} requests failed at concurrency {c}, first: {errors[0]}")
-            levels.append(LevelStats.of(c, sent.results, sent.duration_s))
-            logger.info("%s concurrency %d: %.1f tok/s", url, c, levels[-1].output_tok_s)
-        return levels
-
-    arm.levels = asyncio.run(run())
 
 
 @contextlib.contextmanager
@@ -148,7 +93,7 @@ def _static_preflight(config: PipelineConfig, draft: Path, spec: SpeculativeConf
     return checks
 
 
-def _run_spec_arm(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig) -> None:
+def _runtime_preflight(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig) -> None:
     smoke = [list(p.input_ids) for p in prompts[:SMOKE_PROMPTS]]
     checks = preflight.run_runtime(
         url,
@@ -161,7 +106,6 @@ def _run_spec_arm(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: 
     bad = preflight.failed(checks)
     if bad:
         raise ArmError("runtime preflight failed: " + "; ".join(c.line() for c in bad))
-    measure(arm, url, prompts, config.gate)
 
 
 @dataclass
@@ -171,6 +115,13 @@ class _Plan:
     arms: list[ArmResult]
     commands: dict[str, LaunchCommand | None]
     urls: dict[str, str | None]
+
+
+def _side_by_side(config: PipelineConfig, flavour: str, arms: int) -> PipelineConfig:
+    """The config of the launched arms: SGLang arms up together share the device (see the module docstring)."""
+    if flavour != "sglang" or config.server.mem_fraction_static is not None:
+        return config
+    return with_overrides(config, [f"server.mem_fraction_static={round(SGLANG_MEMORY / arms, 3)}"])
 
 
 def _plan(
@@ -184,10 +135,13 @@ def _plan(
     champion_url: str | None,
 ) -> _Plan:
     plan = _Plan([], {}, {})
+    champion_arm = champion is not None and champion.draft_id not in {draft_id(d) for d in drafts}
+    arms = 1 + len(drafts) * len(config.gate.sweep or [config.speculative]) + champion_arm
+    measured = _side_by_side(config, flavour, arms)
 
     def add(arm: ArmResult, url: str | None, draft: Path | None, spec: SpeculativeConfig | None) -> None:
         kind = "baseline" if spec is None else "eagle3"
-        command = None if url else build_launch(config, kind, flavour=flavour, draft=draft, speculative=spec, port=0)
+        command = None if url else build_launch(measured, kind, flavour=flavour, draft=draft, speculative=spec, port=0)
         arm.launch_used = f"(given) {url}" if url or command is None else command.shell()
         arm.launch_sglang = build_launch(
             config, kind, draft=draft, speculative=spec, port=config.server.port or 30000
@@ -205,7 +159,7 @@ def _plan(
             arm = ArmResult(name, "candidate", spec_url or "", str(draft), draft_id(draft), config_label(spec))
             arm.speculative = spec.model_dump(mode="json")
             add(arm, spec_url, draft, spec)
-    if champion is not None and champion.draft_id not in {draft_id(d) for d in drafts}:
+    if champion is not None and champion_arm:
         spec = SpeculativeConfig(**champion.speculative) if champion.speculative else config.speculative
         arm = ArmResult(f"champion:{config_label(spec)}", "champion", champion_url or "", champion.draft_dir)
         arm.draft_id, arm.config_label = champion.draft_id, config_label(spec)
@@ -216,48 +170,6 @@ def _plan(
         else:
             add(arm, champion_url, Path(champion.draft_dir), spec)
     return plan
-
-
-def _best(arms: list[ArmResult], c: int) -> ArmResult | None:
-    measured = [a for a in arms if a.error is None and a.level(c) is not None]
-    return max(measured, key=lambda a: a.level(c).output_tok_s, default=None)  # type: ignore[union-attr]
-
-
-def decide(arms: list[ArmResult], gate: GateConfig, refused: dict[str, list[str]] | None = None) -> list[Decision]:
-    """One decision per candidate draft (see module docstring); ``refused`` maps a draft to static failures."""
-    c = gate.decision_concurrency
-    base = _best([a for a in arms if a.role == "baseline"], c)
-    champion_arms = [a for a in arms if a.role == "champion"]
-    champ = _best(champion_arms, c)
-    drafts = list(dict.fromkeys(a.draft for a in arms if a.role == "candidate" and a.draft))
-    drafts += [d for d in (refused or {}) if d not in drafts]
-    decisions = []
-    for draft in drafts:
-        mine = [a for a in arms if a.role == "candidate" and a.draft == draft]
-        best = _best(mine, c)
-        reasons = list((refused or {}).get(draft, []))
-        reasons += [f"{a.name}: {a.error}" for a in mine if a.error]
-        speedup = accept = gain = None
-        if best is None or base is None:
-            reasons.append("no measurement at the decision concurrency" + ("" if base else " (baseline failed)"))
-        else:
-            lv = best.level(c)
-            speedup = lv.output_tok_s / base.level(c).output_tok_s  # type: ignore[union-attr]
-            accept = lv.accept_length  # type: ignore[union-attr]
-            if speedup < gate.min_speedup:
-                reasons.append(f"speedup {speedup:.3f} < min_speedup {gate.min_speedup} at concurrency {c}")
-            if accept is None or accept < gate.min_accept:
-                reasons.append(f"accept length {accept} < min_accept {gate.min_accept} at concurrency {c}")
-            if champ is not None:
-                gain = lv.output_tok_s / champ.level(c).output_tok_s  # type: ignore[union-attr]
-                if gain < gate.min_gain_over_champion:
-                    reasons.append(
-                        f"gain over champion {gain:.3f} < min_gain_over_champion {gate.min_gain_over_champion}"
-                    )
-            elif champion_arms:
-                reasons.append("the champion could not be measured: " + "; ".join(str(a.error) for a in champion_arms))
-        decisions.append(Decision(draft, not reasons, best.name if best else None, speedup, accept, gain, reasons))
-    return decisions
 
 
 def gate_fingerprint(
@@ -293,23 +205,27 @@ def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None)
 def _measure_plan(
     plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path, flavour: str
 ) -> None:
-    for arm in plan.arms:
-        if arm.error:
-            continue
-        if arm.role == "candidate" and arm.draft in refused:
-            arm.error = "refused by static preflight, not measured"
-            continue
-        log = out_dir / "logs" / f"{arm.name.replace(':', '-')}.log"
-        try:
-            with serving(plan.commands[arm.name], plan.urls[arm.name], log, flavour) as url:
-                arm.url = url
-                if arm.role == "baseline":
-                    measure(arm, url, prompts, config.gate)
-                else:
-                    _run_spec_arm(arm, url, prompts, config)
-        except (ArmError, LaunchError, OSError) as exc:
-            arm.error = str(exc)
-            logger.error("arm %s failed: %s", arm.name, exc)
+    """Bring every arm up (launched or given; speculative ones pass the runtime preflight), then measure the live
+    ones in interleaved rounds until the verdict settles (``eagle3.bench.rounds``); servers stop on the way out."""
+    live: list[tuple[ArmResult, str]] = []
+    with contextlib.ExitStack() as stack:
+        for arm in plan.arms:
+            if arm.error:
+                continue
+            if arm.role == "candidate" and arm.draft in refused:
+                arm.error = "refused by static preflight, not measured"
+                continue
+            log = out_dir / "logs" / f"{arm.name.replace(':', '-')}.log"
+            try:
+                arm.url = stack.enter_context(serving(plan.commands[arm.name], plan.urls[arm.name], log, flavour))
+                if arm.role != "baseline":
+                    _runtime_preflight(arm, arm.url, prompts, config)
+                live.append((arm, arm.url))
+            except (ArmError, LaunchError, OSError) as exc:
+                arm.error = str(exc)
+                logger.error("arm %s failed: %s", arm.name, exc)
+        gate = config.gate
+        measure_rounds(live, prompts, gate, keep_going=lambda: undecided(decide(plan.arms, gate, refused)))
 
 
 def _promote(registry: Registry, report: GateReport, out_dir: Path, c: int) -> dict[str, Any] | None:
@@ -321,7 +237,8 @@ def _promote(registry: Registry, report: GateReport, out_dir: Path, c: int) -> d
     if registry.champion() is not None and registry.champion().draft_id == arm.draft_id:  # type: ignore[union-attr]
         return None
     lv = arm.level(c)
-    metrics = {"speedup": winner.speedup, "accept_length": winner.accept_length, "output_tok_s": lv and lv.output_tok_s}
+    metrics = {"speedup": winner.speedup, "speedup_interval": winner.speedup_interval, "rounds": winner.rounds,
+               "accept_length": winner.accept_length, "output_tok_s": lv and lv.output_tok_s}  # fmt: skip
     promotion = registry.promote(
         Path(winner.draft), report=out_dir / "report.json", metrics=metrics, speculative=arm.speculative
     )
@@ -337,7 +254,7 @@ def _report(
     champion: Promotion | None,
 ) -> GateReport:
     """The report; ``best`` is the fastest candidate arm at the decision concurrency, with its launch commands."""
-    best = _best([a for a in arms if a.role == "candidate"], config.gate.decision_concurrency)
+    best = best_arm([a for a in arms if a.role == "candidate"], config.gate.decision_concurrency)
     best_info = None
     if best is not None:
         best_info = {
@@ -354,7 +271,8 @@ def _report(
         prompts={name: sum(p.set_name == name for p in prompts) for name in sorted(config.gate.prompt_sets)},
         arms=arms,
         decisions=decisions,
-        passed=any(d.passed for d in decisions),
+        passed=overall(decisions) == PASS,
+        verdict=overall(decisions),
         best=best_info,
         champion=asdict(champion) if champion else None,
         created_at=time.time(),
@@ -436,7 +354,7 @@ def run_gate(
         fp,
         files=[FileEntry.of(p, rows=0, base=out_dir) for p in files.values()],
         config={"gate": config.gate.model_dump(mode="json"), "urls": gate.urls},
-        stats={"passed": report.passed, "promoted": bool(report.promotion)},
+        stats={"passed": report.passed, "verdict": report.verdict, "promoted": bool(report.promotion)},
     ).write(out_dir)
-    logger.info("gate %s: %s (report %s)", fp, "PASS" if report.passed else "FAIL", files["markdown"])
+    logger.info("gate %s: %s (report %s)", fp, str(report.verdict).upper(), files["markdown"])
     return GateResult(out_dir, report, files)

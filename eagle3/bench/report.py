@@ -4,6 +4,11 @@ Design choices:
 - Accept length of a level is ``sum(completion_tokens) / sum(spec_verify_ct)`` over its timed requests (never the
   server's cumulative average); output tok/s is completion tokens over the level's wall time; TPOT is the mean
   over requests of ``latency / completion_tokens`` (non-streaming, so it includes the prefill share).
+- Every arm keeps each round it measured (``ArmResult.rounds``, one ``LevelStats`` per concurrency and round) and
+  its rounds pooled per concurrency (``ArmResult.levels``, for the table and the throughput plot). The rounds and
+  the thresholds in the JSON are all ``eagle3.bench.verdict.decide`` needs: a verdict can be recomputed offline.
+- A verdict is PASS, FAIL or INCONCLUSIVE; ``passed`` (what promotes) is derived from it and kept as a field so
+  readers of the JSON (the scaling curve, scripts) need not know the verdicts.
 - The report is plain dataclasses serialised with ``asdict``; ``GateReport.from_dict`` reads one back so a finished
   gate is not re-measured on resume. Plots use matplotlib's Agg backend (no display needed).
 """
@@ -34,6 +39,7 @@ class LevelStats:
     output_tok_s: float
     tpot_ms: float
     accept_length: float | None
+    round: int | None = None  # None: pooled over the rounds
 
     @classmethod
     def of(cls, concurrency: int, results: list[RequestResult], duration_s: float) -> LevelStats:
@@ -51,6 +57,24 @@ class LevelStats:
             accept_length=tokens / verify if verify > 0 else None,
         )
 
+    @classmethod
+    def pooled(cls, rounds: list[LevelStats]) -> LevelStats:
+        """One level from its rounds: token and time sums, request-weighted TPOT."""
+        tokens = sum(r.completion_tokens for r in rounds)
+        verify = sum(r.spec_verify_ct for r in rounds)
+        duration = sum(r.duration_s for r in rounds)
+        requests = sum(r.requests for r in rounds)
+        return cls(
+            concurrency=rounds[0].concurrency,
+            requests=requests,
+            completion_tokens=tokens,
+            spec_verify_ct=verify,
+            duration_s=duration,
+            output_tok_s=tokens / duration if duration > 0 else 0.0,
+            tpot_ms=sum(r.tpot_ms * r.requests for r in rounds) / requests if requests else 0.0,
+            accept_length=tokens / verify if verify > 0 else None,
+        )
+
 
 @dataclass
 class ArmResult:
@@ -65,24 +89,62 @@ class ArmResult:
     speculative: dict[str, Any] | None = None
     launch_used: str | None = None
     launch_sglang: str | None = None
-    levels: list[LevelStats] = field(default_factory=list)
+    levels: list[LevelStats] = field(default_factory=list)  # pooled over rounds, one per concurrency
+    rounds: list[LevelStats] = field(default_factory=list)  # every round at every concurrency, in measuring order
     preflight: list[dict[str, Any]] = field(default_factory=list)
-    flush_failures: list[str] = field(default_factory=list)  # levels measured without a cache flush (bench.gate)
+    flush_failures: list[str] = field(default_factory=list)  # rounds measured without a cache flush (bench.rounds)
     error: str | None = None
 
     def level(self, concurrency: int) -> LevelStats | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
 
+    def rounds_at(self, concurrency: int) -> dict[int, LevelStats]:
+        """This arm's rounds at one concurrency, by round number."""
+        return {r.round: r for r in self.rounds if r.concurrency == concurrency and r.round is not None}
+
+    def pool(self) -> None:
+        """Set ``levels`` from ``rounds``: one pooled level per concurrency, in the order first measured."""
+        order = list(dict.fromkeys(r.concurrency for r in self.rounds))
+        self.levels = [LevelStats.pooled([r for r in self.rounds if r.concurrency == c]) for c in order]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ArmResult:
         data = dict(data)
         data["levels"] = [LevelStats(**lv) for lv in data.get("levels", [])]
+        data["rounds"] = [LevelStats(**lv) for lv in data.get("rounds", [])]
         return cls(**data)
+
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+VERDICTS: tuple[str, ...] = (PASS, FAIL, INCONCLUSIVE)
+
+# The accept_bound check's derivation (``eagle3.bench.verdict``), printed in every report.
+PHYSICAL_BOUND = (
+    "Chain speculation with k draft steps: one cycle is a target verify forward over k+1 positions (cost T_v) plus "
+    "k draft forwards (cost k*T_d) and emits a tokens on average (a = accept length, bonus token included); the "
+    "baseline emits one token per target decode step (cost T) at the same batch. A verify step computes a superset "
+    "of a decode step, so T_v >= T, and T_d >= 0, hence speedup = a*T / (T_v + k*T_d) <= a*T / T_v <= a. Prefill "
+    "costs both arms the same and only pulls the ratio toward 1 (<= a since a >= 1). A tree (topk > 1) verifies "
+    "more positions per step and obeys the same bound. So a round whose speedup exceeds a*(1 + tolerance) measured "
+    "the machine, not the draft."
+)
+
+
+def _verdict_of(passed: bool, verdict: str | None) -> str:
+    """``verdict`` checked against ``passed``; a report written without a verdict is PASS or FAIL."""
+    verdict = verdict or (PASS if passed else FAIL)
+    if verdict not in VERDICTS or passed != (verdict == PASS):
+        raise ValueError(f"verdict {verdict!r} contradicts passed={passed} (verdicts: {list(VERDICTS)})")
+    return verdict
 
 
 @dataclass
 class Decision:
-    """The verdict for one candidate draft at the decision concurrency (its best spec config)."""
+    """The verdict for one candidate draft at the decision concurrency (its best spec config).
+
+    ``speedup`` and ``gain_over_champion`` are geometric means of the per-round paired ratios, ``*_interval`` their
+    t intervals; ``checks`` are the physical sanity checks (name, ok, message); ``reasons`` say why it did not pass.
+    """
 
     draft: str
     passed: bool
@@ -91,6 +153,14 @@ class Decision:
     accept_length: float | None
     gain_over_champion: float | None
     reasons: list[str] = field(default_factory=list)
+    verdict: str | None = None
+    rounds: int = 0
+    speedup_interval: list[float] | None = None
+    gain_interval: list[float] | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.verdict = _verdict_of(self.passed, self.verdict)
 
 
 @dataclass
@@ -106,6 +176,10 @@ class GateReport:
     champion: dict[str, Any] | None = None
     promotion: dict[str, Any] | None = None
     created_at: float = 0.0
+    verdict: str | None = None  # PASS if a draft passed, else INCONCLUSIVE if one was, else FAIL
+
+    def __post_init__(self) -> None:
+        self.verdict = _verdict_of(self.passed, self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,36 +196,72 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _rounds_table(report: GateReport, c: int) -> list[str]:
+    """Per-round tok/s of every arm at concurrency ``c`` (accept length of speculative arms in brackets)."""
+    arms = [a for a in report.arms if a.rounds_at(c)]
+    if not arms:
+        return []
+    base = next((a.rounds_at(c) for a in arms if a.role == "baseline"), {})
+    lines = [f"### Concurrency {c}", "", "| round | " + " | ".join(a.name for a in arms) + " | speedups |",
+             "|---:|" + "---:|" * (len(arms) + 1)]  # fmt: skip
+    for r in sorted({r for a in arms for r in a.rounds_at(c)}):
+        cells, ratios = [], []
+        for a in arms:
+            stats = a.rounds_at(c).get(r)
+            cells.append("-" if stats is None else f"{stats.output_tok_s:.1f}" + (
+                f" [{stats.accept_length:.2f}]" if stats.accept_length else ""))  # fmt: skip
+            if stats and a.role != "baseline" and r in base and base[r].output_tok_s:
+                ratios.append(f"{stats.output_tok_s / base[r].output_tok_s:.3f}")
+        lines.append(f"| {r} | " + " | ".join(cells) + f" | {', '.join(ratios) or '-'} |")
+    return [*lines, ""]
+
+
+def _decision_lines(d: Decision) -> list[str]:
+    interval = f" {d.speedup_interval[0]:.3f}..{d.speedup_interval[1]:.3f}" if d.speedup_interval else ""
+    gain = f" {d.gain_interval[0]:.3f}..{d.gain_interval[1]:.3f}" if d.gain_interval else ""
+    lines = [
+        f"- `{d.draft}`: **{str(d.verdict).upper()}** after {d.rounds} rounds (best arm {d.best_arm}): speedup "
+        f"{_fmt(d.speedup, '.3f')} (interval{interval or ' -'}), accept length {_fmt(d.accept_length)}, gain over "
+        f"champion {_fmt(d.gain_over_champion, '.3f')} (interval{gain or ' -'})"
+    ]
+    lines += [f"  - check {'ok' if c['ok'] else 'FAILED'}: {c['name']}: {c['message']}" for c in d.checks]
+    lines += [f"  - {reason}" for reason in d.reasons]
+    return lines
+
+
 def to_markdown(report: GateReport) -> str:
-    verdict = "PASS" if report.passed else "FAIL"
     t = report.thresholds
     lines = [
-        f"# EAGLE-3 gate: {verdict}",
+        f"# EAGLE-3 gate: {str(report.verdict).upper()}",
         "",
         f"target `{report.target}`, fingerprint `{report.fingerprint}`, prompts {report.prompts}",
         f"thresholds: speedup >= {t['min_speedup']}, accept length >= {t['min_accept']}, gain over champion >= "
-        f"{t['min_gain_over_champion']} at concurrency {t['decision_concurrency']}",
+        f"{t['min_gain_over_champion']} at concurrency {t['decision_concurrency']}; rounds {t.get('min_rounds')}.."
+        f"{t.get('max_rounds')}, {t.get('confidence')} t interval on the paired per-round speedups",
         "",
-        "| arm | role | concurrency | output tok/s | TPOT ms | accept length | requests |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| arm | role | concurrency | rounds | output tok/s (pooled) | TPOT ms | accept length | requests |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in report.arms:
         if arm.error:
-            lines.append(f"| {arm.name} | {arm.role} | - | - | - | - | error: {arm.error} |")
+            lines.append(f"| {arm.name} | {arm.role} | - | - | - | - | - | error: {arm.error} |")
         for lv in arm.levels:
             lines.append(
-                f"| {arm.name} | {arm.role} | {lv.concurrency} | {lv.output_tok_s:.1f} | {lv.tpot_ms:.1f} | "
-                f"{_fmt(lv.accept_length)} | {lv.requests} |"
+                f"| {arm.name} | {arm.role} | {lv.concurrency} | {len(arm.rounds_at(lv.concurrency))} | "
+                f"{lv.output_tok_s:.1f} | {lv.tpot_ms:.1f} | {_fmt(lv.accept_length)} | {lv.requests} |"
             )
-    unflushed = [f"- {arm.name}: {note}" for arm in report.arms for note in arm.flush_failures]
-    if unflushed:
-        lines += ["", "## Levels measured without a cache flush", "", *unflushed]
     lines += ["", "## Decisions", ""]
     for d in report.decisions:
-        head = f"- `{d.draft}`: **{'pass' if d.passed else 'fail'}** (best arm {d.best_arm}, speedup "
-        head += f"{_fmt(d.speedup)}, accept {_fmt(d.accept_length)}, gain over champion {_fmt(d.gain_over_champion)})"
-        lines.append(head)
-        lines += [f"  - {reason}" for reason in d.reasons]
+        lines += _decision_lines(d)
+    concurrencies = list(dict.fromkeys(r.concurrency for a in report.arms for r in a.rounds))
+    if concurrencies:
+        lines += ["", "## Rounds (output tok/s [accept length]; speedups = each speculative arm / baseline)", ""]
+        for c in concurrencies:
+            lines += _rounds_table(report, c)
+    lines += ["", "## The accept-length bound", "", PHYSICAL_BOUND]
+    unflushed = [f"- {arm.name}: {note}" for arm in report.arms for note in arm.flush_failures]
+    if unflushed:
+        lines += ["", "## Rounds measured without a cache flush", "", *unflushed]
     if report.best:
         lines += ["", "## Best config", "", f"`{json.dumps(report.best.get('speculative'))}`", ""]
         lines += ["SGLang launch command:", "", "```", str(report.best.get("launch_sglang")), "```"]
@@ -172,11 +282,13 @@ def _plot_throughput(report: GateReport, path: Path) -> None:
     for arm in report.arms:
         if arm.levels:
             xs = [lv.concurrency for lv in arm.levels]
-            ax.plot(xs, [lv.output_tok_s for lv in arm.levels], marker="o", label=arm.name)
+            (line,) = ax.plot(xs, [lv.output_tok_s for lv in arm.levels], marker="o", label=arm.name)
+            ax.scatter([r.concurrency for r in arm.rounds], [r.output_tok_s for r in arm.rounds], s=10, alpha=0.4,
+                       color=line.get_color())  # each round, so the spread is visible  # fmt: skip
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
     ax.set_xscale("log", base=2)
-    ax.set_title("Throughput vs concurrency")
+    ax.set_title("Throughput vs concurrency (line: pooled rounds, dots: each round)")
     ax.legend(fontsize=7)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")

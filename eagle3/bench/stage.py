@@ -2,9 +2,10 @@
 
 Gate: the plan is the gate's identity (``gate_identity``: drafts, champion, config, URLs -> fingerprint and
 directory), computed without measuring; the unit is ``run_gate``; finalize reads the report back, so a gate read
-back from its manifest and one measured now end the same way. No Prefect cache (``unit_output`` is None): reading a
-finished gate's report is as cheap as a cache hit, a cached unit could not say whether this run measured
-(``reused``), and ``force`` must measure again.
+back from its manifest and one measured now end the same way. Its summary carries the verdict (pass, fail or
+inconclusive) and the reasons, so the nightly flow can end in a state named after it. No Prefect cache
+(``unit_output`` is None): reading a finished gate's report is as cheap as a cache hit, a cached unit could not say
+whether this run measured (``reused``), and ``force`` must measure again.
 
 Scaling: the unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling``);
 finalize renders the curve. It lives here, not in ``eagle3.scaling``, because it reads the gate report and the
@@ -78,7 +79,7 @@ class GateStage(Stage[GatePlan]):
         if result.out_dir != plan.out_dir:  # the champion changed between plan and run: another gate
             raise RuntimeError(f"the champion changed since the gate was planned ({plan.out_dir} is now "
                                f"{result.out_dir}); run the gate again")  # fmt: skip
-        return UnitReport(unit=unit, skipped=result.reused, detail={"passed": result.passed})
+        return UnitReport(unit=unit, skipped=result.reused, detail={"passed": result.passed, "verdict": result.verdict})
 
     def reuse_recorded(self, plan: GatePlan) -> bool:
         return not plan.force  # ``force`` measures again
@@ -99,12 +100,14 @@ class GateStage(Stage[GatePlan]):
             "report": str(plan.out_dir / REPORT_JSON),
             "markdown": str(plan.out_dir / REPORT_MD),
             "passed": report.passed,
+            "verdict": report.verdict,
+            "reasons": [r for d in report.decisions for r in d.reasons],
             "promotion": report.promotion,
             "reused": all(r.skipped for r in reports),
         }
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
                            summary=summary, markdown=to_markdown(report),
-                           description=f"gate {plan.fingerprint}: {'PASS' if report.passed else 'FAIL'}")  # fmt: skip
+                           description=f"gate {plan.fingerprint}: {str(report.verdict).upper()}")  # fmt: skip
 
 
 class ScalingPlan(Plan):

@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument(
         "--fault-stall-first-s", type=float, default=0.0, help="Hold the first generation request this many seconds."
     )
+    faults.add_argument("--fault-slow-s", type=float, default=0.0, help="Seconds added to each slow-block request.")
+    faults.add_argument(
+        "--fault-slow-fraction", type=float, default=0.0, help="Fraction of request blocks that are slow (seeded)."
+    )
+    faults.add_argument(
+        "--fault-slow-block", type=int, default=1, help="Consecutive requests per block (a slowdown lasts a while)."
+    )
     faults.add_argument("--fault-seed", type=int, default=0)
     synth = p.add_argument_group("synthetic load mode (client-scaling benchmark only: no model)")
     synth.add_argument("--synthetic-tokens", type=int, default=None, help="Return N tokens per request, no model.")
@@ -74,9 +81,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                        "model dir or a Hub id)\n")  # one line: the usage text would bury it
     if args.synthetic_tokens is not None and args.synthetic_tokens <= 0:
         parser.error("--synthetic-tokens must be > 0")
-    if not 0.0 <= args.fault_fail_rate <= 1.0:
-        parser.error("--fault-fail-rate must be in [0, 1]")
-    for name in ("fault_crash_after", "fault_bad_request_every", "max_queued_requests"):
+    for name in ("fault_fail_rate", "fault_slow_fraction"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1]")
+    for name in ("fault_crash_after", "fault_bad_request_every", "fault_slow_block", "max_queued_requests"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")

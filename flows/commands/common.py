@@ -25,6 +25,7 @@ Exit codes, the same for every command:
   without Prefect retries; the stage then exits ``1`` with a line that ends with that unit's message.
 * ``eagle3 serve`` (argparse, like SGLang's launcher): ``2`` for a bad flag or a missing ``--model`` directory,
   ``1`` when the port is taken; one line either way.
+* ``3`` (``EXIT_INCONCLUSIVE``): ``eagle3 gate`` could not tell, noise or a failed sanity check; nothing promoted.
 
 An expected failure prints one ``error: <message>`` line on stderr and no traceback (``--verbose`` logs it):
 commands raise ``CliError`` (or let the library's input and config errors propagate) and ``ErrorHandlingGroup``,
@@ -62,6 +63,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
 
 # Seconds a temporary Prefect API server may take to answer (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
 # when set, wins): Prefect's own 20 s default fails stage commands on a busy machine.

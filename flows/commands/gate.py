@@ -10,6 +10,7 @@ import typer
 
 from flows.commands.common import (
     EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     CliError,
     ConfigOption,
     RecipeOption,
@@ -140,7 +141,8 @@ def gate(
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
 ) -> None:
-    """Benchmark drafts against the baseline (and the champion); pass/fail report; exit 1 on fail."""
+    """Benchmark drafts against the baseline (and the champion) in interleaved rounds; PASS promotes (exit 0), FAIL
+    exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
     from flows.gate import gate_flow
 
     cfg = resolve_config(recipe, config, set_)
@@ -158,6 +160,9 @@ def gate(
         )
     typer.echo(Path(result["markdown"]).read_text())
     typer.echo(f"report: {result['out_dir']}")
+    if result["verdict"] == "inconclusive":
+        raise CliError(f"the gate was inconclusive, nothing promoted (report: {result['out_dir']})",
+                       code=EXIT_INCONCLUSIVE)  # fmt: skip
     if not result["passed"]:
         raise CliError(f"the gate passed no draft (report: {result['out_dir']})", code=EXIT_FAILED)
 

@@ -47,12 +47,12 @@ def test_gate_refuses_statically_and_returns_report_paths(tmp_path, prefect_harn
         _plan, result = _gate(config, {"drafts": [export]})
     out = result.summary
     assert result.out_dir == plan.out_dir and out["out_dir"] == str(plan.out_dir)
-    assert out["passed"] is False and out["promotion"] is None and out["reused"] is False
+    assert out["passed"] is False and out["verdict"] == "fail" and out["promotion"] is None and out["reused"] is False
     report = json.loads(Path(out["report"]).read_text())
     assert report["arms"] == []  # nothing was launched or measured
     (decision,) = report["decisions"]
     assert any("--speculative-algorithm is 'EAGLE'" in r for r in decision["reasons"])
-    assert "# EAGLE-3 gate: FAIL" in Path(out["markdown"]).read_text()
+    assert "# EAGLE-3 gate: FAIL" in Path(out["markdown"]).read_text() and result.description.endswith("FAIL")
     assert result.markdown == Path(out["markdown"]).read_text()
 
 

@@ -212,6 +212,8 @@ def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             "gate.decision_concurrency=1",
             "gate.min_speedup=0.01",
             "gate.min_accept=1.2",
+            "gate.min_rounds=2",
+            "gate.max_rounds=3",
         ],
     )
     export = _cached_draft(config, target, tokenizer, root)

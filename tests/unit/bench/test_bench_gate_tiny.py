@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from eagle3.bench import preflight
-from eagle3.bench.gate import decide, flush_cache, run_gate
+from eagle3.bench.gate import run_gate
 from eagle3.bench.launch import build_launch
 from eagle3.bench.prompts import load_gate_prompts
 from eagle3.bench.registry import Registry, draft_id
+from eagle3.bench.report import FAIL, PASS
+from eagle3.bench.rounds import flush_cache
+from eagle3.bench.verdict import decide
 from eagle3.config import with_overrides
 from eagle3.serve.launch import reference_server
 
@@ -61,15 +64,27 @@ def test_gate_flush_retries_while_the_server_is_busy_then_says_why_it_could_not(
 
 def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champion(gate_world):
     cfg = gate_world.config
+    gate = cfg.gate
     result = run_gate(cfg, [gate_world.export])
     report = result.report
-    assert report.passed, [d.reasons for d in report.decisions]
+    assert report.passed and report.verdict == PASS, [d.reasons for d in report.decisions]
     names = [a.name for a in report.arms]
     assert names == ["baseline", "cand0:s3-k1-n4"]
     for arm in report.arms:
         assert arm.error is None and [lv.concurrency for lv in arm.levels] == [1, 2]
-        assert arm.flush_failures == []  # the cache was flushed before every level
-        assert all(lv.requests == 12 and lv.completion_tokens > 0 and lv.output_tok_s > 0 for lv in arm.levels)
+        assert arm.flush_failures == []  # the cache was flushed before every round
+        # a PASS takes every round at the decision concurrency; the other level runs min_rounds
+        assert sorted(arm.rounds_at(1)) == list(range(gate.max_rounds))
+        assert sorted(arm.rounds_at(2)) == list(range(gate.min_rounds))
+        assert all(r.requests == 12 and r.completion_tokens > 0 and r.output_tok_s > 0 for r in arm.rounds)
+        assert arm.level(1).requests == 12 * gate.max_rounds  # pooled
+    (decision,) = report.decisions
+    lo, hi = decision.speedup_interval
+    assert decision.rounds == gate.max_rounds and gate.min_speedup <= lo <= decision.speedup <= hi
+    assert {c["name"] for c in decision.checks} == {"accept_bound", "baseline_drift", "same_tokens"}
+    assert all(c["ok"] for c in decision.checks), decision.checks
+    markdown = (result.out_dir / "report.md").read_text()
+    assert "# EAGLE-3 gate: PASS" in markdown and "## Rounds" in markdown and f"interval {lo:.3f}..{hi:.3f}" in markdown
     cand = report.arms[1]
     assert cand.level(1).accept_length >= cfg.gate.min_accept
     assert {c["name"] for c in cand.preflight} >= {"server_algorithm", "server_draft", "smoke_accept"}
@@ -86,11 +101,10 @@ def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champio
     assert again.reused and again.out_dir == result.out_dir
 
     # The same real measurements against thresholds they cannot meet: refused, with the reason.
-    strict = cfg.gate.model_copy(update={"min_speedup": 1000.0, "min_accept": 50.0})
-    (decision,) = decide(report.arms, strict)
-    assert not decision.passed
-    assert any("min_speedup 1000.0" in r for r in decision.reasons)
-    assert any("min_accept 50.0" in r for r in decision.reasons)
+    (slow,) = decide(report.arms, gate.model_copy(update={"min_speedup": 1000.0}))
+    assert slow.verdict == FAIL and any("below min_speedup 1000.0" in r for r in slow.reasons)
+    (weak,) = decide(report.arms, gate.model_copy(update={"min_accept": 50.0}))
+    assert weak.verdict == FAIL and any("min_accept 50.0" in r for r in weak.reasons)
 
 
 def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
@@ -117,7 +131,8 @@ def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
     assert roles == ["baseline", "candidate", "champion"]
     assert all(a.error is None and a.levels for a in result.report.arms)
     (decision,) = result.report.decisions
-    assert not decision.passed and decision.gain_over_champion is not None
-    assert any("min_gain_over_champion" in r for r in decision.reasons)
+    assert decision.verdict == FAIL and decision.gain_over_champion is not None and decision.gain_interval
+    assert any("below min_gain_over_champion" in r for r in decision.reasons), decision.reasons
+    assert decision.rounds == cfg.gate.min_rounds  # a FAIL may stop as soon as min_rounds allow
     assert result.report.promotion is None
     assert registry.champion().draft_id == champion.draft_id

@@ -1,12 +1,13 @@
-"""Gate report: level statistics, decision rules on measured arms, and the report files."""
+"""Gate report: level statistics, decision rules on measured arms (three identical rounds each: the interval has no
+width, so the rules act as on one number), and the report files."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle3.bench.gate import decide
 from eagle3.bench.prompts import RequestResult
-from eagle3.bench.report import ArmResult, GateReport, LevelStats, read_report, write_report
+from eagle3.bench.report import FAIL, ArmResult, GateReport, LevelStats, read_report, write_report
+from eagle3.bench.verdict import decide
 from eagle3.config import GateConfig
 
 
@@ -27,8 +28,21 @@ def test_baseline_without_verify_passes_has_no_accept_length():
 
 def _arm(name, role, tok_s, accept=None, draft=None):
     verify = int(100 / accept) if accept else 0
-    lv = LevelStats(1, 4, 100, verify, 100 / tok_s, tok_s, 10.0, accept)
-    return ArmResult(name, role, "http://x", draft=draft, levels=[lv])
+    rounds = [LevelStats(1, 4, 100, verify, 100 / tok_s, tok_s, 10.0, accept, round=r) for r in range(3)]
+    arm = ArmResult(name, role, "http://x", draft=draft, rounds=rounds)
+    arm.pool()
+    return arm
+
+
+def test_pooled_rounds_sum_tokens_and_time():
+    arm = ArmResult("a", "candidate", "http://x", rounds=[
+        LevelStats(1, 4, 100, 50, 1.0, 100.0, 10.0, 2.0, round=0),
+        LevelStats(1, 4, 300, 100, 2.0, 150.0, 20.0, 3.0, round=1),
+    ])  # fmt: skip
+    arm.pool()
+    (lv,) = arm.levels
+    assert lv.output_tok_s == pytest.approx(400 / 3.0) and lv.accept_length == pytest.approx(400 / 150)
+    assert lv.requests == 8 and lv.tpot_ms == pytest.approx(15.0) and lv.round is None
 
 
 GATE = GateConfig(
@@ -39,14 +53,14 @@ GATE = GateConfig(
 def test_slower_than_baseline_is_refused_even_with_a_good_accept_length():
     arms = [_arm("baseline", "baseline", 90.0), _arm("cand0", "candidate", 82.3, accept=2.5, draft="d")]
     (d,) = decide(arms, GATE)
-    assert not d.passed and d.speedup == pytest.approx(82.3 / 90)
+    assert d.verdict == FAIL and d.speedup == pytest.approx(82.3 / 90)
     assert any("min_speedup" in r for r in d.reasons)
 
 
 def test_accept_length_near_one_is_refused_even_when_faster():
     arms = [_arm("baseline", "baseline", 90.0), _arm("cand0", "candidate", 100.0, accept=1.0, draft="d")]
     (d,) = decide(arms, GATE)
-    assert not d.passed and any("min_accept" in r for r in d.reasons)
+    assert d.verdict == FAIL and any("min_accept" in r for r in d.reasons)
 
 
 def test_candidate_must_also_beat_the_champion():
@@ -56,7 +70,7 @@ def test_candidate_must_also_beat_the_champion():
         _arm("champion", "champion", 119.0, accept=2.5, draft="c"),
     ]
     (d,) = decide(arms, GATE)
-    assert not d.passed and d.gain_over_champion == pytest.approx(120 / 119)
+    assert d.verdict == FAIL and d.gain_over_champion == pytest.approx(120 / 119)
     arms[2] = _arm("champion", "champion", 100.0, accept=2.0, draft="c")
     assert decide(arms, GATE)[0].passed
 
