@@ -106,7 +106,7 @@ def tiny() -> PipelineConfig:
             min_accept=1.2,
             min_rounds=2,  # the tiny gate runs in several e2e tests: 3 rounds decide at c=1 on an idle machine
             max_rounds=3,
-            max_baseline_drift=0.3,  # shared CI boxes
+            max_baseline_drift=0.5,  # rounds of ~1 s on shared 2-core CI boxes: 32% seen idle with one thread
         ),
         dev=DevConfig(tiny_world=True, cache_dir=str(cache)),
     )

@@ -72,7 +72,8 @@ def plan_night_task(
 def publish_summary_task(summary: dict[str, Any]) -> str:
     """The night in a few Markdown lines (artifact ``data-scaling-summary``); returns the Markdown."""
     night, gate, curve = summary["night"], summary["gate"], summary["curve"]
-    verdict = "PASS (promoted)" if gate["passed"] else "REFUSED"
+    verdicts = {"pass": "PASS (promoted)", "inconclusive": "INCONCLUSIVE (nothing promoted)"}
+    verdict = verdicts.get(gate["verdict"], "REFUSED")
     exhausted = " - pool exhausted" if night["exhausted"] else ""
     markdown = "\n".join(
         [

@@ -38,6 +38,7 @@ Flavour = Literal["sglang", "reference"]
 ARMS: tuple[str, ...] = ("baseline", "eagle3")
 FLAVOURS: tuple[str, ...] = ("sglang", "reference")
 MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "reference": "eagle3.serve"}
+REFERENCE_THREADS = 1  # torch intra-op threads of a reference arm (see shared_args)
 
 ALGORITHM_FLAG = "--speculative-algorithm"
 DRAFT_FLAG = "--speculative-draft-model-path"
@@ -112,6 +113,9 @@ def shared_args(config: PipelineConfig, flavour: str, *, host: str, port: int) -
         if server.cuda_graph_max_bs is not None:
             args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph_max_bs)]
         args += list(server.extra_args)
+    else:  # arms are up side by side on one shared CPU; torch's default (a thread per core) oversubscribes it as soon
+        # as anything else runs and one arm's throughput swings 10x (measured 8-77 vs 124-135 tok/s with one thread)
+        args += ["--num-threads", str(REFERENCE_THREADS)]
     args += ["--host", host, "--port", str(port)]
     return args
 

@@ -121,7 +121,7 @@ def measure_rounds(
                 if deciding and r >= gate.min_rounds and not keep_going():
                     break
                 await _round(live, pairs, c, r, gate)
+                for arm, _ in live:
+                    arm.pool()  # keep_going decides from the pooled levels of the rounds so far
 
     asyncio.run(run())
-    for arm, _ in live:
-        arm.pool()

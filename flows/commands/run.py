@@ -17,6 +17,7 @@ import typer
 
 from flows.commands.common import (
     EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     CliError,
     ConfigOption,
     RecipeOption,
@@ -63,12 +64,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _report(state: object) -> None:
-    """Print where the gate report and the scaling curve are (stdout), or fail with exit 1 (refused or failed)."""
+    """Print where the gate report and the scaling curve are (stdout), or fail: exit 3 for an inconclusive gate (as
+    ``eagle3 gate``), 1 for a refused draft or a failed stage."""
     from prefect.states import State
 
     assert isinstance(state, State)
     if not state.is_completed():
-        raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
+        code = EXIT_INCONCLUSIVE if state.name == "Inconclusive" else EXIT_FAILED
+        raise CliError(f"{state.name}: {state.message}", code=code)
     summary = state.result()
     results.print(f"[green]gate passed[/green]: report {summary['gate']['markdown']}")
     results.print(f"scaling curve: {summary['curve']['curve']} ({summary['curve']['verdict']})")

@@ -214,6 +214,7 @@ def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             "gate.min_accept=1.2",
             "gate.min_rounds=2",
             "gate.max_rounds=3",
+            "gate.max_baseline_drift=1.0",  # rounds of 6 requests x ~16 tokens (< 1 s): 32-60% apart seen idle
         ],
     )
     export = _cached_draft(config, target, tokenizer, root)
