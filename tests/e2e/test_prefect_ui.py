@@ -139,8 +139,9 @@ def night(prefect_server: PrefectServer, deployed: Path, process_worker: Any, sc
 
 def test_nightly_run_ends_with_the_gate_verdict(night: dict[str, Any], deployed: Path):
     state = night["state"]
-    if state["type"] == "FAILED":  # the gate may refuse a tiny draft: then the message points at the report
-        assert "gate refused" in state["message"], state["message"]
+    if state["type"] == "FAILED":  # the gate may refuse a tiny draft, or find the box too noisy to tell (Inconclusive):
+        # then the message points at the report
+        assert state["message"].startswith(("gate refused", "gate inconclusive")), state["message"]
         report = state["message"].rsplit("report ", 1)[1].strip()
         assert Path(report).is_file() and Path(report).is_relative_to(deployed)
     else:
