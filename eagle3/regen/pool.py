@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from eagle3.config import RegenConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -226,18 +228,18 @@ _POOLS: dict[tuple[object, ...], ServerPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def shared_pool(
-    urls: list[str], *, concurrency: int, eject_after: int, readmit_after_s: float, no_server_timeout_s: float
-) -> ServerPool:
-    """The process-wide pool for these servers and settings (created on first use)."""
-    key = (tuple(u.rstrip("/") for u in urls), concurrency, eject_after, readmit_after_s, no_server_timeout_s)
+def shared_pool(urls: list[str], cfg: RegenConfig) -> ServerPool:
+    """The process-wide pool for these servers and ``cfg``'s pool settings (created on first use): the shards and
+    the stage's health view share it."""
+    key = (tuple(u.rstrip("/") for u in urls), cfg.concurrency_per_server, cfg.eject_after_failures,
+           cfg.readmit_after_s, cfg.no_server_timeout_s)  # fmt: skip
     with _POOLS_LOCK:
         if key not in _POOLS:
             _POOLS[key] = ServerPool(
                 list(key[0]),
-                concurrency=concurrency,
-                eject_after=eject_after,
-                readmit_after_s=readmit_after_s,
-                no_server_timeout_s=no_server_timeout_s,
+                concurrency=cfg.concurrency_per_server,
+                eject_after=cfg.eject_after_failures,
+                readmit_after_s=cfg.readmit_after_s,
+                no_server_timeout_s=cfg.no_server_timeout_s,
             )
         return _POOLS[key]

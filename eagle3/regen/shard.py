@@ -104,13 +104,7 @@ async def regen_shard_async(
         return report_from_shard(shard_path, index)
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target.model_path)
-    pool = shared_pool(
-        servers,
-        concurrency=cfg.concurrency_per_server,
-        eject_after=cfg.eject_after_failures,
-        readmit_after_s=cfg.readmit_after_s,
-        no_server_timeout_s=cfg.no_server_timeout_s,
-    )
+    pool = shared_pool(servers, cfg)
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     with running_shard(index), Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
         rows = _prompt_rows(plan, index, set(journal.done))

@@ -98,10 +98,7 @@ class RegenStage(Stage[RegenPlan]):
 
     def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
         """Each server's state in this process's pool (the one the shards share on the thread runner)."""
-        cfg = config.regen
-        pool = shared_pool(list(env), concurrency=cfg.concurrency_per_server, eject_after=cfg.eject_after_failures,
-                           readmit_after_s=cfg.readmit_after_s)  # fmt: skip
-        return pool.stats()
+        return shared_pool(list(env), config.regen).stats()
 
     def retrigger(self, plan: RegenPlan, failed: Sequence[Unit]) -> str:
         """The exact command for these shards (it works mid-run too, before ``failed_shards.json`` is written)."""

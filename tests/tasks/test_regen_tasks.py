@@ -85,3 +85,17 @@ def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
         finalize_task.fn(stage, config, plan, [report], [0])  # the failure policy: recorded, no manifest, retrigger
     assert json.loads((plan.out_dir / "failed_shards.json").read_text()) == [0]
     assert not (plan.out_dir / "manifest.json").exists()
+
+
+def test_health_reads_the_pool_the_shards_share(tmp_path: Path):
+    """The flow's monitor asks ``RegenStage.health`` for per-server state: the same pool object the shards use
+    (``shared_pool`` keyed by the servers and the regen pool settings), with every server healthy before any work."""
+    from eagle3.regen.pool import shared_pool
+
+    config = PipelineConfig(
+        name="t", root=str(tmp_path), regen=RegenConfig(servers=["http://127.0.0.1:9"]),
+        target=TargetConfig(model_path=str(tmp_path), num_layers=8, hidden_size=128, vocab_size=300),
+    )  # fmt: skip
+    health = RegenStage().health(config, ["http://127.0.0.1:9/"])
+    assert health == [{"url": "http://127.0.0.1:9", "healthy": True, "completed": 0, "errors": 0}]
+    assert shared_pool(["http://127.0.0.1:9"], config.regen) is shared_pool(["http://127.0.0.1:9/"], config.regen)
