@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 import pytest
 from e2e_support import BIN, FAST_TINY, REPO, base_env, stop
 
+from eagle3.regen.journal import TURN_KEY
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHARD_SIZE = 40  # small prompt shards so that one night is a few shards
@@ -84,12 +86,13 @@ def test_killed_during_regen_then_the_same_command_resumes(story: dict[str, Any]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     stop(proc)
-    journaled = {
-        json.loads(line)["sample_id"]: json.loads(line)["server"]
+    lines = [
+        json.loads(line)
         for p in (root / "regen").glob("*/shard-*.journal.jsonl")
         for line in p.read_text().splitlines()
         if line.strip().endswith("}")
-    }
+    ]
+    journaled = {row["sample_id"]: row["server"] for row in lines if TURN_KEY not in row}  # finished samples only
     prompts_manifest = next((root / "prompts").glob("*/manifest.json"))
     prompts_written = json.loads(prompts_manifest.read_text())["created_at"]
 
