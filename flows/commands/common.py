@@ -56,6 +56,7 @@ from typer.core import TyperGroup
 from eagle3.config import PipelineConfig
 from eagle3.procs import die_with_parent, free_port
 from eagle3.recipes import resolve
+from eagle3.serve.launch import is_healthy
 from eagle3.stage import Progress as StageProgress
 from eagle3.stage import RateWindow
 
@@ -262,7 +263,7 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
         deadline = time.monotonic() + timeout_s
         if meanwhile is not None:
             meanwhile()
-        while not _healthy(api_url):
+        while not is_healthy(api_url, timeout_s=5):
             if server.poll() is not None:
                 raise CliError(f"Prefect's temporary API server exited with code {server.returncode} before it "
                                "answered; set PREFECT_API_URL to a running server", code=EXIT_FAILED)  # fmt: skip
@@ -291,11 +292,3 @@ def _drain_to(server: subprocess.Popen[bytes]) -> None:
         APILogWorker.drain_all(timeout=10)
         EventsWorker.drain_all(timeout=10)
 
-
-def _healthy(api_url: str) -> bool:
-    import httpx
-
-    try:
-        return bool(httpx.get(f"{api_url}/health", timeout=5).status_code == 200)
-    except httpx.HTTPError:
-        return False
