@@ -142,8 +142,8 @@ def _run_units(
     while units or running:
         while units and (in_flight is None or len(running) < in_flight):
             unit = units.pop(0)
+            watch.started(unit)  # before the submit: the table must say "running" by the time the unit can look
             running[submit(unit)] = unit
-            watch.started(unit)
         try:
             future = next(iter(as_completed(list(running), timeout=POLL_S)))
         except TimeoutError:

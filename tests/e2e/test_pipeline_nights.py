@@ -168,7 +168,8 @@ def test_a_finished_night_run_again_starts_nothing_and_changes_no_file(story: di
     with open(story["log"], "ab") as log:
         proc = subprocess.Popen(args, env=story["env"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         started = _children_while_running(proc)
-    assert proc.wait() in (0, 1), story["log"].read_text()[-4000:]  # 1 = the gate refused the tiny draft
+    # the recorded verdict of the night is replayed: 1 = the gate refused the tiny draft, 3 = inconclusive
+    assert proc.wait() in (0, 1, 3), story["log"].read_text()[-4000:]
     others = {cmd for cmd in started if "prefect.server.api.server:create_app" not in cmd}
     assert not others, f"a finished night started processes: {others}"
     after = _snapshot(root)
