@@ -4,8 +4,8 @@ A run root holds one directory per stage and fingerprint::
 
     <root>/catalog/<fp>/   discover    catalog.json
     <root>/prompts/<fp>/   normalize   shard-NNNNN.parquet, quarantine.parquet, spill/<source>/
-    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet), plan.json, config.yaml,
-                                       failed_shards.json
+    <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet, dropped-NNNNN.parquet:
+                                       truncated rows set aside), plan.json, config.yaml, failed_shards.json
     <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, parts-NNNNN/ while running
     <root>/vocab/<fp>/     vocab       vocab.safetensors
     <root>/drafts/<fp>/    train       ckpt/step-NNNNNN/, ckpt/latest, metrics.jsonl; export/ (the export stage)

@@ -32,6 +32,7 @@ from eagle3.data.parquet import (
     write_table,
 )
 from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
+from eagle3.integrity import verify_files
 from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
@@ -45,6 +46,9 @@ from eagle3.runroot import atomic_write_text
 logger = logging.getLogger(__name__)
 
 STATS_KEY = "regen_stats"
+# The side files of a compacted shard: rows that exhausted their retries, and truncated rows that
+# ``regen.keep_truncated=false`` keeps out of training (kept here, with their ids and text, for inspection).
+FAILED, DROPPED = "failed", "dropped"
 OnResult = Callable[[dict[str, Any]], None]
 
 
@@ -102,6 +106,7 @@ async def regen_shard_async(
     if shard_is_valid(shard_path, schema=REGEN_SCHEMA):
         (out / journal_name(index)).unlink(missing_ok=True)
         return report_from_shard(shard_path, index)
+    verify_files([plan.prompt_shard(index)], rebuild="eagle3 normalize")  # damaged prompts never reach the target
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target.model_path)
     pool = shared_pool(servers, cfg)
@@ -221,7 +226,8 @@ def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: in
 
 
 def compact_shard(config: PipelineConfig, plan: RegenPlan, index: int, *, template: str) -> ShardReport:
-    """Journal -> ``failed-NNNNN.parquet`` (if any failures) and ``shard-NNNNN.parquet`` (in prompts order)."""
+    """Journal -> ``shard-NNNNN.parquet`` (in prompts order), plus ``failed-NNNNN.parquet`` and
+    ``dropped-NNNNN.parquet`` when any rows failed or were dropped as truncated."""
     out = plan.out_dir
     journal_path = out / journal_name(index)
     by_id: dict[str, dict[str, Any]] = {}
@@ -234,20 +240,21 @@ def compact_shard(config: PipelineConfig, plan: RegenPlan, index: int, *, templa
     if missing:
         raise RuntimeError(f"shard {index}: {len(missing)} samples have no journal line (e.g. {missing[:3]})")
     rows = [by_id[sid] for sid in dict.fromkeys(order)]
+    set_aside = {STATUS_FAILED} if config.regen.keep_truncated else {STATUS_FAILED, STATUS_TRUNCATED}
     failed = [r for r in rows if r["status"] == STATUS_FAILED]
-    kept = [r for r in rows if r["status"] != STATUS_FAILED]
-    if not config.regen.keep_truncated:
-        kept = [r for r in kept if r["status"] != STATUS_TRUNCATED]
-    stats = _stats(kept, failed, dropped=len(rows) - len(failed) - len(kept))
+    dropped = [r for r in rows if r["status"] == STATUS_TRUNCATED and r["status"] in set_aside]
+    kept = [r for r in rows if r["status"] not in set_aside]
+    stats = _stats(kept, failed, dropped=len(dropped))
     meta = {
         STATS_KEY: json.dumps(stats),
         "regen_fingerprint": plan.fingerprint,
         "target_model": config.target.model_path,
         "chat_template_hash": template,
     }
-    if failed:
-        with ShardWriter(out, REGEN_SCHEMA, prefix="failed", start_index=index, metadata=meta) as writer:
-            writer.write_rows(failed)
+    for kind, side in ((DROPPED, dropped), (FAILED, failed)):  # never silent loss: set-aside rows keep their text
+        if side:
+            with ShardWriter(out, REGEN_SCHEMA, prefix=kind, start_index=index, metadata=meta) as writer:
+                writer.write_rows(side)
     if kept:
         with ShardWriter(out, REGEN_SCHEMA, prefix="shard", start_index=index, metadata=meta) as writer:
             writer.write_rows(kept)

@@ -27,7 +27,7 @@ from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
 from eagle3.regen.schema import REGEN_SCHEMA
-from eagle3.regen.shard import ShardReport, regen_shard, report_from_shard
+from eagle3.regen.shard import DROPPED, FAILED, ShardReport, regen_shard, report_from_shard
 from eagle3.regen.status import regen_status
 from eagle3.regen.stop import stop_shards_on_signals
 from eagle3.runroot import FileEntry, Manifest
@@ -154,9 +154,10 @@ def _write_manifest(
     files = []
     for index, report in done.items():
         files.append(FileEntry.of(plan.out_dir / shard_name(index), rows=report.rows, base=plan.out_dir))
-        failed_path = plan.out_dir / shard_name(index, "failed")
-        if failed_path.exists():
-            files.append(FileEntry.of(failed_path, rows=report.detail.get("failed", 0), base=plan.out_dir))
+        for kind in (FAILED, DROPPED):
+            side = plan.out_dir / shard_name(index, kind)
+            if side.exists():
+                files.append(FileEntry.of(side, rows=report.detail.get(kind, 0), base=plan.out_dir))
     Manifest(stage="regen", fingerprint=plan.fingerprint, files=files, stats=stats, config={
         "sampling": sampling_fields(config.regen),
         "sampling_params": sampling_params(config.regen),

@@ -18,7 +18,7 @@ from eagle3.regen.sample import round_trips
 from eagle3.regen.stage import RegenStage
 from eagle3.runroot import Manifest
 from eagle3.serve.launch import is_healthy, reference_server
-from eagle3.stage import run_stage
+from eagle3.stage import UnitsFailed, run_stage
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +91,26 @@ def test_without_servers_a_local_reference_server_runs_for_the_stage_and_truncat
     out = Path(summary["regen_dir"])
     kept = pq.read_table(out / "shard-00000.parquet").num_rows
     assert kept + summary["dropped"] == 2 and summary["truncated"] == 0
+    dropped = pq.read_table(out / "dropped-00000.parquet").to_pylist()  # set aside with id and text, not lost
+    assert len(dropped) == summary["dropped"] > 0 and {r["status"] for r in dropped} == {"truncated"}
+    assert all(r["messages"] for r in dropped)
+    manifest = Manifest.read(out)
+    assert manifest.verify(out) == [] and "dropped-00000.parquet" in {f.path for f in manifest.files}
     log = (out / "reference-server.log").read_text()
     url = re.search(r"reference server on (http://\S+)", log).group(1)
     assert not is_healthy(url), "the stage's reference server is still running"
+
+
+def test_a_damaged_prompts_shard_is_refused_by_name_before_any_request(tmp_path, regen_model_dir, regen_helpers):
+    prompts = regen_helpers.write_prompts(tmp_path, [[regen_helpers.chat("a", "hello")]])
+    shard = prompts / "shard-00000.parquet"
+    data = bytearray(shard.read_bytes())
+    data[8:16] = b"\xff" * 8  # inside the first column chunk: the footer still reads
+    shard.write_bytes(bytes(data))
+    config = regen_helpers.config(tmp_path, regen_model_dir, ["http://127.0.0.1:9"])  # never asked
+    with pytest.raises(UnitsFailed, match=r"shard-00000\.parquet: sha256 differs.*eagle3 normalize"):
+        run_stage(RegenStage(), config, prompts_dir=prompts)
+    assert not list((tmp_path / "regen").glob("*/shard-*.journal.jsonl")), "a sample was sent"
 
 
 def test_openai_path_records_that_output_ids_are_retokenized(tmp_path, regen_model_dir, server, regen_helpers):
