@@ -17,7 +17,7 @@ Design choices:
   length falls to ~1.0. The algorithm check catches the flag; the smoke accept-length check catches it live.
 - Layer ids: the capture footer records ids in ``input_of_layer`` (SGLang's capture convention); a draft's
   ``eagle_aux_hidden_state_layer_ids`` are ``output_of_layer``, which SGLang maps back by the target family's rule
-  (``eagle3.config.served_layer_ids``: Llama-like +1 always, DeepSeek/Kimi +1 only when the first id is 1).
+  (``eagle3.layers.served_layer_ids``: Llama-like +1 always, DeepSeek/Kimi +1 only when the first id is 1).
   The served layers must equal the captured ones, or the draft sees other layers than it was trained on.
 - Batch limit: both arms must pass the same ``--max-running-requests``; left out, SGLang caps only the speculative
   arm (at 48), and the comparison at high concurrency measures the cap, not speculation.
@@ -40,8 +40,9 @@ from eagle3.bench.launch import (
     split_speculative,
     without_address,
 )
-from eagle3.config import PipelineConfig, served_layer_ids, to_sglang_ids
+from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, shard_metadata
+from eagle3.layers import served_layer_ids, to_sglang_ids
 from eagle3.layout import shard_files
 from eagle3.model.export_format import (
     ARCHITECTURE,

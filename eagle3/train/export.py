@@ -6,7 +6,7 @@ The format itself (file names, exact key set and shapes, the vocab maps, validat
 there, and renamed, so a broken export is never left where SGLang or the gate could pick it up.
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` is in the ``output_of_layer`` convention, taken from the capture
 manifest and checked against the config, whose validation has already refused any set SGLang would map back to other
-layers on this target family (``eagle3.config.served_layer_ids``), so training and serving read the same layers.
+layers on this target family (``eagle3.layers.served_layer_ids``), so training and serving read the same layers.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.config import ConfigError, PipelineConfig, to_export_ids
+from eagle3.config import ConfigError, PipelineConfig
 from eagle3.errors import DataError
+from eagle3.layers import to_export_ids
 from eagle3.layout import CKPT_DIR, METRICS_FILE
 from eagle3.model.draft import DraftConfig
 from eagle3.model.export_format import (

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import ConfigError, load_yaml, served_layer_ids, to_export_ids, to_sglang_ids, validate
+from eagle3.config import ConfigError, load_yaml, validate
 from eagle3.recipes import load_recipe
 
 
@@ -63,7 +63,6 @@ def test_output_convention_converts_both_ways():
     cfg = validate(data)
     assert cfg.sglang_layer_ids == [2, 30, 58]
     assert cfg.export_layer_ids == [1, 29, 57]
-    assert to_sglang_ids(to_export_ids([2, 4, 5], "input_of_layer"), "output_of_layer") == [2, 4, 5]
 
 
 def test_topk_one_requires_chain_draft_tokens():
@@ -90,21 +89,6 @@ def test_override_of_missing_section_names_it():
 def test_override_with_bad_value_fails_like_a_bad_file():
     with pytest.raises(ConfigError, match=r"train\.lr"):
         load_recipe("tiny", ["train.lr=-1"])
-
-
-def test_llama_family_serves_every_draft_id_plus_one():
-    """SGLang 0.5.23 python/sglang/srt/models/llama.py, LlamaForCausalLM.set_eagle3_layers_to_capture:
-    ``layers_to_capture = [val + 1 for val in layer_ids]`` whatever the ids are."""
-    assert served_layer_ids([1, 15, 28], "llama") == [2, 16, 29]
-    assert served_layer_ids([2, 30, 58], "llama") == [3, 31, 59]
-
-
-def test_deepseek_family_adds_one_only_when_the_first_id_is_one():
-    """SGLang 0.5.23 python/sglang/srt/models/deepseek_v2.py, DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
-    (DeepseekV3ForCausalLM inherits it; models/kimi_k25.py serves Kimi-K2.5's text through DeepseekV3ForCausalLM):
-    ``+1`` when ``layer_ids[0] == 1``, else ``layers_to_capture = list(layer_ids)`` verbatim."""
-    assert served_layer_ids([1, 29, 57], "deepseek") == [2, 30, 58]
-    assert served_layer_ids([2, 29, 57], "deepseek") == [2, 29, 57]
 
 
 def test_deepseek_target_refuses_layers_sglang_would_serve_shifted():
