@@ -49,7 +49,8 @@ TOPK_BYTES = 4 + 2  # per stored (id, probability)
 # Bytes per token outside the hidden states: input_ids int32 + loss_mask uint8.
 TOKEN_OVERHEAD_BYTES = 5
 
-# One stored value viewed in place: (values [T, width] in the stored dtype, scales [T, segments] float32 or None).
+# One stored value viewed in place: (values [T, width] in the stored dtype, scales [T, segments] float32 or None),
+# or for the top-k (ids [T, k] int32, probs [T, k] float16).
 Encoded = tuple[torch.Tensor, torch.Tensor | None]
 
 
