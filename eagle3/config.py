@@ -423,7 +423,7 @@ class PipelineConfig(StrictModel):
     def _topk_in_vocab(self) -> PipelineConfig:
         if self.capture.encoding == "fp8_topk" and not 1 <= self.capture.topk <= self.target.vocab_size:
             raise ValueError(f"capture.topk={self.capture.topk} is outside [1, target.vocab_size="
-                             f"{self.target.vocab_size}]: set capture.topk to a k in that range, e.g. 64")
+                             f"{self.target.vocab_size}]: set capture.topk to a k in that range, e.g. 256")
         return self
 
     @model_validator(mode="after")

@@ -164,7 +164,7 @@ def column_codecs(encoding: str, dtype: str, hidden_size: int, *,
     aux = ColumnCodec(dtype, 3 * hidden_size, 3, fp8=encoding != "raw")
     if encoding == TOPK_ENCODING:
         if topk is None or topk < 1:
-            raise ValueError(f"encoding {encoding!r} needs k >= 1 (got {topk}): set capture.topk, e.g. 64")
+            raise ValueError(f"encoding {encoding!r} needs k >= 1 (got {topk}): set capture.topk, e.g. 256")
         return aux, TopKCodec(topk)
     return aux, ColumnCodec(dtype, hidden_size, 1, fp8=encoding == "fp8_all")
 
