@@ -2,12 +2,13 @@
 prompts, measured side by side in one run with the reference speculative decoder (goal >= 1.5), plus CPU training
 throughput (tokens/s) and the ``last_hidden_only`` misconfiguration's accept length for contrast.
 
-    python benchmarks/learning.py [--quick] [--model-dir DIR] [--encodings raw,fp8_aux,fp8_all]
+    python benchmarks/learning.py [--quick] [--model-dir DIR] [--encodings raw,fp8_aux,fp8_all,fp8_topk] [--topk 64]
 
 ``--encodings`` trains one draft per feature encoding (``capture.encoding``) on the same batches passed through that
-encoding's round trip (bf16 for ``raw``, as captured by default; the loader's exact decode for fp8) and reports each
-one's accept length relative to ``raw`` (goal >= 0.98) and its uncompressed bytes per token relative to 8*H
-(``benchmarks/storage.py`` measures the compressed size).
+encoding's round trip (bf16 for ``raw``, as captured by default; the loader's exact decode for fp8; for
+``fp8_topk`` the top ``--topk`` of the target's ``lm_head`` over the bf16 final state, stored as int32 + float16,
+as capture and the loader do) and reports each one's accept length relative to ``raw`` (goal >= 0.98), its final
+loss and its uncompressed bytes per token relative to 8*H (``benchmarks/storage.py`` measures the compressed size).
 
 ``--model-dir`` defaults to the tiny world's target (built or reused under ``EAGLE3_HOME``).
 """
@@ -25,7 +26,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.bench.specdec import evaluate_acceptance
-from eagle3.capture.encoding import bytes_per_token, column_codecs, dequantize
+from eagle3.capture.encoding import TopKCodec, bytes_per_token, column_codecs, dequantize
+from eagle3.capture.head import target_topk
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.template import render_prompt
 from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
@@ -45,7 +47,7 @@ def _default_model_dir() -> Path:
     return Path(world.model_dir)
 
 
-def as_stored(batches: list[dict], encoding: str) -> list[dict]:
+def as_stored(batches: list[dict], encoding: str, *, lm_head: torch.Tensor, topk: int) -> list[dict]:
     """The batches a trainer would read back from features captured in bf16 with ``encoding``."""
     def round_trip(x: torch.Tensor, codec) -> torch.Tensor:
         x = x.bfloat16()
@@ -54,13 +56,25 @@ def as_stored(batches: list[dict], encoding: str) -> list[dict]:
         values, scales = codec.views(pa.array([codec.encode(x.flatten(0, 1))], pa.binary()))[0]
         return dequantize(values, scales, torch.float32).view_as(x)
 
-    aux_codec, last_codec = column_codecs(encoding, "bfloat16", batches[0]["last_hidden"].shape[-1])
-    return [{**b, "aux_hidden": round_trip(b["aux_hidden"], aux_codec),
-             "last_hidden": round_trip(b["last_hidden"], last_codec)} for b in batches]
+    def stored_topk(b: dict, codec: TopKCodec) -> dict:
+        last = b["last_hidden"].bfloat16()
+        ids, probs = target_topk(last.flatten(0, 1), lm_head, codec.k)
+        ids, probs = codec.views(pa.array([codec.encode(ids, probs)], pa.binary()))[0]
+        shape = (*last.shape[:2], codec.k)
+        rest = {k: v for k, v in b.items() if k != "last_hidden"}
+        return {**rest, "target_ids": ids.long().view(shape), "target_probs": probs.float().view(shape)}
+
+    aux_codec, last_codec = column_codecs(encoding, "bfloat16", batches[0]["last_hidden"].shape[-1], topk=topk)
+    out = []
+    for b in batches:
+        b = {**b, "aux_hidden": round_trip(b["aux_hidden"], aux_codec)}
+        out.append(stored_topk(b, last_codec) if isinstance(last_codec, TopKCodec)
+                   else {**b, "last_hidden": round_trip(b["last_hidden"], last_codec)})
+    return out
 
 
 def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_new: int,
-        encodings: tuple[str, ...] = ()) -> dict:
+        encodings: tuple[str, ...] = (), topk: int = 64) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
@@ -103,24 +117,25 @@ def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_
         result["accept_trained_eagle3"] / result["accept_untrained_eagle3"], 3)
     if encodings:
         result["encodings"] = compare_encodings(config, target, tokenizer, inputs, batches, held, encodings,
-                                                work=work, max_new=max_new, eos=eos)
+                                                work=work, max_new=max_new, eos=eos, topk=topk)
     return result
 
 
 def compare_encodings(config: PipelineConfig, target, tokenizer, inputs, batches: list[dict], held: list[str],
-                      encodings: tuple[str, ...], *, work: Path, max_new: int, eos: int) -> dict:
+                      encodings: tuple[str, ...], *, work: Path, max_new: int, eos: int, topk: int) -> dict:
     """Per encoding: accept length of a draft trained on that encoding's round trip, relative to ``raw``."""
     cpu = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     h, out = config.target.hidden_size, {}
     for encoding in encodings:
-        summary = train_on_source(config, ListBatchSource(as_stored(batches, encoding)), inputs,
-                                  work / f"enc-{encoding}", cpu)
+        stored = as_stored(batches, encoding, lm_head=inputs.head.lm_head, topk=topk)
+        summary = train_on_source(config, ListBatchSource(stored), inputs, work / f"enc-{encoding}", cpu)
         export_draft(config, work / f"enc-{encoding}", work / "vocab.safetensors", None, work / f"export-{encoding}")
         decoder = SpeculativeDecoder(target, tokenizer, work / f"export-{encoding}", config.speculative.num_steps,
                                      "eagle3")
         stats = evaluate_acceptance(decoder, held, max_new_tokens=max_new, eos_ids=[eos])
         out[encoding] = {"accept": round(stats["accept_length"], 3), "final_loss": summary["final_loss"],
-                         "bytes_per_token_over_8H": round(bytes_per_token(encoding, "bfloat16", h) / (8 * h), 3)}
+                         "bytes_per_token_over_8H": round(
+                             bytes_per_token(encoding, "bfloat16", h, topk=topk) / (8 * h), 3)}
     base = out.get("raw", {}).get("accept")
     for row in out.values():
         row["accept_over_raw"] = round(row["accept"] / base, 3) if base else None
@@ -132,12 +147,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small run (< 1 min on an idle 2-core machine)")
     parser.add_argument("--model-dir", type=Path, default=None, help="HF target dir (default: the tiny world's)")
     parser.add_argument("--encodings", default="", help="comma-separated capture.encoding values to compare")
+    parser.add_argument("--topk", type=int, default=64, help="k of the fp8_topk encoding (capture.topk)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     sizes = dict(train_prompts=48, held_out=12, epochs=3, max_new=32) if args.quick else dict(
         train_prompts=192, held_out=32, epochs=4, max_new=48)
     encodings = tuple(e for e in args.encodings.split(",") if e)
-    result = run(args.model_dir or _default_model_dir(), **sizes, encodings=encodings)
+    result = run(args.model_dir or _default_model_dir(), **sizes, encodings=encodings, topk=args.topk)
     print(json.dumps(result, indent=2))
     print(f"accept length trained/untrained = {result['ratio_trained_over_untrained']:.2f} (goal >= 1.5); "
           f"CPU training {result['train_tokens_per_s']:.0f} tokens/s")

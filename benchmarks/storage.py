@@ -5,11 +5,14 @@
     python benchmarks/storage.py [--quick] [--hidden 512] [--samples 128]
 
 Captures bf16 features from a random Llama (``capture_overhead.build_target``) once with ``capture_shard``, then
-re-encodes the same states with every ``capture.encoding`` (the capture's own codec) and every hidden-column codec
+re-encodes the same states with every ``capture.encoding`` (the capture's own codec; ``fp8_topk`` takes the top
+``--topk`` of the target's ``lm_head`` over the captured final state, as capture does) and every hidden-column codec
 (none, lz4, zstd) into shards written like the merge writes them. For each: bytes per token, and tokens/s reading
 every row back as tensors in the stored form (what the loader copies and moves to the training device; fp8 decodes
-there) and, for fp8, also decoded to bf16 on the CPU; the peer reads a ``torch.load(weights_only=True)`` per
-sample file. Kimi-K2.5 (H=7168) is computed from the measured compression of each variant.
+there) and, for fp8, also decoded on the CPU; the peer reads a ``torch.load(weights_only=True)`` per sample file.
+Kimi-K2.5 (H=7168) is computed per column: each state column's measured compression ratio times its size at
+H=7168 (the top-k column does not grow with H; a random target's near-uniform top-k compresses worse than a
+trained one's, so its ratio here is a pessimistic one).
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ import pyarrow.parquet as pq
 import torch
 from capture_overhead import build_target, make_config, make_regen_shard
 
-from eagle3.capture.encoding import ENCODINGS, ColumnCodec, column_codecs, dequantize
+from eagle3.capture.encoding import (
+    ENCODINGS,
+    TOKEN_OVERHEAD_BYTES,
+    ColumnCodec,
+    FinalCodec,
+    TopKCodec,
+    column_codecs,
+    dequantize,
+)
+from eagle3.capture.head import target_topk
 from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table
@@ -34,7 +46,7 @@ KIMI_H = 7168
 CODECS = ("none", "lz4", "zstd")
 
 
-def read_ours(path: Path, codecs: tuple[ColumnCodec, ColumnCodec], *, decode: bool) -> int:
+def read_ours(path: Path, codecs: tuple[ColumnCodec, FinalCodec], *, decode: bool) -> int:
     pf, tokens = pq.ParquetFile(path), 0
     for rg in range(pf.num_row_groups):
         table = pf.read_row_group(rg)
@@ -43,22 +55,28 @@ def read_ours(path: Path, codecs: tuple[ColumnCodec, ColumnCodec], *, decode: bo
         assert len(aux) == len(last)
         if decode:
             aux = [(dequantize(v, s, torch.bfloat16), None) if s is not None else (v, s) for v, s in aux]
-            last = [(dequantize(v, s, torch.bfloat16), None) if s is not None else (v, s) for v, s in last]
+            if isinstance(codecs[1], TopKCodec):  # what the loader hands the loss: int64 ids, float32 probs
+                last = [(ids.long(), probs.float()) for ids, probs in last]
+            else:
+                last = [(dequantize(v, s, torch.bfloat16), None) if s is not None else (v, s) for v, s in last]
         tokens += sum(a.shape[0] for a, _ in aux)
     return tokens
 
 
-def transcode(raw: Path, out: Path, encoding: str, codec: str, hidden: int, row_group_bytes: int) -> Path:
+def transcode(raw: Path, out: Path, encoding: str, codec: str, hidden: int, row_group_bytes: int, *,
+              lm_head: torch.Tensor, topk: int) -> Path:
     """The raw bf16 shard re-encoded with ``encoding`` and written with ``codec`` on the two state columns."""
     raw_aux, raw_last = column_codecs("raw", "bfloat16", hidden)
-    aux_codec, last_codec = column_codecs(encoding, "bfloat16", hidden)
+    aux_codec, last_codec = column_codecs(encoding, "bfloat16", hidden, topk=topk)
     table = pq.read_table(raw)
     rows = table.drop_columns(["aux_hidden", "last_hidden"]).to_pylist()
     for row, (a, _), (b, _) in zip(rows, raw_aux.views(table.column("aux_hidden")),
                                    raw_last.views(table.column("last_hidden")), strict=True):
-        row["aux_hidden"], row["last_hidden"] = aux_codec.encode(a), last_codec.encode(b)
+        row["aux_hidden"] = aux_codec.encode(a)
+        row["last_hidden"] = (last_codec.encode(*target_topk(b, lm_head, topk)) if isinstance(last_codec, TopKCodec)
+                              else last_codec.encode(b))
     compression = {n: codec if n in ("aux_hidden", "last_hidden") else "zstd" for n in FEATURE_SCHEMA.names}
-    meta = {**shard_metadata(raw), "encoding": encoding}
+    meta = {**shard_metadata(raw), "encoding": encoding, **({"topk": str(topk)} if encoding == "fp8_topk" else {})}
     with ShardWriter(out, FEATURE_SCHEMA, row_group_bytes=row_group_bytes, metadata=meta,
                      compression=compression) as writer:
         writer.write_table(feature_table(rows))
@@ -100,6 +118,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--samples", type=int, default=128)
     parser.add_argument("--row-group-bytes", type=int, default=64 * 2**20)
+    parser.add_argument("--topk", type=int, default=64, help="k of the fp8_topk encoding (capture.topk)")
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.samples = 256, 12
@@ -118,15 +137,16 @@ def main() -> None:
         peer_bytes = to_per_sample_files(Path(result["path"]), tmp_path / "ckpt", args.hidden)
         peer = timed(tokens, read_peer, tmp_path / "ckpt")
         rows = []
+        lm_head = model.get_output_embeddings().weight.detach()
         for encoding in ENCODINGS:
-            codecs = column_codecs(encoding, "bfloat16", args.hidden)
+            codecs = column_codecs(encoding, "bfloat16", args.hidden, topk=args.topk)
             for codec in CODECS:
                 shard = transcode(Path(result["path"]), tmp_path / f"{encoding}-{codec}", encoding, codec,
-                                  args.hidden, args.row_group_bytes)
+                                  args.hidden, args.row_group_bytes, lm_head=lm_head, topk=args.topk)
                 per_token = shard.stat().st_size / tokens
                 row = {"encoding": encoding, "codec": codec, "bytes_per_token": round(per_token, 1),
                        "over_8H": round(per_token / (8 * args.hidden), 4),
-                       "kimi_over_8H": round(kimi_ratio(per_token, codecs, args.hidden), 4),
+                       "kimi_over_8H": round(kimi_ratio(shard, tokens, encoding, args.topk), 4),
                        "read_over_peer": round(timed(tokens, read_ours, shard, codecs, decode=False) / peer, 2)}
                 if encoding != "raw":
                     row["read_decode_cpu_over_peer"] = round(
@@ -134,19 +154,29 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print(json.dumps({"hidden": args.hidden, "tokens": tokens, "row_group_bytes": args.row_group_bytes,
+                      "topk": args.topk,
                       "peer_ckpt_bytes_per_token": round(peer_bytes / tokens, 1),
                       "read_tok_per_s_per_sample_torch_save": round(peer), "goals": "over_8H <= 0.40 (compact), "
                       "read_over_peer >= 1.0", "variants": rows}, indent=2))
 
 
-def kimi_ratio(per_token: float, codecs: tuple[ColumnCodec, ColumnCodec], hidden: int) -> float:
-    """Kimi-K2.5's bytes/token over 8*H, scaling the measured state bytes by the encoding's size at H=7168
-    (the compression ratio measured here carried over; ids and masks stay ~5 bytes)."""
-    stored = per_token - 5
-    raw_here = sum(c.bytes_per_token for c in codecs)
-    kimi_codecs = column_codecs("fp8_all" if codecs[1].fp8 else "fp8_aux" if codecs[0].fp8 else "raw",
-                                "bfloat16", KIMI_H)
-    return (stored / raw_here * sum(c.bytes_per_token for c in kimi_codecs) + 5) / (8 * KIMI_H)
+def kimi_ratio(shard: Path, tokens: int, encoding: str, topk: int) -> float:
+    """Kimi-K2.5's bytes/token over 8*H: each state column's compressed bytes measured here, scaled by the ratio
+    of that column's uncompressed size at H=7168 to its size here (ids and masks stay ~5 bytes)."""
+    meta = pq.ParquetFile(shard).metadata
+    hidden = int(shard_metadata(shard)["hidden_size"])
+    here = dict(zip(("aux_hidden", "last_hidden"), column_codecs(encoding, "bfloat16", hidden, topk=topk),
+                    strict=True))
+    kimi = dict(zip(("aux_hidden", "last_hidden"), column_codecs(encoding, "bfloat16", KIMI_H, topk=topk),
+                    strict=True))
+    stored = 0.0
+    for rg in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            column = meta.row_group(rg).column(c)
+            name = column.path_in_schema
+            if name in here:
+                stored += column.total_compressed_size * kimi[name].bytes_per_token / here[name].bytes_per_token
+    return (stored / tokens + TOKEN_OVERHEAD_BYTES) / (8 * KIMI_H)
 
 
 if __name__ == "__main__":

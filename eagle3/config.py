@@ -162,10 +162,18 @@ class CaptureConfig(StrictModel):
     max_seq_len: int = Field(default=4096, gt=0)
     truncation: Literal["quarantine", "truncate"] = "quarantine"
     row_group_bytes: int = Field(default=64 * 2**20, gt=0)
-    encoding: Literal["raw", "fp8_aux", "fp8_all"] = Field(
+    encoding: Literal["raw", "fp8_aux", "fp8_all", "fp8_topk"] = Field(
         default="raw",
         description="How hidden states are stored (eagle3.capture.encoding): raw in capture.dtype (8*H bytes per "
-        "token in bf16), fp8_aux (aux states fp8 + per-token scales: ~5*H), fp8_all (final state too: ~4*H).",
+        "token in bf16), fp8_aux (aux states fp8 + per-token scales: ~5*H), fp8_all (final state too: ~4*H), "
+        "fp8_topk (aux fp8, and the target's top-k next-token distribution instead of the final state: ~3*H + 6*k; "
+        "the large recipes' default).",
+    )
+    topk: int = Field(
+        default=256,
+        description="k of the fp8_topk encoding: the target's k most likely next tokens (int32 id + float16 "
+        "probability, 6 bytes each) stored per token; 1 <= k <= target.vocab_size. Ignored by other encodings. "
+        "256 by benchmarks/learning.py on the tiny world: accept length 0.986 of raw (k=64: 0.973).",
     )
     hidden_compression: Literal["none", "lz4", "zstd"] = Field(
         default="zstd",
@@ -349,6 +357,13 @@ class PipelineConfig(StrictModel):
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     dev: DevConfig = Field(default_factory=DevConfig)
+
+    @model_validator(mode="after")
+    def _topk_in_vocab(self) -> PipelineConfig:
+        if self.capture.encoding == "fp8_topk" and not 1 <= self.capture.topk <= self.target.vocab_size:
+            raise ValueError(f"capture.topk={self.capture.topk} is outside [1, target.vocab_size="
+                             f"{self.target.vocab_size}]: set capture.topk to a k in that range, e.g. 256")
+        return self
 
     @model_validator(mode="after")
     def _resolve_layers(self) -> PipelineConfig:

@@ -21,10 +21,16 @@ class CaptureBackend(Protocol):
 
     ``aux`` holds the residual stream entering the configured layers (``input_of_layer``, HF
     ``output_hidden_states[i]``), concatenated low|mid|high; ``last`` is the final post-norm state (the input of
-    ``lm_head``). Tensors may live on any device; the caller moves them to CPU.
+    ``lm_head``). Tensors may live on any device; the caller moves them to CPU. ``lm_head`` is the target's output
+    head ``[V, H]`` on the device ``last`` comes out on: the ``fp8_topk`` encoding turns ``last`` into the target's
+    top-k next-token distribution with it (``eagle3.capture.head``), so an in-process SGLang backend exposes its
+    (gathered) head too.
     """
 
     hidden_size: int
+
+    @property
+    def lm_head(self) -> torch.Tensor: ...
 
     def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 

@@ -58,7 +58,8 @@ def regen_tokens(path: Path) -> int:
 def capture_estimate(config: PipelineConfig, regen_shards: Iterable[Path]) -> DiskEstimate:
     """The disk a capture of ``regen_shards`` needs in ``config.capture.encoding`` (see the module docstring)."""
     counts = [regen_tokens(Path(p)) for p in regen_shards]
-    per_token = bytes_per_token(config.capture.encoding, config.capture.dtype, config.target.hidden_size)
+    capture = config.capture
+    per_token = bytes_per_token(capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk)
     return DiskEstimate(tokens=sum(counts), bytes_per_token=per_token, largest_shard_tokens=max(counts, default=0))
 
 
@@ -79,7 +80,8 @@ def check_disk_budget(estimate: DiskEstimate, out_dir: Path, *, reserve_bytes: i
             f"({estimate.tokens:,} tokens x {estimate.bytes_per_token} B/token in encoding {encoding!r}, plus the "
             f"largest shard's part files) and capture.disk_reserve_bytes={human_bytes(reserve_bytes)} must stay "
             f"free, but only {human_bytes(free)} is free at {probe}. Free space there, point `root` at a larger "
-            "disk, capture fewer shards (--shard), or store less per token (capture.encoding=fp8_aux or fp8_all)"
+            "disk, capture fewer shards (--shard), or store less per token (capture.encoding=fp8_aux, fp8_all or "
+            "fp8_topk)"
         )
 
 
@@ -90,14 +92,15 @@ def night_estimate(config: PipelineConfig, *, mean_tokens: int = MEAN_TOKENS_PER
     if prompts is None:
         return {"prompts": None, "note": "mix.total is unset: no per-night estimate"}
     tokens = prompts * mean_tokens
-    h = config.target.hidden_size
+    h, capture = config.target.hidden_size, config.capture
+    per_token = {e: bytes_per_token(e, capture.dtype, h, topk=capture.topk) for e in ENCODINGS}
     return {
         "prompts": prompts,
         "mean_tokens_assumed": mean_tokens,
-        "encoding": config.capture.encoding,
-        "bytes_per_token_over_8H": {e: round(bytes_per_token(e, config.capture.dtype, h) / (8 * h), 3)
-                                    for e in ENCODINGS},
-        "bytes": {e: human_bytes(tokens * bytes_per_token(e, config.capture.dtype, h)) for e in ENCODINGS},
+        "encoding": capture.encoding,
+        "topk": capture.topk,
+        "bytes_per_token_over_8H": {e: round(n / (8 * h), 3) for e, n in per_token.items()},
+        "bytes": {e: human_bytes(tokens * n) for e, n in per_token.items()},
     }
 
 

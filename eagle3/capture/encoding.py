@@ -7,34 +7,50 @@
   draft consumes aux states only through its ``fc`` projection, so 3 significant bits plus a per-token scale cost
   little, and the final state, which becomes the target distribution through ``lm_head``, keeps its precision.
 * ``fp8_all``: the final state in fp8 too (one scale per token).
+* ``fp8_topk``: the aux states as in ``fp8_aux``; instead of the final state, the target's ``k`` most likely next
+  tokens (``capture.topk``, footer ``topk``), computed at capture from the final state with the target's
+  ``lm_head`` (``eagle3.capture.head``, the path training uses on a stored final state). The draft never reads the
+  final state except to build that distribution, and H values per token (7168 for Kimi) are what kept ``fp8_all``
+  above 0.40 of 8*H; ``6 k`` bytes are not. The top-k is over the *full* target vocab: the draft vocab is chosen
+  after capture, from the captured shards (``eagle3.train.vocab``), and is rebuilt as nights add shards, so the
+  stored distribution must not depend on it; training maps the ids into the draft vocab (``eagle3.train.loss``).
+  Ids are int32 (real vocabularies exceed 65K). Probabilities are float16, not bf16: they lie in [0, 1], where
+  float16's 10 mantissa bits give a relative error of 2**-11 down to 6e-5 (bf16: 2**-8), and the mass below
+  float16's range (< 6e-8 per token) is negligible in a cross-entropy.
 
-An fp8 value is ``scales (seq_len x segments float32) | values (seq_len x width float8)``, so one row stays one
-binary value (the feature schema does not change) and a reader views both parts in place. Decoding
-(``dequantize``) is a multiply per element, done where the batch is consumed: on the GPU when training there.
+An fp8 value is ``scales (seq_len x segments float32) | values (seq_len x width float8)``, a top-k value is
+``ids (seq_len x k int32) | probs (seq_len x k float16)`` (descending probability), so one row stays one binary
+value (the feature schema does not change) and a reader views both parts in place. Decoding (``dequantize``) is a
+multiply per element, done where the batch is consumed: on the GPU when training there.
 """
 
 from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
 import torch
 
-Encoding = Literal["raw", "fp8_aux", "fp8_all"]
-ENCODINGS: tuple[str, ...] = ("raw", "fp8_aux", "fp8_all")
+Encoding = Literal["raw", "fp8_aux", "fp8_all", "fp8_topk"]
+ENCODINGS: tuple[str, ...] = ("raw", "fp8_aux", "fp8_all", "fp8_topk")
+TOPK_ENCODING = "fp8_topk"  # the encoding whose final-state column holds the target's top-k (``TopKCodec``)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 TORCH_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # The integer dtype of the same width, used to move bf16 through numpy/arrow (numpy has no bfloat16).
 STORAGE_VIEW: dict[str, torch.dtype] = {"bfloat16": torch.int16, "float32": torch.float32}
 SCALE_BYTES = 4  # float32 scale per token and segment
+TOPK_ID_DTYPE, TOPK_PROB_DTYPE = torch.int32, torch.float16  # top-k ids and probabilities (module docstring)
+TOPK_BYTES = 4 + 2  # per stored (id, probability)
 # Bytes per token outside the hidden states: input_ids int32 + loss_mask uint8.
 TOKEN_OVERHEAD_BYTES = 5
 
-# One stored value viewed in place: (values [T, width] in the stored dtype, scales [T, segments] float32 or None).
+# One stored value viewed in place: (values [T, width] in the stored dtype, scales [T, segments] float32 or None),
+# or for the top-k (ids [T, k] int32, probs [T, k] float16).
 Encoded = tuple[torch.Tensor, torch.Tensor | None]
 
 
@@ -65,54 +81,102 @@ class ColumnCodec:
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
         """Each value of ``column`` viewed in place (``torch.frombuffer`` over the Arrow buffer, kept alive by the
         tensors): read-only views, copy before writing into them."""
-        out: list[Encoded] = []
-        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        with warnings.catch_warnings():  # Arrow buffers are read-only; the views are never written to
-            warnings.simplefilter("ignore", UserWarning)
-            for chunk in chunks:
-                out += self._chunk_views(chunk)
-        return out
+        return _views(column, self.bytes_per_token, self._value_view, self.describe)
 
-    def _chunk_views(self, chunk: pa.Array) -> list[Encoded]:
-        if len(chunk) == 0:
-            return []
-        _validity, offsets_buf, data = chunk.buffers()
-        offsets = memoryview(offsets_buf).cast("i")[chunk.offset : chunk.offset + len(chunk) + 1]
-        per_token, out = self.bytes_per_token, []
-        for start, end in itertools.pairwise(offsets):
-            if end == start or (end - start) % per_token:
-                raise ValueError(f"hidden-state value of {end - start} bytes is not a whole number of "
-                                 f"{per_token}-byte tokens (width {self.width}, encoding {self.describe()})")
-            tokens = (end - start) // per_token
-            if not self.fp8:
-                flat = torch.frombuffer(data, dtype=STORAGE_VIEW[self.dtype], count=tokens * self.width, offset=start)
-                out.append((flat.view(TORCH_DTYPES[self.dtype]).view(tokens, self.width), None))
-                continue
-            n_scales = tokens * self.segments
-            scales = torch.frombuffer(data, dtype=torch.float32, count=n_scales, offset=start)
-            values = torch.frombuffer(data, dtype=torch.uint8, count=tokens * self.width,
-                                      offset=start + SCALE_BYTES * n_scales)
-            out.append((values.view(FP8).view(tokens, self.width), scales.view(tokens, self.segments)))
-        return out
+    def _value_view(self, data: pa.Buffer, start: int, tokens: int) -> Encoded:
+        if not self.fp8:
+            flat = torch.frombuffer(data, dtype=STORAGE_VIEW[self.dtype], count=tokens * self.width, offset=start)
+            return flat.view(TORCH_DTYPES[self.dtype]).view(tokens, self.width), None
+        n_scales = tokens * self.segments
+        scales = torch.frombuffer(data, dtype=torch.float32, count=n_scales, offset=start)
+        values = torch.frombuffer(data, dtype=torch.uint8, count=tokens * self.width,
+                                  offset=start + SCALE_BYTES * n_scales)
+        return values.view(FP8).view(tokens, self.width), scales.view(tokens, self.segments)
 
     def describe(self) -> str:
         return f"fp8 x{self.segments} scales" if self.fp8 else self.dtype
 
 
-def column_codecs(encoding: str, dtype: str, hidden_size: int) -> tuple[ColumnCodec, ColumnCodec]:
-    """(aux codec ``[T, 3H]``, final-state codec ``[T, H]``) of an encoding; an unknown name lists the known."""
+@dataclass(frozen=True)
+class TopKCodec:
+    """The stored form of the target's top-``k`` next-token distribution: per token ``k`` int32 ids then ``k``
+    float16 probabilities (module docstring); a value views as ``(ids [T, k] int32, probs [T, k] float16)``."""
+
+    k: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return TOPK_BYTES * self.k
+
+    def encode(self, ids: torch.Tensor, probs: torch.Tensor) -> bytes:
+        """The stored bytes of ``ids [T, k]`` and ``probs [T, k]`` (``eagle3.capture.head.target_topk``)."""
+        if ids.shape != probs.shape or ids.shape[-1] != self.k:
+            raise ValueError(f"top-k ids {tuple(ids.shape)} / probs {tuple(probs.shape)} do not have k={self.k}")
+        ids = ids.detach().to(device="cpu", dtype=TOPK_ID_DTYPE).contiguous()
+        probs = probs.detach().to(device="cpu", dtype=TOPK_PROB_DTYPE).contiguous()
+        return ids.numpy().tobytes() + probs.view(torch.int16).numpy().tobytes()
+
+    def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
+        """Each value of ``column`` as ``(ids, probs)`` views of the Arrow buffer (read-only, like ``ColumnCodec``)."""
+        return _views(column, self.bytes_per_token, self._value_view, self.describe)
+
+    def _value_view(self, data: pa.Buffer, start: int, tokens: int) -> Encoded:
+        n = tokens * self.k
+        ids = torch.frombuffer(data, dtype=TOPK_ID_DTYPE, count=n, offset=start)
+        probs = torch.frombuffer(data, dtype=torch.int16, count=n, offset=start + 4 * n).view(TOPK_PROB_DTYPE)
+        return ids.view(tokens, self.k), probs.view(tokens, self.k)
+
+    def describe(self) -> str:
+        return f"top-{self.k} int32 ids + float16 probs"
+
+
+FinalCodec = ColumnCodec | TopKCodec  # the final-state column: the state itself, or the target's top-k
+
+
+def _views(column: pa.ChunkedArray | pa.Array, per_token: int, view: Callable[[pa.Buffer, int, int], Encoded],
+           describe: Callable[[], str]) -> list[Encoded]:
+    """``view(data buffer, byte offset, tokens)`` of each binary value of ``column``, checked to hold whole tokens."""
+    out: list[Encoded] = []
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    with warnings.catch_warnings():  # Arrow buffers are read-only; the views are never written to
+        warnings.simplefilter("ignore", UserWarning)
+        for chunk in chunks:
+            if len(chunk) == 0:
+                continue
+            _validity, offsets_buf, data = chunk.buffers()
+            offsets = memoryview(offsets_buf).cast("i")[chunk.offset : chunk.offset + len(chunk) + 1]
+            for start, end in itertools.pairwise(offsets):
+                if end == start or (end - start) % per_token:
+                    raise ValueError(f"feature value of {end - start} bytes is not a whole number of "
+                                     f"{per_token}-byte tokens ({describe()})")
+                out.append(view(data, start, (end - start) // per_token))
+    return out
+
+
+def column_codecs(encoding: str, dtype: str, hidden_size: int, *,
+                  topk: int | None = None) -> tuple[ColumnCodec, FinalCodec]:
+    """(aux codec ``[T, 3H]``, final-state codec: ``[T, H]``, or the top-``topk`` for ``fp8_topk``); an unknown
+    name lists the known."""
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown feature encoding {encoding!r}: set capture.encoding to one of {list(ENCODINGS)}")
     if dtype not in TORCH_DTYPES:
         raise ValueError(f"feature dtype {dtype!r} is not one of {sorted(TORCH_DTYPES)}")
     aux = ColumnCodec(dtype, 3 * hidden_size, 3, fp8=encoding != "raw")
-    last = ColumnCodec(dtype, hidden_size, 1, fp8=encoding == "fp8_all")
-    return aux, last
+    if encoding == TOPK_ENCODING:
+        if topk is None or topk < 1:
+            raise ValueError(f"encoding {encoding!r} needs k >= 1 (got {topk}): set capture.topk, e.g. 256")
+        return aux, TopKCodec(topk)
+    return aux, ColumnCodec(dtype, hidden_size, 1, fp8=encoding == "fp8_all")
 
 
-def bytes_per_token(encoding: str, dtype: str, hidden_size: int) -> int:
+def encoding_topk(encoding: str, topk: int) -> int | None:
+    """The k an encoding stores (``capture.topk`` for ``fp8_topk``), None for encodings that store no top-k."""
+    return topk if encoding == TOPK_ENCODING else None
+
+
+def bytes_per_token(encoding: str, dtype: str, hidden_size: int, *, topk: int | None = None) -> int:
     """Uncompressed feature bytes per token: both state columns plus input_ids and loss_mask."""
-    aux, last = column_codecs(encoding, dtype, hidden_size)
+    aux, last = column_codecs(encoding, dtype, hidden_size, topk=topk)
     return aux.bytes_per_token + last.bytes_per_token + TOKEN_OVERHEAD_BYTES
 
 

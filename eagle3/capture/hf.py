@@ -55,6 +55,11 @@ class HFBackend:
         self._lock = threading.Lock()
         self.device = next(model.parameters()).device
 
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """The target's output head ``[V, H]`` (tied or not), where the model keeps it (``last`` is its input)."""
+        return self._head.weight
+
     def _grab_lm_head_input(self, _module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
         self._captured.append(hidden)

@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 import torch
 
 from eagle3.capture.backends import CaptureBackend, make_backend
-from eagle3.capture.encoding import ColumnCodec, column_codecs
+from eagle3.capture.encoding import ColumnCodec, FinalCodec, TopKCodec, column_codecs, encoding_topk
+from eagle3.capture.head import target_topk
 from eagle3.capture.schema import (
     CAPTURE_QUARANTINE_SCHEMA,
     FEATURE_SCHEMA,
@@ -70,8 +71,10 @@ class Sample:
 
 
 def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
-    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, encoding, length
-    policy. (Not the Parquet codecs: they change bytes on disk, not the states a reader gets back.)"""
+    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, encoding (and its k for
+    ``fp8_topk``, appended only there so the other encodings keep their fingerprints), length policy. (Not the
+    Parquet codecs: they change bytes on disk, not the states a reader gets back.)"""
+    topk = encoding_topk(config.capture.encoding, config.capture.topk)
     return fingerprint(
         "features",
         regen_fp,
@@ -83,6 +86,7 @@ def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
         config.capture.encoding,
         config.capture.max_seq_len,
         config.capture.truncation,
+        *([] if topk is None else [topk]),
     )
 
 
@@ -127,6 +131,7 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
         truncation=config.capture.truncation,
         max_seq_len=config.capture.max_seq_len,
         features_fingerprint=fp,
+        topk=encoding_topk(config.capture.encoding, config.capture.topk),
     )
 
 
@@ -198,7 +203,7 @@ def _scan_parts(parts_dir: Path) -> tuple[list[Path], list[Path], set[str], int]
 
 
 def _capture_batch(
-    backend: CaptureBackend, batch: Sequence[Sample], *, hidden_size: int, codecs: tuple[ColumnCodec, ColumnCodec]
+    backend: CaptureBackend, batch: Sequence[Sample], *, hidden_size: int, codecs: tuple[ColumnCodec, FinalCodec]
 ) -> tuple[list[dict], list[dict]]:
     """Forward one batch; rows for the feature table (states encoded on the backend's device) and quarantined rows
     (non-finite states)."""
@@ -222,10 +227,18 @@ def _capture_batch(
                 "loss_mask": sample.loss_mask,
                 "seq_len": n,
                 "aux_hidden": aux_codec.encode(aux),
-                "last_hidden": last_codec.encode(last),
+                "last_hidden": _encode_final(last_codec, last, backend),
             }
         )
     return rows, quarantined
+
+
+def _encode_final(codec: FinalCodec, last: torch.Tensor, backend: CaptureBackend) -> bytes:
+    """The final-state column's value: the state, or (``fp8_topk``) the target's top-k next-token distribution
+    computed from it with the target's ``lm_head`` on the backend's device."""
+    if isinstance(codec, TopKCodec):
+        return codec.encode(*target_topk(last, backend.lm_head, codec.k))
+    return codec.encode(last)
 
 
 def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str) -> dict | None:
@@ -304,7 +317,8 @@ def _run_batches(
 ) -> int:
     """Forward ``todo`` in planned batches, one atomic part file (+ quarantine part) per batch; returns tokens."""
     tokens, done = 0, done_before
-    codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size)
+    codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size,
+                           topk=config.capture.topk)
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
         batch = [todo[i] for i in batch_idx]

@@ -2,9 +2,10 @@
 
 One row per sample. Hidden states are stored as bytes in ``binary`` columns (``seq_len x 3H`` and ``seq_len x H``),
 so a reader can view them as tensors without decoding; how (raw in the footer's ``dtype``, or fp8 with per-token
-scales) is the footer's ``encoding`` (``eagle3.capture.encoding``). Each value is one row's states, so a
-Kimi-sized row (hundreds of MB) never crosses Arrow's 2 GiB per-array limit as long as arrays are built per row
-(``hidden_column``).
+scales) is the footer's ``encoding`` (``eagle3.capture.encoding``). In the ``fp8_topk`` encoding the ``last_hidden``
+column holds the target's top-``topk`` next-token ids and probabilities instead of the final state (footer
+``topk``). Each value is one row's states, so a Kimi-sized row (hundreds of MB) never crosses Arrow's 2 GiB
+per-array limit as long as arrays are built per row (``hidden_column``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from eagle3.capture.encoding import ENCODINGS, TORCH_DTYPES, ColumnCodec, column_codecs
+from eagle3.capture.encoding import ENCODINGS, TOPK_ENCODING, TORCH_DTYPES, ColumnCodec, FinalCodec, column_codecs
 from eagle3.runroot import versions
 
 FEATURE_SCHEMA = pa.schema(
@@ -73,8 +74,10 @@ def footer_metadata(
     truncation: str,
     max_seq_len: int,
     features_fingerprint: str,
+    topk: int | None = None,
 ) -> dict[str, str]:
-    """Footer key-values of a feature shard (strings; lists as JSON). Also copied into the manifest."""
+    """Footer key-values of a feature shard (strings; lists as JSON). Also copied into the manifest. ``topk``: the k
+    of an encoding that stores the target's top-k (``fp8_topk``), recorded as footer ``topk``."""
     return {
         "target_model": target_model,
         "target_revision": target_revision or "",
@@ -90,6 +93,7 @@ def footer_metadata(
         "max_seq_len": str(max_seq_len),
         "features_fingerprint": features_fingerprint,
         "eagle3_version": versions().get("eagle3-pipeline", "unknown"),
+        **({"topk": str(topk)} if topk is not None else {}),
     }
 
 
@@ -102,6 +106,9 @@ def check_footer(meta: dict[str, str], *, path: Any) -> None:
         raise ValueError(f"{path}: footer dtype {meta['dtype']!r} is not one of {sorted(TORCH_DTYPES)}")
     if meta["encoding"] not in ENCODINGS:
         raise ValueError(f"{path}: footer encoding {meta['encoding']!r} is not one of {list(ENCODINGS)}")
+    if meta["encoding"] == TOPK_ENCODING and not meta.get("topk", "").isdigit():
+        raise ValueError(f"{path}: footer encoding {TOPK_ENCODING!r} needs a positive integer 'topk', got "
+                         f"{meta.get('topk')!r}; re-run `eagle3 capture` to rebuild the shard")
     if meta["layer_convention"] != LAYER_CONVENTION:
         raise ValueError(f"{path}: layer convention {meta['layer_convention']!r}, expected {LAYER_CONVENTION!r}")
 
@@ -127,6 +134,7 @@ def feature_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
     return table.cast(FEATURE_SCHEMA)
 
 
-def footer_codecs(meta: dict[str, str]) -> tuple[ColumnCodec, ColumnCodec]:
+def footer_codecs(meta: dict[str, str]) -> tuple[ColumnCodec, FinalCodec]:
     """The (aux, final-state) column codecs a checked footer describes."""
-    return column_codecs(meta["encoding"], meta["dtype"], int(meta["hidden_size"]))
+    topk = int(meta["topk"]) if meta["encoding"] == TOPK_ENCODING else None
+    return column_codecs(meta["encoding"], meta["dtype"], int(meta["hidden_size"]), topk=topk)

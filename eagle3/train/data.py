@@ -42,7 +42,17 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset
 
-from eagle3.capture.encoding import FP8, TORCH_DTYPES, ColumnCodec, Encoded, dequantize
+from eagle3.capture.encoding import (
+    FP8,
+    TOPK_ID_DTYPE,
+    TOPK_PROB_DTYPE,
+    TORCH_DTYPES,
+    ColumnCodec,
+    Encoded,
+    FinalCodec,
+    TopKCodec,
+    dequantize,
+)
 from eagle3.capture.schema import FEATURE_SCHEMA, check_footer, footer_codecs
 from eagle3.data.parquet import open_shard
 from eagle3.integrity import verify_files
@@ -93,7 +103,9 @@ def _list_column(column: pa.ChunkedArray, dtype: torch.dtype) -> list[torch.Tens
 
 class FeatureDataset(IterableDataset):
     """Batches of ``input_ids [B,T] int64, loss_mask [B,T] bool, attention_mask [B,T] bool, aux_hidden [B,T,3H],
-    last_hidden [B,T,H]`` (right padding) from feature shards; one pass of ``__iter__`` is one epoch.
+    last_hidden [B,T,H]`` (right padding) from feature shards; one pass of ``__iter__`` is one epoch. Features in
+    the ``fp8_topk`` encoding carry ``target_ids [B,T,k] int64, target_probs [B,T,k] float32`` (padding: id 0,
+    probability 0) instead of ``last_hidden``.
 
     ``shards`` is a finished features directory (its manifest lists the shards) or shard paths. ``hidden_dtype``
     None keeps the stored dtype (footer ``dtype``); batches come out on ``device``."""
@@ -133,7 +145,7 @@ class FeatureDataset(IterableDataset):
         self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
                                     rank, world_size, batch_size, pack, max_seq_len)
 
-    def _scan(self) -> tuple[str, int, tuple[ColumnCodec, ColumnCodec]]:
+    def _scan(self) -> tuple[str, int, tuple[ColumnCodec, FinalCodec]]:
         """Open every shard (footer + schema validated), read row counts and lengths per row group."""
         dtypes, hidden, codecs = set(), set(), set()
         for s, path in enumerate(self.paths):
@@ -261,12 +273,19 @@ class FeatureDataset(IterableDataset):
                 at += n
         out = {k: v.to(self.device) for k, v in out.items()}
         out["aux_hidden"] = self._decode(aux, aux_scale)
-        out["last_hidden"] = self._decode(last, last_scale)
+        if isinstance(self.last_codec, TopKCodec):  # (ids, probs) staged in the (values, scales) slots
+            out["target_ids"] = last.to(self.device).long()
+            out["target_probs"] = last_scale.to(self.device).float()
+        else:
+            out["last_hidden"] = self._decode(last, last_scale)
         return out
 
-    def _staged(self, codec: ColumnCodec, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Zeroed padded buffers in the stored form (+ the fp8 scales); raw states for a CPU consumer are
-        converted to ``hidden_dtype`` by the copy itself."""
+    def _staged(self, codec: FinalCodec, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Zeroed padded buffers in the stored form (+ the fp8 scales, or the top-k's probabilities next to its
+        ids); raw states for a CPU consumer are converted to ``hidden_dtype`` by the copy itself."""
+        if isinstance(codec, TopKCodec):
+            return (torch.zeros(b, width, codec.k, dtype=TOPK_ID_DTYPE),
+                    torch.zeros(b, width, codec.k, dtype=TOPK_PROB_DTYPE))
         if codec.fp8:
             return torch.zeros(b, width, codec.width, dtype=FP8), torch.zeros(b, width, codec.segments)
         dtype = self.hidden_dtype if self.device.type == "cpu" else TORCH_DTYPES[codec.dtype]

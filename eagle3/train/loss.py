@@ -3,7 +3,9 @@
 Indexing (SGLang's): position ``t`` holds the target's aux hidden of token ``t``. At unrolled step ``k`` the chain
 at ``t`` reads token ``t+1+k`` (the input ids shifted left by ``1+k``; at ``k=0`` the token the target emitted after
 ``t``), and predicts token ``t+2+k``, whose target distribution is ``softmax(lm_head(last_hidden[t+1+k]))``
-restricted to the draft vocab and renormalized. So "step k predicts the token k+1 beyond the one it reads".
+restricted to the draft vocab and renormalized (features in the ``fp8_topk`` encoding carry the target's top-k of
+that softmax instead, restricted and renormalized the same way: ``batch_target``). So "step k predicts the token
+k+1 beyond the one it reads".
 
 Mask at step k, position t: ``loss_mask[t+2+k]`` (the predicted token is an assistant token) AND the target's
 argmax at ``t+1+k`` lies in the draft vocab AND the position is not padding; shifted-out positions are masked.
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle3.capture.head import head_logits
 from eagle3.model.draft import DraftModel, TTTCache
 
 
@@ -40,18 +43,49 @@ def target_distribution(
 
     ``last_hidden [B, T, H]`` (post-norm), ``lm_head [V, H]``, ``draft_ids [V_d]`` (target id of each draft id).
     Returns ``probs [B, T, V_d]`` float32 (renormalized over the draft vocab) and ``in_vocab [B, T]`` bool.
-    Full-vocab logits are computed ``chunk`` tokens at a time to bound memory for 160K vocabularies.
+    Full-vocab logits come from ``eagle3.capture.head`` (the path the ``fp8_topk`` capture takes), chunked.
     """
-    b, t, h = last_hidden.shape
-    flat = last_hidden.reshape(-1, h)
-    in_draft = torch.zeros(lm_head.shape[0], dtype=torch.bool, device=lm_head.device)
+    b, t, _ = last_hidden.shape
+    in_draft = torch.zeros(lm_head.shape[0], dtype=torch.bool, device=draft_ids.device)
     in_draft[draft_ids] = True
     probs, in_vocab = [], []
-    for start in range(0, flat.shape[0], chunk):
-        logits = flat[start : start + chunk].to(lm_head.dtype) @ lm_head.T  # [n, H] x [H, V] -> [n, V]
+    for logits in head_logits(last_hidden, lm_head, chunk=chunk):  # [n, V] each
         in_vocab.append(in_draft[logits.argmax(-1)])
         probs.append(torch.softmax(logits[:, draft_ids].float(), dim=-1))  # [n, V_d], renormalized
     return torch.cat(probs).view(b, t, -1), torch.cat(in_vocab).view(b, t)
+
+
+@torch.no_grad()
+def topk_distribution(
+    ids: torch.Tensor, probs: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``target_distribution``'s result from the target's stored top-k (the ``fp8_topk`` encoding).
+
+    ``ids, probs [B, T, k]`` (target ids by descending probability, ``ids[..., 0]`` the argmax; padding has
+    probability 0), ``draft_ids [V_d]``, ``vocab_size`` the target's. Ids outside the draft vocab are dropped and the
+    rest renormalized, as ``target_distribution`` renormalizes over the draft vocab; ``in_vocab`` is the top-1 id in
+    the draft vocab. With ``k`` = the target vocab both give the same distribution (up to float16 rounding).
+    """
+    b, t, _ = ids.shape
+    to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=ids.device)
+    to_draft[draft_ids] = torch.arange(len(draft_ids), device=ids.device)
+    slots = to_draft[ids.long()]  # [B, T, k] draft id or -1
+    kept = probs.float() * (slots >= 0)
+    dense = torch.zeros(b, t, len(draft_ids), device=ids.device).scatter_add_(-1, slots.clamp(min=0), kept)
+    dense = dense / dense.sum(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # [B, T, V_d]
+    return dense, slots[..., 0] >= 0
+
+
+def batch_target(batch: dict[str, torch.Tensor], lm_head: torch.Tensor,
+                 draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target distribution over the draft vocab and ``in_vocab`` of a batch, on ``lm_head``'s device, from
+    what it carries: the stored top-k (``target_ids``/``target_probs``, encoding ``fp8_topk``) or the final state
+    (``last_hidden``). The objective takes the distribution however it was obtained."""
+    device = lm_head.device
+    if "target_ids" in batch:
+        return topk_distribution(batch["target_ids"].to(device), batch["target_probs"].to(device),
+                                 draft_ids.to(device), lm_head.shape[0])
+    return target_distribution(batch["last_hidden"].to(device), lm_head, draft_ids.to(device))
 
 
 def step_masks(

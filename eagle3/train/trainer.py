@@ -30,7 +30,7 @@ from eagle3.model.target_weights import TargetHead, load_target_head
 from eagle3.runroot import fingerprint
 from eagle3.train import checkpoint as ckpt
 from eagle3.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, wrap_for_training
-from eagle3.train.loss import TTTObjective, accept_length, step_masks, target_distribution
+from eagle3.train.loss import TTTObjective, accept_length, batch_target, step_masks
 from eagle3.train.metrics import MetricsWriter
 
 logger = logging.getLogger(__name__)
@@ -202,8 +202,7 @@ def _prepare(batch: dict[str, torch.Tensor], inputs: DraftInputs, steps: int, de
     ids = batch["input_ids"].to(device).long()
     aux = batch["aux_hidden"].to(device).float()
     attn = batch["attention_mask"].to(device).bool()
-    lm_head = inputs.head.lm_head.to(device)
-    probs, in_vocab = target_distribution(batch["last_hidden"].to(device), lm_head, inputs.draft_ids.to(device))
+    probs, in_vocab = batch_target(batch, inputs.head.lm_head.to(device), inputs.draft_ids)
     masks = step_masks(batch["loss_mask"].to(device), attn, in_vocab, steps)
     return ids, aux, probs, masks, attn
 

@@ -1,5 +1,5 @@
-"""Feature encodings: fp8 keeps each value within its rounding, a capture records its encoding, and the disk budget
-refuses a capture that does not fit before anything is written."""
+"""Feature encodings: fp8 keeps each value within its rounding, top-k ids and probabilities read back exactly, a
+capture records its encoding, and the disk budget refuses a capture that does not fit before anything is written."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from eagle3.capture.budget import DiskBudgetError, capture_estimate, night_estimate, regen_tokens
-from eagle3.capture.encoding import bytes_per_token, column_codecs, dequantize, quantize
+from eagle3.capture.encoding import TopKCodec, bytes_per_token, column_codecs, dequantize, quantize
 from eagle3.capture.stage import CaptureStage, features_dir_for
+from eagle3.config import ConfigError
 from eagle3.data.parquet import shard_metadata
 from eagle3.recipes import load_recipe
 from eagle3.runroot import Manifest
@@ -43,8 +44,56 @@ def test_bytes_per_token_of_each_encoding_at_kimi_size():
     assert bytes_per_token("raw", "bfloat16", h) == 8 * h + 5
     assert bytes_per_token("fp8_aux", "bfloat16", h) == 3 * h + 12 + 2 * h + 5
     assert bytes_per_token("fp8_all", "bfloat16", h) == 4 * h + 16 + 5
+    assert bytes_per_token("fp8_topk", "bfloat16", h, topk=64) == 3 * h + 12 + 6 * 64 + 5
     night = night_estimate(load_recipe("kimi_k2_5"))
     assert night["prompts"] == 88_088 and night["bytes"]["raw"].endswith("TB")
+    ratios = night["bytes_per_token_over_8H"]
+    assert night["encoding"] == "fp8_topk" and ratios["fp8_topk"] < ratios["fp8_all"] < ratios["fp8_aux"]
+
+
+def test_topk_codec_reads_back_the_ids_and_float16_probabilities_exactly():
+    import pyarrow as pa
+
+    _, codec = column_codecs("fp8_topk", "bfloat16", 16, topk=5)
+    assert isinstance(codec, TopKCodec) and codec.bytes_per_token == 5 * (4 + 2)
+    ids = torch.randint(0, 200_000, (7, 5))  # beyond 65K: int32 ids
+    probs = torch.softmax(torch.randn(7, 5), -1).half()
+    (got_ids, got_probs), = codec.views(pa.array([codec.encode(ids, probs)], pa.binary()))
+    assert got_ids.dtype == torch.int32 and torch.equal(got_ids.long(), ids)
+    assert got_probs.dtype == torch.float16 and torch.equal(got_probs, probs)
+    with pytest.raises(ValueError, match=r"capture\.topk"):
+        column_codecs("fp8_topk", "bfloat16", 16)
+
+
+def test_topk_outside_one_to_the_vocab_is_a_config_error(make_config):
+    vocab = make_config().target.vocab_size
+    for k in (0, vocab + 1):
+        with pytest.raises(ConfigError, match=rf"capture.topk={k} is outside \[1, target.vocab_size={vocab}\]"):
+            make_config("capture.encoding=fp8_topk", f"capture.topk={k}")
+
+
+def test_topk_capture_stores_the_targets_top_k_next_token_distribution(make_config, regen_shard):
+    """The stored ids are the target's own top-k (HF's logits, computed apart from the capture hook) and the
+    probabilities its full-vocab softmax within float16 rounding; footer and manifest record k."""
+    from transformers import AutoModelForCausalLM
+
+    config = make_config("capture.encoding=fp8_topk", "capture.topk=8")
+    result = run_stage(CaptureStage(), config, regen_dir=regen_shard.parent)
+    shard = next(result.out_dir.glob("shard-*.parquet"))
+    meta = shard_metadata(shard)
+    assert meta["encoding"] == "fp8_topk" and meta["topk"] == "8"
+    assert Manifest.read(result.out_dir).stats["footer"]["topk"] == "8"
+    table = pq.read_table(shard)
+    _, codec = column_codecs("fp8_topk", "float32", config.target.hidden_size, topk=8)
+    (ids, probs), *_ = codec.views(table.column("last_hidden"))
+    model = AutoModelForCausalLM.from_pretrained(config.target.model_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([table.column("input_ids")[0].as_py()])).logits[0]
+    want = torch.softmax(logits, -1).topk(8, -1)
+    assert torch.equal(ids.long(), want.indices)
+    torch.testing.assert_close(probs.float(), want.values, rtol=2**-11, atol=2**-24)
+    assert result.out_dir != features_dir_for(make_config("capture.encoding=fp8_topk", "capture.topk=16"),
+                                              regen_shard.parent)  # k is part of the stage
 
 
 def test_fp8_capture_records_its_encoding_and_stores_fewer_bytes(make_config, regen_shard, tmp_path):

@@ -8,34 +8,44 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from eagle3.capture.encoding import column_codecs
+from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
 from eagle3.train.data import FeatureDataset
 
 H = 8
+K = 4  # k of the fp8_topk shards
 
 
 def _states(k: int, n: int) -> torch.Tensor:
     return torch.arange(n * 3 * H, dtype=torch.float32).view(n, 3 * H) / 64 + k
 
 
+def _topk(k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of sample k: distinct ids from 70000 + k (beyond 16 bits), probabilities 2**-(j+1) (exact float16)."""
+    ids = torch.arange(n * K).view(n, K) + 70_000 + k
+    return ids, (0.5 ** torch.arange(1, K + 1, dtype=torch.float32)).expand(n, K)
+
+
 def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_group=4, seed=0, encoding="raw"):
     """Feature shards whose sample k has input_ids k, k+1, ... and states that encode k (row groups of ~4 rows)."""
     rng = random.Random(seed)
-    aux_codec, last_codec = column_codecs(encoding, dtype, H)
+    aux_codec, last_codec = column_codecs(encoding, dtype, H, topk=K)
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
                            dtype=dtype, encoding=encoding, chat_template_hash="x", system_prompt_policy="keep",
-                           truncation="quarantine", max_seq_len=64, features_fingerprint="fp")
+                           truncation="quarantine", max_seq_len=64, features_fingerprint="fp",
+                           topk=encoding_topk(encoding, K))
     paths, k = [], 0
     for s in range(n_shards):
         table_rows = []
         for _ in range(rows):
             n = rng.randint(3, 12)
             aux = _states(k, n)
+            last = (last_codec.encode(*_topk(k, n)) if isinstance(last_codec, TopKCodec)
+                    else last_codec.encode(aux[:, :H]))
             table_rows.append({"sample_id": f"s{k}", "input_ids": list(range(k, k + n)),
                                "loss_mask": [i % 2 for i in range(n)], "seq_len": n,
-                               "aux_hidden": aux_codec.encode(aux), "last_hidden": last_codec.encode(aux[:, :H])})
+                               "aux_hidden": aux_codec.encode(aux), "last_hidden": last})
             k += 1
         one_row = feature_table(table_rows[:1]).nbytes
         with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=s, row_group_bytes=one_row * rows_per_group - 1,
@@ -49,9 +59,11 @@ def _ids(batch) -> list[int]:
     return [int(row[0]) for row in batch["input_ids"]]
 
 
-@pytest.mark.parametrize(("encoding", "tolerance"), [("raw", 0.0), ("fp8_aux", 0.07), ("fp8_all", 0.07)])
+@pytest.mark.parametrize(("encoding", "tolerance"),
+                         [("raw", 0.0), ("fp8_aux", 0.07), ("fp8_all", 0.07), ("fp8_topk", 0.07)])
 def test_batches_follow_the_training_contract(tmp_path, encoding, tolerance):
-    """Every encoding decodes to the same contract; fp8 (3 mantissa bits: 1/16 rounding, then bf16) within 7%."""
+    """Every encoding decodes to the same contract; fp8 (3 mantissa bits: 1/16 rounding, then bf16) within 7%;
+    fp8_topk carries the stored top-k (exact) instead of the final state."""
     paths = _write_shards(tmp_path, n_shards=1, rows=10, encoding=encoding)
     ds = FeatureDataset(paths, batch_size=3, shuffle=False)
     batch = next(iter(ds))
@@ -59,16 +71,26 @@ def test_batches_follow_the_training_contract(tmp_path, encoding, tolerance):
     assert b == 3 and batch["input_ids"].dtype == torch.int64
     assert batch["attention_mask"].dtype == torch.bool and batch["loss_mask"].shape == (b, t)
     assert batch["aux_hidden"].shape == (b, t, 3 * H) and batch["aux_hidden"].dtype == torch.bfloat16
-    assert batch["last_hidden"].shape == (b, t, H)
+    topk = encoding == "fp8_topk"
+    if topk:
+        assert "last_hidden" not in batch and batch["target_ids"].shape == batch["target_probs"].shape == (b, t, K)
+    else:
+        assert batch["last_hidden"].shape == (b, t, H)
     for i, k in enumerate(_ids(batch)):
         n = int(batch["attention_mask"][i].sum())
         assert batch["attention_mask"][i, :n].all() and not batch["attention_mask"][i, n:].any()  # right padding
         assert batch["input_ids"][i, :n].tolist() == list(range(k, k + n))
         expected = _states(k, n).bfloat16().float()
-        aux, last = batch["aux_hidden"][i, :n].float(), batch["last_hidden"][i, :n].float()
-        assert torch.allclose(aux, expected, rtol=tolerance, atol=0)
+        assert torch.allclose(batch["aux_hidden"][i, :n].float(), expected, rtol=tolerance, atol=0)
+        assert not batch["aux_hidden"][i, n:].any()
+        if topk:
+            ids, probs = _topk(k, n)
+            assert torch.equal(batch["target_ids"][i, :n], ids) and torch.equal(batch["target_probs"][i, :n], probs)
+            assert not batch["target_ids"][i, n:].any() and not batch["target_probs"][i, n:].any()  # padding
+            continue
+        last = batch["last_hidden"][i, :n].float()
         assert torch.allclose(last, expected[:, :H], rtol=tolerance if encoding == "fp8_all" else 0, atol=0)
-        assert not batch["aux_hidden"][i, n:].any() and not batch["last_hidden"][i, n:].any()
+        assert not batch["last_hidden"][i, n:].any()
 
 
 def test_binary_columns_become_views_of_the_arrow_buffer(tmp_path):
@@ -107,7 +129,7 @@ def test_unbalanced_row_groups_still_give_equal_steps(tmp_path):
     assert len(counts) == 1
 
 
-@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all"])
+@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all", "fp8_topk"])
 def test_resume_position_gives_the_exact_remaining_batches(tmp_path, encoding):
     """The position is encoding-independent: a resumed loader (as after a kill -9 of training) hands out exactly
     the batches an uninterrupted one would, prefetched batches included."""

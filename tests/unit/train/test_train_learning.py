@@ -65,9 +65,11 @@ def test_trained_draft_accepts_more_and_both_drafts_decode_exactly_greedy(draft_
     assert accept["trained"] >= 1.3 * accept["untrained"], accept  # benchmarks/learning.py tracks the 1.5 goal
 
 
-def _held_out_features(draft_world, out_dir, rows: int = 4):
-    """A feature shard of held-out rows (target greedy answers, states captured online) in ``out_dir``."""
-    from eagle3.capture.encoding import column_codecs
+def _held_out_features(draft_world, out_dir, rows: int = 4, *, encoding: str = "raw", topk: int = 1):
+    """A feature shard of held-out rows (target greedy answers, states captured online) in ``out_dir``, in
+    ``encoding`` (``fp8_topk``: the target's top-``topk`` from its own ``lm_head``, as capture stores it)."""
+    from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
+    from eagle3.capture.head import target_topk
     from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
     from eagle3.data.parquet import ShardWriter
     from eagle3.dev.distil import answer_sequences
@@ -79,19 +81,22 @@ def _held_out_features(draft_world, out_dir, rows: int = 4):
     config = draft_world.config
     (batch,) = batches_from_target(draft_world.target, answer_sequences(prompts, answers),
                                    layer_ids=config.sglang_layer_ids, batch_size=rows)
-    aux_codec, last_codec = column_codecs("raw", "float32", config.target.hidden_size)
+    aux_codec, last_codec = column_codecs(encoding, "float32", config.target.hidden_size, topk=topk)
+    lm_head = draft_world.target.get_output_embeddings().weight.detach()
     table = []
     for i in range(rows):
         n = int(batch["attention_mask"][i].sum())
+        last = batch["last_hidden"][i, :n]
         table.append({"sample_id": f"held-{i}", "input_ids": batch["input_ids"][i, :n].tolist(),
                       "loss_mask": batch["loss_mask"][i, :n].long().tolist(), "seq_len": n,
                       "aux_hidden": aux_codec.encode(batch["aux_hidden"][i, :n]),
-                      "last_hidden": last_codec.encode(batch["last_hidden"][i, :n])})
+                      "last_hidden": last_codec.encode(*target_topk(last, lm_head, topk))
+                      if isinstance(last_codec, TopKCodec) else last_codec.encode(last)})
     meta = footer_metadata(target_model=str(draft_world.model_dir), target_revision=None,
                            hidden_size=config.target.hidden_size, num_layers=config.target.num_layers,
-                           layer_ids=config.sglang_layer_ids, dtype="float32", encoding="raw", chat_template_hash="-",
-                           system_prompt_policy="keep", truncation="quarantine", max_seq_len=1024,
-                           features_fingerprint=out_dir.name)
+                           layer_ids=config.sglang_layer_ids, dtype="float32", encoding=encoding,
+                           chat_template_hash="-", system_prompt_policy="keep", truncation="quarantine",
+                           max_seq_len=1024, features_fingerprint=out_dir.name, topk=encoding_topk(encoding, topk))
     with ShardWriter(out_dir, FEATURE_SCHEMA, metadata=meta) as writer:
         writer.write_table(feature_table(table))
         writer.close()
@@ -124,3 +129,20 @@ def test_preflight_offline_smoke_passes_the_trained_draft_and_fails_a_damaged_on
     _overwrite_tensor_bytes(damaged, "midlayer.mlp.gate_proj.weight", garbage)
     (bad,) = run_offline(draft_world.config, damaged, features)
     assert not bad.ok and "simulated accept length" in bad.message and "gate.min_accept" in bad.message, bad.message
+
+
+@pytest.mark.slow
+def test_offline_accept_on_topk_features_of_the_whole_vocab_equals_it_on_the_final_state(draft_world, trained,
+                                                                                        tmp_path):
+    """The preflight's offline check reads fp8_topk features through the same target path: with k = the vocab it
+    measures what it measures on the same rows with the final state stored (fp8_aux: the same aux bytes)."""
+    from eagle3.train.trainer import accept_on_features
+
+    _, _, exports = trained
+    vocab = draft_world.config.target.vocab_size
+    accept = []
+    for encoding in ("fp8_aux", "fp8_topk"):
+        features = _held_out_features(draft_world, tmp_path / encoding / "fp", encoding=encoding, topk=vocab)
+        accept.append(accept_on_features(draft_world.config, exports["trained"],
+                                         next(features.glob("shard-*.parquet")), rows=4))
+    assert accept[0] > 1.2 and accept[1] == pytest.approx(accept[0], abs=0.01), accept

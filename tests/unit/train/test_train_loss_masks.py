@@ -1,13 +1,23 @@
-"""The TTT objective's bookkeeping: target distribution restricted to the draft vocab and renormalized, per-step
-mask shifting, simulated accept length, and the warmup + cosine schedule."""
+"""The TTT objective's bookkeeping: target distribution restricted to the draft vocab and renormalized (from the final
+state or from the stored top-k), per-step mask shifting, simulated accept length, and the warmup + cosine schedule."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from train_synthetic import synthetic
 
-from eagle3.train.loss import accept_length, shift_left, step_masks, target_distribution
-from eagle3.train.trainer import lr_schedule
+from eagle3.capture.head import target_topk
+from eagle3.train.loss import (
+    TTTObjective,
+    accept_length,
+    batch_target,
+    shift_left,
+    step_masks,
+    target_distribution,
+    topk_distribution,
+)
+from eagle3.train.trainer import build_draft, lr_schedule
 
 
 def test_target_distribution_is_renormalized_over_draft_ids_and_flags_argmax_outside():
@@ -19,6 +29,39 @@ def test_target_distribution_is_renormalized_over_draft_ids_and_flags_argmax_out
     torch.testing.assert_close(probs[0, 0], expected)
     torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2))
     assert in_vocab.tolist() == [[True, False]]
+
+
+def test_topk_distribution_drops_ids_outside_the_draft_vocab_and_flags_the_top1():
+    ids = torch.tensor([[[3, 0, 1], [1, 2, 3], [0, 0, 0]]])  # the last position is padding (probability 0)
+    probs = torch.tensor([[[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.0, 0.0, 0.0]]])
+    dense, in_vocab = topk_distribution(ids, probs, torch.tensor([0, 1, 2]), vocab_size=4)
+    torch.testing.assert_close(dense[0], torch.tensor([[0.6, 0.4, 0.0], [0.0, 2 / 3, 1 / 3], [0.0, 0.0, 0.0]]))
+    assert in_vocab.tolist() == [[False, True, True]]  # top-1 3 is outside; padding is masked by attention
+
+
+def _stored_topk(batch: dict, lm_head: torch.Tensor, k: int) -> dict:
+    """``batch`` as the loader yields it from ``fp8_topk`` features: top-k as stored (int32, float16)."""
+    ids, probs = target_topk(batch["last_hidden"], lm_head, k)
+    rest = {key: v for key, v in batch.items() if key != "last_hidden"}
+    return {**rest, "target_ids": ids.to(torch.int32).long(), "target_probs": probs.half().float()}
+
+
+def test_topk_of_the_whole_vocab_gives_the_final_states_loss_and_a_small_k_stays_close():
+    _, inputs, batches = synthetic()
+    objective = TTTObjective(build_draft(inputs, 0), steps=3, decay=0.8)
+
+    def loss(batch: dict) -> float:
+        probs, in_vocab = batch_target(batch, inputs.head.lm_head, inputs.draft_ids)
+        masks = step_masks(batch["loss_mask"], batch["attention_mask"], in_vocab, 3)
+        total, _ = objective(batch["input_ids"], batch["aux_hidden"], inputs.head.embed, probs, masks,
+                             masks.sum(dim=(1, 2)).clamp(min=1.0))
+        return float(total.detach())
+
+    vocab = inputs.head.lm_head.shape[0]
+    for batch in batches:
+        reference = loss(batch)
+        assert loss(_stored_topk(batch, inputs.head.lm_head, vocab)) == pytest.approx(reference, rel=1e-4)
+        assert loss(_stored_topk(batch, inputs.head.lm_head, vocab // 4)) == pytest.approx(reference, rel=0.01)
 
 
 def test_step_k_mask_looks_at_the_token_k_plus_2_ahead_and_the_target_argmax_k_plus_1_ahead():

@@ -94,7 +94,7 @@ RUN_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all"])
+@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all", "fp8_topk"])
 def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_path, encoding):
     """From feature shards in each encoding (the Parquet loader's position is part of the checkpoint)."""
     script = tmp_path / "run.py"
@@ -108,7 +108,8 @@ def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_pat
     torch.set_num_threads(1)  # the subprocesses' setting: same kernels, same bits
     try:
         config, inputs, batches = synthetic(**{"train.save_every": 3})
-        source = FeatureDataset(write_features(batches, tmp_path / "features", encoding), batch_size=B, seed=0)
+        shards = write_features(batches, tmp_path / "features", encoding, inputs.head.lm_head)
+        source = FeatureDataset(shards, batch_size=B, seed=0)
         train_on_source(config, source, inputs, tmp_path / "straight", CPU)
     finally:
         torch.set_num_threads(threads)

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from eagle3.capture.encoding import column_codecs
+from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
+from eagle3.capture.head import target_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.parquet import ShardWriter
@@ -17,6 +18,7 @@ from eagle3.model.target_weights import TargetHead
 from eagle3.train.trainer import DraftInputs
 
 H, V, VD, B, T = 32, 64, 16, 4, 12
+TOPK = 16  # k of the fp8_topk features: a quarter of the vocab, so some of the distribution is dropped
 
 
 def synthetic(steps_per_epoch: int = 4, **overrides: object) -> tuple[PipelineConfig, DraftInputs, list[dict]]:
@@ -44,20 +46,24 @@ def synthetic(steps_per_epoch: int = 4, **overrides: object) -> tuple[PipelineCo
     return config, inputs, batches
 
 
-def write_features(batches: list[dict], out_dir: Path, encoding: str) -> list[Path]:
-    """The batches' rows, in order, as one bf16 feature shard in ``encoding`` (for ``FeatureDataset``)."""
-    aux_codec, last_codec = column_codecs(encoding, "bfloat16", H)
+def write_features(batches: list[dict], out_dir: Path, encoding: str, lm_head: torch.Tensor) -> list[Path]:
+    """The batches' rows, in order, as one bf16 feature shard in ``encoding`` (for ``FeatureDataset``); ``fp8_topk``
+    stores the top-``TOPK`` of ``lm_head``'s distribution, as capture does."""
+    aux_codec, last_codec = column_codecs(encoding, "bfloat16", H, topk=TOPK)
     rows: list[dict] = []
     for batch in batches:
         for i in range(batch["input_ids"].shape[0]):
             n = int(batch["attention_mask"][i].sum())
+            last = batch["last_hidden"][i, :n]
             rows.append({"sample_id": f"r{len(rows)}", "input_ids": batch["input_ids"][i, :n].tolist(),
                          "loss_mask": batch["loss_mask"][i, :n].int().tolist(), "seq_len": n,
                          "aux_hidden": aux_codec.encode(batch["aux_hidden"][i, :n]),
-                         "last_hidden": last_codec.encode(batch["last_hidden"][i, :n])})
+                         "last_hidden": last_codec.encode(*target_topk(last, lm_head, TOPK))
+                         if isinstance(last_codec, TopKCodec) else last_codec.encode(last)})
     meta = footer_metadata(target_model="x", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
                            dtype="bfloat16", encoding=encoding, chat_template_hash="-", system_prompt_policy="keep",
-                           truncation="quarantine", max_seq_len=T, features_fingerprint="synthetic")
+                           truncation="quarantine", max_seq_len=T, features_fingerprint="synthetic",
+                           topk=encoding_topk(encoding, TOPK))
     with ShardWriter(out_dir, FEATURE_SCHEMA, metadata=meta) as writer:
         writer.write_table(feature_table(rows))
         return [info.path for info in writer.close()]
