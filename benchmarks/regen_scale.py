@@ -21,7 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.serve.launch import reference_server
@@ -62,6 +66,48 @@ def scale_config(root: Path, tok: Path, url: str, run: str) -> PipelineConfig:
     )
 
 
+@contextmanager
+def prefect_calls() -> Iterator[Counter[str]]:
+    """Count, for the block, every Prefect API request this process sends (``METHOD /route``, ids cut) and every
+    event and log record it queues: counts do not depend on the machine's load, so they are the evidence of what
+    a task run costs."""
+    import re
+
+    import httpx
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    counts: Counter[str] = Counter()
+    saved = httpx.Client.send, httpx.AsyncClient.send, EventsWorker.send, APILogWorker.send
+
+    def route(request: httpx.Request) -> str:
+        path = re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}", "{id}", request.url.path.split("/api", 1)[-1])
+        return f"{request.method} {path}"
+
+    def sync_send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        counts[route(request)] += 1
+        return saved[0](self, request, **kwargs)
+
+    async def async_send(self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        counts[route(request)] += 1
+        return await saved[1](self, request, **kwargs)
+
+    def event_send(self: Any, item: Any) -> Any:
+        counts[f"event {getattr(item, 'event', '?')}"] += 1
+        return saved[2](self, item)
+
+    def log_send(self: Any, item: Any) -> Any:
+        counts["log record"] += 1
+        return saved[3](self, item)
+
+    httpx.Client.send, httpx.AsyncClient.send = sync_send, async_send  # type: ignore[method-assign]
+    EventsWorker.send, APILogWorker.send = event_send, log_send  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        httpx.Client.send, httpx.AsyncClient.send, EventsWorker.send, APILogWorker.send = saved  # type: ignore
+
+
 def flow_overhead(root: Path, tok: Path, url: str, shards: int, shard_size: int = 2_000) -> dict[str, float]:
     """Seconds of Prefect bookkeeping per shard (flow minus library over ``shards`` 2-prompt shards) and the library's
     seconds for one ``shard_size``-prompt shard."""
@@ -78,14 +124,16 @@ def flow_overhead(root: Path, tok: Path, url: str, shards: int, shard_size: int 
     start = time.perf_counter()
     run_stage(RegenStage(), scale_config(root, tok, url, "fo-lib"), prompts_dir=small)
     library_s = time.perf_counter() - start
-    with prefect_api():
+    with prefect_api(), prefect_calls() as calls:
         start = time.perf_counter()
         regen_flow(scale_config(root, tok, url, "fo-flow"), prompts_dir=str(small))
         flow_s = time.perf_counter() - start
     per_shard = (flow_s - library_s) / shards
+    print(json.dumps({"prefect_calls_per_shard": {k: round(v / shards, 2) for k, v in calls.most_common()}}, indent=2))
     return {"shards": shards, "library_s": round(library_s, 1), "flow_s": round(flow_s, 1),
             "bookkeeping_per_shard_s": round(per_shard, 3), f"one_{shard_size}_prompt_shard_s": round(shard_s, 1),
-            "fraction": round(per_shard / shard_s, 4)}  # fmt: skip
+            "fraction": round(per_shard / shard_s, 4),
+            "prefect_calls_per_shard": round(sum(calls.values()) / shards, 1)}  # fmt: skip
 
 
 def main() -> None:
