@@ -18,8 +18,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.client.orchestration import get_client
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 from prefect.context import TaskRunContext
 from prefect.exceptions import MissingContextError, ObjectNotFound

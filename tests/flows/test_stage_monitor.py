@@ -132,7 +132,8 @@ def test_units_that_succeed_refresh_the_boards_per_period_not_per_unit(prefect_h
 
     publishes: list[str] = []
     publish = StageMonitor.publish
-    monkeypatch.setattr(StageMonitor, "publish", lambda self, **kw: publishes.append(kw["state"]) or publish(self, **kw))
+    monkeypatch.setattr(StageMonitor, "publish",
+                        lambda self, **kw: publishes.append(kw["state"]) or publish(self, **kw))  # fmt: skip
     assert _many(_refresh_every(tiny_config, 3600.0))
     assert publishes == ["running", "done"], "one board at the start and one at the end, whatever the unit count"
     assert _latest("many-progress-fp3").data == 100.0
