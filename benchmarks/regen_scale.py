@@ -2,21 +2,25 @@
 bookkeeping per shard at the real shard count as a fraction of one shard's work (``--flow-overhead``).
 
 The server is the reference server in synthetic mode (no model: a fixed number of cycling ids after a small fixed
-delay), so the client is the bottleneck. Each size runs ``python -m eagle3.regen`` in a fresh process (the stage
-runner the flow's tasks call) and reads its peak RSS from ``getrusage``. ``--quick``: 2K vs 50K prompts.
+delay), so the client is the bottleneck. Each size runs in a fresh process and its peak RSS is read from
+``getrusage``: ``--path library`` runs ``python -m eagle3.regen`` (the stage runner the flow's tasks call),
+``--path flow`` runs ``eagle3 regen`` (the command, the flow and a task per shard) against a Prefect API server this
+script starts once, so the server's own memory is not counted. ``--quick``: 2K vs 50K prompts.
 
 ``--flow-overhead N``: a plan of N shards of 2 prompts each (1M prompts are 500 shards of 2,000), run by the library
 runner (``eagle3.stage.run_stage``) and by the regen flow (a task per shard, against a Prefect API started before
 the clock starts), one after the other; (flow - library) / N is the bookkeeping per shard, printed against the
 library's time for one real 2,000-prompt shard on the same server (goal <= 0.05 of it).
 
-    python benchmarks/regen_scale.py [--quick] [--flow-overhead 500]
+    python benchmarks/regen_scale.py [--quick] [--path flow] [--sizes 10000 100000] [--flow-overhead 500]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,7 +35,7 @@ from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.serve.launch import reference_server
 
 sys.path.insert(0, str(Path(__file__).parent))
-from regen_overhead import write_prompts
+from regen_overhead import running_prefect, write_prompts
 
 
 def build_tokenizer_dir(out: Path) -> Path:
@@ -41,16 +45,18 @@ def build_tokenizer_dir(out: Path) -> Path:
     return out
 
 
-def peak_rss_mb(config_path: Path, prompts: Path) -> tuple[float, float]:
-    """Peak RSS (MB) and wall time of one regen client process."""
+def peak_rss_mb(config_path: Path, prompts: Path, env: dict[str, str] | None) -> tuple[float, float]:
+    """Peak RSS (MB) and wall time of one regen process: the library runner, or with ``env`` (a Prefect API to
+    reuse) the ``eagle3 regen`` command."""
     code = (
         "import resource, subprocess, sys; "
         "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
         "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
     )
-    cmd = [sys.executable, "-m", "eagle3.regen", "--config", str(config_path), "--prompts", str(prompts)]
+    runner = ["eagle3.regen"] if env is None else ["flows.cli", "regen"]
+    cmd = [sys.executable, "-m", *runner, "--config", str(config_path), "--prompts", str(prompts)]
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, check=True, env=env)
     rc, kb = out.stdout.split()
     if rc != "0":
         raise RuntimeError(f"regen client exited with {rc}")
@@ -141,6 +147,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2K vs 50K prompts")
     parser.add_argument("--delay", type=float, default=0.002)
     parser.add_argument("--sizes", type=int, nargs=2, default=None, help="Override: small and large prompt counts.")
+    parser.add_argument("--path", choices=("library", "flow"), default="library",
+                        help="library: python -m eagle3.regen; flow: the eagle3 regen command.")  # fmt: skip
     parser.add_argument("--flow-overhead", type=int, default=None, metavar="SHARDS",
                         help="Prefect bookkeeping per shard over SHARDS shards (instead of memory).")  # fmt: skip
     args = parser.parse_args()
@@ -160,17 +168,21 @@ def main() -> None:
         tok = build_tokenizer_dir(root / "tok")
         extra = ["--synthetic-tokens", "8", "--synthetic-delay", str(args.delay)]
         results = {}
-        with reference_server(None, extra_args=extra) as server:
+        env = {**os.environ, "PREFECT_HOME": str(root / "prefect")}
+        api = running_prefect(env) if args.path == "flow" else contextlib.nullcontext(None)
+        with reference_server(None, extra_args=extra) as server, api as flow_env:
             for n in (small, large):
                 prompts = write_prompts(root / f"p{n}", n, rows_per_shard=2000)
                 config = scale_config(root, tok, server.url, f"run{n}")
                 path = root / f"config{n}.yaml"
                 path.write_text(config.to_yaml())
-                rss, wall = peak_rss_mb(path, prompts)
+                rss, wall = peak_rss_mb(path, prompts, flow_env)
                 results[n] = {"peak_rss_mb": round(rss, 1), "wall_s": round(wall, 1), "req_s": round(n / wall, 1)}
     ratio = results[large]["peak_rss_mb"] / results[small]["peak_rss_mb"]
-    print(json.dumps({"small": small, "large": large, **{str(k): v for k, v in results.items()}}, indent=2))
-    print(f"regen memory ratio (RSS at {large:,} / at {small:,} prompts) = {ratio:.3f}  (goal <= 1.2)")
+    print(json.dumps({"path": args.path, "small": small, "large": large,
+                      **{str(k): v for k, v in results.items()}}, indent=2))  # fmt: skip
+    print(f"regen memory ratio, {args.path} path (RSS at {large:,} / at {small:,} prompts) = {ratio:.3f}  "
+          "(goal <= 1.2)")  # fmt: skip
 
 
 if __name__ == "__main__":
