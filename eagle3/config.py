@@ -319,7 +319,10 @@ class OrchestrationConfig(StrictModel):
     task_runner: Literal["thread", "ray"] = "thread"
     max_workers: int = Field(default=4, gt=0)
     ray_address: str | None = None
-    progress_every_s: float = Field(default=10.0, gt=0)
+    progress_every_s: float = Field(default=10.0, gt=0, description="Seconds between refreshes of a running stage's "
+                                    "Prefect boards (progress, live unit table, run status); a failed unit and the "
+                                    "end refresh at once. Per period, not per unit: each refresh is several API "
+                                    "writes and a read of every unit's files.")  # fmt: skip
 
 
 class MonitorConfig(StrictModel):

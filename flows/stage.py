@@ -25,7 +25,7 @@ from eagle3.config import PipelineConfig
 from eagle3.stage import Plan, Progress, Stage, StageResult, Unit, UnitReport, recorded_result, result_path, unit_error
 from flows.runners import shard_runner
 from tasks.monitor import RootRun, StageMonitor, UnitBoard
-from tasks.stage import run_logger, stage_tasks
+from tasks.stage import existing_limits, run_logger, stage_tasks
 
 POLL_S = 1.0  # how often the flow looks at unfinished units (and, every progress_every_s, the progress)
 
@@ -41,10 +41,11 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
         run_logger().info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,
                           result_path(plan).name)  # fmt: skip
         return recorded
+    limits = existing_limits(stage.concurrency_limits(config))
     with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
         watch = Watch(stage, plan, config, env)
         reports, failed, causes = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,
-                                                                  "unit": unit, "env": env}),
+                                                                  "unit": unit, "env": env, "limits": limits}),
                                              list(plan.units), in_flight=stage.max_in_flight(config),
                                              watch=watch)  # fmt: skip
         watch.finish()
@@ -64,7 +65,12 @@ def _submitter(stage: Stage[Any], config: PipelineConfig, unit_task: Any) -> Ite
 
 class Watch:
     """The stage run's progress as a person sees it (``tasks.monitor``): read from ``stage.progress(plan)`` (the
-    stage's files) at most every ``orchestration.progress_every_s``, and at once when a unit finishes or fails.
+    stage's files) and published at most every ``orchestration.progress_every_s``, whether units start, finish or
+    neither; a failed unit is published at once (with its reason and re-trigger commands), and so is the end.
+
+    A refresh costs several API writes and reads every unit's files, so doing it per unit started or finished made
+    Prefect's bookkeeping grow with the shard count (7 artifact writes per shard, ~2 s a shard on a busy machine,
+    measured in ``benchmarks/regen_scale.py --flow-overhead``); per period it is a constant.
 
     A stage without a file-based progress counts finished units. The unit board (the live table, the failed units
     and their re-trigger commands) is kept for scale-out stages (regen, capture: many shards).
@@ -95,9 +101,10 @@ class Watch:
         self.monitor.update(progress, health=self.stage.health(self.config, self.env), state=state)
 
     def started(self, unit: Unit) -> None:
+        """Mark ``unit`` running (called before its submit: a refresh due now shows it before the unit can look)."""
         if self.monitor.board is not None:
             self.monitor.board.mark(unit, "running")
-            self.monitor.publish(state="running")
+        self.poll()
 
     def finished(self, unit: Unit, error: BaseException | None) -> None:
         board = self.monitor.board
@@ -108,7 +115,7 @@ class Watch:
             if error is not None:
                 board.retrigger = retrigger_commands(self.stage, self.plan, board.failed, self.monitor.root,
                                                      self.config.name)  # fmt: skip
-        self.poll(force=True)
+        self.poll(force=error is not None)
 
     def finish(self) -> None:
         self.poll(force=True, state="failed" if self.units_failed else "done")

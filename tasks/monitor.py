@@ -10,8 +10,9 @@ Where each number shows (a 40-hour regen is watched from the nightly run's page,
   by each stage in turn: the running stage,
   percent, samples, rates, ETA, failed units so far with their reasons and the exact re-trigger commands, and the
   servers' health. ``<root flow>-progress`` is the same percent as a progress artifact there.
-* ``<stage>-<unit>s-live-<fp>``: a table artifact on the stage run, one row per unit, updated as each finishes or
-  fails (with the reason), so a shard that failed in hour 3 is visible in hour 3.
+* ``<stage>-<unit>s-live-<fp>``: a table artifact on the stage run, one row per unit, refreshed every
+  ``orchestration.progress_every_s`` and at once when a unit fails (with the reason), so a shard that failed in
+  hour 3 is visible in hour 3 (``flows.stage.Watch`` decides when).
 * A log line every ``monitor.log_every_s`` on the stage run's logger, copied into the top-level run's logs: the
   tab the nightly run's page opens on reads the running stage's numbers without a click.
 

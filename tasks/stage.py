@@ -13,15 +13,16 @@ library says.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 from prefect.context import TaskRunContext
-from prefect.exceptions import MissingContextError
+from prefect.exceptions import MissingContextError, ObjectNotFound
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
@@ -84,12 +85,29 @@ def retry_unless_data_error_or_stopped(task: Any, task_run: Any, state: State) -
     return not isinstance(state.data, (DataError, Stopped))
 
 
+def existing_limits(names: Sequence[str]) -> list[str]:
+    """The names among ``names`` of concurrency limits the Prefect server has (``deployments/deploy.py`` creates
+    them), asked once per stage run: a unit asking for a missing limit costs an API call and a warning per unit, and
+    on a busy SQLite server a 503 and a retry (~2 s a shard, measured)."""
+    found = []
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.read_global_concurrency_limit_by_name(name)
+                found.append(name)
+            except ObjectNotFound:
+                pass  # no such limit: the unit holds no slot of it
+    return found
+
+
 @task(name="unit", cache_key_fn=unit_cache_key, persist_result=True, retry_delay_seconds=10,
       retry_condition_fn=retry_unless_data_error_or_stopped)
-def unit_task(stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit, env: Any = None) -> UnitReport:
-    """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped)."""
-    limits = stage.concurrency_limits(config)
-    with library_logs_to_run_logger(), concurrency(limits, occupy=1, strict=False) if limits else nullcontext():
+def unit_task(
+    stage: Stage[Any], config: PipelineConfig, plan: Plan, unit: Unit, env: Any = None, limits: Sequence[str] = ()
+) -> UnitReport:
+    """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped), holding a slot of
+    each of ``limits`` (the stage's concurrency limits that exist: :func:`existing_limits`)."""
+    with library_logs_to_run_logger(), concurrency(list(limits), occupy=1, strict=False) if limits else nullcontext():
         report = stage.run_unit(config, plan, unit, env=env)
     run_logger().info("%s %s %s: %s", stage.name, stage.unit_name, unit,
                           "already done" if report.skipped else report.model_dump(exclude={"unit"}))  # fmt: skip

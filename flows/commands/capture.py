@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,14 +51,16 @@ def register(app: typer.Typer) -> None:
         """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
         from eagle3.capture.stage import features_dir_for
         from eagle3.lineage import Lineage
-        from flows.capture import capture_flow
 
         cfg = resolve_config(recipe, config, set_)
         regen = Lineage(cfg).input("regen", regen_dir)
         features_dir = features_dir_for(cfg, regen)
         ids = list(shard_ids) if shard_ids else None
         console.print(f"regen {regen} -> features {features_dir}")
-        with prefect_api(), watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):
+        with prefect_api(meanwhile=lambda: importlib.import_module("flows.capture")), \
+                watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):  # fmt: skip
+            from flows.capture import capture_flow
+
             state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
         if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
             raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)

@@ -8,6 +8,7 @@ before any work starts, and prints the per-source counts (its result) on stdout 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,9 +94,9 @@ def register(app: typer.Typer) -> None:
             _search(search, min_rows, license_, limit)
             return
         cfg = resolve_config(recipe, config, set_)
-        from flows.discover import discover_flow
+        with prefect_api(meanwhile=lambda: importlib.import_module("flows.discover")), _spinner("discover"):
+            from flows.discover import discover_flow
 
-        with prefect_api(), _spinner("discover"):
             out = discover_flow(cfg)
         typer.echo(f"catalog: {out}/catalog.json")
 
@@ -107,9 +108,10 @@ def register(app: typer.Typer) -> None:
         cfg = resolve_config(recipe, config, set_)
         _print_plan(cfg)
         from eagle3.runroot import Manifest
-        from flows.normalize import prompts_flow
 
-        with prefect_api(), _spinner("normalize"):
+        with prefect_api(meanwhile=lambda: importlib.import_module("flows.normalize")), _spinner("normalize"):
+            from flows.normalize import prompts_flow
+
             out = Path(prompts_flow(cfg))
         manifest = Manifest.read(out)
         stats = manifest.stats if manifest is not None else {}

@@ -50,14 +50,30 @@ def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
     return poll
 
 
+def _warm_up(config: PipelineConfig) -> None:
+    """Import the flow and load the target's tokenizer (cached per process: the shards reuse it) while Prefect's
+    temporary server starts, instead of after it. A tokenizer that fails to load is left to the first shard, which
+    reports it the way a stage reports errors."""
+    import importlib
+    from contextlib import suppress
+
+    from eagle3.regen.shard import load_tokenizer
+
+    importlib.import_module("flows.regen")
+    with suppress(Exception):  # a warm-up only: the shard raises the same error in its place
+        load_tokenizer(config.target.model_path)
+
+
 def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
     """Run the regen flow with a CLI progress bar; exit 1 when shards failed."""
     from eagle3.lineage import Lineage
     from eagle3.regen.plan import regen_dir_for
-    from flows.regen import regen_flow
 
     prompts_dir = Lineage(config).input("normalize", prompts)
-    with prefect_api(), watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):
+    with prefect_api(meanwhile=lambda: _warm_up(config)), \
+            watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):  # fmt: skip
+        from flows.regen import regen_flow
+
         state = regen_flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True)
     if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
         raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import typer
@@ -38,12 +39,14 @@ def train(
     overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
     cfg = resolve_config(recipe, config, overrides)
     from eagle3.lineage import Lineage
-    from flows.train import train_flow
 
     lineage = Lineage(cfg)
     features = lineage.input("capture", features)
     vocab = lineage.input("vocab", vocab, features_dir=features)
-    with prefect_api(), watch_progress("train", _train_poll(cfg, features, vocab)):
+    with prefect_api(meanwhile=lambda: importlib.import_module("flows.train")), \
+            watch_progress("train", _train_poll(cfg, features, vocab)):  # fmt: skip
+        from flows.train import train_flow
+
         result = train_flow(cfg, str(features), str(vocab))
     results.print(f"[green]draft exported[/green]: {result['export']}")
 

@@ -1,6 +1,7 @@
 """What a person watching a stage sees while it runs: the live unit table shows a failed unit with its reason while
 the other units still run, the top-level run carries the status (percent, ETA, failed units, re-trigger commands)
-and the stage's progress artifact reaches 100% of what this run planned."""
+and the stage's progress artifact reaches 100% of what this run planned; the boards are refreshed per period, not
+per unit, so a night of many shards costs Prefect a constant number of writes."""
 
 from __future__ import annotations
 
@@ -84,8 +85,14 @@ def _night(config: PipelineConfig) -> bool:
     return _child(config, "single") and _child(config, "sharded")
 
 
+def _refresh_every(config: PipelineConfig, seconds: float) -> PipelineConfig:
+    orchestration = config.orchestration.model_copy(update={"progress_every_s": seconds})
+    return config.model_copy(update={"orchestration": orchestration})
+
+
 def test_a_failed_shard_shows_with_its_reason_and_commands_while_the_others_run(prefect_harness, tiny_config):
-    state = _night(tiny_config, return_state=True)
+    # A refresh is due at every start here (the boards refresh per period): shard 2 then reads itself "running".
+    state = _night(_refresh_every(tiny_config, 1e-6), return_state=True)
     assert state.is_failed()  # the sharded stage fails (after finalizing) on shard 1
     live = {row["shard"]: row for row in SEEN["live"]}
     assert live[1]["state"] == "failed" and "connection refused" in live[1]["reason"]
@@ -98,3 +105,35 @@ def test_a_failed_shard_shows_with_its_reason_and_commands_while_the_others_run(
     assert final.data.startswith("# sharded failed: 66.7%")
     assert _latest("single-progress-fp2").data == 100.0
     assert _latest("sharded-progress-fp1").data == 100 * 2 / 3
+
+
+class Many(Sharded):
+    """Twelve units that all succeed, no file-based progress."""
+
+    name = "many"
+
+    def plan(self, config: PipelineConfig, **inputs: Any) -> Plan:
+        return Plan(stage=self.name, fingerprint="fp3", out_dir=Path(config.root), units=tuple(range(12)))
+
+    def run_unit(self, config: PipelineConfig, plan: Plan, unit: Unit, *, env: Any = None,
+                 on_progress: Any = None) -> UnitReport:  # fmt: skip
+        return UnitReport(unit=unit, rows=1)
+
+
+@flow(name="many-units")
+def _many(config: PipelineConfig) -> bool:
+    from flows.stage import run_stage
+
+    return run_stage(Many(), config).done
+
+
+def test_units_that_succeed_refresh_the_boards_per_period_not_per_unit(prefect_harness, tiny_config, monkeypatch):
+    from tasks.monitor import StageMonitor
+
+    publishes: list[str] = []
+    publish = StageMonitor.publish
+    monkeypatch.setattr(StageMonitor, "publish",
+                        lambda self, **kw: publishes.append(kw["state"]) or publish(self, **kw))  # fmt: skip
+    assert _many(_refresh_every(tiny_config, 3600.0))
+    assert publishes == ["running", "done"], "one board at the start and one at the end, whatever the unit count"
+    assert _latest("many-progress-fp3").data == 100.0

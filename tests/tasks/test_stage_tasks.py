@@ -147,3 +147,15 @@ def test_a_failed_run_records_nothing_and_finalize_task_records_a_success(tmp_pa
         report_1 = unit_task.fn(stage, tiny_config, plan, 1)
         result = finalize_task.fn(stage, tiny_config, plan, [report, report_1], [])
     assert recorded_result(stage, plan) == result
+
+
+def test_units_hold_only_the_concurrency_limits_the_server_has(prefect_harness):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from tasks.stage import existing_limits
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="regen-server-test-1", limit=1))
+    assert existing_limits(["regen-server-test-0", "regen-server-test-1"]) == ["regen-server-test-1"]
+    assert existing_limits([]) == []

@@ -99,3 +99,20 @@ def test_library_packages_import_only_lower_layers():
             if other is not None and other != own and rank[other] >= rank[own]:
                 offenders.append(f"{path.relative_to(REPO)} imports {module} ({own} is not above {other})")
     assert offenders == []
+
+
+def test_the_regen_command_path_never_imports_torch(tiny_world):
+    """``eagle3 regen`` needs a tokenizer, not torch (~10 s of imports on a busy machine): the CLI, the flow, the
+    stage and the warm-up that loads the tokenizer while Prefect's server starts stay free of it."""
+    code = (
+        "import sys\n"
+        "from eagle3.config import PipelineConfig, TargetConfig\n"
+        "from flows.commands.regen import _warm_up\n"
+        "import flows.cli, flows.regen, eagle3.regen.stage\n"
+        f"_warm_up(PipelineConfig(name='t', root='/tmp', target=TargetConfig(model_path={str(tiny_world.model_dir)!r},"
+        " num_layers=8, hidden_size=64, vocab_size=512)))\n"
+        "from eagle3.regen.shard import load_tokenizer\n"
+        "print(load_tokenizer.cache_info().currsize, sorted(k for k in sys.modules if k.split('.')[0] == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "1 []", "the tokenizer is loaded (and cached for the shards) without torch"
