@@ -62,11 +62,29 @@ class RowGroup:
 
 
 @dataclass
-class _Decoded:
+class Decoded:
+    """One row group's rows as tensors viewing the decompressed Arrow buffers (no copy, no per-token Python)."""
+
     input_ids: list[torch.Tensor]
     loss_mask: list[torch.Tensor]
     aux: list[Encoded]
     last: list[Encoded]
+
+
+# What training reads: every column but sample_id (read only to name a failing batch's samples, ``origin``).
+READ_COLUMNS = ["input_ids", "loss_mask", "aux_hidden", "last_hidden"]
+
+
+def read_row_group(pf: pq.ParquetFile, row_group: int, codecs: tuple[ColumnCodec, ColumnCodec]) -> Decoded:
+    """Read and decompress one row group, columns in parallel on Arrow's pool (the decompression releases the
+    GIL), and view its rows as tensors in the stored form."""
+    table = pf.read_row_group(row_group, columns=READ_COLUMNS, use_threads=True)
+    return Decoded(
+        input_ids=_list_column(table.column("input_ids"), torch.int64),
+        loss_mask=_list_column(table.column("loss_mask"), torch.bool),
+        aux=codecs[0].views(table.column("aux_hidden")),
+        last=codecs[1].views(table.column("last_hidden")),
+    )
 
 
 def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -128,7 +146,7 @@ class FeatureDataset(IterableDataset):
         self.device, self.prefetch = torch.device(device), prefetch
         self.epoch, self.step = 0, 0
         self._plans: dict[int, list[Batch]] = {}
-        self._cache: OrderedDict[int, _Decoded] = OrderedDict()
+        self._cache: OrderedDict[int, Decoded] = OrderedDict()
         self._last: Batch = []  # the batch yielded last, for ``origin``
         self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
                                     rank, world_size, batch_size, pack, max_seq_len)
@@ -210,20 +228,14 @@ class FeatureDataset(IterableDataset):
 
     # ---- reading --------------------------------------------------------------------------------------------
 
-    def _decoded(self, g: int) -> _Decoded:
+    def _decoded(self, g: int) -> Decoded:
         if g in self._cache:
             self._cache.move_to_end(g)
             return self._cache[g]
         group = self.groups[g]
-        table = self._files[group.shard].read_row_group(group.row_group)
-        if table.num_rows != len(group.lengths):
+        decoded = read_row_group(self._files[group.shard], group.row_group, (self.aux_codec, self.last_codec))
+        if len(decoded.aux) != len(group.lengths):
             raise ValueError(f"{self.paths[group.shard]} changed while training (row group {group.row_group})")
-        decoded = _Decoded(
-            input_ids=_list_column(table.column("input_ids"), torch.int64),
-            loss_mask=_list_column(table.column("loss_mask"), torch.bool),
-            aux=self.aux_codec.views(table.column("aux_hidden")),
-            last=self.last_codec.views(table.column("last_hidden")),
-        )
         self._cache[g] = decoded
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
