@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 REGEN_INPUT_SCHEMA = pa.schema(
     [("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))]
 )
-ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done)
+ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done), once on disk
 _PART_RE = re.compile(r"(shard|quarantine)-\d{5}\.part-(\d{5})\.parquet$")
 
 
