@@ -38,15 +38,15 @@ from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table
 from eagle3.data.parquet import ShardWriter, shard_metadata
-from eagle3.train.data import iter_row_groups
+from eagle3.train.data import iter_row_groups, open_features
 
 KIMI_H = 7168
 CODECS = ("none", "lz4", "zstd")
 
 
 def read_ours(path: Path, codecs: tuple[ColumnCodec, ColumnCodec], *, decode: bool) -> int:
-    """Every row as tensors, read as the loader reads (``eagle3.train.data.iter_row_groups``)."""
-    pf, tokens = pq.ParquetFile(path), 0
+    """Every row as tensors, opened and read as the loader does (``open_features``, ``iter_row_groups``)."""
+    pf, tokens = open_features(path), 0
     for decoded in iter_row_groups(((pf, rg) for rg in range(pf.num_row_groups)), codecs):
         aux, last = decoded.aux, decoded.last
         assert len(aux) == len(last)

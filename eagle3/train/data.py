@@ -96,6 +96,14 @@ def iter_row_groups(
                 future.cancel()
 
 
+def open_features(path: Path) -> pq.ParquetFile:
+    """A feature shard opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and
+    each row group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
+    uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
+    place, so the mapping stays valid while training (and ``verify_files`` checked them before they are opened)."""
+    return open_shard(path, schema=FEATURE_SCHEMA, memory_map=True, pre_buffer=True)
+
+
 def read_row_group(pf: pq.ParquetFile, row_group: int, codecs: tuple[ColumnCodec, ColumnCodec]) -> Decoded:
     """Read and decompress one row group, columns in parallel on Arrow's pool (the decompression releases the
     GIL), and view its rows as tensors in the stored form."""
@@ -179,7 +187,7 @@ class FeatureDataset(IterableDataset):
         """Open every shard (footer + schema validated), read row counts and lengths per row group."""
         dtypes, hidden, codecs = set(), set(), set()
         for s, path in enumerate(self.paths):
-            pf = open_shard(path, schema=FEATURE_SCHEMA)
+            pf = open_features(path)
             meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
             check_footer(meta, path=path)
             dtypes.add(meta["dtype"])
