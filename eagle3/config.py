@@ -161,7 +161,13 @@ class CaptureConfig(StrictModel):
     batch_tokens: int = Field(default=16_384, gt=0)
     max_seq_len: int = Field(default=4096, gt=0)
     truncation: Literal["quarantine", "truncate"] = "quarantine"
-    row_group_bytes: int = Field(default=64 * 2**20, gt=0)
+    row_group_bytes: int = Field(
+        default=64 * 2**20,
+        gt=0,
+        description="Uncompressed bytes per Parquet row group of a feature shard: the loader's unit of reading, "
+        "shuffling and splitting over ranks. benchmarks/storage.py --row-group-mib 16,64 read neither size "
+        "consistently faster (BENCHMARKS.md, issue 15); 64 MiB keeps the per-row-group overhead small.",
+    )
     encoding: Literal["raw", "fp8_aux", "fp8_all", "fp8_topk"] = Field(
         default="raw",
         description="How hidden states are stored (eagle3.capture.encoding): raw in capture.dtype (8*H bytes per "

@@ -4,15 +4,17 @@ Layout inside ``<root>/features/<fp>/``::
 
     shard-NNNNN.parquet           finished features (FEATURE_SCHEMA), written last for its shard
     quarantine-NNNNN.parquet      rows not captured, with a reason (too_long, non_finite, bad_input)
-    parts-NNNNN/                  while running: one part file per forward batch, deleted after the merge
+    parts-NNNNN/                  while running: one part file per forward batch, deleted with the finished shard
     manifest.json                 written by ``finalize_features`` once every shard is done
 
 Resume rules (DESIGN §8). A finished shard is skipped only if it opens (footer), has the schema, carries this
 stage's fingerprint, and its rows plus its quarantined rows equal the regen shard's rows; otherwise it is rebuilt.
-Inside a shard each forward batch is written as an atomic part file, so a ``kill -9`` loses at most the batch in
-flight; a part that does not validate is deleted and redone. The merge streams the parts, in order, through the
-shared ``ShardWriter`` (byte-sized row groups). Batches are planned by sorting samples by length (longest first, so
-an out-of-memory shows up on the first batch) and cutting when the padded token count would pass
+Inside a shard each forward batch is written as an atomic part file, so a ``kill -9`` loses at most the batches in
+flight (the one forwarding and up to ``WRITE_AHEAD`` waiting for the writer); a part that does not validate is
+deleted and redone. A writer thread (``PartWriter``) writes the parts and streams them, in order, into the final
+shard through the shared ``ShardWriter`` (byte-sized row groups), so compression overlaps the forward; the shard is
+renamed into place only once every batch is written. Batches are planned by sorting samples by length (longest
+first, so an out-of-memory shows up on the first batch) and cutting when the padded token count would pass
 ``capture.batch_tokens``; the plan is a pure function of the input, so resumed runs write the same rows in the same
 order as uninterrupted ones.
 """
@@ -45,21 +47,21 @@ from eagle3.capture.schema import (
     REASON_BAD_INPUT,
     REASON_NON_FINITE,
     REASON_TOO_LONG,
-    feature_table,
     footer_metadata,
 )
+from eagle3.capture.writer import Batch, PartWriter, parts_dir_name
 from eagle3.config import PipelineConfig
-from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_metadata, write_table
+from eagle3.data.parquet import ShardError, open_shard, shard_metadata
 from eagle3.integrity import verify_files
 from eagle3.layout import SHARD_GLOB, shard_index, shard_name
-from eagle3.runroot import FileEntry, Manifest, atomic_path, fingerprint
+from eagle3.runroot import FileEntry, Manifest, fingerprint
 
 logger = logging.getLogger(__name__)
 
 REGEN_INPUT_SCHEMA = pa.schema(
     [("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))]
 )
-ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done)
+ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done), once on disk
 _PART_RE = re.compile(r"(shard|quarantine)-\d{5}\.part-(\d{5})\.parquet$")
 
 
@@ -103,7 +105,7 @@ def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
     return (
         out_dir / shard_name(index),
         out_dir / shard_name(index, "quarantine"),
-        out_dir / f"parts-{index:05d}",
+        out_dir / parts_dir_name(index),
     )
 
 
@@ -217,7 +219,7 @@ def _capture_batch(
                 f"capture backend returned aux {tuple(aux.shape)} / last {tuple(last.shape)} for a {n}-token sample;"
                 f" expected ({n}, {3 * hidden_size}) / ({n}, {hidden_size}): check target.hidden_size"
             )
-        if not (torch.isfinite(aux).all() and torch.isfinite(last).all()):
+        if not (_finite(aux) and _finite(last)):
             quarantined.append({"sample_id": sample.sample_id, "reason": REASON_NON_FINITE, "seq_len": n})
             continue
         rows.append(
@@ -241,9 +243,15 @@ def _encode_final(codec: FinalCodec, last: torch.Tensor, backend: CaptureBackend
     return codec.encode(last)
 
 
+def _finite(x: torch.Tensor) -> bool:
+    """Whether every value of ``x`` is finite, from its min and max (NaN propagates into both): one reduction
+    pass, ~7x cheaper than ``isfinite(x).all()``, which writes a bool per value (BENCHMARKS.md, issue 15)."""
+    return bool(torch.isfinite(torch.stack(torch.aminmax(x))).all())
+
+
 def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str) -> dict | None:
     """The result of a shard already finished and valid, or None (and a stale/broken final file is deleted). The
-    parts of a finished shard are deleted here too: the merge renames the shard before it removes them."""
+    parts of a finished shard are deleted here too: the writer renames the shard before it removes them."""
     shard, quarantine, parts_dir = output_paths(out_dir, index)
     if not shard.exists():
         return None
@@ -255,7 +263,7 @@ def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, f
         logger.warning("rebuilding feature shard %d: %s", index, exc)
         rows, q_rows, same_stage = -1, 0, False
     if same_stage and rows + q_rows == n_input:
-        if parts_dir.exists():  # a kill between the merge's rename and its rmtree: the parts are leftovers
+        if parts_dir.exists():  # a kill between the shard's rename and the rmtree: the parts are leftovers
             logger.info("feature shard %d is finished; removing its leftover parts %s", index, parts_dir)
             shutil.rmtree(parts_dir)
         return {"shard_index": index, "path": str(shard), "rows": rows, "quarantined": q_rows, "skipped": True}
@@ -291,83 +299,55 @@ def capture_shard(
     _, _, parts_dir = output_paths(out_dir, index)
     parts_dir.mkdir(exist_ok=True)
     footer = shard_footer(config, fp)
-    _, _, already, next_k = _scan_parts(parts_dir)
+    done_parts, _, already, next_k = _scan_parts(parts_dir)
     todo = [s for s in keep if s.sample_id not in already]
     if already:
         logger.info("shard %d: resuming, %d samples already captured, %d to go", index, len(already), len(todo))
     backend = backend if backend is not None else shared_backend(config)
-    tokens = _run_batches(config, backend, todo, parts_dir, index, next_k, footer,
-                          progress=progress, done_before=len(keep) - len(todo), total=len(keep))
-    result = _merge(config, index, out_dir, footer, pre_quarantined)
+    writer = PartWriter(config, index, out_dir, footer, done_parts, _counted(progress, len(keep) - len(todo),
+                                                                             len(keep)))
+    try:
+        tokens = _run_batches(config, backend, todo, writer, next_k)
+    except BaseException:
+        writer.abort()
+        raise
+    result = writer.finish(pre_quarantined)
     return result | {"tokens": tokens, "skipped": False, "seconds": round(time.monotonic() - started, 3)}
+
+
+def _counted(progress: ProgressFn | None, done_before: int, total: int) -> Callable[[int, int], None] | None:
+    """Per-batch (samples, tokens) increments turned into ``progress``'s running (done, total, tokens)."""
+    if progress is None:
+        return None
+    counts = [done_before, 0]
+
+    def report(samples: int, tokens: int) -> None:
+        counts[0] += samples
+        counts[1] += tokens
+        progress(counts[0], total, counts[1])
+
+    return report
 
 
 def _run_batches(
     config: PipelineConfig,
     backend: CaptureBackend,
     todo: list[Sample],
-    parts_dir: Path,
-    index: int,
+    writer: PartWriter,
     first_part: int,
-    footer: dict[str, str],
-    *,
-    progress: ProgressFn | None,
-    done_before: int,
-    total: int,
 ) -> int:
-    """Forward ``todo`` in planned batches, one atomic part file (+ quarantine part) per batch; returns tokens."""
-    tokens, done = 0, done_before
+    """Forward ``todo`` in planned batches and hand each batch's rows to ``writer``; returns the tokens."""
+    tokens = 0
     codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size,
                            topk=config.capture.topk)
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
         batch = [todo[i] for i in batch_idx]
         rows, quarantined = _capture_batch(backend, batch, hidden_size=config.target.hidden_size, codecs=codecs)
-        if quarantined:  # written first: a kill between the two files only redoes this batch's good rows
-            q_table = pa.Table.from_pylist(quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
-            write_table(parts_dir / f"quarantine-{index:05d}.part-{k:05d}.parquet", q_table, metadata=footer)
-        if rows:
-            _write_part(parts_dir / f"shard-{index:05d}.part-{k:05d}.parquet", feature_table(rows), footer)
-        done += len(batch)
-        tokens += sum(len(s.input_ids) for s in batch)
-        if progress is not None:
-            progress(done, total, tokens)
+        batch_tokens = sum(len(s.input_ids) for s in batch)
+        writer.submit(Batch(k, rows, quarantined, len(batch), batch_tokens))
+        tokens += batch_tokens
     return tokens
-
-
-def feature_compression(config: PipelineConfig) -> dict[str, str]:
-    """Parquet codec per feature column: ``capture.hidden_compression`` for the two state columns, zstd for the
-    small rest (ids and masks compress well and cost little to decode)."""
-    hidden = config.capture.hidden_compression
-    return {name: hidden if name in ("aux_hidden", "last_hidden") else "zstd" for name in FEATURE_SCHEMA.names}
-
-
-def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:
-    """A part file, atomically and uncompressed: it lives seconds, and the merge compresses once."""
-    meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in footer.items()}}
-    with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="none")
-
-
-def _merge(
-    config: PipelineConfig, index: int, out_dir: Path, footer: dict[str, str], pre_quarantined: list[dict]
-) -> dict[str, Any]:
-    """Stream the parts (in part order) into the final shard; quarantine file first, shard second, parts last."""
-    shard, quarantine, parts_dir = output_paths(out_dir, index)
-    feature_parts, quarantine_parts, _, _ = _scan_parts(parts_dir)
-    q_tables = [pa.Table.from_pylist(pre_quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)]
-    q_tables += [pq.read_table(p).cast(CAPTURE_QUARANTINE_SCHEMA) for p in quarantine_parts]
-    q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=footer)
-    shard.with_name(shard.name + ".tmp").unlink(missing_ok=True)
-    with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index, row_group_bytes=config.capture.row_group_bytes,
-                     metadata=footer, compression=feature_compression(config)) as writer:
-        for part in feature_parts:
-            writer.write_table(pq.read_table(part).cast(FEATURE_SCHEMA))
-        infos = writer.close()
-    shutil.rmtree(parts_dir)
-    (info,) = infos
-    return {"shard_index": index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
-            "bytes": info.bytes}
 
 
 _BACKENDS: dict[tuple, CaptureBackend] = {}

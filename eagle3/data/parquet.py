@@ -158,10 +158,13 @@ def write_table(path: Path, table: pa.Table, *, metadata: Mapping[str, str] | No
     return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path))
 
 
-def open_shard(path: Path, *, schema: pa.Schema | None = None) -> pq.ParquetFile:
-    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``."""
+def open_shard(
+    path: Path, *, schema: pa.Schema | None = None, memory_map: bool = False, pre_buffer: bool = False
+) -> pq.ParquetFile:
+    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``.
+    ``memory_map``/``pre_buffer`` are pyarrow's read options (the training loader's fast reads use both)."""
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, memory_map=memory_map, pre_buffer=pre_buffer)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ShardError(f"{path}: unreadable Parquet footer ({exc}); delete it so the stage rebuilds it") from exc
     if schema is not None:

@@ -30,7 +30,7 @@ import json
 import logging
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,11 +72,58 @@ class RowGroup:
 
 
 @dataclass
-class _Decoded:
+class Decoded:
+    """One row group's rows as tensors viewing the decompressed Arrow buffers (no copy, no per-token Python)."""
+
     input_ids: list[torch.Tensor]
     loss_mask: list[torch.Tensor]
     aux: list[Encoded]
     last: list[Encoded]
+
+
+# What training reads: every column but sample_id (read only to name a failing batch's samples, ``origin``).
+READ_COLUMNS = ["input_ids", "loss_mask", "aux_hidden", "last_hidden"]
+
+
+def iter_row_groups(
+    reads: Iterable[tuple[pq.ParquetFile, int]], codecs: tuple[ColumnCodec, FinalCodec], *, ahead: int = 1
+) -> Iterator[Decoded]:
+    """``read_row_group`` over ``(file, row group)`` pairs in order, with ``ahead`` row groups beyond the one asked
+    for already reading on their own threads: the decompression of one row group uses ~1.3 cores at most (the aux
+    column is 3/4 of the bytes), so reading two at once is what keeps two cores decompressing."""
+    pending: deque[Future[Decoded]] = deque()
+    todo = iter(reads)
+    with ThreadPoolExecutor(ahead + 1, thread_name_prefix="row-group-reader") as pool:
+        try:
+            while True:
+                for pf, rg in itertools.islice(todo, ahead + 1 - len(pending)):
+                    pending.append(pool.submit(read_row_group, pf, rg, codecs))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def open_features(path: Path) -> pq.ParquetFile:
+    """A feature shard opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and
+    each row group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
+    uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
+    place, so the mapping stays valid while training (and ``verify_files`` checked them before they are opened)."""
+    return open_shard(path, schema=FEATURE_SCHEMA, memory_map=True, pre_buffer=True)
+
+
+def read_row_group(pf: pq.ParquetFile, row_group: int, codecs: tuple[ColumnCodec, FinalCodec]) -> Decoded:
+    """Read and decompress one row group, columns in parallel on Arrow's pool (the decompression releases the
+    GIL), and view its rows as tensors in the stored form."""
+    table = pf.read_row_group(row_group, columns=READ_COLUMNS, use_threads=True)
+    return Decoded(
+        input_ids=_list_column(table.column("input_ids"), torch.int64),
+        loss_mask=_list_column(table.column("loss_mask"), torch.bool),
+        aux=codecs[0].views(table.column("aux_hidden")),
+        last=codecs[1].views(table.column("last_hidden")),
+    )
 
 
 def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -140,7 +187,10 @@ class FeatureDataset(IterableDataset):
         self.device, self.prefetch = torch.device(device), prefetch
         self.epoch, self.step = 0, 0
         self._plans: dict[int, list[Batch]] = {}
-        self._cache: OrderedDict[int, _Decoded] = OrderedDict()
+        self._cache: OrderedDict[int, Decoded] = OrderedDict()
+        self._reads: Iterator[Decoded] | None = None  # this epoch's row groups, read ahead (``iter_row_groups``)
+        self._read_order: list[int] = []
+        self._next_read = 0
         self._last: Batch = []  # the batch yielded last, for ``origin``
         self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
                                     rank, world_size, batch_size, pack, max_seq_len)
@@ -149,7 +199,7 @@ class FeatureDataset(IterableDataset):
         """Open every shard (footer + schema validated), read row counts and lengths per row group."""
         dtypes, hidden, codecs = set(), set(), set()
         for s, path in enumerate(self.paths):
-            pf = open_shard(path, schema=FEATURE_SCHEMA)
+            pf = open_features(path)
             meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
             check_footer(meta, path=path)
             dtypes.add(meta["dtype"])
@@ -222,20 +272,17 @@ class FeatureDataset(IterableDataset):
 
     # ---- reading --------------------------------------------------------------------------------------------
 
-    def _decoded(self, g: int) -> _Decoded:
+    def _decoded(self, g: int) -> Decoded:
         if g in self._cache:
             self._cache.move_to_end(g)
             return self._cache[g]
         group = self.groups[g]
-        table = self._files[group.shard].read_row_group(group.row_group)
-        if table.num_rows != len(group.lengths):
+        if self._reads is not None and self._read_order[self._next_read : self._next_read + 1] == [g]:
+            decoded, self._next_read = next(self._reads), self._next_read + 1
+        else:  # not the epoch's next row group (never the case while iterating): read it alone
+            decoded = read_row_group(self._files[group.shard], group.row_group, (self.aux_codec, self.last_codec))
+        if len(decoded.aux) != len(group.lengths):
             raise ValueError(f"{self.paths[group.shard]} changed while training (row group {group.row_group})")
-        decoded = _Decoded(
-            input_ids=_list_column(table.column("input_ids"), torch.int64),
-            loss_mask=_list_column(table.column("loss_mask"), torch.bool),
-            aux=self.aux_codec.views(table.column("aux_hidden")),
-            last=self.last_codec.views(table.column("last_hidden")),
-        )
         self._cache[g] = decoded
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
@@ -300,8 +347,22 @@ class FeatureDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """One epoch from the current position; a reader thread collates up to ``prefetch`` batches ahead (the
-        position counts only the batches handed out, so a resume never skips a prefetched one)."""
+        position counts only the batches handed out, so a resume never skips a prefetched one), taking the row
+        groups in the order the batches first use them from ``iter_row_groups`` (the next one already reading)."""
         batches = self.plan(self.epoch)
+        self._cache.clear()
+        self._read_order = list(dict.fromkeys(g for batch in batches[self.step :] for seq in batch for g, _ in seq))
+        self._next_read = 0
+        self._reads = iter_row_groups(
+            ((self._files[self.groups[g].shard], self.groups[g].row_group) for g in self._read_order),
+            (self.aux_codec, self.last_codec))
+        try:
+            yield from self._batches(batches)
+        finally:
+            self._reads.close()
+            self._reads = None
+
+    def _batches(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
         with ThreadPoolExecutor(1, thread_name_prefix="feature-reader") as reader:
             ahead: deque[Future[dict[str, torch.Tensor]]] = deque()
             queued = self.step

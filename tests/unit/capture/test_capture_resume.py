@@ -22,15 +22,16 @@ from eagle3.data.parquet import shard_is_valid, shard_metadata
 class CountingBackend:
     """The real hf backend, counting the samples it forwards and optionally poisoning some with NaN."""
 
-    def __init__(self, inner: HFBackend, poison: set[int] | None = None) -> None:
+    def __init__(self, inner: HFBackend, poison: set[int] | None = None, value: float = float("nan")) -> None:
         self.inner, self.hidden_size, self.poison, self.seen = inner, inner.hidden_size, poison or set(), 0
+        self.value = value
 
     def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.seen += len(batch_ids)
         for ids, (aux, last) in zip(batch_ids, self.inner.forward(batch_ids), strict=True):
             if len(ids) in self.poison:
                 aux = aux.clone()
-                aux[0, 0] = float("nan")
+                aux[-1, -1] = self.value
             yield aux, last
 
 
@@ -149,13 +150,14 @@ def test_truncate_policy_cuts_rows_and_records_it(make_config, regen_shard, hf_b
     assert shard_metadata(result["path"])["truncation"] == "truncate"
 
 
-def test_non_finite_states_are_quarantined_not_written(make_config, regen_shard, hf_backend, tmp_path):
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_states_are_quarantined_not_written(make_config, regen_shard, hf_backend, tmp_path, value):
     config = make_config("capture.aux_layers=[2,4,5]")
     samples = read_regen_shard(regen_shard)
     bad_len = len(samples[0].input_ids)
     bad = {s.sample_id for s in samples if len(s.input_ids) == bad_len}
     result = capture_shard(config, regen_shard, tmp_path / "features" / "fp",
-                           backend=CountingBackend(hf_backend, poison={bad_len}))
+                           backend=CountingBackend(hf_backend, poison={bad_len}, value=value))
     _, quarantine, _ = output_paths(tmp_path / "features" / "fp", 3)
     q = pq.read_table(quarantine).to_pylist()
     assert {r["sample_id"] for r in q} == bad and {r["reason"] for r in q} == {"non_finite"}
@@ -188,3 +190,32 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     again = capture_shard(config, regen_shard, out_dir, backend=backend)
     assert again["skipped"] is True and backend.seen == 0 and not parts.exists()
     assert finalize_features(config, out_dir, [3]).exists()
+
+
+def test_a_failing_writer_stops_the_capture_and_keeps_the_parts_it_wrote(
+    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+):
+    from eagle3.capture import writer
+
+    config = make_config("capture.batch_tokens=300", "capture.aux_layers=[2,4,5]")
+    out_dir = tmp_path / "features" / "fp"
+    real_write, calls = writer._write_part, []
+
+    def disk_full_on_the_second_part(path, table, footer):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_write(path, table, footer)
+
+    monkeypatch.setattr(writer, "_write_part", disk_full_on_the_second_part)
+    with pytest.raises(RuntimeError, match=r"capture writer of shard 3 failed.*No space left"):
+        capture_shard(config, regen_shard, out_dir, backend=hf_backend)
+    shard, _, parts = output_paths(out_dir, 3)
+    assert not shard.exists() and not shard.with_name(shard.name + ".tmp").exists()
+    (kept,) = parts.glob("shard-*.part-*.parquet")
+    survived = len(_ids(kept))
+    monkeypatch.undo()
+    backend = CountingBackend(hf_backend)
+    result = capture_shard(config, regen_shard, out_dir, backend=backend)
+    assert backend.seen == 12 - survived  # the part written before the failure is kept, not redone
+    assert sorted(_ids(result["path"])) == sorted(s.sample_id for s in read_regen_shard(regen_shard))

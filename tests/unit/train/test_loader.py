@@ -11,7 +11,7 @@ import torch
 from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
-from eagle3.train.data import FeatureDataset
+from eagle3.train.data import FeatureDataset, iter_row_groups, open_features, read_row_group
 
 H = 8
 K = 4  # k of the fp8_topk shards
@@ -175,3 +175,18 @@ def test_max_seq_len_truncates_rows(tmp_path):
     paths = _write_shards(tmp_path, n_shards=1, rows=6)
     batch = next(iter(FeatureDataset(paths, batch_size=6, max_seq_len=3, shuffle=False)))
     assert batch["input_ids"].shape == (6, 3) and batch["attention_mask"].all()
+
+
+def test_row_groups_read_ahead_come_in_the_asked_order_and_equal_direct_reads(tmp_path):
+    files = [open_features(p) for p in _write_shards(tmp_path, n_shards=4, rows=5)]
+    codecs = column_codecs("raw", "bfloat16", H)
+    reads = [(files[i], rg) for i in (2, 0, 3, 1) for rg in range(files[i].num_row_groups)]
+    got = list(iter_row_groups(iter(reads), codecs, ahead=2))
+    assert len(got) == len(reads) >= 4
+    for (pf, rg), decoded in zip(reads, got, strict=True):
+        direct = read_row_group(pf, rg, codecs)
+        assert [t.tolist() for t in decoded.input_ids] == [t.tolist() for t in direct.input_ids]
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(decoded.aux, direct.aux, strict=True))
+    early = iter_row_groups(iter(reads), codecs)
+    next(early)
+    early.close()  # a consumer that stops early (end of training) does not wait on a dead read

@@ -1,0 +1,146 @@
+"""The capture's writer thread: part files, the streamed final shard, and the column codecs it writes with.
+
+The forward (``eagle3.capture.run``) hands each batch's encoded rows to ``PartWriter`` and goes on with the next
+batch; building the Arrow table, writing the part file and compressing into the final shard happen here, on one
+background thread. On a CPU target they share the cores with the forward; on a GPU target they use the CPU the
+forward leaves idle.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, feature_table
+from eagle3.config import PipelineConfig
+from eagle3.data.parquet import ShardWriter, write_table
+from eagle3.layout import shard_name
+from eagle3.runroot import atomic_path
+
+
+def parts_dir_name(index: int) -> str:
+    """The directory holding shard ``index``'s part files while it is captured."""
+    return f"parts-{index:05d}"
+
+
+def feature_compression(config: PipelineConfig) -> dict[str, str]:
+    """Parquet codec per feature column: ``capture.hidden_compression`` for the two state columns, zstd for the
+    small rest (ids and masks compress well and cost little to decode). Arrow's zstd level is 1, the cheapest that
+    keeps the ratio (BENCHMARKS.md, issue 15: levels 3 and 6 store the same bytes, 3x and 10x slower)."""
+    hidden = config.capture.hidden_compression
+    return {name: hidden if name in ("aux_hidden", "last_hidden") else "zstd" for name in FEATURE_SCHEMA.names}
+
+
+@dataclass
+class Batch:
+    """One forward batch for the writer: its part number, feature rows, quarantined rows and size."""
+
+    part: int
+    rows: list[dict]
+    quarantined: list[dict]
+    samples: int
+    tokens: int
+
+
+# Batches waiting for the writer: bounds the memory held (one batch's states each) and what a kill -9 can lose
+# (those plus the batch forwarding). 2 lets the forward run on while the writer compresses a batch.
+WRITE_AHEAD = 2
+
+
+class PartWriter:
+    """Writes the forward's batches on a background thread, so encoding, compression and disk stay off the
+    compute thread: per batch an atomic part file (+ quarantine part), then its rows streamed into the final
+    shard (``ShardWriter``, byte-sized row groups), which is compressed while the forward runs on.
+
+    The final shard is first fed the parts already on disk (a resumed run), in part order, so resumed and
+    uninterrupted runs write the same rows in the same order. ``finish`` writes the quarantine file, then renames
+    the shard, then deletes the parts (the order ``eagle3.capture.run._finished`` relies on). ``submit`` blocks while
+    ``WRITE_AHEAD`` batches wait (backpressure) and raises the writer's error, if it had one."""
+
+    def __init__(self, config: PipelineConfig, index: int, out_dir: Path, footer: dict[str, str],
+                 done_parts: list[Path], progress: Callable[[int, int], None] | None) -> None:
+        self.index, self.out_dir, self.footer, self.progress = index, out_dir, footer, progress
+        self._parts_dir = out_dir / parts_dir_name(index)
+        shard = out_dir / shard_name(index)
+        shard.with_name(shard.name + ".tmp").unlink(missing_ok=True)
+        self._shard = ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index,
+                                  row_group_bytes=config.capture.row_group_bytes, metadata=footer,
+                                  compression=feature_compression(config))
+        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=WRITE_AHEAD)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, args=(done_parts,), name=f"capture-writer-{index}",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        self._raise_error()
+        self._queue.put(batch)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"capture writer of shard {self.index} failed: {self._error}") from self._error
+
+    def _loop(self, done_parts: list[Path]) -> None:
+        try:
+            for part in done_parts:
+                self._shard.write_table(pq.read_table(part).cast(FEATURE_SCHEMA))
+            while (batch := self._queue.get()) is not None:
+                self._write(batch)
+        except BaseException as exc:  # handed to the compute thread by submit/finish
+            self._error = exc
+            while self._queue.get() is not None:  # keep taking batches so submit never blocks on a dead writer
+                pass
+
+    def _write(self, batch: Batch) -> None:
+        name = f"{self.index:05d}.part-{batch.part:05d}.parquet"
+        if batch.quarantined:  # written first: a kill between the two files only redoes this batch's good rows
+            q_table = pa.Table.from_pylist(batch.quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
+            write_table(self._parts_dir / f"quarantine-{name}", q_table, metadata=self.footer)
+        if batch.rows:
+            table = feature_table(batch.rows)
+            _write_part(self._parts_dir / f"shard-{name}", table, self.footer)
+            self._shard.write_table(table)
+        if self.progress is not None:  # reported once the batch is on disk: a resume keeps what was reported
+            self.progress(batch.samples, batch.tokens)
+
+    def _stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def abort(self) -> None:
+        """Stop after the batches already handed over (their parts stay, for the resume); drop the unfinished
+        shard."""
+        self._stop()
+        self._shard.abort()
+
+    def finish(self, pre_quarantined: list[dict]) -> dict[str, Any]:
+        """Quarantine file first (the rows quarantined before the forward, then every quarantine part), shard
+        second, parts last."""
+        self._stop()
+        if self._error is not None:
+            self._shard.abort()
+            self._raise_error()
+        quarantine = self.out_dir / shard_name(self.index, "quarantine")
+        quarantine_parts = sorted(self._parts_dir.glob(f"quarantine-{self.index:05d}.part-*.parquet"))
+        q_tables = [pa.Table.from_pylist(pre_quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)]
+        q_tables += [pq.read_table(p).cast(CAPTURE_QUARANTINE_SCHEMA) for p in quarantine_parts]
+        q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=self.footer)
+        (info,) = self._shard.close()
+        shutil.rmtree(self._parts_dir)
+        return {"shard_index": self.index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
+                "bytes": info.bytes}
+
+
+def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:
+    """A part file, atomically and uncompressed: it lives until the shard is finished, which compresses once."""
+    meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in footer.items()}}
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="none")
