@@ -140,9 +140,13 @@ def tiny() -> PipelineConfig:
 
 
 # The large recipes store features as fp8_topk (issue 15): fp8 aux states plus the target's top-256 next-token
-# distribution instead of the final state. Measured (BENCHMARKS.md): 0.318 of 8*H per token at Kimi's H after zstd
-# (fp8_all: 0.410, raw: 0.782) and accept length 0.986 of raw features on the tiny world (goals <= 0.40, >= 0.98).
-LARGE_FEATURES = ["capture.encoding=fp8_topk", "capture.topk=256"]
+# distribution instead of the final state, with lz4 on the state columns. Measured (BENCHMARKS.md, idle): 0.392 of
+# 8*H per token at Kimi's H with lz4 and 0.319 with zstd (fp8_all + zstd: 0.410, raw + zstd: 0.779); accept length
+# 0.986 of raw features on the tiny world (goals <= 0.40, >= 0.98). lz4 because it also reads faster than the
+# per-sample torch.save layout (1.14x at H 512, where the top-k column weighs as much as the aux states; fp8 states
+# with lz4 read 2.0-2.3x), while zstd reads 0.60x of it: at ~400 MB/s per core over ~23 KB per token that is about
+# 17K tokens/s per core at Kimi's H, a rate one GPU rank's training step may outrun (not measured: no GPU here).
+LARGE_FEATURES = ["capture.encoding=fp8_topk", "capture.topk=256", "capture.hidden_compression=lz4"]
 
 
 def llama3_8b() -> PipelineConfig:

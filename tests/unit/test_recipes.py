@@ -47,6 +47,12 @@ def test_kimi_is_a_deepseek_family_target_captured_across_gpus():
     assert load_recipe("llama3_8b").target.family == "llama"
 
 
+@pytest.mark.parametrize("name", ["kimi_k2_5", "llama3_8b"])
+def test_large_recipes_store_the_compact_features_that_met_the_storage_goals(name):
+    capture = load_recipe(name).capture
+    assert (capture.encoding, capture.topk, capture.hidden_compression) == ("fp8_topk", 256, "lz4")
+
+
 def test_kimi_refuses_aux_layers_sglang_would_serve_verbatim():
     """[3, 30, 58] exports as [2, 29, 57]; SGLang's DeepSeek path adds 1 only when the first id is 1, so it would
     capture layers [2, 29, 57], not the trained [3, 30, 58]."""
