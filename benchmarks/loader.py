@@ -31,6 +31,7 @@ from torch import nn
 
 from eagle3.capture.encoding import column_codecs
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
+from eagle3.capture.writer import feature_compression
 from eagle3.data.parquet import ShardWriter
 from eagle3.integrity import damaged_files
 from eagle3.runroot import FileEntry, Manifest
@@ -44,7 +45,7 @@ def write_features(out: Path, rows: int, hidden: int, *, encoding: str, codec: s
                            layer_ids=[2, 4, 5], dtype="bfloat16", encoding=encoding, chat_template_hash="-",
                            system_prompt_policy="keep", truncation="quarantine", max_seq_len=4096,
                            features_fingerprint="bench")
-    compression = {n: codec if n in ("aux_hidden", "last_hidden") else "zstd" for n in FEATURE_SCHEMA.names}
+    compression = feature_compression(codec)
     with ShardWriter(out, FEATURE_SCHEMA, rows_per_shard=max(rows // 2, 1), row_group_bytes=16 * 2**20,
                      metadata=meta, compression=compression) as writer:
         for i in range(rows):

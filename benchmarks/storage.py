@@ -49,6 +49,7 @@ from eagle3.capture.head import target_topk
 from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table
+from eagle3.capture.writer import feature_compression
 from eagle3.data.parquet import ShardWriter, shard_metadata
 from eagle3.train.data import iter_row_groups, open_features
 
@@ -84,7 +85,7 @@ def transcode(raw: Path, out: Path, encoding: str, codec: str, hidden: int, row_
         row["aux_hidden"] = aux_codec.encode(a)
         row["last_hidden"] = (last_codec.encode(*target_topk(b, lm_head, topk)) if isinstance(last_codec, TopKCodec)
                               else last_codec.encode(b))
-    compression = {n: codec if n in ("aux_hidden", "last_hidden") else "zstd" for n in FEATURE_SCHEMA.names}
+    compression = feature_compression(codec)
     meta = {**shard_metadata(raw), "encoding": encoding, **({"topk": str(topk)} if encoding == "fp8_topk" else {})}
     with ShardWriter(out, FEATURE_SCHEMA, row_group_bytes=row_group_bytes, metadata=meta,
                      compression=compression) as writer:

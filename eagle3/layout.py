@@ -67,6 +67,11 @@ def shard_name(index: int, kind: str = "shard") -> str:
     return f"{kind}-{index:05d}.parquet"
 
 
+def parts_dir_name(index: int) -> str:
+    """``parts-00003``: the directory holding shard ``index``'s capture part files while it is captured."""
+    return f"parts-{index:05d}"
+
+
 def shard_index(path: Path | str, kind: str = "shard") -> int | None:
     """The index of a ``<kind>-NNNNN.parquet`` file name, None for any other name."""
     match = _SHARD_RE.match(Path(path).name)

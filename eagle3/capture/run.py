@@ -49,11 +49,11 @@ from eagle3.capture.schema import (
     REASON_TOO_LONG,
     footer_metadata,
 )
-from eagle3.capture.writer import Batch, PartWriter, parts_dir_name
+from eagle3.capture.writer import Batch, PartWriter
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, open_shard, shard_metadata
 from eagle3.integrity import verify_files
-from eagle3.layout import SHARD_GLOB, shard_index, shard_name
+from eagle3.layout import SHARD_GLOB, parts_dir_name, shard_index, shard_name
 from eagle3.runroot import FileEntry, Manifest, fingerprint
 
 logger = logging.getLogger(__name__)

@@ -22,20 +22,14 @@ import pyarrow.parquet as pq
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, feature_table
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardWriter, write_table
-from eagle3.layout import shard_name
+from eagle3.layout import parts_dir_name, shard_name
 from eagle3.runroot import atomic_path
 
 
-def parts_dir_name(index: int) -> str:
-    """The directory holding shard ``index``'s part files while it is captured."""
-    return f"parts-{index:05d}"
-
-
-def feature_compression(config: PipelineConfig) -> dict[str, str]:
-    """Parquet codec per feature column: ``capture.hidden_compression`` for the two state columns, zstd for the
-    small rest (ids and masks compress well and cost little to decode). Arrow's zstd level is 1, the cheapest that
-    keeps the ratio (BENCHMARKS.md, issue 15: levels 3 and 6 store the same bytes, 3x and 10x slower)."""
-    hidden = config.capture.hidden_compression
+def feature_compression(hidden: str) -> dict[str, str]:
+    """Parquet codec per feature column: ``hidden`` (``capture.hidden_compression``) for the two state columns, zstd
+    for the small rest (ids and masks compress well and cost little to decode). Arrow's zstd level is 1, the cheapest
+    that keeps the ratio (BENCHMARKS.md, issue 15: levels 3 and 6 store the same bytes, 3x and 10x slower)."""
     return {name: hidden if name in ("aux_hidden", "last_hidden") else "zstd" for name in FEATURE_SCHEMA.names}
 
 
@@ -73,7 +67,7 @@ class PartWriter:
         shard.with_name(shard.name + ".tmp").unlink(missing_ok=True)
         self._shard = ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index,
                                   row_group_bytes=config.capture.row_group_bytes, metadata=footer,
-                                  compression=feature_compression(config))
+                                  compression=feature_compression(config.capture.hidden_compression))
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=WRITE_AHEAD)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, args=(done_parts,), name=f"capture-writer-{index}",
