@@ -59,8 +59,8 @@ CODECS = ("none", "lz4", "zstd")
 
 def read_ours(path: Path, codecs: tuple[ColumnCodec, FinalCodec], *, decode: bool) -> int:
     """Every row as tensors, opened and read as the loader does (``open_features``, ``iter_row_groups``)."""
-    pf, tokens = open_features(path), 0
-    for decoded in iter_row_groups(((pf, rg) for rg in range(pf.num_row_groups)), codecs):
+    file, tokens = open_features(path), 0
+    for decoded in iter_row_groups(((file, rg) for rg in range(file.num_row_groups)), codecs):
         aux, last = decoded.aux, decoded.last
         assert len(aux) == len(last)
         if decode:

@@ -158,13 +158,10 @@ def write_table(path: Path, table: pa.Table, *, metadata: Mapping[str, str] | No
     return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path))
 
 
-def open_shard(
-    path: Path, *, schema: pa.Schema | None = None, memory_map: bool = False, pre_buffer: bool = False
-) -> pq.ParquetFile:
-    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``.
-    ``memory_map``/``pre_buffer`` are pyarrow's read options (the training loader's fast reads use both)."""
+def open_shard(path: Path, *, schema: pa.Schema | None = None) -> pq.ParquetFile:
+    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``."""
     try:
-        pf = pq.ParquetFile(path, memory_map=memory_map, pre_buffer=pre_buffer)
+        pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ShardError(f"{path}: unreadable Parquet footer ({exc}); delete it so the stage rebuilds it") from exc
     if schema is not None:

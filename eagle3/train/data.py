@@ -85,8 +85,33 @@ class Decoded:
 READ_COLUMNS = ["input_ids", "loss_mask", "aux_hidden", "last_hidden"]
 
 
+@dataclass(frozen=True)
+class FeatureFile:
+    """A validated feature shard: its path and parsed footer. Every read opens its own handle on them
+    (``handle``): a ``pq.ParquetFile`` read with ``pre_buffer`` swaps a read cache that a read on another thread
+    may still be using (apache/arrow PARQUET-2316), which fails as "ReadRangeCache did not find matching cache
+    entry" or crashes the process; a handle on the already-parsed footer costs one ``mmap``."""
+
+    path: Path
+    metadata: pq.FileMetaData
+
+    @property
+    def num_row_groups(self) -> int:
+        return self.metadata.num_row_groups
+
+    def handle(self) -> pq.ParquetFile:
+        """Opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and each row
+        group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
+        uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
+        place, so a mapping stays valid while training (and ``verify_files`` checked them before they are opened)."""
+        return pq.ParquetFile(self.path, metadata=self.metadata, memory_map=True, pre_buffer=True)
+
+    def read_column(self, row_group: int, column: str) -> list[Any]:
+        return self.handle().read_row_group(row_group, columns=[column]).column(0).to_pylist()
+
+
 def iter_row_groups(
-    reads: Iterable[tuple[pq.ParquetFile, int]], codecs: tuple[ColumnCodec, FinalCodec], *, ahead: int = 1
+    reads: Iterable[tuple[FeatureFile, int]], codecs: tuple[ColumnCodec, FinalCodec], *, ahead: int = 1
 ) -> Iterator[Decoded]:
     """``read_row_group`` over ``(file, row group)`` pairs in order, with ``ahead`` row groups beyond the one asked
     for already reading on their own threads: the decompression of one row group uses ~1.3 cores at most (the aux
@@ -96,8 +121,8 @@ def iter_row_groups(
     with ThreadPoolExecutor(ahead + 1, thread_name_prefix="row-group-reader") as pool:
         try:
             while True:
-                for pf, rg in itertools.islice(todo, ahead + 1 - len(pending)):
-                    pending.append(pool.submit(read_row_group, pf, rg, codecs))
+                for file, rg in itertools.islice(todo, ahead + 1 - len(pending)):
+                    pending.append(pool.submit(read_row_group, file, rg, codecs))
                 if not pending:
                     return
                 yield pending.popleft().result()
@@ -106,18 +131,15 @@ def iter_row_groups(
                 future.cancel()
 
 
-def open_features(path: Path) -> pq.ParquetFile:
-    """A feature shard opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and
-    each row group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
-    uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
-    place, so the mapping stays valid while training (and ``verify_files`` checked them before they are opened)."""
-    return open_shard(path, schema=FEATURE_SCHEMA, memory_map=True, pre_buffer=True)
+def open_features(path: Path) -> FeatureFile:
+    """A feature shard's footer, checked to hold every feature column (``ShardError`` names the file if not)."""
+    return FeatureFile(path, open_shard(path, schema=FEATURE_SCHEMA).metadata)
 
 
-def read_row_group(pf: pq.ParquetFile, row_group: int, codecs: tuple[ColumnCodec, FinalCodec]) -> Decoded:
-    """Read and decompress one row group, columns in parallel on Arrow's pool (the decompression releases the
-    GIL), and view its rows as tensors in the stored form."""
-    table = pf.read_row_group(row_group, columns=READ_COLUMNS, use_threads=True)
+def read_row_group(file: FeatureFile, row_group: int, codecs: tuple[ColumnCodec, FinalCodec]) -> Decoded:
+    """Read and decompress one row group on a handle of its own, columns in parallel on Arrow's pool (the
+    decompression releases the GIL), and view its rows as tensors in the stored form."""
+    table = file.handle().read_row_group(row_group, columns=READ_COLUMNS, use_threads=True)
     return Decoded(
         input_ids=_list_column(table.column("input_ids"), torch.int64),
         loss_mask=_list_column(table.column("loss_mask"), torch.bool),
@@ -180,7 +202,7 @@ class FeatureDataset(IterableDataset):
         verify_files(self.paths, rebuild="eagle3 capture")  # before any byte is trained on (eagle3.integrity)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
-        self._files: list[pq.ParquetFile] = []
+        self._files: list[FeatureFile] = []
         self.groups: list[RowGroup] = []
         self.dtype, self.hidden_size, (self.aux_codec, self.last_codec) = self._scan()
         self.hidden_dtype = hidden_dtype or TORCH_DTYPES[self.dtype]
@@ -199,15 +221,15 @@ class FeatureDataset(IterableDataset):
         """Open every shard (footer + schema validated), read row counts and lengths per row group."""
         dtypes, hidden, codecs = set(), set(), set()
         for s, path in enumerate(self.paths):
-            pf = open_features(path)
-            meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
+            file = open_features(path)
+            meta = {k.decode(): v.decode() for k, v in (file.metadata.metadata or {}).items() if k != b"ARROW:schema"}
             check_footer(meta, path=path)
             dtypes.add(meta["dtype"])
             hidden.add(int(meta["hidden_size"]))
             codecs.add(footer_codecs(meta))
-            self._files.append(pf)
-            for rg in range(pf.num_row_groups):
-                lengths = pf.read_row_group(rg, columns=["seq_len"]).column(0).to_pylist()
+            self._files.append(file)
+            for rg in range(file.num_row_groups):
+                lengths = file.read_column(rg, "seq_len")
                 if lengths:
                     self.groups.append(RowGroup(s, rg, tuple(lengths)))
         if len(dtypes) > 1 or len(hidden) > 1 or len(codecs) > 1:
@@ -386,7 +408,7 @@ class FeatureDataset(IterableDataset):
         for seq in self._last:
             for g, r in seq:
                 group = self.groups[g]
-                ids = self._files[group.shard].read_row_group(group.row_group, columns=["sample_id"]).column(0)
+                ids = self._files[group.shard].read_column(group.row_group, "sample_id")
                 where.setdefault(self.paths[group.shard], []).append(str(ids[r]))
         return "; ".join(f"{path} samples {ids}" for path, ids in where.items()) or "no batch yet"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,7 +29,8 @@ def _topk(k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_group=4, seed=0, encoding="raw"):
-    """Feature shards whose sample k has input_ids k, k+1, ... and states that encode k (row groups of ~4 rows)."""
+    """Feature shards whose sample k has input_ids k, k+1, ... and states that encode k (row groups of
+    ``rows_per_group`` rows)."""
     rng = random.Random(seed)
     aux_codec, last_codec = column_codecs(encoding, dtype, H, topk=K)
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
@@ -47,10 +49,10 @@ def _write_shards(out_dir, *, n_shards=3, rows=20, dtype="bfloat16", rows_per_gr
                                "loss_mask": [i % 2 for i in range(n)], "seq_len": n,
                                "aux_hidden": aux_codec.encode(aux), "last_hidden": last})
             k += 1
-        one_row = feature_table(table_rows[:1]).nbytes
-        with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=s, row_group_bytes=one_row * rows_per_group - 1,
+        with ShardWriter(out_dir, FEATURE_SCHEMA, start_index=s, row_group_bytes=1,
                          metadata=meta) as writer:
-            writer.write_table(feature_table(table_rows))
+            for at in range(0, rows, rows_per_group):  # row_group_bytes=1: every write is one row group
+                writer.write_table(feature_table(table_rows[at : at + rows_per_group]))
             paths += [i.path for i in writer.close()]
     return paths
 
@@ -177,14 +179,32 @@ def test_max_seq_len_truncates_rows(tmp_path):
     assert batch["input_ids"].shape == (6, 3) and batch["attention_mask"].all()
 
 
+def test_one_shard_read_from_many_threads_at_once_gives_every_row_group_intact(tmp_path):
+    """The read-ahead threads and the collating thread read row groups of one shard at the same time; a shared
+    pre-buffered ``pq.ParquetFile`` fails that way ("ReadRangeCache did not find matching cache entry", or a
+    crash of the whole process: the night's gate died of SIGSEGV), so each read must use its own handle."""
+    (path,) = _write_shards(tmp_path, n_shards=1, rows=48, rows_per_group=1)
+    file, codecs = open_features(path), column_codecs("raw", "bfloat16", H)
+    groups = range(file.num_row_groups)
+    want = [[t.tolist() for t in read_row_group(file, rg, codecs).input_ids] for rg in groups]
+    assert len(want) >= 24
+
+    def read(rg: int) -> list[list[int]]:
+        return [t.tolist() for t in read_row_group(file, rg, codecs).input_ids]
+
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(30):
+            assert list(pool.map(read, groups)) == want
+
+
 def test_row_groups_read_ahead_come_in_the_asked_order_and_equal_direct_reads(tmp_path):
     files = [open_features(p) for p in _write_shards(tmp_path, n_shards=4, rows=5)]
     codecs = column_codecs("raw", "bfloat16", H)
     reads = [(files[i], rg) for i in (2, 0, 3, 1) for rg in range(files[i].num_row_groups)]
     got = list(iter_row_groups(iter(reads), codecs, ahead=2))
     assert len(got) == len(reads) >= 4
-    for (pf, rg), decoded in zip(reads, got, strict=True):
-        direct = read_row_group(pf, rg, codecs)
+    for (file, rg), decoded in zip(reads, got, strict=True):
+        direct = read_row_group(file, rg, codecs)
         assert [t.tolist() for t in decoded.input_ids] == [t.tolist() for t in direct.input_ids]
         assert all(torch.equal(a, b) for (a, _), (b, _) in zip(decoded.aux, direct.aux, strict=True))
     early = iter_row_groups(iter(reads), codecs)
