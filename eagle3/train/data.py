@@ -19,6 +19,10 @@ Design choices:
   states for a CPU consumer, converted during the copy.
 * Reading, decompressing and collating run on one background thread, ``prefetch`` batches ahead of the consumer
   (Arrow's decompression and torch's copies release the GIL), so the training step does not wait for the disk.
+  When the consumer computes on this CPU (``device="cpu"``) those threads run at the lowest CPU priority and
+  Arrow decodes on them rather than on its own pool (``background_reads``): they fill the gaps of a step that keeps
+  every core busy instead of preempting its intra-op threads (a step of two parallel threads waits for the slower
+  one, so a reader taking a core costs the step about twice its own CPU: loader/in-memory 1.17 -> BENCHMARKS.md).
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """
@@ -28,6 +32,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import sys
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -110,19 +116,29 @@ class FeatureFile:
         return self.handle().read_row_group(row_group, columns=[column]).column(0).to_pylist()
 
 
+def background_reads() -> None:
+    """Run the calling thread at the lowest CPU priority (Linux: the nice value is per thread; elsewhere it would
+    be the whole process's, so nothing changes there): the loader's threads for a consumer on this CPU."""
+    if sys.platform == "linux":
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+
+
 def iter_row_groups(
-    reads: Iterable[tuple[FeatureFile, int]], codecs: tuple[ColumnCodec, FinalCodec], *, ahead: int = 1
+    reads: Iterable[tuple[FeatureFile, int]], codecs: tuple[ColumnCodec, FinalCodec], *, ahead: int = 1,
+    background: bool = False,
 ) -> Iterator[Decoded]:
     """``read_row_group`` over ``(file, row group)`` pairs in order, with ``ahead`` row groups beyond the one asked
     for already reading on their own threads: the decompression of one row group uses ~1.3 cores at most (the aux
-    column is 3/4 of the bytes), so reading two at once is what keeps two cores decompressing."""
+    column is 3/4 of the bytes), so reading two at once is what keeps two cores decompressing. ``background``:
+    the reading threads yield to the compute of this process (``background_reads``; Arrow decodes on them)."""
     pending: deque[Future[Decoded]] = deque()
     todo = iter(reads)
-    with ThreadPoolExecutor(ahead + 1, thread_name_prefix="row-group-reader") as pool:
+    init = background_reads if background else None
+    with ThreadPoolExecutor(ahead + 1, thread_name_prefix="row-group-reader", initializer=init) as pool:
         try:
             while True:
                 for file, rg in itertools.islice(todo, ahead + 1 - len(pending)):
-                    pending.append(pool.submit(read_row_group, file, rg, codecs))
+                    pending.append(pool.submit(read_row_group, file, rg, codecs, arrow_threads=not background))
                 if not pending:
                     return
                 yield pending.popleft().result()
@@ -136,10 +152,13 @@ def open_features(path: Path) -> FeatureFile:
     return FeatureFile(path, open_shard(path, schema=FEATURE_SCHEMA).metadata)
 
 
-def read_row_group(file: FeatureFile, row_group: int, codecs: tuple[ColumnCodec, FinalCodec]) -> Decoded:
-    """Read and decompress one row group on a handle of its own, columns in parallel on Arrow's pool (the
-    decompression releases the GIL), and view its rows as tensors in the stored form."""
-    table = file.handle().read_row_group(row_group, columns=READ_COLUMNS, use_threads=True)
+def read_row_group(
+    file: FeatureFile, row_group: int, codecs: tuple[ColumnCodec, FinalCodec], *, arrow_threads: bool = True
+) -> Decoded:
+    """Read and decompress one row group on a handle of its own, and view its rows as tensors in the stored form.
+    ``arrow_threads``: columns in parallel on Arrow's pool (the decompression releases the GIL); else all on the
+    calling thread."""
+    table = file.handle().read_row_group(row_group, columns=READ_COLUMNS, use_threads=arrow_threads)
     return Decoded(
         input_ids=_list_column(table.column("input_ids"), torch.int64),
         loss_mask=_list_column(table.column("loss_mask"), torch.bool),
@@ -207,6 +226,7 @@ class FeatureDataset(IterableDataset):
         self.dtype, self.hidden_size, (self.aux_codec, self.last_codec) = self._scan()
         self.hidden_dtype = hidden_dtype or TORCH_DTYPES[self.dtype]
         self.device, self.prefetch = torch.device(device), prefetch
+        self._background = self.device.type == "cpu"  # the consumer computes on this CPU: reads yield to it
         self.epoch, self.step = 0, 0
         self._plans: dict[int, list[Batch]] = {}
         self._cache: OrderedDict[int, Decoded] = OrderedDict()
@@ -302,7 +322,8 @@ class FeatureDataset(IterableDataset):
         if self._reads is not None and self._read_order[self._next_read : self._next_read + 1] == [g]:
             decoded, self._next_read = next(self._reads), self._next_read + 1
         else:  # not the epoch's next row group (never the case while iterating): read it alone
-            decoded = read_row_group(self._files[group.shard], group.row_group, (self.aux_codec, self.last_codec))
+            decoded = read_row_group(self._files[group.shard], group.row_group, (self.aux_codec, self.last_codec),
+                                     arrow_threads=not self._background)
         if len(decoded.aux) != len(group.lengths):
             raise ValueError(f"{self.paths[group.shard]} changed while training (row group {group.row_group})")
         self._cache[g] = decoded
@@ -377,7 +398,7 @@ class FeatureDataset(IterableDataset):
         self._next_read = 0
         self._reads = iter_row_groups(
             ((self._files[self.groups[g].shard], self.groups[g].row_group) for g in self._read_order),
-            (self.aux_codec, self.last_codec))
+            (self.aux_codec, self.last_codec), background=self._background)
         try:
             yield from self._batches(batches)
         finally:
@@ -385,7 +406,8 @@ class FeatureDataset(IterableDataset):
             self._reads = None
 
     def _batches(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
-        with ThreadPoolExecutor(1, thread_name_prefix="feature-reader") as reader:
+        init = background_reads if self._background else None
+        with ThreadPoolExecutor(1, thread_name_prefix="feature-reader", initializer=init) as reader:
             ahead: deque[Future[dict[str, torch.Tensor]]] = deque()
             queued = self.step
             try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
@@ -210,3 +212,34 @@ def test_row_groups_read_ahead_come_in_the_asked_order_and_equal_direct_reads(tm
     early = iter_row_groups(iter(reads), codecs)
     next(early)
     early.close()  # a consumer that stops early (end of training) does not wait on a dead read
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_a_cpu_consumer_gets_reads_and_collates_from_lowest_priority_threads_and_keeps_its_own(tmp_path, monkeypatch):
+    """A CPU training step keeps every core busy: the loader's threads must yield to it (nice 19, Arrow decoding
+    on them, not on its own pool), and the consumer's thread keeps its priority."""
+    import eagle3.train.data as data
+
+    seen: list[tuple[int, bool, str]] = []
+    read, collate = data.read_row_group, FeatureDataset._collate
+
+    def spy_read(*args, arrow_threads=True):
+        seen.append((os.getpriority(os.PRIO_PROCESS, 0), arrow_threads, "read"))
+        return read(*args, arrow_threads=arrow_threads)
+
+    def spy_collate(self, seqs):
+        seen.append((os.getpriority(os.PRIO_PROCESS, 0), False, "collate"))
+        return collate(self, seqs)
+
+    monkeypatch.setattr(data, "read_row_group", spy_read)
+    monkeypatch.setattr(FeatureDataset, "_collate", spy_collate)
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    batches = list(FeatureDataset(_write_shards(tmp_path), batch_size=4, hidden_dtype=torch.float32))
+    assert len(batches) == 15
+    assert {kind for *_, kind in seen} == {"read", "collate"}
+    assert all(nice == 19 and not threads for nice, threads, _ in seen)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+    seen.clear()
+    for file, rg in [(open_features(p), 0) for p in _write_shards(tmp_path / "b")]:
+        list(iter_row_groups([(file, rg)], column_codecs("raw", "bfloat16", H)))  # not for a CPU step: Arrow's pool
+    assert seen and all(nice == mine and threads for nice, threads, _ in seen)
