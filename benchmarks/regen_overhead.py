@@ -12,7 +12,14 @@ completion tokens over its wall time from start to exit; the command's time to i
 journal line) is its fixed cost. Prints per arm the median and range over the rounds, and the per-round ratios to
 the bare client. Also the server's own scaling: bare tok/s at concurrency 1 vs the benchmark's concurrency.
 
-    python benchmarks/regen_overhead.py [--quick] [--rounds 3]
+``--specforge DIR`` adds SpecForge's ``regenerate_train_data.py`` (from a SpecForge checkout's ``scripts/``
+folder; it needs the ``openai`` and ``tqdm`` packages in this interpreter) as a fifth arm: the peer's regen command
+in a fresh process, the same prompts as ShareGPT JSONL through the server's ``/v1/chat/completions`` (the server
+applies the same chat template), the same concurrency and greedy length. It writes text, not token ids: its tokens
+are its answers re-tokenized, and the script-to-script comparison is by wall time on the same work
+(``wall_over_specforge``: the peer's wall / the arm's; > 1 is faster than the peer).
+
+    python benchmarks/regen_overhead.py [--quick] [--rounds 3] [--specforge ../SpecForge/scripts]
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from eagle3.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import reference_server
 from eagle3.stage import run_stage
 
-ARMS = ("bare", "library", "command", "command_reused")  # rotated every round
+ARMS = ("bare", "library", "command", "command_reused")  # rotated every round (plus "specforge" when given)
+COMMAND_ARMS = ("command", "command_reused")
 
 
 def build_target(out: Path) -> Path:
@@ -138,6 +146,25 @@ def command_tokens(config_path: Path, prompts_dir: Path, regen_dir: Path, env: d
     return int(manifest.stats["completion_tokens"])
 
 
+def specforge_tokens(script: Path, server_url: str, prompts: list[str], new: int, concurrency: int, tok,
+                     work: Path) -> int:  # fmt: skip
+    """Run SpecForge's regen script as its README does (a fresh process); its answers' tokens, re-tokenized."""
+    work.mkdir(parents=True)
+    source, out = work / "in.jsonl", work / "out.jsonl"
+    source.write_text("".join(json.dumps({"id": f"p{i}", "conversations": [{"role": "user", "content": text}]}) + "\n"
+                              for i, text in enumerate(prompts)))  # fmt: skip
+    cmd = [sys.executable, str(script), "--model", "bench", "--concurrency", str(concurrency), "--max-tokens",
+           str(new), "--temperature", "0.0", "--server-address", server_url.split("://", 1)[-1],
+           "--input-file-path", str(source), "--output-file-path", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    if done.returncode != 0 or len(rows) != len(prompts):
+        raise RuntimeError(f"SpecForge's script exited {done.returncode} with {len(rows)}/{len(prompts)} answers: "
+                           f"{done.stderr[-2000:]}")  # fmt: skip
+    answers = [row["conversations"][-1]["content"] for row in rows]
+    return sum(len(ids) for ids in tok(answers, add_special_tokens=False)["input_ids"])
+
+
 @contextmanager
 def running_prefect(env: dict[str, str]) -> Iterator[dict[str, str]]:
     """A Prefect API server started once, for the block (the command's own start-up policy, so the same app and
@@ -161,17 +188,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (>= 3 for a spread)")
+    parser.add_argument("--specforge", type=Path, help="a SpecForge checkout's scripts/ folder: adds its regen arm")
     args = parser.parse_args()
+    arms = ARMS + (("specforge",) if args.specforge else ())
     n, new = (48, 16) if args.quick else (args.prompts, args.max_new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = build_target(root / "model")
         prompts_dir = write_prompts(root, n, rows_per_shard=max(n // 4, 1))
         tok = load_tokenizer(str(model))  # the library arm starts with it loaded; the command arm loads its own
-        ids = [
-            render_prompt(tok, [{"role": "user", "content": f"question {i} about topic {i % 11}, please answer"}])
-            for i in range(n)
-        ]
+        texts = [f"question {i} about topic {i % 11}, please answer" for i in range(n)]
+        ids = [render_prompt(tok, [{"role": "user", "content": text}]) for text in texts]
         env = {**os.environ, "PREFECT_HOME": str(root / "prefect"), "PYTHONPATH": str(Path(__file__).parents[1])}
         env.pop("PREFECT_API_URL", None)
         extra = ["--max-running-requests", str(args.concurrency), "--num-threads", "1"]
@@ -189,6 +216,10 @@ def main() -> None:
             def arm(name: str, r: int) -> dict[str, float | None]:
                 if name == "bare":
                     return timed(lambda: asyncio.run(bare_client(server.url, ids, params, args.concurrency)), None)
+                if name == "specforge":
+                    script = args.specforge / "regenerate_train_data.py"
+                    return timed(lambda: specforge_tokens(script, server.url, texts, new, args.concurrency, tok,
+                                                          root / f"specforge-{r}"), None)  # fmt: skip
                 cfg = config(f"{name}-{r}")
                 regen_dir = regen_dir_for(cfg, prompts_dir)
                 if name == "library":
@@ -201,31 +232,37 @@ def main() -> None:
 
             rounds = []
             for r in range(args.rounds):
-                order = ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]
+                order = arms[r % len(arms) :] + arms[: r % len(arms)]
                 rounds.append({name: arm(name, r) for name in order})
                 print(json.dumps({"round": r, "order": order, **rounds[-1]}), flush=True)
             serial = timed(lambda: asyncio.run(bare_client(server.url, ids[: max(n // 4, 8)], params, 1)), None)
-    report_rounds(rounds, n, new, args.concurrency, serial["tok_s"] or 0.0)
+    report_rounds(rounds, arms, n, new, args.concurrency, serial["tok_s"] or 0.0)
 
 
-def report_rounds(rounds: list[dict[str, dict[str, float | None]]], n: int, new: int, concurrency: int,
-                  serial: float) -> None:  # fmt: skip
+def report_rounds(rounds: list[dict[str, dict[str, float | None]]], arms: tuple[str, ...], n: int, new: int,
+                  concurrency: int, serial: float) -> None:  # fmt: skip
     bare = [r["bare"]["tok_s"] or 0.0 for r in rounds]
     result = {
         "prompts": n, "max_new_tokens": new, "concurrency": concurrency, "rounds": len(rounds),
-        "tok_s": {arm: spread([r[arm]["tok_s"] or 0.0 for r in rounds]) for arm in ARMS},
+        "tok_s": {arm: spread([r[arm]["tok_s"] or 0.0 for r in rounds]) for arm in arms},
         "ratio_to_bare": {arm: spread([(r[arm]["tok_s"] or 0.0) / (r["bare"]["tok_s"] or 1.0) for r in rounds])
-                          for arm in ARMS[1:]},
+                          for arm in arms[1:]},
         "first_completion_s": {arm: spread([r[arm]["first_s"] or 0.0 for r in rounds]) for arm in ARMS[1:]},
-        "wall_s": {arm: spread([r[arm]["wall_s"] or 0.0 for r in rounds]) for arm in ARMS},
+        "wall_s": {arm: spread([r[arm]["wall_s"] or 0.0 for r in rounds]) for arm in arms},
         "server_tok_s_c1": round(serial, 1),
         "batching_gain": round(statistics.median(bare) / serial, 2) if serial else None,
     }  # fmt: skip
+    if "specforge" in arms:
+        result["wall_over_specforge"] = {arm: spread([(r["specforge"]["wall_s"] or 0.0) / (r[arm]["wall_s"] or 1.0)
+                                                      for r in rounds]) for arm in ("library", *COMMAND_ARMS)}
     print(json.dumps(result, indent=2))
     for arm, goal in (("library", 0.97), ("command", 0.90), ("command_reused", 0.90)):
         ratio = result["ratio_to_bare"][arm]
         print(f"regen {arm} / bare client = {ratio['median']:.3f} (range {ratio['min']:.3f}-{ratio['max']:.3f} over "
               f"{len(rounds)} rounds; goal >= {goal})")  # fmt: skip
+    for arm, ratio in result.get("wall_over_specforge", {}).items():
+        print(f"SpecForge's script wall / regen {arm} wall = {ratio['median']:.3f} (range {ratio['min']:.3f}-"
+              f"{ratio['max']:.3f}; > 1: faster than the peer's command)")  # fmt: skip
 
 
 if __name__ == "__main__":
