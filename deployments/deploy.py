@@ -47,7 +47,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.schedules import Cron
 
 if __package__ in (None, ""):  # `python deployments/deploy.py`: make the repo importable like the installed package
@@ -132,7 +132,10 @@ def build_deployments(
 
 
 def ensure_work_pools(names: Sequence[str]) -> None:
-    """Create each ``process`` work pool that does not exist yet (existing pools are left as they are)."""
+    """Create each ``process`` work pool that does not exist yet (existing pools are left as they are).
+
+    A worker started meanwhile (``prefect worker start --pool P --type process`` creates its pool) can create one
+    between the read and the create: that 409 means the pool exists, as wanted (seen in the e2e suite)."""
     from prefect.workers.process import ProcessWorker
 
     with get_client(sync_client=True) as client:
@@ -141,8 +144,11 @@ def ensure_work_pools(names: Sequence[str]) -> None:
                 client.read_work_pool(name)
             except ObjectNotFound:
                 template = ProcessWorker.get_default_base_job_template()
-                client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
-                logger.info("created process work pool %r", name)
+                try:
+                    client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
+                    logger.info("created process work pool %r", name)
+                except ObjectAlreadyExists:
+                    logger.info("process work pool %r was created meanwhile (a worker starting); kept", name)
 
 
 def ensure_server_limits(servers: Sequence[str]) -> list[str]:
@@ -155,8 +161,11 @@ def ensure_server_limits(servers: Sequence[str]) -> list[str]:
             try:
                 client.read_global_concurrency_limit_by_name(name)
             except ObjectNotFound:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-                logger.info("created global concurrency limit %r (1 shard at a time)", name)
+                try:  # another apply can create it between the read and the create
+                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+                    logger.info("created global concurrency limit %r (1 shard at a time)", name)
+                except ObjectAlreadyExists:
+                    logger.info("global concurrency limit %r was created meanwhile; kept", name)
     return names
 
 

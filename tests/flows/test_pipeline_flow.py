@@ -171,3 +171,34 @@ def test_each_configured_regen_server_gets_one_shard_slot_created_once(prefect_h
         ("regen-server-10-0-0-7-30000", 1),
         ("regen-server-10-0-0-8-30000", 1),
     ]
+
+
+def test_a_pool_or_slot_created_by_another_process_between_read_and_create_is_kept(prefect_harness, monkeypatch):
+    """``prefect worker start --pool P --type process`` creates its pool; started next to ``deploy.py apply`` it can
+    do so between apply's read and create (the e2e suite lost that race: 409 Conflict). Modelled here by a read
+    that misses an object another client then creates first."""
+    from prefect.client.orchestration import SyncPrefectClient, get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    from deployments.deploy import ensure_server_limits, ensure_work_pools
+
+    reads = {"read_work_pool": SyncPrefectClient.read_work_pool,
+             "read_global_concurrency_limit_by_name": SyncPrefectClient.read_global_concurrency_limit_by_name}
+
+    def racing(method: str, create):
+        def read(self, name):
+            with get_client(sync_client=True) as other:  # the other process wins the race
+                create(other, name)
+            monkeypatch.setattr(SyncPrefectClient, method, reads[method])
+            raise ObjectNotFound(http_exc=None)
+        monkeypatch.setattr(SyncPrefectClient, method, read)
+
+    racing("read_work_pool", lambda c, name: c.create_work_pool(WorkPoolCreate(name=name, type="process")))
+    ensure_work_pools(["raced-pool"])
+    racing("read_global_concurrency_limit_by_name",
+           lambda c, name: c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1)))
+    (name,) = ensure_server_limits(["http://10.0.0.9:30000"])
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool("raced-pool").type == "process"
+        assert client.read_global_concurrency_limit_by_name(name).limit == 1
