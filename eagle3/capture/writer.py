@@ -2,8 +2,10 @@
 
 The forward (``eagle3.capture.run``) hands each batch's encoded rows to ``PartWriter`` and goes on with the next
 batch; building the Arrow table, writing the part file and compressing into the final shard happen here, on one
-background thread. On a CPU target they share the cores with the forward; on a GPU target they use the CPU the
-forward leaves idle.
+background thread. On a CPU target they share the cores with the forward, so the thread runs at the lowest CPU
+priority (``eagle3.procs.yield_cpu``): it uses what the forward's threads leave idle instead of slowing all of them,
+and when it falls ``WRITE_AHEAD`` batches behind, the forward waits on it and frees the cores. On a GPU target it
+uses the CPU the forward leaves idle at normal priority.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, fea
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardWriter, write_table
 from eagle3.layout import parts_dir_name, shard_name
+from eagle3.procs import yield_cpu
 from eagle3.runroot import atomic_path
 
 
@@ -70,6 +73,7 @@ class PartWriter:
                                   compression=feature_compression(config.capture.hidden_compression))
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=WRITE_AHEAD)
         self._error: BaseException | None = None
+        self._background = config.capture.device == "cpu"  # the forward computes on this CPU: yield to it
         self._thread = threading.Thread(target=self._loop, args=(done_parts,), name=f"capture-writer-{index}",
                                         daemon=True)
         self._thread.start()
@@ -83,6 +87,8 @@ class PartWriter:
             raise RuntimeError(f"capture writer of shard {self.index} failed: {self._error}") from self._error
 
     def _loop(self, done_parts: list[Path]) -> None:
+        if self._background:
+            yield_cpu()
         try:
             for part in done_parts:
                 self._shard.write_table(pq.read_table(part).cast(FEATURE_SCHEMA))

@@ -20,9 +20,8 @@ Design choices:
 * Reading, decompressing and collating run on one background thread, ``prefetch`` batches ahead of the consumer
   (Arrow's decompression and torch's copies release the GIL), so the training step does not wait for the disk.
   When the consumer computes on this CPU (``device="cpu"``) those threads run at the lowest CPU priority and
-  Arrow decodes on them rather than on its own pool (``background_reads``): they fill the gaps of a step that keeps
-  every core busy instead of preempting its intra-op threads (a step of two parallel threads waits for the slower
-  one, so a reader taking a core costs the step about twice its own CPU: loader/in-memory 1.17 -> BENCHMARKS.md).
+  Arrow decodes on them rather than on its own pool: they fill the gaps of a step that keeps
+  every core busy instead of preempting its intra-op threads (``eagle3.procs.yield_cpu``; BENCHMARKS.md, issue 15).
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """
@@ -32,8 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import sys
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -62,6 +59,7 @@ from eagle3.capture.encoding import (
 from eagle3.capture.schema import FEATURE_SCHEMA, check_footer, footer_codecs
 from eagle3.data.parquet import open_shard
 from eagle3.integrity import verify_files
+from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
 
 logger = logging.getLogger(__name__)
@@ -116,13 +114,6 @@ class FeatureFile:
         return self.handle().read_row_group(row_group, columns=[column]).column(0).to_pylist()
 
 
-def background_reads() -> None:
-    """Run the calling thread at the lowest CPU priority (Linux: the nice value is per thread; elsewhere it would
-    be the whole process's, so nothing changes there): the loader's threads for a consumer on this CPU."""
-    if sys.platform == "linux":
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-
-
 def iter_row_groups(
     reads: Iterable[tuple[FeatureFile, int]], codecs: tuple[ColumnCodec, FinalCodec], *, ahead: int = 1,
     background: bool = False,
@@ -130,10 +121,10 @@ def iter_row_groups(
     """``read_row_group`` over ``(file, row group)`` pairs in order, with ``ahead`` row groups beyond the one asked
     for already reading on their own threads: the decompression of one row group uses ~1.3 cores at most (the aux
     column is 3/4 of the bytes), so reading two at once is what keeps two cores decompressing. ``background``:
-    the reading threads yield to the compute of this process (``background_reads``; Arrow decodes on them)."""
+    the reading threads yield to the compute of this process (``yield_cpu``; Arrow decodes on them)."""
     pending: deque[Future[Decoded]] = deque()
     todo = iter(reads)
-    init = background_reads if background else None
+    init = yield_cpu if background else None
     with ThreadPoolExecutor(ahead + 1, thread_name_prefix="row-group-reader", initializer=init) as pool:
         try:
             while True:
@@ -406,7 +397,7 @@ class FeatureDataset(IterableDataset):
             self._reads = None
 
     def _batches(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
-        init = background_reads if self._background else None
+        init = yield_cpu if self._background else None
         with ThreadPoolExecutor(1, thread_name_prefix="feature-reader", initializer=init) as reader:
             ahead: deque[Future[dict[str, torch.Tensor]]] = deque()
             queued = self.step

@@ -57,3 +57,21 @@ def test_free_port_is_bindable():
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_yield_cpu_lowers_only_the_calling_thread():
+    import threading
+
+    from eagle3.procs import yield_cpu
+
+    mine, seen = os.getpriority(os.PRIO_PROCESS, 0), []
+
+    def helper() -> None:
+        yield_cpu()
+        seen.append(os.getpriority(os.PRIO_PROCESS, 0))
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+    assert seen == [19] and os.getpriority(os.PRIO_PROCESS, 0) == mine

@@ -219,3 +219,24 @@ def test_a_failing_writer_stops_the_capture_and_keeps_the_parts_it_wrote(
     result = capture_shard(config, regen_shard, out_dir, backend=backend)
     assert backend.seen == 12 - survived  # the part written before the failure is kept, not redone
     assert sorted(_ids(result["path"])) == sorted(s.sample_id for s in read_regen_shard(regen_shard))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+@pytest.mark.parametrize(("device", "nice"), [("cpu", 19), ("cuda", 0)])
+def test_the_writer_yields_the_cpu_to_a_forward_on_the_cpu_only(make_config, regen_shard, hf_backend, tmp_path,
+                                                                  monkeypatch, device, nice):  # fmt: skip
+    """On a CPU target the writer's encode and compression share the cores with the forward: it runs at the lowest
+    priority there (and the forward's own thread keeps its priority); next to a GPU forward it keeps the normal one.
+    The backend is the CPU one either way: only the config's device is asked."""
+    from eagle3.capture.writer import PartWriter
+
+    seen: list[int] = []
+    write = PartWriter._write
+    monkeypatch.setattr(PartWriter, "_write", lambda self, batch: (seen.append(os.getpriority(os.PRIO_PROCESS, 0)),
+                                                                  write(self, batch))[1])  # fmt: skip
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    result = capture_shard(make_config("capture.aux_layers=[2,4,5]", f"capture.device={device}"), regen_shard,
+                           tmp_path / "features" / "fp", backend=hf_backend)  # fmt: skip
+    assert result["rows"] == 12 and seen
+    assert set(seen) == {max(nice, mine)}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine
