@@ -13,7 +13,7 @@ journal line) is its fixed cost. Prints per arm the median and range over the ro
 the bare client. Also the server's own scaling: bare tok/s at concurrency 1 vs the benchmark's concurrency.
 
 ``--specforge DIR`` adds SpecForge's ``regenerate_train_data.py`` (from a SpecForge checkout's ``scripts/``
-folder; it needs the ``openai`` and ``tqdm`` packages in this interpreter) as a fifth arm: the peer's regen command
+folder; it needs the ``openai`` client in this interpreter: ``uv pip install -e '.[peers]'``) as a fifth arm: the peer's regen command
 in a fresh process, the same prompts as ShareGPT JSONL through the server's ``/v1/chat/completions`` (the server
 applies the same chat template), the same concurrency and greedy length. It writes text, not token ids: its tokens
 are its answers re-tokenized, and the script-to-script comparison is by wall time on the same work
