@@ -352,6 +352,9 @@ class FeatureDataset(IterableDataset):
                 if self.pack:
                     out["position_ids"][i, at : at + n] = torch.arange(n)
                 at += n
+            for staged in (aux, aux_scale, last, last_scale):  # only the padding is zeroed, not the whole buffer
+                if staged is not None:
+                    staged[i, at:] = 0
         out = {k: v.to(self.device) for k, v in out.items()}
         out["aux_hidden"] = self._decode(aux, aux_scale)
         if isinstance(self.last_codec, TopKCodec):  # (ids, probs) staged in the (values, scales) slots
@@ -362,15 +365,17 @@ class FeatureDataset(IterableDataset):
         return out
 
     def _staged(self, codec: FinalCodec, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Zeroed padded buffers in the stored form (+ the fp8 scales, or the top-k's probabilities next to its
-        ids); raw states for a CPU consumer are converted to ``hidden_dtype`` by the copy itself."""
+        """Uninitialised padded buffers in the stored form (+ the fp8 scales, or the top-k's probabilities next to
+        its ids), zeroed by ``_collate`` past each row's tokens only (zeroing whole buffers first cost ~1.3 ms of
+        the reader's ~19 ms of CPU per batch); raw states for a CPU consumer are converted to ``hidden_dtype`` by
+        the copy itself."""
         if isinstance(codec, TopKCodec):
-            return (torch.zeros(b, width, codec.k, dtype=TOPK_ID_DTYPE),
-                    torch.zeros(b, width, codec.k, dtype=TOPK_PROB_DTYPE))
+            return (torch.empty(b, width, codec.k, dtype=TOPK_ID_DTYPE),
+                    torch.empty(b, width, codec.k, dtype=TOPK_PROB_DTYPE))
         if codec.fp8:
-            return torch.zeros(b, width, codec.width, dtype=FP8), torch.zeros(b, width, codec.segments)
+            return torch.empty(b, width, codec.width, dtype=FP8), torch.empty(b, width, codec.segments)
         dtype = self.hidden_dtype if self.device.type == "cpu" else TORCH_DTYPES[codec.dtype]
-        return torch.zeros(b, width, codec.width, dtype=dtype), None
+        return torch.empty(b, width, codec.width, dtype=dtype), None
 
     def _decode(self, values: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Move the stored form to ``device`` and decode it there (fp8 padding has scale 0: it decodes to 0)."""
