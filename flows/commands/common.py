@@ -230,15 +230,29 @@ def prefect_api(*, meanwhile: Callable[[], object] | None = None) -> Iterator[No
     running, reused), else a temporary server started for the block that never outlives this process.
 
     ``meanwhile`` (e.g. importing the flow's modules) runs while a temporary server starts: the two largest fixed
-    costs of a command overlap instead of adding up."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    costs of a command overlap instead of adding up.
+
+    On a temporary server flow runs send no heartbeats unless ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` is set.
+    Heartbeats let a long-lived server's zombie automation mark a dead run Crashed (``deployments/automations.py``);
+    a temporary server dies with the command, so no one is there to miss them. Yet Prefect sends them by default
+    (every 180 s), and every flow run's end then waits for its heartbeat thread's 1 s sleep to end
+    (``prefect.flow_engine._send_heartbeats``): 7 of a no-op night's ~20 s, over its ten flow runs."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
 
     if PREFECT_API_URL.value():
         if meanwhile is not None:
             meanwhile()
         yield
         return
-    with _temporary_server(meanwhile) as api_url, temporary_settings({PREFECT_API_URL: api_url}):
+    updates: dict[Any, Any] = {}
+    if "heartbeat_frequency" not in get_current_settings().flows.model_fields_set:
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    with _temporary_server(meanwhile) as api_url, temporary_settings({PREFECT_API_URL: api_url, **updates}):
         yield
 
 

@@ -185,6 +185,36 @@ def test_a_configured_prefect_api_is_reused_and_nothing_is_started(monkeypatch: 
         assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
 
 
+@pytest.mark.parametrize(("configured", "expected"), [(None, None), (60, 60)])
+def test_flow_runs_on_a_temporary_server_send_no_heartbeats_unless_configured(monkeypatch: pytest.MonkeyPatch,
+                                                                               configured, expected):  # fmt: skip
+    """Nothing watches a temporary server's heartbeats, and each flow run's end waits for Prefect's heartbeat
+    thread; a configured frequency is kept, and so is Prefect's default on a reused server."""
+    from contextlib import contextmanager, nullcontext
+
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    import flows.commands.common as common
+
+    @contextmanager
+    def started(meanwhile):
+        yield "http://127.0.0.1:9/api"
+
+    monkeypatch.setattr(common, "_temporary_server", started)
+    asked = temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: configured}) if configured else nullcontext()
+    with asked, temporary_settings({PREFECT_API_URL: None}), common.prefect_api():
+        assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
+        assert get_current_settings().flows.heartbeat_frequency == expected
+    prefect_default = get_current_settings().flows.heartbeat_frequency
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}), common.prefect_api():
+        assert get_current_settings().flows.heartbeat_frequency == prefect_default, "a reused server keeps it"
+
+
 _HOLD_A_TEMPORARY_API = """
 import time
 from prefect.settings import PREFECT_API_URL
