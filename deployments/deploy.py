@@ -37,8 +37,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -131,24 +132,32 @@ def build_deployments(
     ]
 
 
-def ensure_work_pools(names: Sequence[str]) -> None:
-    """Create each ``process`` work pool that does not exist yet (existing pools are left as they are).
+def _create_unless_present(read: Callable[[], object], create: Callable[[], object], what: str) -> None:
+    """Create ``what`` unless ``read`` finds it. Another process can create it between the read and the create (a
+    worker started meanwhile, ``prefect worker start --pool P --type process``, creates its pool; another
+    ``apply``): that 409 means it exists, as wanted (seen in the e2e suite)."""
+    try:
+        read()
+        return
+    except ObjectNotFound:
+        pass
+    try:
+        create()
+        logger.info("created %s", what)
+    except ObjectAlreadyExists:
+        logger.info("%s was created meanwhile by another process; kept", what)
 
-    A worker started meanwhile (``prefect worker start --pool P --type process`` creates its pool) can create one
-    between the read and the create: that 409 means the pool exists, as wanted (seen in the e2e suite)."""
+
+def ensure_work_pools(names: Sequence[str]) -> None:
+    """Create each ``process`` work pool that does not exist yet (existing pools are left as they are)."""
     from prefect.workers.process import ProcessWorker
 
+    template = ProcessWorker.get_default_base_job_template()
     with get_client(sync_client=True) as client:
         for name in dict.fromkeys(names):
-            try:
-                client.read_work_pool(name)
-            except ObjectNotFound:
-                template = ProcessWorker.get_default_base_job_template()
-                try:
-                    client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
-                    logger.info("created process work pool %r", name)
-                except ObjectAlreadyExists:
-                    logger.info("process work pool %r was created meanwhile (a worker starting); kept", name)
+            pool = WorkPoolCreate(name=name, type="process", base_job_template=template)
+            _create_unless_present(partial(client.read_work_pool, name), partial(client.create_work_pool, pool),
+                                   f"process work pool {name!r}")  # fmt: skip
 
 
 def ensure_server_limits(servers: Sequence[str]) -> list[str]:
@@ -158,14 +167,10 @@ def ensure_server_limits(servers: Sequence[str]) -> list[str]:
     names = server_limit_names(list(servers))
     with get_client(sync_client=True) as client:
         for name in names:
-            try:
-                client.read_global_concurrency_limit_by_name(name)
-            except ObjectNotFound:
-                try:  # another apply can create it between the read and the create
-                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-                    logger.info("created global concurrency limit %r (1 shard at a time)", name)
-                except ObjectAlreadyExists:
-                    logger.info("global concurrency limit %r was created meanwhile; kept", name)
+            limit = GlobalConcurrencyLimitCreate(name=name, limit=1)
+            _create_unless_present(partial(client.read_global_concurrency_limit_by_name, name),
+                                   partial(client.create_global_concurrency_limit, limit),
+                                   f"global concurrency limit {name!r} (1 shard at a time)")  # fmt: skip
     return names
 
 

@@ -20,8 +20,8 @@ Design choices:
 * Reading, decompressing and collating run on one background thread, ``prefetch`` batches ahead of the consumer
   (Arrow's decompression and torch's copies release the GIL), so the training step does not wait for the disk.
   When the consumer computes on this CPU (``device="cpu"``) those threads run at the lowest CPU priority and
-  Arrow decodes on them rather than on its own pool: they fill the gaps of a step that keeps
-  every core busy instead of preempting its intra-op threads (``eagle3.procs.yield_cpu``; BENCHMARKS.md, issue 15).
+  Arrow decodes on them rather than on its own pool: they fill the gaps of a step that keeps every core busy
+  instead of preempting its intra-op threads (``eagle3.procs.yield_cpu``; BENCHMARKS.md, issue 15).
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """
