@@ -9,15 +9,19 @@ a temporary Prefect API server, the flow, the tokenizer load: what a laptop user
 same with ``PREFECT_API_URL`` naming a server that is already running, started once by this script: what the
 README's cluster path and a nightly deployment get). Each arm's tok/s is its
 completion tokens over its wall time from start to exit; the command's time to its first completed sample (first
-journal line) is its fixed cost. Prints per arm the median and range over the rounds, and the per-round ratios to
-the bare client. Also the server's own scaling: bare tok/s at concurrency 1 vs the benchmark's concurrency.
+journal line) is its fixed cost. Each arm's CPU seconds are split by process: ``client`` (this process for the
+in-process arms; the command and the temporary Prefect server it started and stopped for the command arms),
+``server`` (the reference server) and ``prefect`` (the reused Prefect server): on 2 cores, what the client spends
+before its first request cannot overlap with the job. Prints per arm the median and range over the rounds, and the
+per-round ratios to the bare client. Also the server's own scaling: bare tok/s at concurrency 1 vs the benchmark's
+concurrency.
 
 ``--specforge DIR`` adds SpecForge's ``regenerate_train_data.py`` (from a SpecForge checkout's ``scripts/``
-folder; it needs the ``openai`` client in this interpreter: ``uv pip install -e '.[peers]'``) as a fifth arm: the peer's regen command
-in a fresh process, the same prompts as ShareGPT JSONL through the server's ``/v1/chat/completions`` (the server
-applies the same chat template), the same concurrency and greedy length. It writes text, not token ids: its tokens
-are its answers re-tokenized, and the script-to-script comparison is by wall time on the same work
-(``wall_over_specforge``: the peer's wall / the arm's; > 1 is faster than the peer).
+folder; it needs the ``openai`` client in this interpreter: ``uv pip install -e '.[peers]'``) as a fifth arm: the
+peer's regen command in a fresh process, the same prompts as ShareGPT JSONL through the server's
+``/v1/chat/completions`` (the server applies the same chat template), the same concurrency and greedy length. It
+writes text, not token ids: its tokens are its answers re-tokenized, and the script-to-script comparison is by wall
+time on the same work (``wall_over_specforge``: the peer's wall / the arm's; > 1 is faster than the peer).
 
     python benchmarks/regen_overhead.py [--quick] [--rounds 3] [--specforge ../SpecForge/scripts]
 """
@@ -28,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,6 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.data.parquet import ShardWriter
@@ -126,14 +132,31 @@ def first_completion(regen_dir: Path, start: float, stop: threading.Event) -> Ca
     return lambda: seen[0] if seen else None
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process and the children it has waited for (a command arm
+    and what that command waited for), by the reference server, and by the other live children (the reused Prefect
+    server)."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = {"client": own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime, "server": 0.0, "prefect": 0.0}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times, argv = child.cpu_times(), child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        used["server" if "eagle3.serve" in argv else "prefect"] += times.user + times.system
+    return used
+
+
 def timed(run: Callable[[], int], regen_dir: Path | None) -> dict[str, float | None]:
-    """tok/s of one arm (completion tokens over wall time) and, for the pipeline arms, its first completion."""
-    stop, start = threading.Event(), time.perf_counter()
+    """tok/s of one arm (completion tokens over wall time), its CPU seconds by process (``cpu_seconds``) and, for
+    the pipeline arms, its first completion."""
+    stop, start, cpu = threading.Event(), time.perf_counter(), cpu_seconds()
     first = first_completion(regen_dir, start, stop) if regen_dir is not None else (lambda: None)
     tokens = run()
     wall = time.perf_counter() - start
     stop.set()
-    return {"tok_s": tokens / wall, "wall_s": wall, "first_s": first()}
+    used = {f"cpu_{name}_s": seconds - cpu[name] for name, seconds in cpu_seconds().items()}
+    return {"tok_s": tokens / wall, "wall_s": wall, "first_s": first(), **used}
 
 
 def command_tokens(config_path: Path, prompts_dir: Path, regen_dir: Path, env: dict[str, str]) -> int:
@@ -166,14 +189,16 @@ def specforge_tokens(script: Path, server_url: str, prompts: list[str], new: int
 
 
 @contextmanager
-def running_prefect(env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A Prefect API server started once, for the block (the command's own start-up policy, so the same app and
-    database); yields ``env`` with ``PREFECT_API_URL`` naming it."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def running_prefect(env: dict[str, str], home: Path) -> Iterator[dict[str, str]]:
+    """A Prefect API server started once, for the block (the command's own start-up policy, so the same app), over
+    its own database under ``home`` (not this user's, nor the temporary servers'); yields ``env`` with
+    ``PREFECT_API_URL`` naming it. No telemetry, as for the commands (``flows.cli``)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 
     from flows.commands.common import prefect_api
 
-    with temporary_settings({PREFECT_API_URL: None}), prefect_api():
+    settings = {PREFECT_API_URL: None, PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    with temporary_settings(settings), prefect_api():
         yield {**env, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
 
 
@@ -201,8 +226,13 @@ def main() -> None:
         ids = [render_prompt(tok, [{"role": "user", "content": text}]) for text in texts]
         env = {**os.environ, "PREFECT_HOME": str(root / "prefect"), "PYTHONPATH": str(Path(__file__).parents[1])}
         env.pop("PREFECT_API_URL", None)
+        # The database a user's first command creates (Prefect's migrations: ~10 s of CPU), made before the rounds:
+        # every later command finds it, so no round's command arm pays it.
+        upgrade = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"]
+        subprocess.run(upgrade, env=env, check=True, capture_output=True)
         extra = ["--max-running-requests", str(args.concurrency), "--num-threads", "1"]
-        with reference_server(model, extra_args=extra) as server, running_prefect(env) as reused_env:
+        reused = running_prefect(env, root / "prefect-reused")
+        with reference_server(model, extra_args=extra) as server, reused as reused_env:
             params = {"max_new_tokens": new, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "stop": []}
             asyncio.run(bare_client(server.url, ids[:8], params, args.concurrency))  # warm-up
 
@@ -249,17 +279,25 @@ def report_rounds(rounds: list[dict[str, dict[str, float | None]]], arms: tuple[
                           for arm in arms[1:]},
         "first_completion_s": {arm: spread([r[arm]["first_s"] or 0.0 for r in rounds]) for arm in ARMS[1:]},
         "wall_s": {arm: spread([r[arm]["wall_s"] or 0.0 for r in rounds]) for arm in arms},
+        "cpu_s": {arm: {name: spread([r[arm][f"cpu_{name}_s"] or 0.0 for r in rounds])
+                        for name in ("client", "server", "prefect")} for arm in arms},
         "server_tok_s_c1": round(serial, 1),
         "batching_gain": round(statistics.median(bare) / serial, 2) if serial else None,
     }  # fmt: skip
     if "specforge" in arms:
-        result["wall_over_specforge"] = {arm: spread([(r["specforge"]["wall_s"] or 0.0) / (r[arm]["wall_s"] or 1.0)
-                                                      for r in rounds]) for arm in ("library", *COMMAND_ARMS)}
+        result["wall_over_specforge"] = {
+            arm: spread([(r["specforge"]["wall_s"] or 0.0) / (r[arm]["wall_s"] or 1.0) for r in rounds])
+            for arm in ("library", *COMMAND_ARMS)
+        }
     print(json.dumps(result, indent=2))
     for arm, goal in (("library", 0.97), ("command", 0.90), ("command_reused", 0.90)):
         ratio = result["ratio_to_bare"][arm]
         print(f"regen {arm} / bare client = {ratio['median']:.3f} (range {ratio['min']:.3f}-{ratio['max']:.3f} over "
               f"{len(rounds)} rounds; goal >= {goal})")  # fmt: skip
+    for arm in arms:
+        cpu = {name: seconds["median"] for name, seconds in result["cpu_s"][arm].items()}
+        print(f"{arm}: wall {result['wall_s'][arm]['median']:.1f} s, CPU s (medians) client {cpu['client']:.1f}, "
+              f"reference server {cpu['server']:.1f}, reused Prefect server {cpu['prefect']:.1f}")  # fmt: skip
     for arm, ratio in result.get("wall_over_specforge", {}).items():
         print(f"SpecForge's script wall / regen {arm} wall = {ratio['median']:.3f} (range {ratio['min']:.3f}-"
               f"{ratio['max']:.3f}; > 1: faster than the peer's command)")  # fmt: skip
