@@ -59,6 +59,7 @@ from eagle3.stage import run_stage
 
 ARMS = ("bare", "library", "command", "command_reused")  # rotated every round (plus "specforge" when given)
 COMMAND_ARMS = ("command", "command_reused")
+CPU_PARTS = ("client", "server", "prefect")  # whose CPU seconds ``cpu_seconds`` counts
 
 
 def build_target(out: Path) -> Path:
@@ -137,7 +138,8 @@ def cpu_seconds() -> dict[str, float]:
     and what that command waited for), by the reference server, and by the other live children (the reused Prefect
     server)."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    used = {"client": own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime, "server": 0.0, "prefect": 0.0}
+    used = dict.fromkeys(CPU_PARTS, 0.0)
+    used["client"] = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
     for child in psutil.Process().children(recursive=True):
         try:
             times, argv = child.cpu_times(), child.cmdline()
@@ -280,7 +282,7 @@ def report_rounds(rounds: list[dict[str, dict[str, float | None]]], arms: tuple[
         "first_completion_s": {arm: spread([r[arm]["first_s"] or 0.0 for r in rounds]) for arm in ARMS[1:]},
         "wall_s": {arm: spread([r[arm]["wall_s"] or 0.0 for r in rounds]) for arm in arms},
         "cpu_s": {arm: {name: spread([r[arm][f"cpu_{name}_s"] or 0.0 for r in rounds])
-                        for name in ("client", "server", "prefect")} for arm in arms},
+                        for name in CPU_PARTS} for arm in arms},
         "server_tok_s_c1": round(serial, 1),
         "batching_gain": round(statistics.median(bare) / serial, 2) if serial else None,
     }  # fmt: skip
