@@ -159,3 +159,29 @@ def test_units_hold_only_the_concurrency_limits_the_server_has(prefect_harness):
         client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="regen-server-test-1", limit=1))
     assert existing_limits(["regen-server-test-0", "regen-server-test-1"]) == ["regen-server-test-1"]
     assert existing_limits([]) == []
+
+
+def test_unit_task_runs_ask_for_no_concurrency_lease_when_the_stage_names_no_limit(tmp_path, tiny_config,
+                                                                                   prefect_harness, monkeypatch):  # fmt: skip
+    """A lease per task run, even on a limit that does not exist, held each long unit ~2 s in Pending (task tags)."""
+    import prefect.concurrency._sync as prefect_concurrency
+    from prefect import flow
+
+    from flows.stage import run_stage as run_stage_flow
+
+    asked: list[list[str]] = []
+    acquire = prefect_concurrency.acquire_concurrency_slots_with_lease
+
+    def recorded(names, *args, **kwargs):
+        asked.append(list(names))
+        return acquire(names, *args, **kwargs)
+
+    monkeypatch.setattr(prefect_concurrency, "acquire_concurrency_slots_with_lease", recorded)
+    stage = CountingStage(tmp_path / "stage")
+
+    @flow(name="no-lease")
+    def night() -> dict:
+        return run_stage_flow(stage, tiny_config).summary
+
+    assert night() == {"rows": 2} and sorted(stage.ran) == [0, 1]
+    assert asked == []
