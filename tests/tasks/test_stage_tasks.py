@@ -161,8 +161,9 @@ def test_units_hold_only_the_concurrency_limits_the_server_has(prefect_harness):
     assert existing_limits([]) == []
 
 
-def test_unit_task_runs_ask_for_no_concurrency_lease_when_the_stage_names_no_limit(tmp_path, tiny_config,
-                                                                                   prefect_harness, monkeypatch):  # fmt: skip
+def test_unit_task_runs_ask_for_no_concurrency_lease_when_the_stage_names_no_limit(
+    tmp_path, tiny_config, prefect_harness, monkeypatch
+):
     """A lease per task run, even on a limit that does not exist, held each long unit ~2 s in Pending (task tags)."""
     import prefect.concurrency._sync as prefect_concurrency
     from prefect import flow
