@@ -62,6 +62,19 @@ def test_an_unknown_key_in_set_exits_2_with_one_error_line():
     assert "trainer" in line and result.stdout == ""
 
 
+def test_the_console_script_exits_with_the_apps_code_and_output(tmp_path: Path):
+    """``flows.cli.main`` (the installed ``eagle3``) wraps the app for its exit; the table and the streams hold."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "flows.cli", "config", "show", "--recipe", "tiny"]
+    shown = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    refused = subprocess.run([*command, "--set", "trainer.lr=1"], capture_output=True, text=True,
+                             cwd=Path(__file__).parents[2])  # fmt: skip
+    assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["name"], shown.stderr
+    assert refused.returncode == EXIT_USAGE and refused.stdout == "" and refused.stderr.startswith("error: ")
+
+
 def test_an_override_without_equals_and_a_missing_config_file_exit_2():
     assert "a.b=value" in _assert_one_error_line(_invoke("config", "show", "--set", "train.lr"))
     assert "does not exist" in _assert_one_error_line(_invoke("config", "show", "--config", "/nonexistent.yaml"))
