@@ -7,10 +7,11 @@ no arm: ``bare`` (a semaphore and one POST per prompt), ``library`` (``run_stage
 tokenizer already loaded), ``command`` (``python -m flows.cli regen`` in a fresh process: interpreter and imports,
 a temporary Prefect API server, the flow, the tokenizer load: what a laptop user gets) and ``command_reused`` (the
 same with ``PREFECT_API_URL`` naming a server that is already running, started once by this script: what the
-README's cluster path and a nightly deployment get). Each arm's tok/s is its
-completion tokens over its wall time from start to exit; the command's time to its first completed sample (first
-journal line) is its fixed cost. Each arm's CPU seconds are split by process: ``client`` (this process for the
-in-process arms; the command and the temporary Prefect server it started and stopped for the command arms),
+README's cluster path and a nightly deployment get). Each arm's tok/s is its completion tokens over its wall time
+from start to exit. The pipeline arms' timeline, from their journals: the time to the first completed sample (the
+start-up cost), the idle time between shards (one shard's last completion to the next one's first) and the time
+from the last completion to the exit. Each arm's CPU seconds are split by process: ``client`` (this process for
+the in-process arms; the command and the temporary Prefect server it started and stopped for the command arms),
 ``server`` (the reference server) and ``prefect`` (the reused Prefect server): on 2 cores, what the client spends
 before its first request cannot overlap with the job. Prints per arm the median and range over the rounds, and the
 per-round ratios to the bare client. Also the server's own scaling: bare tok/s at concurrency 1 vs the benchmark's
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -60,6 +62,7 @@ from eagle3.stage import run_stage
 ARMS = ("bare", "library", "command", "command_reused")  # rotated every round (plus "specforge" when given)
 COMMAND_ARMS = ("command", "command_reused")
 CPU_PARTS = ("client", "server", "prefect")  # whose CPU seconds ``cpu_seconds`` counts
+TIMELINE = ("first_s", "idle_between_shards_s", "after_last_s")  # what ``Timeline`` reports of a pipeline arm
 
 
 def build_target(out: Path) -> Path:
@@ -118,19 +121,39 @@ async def bare_client(url: str, prompts: list[list[int]], params: dict, concurre
     return tokens
 
 
-def first_completion(regen_dir: Path, start: float, stop: threading.Event) -> Callable[[], float | None]:
-    """Watch ``regen_dir`` for its first journal line (a completed sample) from a thread; returns a function that
-    gives the seconds from ``start`` to it (None when none appeared)."""
-    seen: list[float] = []
+class Timeline:
+    """Each shard's first and last completed sample as seen in its journal, watched from a thread every 20 ms: the
+    arm's time to its first completion, the idle time between one shard's last completion and the next one's
+    first (summed over the shard boundaries: a Prefect wait between units shows here, e.g. a task-tag lease), and
+    the time from the last completion to the arm's exit."""
 
-    def watch() -> None:
-        while not stop.is_set() and not seen:
-            if any(p.stat().st_size for p in regen_dir.glob("*.journal.jsonl")) or any(regen_dir.glob("shard-*")):
-                seen.append(time.perf_counter() - start)
+    def __init__(self, regen_dir: Path, start: float) -> None:
+        self.regen_dir, self.start = regen_dir, start
+        self.spans: dict[str, list[float]] = {}  # journal name -> [first, last] seconds from start
+        self.lines: dict[str, int] = {}
+        self.stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            now = time.perf_counter() - self.start
+            for journal in self.regen_dir.glob("*.journal.jsonl"):
+                try:
+                    lines = journal.read_bytes().count(b"\n")
+                except FileNotFoundError:  # compacted in between
+                    continue
+                if lines and lines != self.lines.get(journal.name):
+                    self.lines[journal.name] = lines
+                    self.spans.setdefault(journal.name, [now, now])[1] = now
             time.sleep(0.02)
 
-    threading.Thread(target=watch, daemon=True).start()
-    return lambda: seen[0] if seen else None
+    def finish(self, wall: float) -> dict[str, float | None]:
+        self.stop.set()
+        spans = sorted(self.spans.values())
+        if not spans:
+            return dict.fromkeys(TIMELINE)
+        idle = sum(max(0.0, nxt[0] - prev[1]) for prev, nxt in itertools.pairwise(spans))
+        return {"first_s": spans[0][0], "idle_between_shards_s": idle, "after_last_s": wall - max(e for _, e in spans)}
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -151,14 +174,14 @@ def cpu_seconds() -> dict[str, float]:
 
 def timed(run: Callable[[], int], regen_dir: Path | None) -> dict[str, float | None]:
     """tok/s of one arm (completion tokens over wall time), its CPU seconds by process (``cpu_seconds``) and, for
-    the pipeline arms, its first completion."""
-    stop, start, cpu = threading.Event(), time.perf_counter(), cpu_seconds()
-    first = first_completion(regen_dir, start, stop) if regen_dir is not None else (lambda: None)
+    the pipeline arms, its timeline (``Timeline``)."""
+    start, cpu = time.perf_counter(), cpu_seconds()
+    timeline = Timeline(regen_dir, start) if regen_dir is not None else None
     tokens = run()
     wall = time.perf_counter() - start
-    stop.set()
     used = {f"cpu_{name}_s": seconds - cpu[name] for name, seconds in cpu_seconds().items()}
-    return {"tok_s": tokens / wall, "wall_s": wall, "first_s": first(), **used}
+    marks = timeline.finish(wall) if timeline is not None else dict.fromkeys(TIMELINE)
+    return {"tok_s": tokens / wall, "wall_s": wall, **marks, **used}
 
 
 def command_tokens(config_path: Path, prompts_dir: Path, regen_dir: Path, env: dict[str, str]) -> int:
@@ -279,7 +302,7 @@ def report_rounds(rounds: list[dict[str, dict[str, float | None]]], arms: tuple[
         "tok_s": {arm: spread([r[arm]["tok_s"] or 0.0 for r in rounds]) for arm in arms},
         "ratio_to_bare": {arm: spread([(r[arm]["tok_s"] or 0.0) / (r["bare"]["tok_s"] or 1.0) for r in rounds])
                           for arm in arms[1:]},
-        "first_completion_s": {arm: spread([r[arm]["first_s"] or 0.0 for r in rounds]) for arm in ARMS[1:]},
+        **{mark: {arm: spread([r[arm][mark] or 0.0 for r in rounds]) for arm in ARMS[1:]} for mark in TIMELINE},
         "wall_s": {arm: spread([r[arm]["wall_s"] or 0.0 for r in rounds]) for arm in arms},
         "cpu_s": {arm: {name: spread([r[arm][f"cpu_{name}_s"] or 0.0 for r in rounds])
                         for name in CPU_PARTS} for arm in arms},
@@ -300,6 +323,11 @@ def report_rounds(rounds: list[dict[str, dict[str, float | None]]], arms: tuple[
         cpu = {name: seconds["median"] for name, seconds in result["cpu_s"][arm].items()}
         print(f"{arm}: wall {result['wall_s'][arm]['median']:.1f} s, CPU s (medians) client {cpu['client']:.1f}, "
               f"reference server {cpu['server']:.1f}, reused Prefect server {cpu['prefect']:.1f}")  # fmt: skip
+    for arm in ARMS[1:]:
+        marks = {mark: result[mark][arm]["median"] for mark in TIMELINE}
+        print(f"{arm}: first completion {marks['first_s']:.2f} s, idle between shards "
+              f"{marks['idle_between_shards_s']:.2f} s, last completion to exit {marks['after_last_s']:.2f} s "
+              "(medians)")  # fmt: skip
     for arm, ratio in result.get("wall_over_specforge", {}).items():
         print(f"SpecForge's script wall / regen {arm} wall = {ratio['median']:.3f} (range {ratio['min']:.3f}-"
               f"{ratio['max']:.3f}; > 1: faster than the peer's command)")  # fmt: skip
