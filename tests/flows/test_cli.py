@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,11 +64,8 @@ def test_an_unknown_key_in_set_exits_2_with_one_error_line():
     assert "trainer" in line and result.stdout == ""
 
 
-def test_the_console_script_exits_with_the_apps_code_and_output(tmp_path: Path):
+def test_the_console_script_exits_with_the_apps_code_and_output():
     """``flows.cli.main`` (the installed ``eagle3``) wraps the app for its exit; the table and the streams hold."""
-    import subprocess
-    import sys
-
     command = [sys.executable, "-m", "flows.cli", "config", "show", "--recipe", "tiny"]
     shown = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[2])
     refused = subprocess.run([*command, "--set", "trainer.lr=1"], capture_output=True, text=True,
