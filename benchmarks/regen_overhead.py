@@ -130,7 +130,7 @@ class Timeline:
     def __init__(self, regen_dir: Path, start: float) -> None:
         self.regen_dir, self.start = regen_dir, start
         self.spans: dict[str, list[float]] = {}  # journal name -> [first, last] seconds from start
-        self.lines: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}  # journal name -> its size when last seen (it only grows, by whole lines)
         self.stop = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -139,11 +139,11 @@ class Timeline:
             now = time.perf_counter() - self.start
             for journal in self.regen_dir.glob("*.journal.jsonl"):
                 try:
-                    lines = journal.read_bytes().count(b"\n")
+                    size = journal.stat().st_size
                 except FileNotFoundError:  # compacted in between
                     continue
-                if lines and lines != self.lines.get(journal.name):
-                    self.lines[journal.name] = lines
+                if size and size != self.sizes.get(journal.name):
+                    self.sizes[journal.name] = size
                     self.spans.setdefault(journal.name, [now, now])[1] = now
             time.sleep(0.02)
 
