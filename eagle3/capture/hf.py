@@ -51,6 +51,15 @@ class HFBackend:
         self._head = model.get_output_embeddings()
         if self._head is None:
             raise ValueError(f"{type(model).__name__} has no lm_head (get_output_embeddings() is None)")
+        offloaded = offloaded_modules(model)
+        if offloaded:
+            raise ValueError(
+                f"the target does not fit on its devices: device_map offloaded {len(offloaded)} modules to CPU or "
+                f"disk ({', '.join(offloaded[:4])}{', ...' if len(offloaded) > 4 else ''}). Capture would stream "
+                "their weights at every forward, and lm_head's weight is not resident for the top-k encoding. "
+                "Make it fit: more or larger GPUs (all visible ones are used: CUDA_VISIBLE_DEVICES), or a smaller "
+                "checkpoint of the target"
+            )
         self._captured: list[torch.Tensor] = []
         self._lock = threading.Lock()
         self.device = next(model.parameters()).device
@@ -97,6 +106,14 @@ class HFBackend:
         aux = torch.cat([states[i].to(self.device) for i in self.layer_ids], dim=-1)
         for b, n in enumerate(lengths):
             yield aux[b, :n], last[b, :n]
+
+
+def offloaded_modules(model: nn.Module) -> list[str]:
+    """The modules accelerate keeps off the devices (CPU or disk offload under a ``device_map``: their parameters
+    are on ``meta`` and their weights loaded at each forward), named as the device map names them."""
+    groups = getattr(model, "hf_device_map", None) or {}
+    names = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    return sorted({next((k for k in groups if name.startswith(f"{k}.")), name.rsplit(".", 1)[0]) for name in names})
 
 
 _SPREAD = ("auto", "balanced", "balanced_low_0", "sequential")
