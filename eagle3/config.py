@@ -150,13 +150,30 @@ class RegenConfig(StrictModel):
         return servers
 
 
+# ``capture.device`` values that spread the target over every visible GPU with transformers' device_map.
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
 class CaptureConfig(StrictModel):
     """Hidden-state capture. ``aux_layers`` empty means SGLang's default ``[2, L//2, L-3]``."""
 
     backend: str = "hf"
     aux_layers: list[int] = Field(default_factory=list)
     layer_convention: LayerConvention = "input_of_layer"
-    device: str = "cpu"
+    device: str = Field(
+        default="cpu",
+        description="One device (cpu, cuda, cuda:1) or a device_map strategy (auto, balanced, balanced_low_0, "
+        "sequential) that spreads a target too large for one GPU over all visible ones (the multigpu extra).",
+    )
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        description="GPUs one capture shard task holds on the Ray runner when capture.device is a device_map "
+        "strategy: the node's GPUs the target is spread over (8 for Kimi-K2.5). Ray gives a task exactly the GPUs "
+        "it asks for and no other task shares them; a task that asks for none is not kept off any, so two spread "
+        "captures would load the target onto the same GPUs. A single-device capture holds one GPU (cuda) or none "
+        "(cpu) whatever this says; the thread runner ignores it (every visible GPU is used).",
+    )
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     batch_tokens: int = Field(default=16_384, gt=0)
     max_seq_len: int = Field(default=4096, gt=0)

@@ -173,7 +173,8 @@ def kimi_k2_5() -> PipelineConfig:
 
     A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config``).
     Captured with ``capture.device=auto``: about 1 TB of weights only fits spread over the node's GPUs by
-    transformers' device_map, which needs the ``multigpu`` extra (accelerate). Features in fp8_topk
+    transformers' device_map, which needs the ``multigpu`` extra (accelerate); on the Ray runner each capture task
+    holds the node's 8 GPUs (``capture.gpus``). Features in fp8_topk
     (``LARGE_FEATURES``): ~2.4 TB per night after zstd instead of ~5.9 TB raw."""
     config = PipelineConfig(
         name="kimi_k2_5",
@@ -191,8 +192,8 @@ def kimi_k2_5() -> PipelineConfig:
         mix=MixConfig(total=88_088),
         gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.tp=8", "capture.device=auto", "train.nproc=8", "train.parallel=fsdp",
-                                   *LARGE_FEATURES])
+    return with_overrides(config, ["server.tp=8", "capture.device=auto", "capture.gpus=8", "train.nproc=8",
+                                   "train.parallel=fsdp", *LARGE_FEATURES])
 
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {

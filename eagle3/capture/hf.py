@@ -23,6 +23,7 @@ from torch import nn
 
 from eagle3.capture.backends import register_backend
 from eagle3.capture.encoding import TORCH_DTYPES
+from eagle3.config import DEVICE_MAP_STRATEGIES
 
 if TYPE_CHECKING:
     from eagle3.config import PipelineConfig
@@ -116,9 +117,6 @@ def offloaded_modules(model: nn.Module) -> list[str]:
     return sorted({next((k for k in groups if name.startswith(f"{k}.")), name.rsplit(".", 1)[0]) for name in names})
 
 
-_SPREAD = ("auto", "balanced", "balanced_low_0", "sequential")
-
-
 def load_hf_backend(config: PipelineConfig) -> HFBackend:
     """Load ``config.target`` with transformers in ``config.capture.dtype`` on ``config.capture.device``.
 
@@ -128,7 +126,7 @@ def load_hf_backend(config: PipelineConfig) -> HFBackend:
     from transformers import AutoModelForCausalLM
 
     target, capture = config.target, config.capture
-    spread = capture.device in _SPREAD
+    spread = capture.device in DEVICE_MAP_STRATEGIES
     if spread and importlib.util.find_spec("accelerate") is None:
         raise RuntimeError(
             f"capture.device={capture.device!r} spreads the target over GPUs with transformers' device_map, which "

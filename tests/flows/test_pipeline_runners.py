@@ -24,13 +24,16 @@ def test_ray_runner_without_the_extra_names_the_install_command(monkeypatch):
         build_task_runner(OrchestrationConfig(task_runner="ray"))
 
 
-def test_capture_shards_ask_ray_for_one_gpu_only_on_cuda():
+def test_capture_shards_ask_ray_for_one_gpu_on_cuda_and_for_every_gpu_they_spread_over():
     ray_gpu = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray", "capture.device=cuda"])
     ray_cpu = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray", "capture.device=cpu"])
+    ray_spread = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])  # capture.device=auto, capture.gpus=8
     threads = load_recipe("kimi_k2_5", ["capture.device=cuda"])
     assert shard_resources(ray_gpu, "capture") == {"num_gpus": 1}
     assert shard_resources(ray_gpu, "regen") == {"num_cpus": 1}
     assert shard_resources(ray_cpu, "capture") == {"num_cpus": 1}
+    assert shard_resources(ray_spread, "capture") == {"num_gpus": 8}
+    assert shard_resources(ray_spread, "regen") == {"num_cpus": 1}
     assert shard_resources(threads, "capture") == {}
     with shard_placement(threads, "capture") as options:
         assert options == {}
@@ -61,3 +64,32 @@ def test_ray_runner_runs_shard_tasks_in_ray_worker_processes(prefect_harness):
     results = _shards(config, [0, 1, 2])
     assert sorted(shard for shard, _ in results) == [0, 1, 2]
     assert all(pid != os.getpid() for _, pid in results), "shard tasks ran in the flow process, not on Ray"
+
+
+@task
+def _placement() -> tuple[float, str | None]:
+    import ray
+
+    return ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@flow
+def _placed(config: PipelineConfig, stage: str) -> tuple[float, str | None]:
+    with shard_runner(config, stage) as runner:
+        return runner.submit(_placement, {}).result()
+
+
+@pytest.mark.slow
+def test_on_ray_a_spread_capture_task_holds_every_gpu_of_its_node(prefect_harness):
+    """A local Ray node that declares 8 GPUs (Ray assigns declared GPUs as it does real ones): the Kimi recipe's
+    capture task holds all 8 and sees them; a regen task holds none, and Ray does not hide the GPUs from it, which
+    is why a spread capture that asked for none would share them with every other task."""
+    ray = pytest.importorskip("ray", reason="needs the [ray] extra")
+    config = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])
+    ray.init(num_cpus=2, num_gpus=8, include_dashboard=False)  # the runner uses a Ray that is already up
+    try:
+        capture, regen = _placed(config, "capture"), _placed(config, "regen")
+    finally:
+        ray.shutdown()
+    assert capture == (8.0, "0,1,2,3,4,5,6,7")
+    assert regen == (0.0, None)
