@@ -97,7 +97,7 @@ class CaptureStage(Stage[CapturePlan]):
         finished need nothing more."""
         todo = [path for i, path in plan.shards.items() if not self.unit_output(plan, i).exists()]
         if todo:
-                check_disk_budget(capture_estimate(config, todo), plan.out_dir,
+            check_disk_budget(capture_estimate(config, todo), plan.out_dir,
                               reserve_bytes=config.capture.disk_reserve_bytes, encoding=config.capture.encoding)
         yield None
 
