@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 from prefect import flow, task
@@ -86,7 +87,9 @@ def test_on_ray_a_spread_capture_task_holds_every_gpu_of_its_node(prefect_harnes
     is why a spread capture that asked for none would share them with every other task."""
     ray = pytest.importorskip("ray", reason="needs the [ray] extra")
     config = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(num_cpus=2, num_gpus=8, include_dashboard=False)  # the runner uses a Ray that is already up
+    signal.signal(signal.SIGTERM, sigterm)  # ray.init on the main thread makes SIGTERM exit(15), for later tests too
     try:
         capture, regen = _placed(config, "capture"), _placed(config, "regen")
     finally:
