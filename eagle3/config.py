@@ -160,20 +160,10 @@ class CaptureConfig(StrictModel):
     backend: str = "hf"
     aux_layers: list[int] = Field(default_factory=list)
     layer_convention: LayerConvention = "input_of_layer"
-    device: str = Field(
-        default="cpu",
-        description="One device (cpu, cuda, cuda:1) or a device_map strategy (auto, balanced, balanced_low_0, "
-        "sequential) that spreads a target too large for one GPU over all visible ones (the multigpu extra).",
-    )
-    gpus: int = Field(
-        default=1,
-        ge=1,
-        description="GPUs one capture shard task holds on the Ray runner when capture.device is a device_map "
-        "strategy: the node's GPUs the target is spread over (8 for Kimi-K2.5). Ray gives a task exactly the GPUs "
-        "it asks for and no other task shares them; a task that asks for none is not kept off any, so two spread "
-        "captures would load the target onto the same GPUs. A single-device capture holds one GPU (cuda) or none "
-        "(cpu) whatever this says; the thread runner ignores it (every visible GPU is used).",
-    )
+    device: str = Field(default="cpu", description="cpu, cuda, cuda:N, or a device_map strategy (auto, ...) that "
+                        "spreads the target over every visible GPU (the multigpu extra).")
+    gpus: int = Field(default=1, ge=1, description="GPUs a spread capture task holds on the Ray runner: the node's "
+                      "(8 for Kimi-K2.5); why in flows/runners.py. Single-device captures and threads ignore it.")
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     batch_tokens: int = Field(default=16_384, gt=0)
     max_seq_len: int = Field(default=4096, gt=0)
