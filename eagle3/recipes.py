@@ -172,10 +172,13 @@ def kimi_k2_5() -> PipelineConfig:
     """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8.
 
     A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config``).
-    Captured with ``capture.device=auto``: about 1 TB of weights only fits spread over the node's GPUs by
-    transformers' device_map, which needs the ``multigpu`` extra (accelerate); on the Ray runner each capture task
-    holds the node's 8 GPUs (``capture.gpus``). Features in fp8_topk
-    (``LARGE_FEATURES``): ~2.4 TB per night after zstd instead of ~5.9 TB raw."""
+    Captured with ``capture.device=auto``: the target is spread over the node's GPUs by transformers' device_map,
+    which needs the ``multigpu`` extra (accelerate) and, for the INT4 compressed-tensors checkpoint, the
+    ``quantized`` extra; on the Ray runner each capture task holds the node's 8 GPUs (``capture.gpus``). The ``hf``
+    backend decompresses the ~0.6 TB checkpoint to ~2.1 TB of bf16 at the first forward, more than 8 x H200 hold:
+    capture refuses such a node before loading (``eagle3.capture.footprint``) and needs ~2.1 TB of GPU memory
+    (8 x 288 GB) until an in-process SGLang backend keeps the weights packed (docs/ARCHITECTURE.md). Features in
+    fp8_topk (``LARGE_FEATURES``): ~2.4 TB per night after zstd instead of ~5.9 TB raw."""
     config = PipelineConfig(
         name="kimi_k2_5",
         root=_run_root("kimi_k2_5"),

@@ -4,15 +4,15 @@
 #                                                 (the UI test's Prefect server runs on it), then the whole test suite
 #                                                 (CI); `-m 'not e2e'` skips the pipeline runs
 #        infra/dev.sh setup                       only set up .venv
-# Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev,ray,multigpu: the local Ray cluster test and the
-#      device_map capture tests run in CI),
+# Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev,ray,multigpu,quantized: the local Ray cluster test,
+#      the device_map capture tests and the INT4 target's capture tests run in CI),
 # PIP_FIND_LINKS (a folder holding a CPU torch wheel, used when present; elsewhere torch resolves from the pyproject
 # range, a CUDA build on GPU machines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${EAGLE3_VENV:-.venv}
-EXTRAS=${EAGLE3_EXTRAS:-dev,ray,multigpu}
+EXTRAS=${EAGLE3_EXTRAS:-dev,ray,multigpu,quantized}
 TORCH_VERSION=2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
 

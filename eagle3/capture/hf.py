@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from eagle3.capture.backends import register_backend
+from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import TORCH_DTYPES
+from eagle3.capture.footprint import capture_footprint, check_fits, free_bytes
 from eagle3.config import DEVICE_MAP_STRATEGIES
 
 if TYPE_CHECKING:
@@ -122,7 +124,9 @@ def load_hf_backend(config: PipelineConfig) -> HFBackend:
 
     ``capture.device`` is one device (``cpu``, ``cuda``, ``cuda:1``) or a ``device_map`` strategy (``auto``,
     ``balanced``, ...) that spreads a target too large for one GPU over all visible ones; transformers does that
-    with ``accelerate``, the ``multigpu`` extra, checked here so a missing package fails before the model loads."""
+    with ``accelerate``, the ``multigpu`` extra, checked here so a missing package fails before the model loads. A
+    target whose loaded size (``eagle3.capture.footprint``: compressed-tensors weights decompressed) exceeds the free
+    memory there is refused before it loads."""
     from transformers import AutoModelForCausalLM
 
     target, capture = config.target, config.capture
@@ -132,7 +136,11 @@ def load_hf_backend(config: PipelineConfig) -> HFBackend:
             f"capture.device={capture.device!r} spreads the target over GPUs with transformers' device_map, which "
             "needs accelerate: pip install 'eagle3-pipeline[multigpu]', or set capture.device to one device (cuda)"
         )
-    logger.info("loading %s (%s) on %s for capture", target.model_path, capture.dtype, capture.device)
+    footprint = capture_footprint(config)
+    free = free_bytes(capture.device)
+    logger.info("loading %s (%s) on %s for capture: %s of weights and one batch's states, %s free", target.model_path,
+                capture.dtype, capture.device, human_bytes(footprint.total), human_bytes(free))
+    check_fits(footprint, free, config=config)
     model = AutoModelForCausalLM.from_pretrained(
         target.model_path,
         revision=target.revision,

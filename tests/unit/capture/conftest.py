@@ -76,3 +76,41 @@ def write_regen_shard(out_dir: Path, index: int, rows: list[dict]) -> Path:
 def regen_shard(capture_tokenizer, tmp_path) -> Path:
     """One regen shard (index 3) of 12 rendered conversations."""
     return write_regen_shard(tmp_path / "regen" / "fp-regen", 3, regen_rows(capture_tokenizer, 12))
+
+
+def quantize_int4(src: Path, dst: Path, *, ignore: list[str]) -> Path:
+    """``src`` re-saved as Kimi-K2.5's INT4 checkpoint is (compressed-tensors ``pack-quantized``: symmetric 4-bit
+    weights in groups of 32 with a scale each, min-max calibrated), every Linear quantized but those in ``ignore``."""
+    import shutil
+
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
+    apply_quantization_config(model, QuantizationConfig.model_validate({
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}, "ignore": ignore}))
+    for module in model.modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        if scheme is not None and scheme.weights is not None:
+            groups = module.weight.detach().float().unflatten(-1, (-1, scheme.weights.group_size))
+            scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights)
+            module.weight_scale.data.copy_(scale)
+            module.weight_zero_point.data.copy_(zero)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(dst)
+    compressor.update_config(str(dst))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src / name, dst / name)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def int4_model_dir(capture_model_dir, tmp_path_factory) -> Path:
+    """The tiny target with its MLPs in INT4, attention and lm_head kept in bf16 (as Kimi-K2.5's experts are)."""
+    return quantize_int4(capture_model_dir, tmp_path_factory.mktemp("int4") / "model",
+                         ignore=["lm_head", "re:.*self_attn.*"])

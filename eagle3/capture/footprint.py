@@ -1,0 +1,176 @@
+"""The memory a target takes once transformers has loaded it for capture, read from its checkpoint's safetensors
+headers before any weight is loaded, and the check that it fits the capture's devices.
+
+Why here and not after the load: transformers keeps a compressed-tensors checkpoint compressed while it loads and
+places it (Kimi-K2.5's INT4 experts, ``pack-quantized``: eight 4-bit weights per int32 plus a bf16 scale per group
+of 32), then decompresses every quantized weight to the load dtype at the first forward (compressed-tensors'
+``ct_decompress_hook``). A ``device_map`` is sized for the compressed weights (~0.6 TB for Kimi-K2.5), nothing is
+offloaded, and the first batch needs ~2.1 TB: an out-of-memory after the whole load, which ``HFBackend``'s offload
+check cannot see. So the estimate counts what the model becomes:
+
+    weights     = every floating tensor in capture.dtype, a pack-quantized weight at its dense shape in
+                  capture.dtype, a compressed-tensors fp8 weight in capture.dtype, anything else as stored
+    activations = capture.batch_tokens x hidden x (num_layers + 1) x capture.dtype bytes
+                  (output_hidden_states keeps every layer's state of the batch until the forward ends)
+
+and ``load_hf_backend`` refuses when it exceeds the free memory of the devices capture uses (the visible GPUs for
+a ``device_map`` strategy, the one GPU for ``cuda:N``, available RAM for ``cpu``). Checkpoints in other quantized
+formats (``quant_method: fp8``, DeepSeek's block fp8) are counted as stored: transformers keeps them fp8 on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3.capture.budget import human_bytes
+from eagle3.capture.encoding import TORCH_DTYPES
+from eagle3.config import DEVICE_MAP_STRATEGIES, PipelineConfig
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+STORED_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+FLOATS = {"F64", "F32", "F16", "BF16"}
+
+
+class CaptureMemoryError(RuntimeError):
+    """The target, loaded for capture, would not fit the capture's devices (the message has both sizes)."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes the loaded target takes on the capture's devices (see the module docstring)."""
+
+    weights: int
+    activations: int
+    stored: int  # the checkpoint's own size, for the message
+    quant_method: str | None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations
+
+
+def headers(model_path: str, revision: str | None) -> dict[str, tuple[str, list[int]]]:
+    """``tensor name -> (safetensors dtype, shape)`` of a checkpoint, from the file headers only (a local
+    directory's files, or the Hub's header ranges: no weight is read or downloaded)."""
+    local = _local_checkpoint(model_path, revision)
+    if local is None:
+        from huggingface_hub import get_safetensors_metadata
+
+        meta = get_safetensors_metadata(model_path, revision=revision)
+        return {name: (info.dtype, list(info.shape)) for file in meta.files_metadata.values()
+                for name, info in file.tensors.items()}
+    if (local / INDEX).exists():
+        files = sorted(set(json.loads((local / INDEX).read_text())["weight_map"].values()))
+    elif (local / SINGLE).exists():
+        files = [SINGLE]
+    else:
+        raise FileNotFoundError(f"{local} has neither {INDEX} nor {SINGLE}: point target.model_path at a checkpoint")
+    out: dict[str, tuple[str, list[int]]] = {}
+    for name in files:
+        with open(local / name, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        out.update({k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return out
+
+
+def _local_checkpoint(model_path: str, revision: str | None) -> Path | None:
+    """The checkpoint's directory: ``model_path`` itself, or a Hub id's complete snapshot in the HF cache (so an
+    offline node, ``HF_HUB_OFFLINE=1``, that loads from its cache is measured from it too); None when not here."""
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        local = Path(snapshot_download(model_path, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
+    index = local / INDEX
+    files = set(json.loads(index.read_text())["weight_map"].values()) if index.exists() else {SINGLE}
+    return local if all((local / name).exists() for name in files) else None
+
+
+def quantization_config(model_path: str, revision: str | None) -> dict[str, Any]:
+    """The checkpoint's ``quantization_config`` (``{}`` for a dense one), from its ``config.json``."""
+    local = _local_checkpoint(model_path, revision)
+    if local is not None:
+        path = local / "config.json"
+    else:
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(model_path, "config.json", revision=revision))
+    config = json.loads(path.read_text())
+    text = config.get("text_config") or {}
+    return config.get("quantization_config") or text.get("quantization_config") or {}
+
+
+def weight_bytes(tensors: dict[str, tuple[str, list[int]]], quant: dict[str, Any], dtype: str) -> int:
+    """What the tensors take once loaded in ``dtype`` and, for compressed-tensors, decompressed."""
+    itemsize = TORCH_DTYPES[dtype].itemsize
+    compressed = quant.get("quant_method") == "compressed-tensors"
+    # a pack-quantized weight's bits per value: the smallest of its groups' (the largest dense estimate)
+    bits = min((g["weights"]["num_bits"] for g in quant.get("config_groups", {}).values() if g.get("weights")),
+               default=4)
+    unknown = sorted({kind for kind, _ in tensors.values()} - STORED_BYTES.keys())
+    if unknown:
+        raise ValueError(f"the target's checkpoint stores tensors of dtype {unknown}, which capture cannot size")
+    total = 0
+    for name, (kind, shape) in tensors.items():
+        n = math.prod(shape)
+        if compressed and name.endswith(".weight_packed"):  # int32 words of 32 // bits values along the input dim
+            total += n * (STORED_BYTES[kind] * 8 // bits) * itemsize
+        elif kind in FLOATS or (compressed and kind.startswith("F8")):
+            total += n * itemsize
+        else:
+            total += n * STORED_BYTES[kind]
+    return total
+
+
+def capture_footprint(config: PipelineConfig) -> Footprint:
+    """The target of ``config`` as ``load_hf_backend`` would hold it, read from its checkpoint's headers."""
+    target, capture = config.target, config.capture
+    tensors = headers(target.model_path, target.revision)
+    quant = quantization_config(target.model_path, target.revision)
+    stored = sum(math.prod(shape) * STORED_BYTES[kind] for kind, shape in tensors.values())
+    states = capture.batch_tokens * target.hidden_size * (target.num_layers + 1) * TORCH_DTYPES[capture.dtype].itemsize
+    return Footprint(weights=weight_bytes(tensors, quant, capture.dtype), activations=states, stored=stored,
+                     quant_method=quant.get("quant_method"))
+
+
+def free_bytes(device: str) -> int:
+    """Free memory where capture puts the target: every visible GPU for a ``device_map`` strategy (the CPU's when
+    there is none: transformers then places the target there), the one GPU of ``cuda[:N]``, RAM for ``cpu``."""
+    import psutil
+    import torch
+
+    if device in DEVICE_MAP_STRATEGIES and torch.cuda.is_available():
+        return sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    return psutil.virtual_memory().available
+
+
+def check_fits(footprint: Footprint, free: int, *, config: PipelineConfig) -> None:
+    """Raise ``CaptureMemoryError`` when the loaded target and one batch's states exceed ``free`` bytes."""
+    capture = config.capture
+    if footprint.total <= free:
+        return
+    how = (f"its {human_bytes(footprint.stored)} {footprint.quant_method} checkpoint is decompressed to "
+           f"{capture.dtype} at the first forward, " if footprint.quant_method == "compressed-tensors" else "")
+    raise CaptureMemoryError(
+        f"capture refused before loading {config.target.model_path}: {how}{human_bytes(footprint.weights)} of "
+        f"weights in {capture.dtype} plus {human_bytes(footprint.activations)} of hidden states for "
+        f"capture.batch_tokens={capture.batch_tokens:,} need {human_bytes(footprint.total)}, but "
+        f"{human_bytes(free)} is free on capture.device={capture.device!r}. Use more or larger GPUs (a device_map "
+        "strategy spreads over every visible one; capture.gpus reserves them on Ray), or lower capture.batch_tokens "
+        "if the states are what does not fit"
+    )
