@@ -2,7 +2,7 @@
 (goal <= 1.05), side by side in one run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
 
     python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4] [--encoding raw]
-                                [--codec zstd] [--prefetch 2] [--rounds 3] [--device cpu]
+                                [--codec zstd] [--prefetch N] [--rounds 3] [--device cpu]
 
 ``--rounds`` rounds alternate which arm runs first (the load of a shared machine moves between arms); the median and
 range of the per-round ratios are printed.
@@ -98,7 +98,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--encoding", default="raw", choices=["raw", "fp8_aux", "fp8_all"])
     parser.add_argument("--codec", default="zstd", choices=["none", "lz4", "zstd"])
-    parser.add_argument("--prefetch", type=int, default=2, help="batches the reader thread collates ahead")
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="batches a thread collates ahead (0: on the step's thread; default: the loader's, 0 on a "
+                        "CPU, 2 on a GPU)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (>= 3 for a spread)")
     parser.add_argument("--device", default="cpu", help="where the step runs and batches are decoded (cpu, cuda)")
     args = parser.parse_args()
@@ -109,7 +111,8 @@ def main() -> None:
         paths = write_features(Path(tmp), args.rows, args.hidden, encoding=args.encoding, codec=args.codec)
         make = lambda: FeatureDataset(paths, batch_size=args.batch_size, seed=0, hidden_dtype=torch.float32,  # noqa: E731
                                       prefetch=args.prefetch, device=args.device)
-        memory = list(make())
+        first = make()
+        memory = list(first)
         model = DraftLike(args.hidden).to(args.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         run(memory[:2], model, optimizer)  # warm-up
@@ -128,7 +131,7 @@ def main() -> None:
     loader_s = statistics.median(r["step_ms_loader"] for r in rounds) * len(memory) / 1000
     print(json.dumps({
         "hidden": args.hidden, "rows": args.rows, "steps": len(memory), "batch_size": args.batch_size,
-        "encoding": args.encoding, "codec": args.codec, "prefetch": args.prefetch, "rounds": len(rounds),
+        "encoding": args.encoding, "codec": args.codec, "prefetch": first.prefetch, "rounds": len(rounds),
         "device": args.device,
         "step_ms_in_memory": spread([r["step_ms_memory"] for r in rounds]),
         "step_ms_loader": spread([r["step_ms_loader"] for r in rounds]),

@@ -17,11 +17,14 @@ Design choices:
   scales are two views of one value). The one copy is into the padded batch tensors, kept in the stored form
   (bf16, fp8 + scales) and decoded to ``hidden_dtype`` on ``device`` (the GPU when training there), except raw
   states for a CPU consumer, converted during the copy.
-* Reading, decompressing and collating run on one background thread, ``prefetch`` batches ahead of the consumer
-  (Arrow's decompression and torch's copies release the GIL), so the training step does not wait for the disk.
-  When the consumer computes on this CPU (``device="cpu"``) those threads run at the lowest CPU priority and
-  Arrow decodes on them rather than on its own pool: they fill the gaps of a step that keeps every core busy
-  instead of preempting its intra-op threads (``eagle3.procs.yield_cpu``; BENCHMARKS.md, issue 15).
+* Row groups are read and decompressed on background threads, the next one ahead of the one in use (Arrow's
+  decompression releases the GIL), so the training step does not wait for the disk. A GPU consumer gets its
+  batches collated on one more thread, ``prefetch`` batches ahead: its step leaves the CPU free. When the consumer
+  computes on this CPU (``device="cpu"``) the reading threads run at the lowest CPU priority and Arrow decodes on
+  them rather than on its own pool, so they fill the gaps of a step that keeps every core busy instead of
+  preempting its intra-op threads (``eagle3.procs.yield_cpu``); and the batch is collated on the consumer's own
+  thread when it asks for it: the copies then run on torch's intra-op threads, where a collating thread took a
+  core from one of them and left the other waiting (BENCHMARKS.md, issue 15).
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """
@@ -187,7 +190,9 @@ class FeatureDataset(IterableDataset):
     probability 0) instead of ``last_hidden``.
 
     ``shards`` is a finished features directory (its manifest lists the shards) or shard paths. ``hidden_dtype``
-    None keeps the stored dtype (footer ``dtype``); batches come out on ``device``."""
+    None keeps the stored dtype (footer ``dtype``); batches come out on ``device``. ``prefetch``: batches a
+    collating thread prepares ahead of the consumer; 0 collates on the consumer's thread when it asks. None: 0 for
+    a CPU consumer (its step keeps every core busy), 2 for a GPU one (module docstring)."""
 
     def __init__(
         self,
@@ -202,7 +207,7 @@ class FeatureDataset(IterableDataset):
         pack: bool = False,
         hidden_dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
-        prefetch: int = 2,
+        prefetch: int | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -216,8 +221,11 @@ class FeatureDataset(IterableDataset):
         self.groups: list[RowGroup] = []
         self.dtype, self.hidden_size, (self.aux_codec, self.last_codec) = self._scan()
         self.hidden_dtype = hidden_dtype or TORCH_DTYPES[self.dtype]
-        self.device, self.prefetch = torch.device(device), prefetch
+        self.device = torch.device(device)
         self._background = self.device.type == "cpu"  # the consumer computes on this CPU: reads yield to it
+        self.prefetch = (0 if self._background else 2) if prefetch is None else prefetch
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch={prefetch} must be >= 0 (0 collates on the consumer's thread)")
         self.epoch, self.step = 0, 0
         self._plans: dict[int, list[Batch]] = {}
         self._cache: OrderedDict[int, Decoded] = OrderedDict()
@@ -385,9 +393,10 @@ class FeatureDataset(IterableDataset):
         return dequantize(values, scales.to(self.device), self.hidden_dtype)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        """One epoch from the current position; a reader thread collates up to ``prefetch`` batches ahead (the
-        position counts only the batches handed out, so a resume never skips a prefetched one), taking the row
-        groups in the order the batches first use them from ``iter_row_groups`` (the next one already reading)."""
+        """One epoch from the current position, taking the row groups in the order the batches first use them from
+        ``iter_row_groups`` (the next one already reading), the batches collated ``prefetch`` ahead on a thread (the
+        position counts only the batches handed out, so a resume never skips a prefetched one) or, with
+        ``prefetch=0``, on the consumer's thread when it asks."""
         batches = self.plan(self.epoch)
         self._cache.clear()
         self._read_order = list(dict.fromkeys(g for batch in batches[self.step :] for seq in batch for g, _ in seq))
@@ -402,23 +411,34 @@ class FeatureDataset(IterableDataset):
             self._reads = None
 
     def _batches(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
+        todo = batches[self.step :]
+        collated = self._collated_ahead(todo) if self.prefetch else iter(map(self._collate, todo))
+        try:
+            for batch in collated:
+                self._last = batches[self.step]
+                self.step += 1
+                yield batch
+        finally:
+            if self.prefetch:
+                collated.close()
+        self.epoch, self.step = self.epoch + 1, 0
+
+    def _collated_ahead(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
+        """``batches`` collated on a thread of their own, ``prefetch`` ahead of the consumer."""
         init = yield_cpu if self._background else None
         with ThreadPoolExecutor(1, thread_name_prefix="feature-reader", initializer=init) as reader:
             ahead: deque[Future[dict[str, torch.Tensor]]] = deque()
-            queued = self.step
+            todo = iter(batches)
             try:
-                while self.step < len(batches):
-                    while queued < len(batches) and len(ahead) <= self.prefetch:
-                        ahead.append(reader.submit(self._collate, batches[queued]))
-                        queued += 1
-                    batch = ahead.popleft().result()
-                    self._last = batches[self.step]
-                    self.step += 1
-                    yield batch
+                while True:
+                    room = self.prefetch + 1 - len(ahead)
+                    ahead.extend(reader.submit(self._collate, b) for b in itertools.islice(todo, room))
+                    if not ahead:
+                        return
+                    yield ahead.popleft().result()
             finally:
                 for future in ahead:
                     future.cancel()
-        self.epoch, self.step = self.epoch + 1, 0
 
     def origin(self) -> str:
         """Where the batch yielded last came from: shard paths and sample ids (read only when asked, on a failure)."""

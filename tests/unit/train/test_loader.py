@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
@@ -138,16 +139,17 @@ def test_unbalanced_row_groups_still_give_equal_steps(tmp_path):
     assert len(counts) == 1
 
 
+@pytest.mark.parametrize("prefetch", [0, 2], ids=["collated-when-asked", "collated-ahead"])
 @pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all", "fp8_topk"])
-def test_resume_position_gives_the_exact_remaining_batches(tmp_path, encoding):
+def test_resume_position_gives_the_exact_remaining_batches(tmp_path, encoding, prefetch):
     """The position is encoding-independent: a resumed loader (as after a kill -9 of training) hands out exactly
-    the batches an uninterrupted one would, prefetched batches included."""
+    the batches an uninterrupted one would, prefetched batches included (a GPU consumer's collating thread)."""
     paths = _write_shards(tmp_path, n_shards=2, rows=15, encoding=encoding)
     reference = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7)
     epoch0 = list(reference)
     epoch1 = list(reference)
     assert _ids(epoch0[0]) != _ids(epoch1[0]) or len(epoch0) == 1  # a new order each epoch
-    ds = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7)
+    ds = FeatureDataset(paths, batch_size=3, rank=1, world_size=2, seed=7, prefetch=prefetch)
     it = iter(ds)
     for _ in range(2):
         next(it)
@@ -220,31 +222,34 @@ def test_row_groups_read_ahead_come_in_the_asked_order_and_equal_direct_reads(tm
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
-def test_a_cpu_consumer_gets_reads_and_collates_from_lowest_priority_threads_and_keeps_its_own(tmp_path, monkeypatch):
-    """A CPU training step keeps every core busy: the loader's threads must yield to it (nice 19, Arrow decoding
-    on them, not on its own pool), and the consumer's thread keeps its priority."""
+def test_a_cpu_consumer_gets_reads_from_lowest_priority_threads_and_collates_on_its_own(tmp_path, monkeypatch):
+    """A CPU training step keeps every core busy: the loader's reading threads must yield to it (nice 19, Arrow
+    decoding on them, not on its own pool), and its batches are collated on its own thread, at its priority (the
+    copies then run on torch's intra-op threads instead of taking a core from one of them)."""
     import eagle3.train.data as data
 
-    seen: list[tuple[int, bool, str]] = []
+    seen: list[tuple[int, bool, str, int]] = []
     read, collate = data.read_row_group, FeatureDataset._collate
 
     def spy_read(*args, arrow_threads=True):
-        seen.append((os.getpriority(os.PRIO_PROCESS, 0), arrow_threads, "read"))
+        seen.append((os.getpriority(os.PRIO_PROCESS, 0), arrow_threads, "read", threading.get_ident()))
         return read(*args, arrow_threads=arrow_threads)
 
     def spy_collate(self, seqs):
-        seen.append((os.getpriority(os.PRIO_PROCESS, 0), False, "collate"))
+        seen.append((os.getpriority(os.PRIO_PROCESS, 0), False, "collate", threading.get_ident()))
         return collate(self, seqs)
 
     monkeypatch.setattr(data, "read_row_group", spy_read)
     monkeypatch.setattr(FeatureDataset, "_collate", spy_collate)
-    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    mine, me = os.getpriority(os.PRIO_PROCESS, 0), threading.get_ident()
     batches = list(FeatureDataset(_write_shards(tmp_path), batch_size=4, hidden_dtype=torch.float32))
     assert len(batches) == 15
-    assert {kind for *_, kind in seen} == {"read", "collate"}
-    assert all(nice == 19 and not threads for nice, threads, _ in seen)
+    reads = [(nice, threads, thread) for nice, threads, kind, thread in seen if kind == "read"]
+    collates = [(nice, thread) for nice, _, kind, thread in seen if kind == "collate"]
+    assert reads and all(nice == 19 and not threads and thread != me for nice, threads, thread in reads)
+    assert collates == [(mine, me)] * 15
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
     seen.clear()
     for file, rg in [(open_features(p), 0) for p in _write_shards(tmp_path / "b")]:
         list(iter_row_groups([(file, rg)], column_codecs("raw", "bfloat16", H)))  # not for a CPU step: Arrow's pool
-    assert seen and all(nice == mine and threads for nice, threads, _ in seen)
+    assert seen and all(nice == mine and threads for nice, threads, *_ in seen)
