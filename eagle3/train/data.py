@@ -36,7 +36,7 @@ import json
 import logging
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,7 +412,7 @@ class FeatureDataset(IterableDataset):
 
     def _batches(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
         todo = batches[self.step :]
-        collated = self._collated_ahead(todo) if self.prefetch else iter(map(self._collate, todo))
+        collated = self._collated_ahead(todo) if self.prefetch else map(self._collate, todo)
         try:
             for batch in collated:
                 self._last = batches[self.step]
@@ -423,7 +423,7 @@ class FeatureDataset(IterableDataset):
                 collated.close()
         self.epoch, self.step = self.epoch + 1, 0
 
-    def _collated_ahead(self, batches: list[Batch]) -> Iterator[dict[str, torch.Tensor]]:
+    def _collated_ahead(self, batches: list[Batch]) -> Generator[dict[str, torch.Tensor], None, None]:
         """``batches`` collated on a thread of their own, ``prefetch`` ahead of the consumer."""
         init = yield_cpu if self._background else None
         with ThreadPoolExecutor(1, thread_name_prefix="feature-reader", initializer=init) as reader:
