@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import TORCH_DTYPES
 from eagle3.config import DEVICE_MAP_STRATEGIES, PipelineConfig
+from eagle3.model.target_weights import INDEX, SINGLE
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 STORED_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                 "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
 FLOATS = {"F64", "F32", "F16", "BF16"}
@@ -66,19 +66,23 @@ def headers(model_path: str, revision: str | None) -> dict[str, tuple[str, list[
         meta = get_safetensors_metadata(model_path, revision=revision)
         return {name: (info.dtype, list(info.shape)) for file in meta.files_metadata.values()
                 for name, info in file.tensors.items()}
-    if (local / INDEX).exists():
-        files = sorted(set(json.loads((local / INDEX).read_text())["weight_map"].values()))
-    elif (local / SINGLE).exists():
-        files = [SINGLE]
-    else:
+    files = _shard_files(local)
+    if not files:
         raise FileNotFoundError(f"{local} has neither {INDEX} nor {SINGLE}: point target.model_path at a checkpoint")
     out: dict[str, tuple[str, list[int]]] = {}
     for name in files:
-        with open(local / name, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-        out.update({k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"})
+        with safe_open(str(local / name), framework="pt") as fh:  # parses the header; no tensor is read
+            for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                part = fh.get_slice(key)
+                out[key] = (part.get_dtype(), list(part.get_shape()))
     return out
+
+
+def _shard_files(local: Path) -> list[str]:
+    """The safetensors files of a checkpoint directory: its index's, or the single file; [] when it has neither."""
+    if (local / INDEX).exists():
+        return sorted(set(json.loads((local / INDEX).read_text())["weight_map"].values()))
+    return [SINGLE] if (local / SINGLE).exists() else []
 
 
 def _local_checkpoint(model_path: str, revision: str | None) -> Path | None:
@@ -94,9 +98,8 @@ def _local_checkpoint(model_path: str, revision: str | None) -> Path | None:
         local = Path(snapshot_download(model_path, revision=revision, local_files_only=True))
     except LocalEntryNotFoundError:
         return None
-    index = local / INDEX
-    files = set(json.loads(index.read_text())["weight_map"].values()) if index.exists() else {SINGLE}
-    return local if all((local / name).exists() for name in files) else None
+    files = _shard_files(local)
+    return local if files and all((local / name).exists() for name in files) else None
 
 
 def quantization_config(model_path: str, revision: str | None) -> dict[str, Any]:
