@@ -89,3 +89,17 @@ def write_regen_stage(tiny_tokenizer):
         return Path(regen_dir)
 
     return write
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``gpu`` tests where no CUDA device is visible (CI, laptops): they run on a GPU node, e.g. from
+    ``benchmarks/gpu_checks.sh``."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in gpu:
+            item.add_marker(skip)

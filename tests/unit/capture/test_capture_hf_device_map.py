@@ -30,6 +30,23 @@ def test_a_device_map_strategy_captures_the_states_of_one_device(make_config, re
     assert stored["auto"] == stored["cpu"]  # byte for byte
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda", "auto"], ids=["one-gpu", "device-map"])
+def test_a_target_on_gpus_captures_the_states_the_cpu_captures(make_config, regen_shard, tmp_path, device):
+    """The same shard on the GPU (one device, or spread by transformers' device_map over the visible GPUs) stores
+    the CPU's float32 states up to the kernels' summation order."""
+    stored = {}
+    for where in ("cpu", device):
+        config = make_config(f"capture.device={where}")
+        result = capture_shard(config, regen_shard, tmp_path / where, backend=load_hf_backend(config))
+        stored[where] = _states(result["path"])
+    assert stored[device].keys() == stored["cpu"].keys() and len(stored["cpu"]) == 12
+    for sample, states in stored[device].items():
+        for got, want in zip(states, stored["cpu"][sample], strict=True):
+            got, want = (torch.frombuffer(bytearray(v), dtype=torch.float32) for v in (got, want))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_target_offloaded_to_cpu_or_disk_is_refused_naming_the_modules(make_config, capture_model_dir, tmp_path):
     from accelerate import dispatch_model
     from transformers import AutoModelForCausalLM

@@ -163,6 +163,23 @@ def test_resume_position_gives_the_exact_remaining_batches(tmp_path, encoding, p
             assert torch.equal(got[key], want[key]), key
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all", "fp8_topk"])
+def test_a_gpu_consumer_gets_the_cpu_consumers_batches_decoded_on_the_gpu(tmp_path, encoding):
+    """On CUDA the batch is staged in its stored form on the collating thread, copied, and decoded on the GPU; it must
+    equal what a CPU consumer gets, batch for batch (the decode is exact integer and float32 arithmetic on both)."""
+    paths = _write_shards(tmp_path, n_shards=2, rows=15, encoding=encoding)
+    make = lambda device: FeatureDataset(paths, batch_size=3, seed=3, hidden_dtype=torch.float32,  # noqa: E731
+                                         device=device)
+    on_gpu = make("cuda")
+    assert on_gpu.prefetch == 2  # the GPU default: collated ahead on a thread
+    for got, want in zip(list(on_gpu), list(make("cpu")), strict=True):
+        assert got.keys() == want.keys()
+        for key, value in got.items():
+            assert value.device.type == "cuda", key
+            assert torch.equal(value.cpu(), want[key]), key
+
+
 def test_resume_refuses_another_plan(tmp_path):
     paths = _write_shards(tmp_path, n_shards=2, rows=8)
     state = FeatureDataset(paths, batch_size=2, seed=1).state_dict()
