@@ -128,7 +128,7 @@ def vocab_maps(target_ids: torch.Tensor, target_vocab: int) -> tuple[torch.Tenso
 
 def target_ids(d2t: torch.Tensor) -> torch.Tensor:
     """The target id of each draft id: ``draft_id + d2t[draft_id]``."""
-    return torch.arange(d2t.numel(), dtype=torch.int64) + d2t.long()
+    return torch.arange(d2t.numel(), dtype=torch.int64, device=d2t.device) + d2t.long()
 
 
 def vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab: int) -> list[str]:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from eagle3.config import with_overrides
 from eagle3.dev.distil import greedy_answers
@@ -146,3 +147,33 @@ def test_offline_accept_on_topk_features_of_the_whole_vocab_equals_it_on_the_fin
         accept.append(accept_on_features(draft_world.config, exports["trained"],
                                          next(features.glob("shard-*.parquet")), rows=4))
     assert accept[0] > 1.2 and accept[1] == pytest.approx(accept[0], abs=0.01), accept
+
+
+@pytest.mark.gpu
+def test_training_on_a_gpu_places_the_target_head_there_once_not_every_step(draft_world, tmp_path):
+    """The frozen embedding and lm_head (2 x 2.35 GB for Kimi-K2.5) go to the GPU when the run starts; before, every
+    step copied them host-to-device again. Counted as copies of a head-shaped CPU tensor to CUDA."""
+    config = with_overrides(draft_world.config, ["train.max_steps=6", "train.precision=bf16"])
+    inputs = load_inputs(config, draft_world.vocab_path)
+    cuda = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"))
+    with _HostToDevice() as copies:
+        summary = train_on_source(config, ListBatchSource(draft_world.batches), inputs, tmp_path / "draft", cuda)
+    assert summary["steps"] == 6
+    assert copies.shapes.count(tuple(inputs.head.lm_head.shape)) == (1 if inputs.head.tied else 2)
+
+
+class _HostToDevice(TorchDispatchMode):
+    """Records the shape of every CPU tensor copied to a CUDA device while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            src = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            dst = args[0] if func is torch.ops.aten.copy_.default else out
+            if src.device.type == "cpu" and dst.device.type == "cuda":
+                self.shapes.append(tuple(src.shape))
+        return out
