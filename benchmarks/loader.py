@@ -2,7 +2,7 @@
 (goal <= 1.05), side by side in one run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
 
     python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4] [--encoding raw]
-                                [--codec zstd] [--prefetch N] [--rounds 3] [--device cpu]
+                                [--topk 256] [--codec zstd] [--prefetch N] [--rounds 3] [--device cpu]
 
 ``--rounds`` rounds alternate which arm runs first (the load of a shared machine moves between arms); the median and
 range of the per-round ratios are printed.
@@ -10,7 +10,9 @@ range of the per-round ratios are printed.
 Feature shards hold random bf16 states in ``--encoding`` with ``--codec`` on the state columns (the loader's cost
 does not depend on their values); batches come out as float32 on ``--device`` as the trainer consumes them there:
 on the CPU the reader thread decodes fp8, on a GPU (``--device cuda``) the batch is copied in its stored form and
-decoded there, and the in-memory arm holds its batches on that GPU already. The shards have a manifest, so
+decoded there, and the in-memory arm holds its batches on that GPU already. ``fp8_topk`` (the large recipes'
+default) stores random top-``--topk`` ids and descending probabilities instead of the final state, and the step's
+loss becomes a soft cross-entropy of a k-way projection against them. The shards have a manifest, so
 the loader verifies their sha256 when it is built (``eagle3.integrity``): that one-off cost is timed with the
 loader's epoch and also reported alone.
 """
@@ -30,7 +32,7 @@ import torch
 from capture_overhead import spread
 from torch import nn
 
-from eagle3.capture.encoding import column_codecs
+from eagle3.capture.encoding import ENCODINGS, TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.capture.writer import feature_compression
 from eagle3.data.parquet import ShardWriter
@@ -39,13 +41,14 @@ from eagle3.runroot import FileEntry, Manifest
 from eagle3.train.data import FeatureDataset
 
 
-def write_features(out: Path, rows: int, hidden: int, *, encoding: str, codec: str, seed: int = 0) -> list[Path]:
+def write_features(out: Path, rows: int, hidden: int, *, encoding: str, codec: str, topk: int = 256,
+                   seed: int = 0) -> list[Path]:
     rng = random.Random(seed)
-    aux_codec, last_codec = column_codecs(encoding, "bfloat16", hidden)
+    aux_codec, last_codec = column_codecs(encoding, "bfloat16", hidden, topk=topk)
     meta = footer_metadata(target_model="bench", target_revision=None, hidden_size=hidden, num_layers=8,
                            layer_ids=[2, 4, 5], dtype="bfloat16", encoding=encoding, chat_template_hash="-",
                            system_prompt_policy="keep", truncation="quarantine", max_seq_len=4096,
-                           features_fingerprint="bench")
+                           features_fingerprint="bench", topk=encoding_topk(encoding, topk))
     compression = feature_compression(codec)
     with ShardWriter(out, FEATURE_SCHEMA, rows_per_shard=max(rows // 2, 1), row_group_bytes=16 * 2**20,
                      metadata=meta, compression=compression) as writer:
@@ -54,23 +57,41 @@ def write_features(out: Path, rows: int, hidden: int, *, encoding: str, codec: s
             writer.write_table(feature_table([{
                 "sample_id": f"s{i}", "input_ids": [rng.randrange(2048) for _ in range(n)], "loss_mask": [1] * n,
                 "seq_len": n, "aux_hidden": aux_codec.encode(torch.randn(n, 3 * hidden)),
-                "last_hidden": last_codec.encode(torch.randn(n, hidden))}]))
+                "last_hidden": final_state(last_codec, n, hidden)}]))
         paths = [info.path for info in writer.close()]
     files = [FileEntry.of(p, rows=pq.ParquetFile(p).metadata.num_rows, base=out) for p in paths]
     Manifest("features", out.name, files=files).write(out)
     return paths
 
 
+def final_state(codec, n: int, hidden: int) -> bytes:
+    """The stored final-state value of an ``n``-token row: random states, or random top-k ids with descending
+    probabilities for ``fp8_topk``."""
+    if isinstance(codec, TopKCodec):
+        probs = torch.rand(n, codec.k).softmax(-1).sort(dim=-1, descending=True).values
+        return codec.encode(torch.randint(0, 2**20, (n, codec.k)), probs)
+    return codec.encode(torch.randn(n, hidden))
+
+
 class DraftLike(nn.Module):
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, topk: int | None = None) -> None:
         super().__init__()
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.mlp = nn.Sequential(nn.Linear(hidden, 3 * hidden), nn.SiLU(), nn.Linear(3 * hidden, hidden))
-        self.out = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, topk or hidden)
 
     def forward(self, aux: torch.Tensor) -> torch.Tensor:
         x = self.fc(aux)  # [B, T, 3H] -> [B, T, H]
-        return self.out(x + self.mlp(x))
+        return self.out(x + self.mlp(x))  # [B, T, H], or [B, T, k] logits against a stored top-k
+
+
+def step_loss(pred: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    mask = (batch["loss_mask"] & batch["attention_mask"]).unsqueeze(-1)
+    if "target_probs" in batch:
+        per_token = -(batch["target_probs"] * pred.log_softmax(-1))
+    else:
+        per_token = (pred - batch["last_hidden"]) ** 2
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
 def run(batches, model: DraftLike, optimizer: torch.optim.Optimizer) -> tuple[float, int]:
@@ -79,9 +100,7 @@ def run(batches, model: DraftLike, optimizer: torch.optim.Optimizer) -> tuple[fl
     synchronize()
     start, steps = time.perf_counter(), 0
     for batch in batches:
-        pred = model(batch["aux_hidden"])
-        mask = (batch["loss_mask"] & batch["attention_mask"]).unsqueeze(-1)
-        loss = ((pred - batch["last_hidden"]) ** 2 * mask).sum() / mask.sum().clamp(min=1)
+        loss = step_loss(model(batch["aux_hidden"]), batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -96,7 +115,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--encoding", default="raw", choices=["raw", "fp8_aux", "fp8_all"])
+    parser.add_argument("--encoding", default="raw", choices=ENCODINGS)
+    parser.add_argument("--topk", type=int, default=256, help="k of the fp8_topk encoding (capture.topk)")
     parser.add_argument("--codec", default="zstd", choices=["none", "lz4", "zstd"])
     parser.add_argument("--prefetch", type=int, default=None,
                         help="batches a thread collates ahead (0: on the step's thread; default: the loader's, 0 on a "
@@ -108,12 +128,13 @@ def main() -> None:
         args.hidden, args.rows = 256, 32
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_features(Path(tmp), args.rows, args.hidden, encoding=args.encoding, codec=args.codec)
+        paths = write_features(Path(tmp), args.rows, args.hidden, encoding=args.encoding, codec=args.codec,
+                               topk=args.topk)
         make = lambda: FeatureDataset(paths, batch_size=args.batch_size, seed=0, hidden_dtype=torch.float32,  # noqa: E731
                                       prefetch=args.prefetch, device=args.device)
         first = make()
         memory = list(first)
-        model = DraftLike(args.hidden).to(args.device)
+        model = DraftLike(args.hidden, encoding_topk(args.encoding, args.topk)).to(args.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         run(memory[:2], model, optimizer)  # warm-up
         rounds = []

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 15's GPU checks as one prepared run for a lent GPU node (the session's `device` tool, ~15 min in all):
+#
+#   run(command="bash benchmarks/gpu_checks.sh", carry=[".whl", ".cache/eagle3-home"], timeout_s=580)
+#
+# (.cache/eagle3-home holds the tiny world the tests build once, ~63 s here: carried, the tests reuse it.)
+#
+# 1. the `gpu` tests: CUDA batches equal the CPU consumer's for every encoding, capture on one GPU and spread by
+#    device_map equals the CPU's, training places the target head on the GPU once;
+# 2. the loader on CUDA at a large H, raw + zstd (the tiny recipe's) and fp8_topk + lz4 (the large recipes'), with
+#    a draft-sized step: the acceptance's <= 1.05 where it is meant;
+# 3. the capture overhead on CUDA in bf16 (>= 0.90).
+#
+# The node has torch (CUDA), transformers, accelerate and pyarrow but not pydantic: its wheels travel in .whl,
+# fetched here once with (Python 3.12 there):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+# Each step has its own time limit and writes $OUT/<step>.log; a failed step does not stop the next.
+# GPU_CHECKS_QUICK=1 runs every step at the smallest sizes (a smoke run, on CPU too: the gpu tests then skip).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-checks}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if ! $PY -c "import pydantic" 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "pydantic is missing and .whl/ does not install it (see the download command above)"; exit 1; }
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=".:benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+DEVICE=cuda
+if [[ -n "${GPU_CHECKS_QUICK:-}" ]]; then
+    SIZE_LOADER=(--quick) SIZE_CAPTURE=(--quick)
+    $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=cpu
+else
+    # H 4096 (Llama-3.1-8B's): a batch of 4 x ~576 tokens is ~300 MB of raw features and the draft-like step
+    # ~0.4 GFLOP per token, so the loader has to keep up with a step of realistic size.
+    SIZE_LOADER=(--hidden 4096 --rows 96 --rounds 3) SIZE_CAPTURE=(--hidden 1024 --layers 12 --samples 128 --rounds 3)
+fi
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date +%T)): $*"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "== $name: exit $? ($(date +%T))"
+    tail -n 30 "$OUT/$name.log"
+}
+
+{ nvidia-smi || true; $PY -c "import torch, transformers, pyarrow; print(torch.__version__, transformers.__version__,
+pyarrow.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"; nproc; } >"$OUT/node.txt" 2>&1
+cat "$OUT/node.txt"
+step gpu-tests 200 $PY -m pytest -q -m gpu -p no:cacheprovider tests/unit/train/test_loader.py \
+    tests/unit/train/test_train_learning.py tests/unit/capture/test_capture_hf_device_map.py
+step loader-raw-zstd 110 $PY benchmarks/loader.py --device "$DEVICE" "${SIZE_LOADER[@]}"
+step loader-fp8topk-lz4 110 $PY benchmarks/loader.py --device "$DEVICE" --encoding fp8_topk --codec lz4 \
+    "${SIZE_LOADER[@]}"
+step capture-bf16 110 $PY benchmarks/capture_overhead.py --device "$DEVICE" --dtype bfloat16 "${SIZE_CAPTURE[@]}"
