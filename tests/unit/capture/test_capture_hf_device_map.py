@@ -20,12 +20,18 @@ def _states(path) -> dict[str, tuple[bytes, bytes]]:
     return {row["sample_id"]: (row["aux_hidden"], row["last_hidden"]) for row in table.to_pylist()}
 
 
-def test_a_device_map_strategy_captures_the_states_of_one_device(make_config, regen_shard, tmp_path):
+def _captured(make_config, regen_shard, tmp_path, devices) -> dict[str, dict[str, tuple[bytes, bytes]]]:
+    """The stored states of one shard captured with each ``capture.device`` in ``devices``."""
     stored = {}
-    for device in ("cpu", "auto"):
+    for device in devices:
         config = make_config(f"capture.device={device}")
         result = capture_shard(config, regen_shard, tmp_path / device, backend=load_hf_backend(config))
         stored[device] = _states(result["path"])
+    return stored
+
+
+def test_a_device_map_strategy_captures_the_states_of_one_device(make_config, regen_shard, tmp_path):
+    stored = _captured(make_config, regen_shard, tmp_path, ("cpu", "auto"))
     assert len(stored["auto"]) == 12
     assert stored["auto"] == stored["cpu"]  # byte for byte
 
@@ -35,11 +41,7 @@ def test_a_device_map_strategy_captures_the_states_of_one_device(make_config, re
 def test_a_target_on_gpus_captures_the_states_the_cpu_captures(make_config, regen_shard, tmp_path, device):
     """The same shard on the GPU (one device, or spread by transformers' device_map over the visible GPUs) stores
     the CPU's float32 states up to the kernels' summation order."""
-    stored = {}
-    for where in ("cpu", device):
-        config = make_config(f"capture.device={where}")
-        result = capture_shard(config, regen_shard, tmp_path / where, backend=load_hf_backend(config))
-        stored[where] = _states(result["path"])
+    stored = _captured(make_config, regen_shard, tmp_path, ("cpu", device))
     assert stored[device].keys() == stored["cpu"].keys() and len(stored["cpu"]) == 12
     for sample, states in stored[device].items():
         for got, want in zip(states, stored["cpu"][sample], strict=True):
