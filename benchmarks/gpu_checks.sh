@@ -5,8 +5,9 @@
 #
 # (.cache/eagle3-home holds the tiny world the tests build once, ~63 s here: carried, the tests reuse it.)
 #
-# 1. the `gpu` tests: CUDA batches equal the CPU consumer's for every encoding, capture on one GPU and spread by
-#    device_map equals the CPU's, training places the target head on the GPU once;
+# 1. the `gpu` tests: CUDA batches equal the CPU consumer's for every encoding, staged pinned and copied on a stream
+#    the consumer waits for, capture on one GPU and spread by device_map equals the CPU's, training places the
+#    target head on the GPU once;
 # 2. the loader on CUDA at a large H, raw + zstd (the tiny recipe's) and fp8_topk + lz4 (the large recipes'), with
 #    a draft-sized step: the acceptance's <= 1.05 where it is meant;
 # 3. the capture overhead on CUDA in bf16 (>= 0.90).
@@ -51,7 +52,7 @@ step() {  # step NAME SECONDS COMMAND...
 pyarrow.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"; nproc; } >"$OUT/node.txt" 2>&1
 cat "$OUT/node.txt"
 step gpu-tests 200 $PY -m pytest -q -m gpu -p no:cacheprovider tests/unit/train/test_loader.py \
-    tests/unit/train/test_train_learning.py tests/unit/capture/test_capture_hf_device_map.py
+    tests/unit/train/test_transfer.py tests/unit/train/test_train_learning.py tests/unit/capture/test_capture_hf_device_map.py
 step loader-raw-zstd 110 $PY benchmarks/loader.py --device "$DEVICE" "${SIZE_LOADER[@]}"
 step loader-fp8topk-lz4 110 $PY benchmarks/loader.py --device "$DEVICE" --encoding fp8_topk --codec lz4 \
     "${SIZE_LOADER[@]}"

@@ -18,13 +18,15 @@ Design choices:
   (bf16, fp8 + scales) and decoded to ``hidden_dtype`` on ``device`` (the GPU when training there), except raw
   states for a CPU consumer, converted during the copy.
 * Row groups are read and decompressed on background threads, the next one ahead of the one in use (Arrow's
-  decompression releases the GIL), so the training step does not wait for the disk. A GPU consumer gets its
-  batches collated on one more thread, ``prefetch`` batches ahead: its step leaves the CPU free. When the consumer
-  computes on this CPU (``device="cpu"``) the reading threads run at the lowest CPU priority and Arrow decodes on
-  them rather than on its own pool, so they fill the gaps of a step that keeps every core busy instead of
-  preempting its intra-op threads (``eagle3.procs.yield_cpu``); and the batch is collated on the consumer's own
-  thread when it asks for it: the copies then run on torch's intra-op threads, where a collating thread took a
-  core from one of them and left the other waiting (BENCHMARKS.md, issue 15).
+  decompression releases the GIL), so the training step does not wait for the disk. A GPU consumer gets its batches
+  collated on one more thread, ``prefetch`` batches ahead: its step leaves the CPU free. That thread stages them in
+  pinned memory, copies and decodes them on a CUDA stream of its own (overlapping the step's kernels), and the
+  consumer's stream waits for that work when it takes the batch. When the consumer computes on this CPU
+  (``device="cpu"``) the reading threads run at the lowest CPU priority and Arrow decodes on them rather than on its
+  own pool, so they fill the gaps of a step that keeps every core busy instead of preempting its intra-op threads
+  (``eagle3.procs.yield_cpu``); and the batch is collated on the consumer's own thread when it asks for it: the copies
+  then run on torch's intra-op threads, where a collating thread took a core from one of them and left the other
+  waiting (BENCHMARKS.md, issue 15).
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """
@@ -64,11 +66,13 @@ from eagle3.data.parquet import open_shard
 from eagle3.integrity import verify_files
 from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
+from eagle3.train.transfer import DeviceTransfer, Moved
 
 logger = logging.getLogger(__name__)
 
 Item = tuple[int, int]  # (index into this dataset's row-group list, row inside it)
 Batch = list[list[Item]]  # batch rows, each a sequence of items (one item unless packing)
+Staged = tuple[torch.Tensor, torch.Tensor | None]  # a state column's padded buffers: values, scales (or probs)
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,8 @@ class FeatureDataset(IterableDataset):
         self.groups: list[RowGroup] = []
         self.dtype, self.hidden_size, (self.aux_codec, self.last_codec) = self._scan()
         self.hidden_dtype = hidden_dtype or TORCH_DTYPES[self.dtype]
-        self.device = torch.device(device)
+        self._transfer = DeviceTransfer(device)
+        self.device = self._transfer.device
         self._background = self.device.type == "cpu"  # the consumer computes on this CPU: reads yield to it
         self.prefetch = (0 if self._background else 2) if prefetch is None else prefetch
         if self.prefetch < 0:
@@ -330,19 +335,19 @@ class FeatureDataset(IterableDataset):
             self._cache.popitem(last=False)
         return decoded
 
-    def _collate(self, seqs: Batch) -> dict[str, torch.Tensor]:
+    def _collate(self, seqs: Batch) -> Moved:
         limit = self.max_seq_len or max(self.groups[g].lengths[r] for seq in seqs for g, r in seq)
         width = max(sum(min(self.groups[g].lengths[r], limit) for g, r in seq) for seq in seqs)
-        b = len(seqs)
+        b, zeros = len(seqs), self._transfer.zeros
         out = {
-            "input_ids": torch.zeros(b, width, dtype=torch.int64),
-            "loss_mask": torch.zeros(b, width, dtype=torch.bool),
-            "attention_mask": torch.zeros(b, width, dtype=torch.bool),
+            "input_ids": zeros(b, width, dtype=torch.int64),
+            "loss_mask": zeros(b, width, dtype=torch.bool),
+            "attention_mask": zeros(b, width, dtype=torch.bool),
         }
         aux, aux_scale = self._staged(self.aux_codec, b, width)
         last, last_scale = self._staged(self.last_codec, b, width)
         if self.pack:
-            out["position_ids"] = torch.zeros(b, width, dtype=torch.int64)
+            out["position_ids"] = zeros(b, width, dtype=torch.int64)
         for i, seq in enumerate(seqs):
             at = 0
             for g, r in seq:
@@ -363,34 +368,39 @@ class FeatureDataset(IterableDataset):
             for staged in (aux, aux_scale, last, last_scale):  # only the padding is zeroed, not the whole buffer
                 if staged is not None:
                     staged[i, at:] = 0
-        out = {k: v.to(self.device) for k, v in out.items()}
-        out["aux_hidden"] = self._decode(aux, aux_scale)
-        if isinstance(self.last_codec, TopKCodec):  # (ids, probs) staged in the (values, scales) slots
-            out["target_ids"] = last.to(self.device).long()
-            out["target_probs"] = last_scale.to(self.device).float()
-        else:
-            out["last_hidden"] = self._decode(last, last_scale)
-        return out
+        return self._transfer.moved(lambda: self._on_device(out, (aux, aux_scale), (last, last_scale)))
 
-    def _staged(self, codec: FinalCodec, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _on_device(self, out: dict[str, torch.Tensor], aux: Staged, last: Staged) -> dict[str, torch.Tensor]:
+        """The staged batch copied to ``device`` in its stored form and decoded there (``eagle3.train.transfer``)."""
+        copy = self._transfer.copy
+        batch = {k: copy(v) for k, v in out.items()}
+        batch["aux_hidden"] = self._decode(*aux)
+        if isinstance(self.last_codec, TopKCodec):  # (ids, probs) staged in the (values, scales) slots
+            ids, probs = last
+            batch["target_ids"], batch["target_probs"] = copy(ids).long(), copy(probs).float()
+        else:
+            batch["last_hidden"] = self._decode(*last)
+        return batch
+
+    def _staged(self, codec: FinalCodec, b: int, width: int) -> Staged:
         """Uninitialised padded buffers in the stored form (+ the fp8 scales, or the top-k's probabilities next to
         its ids), zeroed by ``_collate`` past each row's tokens only (zeroing whole buffers first cost ~1.3 ms of
         the reader's ~19 ms of CPU per batch); raw states for a CPU consumer are converted to ``hidden_dtype`` by
-        the copy itself."""
+        the copy itself. Pinned for a GPU consumer."""
+        empty = self._transfer.empty
         if isinstance(codec, TopKCodec):
-            return (torch.empty(b, width, codec.k, dtype=TOPK_ID_DTYPE),
-                    torch.empty(b, width, codec.k, dtype=TOPK_PROB_DTYPE))
+            return empty(b, width, codec.k, dtype=TOPK_ID_DTYPE), empty(b, width, codec.k, dtype=TOPK_PROB_DTYPE)
         if codec.fp8:
-            return torch.empty(b, width, codec.width, dtype=FP8), torch.empty(b, width, codec.segments)
+            return empty(b, width, codec.width, dtype=FP8), empty(b, width, codec.segments, dtype=torch.float32)
         dtype = self.hidden_dtype if self.device.type == "cpu" else TORCH_DTYPES[codec.dtype]
-        return torch.empty(b, width, codec.width, dtype=dtype), None
+        return empty(b, width, codec.width, dtype=dtype), None
 
     def _decode(self, values: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Move the stored form to ``device`` and decode it there (fp8 padding has scale 0: it decodes to 0)."""
-        values = values.to(self.device)
+        values = self._transfer.copy(values)
         if scales is None:
             return values.to(self.hidden_dtype)
-        return dequantize(values, scales.to(self.device), self.hidden_dtype)
+        return dequantize(values, self._transfer.copy(scales), self.hidden_dtype)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """One epoch from the current position, taking the row groups in the order the batches first use them from
@@ -417,17 +427,17 @@ class FeatureDataset(IterableDataset):
             for batch in collated:
                 self._last = batches[self.step]
                 self.step += 1
-                yield batch
+                yield self._transfer.handed_out(batch)
         finally:
             if self.prefetch:
                 collated.close()
         self.epoch, self.step = self.epoch + 1, 0
 
-    def _collated_ahead(self, batches: list[Batch]) -> Generator[dict[str, torch.Tensor], None, None]:
+    def _collated_ahead(self, batches: list[Batch]) -> Generator[Moved, None, None]:
         """``batches`` collated on a thread of their own, ``prefetch`` ahead of the consumer."""
         init = yield_cpu if self._background else None
         with ThreadPoolExecutor(1, thread_name_prefix="feature-reader", initializer=init) as reader:
-            ahead: deque[Future[dict[str, torch.Tensor]]] = deque()
+            ahead: deque[Future[Moved]] = deque()
             todo = iter(batches)
             try:
                 while True:

@@ -1,0 +1,61 @@
+"""Batches from the host to the device that trains on them, without stalling its step (``FeatureDataset``).
+
+A CPU consumer uses a batch where it is built. For a GPU the batch is staged in pinned (page-locked) memory and
+copied and decoded on a CUDA stream of its own: a copy from pageable memory is a synchronous bounce through a driver
+buffer, and any copy on the consumer's stream waits for the step queued before it and holds back the one queued
+after it. The consumer's stream waits for that work's event when it takes the batch (``handed_out``). The caching
+host allocator keeps each pinned buffer until its asynchronous copy has run, so the stager may drop it at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+Tensors = dict[str, torch.Tensor]
+Moved = tuple[Tensors, "torch.cuda.Event | None"]  # a batch on its device, and the event that marks it ready
+
+
+class DeviceTransfer:
+    """Staging buffers for ``device`` and the moves onto it; made on the consumer's thread, used on any."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # the consumer's GPU, not the staging thread's
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device, self.pinned = device, device.type == "cuda"
+        self._stream: torch.cuda.Stream | None = None  # created on first use: a dataset is built without CUDA
+
+    def empty(self, *shape: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, pin_memory=self.pinned)
+
+    def zeros(self, *shape: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=dtype, pin_memory=self.pinned)
+
+    def copy(self, staged: torch.Tensor) -> torch.Tensor:
+        """``staged`` on the device (asynchronous from pinned memory; the tensor itself on the CPU)."""
+        return staged.to(self.device, non_blocking=True)
+
+    def moved(self, build: Callable[[], Tensors]) -> Moved:
+        """``build()`` (which calls ``copy`` and decodes on the device) run on the copy stream, and its end event."""
+        if not self.pinned:
+            return build(), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._stream):
+            batch, ready = build(), torch.cuda.Event()
+            ready.record()
+        return batch, ready
+
+    def handed_out(self, moved: Moved) -> Tensors:
+        """The batch, safe on the caller's current stream: that stream waits for the copy's event, and each tensor
+        is marked in use there, so the allocator does not give its memory back to the copy stream while the step
+        still reads it."""
+        batch, ready = moved
+        if ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(ready)
+            for tensor in batch.values():
+                tensor.record_stream(stream)
+        return batch
