@@ -21,10 +21,11 @@ class CaptureBackend(Protocol):
 
     ``aux`` holds the residual stream entering the configured layers (``input_of_layer``, HF
     ``output_hidden_states[i]``), concatenated low|mid|high; ``last`` is the final post-norm state (the input of
-    ``lm_head``). Tensors may live on any device; the caller moves them to CPU. ``lm_head`` is the target's output
-    head ``[V, H]`` on the device ``last`` comes out on: the ``fp8_topk`` encoding turns ``last`` into the target's
-    top-k next-token distribution with it (``eagle3.capture.head``), so an in-process SGLang backend exposes its
-    (gathered) head too.
+    ``lm_head``). Tensors may live on any device; the caller copies them to the host without waiting for them and
+    reads them on its writer thread, while the next forward runs, so a backend returns tensors that later forwards
+    do not overwrite (no reused output buffers). ``lm_head`` is the target's output head ``[V, H]`` on the device
+    ``last`` comes out on: the ``fp8_topk`` encoding turns ``last`` into the target's top-k next-token distribution
+    with it (``eagle3.capture.head``), so an in-process SGLang backend exposes its (gathered) head too.
     """
 
     hidden_size: int

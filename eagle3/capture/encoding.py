@@ -71,12 +71,24 @@ class ColumnCodec:
         return self.width * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
 
     def encode(self, x: torch.Tensor) -> bytes:
-        """The stored bytes of ``x [T, width]``; fp8 quantizes on ``x``'s device (the GPU when capturing there)."""
+        """The stored bytes of ``x [T, width]``: ``to_bytes`` of its ``stored`` form."""
+        return self.to_bytes(tuple(part.cpu() for part in self.stored(x)))
+
+    def stored(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``x [T, width]`` in its stored form on ``x``'s device (the GPU when capturing there, where fp8 quantizes):
+        ``(values,)`` in ``dtype``, or ``(scales, values)`` for fp8."""
         if not self.fp8:
-            x = x.detach().to(device="cpu", dtype=TORCH_DTYPES[self.dtype]).contiguous()
-            return x.view(STORAGE_VIEW[self.dtype]).numpy().tobytes()
+            return (x.detach().to(TORCH_DTYPES[self.dtype]).contiguous(),)
         values, scales = quantize(x.detach(), self.segments)
-        return scales.cpu().numpy().tobytes() + values.view(torch.uint8).cpu().numpy().tobytes()
+        return scales, values
+
+    def to_bytes(self, parts: tuple[torch.Tensor, ...]) -> bytes:
+        """The stored bytes of ``stored``'s parts, once they are on the CPU."""
+        if not self.fp8:
+            (values,) = parts
+            return values.view(STORAGE_VIEW[self.dtype]).numpy().tobytes()
+        scales, values = parts
+        return scales.numpy().tobytes() + values.view(torch.uint8).numpy().tobytes()
 
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
         """Each value of ``column`` viewed in place (``torch.frombuffer`` over the Arrow buffer, kept alive by the
@@ -110,10 +122,16 @@ class TopKCodec:
 
     def encode(self, ids: torch.Tensor, probs: torch.Tensor) -> bytes:
         """The stored bytes of ``ids [T, k]`` and ``probs [T, k]`` (``eagle3.capture.head.target_topk``)."""
+        return self.to_bytes(tuple(part.cpu() for part in self.stored(ids, probs)))
+
+    def stored(self, ids: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids int32, probs float16)`` on their device."""
         if ids.shape != probs.shape or ids.shape[-1] != self.k:
             raise ValueError(f"top-k ids {tuple(ids.shape)} / probs {tuple(probs.shape)} do not have k={self.k}")
-        ids = ids.detach().to(device="cpu", dtype=TOPK_ID_DTYPE).contiguous()
-        probs = probs.detach().to(device="cpu", dtype=TOPK_PROB_DTYPE).contiguous()
+        return ids.detach().to(TOPK_ID_DTYPE).contiguous(), probs.detach().to(TOPK_PROB_DTYPE).contiguous()
+
+    def to_bytes(self, parts: tuple[torch.Tensor, ...]) -> bytes:
+        ids, probs = parts
         return ids.numpy().tobytes() + probs.view(torch.int16).numpy().tobytes()
 
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:

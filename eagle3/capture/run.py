@@ -45,7 +45,6 @@ from eagle3.capture.schema import (
     FEATURE_SCHEMA,
     LAYER_CONVENTION,
     REASON_BAD_INPUT,
-    REASON_NON_FINITE,
     REASON_TOO_LONG,
     footer_metadata,
 )
@@ -55,6 +54,7 @@ from eagle3.data.parquet import ShardError, open_shard, shard_metadata
 from eagle3.integrity import verify_files
 from eagle3.layout import SHARD_GLOB, parts_dir_name, shard_index, shard_name
 from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.transfer import HostCopy
 
 logger = logging.getLogger(__name__)
 
@@ -205,12 +205,13 @@ def _scan_parts(parts_dir: Path) -> tuple[list[Path], list[Path], set[str], int]
 
 
 def _capture_batch(
-    backend: CaptureBackend, batch: Sequence[Sample], *, hidden_size: int, codecs: tuple[ColumnCodec, FinalCodec]
-) -> tuple[list[dict], list[dict]]:
-    """Forward one batch; rows for the feature table (states encoded on the backend's device) and quarantined rows
-    (non-finite states)."""
-    rows, quarantined = [], []
+    backend: CaptureBackend, batch: Sequence[Sample], part: int, *, hidden_size: int,
+    codecs: tuple[ColumnCodec, FinalCodec],
+) -> Batch:
+    """Forward one batch and queue its states' stored form (and their finiteness) to the host: nothing here waits
+    for a GPU, so the next forward is queued while the writer waits for these copies (``eagle3.transfer``)."""
     aux_codec, last_codec = codecs
+    to_host, states, finite = HostCopy(), [], ([], [])
     outputs = backend.forward([s.input_ids for s in batch])
     for sample, (aux, last) in zip(batch, outputs, strict=True):
         n = len(sample.input_ids)
@@ -219,34 +220,30 @@ def _capture_batch(
                 f"capture backend returned aux {tuple(aux.shape)} / last {tuple(last.shape)} for a {n}-token sample;"
                 f" expected ({n}, {3 * hidden_size}) / ({n}, {hidden_size}): check target.hidden_size"
             )
-        if not (_finite(aux) and _finite(last)):
-            quarantined.append({"sample_id": sample.sample_id, "reason": REASON_NON_FINITE, "seq_len": n})
-            continue
-        rows.append(
-            {
-                "sample_id": sample.sample_id,
-                "input_ids": sample.input_ids,
-                "loss_mask": sample.loss_mask,
-                "seq_len": n,
-                "aux_hidden": aux_codec.encode(aux),
-                "last_hidden": _encode_final(last_codec, last, backend),
-            }
-        )
-    return rows, quarantined
+        finite[0].append(_finite(aux))
+        finite[1].append(_finite(last))
+        states.append((tuple(map(to_host, aux_codec.stored(aux))),
+                       tuple(map(to_host, _stored_final(last_codec, last, backend)))))
+    flags = (to_host(torch.stack(finite[0])), to_host(torch.stack(finite[1])))  # aux and last: maybe two GPUs
+    to_host.record()
+    samples = [{"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
+                "seq_len": len(s.input_ids)} for s in batch]
+    return Batch(part, samples, states, flags, to_host, tokens=sum(len(s.input_ids) for s in batch))
 
 
-def _encode_final(codec: FinalCodec, last: torch.Tensor, backend: CaptureBackend) -> bytes:
-    """The final-state column's value: the state, or (``fp8_topk``) the target's top-k next-token distribution
-    computed from it with the target's ``lm_head`` on the backend's device."""
+def _stored_final(codec: FinalCodec, last: torch.Tensor, backend: CaptureBackend) -> tuple[torch.Tensor, ...]:
+    """The final-state column's stored form: the state, or (``fp8_topk``) the target's top-k next-token
+    distribution computed from it with the target's ``lm_head`` on the backend's device."""
     if isinstance(codec, TopKCodec):
-        return codec.encode(*target_topk(last, backend.lm_head, codec.k))
-    return codec.encode(last)
+        return codec.stored(*target_topk(last, backend.lm_head, codec.k))
+    return codec.stored(last)
 
 
-def _finite(x: torch.Tensor) -> bool:
-    """Whether every value of ``x`` is finite, from its min and max (NaN propagates into both): one reduction
-    pass, ~7x cheaper than ``isfinite(x).all()``, which writes a bool per value (BENCHMARKS.md, issue 15)."""
-    return bool(torch.isfinite(torch.stack(torch.aminmax(x))).all())
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """Whether every value of ``x`` is finite, as a bool on ``x``'s device (read by the writer: reading it here would
+    wait for the GPU), from its min and max (NaN propagates into both): one reduction pass, ~7x cheaper than
+    ``isfinite(x).all()``, which writes a bool per value (BENCHMARKS.md, issue 15)."""
+    return torch.isfinite(torch.stack(torch.aminmax(x))).all()
 
 
 def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str) -> dict | None:
@@ -342,11 +339,10 @@ def _run_batches(
                            topk=config.capture.topk)
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
-        batch = [todo[i] for i in batch_idx]
-        rows, quarantined = _capture_batch(backend, batch, hidden_size=config.target.hidden_size, codecs=codecs)
-        batch_tokens = sum(len(s.input_ids) for s in batch)
-        writer.submit(Batch(k, rows, quarantined, len(batch), batch_tokens))
-        tokens += batch_tokens
+        captured = _capture_batch(backend, [todo[i] for i in batch_idx], k, hidden_size=config.target.hidden_size,
+                                  codecs=codecs)
+        writer.submit(captured)
+        tokens += captured.tokens
     return tokens
 
 

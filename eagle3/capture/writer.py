@@ -1,7 +1,8 @@
 """The capture's writer thread: part files, the streamed final shard, and the column codecs it writes with.
 
-The forward (``eagle3.capture.run``) hands each batch's encoded rows to ``PartWriter`` and goes on with the next
-batch; building the Arrow table, writing the part file and compressing into the final shard happen here, on one
+The forward (``eagle3.capture.run``) hands each batch's states in their stored form to ``PartWriter`` and goes on
+with the next batch; waiting for a GPU's copies to the host (``eagle3.transfer.HostCopy``), quarantining non-finite
+samples, building the Arrow table, writing the part file and compressing into the final shard happen here, on one
 background thread. On a CPU target they share the cores with the forward, so the thread runs at the lowest CPU
 priority (``eagle3.procs.yield_cpu``): it uses what the forward's threads leave idle instead of slowing all of them,
 and when it falls ``WRITE_AHEAD`` batches behind, the forward waits on it and frees the cores. On a GPU target it
@@ -20,13 +21,16 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
-from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, feature_table
+from eagle3.capture.encoding import ColumnCodec, FinalCodec, column_codecs
+from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, REASON_NON_FINITE, feature_table
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardWriter, write_table
 from eagle3.layout import parts_dir_name, shard_name
 from eagle3.procs import yield_cpu
 from eagle3.runroot import atomic_path
+from eagle3.transfer import HostCopy
 
 
 def feature_compression(hidden: str) -> dict[str, str]:
@@ -38,13 +42,30 @@ def feature_compression(hidden: str) -> dict[str, str]:
 
 @dataclass
 class Batch:
-    """One forward batch for the writer: its part number, feature rows, quarantined rows and size."""
+    """One forward batch for the writer: its part number, each sample's token columns (``sample_id, input_ids,
+    loss_mask, seq_len``), its states' stored parts (aux, final) and whether they are finite (aux, final: one
+    bool per sample each), as host tensors whose copies from a GPU are done once ``copies.wait()`` returns."""
 
     part: int
-    rows: list[dict]
-    quarantined: list[dict]
-    samples: int
+    samples: list[dict]
+    states: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]
+    finite: tuple[torch.Tensor, torch.Tensor]
+    copies: HostCopy
     tokens: int
+
+    def rows(self, codecs: tuple[ColumnCodec, FinalCodec]) -> tuple[list[dict], list[dict]]:
+        """(feature rows, quarantined rows: the samples with a non-finite state), in sample order."""
+        self.copies.wait()
+        aux_codec, last_codec = codecs
+        finite = (self.finite[0] & self.finite[1]).tolist()
+        rows, quarantined = [], []
+        for sample, ok, (aux, last) in zip(self.samples, finite, self.states, strict=True):
+            if not ok:
+                quarantined.append({"sample_id": sample["sample_id"], "reason": REASON_NON_FINITE,
+                                    "seq_len": sample["seq_len"]})
+                continue
+            rows.append(sample | {"aux_hidden": aux_codec.to_bytes(aux), "last_hidden": last_codec.to_bytes(last)})
+        return rows, quarantined
 
 
 # Batches waiting for the writer: bounds the memory held (one batch's states each) and what a kill -9 can lose
@@ -71,6 +92,8 @@ class PartWriter:
         self._shard = ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index,
                                   row_group_bytes=config.capture.row_group_bytes, metadata=footer,
                                   compression=feature_compression(config.capture.hidden_compression))
+        self._codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size,
+                                     topk=config.capture.topk)
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=WRITE_AHEAD)
         self._error: BaseException | None = None
         self._background = config.capture.device == "cpu"  # the forward computes on this CPU: yield to it
@@ -101,15 +124,16 @@ class PartWriter:
 
     def _write(self, batch: Batch) -> None:
         name = f"{self.index:05d}.part-{batch.part:05d}.parquet"
-        if batch.quarantined:  # written first: a kill between the two files only redoes this batch's good rows
-            q_table = pa.Table.from_pylist(batch.quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
+        rows, quarantined = batch.rows(self._codecs)
+        if quarantined:  # written first: a kill between the two files only redoes this batch's good rows
+            q_table = pa.Table.from_pylist(quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
             write_table(self._parts_dir / f"quarantine-{name}", q_table, metadata=self.footer)
-        if batch.rows:
-            table = feature_table(batch.rows)
+        if rows:
+            table = feature_table(rows)
             _write_part(self._parts_dir / f"shard-{name}", table, self.footer)
             self._shard.write_table(table)
         if self.progress is not None:  # reported once the batch is on disk: a resume keeps what was reported
-            self.progress(batch.samples, batch.tokens)
+            self.progress(len(batch.samples), batch.tokens)
 
     def _stop(self) -> None:
         self._queue.put(None)

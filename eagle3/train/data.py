@@ -66,7 +66,7 @@ from eagle3.data.parquet import open_shard
 from eagle3.integrity import verify_files
 from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
-from eagle3.train.transfer import DeviceTransfer, Moved
+from eagle3.transfer import DeviceTransfer, Moved
 
 logger = logging.getLogger(__name__)
 
@@ -371,7 +371,7 @@ class FeatureDataset(IterableDataset):
         return self._transfer.moved(lambda: self._on_device(out, (aux, aux_scale), (last, last_scale)))
 
     def _on_device(self, out: dict[str, torch.Tensor], aux: Staged, last: Staged) -> dict[str, torch.Tensor]:
-        """The staged batch copied to ``device`` in its stored form and decoded there (``eagle3.train.transfer``)."""
+        """The staged batch copied to ``device`` in its stored form and decoded there (``eagle3.transfer``)."""
         copy = self._transfer.copy
         batch = {k: copy(v) for k, v in out.items()}
         batch["aux_hidden"] = self._decode(*aux)

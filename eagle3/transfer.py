@@ -1,10 +1,17 @@
-"""Batches from the host to the device that trains on them, without stalling its step (``FeatureDataset``).
+"""Moves between the host and a GPU that do not stall the device's work: batches to the trainer, states from the target.
 
-A CPU consumer uses a batch where it is built. For a GPU the batch is staged in pinned (page-locked) memory and
-copied and decoded on a CUDA stream of its own: a copy from pageable memory is a synchronous bounce through a driver
-buffer, and any copy on the consumer's stream waits for the step queued before it and holds back the one queued
-after it. The consumer's stream waits for that work's event when it takes the batch (``handed_out``). The caching
-host allocator keeps each pinned buffer until its asynchronous copy has run, so the stager may drop it at once.
+``DeviceTransfer`` (the training loader, ``FeatureDataset``): a CPU consumer uses a batch where it is built. For a
+GPU the batch is staged in pinned (page-locked) memory and copied and decoded on a CUDA stream of its own: a copy
+from pageable memory is a synchronous bounce through a driver buffer, and any copy on the consumer's stream waits for
+the step queued before it and holds back the one queued after it. The consumer's stream waits for that work's event
+when it takes the batch (``handed_out``).
+
+``HostCopy`` (capture, ``eagle3.capture.run``): a GPU target's states come back into pinned memory, queued on the
+current stream behind the forward that made them, so the capture thread goes on to queue the next forward at once;
+the writer thread waits for the copies (``wait``) and does the host work while the GPU computes. Reading a state
+(``.cpu()``, ``bool(...)``) on the capture thread waited for the forward and left the GPU idle during the host work.
+
+In both, the caching host allocator keeps each pinned buffer until its asynchronous copy has run.
 """
 
 from __future__ import annotations
@@ -59,3 +66,30 @@ class DeviceTransfer:
             for tensor in batch.values():
                 tensor.record_stream(stream)
         return batch
+
+
+class HostCopy:
+    """Copies of device tensors to the host that do not wait for the device (module docstring): call it on each
+    tensor, then ``record()`` once after the last; ``wait()`` (on any thread) blocks until all are on the host.
+    Tensors already on the CPU are returned as they are."""
+
+    def __init__(self) -> None:
+        self._devices: set[torch.device] = set()
+        self._done: list[torch.cuda.Event] = []
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_cuda:
+            return tensor
+        self._devices.add(tensor.device)  # spread by device_map: one stream per GPU the states come from
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
+
+    def record(self) -> None:
+        """Mark the end of the copies queued so far, on each device's current stream."""
+        for device in self._devices:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            self._done.append(done)
+
+    def wait(self) -> None:
+        for done in self._done:
+            done.synchronize()

@@ -1,11 +1,12 @@
-"""Host-to-device moves of training batches: pinned staging, a copy stream of their own, the consumer waits."""
+"""Moves that do not stall the device: training batches to a GPU (pinned staging, a copy stream, the consumer
+waits) and captured states back to the host (pinned, waited for on the writer's side)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from eagle3.train.transfer import DeviceTransfer
+from eagle3.transfer import DeviceTransfer, HostCopy
 
 
 def test_a_cpu_consumer_gets_its_batch_where_it_was_built_with_no_event():
@@ -34,7 +35,7 @@ def test_a_gpu_consumer_reads_its_batch_only_after_the_copy_stream_wrote_it():
         staged = transfer.empty(64, 1024, dtype=torch.float32)
         staged.copy_(torch.arange(64 * 1024, dtype=torch.float32).view(64, 1024) + round_)
 
-        def build() -> dict[str, torch.Tensor]:
+        def build(staged: torch.Tensor = staged) -> dict[str, torch.Tensor]:
             torch.cuda._sleep(200_000_000)  # queued on the copy stream: ~0.1 s before the copy runs
             return {"x": transfer.copy(staged) * 2}
 
@@ -42,3 +43,24 @@ def test_a_gpu_consumer_reads_its_batch_only_after_the_copy_stream_wrote_it():
         got = transfer.handed_out(moved)["x"]
         assert torch.equal(got.cpu(), staged * 2), f"round {round_}"
         assert moved[1].query()  # the consumer's read waited for it
+
+
+def test_states_on_the_cpu_are_kept_as_they_are_by_the_host_copy():
+    to_host, x = HostCopy(), torch.arange(6.0)
+    assert to_host(x) is x
+    to_host.record()
+    to_host.wait()
+
+
+@pytest.mark.gpu
+def test_states_copied_to_the_host_are_whole_once_the_wait_returns():
+    """The state is computed behind a spinning kernel (a forward still running) and copied without waiting for it;
+    ``wait`` must block until the copy has run, or the pinned buffer is read before it is written."""
+    x = torch.arange(64 * 1024, dtype=torch.float32, device="cuda").view(64, 1024)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s on the current stream, like the forward that makes the states
+    to_host = HostCopy()
+    host = to_host(x * 2)
+    to_host.record()
+    assert host.device.type == "cpu" and host.is_pinned()
+    to_host.wait()
+    assert torch.equal(host, torch.arange(64 * 1024, dtype=torch.float32).view(64, 1024) * 2)
