@@ -26,7 +26,7 @@ import torch
 from eagle3.capture.encoding import ColumnCodec, FinalCodec, column_codecs
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, REASON_NON_FINITE, feature_table
 from eagle3.config import PipelineConfig
-from eagle3.data.parquet import ShardWriter, write_table
+from eagle3.data.parquet import ShardWriter, parquet_writer, write_table
 from eagle3.layout import parts_dir_name, shard_name
 from eagle3.procs import yield_cpu
 from eagle3.runroot import atomic_path
@@ -166,5 +166,6 @@ class PartWriter:
 def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:
     """A part file, atomically and uncompressed: it lives until the shard is finished, which compresses once."""
     meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in footer.items()}}
-    with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="none")
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp, parquet_writer(tmp, table.schema, "none") as writer:
+        writer.write_table(table)

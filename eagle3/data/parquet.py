@@ -3,7 +3,8 @@
 * explicit schema, footer key-value metadata (strings),
 * row groups sized by bytes, not rows (hidden-state rows are MBs, prompt rows are KBs),
 * shard rotation by row count, file names ``<prefix>-NNNNN.parquet``,
-* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written.
+* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written,
+* no dictionary on binary columns (``dictionary_columns``).
 
 Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the caller
 rebuilds it instead of trusting it.
@@ -23,6 +24,27 @@ import pyarrow.parquet as pq
 
 from eagle3.layout import shard_name
 from eagle3.runroot import atomic_path, fsync_dir, sha256_file
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet leaf columns to dictionary-encode: all but top-level binary columns (hidden states, one distinct
+    multi-KB value per row). By default Arrow tries a dictionary on every column. On a state column it hashes values
+    until the dictionary page overflows, then falls back to plain, which leaves a column chunk in two encodings:
+    13-30% more CPU to write than plain alone, and a few percent more to read (BENCHMARKS.md, issue 15)."""
+    def leaves(name: str, kind: pa.DataType) -> list[str]:
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # Arrow's compliant nested names
+            return leaves(f"{name}.list.element", kind.value_type)
+        if pa.types.is_struct(kind):
+            return [leaf for child in kind for leaf in leaves(f"{name}.{child.name}", child.type)]
+        return [name]
+
+    blob = (pa.types.is_binary, pa.types.is_large_binary)
+    return [leaf for f in schema if not any(is_(f.type) for is_ in blob) for leaf in leaves(f.name, f.type)]
+
+
+def parquet_writer(path: Path, schema: pa.Schema, compression: str | Mapping[str, str]) -> pq.ParquetWriter:
+    """The project's Parquet writer settings (``dictionary_columns``) for one file."""
+    return pq.ParquetWriter(path, schema, compression=compression, use_dictionary=dictionary_columns(schema))
 
 
 class ShardError(RuntimeError):
@@ -126,7 +148,7 @@ class ShardWriter:
             return
         if self._writer is None:
             self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
-            self._writer = pq.ParquetWriter(self._tmp, self.schema, compression=self.compression)
+            self._writer = parquet_writer(self._tmp, self.schema, self.compression)
         table = pa.Table.from_batches(self._buffer, schema=self.schema)
         self._writer.write_table(table, row_group_size=table.num_rows)
         self._rows_in_shard += table.num_rows
@@ -136,7 +158,7 @@ class ShardWriter:
         self._flush_row_group()
         if self._writer is None:  # an empty single-file writer still produces a valid, empty file
             self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
-            self._writer = pq.ParquetWriter(self._tmp, self.schema, compression=self.compression)
+            self._writer = parquet_writer(self._tmp, self.schema, self.compression)
         self._writer.close()
         assert self._tmp is not None
         with open(self._tmp, "rb+") as fh:
@@ -153,8 +175,9 @@ def write_table(path: Path, table: pa.Table, *, metadata: Mapping[str, str] | No
     """Write one small table to exactly ``path`` (atomically), e.g. ``quarantine.parquet``."""
     path = Path(path)
     meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}
-    with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp, parquet_writer(tmp, table.schema, "zstd") as writer:
+        writer.write_table(table)
     return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path))
 
 

@@ -62,3 +62,21 @@ def test_schema_mismatch_is_refused(tmp_path: Path):
     with pytest.raises(ShardError, match="wrong type"):
         open_shard(info.path, schema=SCHEMA)
     assert os.path.exists(info.path)
+
+
+def test_binary_columns_are_stored_plain_and_the_others_keep_their_dictionary(tmp_path: Path):
+    """A dictionary on a column of multi-KB blobs is hashed until it overflows and leaves the chunk in two
+    encodings (slower to write and to read); the feature shard's states must be plain, its ids dictionary-encoded."""
+    from eagle3.capture.schema import FEATURE_SCHEMA
+
+    rows = [{"sample_id": f"s{i}", "input_ids": [7] * 50, "loss_mask": [1] * 50, "seq_len": 50,
+             "aux_hidden": os.urandom(4096), "last_hidden": os.urandom(2048)} for i in range(64)]
+    with ShardWriter(tmp_path, FEATURE_SCHEMA) as writer:
+        writer.write_rows(rows)
+    (info,) = writer.close()
+    chunks = pq.ParquetFile(info.path).metadata.row_group(0)
+    encodings = {chunks.column(j).path_in_schema: chunks.column(j).encodings for j in range(chunks.num_columns)}
+    assert set(encodings) >= {"aux_hidden", "last_hidden", "input_ids.list.element"}
+    assert "RLE_DICTIONARY" not in encodings["aux_hidden"] + encodings["last_hidden"]
+    assert "RLE_DICTIONARY" in encodings["input_ids.list.element"] and "RLE_DICTIONARY" in encodings["sample_id"]
+    assert pq.read_table(info.path).column("aux_hidden").to_pylist() == [r["aux_hidden"] for r in rows]
