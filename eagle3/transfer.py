@@ -32,7 +32,7 @@ class DeviceTransfer:
         if device.type == "cuda" and device.index is None:  # the consumer's GPU, not the staging thread's
             device = torch.device("cuda", torch.cuda.current_device())
         self.device, self.pinned = device, device.type == "cuda"
-        self._stream: torch.cuda.Stream | None = None  # created on first use: a dataset is built without CUDA
+        self._stream: torch.cuda.Stream | None = None  # the copy stream, created on first use
 
     def empty(self, *shape: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(*shape, dtype=dtype, pin_memory=self.pinned)
