@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     faults = p.add_argument_group("fault injection (tests only)")
     faults.add_argument("--fault-fail-rate", type=float, default=0.0, help="Answer 500 to this fraction of /generate.")
     faults.add_argument("--fault-extra-latency", type=float, default=0.0, help="Seconds added to every /generate.")
-    faults.add_argument("--fault-crash-after", type=int, default=None, help="Exit after N completed requests.")
+    faults.add_argument(
+        "--fault-crash-after", type=int, default=None, help="Answer N requests, then admit none and exit (code 70)."
+    )
     faults.add_argument("--fault-bad-request-every", type=int, default=None, help="Answer 400 to every Nth request.")
     faults.add_argument(
         "--fault-stall-first-s", type=float, default=0.0, help="Hold the first generation request this many seconds."

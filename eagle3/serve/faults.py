@@ -53,6 +53,7 @@ class FaultInjector:
         self._slow_blocks: list[bool] = []
         self._requests = 0
         self._completed = 0
+        self._crashing = False
         if self.enabled:
             logger.warning(
                 "FAULT INJECTION: fail_rate=%s extra_latency=%ss crash_after=%s bad_request_every=%s stall_first=%ss "
@@ -86,6 +87,8 @@ class FaultInjector:
         rid the way a long generation does on SGLang: a client that times out and resends the same rid meets the
         duplicate-rid 400.
         """
+        if self._crashing:  # a dying server answers nothing more: the exit drops this connection
+            await asyncio.get_running_loop().create_future()
         self._requests += 1
         if self.stall_first_s and self._requests == 1:
             await asyncio.sleep(self.stall_first_s)
@@ -103,8 +106,12 @@ class FaultInjector:
         return fault
 
     def after_completion(self) -> None:
-        """Called when a request's reply has been sent; exits the process after ``crash_after`` of them."""
+        """Called when a request's reply has been sent; after ``crash_after`` of them the process exits, 50 ms later
+        (so that reply reaches its client), and admits no request meanwhile. Requests already generating may still
+        finish in those 50 ms, as on a crashing server; new ones would have finished too on a fast machine (~10 ms
+        each), which made "N requests, then the server is gone" depend on the machine's speed."""
         self._completed += 1
-        if self.crash_after is not None and self._completed >= self.crash_after:
+        if self.crash_after is not None and self._completed >= self.crash_after and not self._crashing:
+            self._crashing = True
             logger.error("injected fault: exiting after %d completed requests", self._completed)
             asyncio.get_running_loop().call_later(0.05, os._exit, CRASH_EXIT_CODE)
