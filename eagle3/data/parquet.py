@@ -4,7 +4,7 @@
 * row groups sized by bytes, not rows (hidden-state rows are MBs, prompt rows are KBs),
 * shard rotation by row count, file names ``<prefix>-NNNNN.parquet``,
 * each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written,
-* no dictionary on binary columns (``dictionary_columns``).
+* no dictionary and no statistics on binary columns (``value_columns``).
 
 Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the caller
 rebuilds it instead of trusting it.
@@ -26,11 +26,15 @@ from eagle3.layout import shard_name
 from eagle3.runroot import atomic_path, fsync_dir, sha256_file
 
 
-def dictionary_columns(schema: pa.Schema) -> list[str]:
-    """The Parquet leaf columns to dictionary-encode: all but top-level binary columns (hidden states, one distinct
-    multi-KB value per row). By default Arrow tries a dictionary on every column. On a state column it hashes values
-    until the dictionary page overflows, then falls back to plain, which leaves a column chunk in two encodings:
-    13-30% more CPU to write than plain alone, and a few percent more to read (BENCHMARKS.md, issue 15)."""
+def value_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet leaf columns that hold values, not opaque blobs: all but top-level binary columns (hidden
+    states, one distinct multi-KB value per row). Only these get a dictionary and statistics; by default Arrow tries
+    both on every column (BENCHMARKS.md, issue 15):
+
+    * a dictionary on a state column is hashed until its page overflows, then falls back to plain, which leaves
+      the chunk in two encodings: 13-30% more CPU to write than plain alone, a few percent more to read;
+    * statistics on it compare every multi-MB value with the running min and max, for a min and max that are
+      then too long to store: 3.5x the CPU of writing the column without them (347 vs 982 MiB/s uncompressed)."""
     def leaves(name: str, kind: pa.DataType) -> list[str]:
         if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # Arrow's compliant nested names
             return leaves(f"{name}.list.element", kind.value_type)
@@ -43,8 +47,9 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 
 def parquet_writer(path: Path, schema: pa.Schema, compression: str | Mapping[str, str]) -> pq.ParquetWriter:
-    """The project's Parquet writer settings (``dictionary_columns``) for one file."""
-    return pq.ParquetWriter(path, schema, compression=compression, use_dictionary=dictionary_columns(schema))
+    """The project's Parquet writer settings (``value_columns``) for one file."""
+    values = value_columns(schema)
+    return pq.ParquetWriter(path, schema, compression=compression, use_dictionary=values, write_statistics=values)
 
 
 class ShardError(RuntimeError):
