@@ -71,8 +71,8 @@ class ColumnCodec:
         return self.width * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
 
     def encode(self, x: torch.Tensor) -> bytes:
-        """The stored bytes of ``x [T, width]``: ``to_bytes`` of its ``stored`` form."""
-        return self.to_bytes(tuple(part.cpu() for part in self.stored(x)))
+        """The stored bytes of ``x [T, width]``: ``to_buffer`` of its ``stored`` form."""
+        return self.to_buffer(tuple(part.cpu() for part in self.stored(x))).to_pybytes()
 
     def stored(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``x [T, width]`` in its stored form on ``x``'s device (the GPU when capturing there, where fp8 quantizes):
@@ -82,13 +82,9 @@ class ColumnCodec:
         values, scales = quantize(x.detach(), self.segments)
         return scales, values
 
-    def to_bytes(self, parts: tuple[torch.Tensor, ...]) -> bytes:
-        """The stored bytes of ``stored``'s parts, once they are on the CPU."""
-        if not self.fp8:
-            (values,) = parts
-            return values.view(STORAGE_VIEW[self.dtype]).numpy().tobytes()
-        scales, values = parts
-        return scales.numpy().tobytes() + values.view(torch.uint8).numpy().tobytes()
+    def to_buffer(self, parts: tuple[torch.Tensor, ...]) -> pa.Buffer:
+        """The stored bytes of ``stored``'s parts, once they are on the CPU (``host_buffer``)."""
+        return host_buffer(*parts)
 
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
         """Each value of ``column`` viewed in place (``torch.frombuffer`` over the Arrow buffer, kept alive by the
@@ -122,7 +118,7 @@ class TopKCodec:
 
     def encode(self, ids: torch.Tensor, probs: torch.Tensor) -> bytes:
         """The stored bytes of ``ids [T, k]`` and ``probs [T, k]`` (``eagle3.capture.head.target_topk``)."""
-        return self.to_bytes(tuple(part.cpu() for part in self.stored(ids, probs)))
+        return self.to_buffer(tuple(part.cpu() for part in self.stored(ids, probs))).to_pybytes()
 
     def stored(self, ids: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids int32, probs float16)`` on their device."""
@@ -130,9 +126,8 @@ class TopKCodec:
             raise ValueError(f"top-k ids {tuple(ids.shape)} / probs {tuple(probs.shape)} do not have k={self.k}")
         return ids.detach().to(TOPK_ID_DTYPE).contiguous(), probs.detach().to(TOPK_PROB_DTYPE).contiguous()
 
-    def to_bytes(self, parts: tuple[torch.Tensor, ...]) -> bytes:
-        ids, probs = parts
-        return ids.numpy().tobytes() + probs.view(torch.int16).numpy().tobytes()
+    def to_buffer(self, parts: tuple[torch.Tensor, ...]) -> pa.Buffer:
+        return host_buffer(*parts)
 
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
         """Each value of ``column`` as ``(ids, probs)`` views of the Arrow buffer (read-only, like ``ColumnCodec``)."""
@@ -149,6 +144,16 @@ class TopKCodec:
 
 
 FinalCodec = ColumnCodec | TopKCodec  # the final-state column: the state itself, or the target's top-k
+
+
+def host_buffer(*parts: torch.Tensor) -> pa.Buffer:
+    """The bytes of contiguous CPU tensors, one after the other, as an Arrow buffer: over the tensor itself for one
+    part (no copy; the buffer keeps it alive), one concatenation for several. The capture writer builds its columns
+    from these: ``tobytes()`` per part, the join and Arrow's copy into the column made three copies of every state
+    byte on the one writer thread (BENCHMARKS.md, issue 15)."""
+    flat = [part.contiguous().view(-1).view(torch.uint8) for part in parts]
+    joined = flat[0] if len(flat) == 1 else torch.cat(flat)
+    return pa.py_buffer(joined.numpy())
 
 
 def _views(column: pa.ChunkedArray | pa.Array, per_token: int, view: Callable[[pa.Buffer, int, int], Encoded],

@@ -113,11 +113,17 @@ def check_footer(meta: dict[str, str], *, path: Any) -> None:
         raise ValueError(f"{path}: layer convention {meta['layer_convention']!r}, expected {LAYER_CONVENTION!r}")
 
 
-def hidden_column(values: Sequence[bytes]) -> pa.ChunkedArray:
-    """A binary column with one chunk per row, so no chunk exceeds Arrow's 2 GiB offset limit."""
+def hidden_column(values: Sequence[bytes | pa.Buffer]) -> pa.ChunkedArray:
+    """A binary column with one chunk per row, so no chunk exceeds Arrow's 2 GiB offset limit; each chunk is built
+    over its value's buffer, without copying it."""
     if not values:
         return pa.chunked_array([], type=pa.binary())
-    return pa.chunked_array([pa.array([v], type=pa.binary()) for v in values], type=pa.binary())
+    return pa.chunked_array([_one_value(pa.py_buffer(v)) for v in values], type=pa.binary())
+
+
+def _one_value(data: pa.Buffer) -> pa.Array:
+    offsets = pa.array([0, data.size], pa.int32()).buffers()[1]
+    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
 
 
 def feature_table(rows: Sequence[dict[str, Any]]) -> pa.Table:

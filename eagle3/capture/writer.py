@@ -64,7 +64,7 @@ class Batch:
                 quarantined.append({"sample_id": sample["sample_id"], "reason": REASON_NON_FINITE,
                                     "seq_len": sample["seq_len"]})
                 continue
-            rows.append(sample | {"aux_hidden": aux_codec.to_bytes(aux), "last_hidden": last_codec.to_bytes(last)})
+            rows.append(sample | {"aux_hidden": aux_codec.to_buffer(aux), "last_hidden": last_codec.to_buffer(last)})
         return rows, quarantined
 
 
