@@ -11,7 +11,7 @@ Resume rules (DESIGN §8). A finished shard is skipped only if it opens (footer)
 stage's fingerprint, and its rows plus its quarantined rows equal the regen shard's rows; otherwise it is rebuilt.
 Inside a shard each forward batch is written as an atomic part file, so a ``kill -9`` loses at most the batches in
 flight (the one forwarding and up to ``WRITE_AHEAD`` waiting for the writer); a part that does not validate is
-deleted and redone. A writer thread (``PartWriter``) writes the parts and streams them, in order, into the final
+deleted and redone. Writer threads (``PartWriter``) write the parts and stream them, in order, into the final
 shard through the shared ``ShardWriter`` (byte-sized row groups), so compression overlaps the forward; the shard is
 renamed into place only once every batch is written. Batches are planned by sorting samples by length (longest
 first, so an out-of-memory shows up on the first batch) and cutting when the padded token count would pass

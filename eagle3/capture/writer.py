@@ -1,12 +1,15 @@
-"""The capture's writer thread: part files, the streamed final shard, and the column codecs it writes with.
+"""The capture's writer threads: part files, the streamed final shard, and the column codecs they write with.
 
 The forward (``eagle3.capture.run``) hands each batch's states in their stored form to ``PartWriter`` and goes on
-with the next batch; waiting for a GPU's copies to the host (``eagle3.transfer.HostCopy``), quarantining non-finite
-samples, building the Arrow table, writing the part file and compressing into the final shard happen here, on one
-background thread. On a CPU target they share the cores with the forward, so the thread runs at the lowest CPU
-priority (``eagle3.procs.yield_cpu``): it uses what the forward's threads leave idle instead of slowing all of them,
-and when it falls ``WRITE_AHEAD`` batches behind, the forward waits on it and frees the cores. On a GPU target it
-uses the CPU the forward leaves idle at normal priority.
+with the next batch. Two background threads do the rest, so a batch's compression overlaps the next one's part file:
+* the parts thread waits for a GPU's copies to the host (``eagle3.transfer.HostCopy``), quarantines non-finite
+  samples, builds the Arrow table over the states' own buffers (no copy) and writes and syncs the part file (what a
+  resume keeps);
+* the shard thread compresses the tables, in part order, into the final shard.
+On a CPU target they share the cores with the forward, so both run at the lowest CPU priority
+(``eagle3.procs.yield_cpu``): they use what the forward's threads leave idle instead of slowing all of them, and
+when they fall ``WRITE_AHEAD`` batches behind, the forward waits and frees the cores. On a GPU target they use the
+CPU the forward leaves idle at normal priority. What one writer sustains alone bounds a GPU capture: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -74,8 +77,8 @@ WRITE_AHEAD = 2
 
 
 class PartWriter:
-    """Writes the forward's batches on a background thread, so encoding, compression and disk stay off the
-    compute thread: per batch an atomic part file (+ quarantine part), then its rows streamed into the final
+    """Writes the forward's batches on background threads (module docstring), so encoding, compression and disk stay
+    off the compute thread: per batch an atomic part file (+ quarantine part), then its rows streamed into the final
     shard (``ShardWriter``, byte-sized row groups), which is compressed while the forward runs on.
 
     The final shard is first fed the parts already on disk (a resumed run), in part order, so resumed and
@@ -95,11 +98,15 @@ class PartWriter:
         self._codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size,
                                      topk=config.capture.topk)
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=WRITE_AHEAD)
+        self._tables: queue.Queue[pa.Table | None] = queue.Queue(maxsize=WRITE_AHEAD)  # parts -> shard thread
         self._error: BaseException | None = None
         self._background = config.capture.device == "cpu"  # the forward computes on this CPU: yield to it
-        self._thread = threading.Thread(target=self._loop, args=(done_parts,), name=f"capture-writer-{index}",
-                                        daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(done_parts,), name=f"capture-parts-{index}", daemon=True),
+            threading.Thread(target=self._shard_loop, name=f"capture-shard-{index}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, batch: Batch) -> None:
         self._raise_error()
@@ -110,16 +117,33 @@ class PartWriter:
             raise RuntimeError(f"capture writer of shard {self.index} failed: {self._error}") from self._error
 
     def _loop(self, done_parts: list[Path]) -> None:
+        """The parts thread: each batch's rows, its part files (what a resume keeps), then its table to the shard
+        thread."""
         if self._background:
             yield_cpu()
         try:
             for part in done_parts:
-                self._shard.write_table(pq.read_table(part).cast(FEATURE_SCHEMA))
+                self._tables.put(pq.read_table(part).cast(FEATURE_SCHEMA))
             while (batch := self._queue.get()) is not None:
                 self._write(batch)
         except BaseException as exc:  # handed to the compute thread by submit/finish
             self._error = exc
             while self._queue.get() is not None:  # keep taking batches so submit never blocks on a dead writer
+                pass
+        finally:
+            self._tables.put(None)
+
+    def _shard_loop(self) -> None:
+        """The shard thread: the tables, in part order, compressed into the final shard. Its own thread, so a
+        batch's compression runs while the next batch's part file is written and synced."""
+        if self._background:
+            yield_cpu()
+        try:
+            while (table := self._tables.get()) is not None:
+                self._shard.write_table(table)
+        except BaseException as exc:
+            self._error = self._error or exc
+            while self._tables.get() is not None:  # so the parts thread never blocks on a dead shard thread
                 pass
 
     def _write(self, batch: Batch) -> None:
@@ -131,13 +155,14 @@ class PartWriter:
         if rows:
             table = feature_table(rows)
             _write_part(self._parts_dir / f"shard-{name}", table, self.footer)
-            self._shard.write_table(table)
+            self._tables.put(table)
         if self.progress is not None:  # reported once the batch is on disk: a resume keeps what was reported
             self.progress(len(batch.samples), batch.tokens)
 
     def _stop(self) -> None:
         self._queue.put(None)
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
     def abort(self) -> None:
         """Stop after the batches already handed over (their parts stay, for the resume); drop the unfinished

@@ -192,28 +192,33 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     assert finalize_features(config, out_dir, [3]).exists()
 
 
+@pytest.mark.parametrize("thread", ["parts", "shard"])
 def test_a_failing_writer_stops_the_capture_and_keeps_the_parts_it_wrote(
-    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+    make_config, regen_shard, hf_backend, tmp_path, monkeypatch, thread
 ):
+    """The disk fills on the second part file (the parts thread) or on the second table compressed into the shard
+    (the shard thread): either way the capture fails with the error, and a resume redoes only what no part holds."""
     from eagle3.capture import writer
 
     config = make_config("capture.batch_tokens=300", "capture.aux_layers=[2,4,5]")
     out_dir = tmp_path / "features" / "fp"
-    real_write, calls = writer._write_part, []
+    owner, name = (writer, "_write_part") if thread == "parts" else (writer.ShardWriter, "write_table")
+    real, calls = getattr(owner, name), []
 
-    def disk_full_on_the_second_part(path, table, footer):
-        calls.append(path)
+    def disk_full_on_the_second_call(*args):
+        calls.append(args)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        real_write(path, table, footer)
+        real(*args)
 
-    monkeypatch.setattr(writer, "_write_part", disk_full_on_the_second_part)
+    monkeypatch.setattr(owner, name, disk_full_on_the_second_call)
     with pytest.raises(RuntimeError, match=r"capture writer of shard 3 failed.*No space left"):
         capture_shard(config, regen_shard, out_dir, backend=hf_backend)
     shard, _, parts = output_paths(out_dir, 3)
     assert not shard.exists() and not shard.with_name(shard.name + ".tmp").exists()
-    (kept,) = parts.glob("shard-*.part-*.parquet")
-    survived = len(_ids(kept))
+    kept = sorted(parts.glob("shard-*.part-*.parquet"))
+    assert kept if thread == "shard" else len(kept) == 1
+    survived = sum(len(_ids(part)) for part in kept)
     monkeypatch.undo()
     backend = CountingBackend(hf_backend)
     result = capture_shard(config, regen_shard, out_dir, backend=backend)
@@ -225,18 +230,19 @@ def test_a_failing_writer_stops_the_capture_and_keeps_the_parts_it_wrote(
 @pytest.mark.parametrize(("device", "nice"), [("cpu", 19), ("cuda", 0)])
 def test_the_writer_yields_the_cpu_to_a_forward_on_the_cpu_only(make_config, regen_shard, hf_backend, tmp_path,
                                                                   monkeypatch, device, nice):  # fmt: skip
-    """On a CPU target the writer's encode and compression share the cores with the forward: it runs at the lowest
-    priority there (and the forward's own thread keeps its priority); next to a GPU forward it keeps the normal one.
-    The backend is the CPU one either way: only the config's device is asked."""
-    from eagle3.capture.writer import PartWriter
+    """On a CPU target the writer's threads (part files, shard compression) share the cores with the forward: they
+    run at the lowest priority there (and the forward's own thread keeps its priority); next to a GPU forward they
+    keep the normal one. The backend is the CPU one either way: only the config's device is asked."""
+    from eagle3.capture.writer import PartWriter, ShardWriter
 
-    seen: list[int] = []
-    write = PartWriter._write
-    monkeypatch.setattr(PartWriter, "_write", lambda self, batch: (seen.append(os.getpriority(os.PRIO_PROCESS, 0)),
-                                                                  write(self, batch))[1])  # fmt: skip
+    seen: dict[str, list[int]] = {"parts": [], "shard": []}
+    for thread, cls, name in (("parts", PartWriter, "_write"), ("shard", ShardWriter, "write_table")):
+        method = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, arg, method=method, thread=thread: (
+            seen[thread].append(os.getpriority(os.PRIO_PROCESS, 0)), method(self, arg))[1])  # fmt: skip
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     result = capture_shard(make_config("capture.aux_layers=[2,4,5]", f"capture.device={device}"), regen_shard,
                            tmp_path / "features" / "fp", backend=hf_backend)  # fmt: skip
-    assert result["rows"] == 12 and seen
-    assert set(seen) == {max(nice, mine)}
+    assert result["rows"] == 12 and seen["parts"] and seen["shard"]
+    assert set(seen["parts"]) == set(seen["shard"]) == {max(nice, mine)}
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
