@@ -10,7 +10,8 @@
 #    target head on the GPU once;
 # 2. the loader on CUDA at a large H, raw + zstd (the tiny recipe's) and fp8_topk + lz4 (the large recipes'), with
 #    a draft-sized step: the acceptance's <= 1.05 where it is meant;
-# 3. the capture overhead on CUDA in bf16 (>= 0.90).
+# 3. the capture overhead on CUDA in bf16 (>= 0.90);
+# 4. the capture writer alone at Kimi-K2.5's H (fp8_topk + lz4) on the node's CPU and disk: what bounds a GPU capture.
 #
 # The node has torch (CUDA), transformers, accelerate and pyarrow but not pydantic: its wheels travel in .whl,
 # fetched here once with (Python 3.12 there):
@@ -31,12 +32,13 @@ fi
 export PYTHONPATH=".:benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 DEVICE=cuda
 if [[ -n "${GPU_CHECKS_QUICK:-}" ]]; then
-    SIZE_LOADER=(--quick) SIZE_CAPTURE=(--quick)
+    SIZE_LOADER=(--quick) SIZE_CAPTURE=(--quick) SIZE_WRITER=(--hidden 512 --batches 2 --rounds 1)
     $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=cpu
 else
     # H 4096 (Llama-3.1-8B's): a batch of 4 x ~576 tokens is ~300 MB of raw features and the draft-like step
     # ~0.4 GFLOP per token, so the loader has to keep up with a step of realistic size.
     SIZE_LOADER=(--hidden 4096 --rows 96 --rounds 3) SIZE_CAPTURE=(--hidden 1024 --layers 12 --samples 128 --rounds 3)
+    SIZE_WRITER=(--rounds 3)
 fi
 
 step() {  # step NAME SECONDS COMMAND...
@@ -51,9 +53,10 @@ step() {  # step NAME SECONDS COMMAND...
 { nvidia-smi || true; $PY -c "import torch, transformers, pyarrow; print(torch.__version__, transformers.__version__,
 pyarrow.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"; nproc; } >"$OUT/node.txt" 2>&1
 cat "$OUT/node.txt"
-step gpu-tests 200 $PY -m pytest -q -m gpu -p no:cacheprovider tests/unit/train/test_loader.py \
+step gpu-tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider tests/unit/train/test_loader.py \
     tests/unit/test_transfer.py tests/unit/train/test_train_learning.py tests/unit/capture/test_capture_hf_device_map.py
 step loader-raw-zstd 110 $PY benchmarks/loader.py --device "$DEVICE" "${SIZE_LOADER[@]}"
 step loader-fp8topk-lz4 110 $PY benchmarks/loader.py --device "$DEVICE" --encoding fp8_topk --codec lz4 \
     "${SIZE_LOADER[@]}"
 step capture-bf16 110 $PY benchmarks/capture_overhead.py --device "$DEVICE" --dtype bfloat16 "${SIZE_CAPTURE[@]}"
+step capture-writer 45 $PY benchmarks/capture_writer.py "${SIZE_WRITER[@]}"
