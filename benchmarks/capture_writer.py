@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from capture_overhead import spread
 
 from eagle3.capture.encoding import ENCODINGS, column_codecs
 from eagle3.capture.writer import Batch, PartWriter
@@ -89,8 +90,7 @@ def main() -> None:
     print(json.dumps({
         "hidden": args.hidden, "encoding": args.encoding, "compression": args.compression, "tokens": tokens,
         "stored_mib": round(stored / 2**20), "rounds": len(seconds),
-        "writer_tok_per_s": {"median": round(tokens / statistics.median(seconds)),
-                             "min": round(tokens / max(seconds)), "max": round(tokens / min(seconds))},
+        "writer_tok_per_s": spread([round(tokens / s) for s in seconds]),
         "writer_mib_per_s": round(stored / statistics.median(seconds) / 2**20),
     }, indent=2))
 

@@ -71,8 +71,8 @@ class ColumnCodec:
         return self.width * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
 
     def encode(self, x: torch.Tensor) -> bytes:
-        """The stored bytes of ``x [T, width]``: ``to_buffer`` of its ``stored`` form."""
-        return self.to_buffer(tuple(part.cpu() for part in self.stored(x))).to_pybytes()
+        """The stored bytes of ``x [T, width]``: its ``stored`` form, joined (``host_buffer``)."""
+        return host_buffer(*(part.cpu() for part in self.stored(x))).to_pybytes()
 
     def stored(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``x [T, width]`` in its stored form on ``x``'s device (the GPU when capturing there, where fp8 quantizes):
@@ -81,10 +81,6 @@ class ColumnCodec:
             return (x.detach().to(TORCH_DTYPES[self.dtype]).contiguous(),)
         values, scales = quantize(x.detach(), self.segments)
         return scales, values
-
-    def to_buffer(self, parts: tuple[torch.Tensor, ...]) -> pa.Buffer:
-        """The stored bytes of ``stored``'s parts, once they are on the CPU (``host_buffer``)."""
-        return host_buffer(*parts)
 
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
         """Each value of ``column`` viewed in place (``torch.frombuffer`` over the Arrow buffer, kept alive by the
@@ -118,16 +114,13 @@ class TopKCodec:
 
     def encode(self, ids: torch.Tensor, probs: torch.Tensor) -> bytes:
         """The stored bytes of ``ids [T, k]`` and ``probs [T, k]`` (``eagle3.capture.head.target_topk``)."""
-        return self.to_buffer(tuple(part.cpu() for part in self.stored(ids, probs))).to_pybytes()
+        return host_buffer(*(part.cpu() for part in self.stored(ids, probs))).to_pybytes()
 
     def stored(self, ids: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids int32, probs float16)`` on their device."""
         if ids.shape != probs.shape or ids.shape[-1] != self.k:
             raise ValueError(f"top-k ids {tuple(ids.shape)} / probs {tuple(probs.shape)} do not have k={self.k}")
         return ids.detach().to(TOPK_ID_DTYPE).contiguous(), probs.detach().to(TOPK_PROB_DTYPE).contiguous()
-
-    def to_buffer(self, parts: tuple[torch.Tensor, ...]) -> pa.Buffer:
-        return host_buffer(*parts)
 
     def views(self, column: pa.ChunkedArray | pa.Array) -> list[Encoded]:
         """Each value of ``column`` as ``(ids, probs)`` views of the Arrow buffer (read-only, like ``ColumnCodec``)."""
@@ -147,10 +140,10 @@ FinalCodec = ColumnCodec | TopKCodec  # the final-state column: the state itself
 
 
 def host_buffer(*parts: torch.Tensor) -> pa.Buffer:
-    """The bytes of contiguous CPU tensors, one after the other, as an Arrow buffer: over the tensor itself for one
-    part (no copy; the buffer keeps it alive), one concatenation for several. The capture writer builds its columns
-    from these: ``tobytes()`` per part, the join and Arrow's copy into the column made three copies of every state
-    byte on the one writer thread (BENCHMARKS.md, issue 15)."""
+    """A stored value's bytes (``stored``'s parts, once on the CPU), one part after the other, as an Arrow buffer:
+    over the tensor itself for one part (no copy; the buffer keeps it alive), one concatenation for several. The
+    capture writer builds its columns from these: ``tobytes()`` per part, the join and Arrow's copy into the column
+    made three copies of every state byte on the one writer thread (BENCHMARKS.md, issue 15)."""
     flat = [part.contiguous().view(-1).view(torch.uint8) for part in parts]
     joined = flat[0] if len(flat) == 1 else torch.cat(flat)
     return pa.py_buffer(joined.numpy())

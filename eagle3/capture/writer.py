@@ -1,4 +1,4 @@
-"""The capture's writer threads: part files, the streamed final shard, and the column codecs they write with.
+"""The capture's writer threads: part files and the streamed final shard.
 
 The forward (``eagle3.capture.run``) hands each batch's states in their stored form to ``PartWriter`` and goes on
 with the next batch. Two background threads do the rest, so a batch's compression overlaps the next one's part file:
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eagle3.capture.encoding import ColumnCodec, FinalCodec, column_codecs
+from eagle3.capture.encoding import host_buffer
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, REASON_NON_FINITE, feature_table
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardWriter, parquet_writer, write_table
@@ -56,10 +56,9 @@ class Batch:
     copies: HostCopy
     tokens: int
 
-    def rows(self, codecs: tuple[ColumnCodec, FinalCodec]) -> tuple[list[dict], list[dict]]:
+    def rows(self) -> tuple[list[dict], list[dict]]:
         """(feature rows, quarantined rows: the samples with a non-finite state), in sample order."""
         self.copies.wait()
-        aux_codec, last_codec = codecs
         finite = (self.finite[0] & self.finite[1]).tolist()
         rows, quarantined = [], []
         for sample, ok, (aux, last) in zip(self.samples, finite, self.states, strict=True):
@@ -67,7 +66,7 @@ class Batch:
                 quarantined.append({"sample_id": sample["sample_id"], "reason": REASON_NON_FINITE,
                                     "seq_len": sample["seq_len"]})
                 continue
-            rows.append(sample | {"aux_hidden": aux_codec.to_buffer(aux), "last_hidden": last_codec.to_buffer(last)})
+            rows.append(sample | {"aux_hidden": host_buffer(*aux), "last_hidden": host_buffer(*last)})
         return rows, quarantined
 
 
@@ -95,8 +94,6 @@ class PartWriter:
         self._shard = ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index,
                                   row_group_bytes=config.capture.row_group_bytes, metadata=footer,
                                   compression=feature_compression(config.capture.hidden_compression))
-        self._codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size,
-                                     topk=config.capture.topk)
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=WRITE_AHEAD)
         self._tables: queue.Queue[pa.Table | None] = queue.Queue(maxsize=WRITE_AHEAD)  # parts -> shard thread
         self._error: BaseException | None = None
@@ -148,7 +145,7 @@ class PartWriter:
 
     def _write(self, batch: Batch) -> None:
         name = f"{self.index:05d}.part-{batch.part:05d}.parquet"
-        rows, quarantined = batch.rows(self._codecs)
+        rows, quarantined = batch.rows()
         if quarantined:  # written first: a kill between the two files only redoes this batch's good rows
             q_table = pa.Table.from_pylist(quarantined, schema=CAPTURE_QUARANTINE_SCHEMA)
             write_table(self._parts_dir / f"quarantine-{name}", q_table, metadata=self.footer)
