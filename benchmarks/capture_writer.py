@@ -9,6 +9,8 @@ capture can run at most at ``writer tok/s / bare forward tok/s`` of the forward 
 cuda`` measures the forward). The batches are random states in their stored form on the host, as
 ``eagle3.transfer.HostCopy`` leaves them (8 samples of 1,024 tokens each); they are built before the clock starts.
 Rounds write to a fresh directory under ``--dir`` (default: a temporary one; put it on the features disk).
+``tail_s`` is the part after the last batch was handed over (the last batches, the shard's footer and sync, the
+parts removed): the forward waits for it at the end of every shard.
 """
 
 from __future__ import annotations
@@ -56,16 +58,19 @@ def make_batches(hidden: int, encoding: str, batches: int) -> list[Batch]:
     return out
 
 
-def write_once(config: PipelineConfig, batches: list[Batch], out_dir: Path) -> float:
+def write_once(config: PipelineConfig, batches: list[Batch], out_dir: Path) -> tuple[float, float]:
+    """(seconds for all of it, seconds of it after the last batch was handed over: what a capture's forward waits
+    for at the end of each shard)."""
     (out_dir / parts_dir_name(0)).mkdir(parents=True)
     start = time.perf_counter()
     writer = PartWriter(config, 0, out_dir, {"benchmark": "capture_writer"}, [], None)
     for batch in batches:
         writer.submit(batch)
+    handed = time.perf_counter()
     writer.finish([])
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
     shutil.rmtree(out_dir)  # ~1.5 GB a round at the defaults
-    return seconds
+    return end - start, end - handed
 
 
 def main() -> None:
@@ -86,12 +91,14 @@ def main() -> None:
                 model_path="unused", num_layers=61, hidden_size=args.hidden, vocab_size=VOCAB)),
             [f"capture.encoding={args.encoding}", f"capture.hidden_compression={args.compression}",
              f"capture.topk={TOPK}", "capture.dtype=bfloat16", "capture.device=cuda"])  # normal priority, as on a GPU
-        seconds = [write_once(config, batches, Path(tmp) / f"round{r}") for r in range(args.rounds)]
+        seconds, tails = zip(*(write_once(config, batches, Path(tmp) / f"round{r}") for r in range(args.rounds)),
+                             strict=True)
     print(json.dumps({
         "hidden": args.hidden, "encoding": args.encoding, "compression": args.compression, "tokens": tokens,
         "stored_mib": round(stored / 2**20), "rounds": len(seconds),
         "writer_tok_per_s": spread([round(tokens / s) for s in seconds]),
         "writer_mib_per_s": round(stored / statistics.median(seconds) / 2**20),
+        "tail_s": spread([round(t, 2) for t in tails]),
     }, indent=2))
 
 

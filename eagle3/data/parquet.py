@@ -3,7 +3,8 @@
 * explicit schema, footer key-value metadata (strings),
 * row groups sized by bytes, not rows (hidden-state rows are MBs, prompt rows are KBs),
 * shard rotation by row count, file names ``<prefix>-NNNNN.parquet``,
-* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written,
+* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written, its sha256
+  hashed as it is written and each row group synced as it is written (``_ShardFile``),
 * no dictionary and no statistics on binary columns (``value_columns``).
 
 Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the caller
@@ -12,6 +13,7 @@ rebuilds it instead of trusting it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -46,10 +48,49 @@ def value_columns(schema: pa.Schema) -> list[str]:
     return [leaf for f in schema if not any(is_(f.type) for is_ in blob) for leaf in leaves(f.name, f.type)]
 
 
-def parquet_writer(path: Path, schema: pa.Schema, compression: str | Mapping[str, str]) -> pq.ParquetWriter:
-    """The project's Parquet writer settings (``value_columns``) for one file."""
+def parquet_writer(
+    where: Path | _ShardFile, schema: pa.Schema, compression: str | Mapping[str, str]
+) -> pq.ParquetWriter:
+    """The project's Parquet writer settings (``value_columns``) for one file (a path, or a file Arrow writes to
+    but does not close)."""
     values = value_columns(schema)
-    return pq.ParquetWriter(path, schema, compression=compression, use_dictionary=values, write_statistics=values)
+    return pq.ParquetWriter(where, schema, compression=compression, use_dictionary=values, write_statistics=values)
+
+
+class _ShardFile:
+    """The ``*.tmp`` file a shard is written to, handed to Arrow as a Python file. It hashes the bytes on their way
+    to the disk and ``sync`` is called after each row group, so finishing a shard neither reads it back for its
+    sha256 nor waits for all of it to reach the disk: on a GPU node a capture shard is tens of GB, and the forward
+    would wait for both (BENCHMARKS.md, issue 15). Syncing as it goes also bounds the dirty pages one writer holds
+    to a row group, instead of leaving the kernel to throttle it at its dirty limit."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "wb")  # noqa: SIM115 -- closed by ShardWriter._finish_shard or abort
+        self._digest = hashlib.sha256()
+
+    @property
+    def closed(self) -> bool:
+        return self._fh.closed
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        return self._fh.write(data)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def sync(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
 
 
 class ShardError(RuntimeError):
@@ -92,6 +133,7 @@ class ShardWriter:
         self.compression = compression
         self._index = start_index
         self._writer: pq.ParquetWriter | None = None
+        self._file: _ShardFile | None = None
         self._tmp: Path | None = None
         self._rows_in_shard = 0
         self._buffer: list[pa.RecordBatch] = []
@@ -141,38 +183,45 @@ class ShardWriter:
         """Drop the unfinished shard (its ``*.tmp``), keeping shards already finished."""
         if self._writer is not None:
             self._writer.close()
+        if self._file is not None:
+            self._file.close()
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
-        self._writer, self._tmp, self._buffer, self._buffer_bytes = None, None, [], 0
+        self._writer, self._file, self._tmp, self._buffer, self._buffer_bytes = None, None, None, [], 0
 
     def _buffered_rows(self) -> int:
         return sum(b.num_rows for b in self._buffer)
 
+    def _open(self) -> tuple[pq.ParquetWriter, _ShardFile]:
+        if self._writer is None:
+            self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
+            self._file = _ShardFile(self._tmp)
+            self._writer = parquet_writer(self._file, self.schema, self.compression)
+        assert self._file is not None
+        return self._writer, self._file
+
     def _flush_row_group(self) -> None:
         if not self._buffer:
             return
-        if self._writer is None:
-            self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
-            self._writer = parquet_writer(self._tmp, self.schema, self.compression)
+        writer, file = self._open()
         table = pa.Table.from_batches(self._buffer, schema=self.schema)
-        self._writer.write_table(table, row_group_size=table.num_rows)
+        writer.write_table(table, row_group_size=table.num_rows)
+        file.sync()
         self._rows_in_shard += table.num_rows
         self._buffer, self._buffer_bytes = [], 0
 
     def _finish_shard(self) -> None:
         self._flush_row_group()
-        if self._writer is None:  # an empty single-file writer still produces a valid, empty file
-            self._tmp = self.out_dir / (shard_name(self._index, self.prefix) + ".tmp")
-            self._writer = parquet_writer(self._tmp, self.schema, self.compression)
-        self._writer.close()
+        writer, file = self._open()  # an empty single-file writer still produces a valid, empty file
+        writer.close()  # the footer
+        file.sync()
+        file.close()
         assert self._tmp is not None
-        with open(self._tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
         final = self._tmp.with_suffix("")  # strip ".tmp"
         os.replace(self._tmp, final)
         fsync_dir(self.out_dir)
-        self._written.append(ShardInfo(final, self._rows_in_shard, final.stat().st_size, sha256_file(final)))
-        self._writer, self._tmp, self._rows_in_shard = None, None, 0
+        self._written.append(ShardInfo(final, self._rows_in_shard, final.stat().st_size, file.hexdigest()))
+        self._writer, self._file, self._tmp, self._rows_in_shard = None, None, None, 0
         self._index += 1
 
 

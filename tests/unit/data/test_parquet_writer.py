@@ -84,3 +84,33 @@ def test_binary_columns_get_neither_dictionary_nor_statistics_and_the_others_kee
         assert "RLE_DICTIONARY" in columns[value].encodings and columns[value].is_stats_set
     assert columns["seq_len"].statistics.min == 50 == columns["seq_len"].statistics.max
     assert pq.read_table(info.path).column("aux_hidden").to_pylist() == [r["aux_hidden"] for r in rows]
+
+
+def test_a_shard_is_hashed_and_synced_as_it_is_written_not_read_back(tmp_path: Path, monkeypatch):
+    """A capture shard on a GPU node is tens of GB: its sha256 comes from the bytes on their way to the disk, and
+    each row group is synced when written, so finishing it waits for one row group, not the whole file."""
+    import hashlib
+
+    import eagle3.data.parquet as parquet
+
+    def read_back(path: Path) -> str:
+        raise AssertionError(f"{path} was read back to hash it")
+
+    synced: list[int] = []
+    fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        fsync(fd)
+
+    monkeypatch.setattr(parquet, "sha256_file", read_back)
+    monkeypatch.setattr(parquet.os, "fsync", spy)
+    with ShardWriter(tmp_path, SCHEMA, row_group_bytes=10_000, compression="none") as writer:
+        for _ in range(3):
+            writer.write_rows(_rows(12, size=1000))
+    (info,) = writer.close()
+    assert info.sha256 == hashlib.sha256(info.path.read_bytes()).hexdigest()
+    assert pq.ParquetFile(info.path).metadata.num_row_groups == 3
+    file_syncs = synced[:-1]  # the last fsync is the directory's, after the rename
+    assert len(file_syncs) == 4 and file_syncs == sorted(set(file_syncs))  # each row group, then the footer
+    assert file_syncs[0] > 12_000 and file_syncs[-1] == info.bytes
