@@ -200,6 +200,14 @@ class CaptureConfig(StrictModel):
         description="Free space to keep at the features root beyond the capture estimate; capture refuses to "
         "start when free < estimate + reserve.",
     )
+    shards_in_flight: int | None = Field(
+        default=None,
+        gt=0,
+        description="Capture shards running at once; None: as many as the task runner runs (orchestration."
+        "max_workers on threads and on a local Ray; on a remote Ray cluster as many as its GPUs fit). Each running "
+        "shard keeps its uncompressed part files until it finishes, so the disk budget reserves that many shards' "
+        "parts: on a remote Ray cluster with None it reserves them for every shard to capture.",
+    )
 
     @field_validator("layer_convention", mode="before")
     @classmethod

@@ -5,7 +5,8 @@ the disk half-way fails every shard task at once and leaves the run root unusabl
 before it starts (``CaptureStage.resources``):
 
     estimate = tokens of the regen shards still to capture x uncompressed bytes per token of capture.encoding
-               + the largest such shard once more (its uncompressed part files live until its merge finishes)
+               + the largest such shards once more, as many as run at once (``shards_at_once``): a running
+                 shard's uncompressed part files live until it finishes
 
 and refuses when the free space at the features root is below ``estimate + capture.disk_reserve_bytes``. Token
 counts come from the regen shards' Parquet footers (the leaf-value count of ``input_ids``), so nothing is read.
@@ -41,11 +42,24 @@ class DiskBudgetError(RuntimeError):
 class DiskEstimate:
     tokens: int
     bytes_per_token: int
-    largest_shard_tokens: int
+    shards_at_once: int
+    parts_tokens: int  # the largest ``shards_at_once`` shards' tokens: the most held in part files at one time
 
     @property
     def total_bytes(self) -> int:
-        return (self.tokens + self.largest_shard_tokens) * self.bytes_per_token
+        return (self.tokens + self.parts_tokens) * self.bytes_per_token
+
+
+def shards_at_once(config: PipelineConfig) -> int | None:
+    """The most capture shards that run at the same time: ``capture.shards_in_flight``, else the task runner's
+    bound (``orchestration.max_workers`` on threads, and on a local Ray, which it sizes); None on a remote Ray
+    cluster without one (as many as its GPUs fit: unknown before the tasks run)."""
+    orchestration = config.orchestration
+    if config.capture.shards_in_flight is not None:
+        return config.capture.shards_in_flight
+    if orchestration.task_runner == "thread" or orchestration.ray_address is None:
+        return orchestration.max_workers
+    return None
 
 
 def regen_tokens(path: Path) -> int:
@@ -57,10 +71,12 @@ def regen_tokens(path: Path) -> int:
 
 def capture_estimate(config: PipelineConfig, regen_shards: Iterable[Path]) -> DiskEstimate:
     """The disk a capture of ``regen_shards`` needs in ``config.capture.encoding`` (see the module docstring)."""
-    counts = [regen_tokens(Path(p)) for p in regen_shards]
+    counts = sorted((regen_tokens(Path(p)) for p in regen_shards), reverse=True)
     capture = config.capture
     per_token = bytes_per_token(capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk)
-    return DiskEstimate(tokens=sum(counts), bytes_per_token=per_token, largest_shard_tokens=max(counts, default=0))
+    at_once = min(shards_at_once(config) or len(counts), len(counts))
+    return DiskEstimate(tokens=sum(counts), bytes_per_token=per_token, shards_at_once=at_once,
+                        parts_tokens=sum(counts[:at_once]))
 
 
 def check_disk_budget(estimate: DiskEstimate, out_dir: Path, *, reserve_bytes: int, encoding: str) -> None:
@@ -78,10 +94,11 @@ def check_disk_budget(estimate: DiskEstimate, out_dir: Path, *, reserve_bytes: i
         raise DiskBudgetError(
             f"capture refused before writing: it needs up to {human_bytes(estimate.total_bytes)} "
             f"({estimate.tokens:,} tokens x {estimate.bytes_per_token} B/token in encoding {encoding!r}, plus the "
-            f"largest shard's part files) and capture.disk_reserve_bytes={human_bytes(reserve_bytes)} must stay "
-            f"free, but only {human_bytes(free)} is free at {probe}. Free space there, point `root` at a larger "
-            "disk, capture fewer shards (--shard), or store less per token (capture.encoding=fp8_aux, fp8_all or "
-            "fp8_topk)"
+            f"part files of the {estimate.shards_at_once} largest shards, which may run at once) and "
+            f"capture.disk_reserve_bytes={human_bytes(reserve_bytes)} must stay free, but only {human_bytes(free)} "
+            f"is free at {probe}. Free space there, point `root` at a larger disk, capture fewer shards (--shard) "
+            "or fewer at once (capture.shards_in_flight), or store less per token (capture.encoding=fp8_aux, "
+            "fp8_all or fp8_topk)"
         )
 
 

@@ -101,6 +101,9 @@ class CaptureStage(Stage[CapturePlan]):
                               reserve_bytes=config.capture.disk_reserve_bytes, encoding=config.capture.encoding)
         yield None
 
+    def max_in_flight(self, config: PipelineConfig) -> int | None:
+        return config.capture.shards_in_flight
+
     def run_unit(
         self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,

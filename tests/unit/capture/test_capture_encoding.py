@@ -131,3 +131,31 @@ def test_every_finite_fp8_value_decodes_exactly():
     finite = ~codes.float().isnan()
     decoded = dequantize(codes[finite], torch.ones(1), torch.float32)
     assert torch.equal(decoded, codes[finite].float())
+
+
+def test_the_budget_keeps_room_for_the_part_files_of_every_shard_that_runs_at_once(make_config, tmp_path):
+    """Four shards captured on four threads hold four shards' part files at once: the budget adds the largest that
+    can run together, bounded by capture.shards_in_flight (which also bounds the stage), else by the runner."""
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.regen.schema import REGEN_SCHEMA
+
+    shards = []
+    for index, n in enumerate([10, 40, 20, 30]):
+        with ShardWriter(tmp_path, REGEN_SCHEMA, start_index=index) as writer:
+            writer.write_rows([{"sample_id": f"s{index}", "input_ids": [5] * n, "loss_mask": [1] * n,
+                                "status": "ok"}])
+        shards.append(writer.close()[0].path)
+
+    def parts_tokens(*overrides: str) -> tuple[int, int]:
+        estimate = capture_estimate(make_config(*overrides), shards)
+        assert estimate.tokens == 100
+        return estimate.shards_at_once, estimate.parts_tokens
+
+    assert parts_tokens("orchestration.max_workers=2") == (2, 70)
+    assert parts_tokens("orchestration.max_workers=8") == (4, 100)  # no more than there are shards
+    assert parts_tokens("orchestration.max_workers=8", "capture.shards_in_flight=1") == (1, 40)
+    assert parts_tokens("orchestration.task_runner=ray", "orchestration.max_workers=3") == (3, 90)  # a local Ray
+    remote = ("orchestration.task_runner=ray", "orchestration.ray_address=ray://head:10001")
+    assert parts_tokens(*remote) == (4, 100)  # as many as its GPUs fit: every shard, unless bounded
+    assert parts_tokens(*remote, "capture.shards_in_flight=2") == (2, 70)
+    assert CaptureStage().max_in_flight(make_config("capture.shards_in_flight=2")) == 2
