@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,7 +52,7 @@ from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, open_shard, shard_metadata
 from eagle3.integrity import verify_files
 from eagle3.layout import SHARD_GLOB, parts_dir_name, shard_index, shard_name
-from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.runroot import FileEntry, Manifest, fingerprint, remove_in_background
 from eagle3.transfer import HostCopy
 
 logger = logging.getLogger(__name__)
@@ -262,7 +261,7 @@ def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, f
     if same_stage and rows + q_rows == n_input:
         if parts_dir.exists():  # a kill between the shard's rename and the rmtree: the parts are leftovers
             logger.info("feature shard %d is finished; removing its leftover parts %s", index, parts_dir)
-            shutil.rmtree(parts_dir)
+            remove_in_background(parts_dir)
         return {"shard_index": index, "path": str(shard), "rows": rows, "quarantined": q_rows, "skipped": True}
     logger.warning("feature shard %s does not validate (rows %d + quarantined %d != %d); rebuilding",
                    shard, rows, q_rows, n_input)

@@ -27,6 +27,7 @@ from eagle3.capture.run import (
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, open_shard, shard_is_valid
 from eagle3.layout import SHARD_GLOB, stage_dir, write_failed_shards
+from eagle3.runroot import sweep_removed
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,9 @@ class CaptureStage(Stage[CapturePlan]):
     @contextlib.contextmanager
     def resources(self, config: PipelineConfig, plan: CapturePlan) -> Iterator[None]:
         """The disk budget, checked once before any unit writes (``eagle3.capture.budget``): shards already
-        finished need nothing more."""
+        finished need nothing more. Part files a killed run left half-deleted are deleted first (the budget then
+        counts the space they held)."""
+        sweep_removed(plan.out_dir)
         todo = [path for i, path in plan.shards.items() if not self.unit_output(plan, i).exists()]
         if todo:
             check_disk_budget(capture_estimate(config, todo), plan.out_dir,

@@ -15,7 +15,6 @@ CPU the forward leaves idle at normal priority. What one writer sustains alone b
 from __future__ import annotations
 
 import queue
-import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardWriter, parquet_writer, write_table
 from eagle3.layout import parts_dir_name, shard_name
 from eagle3.procs import yield_cpu
-from eagle3.runroot import atomic_path
+from eagle3.runroot import atomic_path, remove_in_background
 from eagle3.transfer import HostCopy
 
 
@@ -82,7 +81,7 @@ class PartWriter:
 
     The final shard is first fed the parts already on disk (a resumed run), in part order, so resumed and
     uninterrupted runs write the same rows in the same order. ``finish`` writes the quarantine file, then renames
-    the shard, then deletes the parts (the order ``eagle3.capture.run._finished`` relies on). ``submit`` blocks while
+    the shard, then removes the parts (the order ``eagle3.capture.run._finished`` relies on). ``submit`` blocks while
     ``WRITE_AHEAD`` batches wait (backpressure) and raises the writer's error, if it had one."""
 
     def __init__(self, config: PipelineConfig, index: int, out_dir: Path, footer: dict[str, str],
@@ -169,7 +168,7 @@ class PartWriter:
 
     def finish(self, pre_quarantined: list[dict]) -> dict[str, Any]:
         """Quarantine file first (the rows quarantined before the forward, then every quarantine part), shard
-        second, parts last."""
+        second, parts last (renamed aside and deleted in the background: ``remove_in_background``)."""
         self._stop()
         if self._error is not None:
             self._shard.abort()
@@ -180,7 +179,7 @@ class PartWriter:
         q_tables += [pq.read_table(p).cast(CAPTURE_QUARANTINE_SCHEMA) for p in quarantine_parts]
         q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=self.footer)
         (info,) = self._shard.close()
-        shutil.rmtree(self._parts_dir)
+        remove_in_background(self._parts_dir)
         return {"shard_index": self.index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
                 "bytes": info.bytes}
 

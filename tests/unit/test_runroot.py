@@ -15,6 +15,8 @@ from eagle3.runroot import (
     check_run_root,
     claim_run_root,
     fingerprint,
+    remove_in_background,
+    sweep_removed,
 )
 
 
@@ -65,3 +67,38 @@ def test_worker_without_the_shared_root_is_refused_with_the_requirement(tmp_path
     other_id = claim_run_root(other)
     with pytest.raises(SharedStorageError, match=f"is root id {other_id}, the run expects {shared_id}"):
         check_run_root(other, shared_id)
+
+
+def test_a_directory_removed_in_background_is_gone_at_once_and_deleted_off_the_callers_thread(tmp_path, monkeypatch):
+    """Deleting a shard's tens of GB of parts can take a minute on NFS or a discard mount: the caller gets the
+    directory out of every reader's way by a rename and goes on while another thread deletes it."""
+    import shutil
+    import threading
+
+    parts = tmp_path / "parts-00003"
+    parts.mkdir()
+    (parts / "shard-00003.part-00000.parquet").write_bytes(b"x" * 1000)
+    release, deleters = threading.Event(), []
+    rmtree = shutil.rmtree
+
+    def slow_rmtree(path, **kwargs):
+        deleters.append(threading.current_thread())
+        assert release.wait(timeout=60)
+        rmtree(path, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
+    thread = remove_in_background(parts)
+    assert not parts.exists() and [p.name.startswith(".removed-parts-00003-") for p in tmp_path.iterdir()] == [True]
+    release.set()
+    thread.join(timeout=60)
+    assert deleters == [thread] and thread is not threading.current_thread()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_deletes_what_a_killed_process_left_half_removed_and_nothing_else(tmp_path: Path):
+    (tmp_path / ".removed-parts-00001-0a1b2c3d").mkdir()
+    (tmp_path / ".removed-parts-00001-0a1b2c3d" / "part.parquet").write_bytes(b"x")
+    (tmp_path / "parts-00002").mkdir()
+    (tmp_path / "shard-00001.parquet").write_bytes(b"x")
+    sweep_removed(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parts-00002", "shard-00001.parquet"]

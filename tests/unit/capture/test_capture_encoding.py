@@ -159,3 +159,12 @@ def test_the_budget_keeps_room_for_the_part_files_of_every_shard_that_runs_at_on
     assert parts_tokens(*remote) == (4, 100)  # as many as its GPUs fit: every shard, unless bounded
     assert parts_tokens(*remote, "capture.shards_in_flight=2") == (2, 70)
     assert CaptureStage().max_in_flight(make_config("capture.shards_in_flight=2")) == 2
+
+
+def test_a_capture_run_first_deletes_parts_a_killed_run_left_half_removed(make_config, regen_shard):
+    config = make_config()
+    stale = features_dir_for(config, regen_shard.parent) / ".removed-parts-00003-0a1b2c3d"
+    stale.mkdir(parents=True)
+    (stale / "shard-00003.part-00000.parquet").write_bytes(b"x" * 1000)
+    result = run_stage(CaptureStage(), config, regen_dir=regen_shard.parent)
+    assert result.done and not stale.exists()

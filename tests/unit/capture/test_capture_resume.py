@@ -171,7 +171,7 @@ class _Killed(BaseException):
 def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     make_config, regen_shard, hf_backend, tmp_path, monkeypatch
 ):
-    from eagle3.capture import run
+    from eagle3.capture import writer
     from eagle3.capture.run import finalize_features
 
     config = make_config("capture.aux_layers=[2,4,5]")
@@ -180,7 +180,7 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     def killed(path, *args, **kwargs):
         raise _Killed
 
-    monkeypatch.setattr(run.shutil, "rmtree", killed)  # the merge's rename is done, its rmtree never runs
+    monkeypatch.setattr(writer, "remove_in_background", killed)  # the shard is renamed, its parts never removed
     with pytest.raises(_Killed):
         capture_shard(config, regen_shard, out_dir, backend=hf_backend)
     shard, _, parts = output_paths(out_dir, 3)
@@ -190,6 +190,33 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     again = capture_shard(config, regen_shard, out_dir, backend=backend)
     assert again["skipped"] is True and backend.seen == 0 and not parts.exists()
     assert finalize_features(config, out_dir, [3]).exists()
+
+
+def test_finishing_a_shard_does_not_wait_for_its_parts_to_be_deleted(make_config, regen_shard, hf_backend, tmp_path,
+                                                                      monkeypatch):  # fmt: skip
+    """A Kimi shard's parts are ~34 GB, slow to delete on NFS or a discard mount: the capture returns with the
+    parts out of the way (renamed) while another thread deletes them, so the next shard's forward need not wait."""
+    import shutil
+    import threading
+
+    release, deleters = threading.Event(), []
+    rmtree = shutil.rmtree
+
+    def slow_rmtree(path, **kwargs):
+        deleters.append(threading.current_thread())
+        assert release.wait(timeout=60)
+        rmtree(path, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
+    config = make_config("capture.batch_tokens=300", "capture.aux_layers=[2,4,5]")
+    out_dir = tmp_path / "features" / "fp"
+    capture_shard(config, regen_shard, out_dir, backend=hf_backend)  # returns while the deletion is held
+    shard, _, parts = output_paths(out_dir, 3)
+    assert shard_is_valid(shard, schema=FEATURE_SCHEMA, rows=12) and not parts.exists()
+    release.set()
+    (deleter,) = deleters
+    deleter.join(timeout=60)
+    assert deleter is not threading.current_thread() and not list(out_dir.glob(".removed-*"))
 
 
 @pytest.mark.parametrize("thread", ["parts", "shard"])
