@@ -31,6 +31,7 @@ from eagle3.capture.run import capture_shard, plan_batches
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.parquet import ShardWriter
 from eagle3.regen.schema import REGEN_SCHEMA
+from eagle3.runroot import wait_removals
 
 
 def build_target(out: Path, *, hidden: int, layers: int) -> Path:
@@ -123,6 +124,7 @@ def timed_capture(config: PipelineConfig, regen: Path, out_dir: Path, backend: H
     start = time.perf_counter()
     capture_shard(config, regen, out_dir, backend=backend)
     seconds = time.perf_counter() - start
+    wait_removals()  # the parts' deletion, which overlaps the next shard in a capture: not into the next arm here
     shutil.rmtree(out_dir)  # a round's shard is not needed after it is timed (full size: ~1 GB each)
     return seconds
 

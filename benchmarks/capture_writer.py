@@ -20,7 +20,6 @@ import json
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from eagle3.capture.encoding import ENCODINGS, column_codecs
 from eagle3.capture.writer import Batch, PartWriter
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.layout import parts_dir_name
+from eagle3.runroot import wait_removals
 from eagle3.transfer import HostCopy
 
 SAMPLES, TOKENS, TOPK, VOCAB = 8, 1024, 256, 163_840
@@ -70,9 +70,7 @@ def write_once(config: PipelineConfig, batches: list[Batch], out_dir: Path) -> t
     handed = time.perf_counter()
     writer.finish([])
     end = time.perf_counter()
-    for thread in threading.enumerate():  # the parts' deletion (eagle3.runroot.remove_in_background), untimed as
-        if thread.name.startswith("remove-"):  # in a capture, where it overlaps the next shard; not into the next round
-            thread.join()
+    wait_removals()  # the parts' deletion: overlaps the next shard in a capture, not the next round here
     shutil.rmtree(out_dir)  # ~1.5 GB a round at the defaults
     return end - start, end - handed
 

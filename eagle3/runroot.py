@@ -81,6 +81,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 REMOVED_PREFIX = ".removed-"  # a directory being deleted in the background (``remove_in_background``)
+_REMOVER = "eagle3-remove-"  # the name of the thread deleting it
 
 
 def remove_in_background(path: Path) -> threading.Thread:
@@ -93,9 +94,17 @@ def remove_in_background(path: Path) -> threading.Thread:
     aside = path.with_name(f"{REMOVED_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}")
     os.replace(path, aside)
     thread = threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
-                              name=f"remove-{path.name}")
+                              name=f"{_REMOVER}{path.name}")
     thread.start()
     return thread
+
+
+def wait_removals() -> None:
+    """Wait for this process's ``remove_in_background`` deletions: before deleting the directory they are in (a
+    benchmark's round) or measuring the disk again."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(_REMOVER):
+            thread.join()
 
 
 def sweep_removed(parent: Path) -> None:

@@ -17,6 +17,7 @@ from eagle3.runroot import (
     fingerprint,
     remove_in_background,
     sweep_removed,
+    wait_removals,
 )
 
 
@@ -90,8 +91,8 @@ def test_a_directory_removed_in_background_is_gone_at_once_and_deleted_off_the_c
     thread = remove_in_background(parts)
     assert not parts.exists() and [p.name.startswith(".removed-parts-00003-") for p in tmp_path.iterdir()] == [True]
     release.set()
-    thread.join(timeout=60)
-    assert deleters == [thread] and thread is not threading.current_thread()
+    wait_removals()
+    assert deleters == [thread] and thread is not threading.current_thread() and not thread.is_alive()
     assert list(tmp_path.iterdir()) == []
 
 
