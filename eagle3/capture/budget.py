@@ -103,14 +103,17 @@ def check_disk_budget(estimate: DiskEstimate, out_dir: Path, *, reserve_bytes: i
 
 
 def night_estimate(config: PipelineConfig, *, mean_tokens: int = MEAN_TOKENS_PER_SAMPLE) -> dict[str, object]:
-    """Per-encoding feature bytes of one night's mix (``mix.total`` prompts x ``mean_tokens``), uncompressed:
-    what ``eagle3 config show`` prints before any regen shard exists."""
+    """Per-encoding feature bytes of one night's mix (``mix.total`` prompts x ``mean_tokens``), uncompressed, and
+    what the part files of the shards capturing at once add on top in ``capture.encoding`` (the peak the disk
+    budget reserves): what ``eagle3 config show`` prints before any regen shard exists."""
     prompts = config.mix.total
     if prompts is None:
         return {"prompts": None, "note": "mix.total is unset: no per-night estimate"}
     tokens = prompts * mean_tokens
     h, capture = config.target.hidden_size, config.capture
     per_token = {e: bytes_per_token(e, capture.dtype, h, topk=capture.topk) for e in ENCODINGS}
+    shards = -(-prompts // config.normalize.shard_size)
+    at_once = min(shards_at_once(config) or shards, shards)
     return {
         "prompts": prompts,
         "mean_tokens_assumed": mean_tokens,
@@ -118,6 +121,8 @@ def night_estimate(config: PipelineConfig, *, mean_tokens: int = MEAN_TOKENS_PER
         "topk": capture.topk,
         "bytes_per_token_over_8H": {e: round(n / (8 * h), 3) for e, n in per_token.items()},
         "bytes": {e: human_bytes(tokens * n) for e, n in per_token.items()},
+        "part_files_at_peak": f"{at_once} of {shards} shards capturing at once: "
+        + human_bytes(at_once * config.normalize.shard_size * mean_tokens * per_token[capture.encoding]),
     }
 
 

@@ -49,6 +49,8 @@ def test_bytes_per_token_of_each_encoding_at_kimi_size():
     assert night["prompts"] == 88_088 and night["bytes"]["raw"].endswith("TB")
     ratios = night["bytes_per_token_over_8H"]
     assert night["encoding"] == "fp8_topk" and ratios["fp8_topk"] < ratios["fp8_all"] < ratios["fp8_aux"]
+    # 4 threads x 1,000 prompts x 1,500 tokens x (3 * 7168 + 12 + 6 * 256 + 5) B
+    assert night["part_files_at_peak"] == "4 of 89 shards capturing at once: 138.34 GB"
 
 
 def test_topk_codec_reads_back_the_ids_and_float16_probabilities_exactly():
