@@ -203,10 +203,8 @@ class CaptureConfig(StrictModel):
     shards_in_flight: int | None = Field(
         default=None,
         gt=0,
-        description="Capture shards running at once; None: as many as the task runner runs (orchestration."
-        "max_workers on threads and on a local Ray; on a remote Ray cluster as many as its GPUs fit). Each running "
-        "shard keeps its uncompressed part files until it finishes, so the disk budget reserves that many shards' "
-        "parts: on a remote Ray cluster with None it reserves them for every shard to capture.",
+        description="Capture shards running at once (None: as many as the task runner runs); the disk budget "
+        "reserves each one's part files (eagle3.capture.budget.shards_at_once).",
     )
 
     @field_validator("layer_convention", mode="before")

@@ -50,16 +50,15 @@ class DiskEstimate:
         return (self.tokens + self.parts_tokens) * self.bytes_per_token
 
 
-def shards_at_once(config: PipelineConfig) -> int | None:
-    """The most capture shards that run at the same time: ``capture.shards_in_flight``, else the task runner's
-    bound (``orchestration.max_workers`` on threads, and on a local Ray, which it sizes); None on a remote Ray
-    cluster without one (as many as its GPUs fit: unknown before the tasks run)."""
+def shards_at_once(config: PipelineConfig, shards: int) -> int:
+    """The most of ``shards`` capture shards that run at the same time: ``capture.shards_in_flight``, else the task
+    runner's bound (``orchestration.max_workers`` on threads, and on a local Ray, which it sizes), else all of them
+    (a remote Ray cluster runs as many as its GPUs fit: unknown before the tasks run)."""
     orchestration = config.orchestration
-    if config.capture.shards_in_flight is not None:
-        return config.capture.shards_in_flight
-    if orchestration.task_runner == "thread" or orchestration.ray_address is None:
-        return orchestration.max_workers
-    return None
+    bound = config.capture.shards_in_flight
+    if bound is None and (orchestration.task_runner == "thread" or orchestration.ray_address is None):
+        bound = orchestration.max_workers
+    return shards if bound is None else min(bound, shards)
 
 
 def regen_tokens(path: Path) -> int:
@@ -74,7 +73,7 @@ def capture_estimate(config: PipelineConfig, regen_shards: Iterable[Path]) -> Di
     counts = sorted((regen_tokens(Path(p)) for p in regen_shards), reverse=True)
     capture = config.capture
     per_token = bytes_per_token(capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk)
-    at_once = min(shards_at_once(config) or len(counts), len(counts))
+    at_once = shards_at_once(config, len(counts))
     return DiskEstimate(tokens=sum(counts), bytes_per_token=per_token, shards_at_once=at_once,
                         parts_tokens=sum(counts[:at_once]))
 
@@ -113,7 +112,7 @@ def night_estimate(config: PipelineConfig, *, mean_tokens: int = MEAN_TOKENS_PER
     h, capture = config.target.hidden_size, config.capture
     per_token = {e: bytes_per_token(e, capture.dtype, h, topk=capture.topk) for e in ENCODINGS}
     shards = -(-prompts // config.normalize.shard_size)
-    at_once = min(shards_at_once(config) or shards, shards)
+    at_once = shards_at_once(config, shards)
     return {
         "prompts": prompts,
         "mean_tokens_assumed": mean_tokens,
