@@ -91,6 +91,26 @@ def write_regen_stage(tiny_tokenizer):
     return write
 
 
+@pytest.fixture
+def held_rmtree(monkeypatch):
+    """Every ``shutil.rmtree`` waits for ``held.release`` (set it; 60 s at most) before it deletes; ``held.deleters``
+    lists the threads that called it: whether a deletion ran off the caller's thread, and did not hold it up."""
+    import shutil
+    import threading
+    from types import SimpleNamespace
+
+    held = SimpleNamespace(release=threading.Event(), deleters=[])
+    rmtree = shutil.rmtree
+
+    def slow_rmtree(path, **kwargs):
+        held.deleters.append(threading.current_thread())
+        assert held.release.wait(timeout=60)
+        rmtree(path, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
+    return held
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the ``gpu`` tests where no CUDA device is visible (CI, laptops): they run on a GPU node, e.g. from
     ``benchmarks/gpu_checks.sh``."""

@@ -70,29 +70,19 @@ def test_worker_without_the_shared_root_is_refused_with_the_requirement(tmp_path
         check_run_root(other, shared_id)
 
 
-def test_a_directory_removed_in_background_is_gone_at_once_and_deleted_off_the_callers_thread(tmp_path, monkeypatch):
+def test_a_directory_removed_in_background_is_gone_at_once_and_deleted_off_the_callers_thread(tmp_path, held_rmtree):
     """Deleting a shard's tens of GB of parts can take a minute on NFS or a discard mount: the caller gets the
     directory out of every reader's way by a rename and goes on while another thread deletes it."""
-    import shutil
     import threading
 
     parts = tmp_path / "parts-00003"
     parts.mkdir()
     (parts / "shard-00003.part-00000.parquet").write_bytes(b"x" * 1000)
-    release, deleters = threading.Event(), []
-    rmtree = shutil.rmtree
-
-    def slow_rmtree(path, **kwargs):
-        deleters.append(threading.current_thread())
-        assert release.wait(timeout=60)
-        rmtree(path, **kwargs)
-
-    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
     thread = remove_in_background(parts)
     assert not parts.exists() and [p.name.startswith(".removed-parts-00003-") for p in tmp_path.iterdir()] == [True]
-    release.set()
+    held_rmtree.release.set()
     wait_removals()
-    assert deleters == [thread] and thread is not threading.current_thread() and not thread.is_alive()
+    assert held_rmtree.deleters == [thread] and thread is not threading.current_thread() and not thread.is_alive()
     assert list(tmp_path.iterdir()) == []
 
 

@@ -193,28 +193,18 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
 
 
 def test_finishing_a_shard_does_not_wait_for_its_parts_to_be_deleted(make_config, regen_shard, hf_backend, tmp_path,
-                                                                      monkeypatch):  # fmt: skip
+                                                                      held_rmtree):  # fmt: skip
     """A Kimi shard's parts are ~34 GB, slow to delete on NFS or a discard mount: the capture returns with the
     parts out of the way (renamed) while another thread deletes them, so the next shard's forward need not wait."""
-    import shutil
     import threading
 
-    release, deleters = threading.Event(), []
-    rmtree = shutil.rmtree
-
-    def slow_rmtree(path, **kwargs):
-        deleters.append(threading.current_thread())
-        assert release.wait(timeout=60)
-        rmtree(path, **kwargs)
-
-    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
     config = make_config("capture.batch_tokens=300", "capture.aux_layers=[2,4,5]")
     out_dir = tmp_path / "features" / "fp"
     capture_shard(config, regen_shard, out_dir, backend=hf_backend)  # returns while the deletion is held
     shard, _, parts = output_paths(out_dir, 3)
     assert shard_is_valid(shard, schema=FEATURE_SCHEMA, rows=12) and not parts.exists()
-    release.set()
-    (deleter,) = deleters
+    held_rmtree.release.set()
+    (deleter,) = held_rmtree.deleters
     deleter.join(timeout=60)
     assert deleter is not threading.current_thread() and not list(out_dir.glob(".removed-*"))
 
