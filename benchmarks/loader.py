@@ -147,7 +147,7 @@ def main() -> None:
                                               for k, v in seconds.items()},
                            "ratio": round(seconds["loader"] / seconds["memory"], 3)})
             print(json.dumps({"round": r, **rounds[-1]}), flush=True)
-        verify_s = min(timed(lambda: damaged_files(Path(tmp))) for _ in range(3))
+        verify_s = min(timed(lambda: damaged_files(paths)) for _ in range(3))
         shard_bytes = sum(p.stat().st_size for p in paths)
     loader_s = statistics.median(r["step_ms_loader"] for r in rounds) * len(memory) / 1000
     print(json.dumps({

@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from eagle3.capture.encoding import (
@@ -63,9 +64,10 @@ from eagle3.capture.encoding import (
 )
 from eagle3.capture.schema import FEATURE_SCHEMA, check_footer, footer_codecs
 from eagle3.data.parquet import open_shard
-from eagle3.integrity import verify_files
+from eagle3.integrity import ALONE, Share, verify_files
 from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
+from eagle3.train.distributed import gather_lines
 from eagle3.transfer import DeviceTransfer, Moved
 
 logger = logging.getLogger(__name__)
@@ -187,6 +189,15 @@ def _list_column(column: pa.ChunkedArray, dtype: torch.dtype) -> list[torch.Tens
     return [t if t.dtype == dtype else t.to(dtype) for t in out]
 
 
+def _verify_share(rank: int, world_size: int) -> Share:
+    """A loader built as this process's rank of its process group (the trainer builds one on every rank) hashes
+    its share of the shards and learns the others' problems by an all-gather; any other (one process, or one
+    playing a rank of another world size, as tests and benchmarks do) hashes every shard."""
+    if dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) == (rank, world_size):
+        return Share(rank, world_size, gather_lines)
+    return ALONE
+
+
 class FeatureDataset(IterableDataset):
     """Batches of ``input_ids [B,T] int64, loss_mask [B,T] bool, attention_mask [B,T] bool, aux_hidden [B,T,3H],
     last_hidden [B,T,H]`` (right padding) from feature shards; one pass of ``__iter__`` is one epoch. Features in
@@ -218,7 +229,8 @@ class FeatureDataset(IterableDataset):
         if pack and max_seq_len is None:
             raise ValueError("pack=True needs max_seq_len (the packed sequence length)")
         self.paths = _resolve(shards)
-        verify_files(self.paths, rebuild="eagle3 capture")  # before any byte is trained on (eagle3.integrity)
+        # before any byte is trained on (eagle3.integrity): the ranks of a process group split the pass
+        verify_files(self.paths, rebuild="eagle3 capture", share=_verify_share(rank, world_size))
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
         self._files: list[FeatureFile] = []

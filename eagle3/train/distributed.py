@@ -81,6 +81,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def gather_lines(lines: list[str]) -> list[str]:
+    """Every rank's ``lines``, in rank order, on every rank (the lines themselves in a single process)."""
+    if not dist.is_initialized():
+        return lines
+    gathered: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, lines)
+    return [line for rank_lines in gathered for line in rank_lines or []]
+
+
 def wrap_for_training(objective: nn.Module, *, parallel: str, info: DistInfo, bf16: bool) -> nn.Module:
     """Wrap the TTT objective: nothing (one process), DDP, or FSDP2 on the draft's decoder layer and the draft."""
     if not info.distributed:

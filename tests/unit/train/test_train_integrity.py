@@ -3,6 +3,7 @@ non-finite step stops training naming the batch's shard and samples, and export 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,10 @@ from eagle3.train.trainer import ListBatchSource, NonFiniteStep, train_on_source
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
-def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_manifest: bool = True) -> Path:
-    """A finished features directory of one float32 shard (hidden size H); row ``nan_row`` has a NaN state."""
+def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_manifest: bool = True,
+              rows_per_shard: int | None = None) -> Path:
+    """A finished features directory of float32 shards (hidden size H; one, or ``rows_per_shard`` rows each): the
+    first shard's path; row ``nan_row`` has a NaN state."""
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
                            dtype="float32", encoding="raw", chat_template_hash="x", system_prompt_policy="keep",
                            truncation="quarantine", max_seq_len=64, features_fingerprint=out.name)
@@ -41,12 +44,12 @@ def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_mani
         table.append({"sample_id": f"s{k}", "input_ids": torch.randint(0, 64, (10,), generator=g).tolist(),
                       "loss_mask": [1] * 10, "seq_len": 10, "aux_hidden": aux_codec.encode(aux),
                       "last_hidden": last_codec.encode(torch.randn(10, H, generator=g))})
-    with ShardWriter(out, FEATURE_SCHEMA, metadata=meta) as writer:
+    with ShardWriter(out, FEATURE_SCHEMA, metadata=meta, rows_per_shard=rows_per_shard or rows) as writer:
         writer.write_table(feature_table(table))
-        (info,) = writer.close()
+        infos = writer.close()
     if with_manifest:
-        Manifest("features", out.name, files=[FileEntry.of(info.path, rows=rows, base=out)]).write(out)
-    return info.path
+        Manifest("features", out.name, files=[FileEntry.of(i.path, rows=i.rows, base=out) for i in infos]).write(out)
+    return infos[0].path
 
 
 def _damage_hidden_states(path: Path) -> None:
@@ -72,6 +75,69 @@ def test_truncated_feature_shard_is_refused_with_its_size(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(DataError, match=rf"{shard}: \d+ bytes, the manifest says \d+"):
         FeatureDataset(shard.parent, batch_size=2)
+
+
+def _verifying_rank(rank: int, world: int, port: int, features: str, out: str) -> None:
+    """A gloo rank that builds the loader over ``features`` twice, recording the shards it hashed: intact, then after
+    rank 1 damaged one of its own share (its report: ``out/rank-R.json``)."""
+    import json
+
+    import torch.distributed as dist
+
+    import eagle3.integrity as integrity
+    from eagle3.train.distributed import cleanup_distributed, init_distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    hashed: list[str] = []
+    sha256 = integrity.sha256_file
+    integrity.sha256_file = lambda path: hashed.append(Path(path).name) or sha256(path)
+    init_distributed("cpu")
+    try:
+        FeatureDataset(features, batch_size=2, rank=rank, world_size=world)
+        intact = sorted(hashed)
+        if rank == 1:
+            _damage_hidden_states(Path(features) / intact[0])
+        dist.barrier()
+        try:
+            FeatureDataset(features, batch_size=2, rank=rank, world_size=world)
+            error = None
+        except DataError as exc:
+            error = str(exc)
+        Path(out, f"rank-{rank}.json").write_text(json.dumps({"intact": intact, "error": error}))
+    finally:
+        cleanup_distributed()
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_process_group_each_hash_a_share_of_the_shards_and_all_refuse_a_damaged_one(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+    from test_train_parallel_resume import _free_port
+
+    first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2)  # shards of 2, 2, 2, 2 and 1 rows
+    shards = sorted(p.name for p in first.parent.glob("shard-*.parquet"))
+    mp.spawn(_verifying_rank, args=(2, _free_port(), str(first.parent), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert sorted(ranks[0]["intact"] + ranks[1]["intact"]) == shards  # each shard hashed once, by one rank
+    size = {name: (first.parent / name).stat().st_size for name in shards}
+    loads = [sum(size[name] for name in report["intact"]) for report in ranks]
+    assert min(loads) > 0 and abs(loads[0] - loads[1]) <= max(size.values())  # split by bytes, not by count
+    damaged = ranks[1]["intact"][0]
+    for report in ranks:  # rank 0 never hashed the damaged shard, and refuses it too
+        assert report["error"] is not None and f"{damaged}: sha256 differs" in report["error"]
+
+
+def test_a_loader_outside_a_process_group_hashes_every_shard_whatever_rank_it_plays(tmp_path, monkeypatch):
+    import eagle3.integrity as integrity
+
+    first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2)
+    hashed: list[str] = []
+    sha256 = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256(path))
+    FeatureDataset(first.parent, batch_size=2, rank=1, world_size=2)
+    assert sorted(hashed) == sorted(p.name for p in first.parent.glob("shard-*.parquet"))
 
 
 def test_non_finite_step_stops_training_naming_the_shard_and_samples_and_keeps_weights_finite(tmp_path):
