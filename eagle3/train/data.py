@@ -264,10 +264,13 @@ class FeatureDataset(IterableDataset):
             hidden.add(int(meta["hidden_size"]))
             codecs.add(footer_codecs(meta))
             self._files.append(file)
+            lengths = file.handle().read(columns=["seq_len"]).column(0).to_pylist()  # one read, not one per group
+            start = 0
             for rg in range(file.num_row_groups):
-                lengths = file.read_column(rg, "seq_len")
-                if lengths:
-                    self.groups.append(RowGroup(s, rg, tuple(lengths)))
+                rows = file.metadata.row_group(rg).num_rows
+                if rows:
+                    self.groups.append(RowGroup(s, rg, tuple(lengths[start : start + rows])))
+                start += rows
         if len(dtypes) > 1 or len(hidden) > 1 or len(codecs) > 1:
             raise ValueError(f"feature shards mix dtypes {sorted(dtypes)} / hidden sizes {sorted(hidden)} / "
                              "encodings; train on shards of one capture stage")
