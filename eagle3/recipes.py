@@ -178,7 +178,8 @@ def kimi_k2_5() -> PipelineConfig:
     backend decompresses the ~0.6 TB checkpoint to ~2.1 TB of bf16 at the first forward, more than 8 x H200 hold:
     capture refuses such a node before loading (``eagle3.capture.footprint``) and needs ~2.1 TB of GPU memory
     (8 x 288 GB) until an in-process SGLang backend keeps the weights packed (docs/ARCHITECTURE.md). Features in
-    fp8_topk (``LARGE_FEATURES``): ~2.4 TB per night after zstd instead of ~5.9 TB raw."""
+    fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as stored with lz4 (3.05 TB before the codec; ``eagle3 config
+    show`` prints the estimate) instead of ~5.9 TB of raw bf16 states with zstd (7.58 TB before it)."""
     config = PipelineConfig(
         name="kimi_k2_5",
         root=_run_root("kimi_k2_5"),
