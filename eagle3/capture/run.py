@@ -25,7 +25,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -279,7 +279,9 @@ def capture_shard(
 ) -> dict[str, Any]:
     """Capture hidden states for one regen shard into ``out_dir/shard-NNNNN.parquet`` (same index).
 
-    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``."""
+    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``, and for a shard
+    written by this call ``sha256``: its files' names -> the sha256 their writers computed as they wrote them (for
+    ``finalize_features``)."""
     started = time.monotonic()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -359,12 +361,19 @@ def shared_backend(config: PipelineConfig) -> CaptureBackend:
         return _BACKENDS[key]
 
 
-def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int]) -> Path:
+def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int], *,
+                      written: Mapping[str, str] | None = None) -> Path:
     """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine file.
 
     ``shard_ids`` are this run's shards (each must be finished); shards finished by earlier runs into the same
-    directory (earlier nights) are listed too, so the manifest always describes everything captured so far."""
+    directory (earlier nights) are listed too, so the manifest always describes everything captured so far.
+    Nothing is read back to be hashed that need not be (a night of Kimi-K2.5 features is ~3 TB, ~30 min of sha256
+    on one core, and the directory grows every night): a file in ``written`` (name -> the sha256 its writer computed,
+    ``capture_shard``'s result) takes that sha256, a file the previous manifest lists at the same size keeps its
+    entry (so a shard damaged since an earlier night is not blessed with its damaged bytes' sha256), and only the
+    rest (a shard an earlier, killed run finished) is hashed here."""
     out_dir = Path(out_dir)
+    known = _known_sha256(out_dir, written or {})
     indices = set(shard_ids)
     indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}
     files, rows, quarantined, tokens = [], 0, 0, 0
@@ -374,7 +383,7 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
             raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture --shard {index}`")
         n = open_shard(shard, schema=FEATURE_SCHEMA).metadata.num_rows
         q = open_shard(quarantine, schema=CAPTURE_QUARANTINE_SCHEMA).metadata.num_rows
-        files += [FileEntry.of(shard, rows=n, base=out_dir), FileEntry.of(quarantine, rows=q, base=out_dir)]
+        files += [_entry(shard, n, out_dir, known), _entry(quarantine, q, out_dir, known)]
         rows, quarantined, tokens = rows + n, quarantined + q, tokens + _tokens(shard)
     shard_bytes = sum(f.bytes for f in files if f.path.startswith("shard-"))
     per_token = shard_bytes / tokens if tokens else None
@@ -393,6 +402,22 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
                                 "layer_ids": config.sglang_layer_ids, "layer_convention": LAYER_CONVENTION},
                         stats=stats)
     return manifest.write(out_dir)
+
+
+def _known_sha256(out_dir: Path, written: Mapping[str, str]) -> dict[str, tuple[int | None, str]]:
+    """File name -> (size it must have, or None for any; sha256): the previous manifest's entries, overridden by
+    what this run's writers computed."""
+    previous = Manifest.read(out_dir)
+    known: dict[str, tuple[int | None, str]] = {e.path: (e.bytes, e.sha256) for e in previous.files} if previous else {}
+    return known | {name: (None, sha) for name, sha in written.items()}
+
+
+def _entry(path: Path, rows: int, out_dir: Path, known: dict[str, tuple[int | None, str]]) -> FileEntry:
+    """``path``'s manifest entry, hashed only when ``known`` has no sha256 for it at its size."""
+    size = path.stat().st_size
+    if path.name in known and known[path.name][0] in (None, size):
+        return FileEntry(path.name, rows, size, known[path.name][1])
+    return FileEntry.of(path, rows=rows, base=out_dir)
 
 
 def _tokens(path: Path) -> int:

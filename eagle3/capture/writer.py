@@ -181,7 +181,7 @@ class PartWriter:
         (info,) = self._shard.close()
         remove_in_background(self._parts_dir)
         return {"shard_index": self.index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
-                "bytes": info.bytes}
+                "bytes": info.bytes, "sha256": {info.path.name: info.sha256, quarantine.name: q_info.sha256}}
 
 
 def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:

@@ -32,11 +32,17 @@ def _run(stage, config, inputs, *, failed=()):
     return plan, finalize_task.fn(stage, config, plan, reports, list(failed))
 
 
-def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_harness):
+def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_harness, monkeypatch):
+    import eagle3.runroot as runroot
+
     config, regen = capture_setup
+    hashed: list[Path] = []
+    sha256 = runroot.sha256_file
+    monkeypatch.setattr(runroot, "sha256_file", lambda path, **kw: hashed.append(Path(path)) or sha256(path))
     with disable_run_logger():
         plan, result = _run(CaptureStage(), config, {"regen_dir": str(regen)})
         assert plan.units == (0, 1) and plan.missing == ()
+        assert [p for p in hashed if p.parent == result.out_dir] == []  # the writers' sha256 reached the manifest
         _vocab_plan, vocab = _run(VocabStage(), config, {"features_dir": str(result.out_dir)})
     manifest = Manifest.read(result.out_dir)
     assert result.done and manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 10

@@ -263,3 +263,43 @@ def test_the_writer_yields_the_cpu_to_a_forward_on_the_cpu_only(make_config, reg
     assert result["rows"] == 12 and seen["parts"] and seen["shard"]
     assert set(seen["parts"]) == set(seen["shard"]) == {max(nice, mine)}
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+
+
+def test_the_manifest_takes_each_sha256_from_its_writer_and_keeps_an_earlier_nights_so_damage_is_not_blessed(
+    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+):
+    """A night of Kimi features is ~3 TB: finalize reads no shard back to hash it. A file this run wrote takes the
+    sha256 its writer computed; one an earlier night's manifest lists at the same size keeps that entry, so a shard
+    damaged since then is refused by the loader instead of re-hashed into the manifest; only a finished shard that
+    nothing recorded (an earlier run killed before its stage finished) is hashed."""
+    import eagle3.runroot as runroot
+    from eagle3.capture.run import finalize_features
+    from eagle3.errors import DataError
+    from eagle3.integrity import verify_files
+    from eagle3.runroot import Manifest
+
+    config = make_config("capture.aux_layers=[2,4,5]")
+    out_dir = tmp_path / "features" / "fp"
+    result = capture_shard(config, regen_shard, out_dir, backend=hf_backend)
+    shard, quarantine, _ = output_paths(out_dir, 3)
+    assert set(result["sha256"]) == {shard.name, quarantine.name}
+    hashed: list[str] = []
+    sha256 = runroot.sha256_file
+    monkeypatch.setattr(runroot, "sha256_file", lambda path, **kw: hashed.append(Path(path).name) or sha256(path))
+
+    finalize_features(config, out_dir, [3], written=result["sha256"])
+    assert hashed == []
+    verify_files([shard, quarantine], rebuild="-")  # the writer's sha256 is the file's
+
+    data = bytearray(shard.read_bytes())  # damaged in place between two nights: same size
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    finalize_features(config, out_dir, [])  # the next night: shard 3 is an earlier night's
+    assert hashed == []
+    with pytest.raises(DataError, match=rf"{shard}: sha256 differs"):
+        verify_files([shard], rebuild="-")
+
+    (out_dir / "manifest.json").unlink()  # nothing recorded shard 3: it is hashed as it is now
+    finalize_features(config, out_dir, [3])
+    assert sorted(hashed) == sorted([shard.name, quarantine.name])
+    assert {e.path: e.sha256 for e in Manifest.read(out_dir).files}[shard.name] == sha256(shard)
