@@ -10,7 +10,9 @@ once when a loader opens a stage directory; ``benchmarks/loader.py`` measures it
 Processes that read the same files (the ranks of one training run) split that pass instead of each paying it:
 ``verify_files(..., share=Share(rank, world_size, gather))`` hashes this process's part of the bytes and learns
 every process's problems from ``gather``, so all of them refuse together. At Kimi-K2.5's scale (~3 TB of features,
-8 ranks per node) that is one pass over the features instead of eight.
+8 ranks per node) each byte is hashed once instead of eight times; the disk reads it once, where before the ranks
+of a node shared their reads only as far as the page cache (far smaller than 3 TB) kept them in step, and the
+nodes of a multi-node run each read all of it.
 """
 
 from __future__ import annotations
