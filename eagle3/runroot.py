@@ -145,8 +145,10 @@ class FileEntry:
     sha256: str
 
     @classmethod
-    def of(cls, path: Path, *, rows: int, base: Path) -> FileEntry:
-        return cls(str(path.relative_to(base)), rows, path.stat().st_size, sha256_file(path))
+    def of(cls, path: Path, *, rows: int, base: Path, sha256: str | None = None) -> FileEntry:
+        """``path``'s entry; ``sha256``: its checksum when already known (its writer hashed it as it wrote it), else
+        the file is read and hashed."""
+        return cls(str(path.relative_to(base)), rows, path.stat().st_size, sha256 or sha256_file(path))
 
 
 @dataclass

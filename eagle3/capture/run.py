@@ -414,10 +414,8 @@ def _known_sha256(out_dir: Path, written: Mapping[str, str]) -> dict[str, tuple[
 
 def _entry(path: Path, rows: int, out_dir: Path, known: dict[str, tuple[int | None, str]]) -> FileEntry:
     """``path``'s manifest entry, hashed only when ``known`` has no sha256 for it at its size."""
-    size = path.stat().st_size
-    if path.name in known and known[path.name][0] in (None, size):
-        return FileEntry(path.name, rows, size, known[path.name][1])
-    return FileEntry.of(path, rows=rows, base=out_dir)
+    size, sha = known.get(path.name, (None, None))
+    return FileEntry.of(path, rows=rows, base=out_dir, sha256=sha if size in (None, path.stat().st_size) else None)
 
 
 def _tokens(path: Path) -> int:

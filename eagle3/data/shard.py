@@ -140,7 +140,7 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     else:
         write_table(quarantine, QUARANTINE_SCHEMA.empty_table())
     q_rows = qinfos[0].rows if qinfos else 0
-    files = [FileEntry.of(s.path, rows=s.rows, base=out_dir) for s in shards]
+    files = [FileEntry.of(s.path, rows=s.rows, base=out_dir, sha256=s.sha256) for s in shards]
     files.append(FileEntry.of(quarantine, rows=q_rows, base=out_dir))
     stats = {
         "sources": per_source,
