@@ -92,6 +92,21 @@ def write_regen_stage(tiny_tokenizer):
 
 
 @pytest.fixture
+def record_hashes(monkeypatch):
+    """``record_hashes(module)``: the paths ``module.sha256_file`` hashes from now on (it still hashes them), to
+    check what was read back to be hashed (``eagle3.runroot`` for manifest entries, ``eagle3.integrity`` for the
+    checks against them)."""
+
+    def record(module) -> list[Path]:
+        hashed: list[Path] = []
+        sha256 = module.sha256_file
+        monkeypatch.setattr(module, "sha256_file", lambda path, **kw: hashed.append(Path(path)) or sha256(path))
+        return hashed
+
+    return record
+
+
+@pytest.fixture
 def held_rmtree(monkeypatch):
     """Every ``shutil.rmtree`` waits for ``held.release`` (set it; 60 s at most) before it deletes; ``held.deleters``
     lists the threads that called it: whether a deletion ran off the caller's thread, and did not hold it up."""

@@ -32,13 +32,11 @@ def _run(stage, config, inputs, *, failed=()):
     return plan, finalize_task.fn(stage, config, plan, reports, list(failed))
 
 
-def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_harness, monkeypatch):
+def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_harness, record_hashes):
     import eagle3.runroot as runroot
 
     config, regen = capture_setup
-    hashed: list[Path] = []
-    sha256 = runroot.sha256_file
-    monkeypatch.setattr(runroot, "sha256_file", lambda path, **kw: hashed.append(Path(path)) or sha256(path))
+    hashed = record_hashes(runroot)
     with disable_run_logger():
         plan, result = _run(CaptureStage(), config, {"regen_dir": str(regen)})
         assert plan.units == (0, 1) and plan.missing == ()

@@ -266,7 +266,7 @@ def test_the_writer_yields_the_cpu_to_a_forward_on_the_cpu_only(make_config, reg
 
 
 def test_the_manifest_takes_each_sha256_from_its_writer_and_keeps_an_earlier_nights_so_damage_is_not_blessed(
-    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+    make_config, regen_shard, hf_backend, tmp_path, record_hashes
 ):
     """A night of Kimi features is ~3 TB: finalize reads no shard back to hash it. A file this run wrote takes the
     sha256 its writer computed; one an earlier night's manifest lists at the same size keeps that entry, so a shard
@@ -283,9 +283,8 @@ def test_the_manifest_takes_each_sha256_from_its_writer_and_keeps_an_earlier_nig
     result = capture_shard(config, regen_shard, out_dir, backend=hf_backend)
     shard, quarantine, _ = output_paths(out_dir, 3)
     assert set(result["sha256"]) == {shard.name, quarantine.name}
-    hashed: list[str] = []
     sha256 = runroot.sha256_file
-    monkeypatch.setattr(runroot, "sha256_file", lambda path, **kw: hashed.append(Path(path).name) or sha256(path))
+    hashed = record_hashes(runroot)
 
     finalize_features(config, out_dir, [3], written=result["sha256"])
     assert hashed == []
@@ -301,5 +300,5 @@ def test_the_manifest_takes_each_sha256_from_its_writer_and_keeps_an_earlier_nig
 
     (out_dir / "manifest.json").unlink()  # nothing recorded shard 3: it is hashed as it is now
     finalize_features(config, out_dir, [3])
-    assert sorted(hashed) == sorted([shard.name, quarantine.name])
+    assert sorted(hashed) == sorted([shard, quarantine])
     assert {e.path: e.sha256 for e in Manifest.read(out_dir).files}[shard.name] == sha256(shard)

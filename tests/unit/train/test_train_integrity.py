@@ -129,15 +129,13 @@ def test_the_ranks_of_a_process_group_each_hash_a_share_of_the_shards_and_all_re
         assert report["error"] is not None and f"{damaged}: sha256 differs" in report["error"]
 
 
-def test_a_loader_outside_a_process_group_hashes_every_shard_whatever_rank_it_plays(tmp_path, monkeypatch):
+def test_a_loader_outside_a_process_group_hashes_every_shard_whatever_rank_it_plays(tmp_path, record_hashes):
     import eagle3.integrity as integrity
 
     first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2)
-    hashed: list[str] = []
-    sha256 = integrity.sha256_file
-    monkeypatch.setattr(integrity, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256(path))
+    hashed = record_hashes(integrity)
     FeatureDataset(first.parent, batch_size=2, rank=1, world_size=2)
-    assert sorted(hashed) == sorted(p.name for p in first.parent.glob("shard-*.parquet"))
+    assert sorted(hashed) == sorted(first.parent.glob("shard-*.parquet"))
 
 
 def test_non_finite_step_stops_training_naming_the_shard_and_samples_and_keeps_weights_finite(tmp_path):
