@@ -56,6 +56,19 @@ def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def footer_sha256(path: Path) -> str:
+    """The sha256 of ``path``'s Parquet footer: its last ``8 + footer length`` bytes (metadata, length, magic).
+    The bytes that page checksums do not cover, and that say where every page is: with this hash and a
+    checksummed read, every byte a read uses is checked (``tests/unit/data/test_parquet_writer.py`` flips each
+    byte)."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(size - 8, 0))
+        length = int.from_bytes(fh.read(4), "little")
+        fh.seek(max(size - 8 - length, 0))  # a damaged length hashes other bytes: no match
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -139,16 +152,22 @@ def versions() -> dict[str, str]:
 
 @dataclass
 class FileEntry:
+    """One file of a stage directory. ``footer_sha256``: set for a Parquet shard whose writer gave every page a
+    checksum (``eagle3.data.parquet``): a reader that checks the pages as it reads them checks the footer by this
+    instead of hashing the whole file first (``eagle3.integrity``); None for any other file."""
+
     path: str
     rows: int
     bytes: int
     sha256: str
+    footer_sha256: str | None = None
 
     @classmethod
-    def of(cls, path: Path, *, rows: int, base: Path, sha256: str | None = None) -> FileEntry:
+    def of(cls, path: Path, *, rows: int, base: Path, sha256: str | None = None,
+           footer_sha256: str | None = None) -> FileEntry:
         """``path``'s entry; ``sha256``: its checksum when already known (its writer hashed it as it wrote it), else
         the file is read and hashed."""
-        return cls(str(path.relative_to(base)), rows, path.stat().st_size, sha256 or sha256_file(path))
+        return cls(str(path.relative_to(base)), rows, path.stat().st_size, sha256 or sha256_file(path), footer_sha256)
 
 
 @dataclass

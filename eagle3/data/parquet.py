@@ -5,6 +5,8 @@
 * shard rotation by row count, file names ``<prefix>-NNNNN.parquet``,
 * each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written, its sha256
   hashed as it is written and each row group synced as it is written (``_ShardFile``),
+* a CRC32 in every page header (``write_page_checksum``), so a reader can check each page as it reads it
+  (``page_checksum_verification``) and the footer, which no page checksum covers, by ``footer_sha256``,
 * no dictionary and no statistics on binary columns (``value_columns``).
 
 Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the caller
@@ -25,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3.layout import shard_name
-from eagle3.runroot import atomic_path, fsync_dir, sha256_file
+from eagle3.runroot import atomic_path, footer_sha256, fsync_dir, sha256_file
 
 
 def value_columns(schema: pa.Schema) -> list[str]:
@@ -54,7 +56,8 @@ def parquet_writer(
     """The project's Parquet writer settings (``value_columns``) for one file (a path, or a file Arrow writes to
     but does not close)."""
     values = value_columns(schema)
-    return pq.ParquetWriter(where, schema, compression=compression, use_dictionary=values, write_statistics=values)
+    return pq.ParquetWriter(where, schema, compression=compression, use_dictionary=values, write_statistics=values,
+                            write_page_checksum=True)
 
 
 class _ShardFile:
@@ -103,6 +106,7 @@ class ShardInfo:
     rows: int
     bytes: int
     sha256: str
+    footer_sha256: str
 
 
 class ShardWriter:
@@ -220,7 +224,8 @@ class ShardWriter:
         final = self._tmp.with_suffix("")  # strip ".tmp"
         os.replace(self._tmp, final)
         fsync_dir(self.out_dir)
-        self._written.append(ShardInfo(final, self._rows_in_shard, final.stat().st_size, file.hexdigest()))
+        self._written.append(ShardInfo(final, self._rows_in_shard, final.stat().st_size, file.hexdigest(),
+                                       footer_sha256(final)))
         self._writer, self._file, self._tmp, self._rows_in_shard = None, None, None, 0
         self._index += 1
 
@@ -232,13 +237,14 @@ def write_table(path: Path, table: pa.Table, *, metadata: Mapping[str, str] | No
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp, parquet_writer(tmp, table.schema, "zstd") as writer:
         writer.write_table(table)
-    return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path))
+    return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path), footer_sha256(path))
 
 
 def open_shard(path: Path, *, schema: pa.Schema | None = None) -> pq.ParquetFile:
-    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``."""
+    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``. Its reads
+    check each page's checksum (an ``OSError`` on a damaged page, where an unchecked read decodes wrong values)."""
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ShardError(f"{path}: unreadable Parquet footer ({exc}); delete it so the stage rebuilds it") from exc
     if schema is not None:

@@ -114,3 +114,53 @@ def test_a_shard_is_hashed_and_synced_as_it_is_written_not_read_back(tmp_path: P
     file_syncs = synced[:-1]  # the last fsync is the directory's, after the rename
     assert len(file_syncs) == 4 and file_syncs == sorted(set(file_syncs))  # each row group, then the footer
     assert file_syncs[0] > 12_000 and file_syncs[-1] == info.bytes
+
+
+def _flipped_reads(data: bytes, table: pa.Table, end: int, *, checked: bool) -> tuple[int, list[int]]:
+    """Each byte of ``data[4:end]`` flipped alone (all 8 bits): (how many reads refused, offsets read wrongly)."""
+    import io
+
+    refused, wrong = 0, []
+    for offset in range(4, end):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0xFF
+        try:
+            back = pq.ParquetFile(io.BytesIO(damaged), page_checksum_verification=checked).read()
+        except (OSError, pa.ArrowInvalid):
+            refused += 1
+            continue
+        if not back.equals(table):
+            wrong.append(offset)
+    return refused, wrong
+
+
+def test_every_byte_a_read_uses_is_checked_by_a_page_checksum_or_the_footer_hash(tmp_path: Path):
+    """The loader hashes only footers before training and lets Arrow check each page's CRC32 as it reads it
+    (``eagle3.integrity``). That is only as strong as a whole-file sha256 if no damage can get past both: every byte
+    before the footer, flipped, is refused by a checked read or reads back unchanged (a page statistic, padding),
+    while an unchecked read of the same file decodes some flips into wrong rows; every byte of the footer, flipped,
+    changes ``footer_sha256``."""
+    from eagle3.runroot import footer_sha256
+
+    schema = pa.schema([("id", pa.string()), ("blob", pa.binary()), ("ids", pa.list_(pa.int32())),
+                        ("n", pa.int64())])
+    rows = [{"id": f"r{i}", "blob": os.urandom(200), "ids": list(range(i, i + 9)), "n": i} for i in range(6)]
+    with ShardWriter(tmp_path, schema, row_group_bytes=600, compression={"blob": "none", "id": "zstd",
+                                                                          "ids": "zstd", "n": "zstd"}) as writer:
+        for row in rows:
+            writer.write_rows([row])
+    (info,) = writer.close()
+    data, table = info.path.read_bytes(), pq.read_table(info.path)
+    assert pq.ParquetFile(info.path).metadata.num_row_groups >= 2
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+
+    refused, wrong = _flipped_reads(data, table, footer, checked=True)
+    assert wrong == [] and refused > 0.9 * (footer - 4)
+    assert _flipped_reads(data, table, footer, checked=False)[1]  # what the checksums catch
+
+    assert info.footer_sha256 == footer_sha256(info.path)
+    for offset in range(footer, len(data)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0xFF
+        info.path.write_bytes(damaged)
+        assert footer_sha256(info.path) != info.footer_sha256, offset
