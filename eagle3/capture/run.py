@@ -280,8 +280,8 @@ def capture_shard(
     """Capture hidden states for one regen shard into ``out_dir/shard-NNNNN.parquet`` (same index).
 
     Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``, and for a shard
-    written by this call ``sha256``: its files' names -> the sha256 their writers computed as they wrote them (for
-    ``finalize_features``)."""
+    written by this call ``written``: its files' names -> ``{"sha256", "footer_sha256"}``, the hashes their writers
+    computed as they wrote them (for ``finalize_features``)."""
     started = time.monotonic()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -362,18 +362,19 @@ def shared_backend(config: PipelineConfig) -> CaptureBackend:
 
 
 def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int], *,
-                      written: Mapping[str, str] | None = None) -> Path:
+                      written: Mapping[str, Mapping[str, str]] | None = None) -> Path:
     """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine file.
 
     ``shard_ids`` are this run's shards (each must be finished); shards finished by earlier runs into the same
     directory (earlier nights) are listed too, so the manifest always describes everything captured so far.
     Nothing is read back to be hashed that need not be (a night of Kimi-K2.5 features is ~3 TB, ~40 min of sha256
-    on one core at 1.2 GB/s, and the directory grows every night): a file in ``written`` (name -> the sha256 its
-    writer computed, ``capture_shard``'s result) takes that sha256, a file the previous manifest lists at the same
-    size keeps its entry (so a shard damaged since an earlier night is not blessed with its damaged bytes' sha256),
-    and only the rest (a shard an earlier, killed run finished) is hashed here."""
+    on one core at 1.2 GB/s, and the directory grows every night): a file in ``written`` (name -> the sha256 and
+    footer sha256 its writer computed, ``capture_shard``'s result) takes those, a file the previous manifest lists at
+    the same size keeps its entry (so a shard damaged since an earlier night is not blessed with its damaged bytes'
+    sha256), and only the rest (a shard an earlier, killed run finished) is hashed here, without a footer hash (so
+    the loader checks all of it first: ``eagle3.integrity``)."""
     out_dir = Path(out_dir)
-    known = _known_sha256(out_dir, written or {})
+    known = _known(out_dir, written or {})
     indices = set(shard_ids)
     indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}
     files, rows, quarantined, tokens = [], 0, 0, 0
@@ -404,18 +405,23 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
     return manifest.write(out_dir)
 
 
-def _known_sha256(out_dir: Path, written: Mapping[str, str]) -> dict[str, tuple[int | None, str]]:
-    """File name -> (size it must have, or None for any; sha256): the previous manifest's entries, overridden by
-    what this run's writers computed."""
+Known = dict[str, tuple[int | None, str, str | None]]  # file name -> (size it must have or None, sha256, footer's)
+
+
+def _known(out_dir: Path, written: Mapping[str, Mapping[str, str]]) -> Known:
+    """The hashes known without reading: the previous manifest's entries, overridden by what this run's writers
+    computed."""
     previous = Manifest.read(out_dir)
-    known: dict[str, tuple[int | None, str]] = {e.path: (e.bytes, e.sha256) for e in previous.files} if previous else {}
-    return known | {name: (None, sha) for name, sha in written.items()}
+    known: Known = {e.path: (e.bytes, e.sha256, e.footer_sha256) for e in previous.files} if previous else {}
+    return known | {name: (None, w["sha256"], w["footer_sha256"]) for name, w in written.items()}
 
 
-def _entry(path: Path, rows: int, out_dir: Path, known: dict[str, tuple[int | None, str]]) -> FileEntry:
-    """``path``'s manifest entry, hashed only when ``known`` has no sha256 for it at its size."""
-    size, sha = known.get(path.name, (None, None))
-    return FileEntry.of(path, rows=rows, base=out_dir, sha256=sha if size in (None, path.stat().st_size) else None)
+def _entry(path: Path, rows: int, out_dir: Path, known: Known) -> FileEntry:
+    """``path``'s manifest entry, hashed only when ``known`` has no hashes for it at its size."""
+    size, sha, footer = known.get(path.name, (None, None, None))
+    if size not in (None, path.stat().st_size):
+        sha, footer = None, None
+    return FileEntry.of(path, rows=rows, base=out_dir, sha256=sha, footer_sha256=footer)
 
 
 def _tokens(path: Path) -> int:

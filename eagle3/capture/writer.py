@@ -181,7 +181,8 @@ class PartWriter:
         (info,) = self._shard.close()
         remove_in_background(self._parts_dir)
         return {"shard_index": self.index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
-                "bytes": info.bytes, "sha256": {info.path.name: info.sha256, quarantine.name: q_info.sha256}}
+                "bytes": info.bytes, "written": {i.path.name: {"sha256": i.sha256, "footer_sha256": i.footer_sha256}
+                                              for i in (info, q_info)}}
 
 
 def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:

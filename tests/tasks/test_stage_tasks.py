@@ -45,6 +45,7 @@ def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_har
     manifest = Manifest.read(result.out_dir)
     assert result.done and manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 10
     assert manifest.verify(result.out_dir) == [] and read_failed_shards(result.out_dir) == []
+    assert all(f.footer_sha256 for f in manifest.files)  # so the loader checks pages as it reads them
     assert [row["state"] for row in result.table] == ["captured", "captured"]
     assert Path(vocab.summary["vocab"]) == vocab.out_dir / VOCAB_FILE and (vocab.out_dir / VOCAB_FILE).exists()
     assert Manifest.read(vocab.out_dir).config["features"] == str(result.out_dir)
