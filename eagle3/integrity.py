@@ -5,14 +5,20 @@ only proves the file ends well: bytes overwritten inside a column chunk still de
 draft from one damaged hidden-state page). So a reader verifies the files it is about to use against the manifest
 first, and refuses, naming each damaged file and the command that rebuilds it, instead of training on them.
 
-Cost: one sequential sha256 pass over the files, on threads (``hashlib`` releases the GIL on large buffers), paid
-once when a loader opens a stage directory; ``benchmarks/loader.py`` measures it against an epoch (BENCHMARKS.md).
-Processes that read the same files (the ranks of one training run) split that pass instead of each paying it:
-``verify_files(..., share=Share(rank, world_size, gather))`` hashes this process's part of the bytes and learns
-every process's problems from ``gather``, so all of them refuse together. At Kimi-K2.5's scale (~3 TB of features,
-8 ranks per node) each byte is hashed once instead of eight times; the disk reads it once, where before the ranks
-of a node shared their reads only as far as the page cache (far smaller than 3 TB) kept them in step, and the
-nodes of a multi-node run each read all of it.
+Two ways, by what the reader reads:
+* **whole files, first** (the default): one sequential sha256 pass over the files, on threads (``hashlib`` releases
+  the GIL on large buffers), before the reader uses any of them.
+* **each page, as it is read** (``pages_checked=True``), for readers of files far larger than a pass should make
+  them wait for: a night of Kimi-K2.5 features is ~3 TB, and a first pass reads all of it from disk before training
+  starts (at every resume too) on top of the epoch's own read. Every page a ``ShardWriter`` writes carries a CRC32
+  and the manifest records the shard's footer sha256 (``FileEntry.footer_sha256``); here only the footers are
+  hashed, and the reader reads with Arrow's page checksum verification (``eagle3.train.data``) and refuses a row
+  group whose page fails it with ``damaged_read``. A file listed without a footer hash (written before pages had
+  checksums) gets the whole-file pass. ``benchmarks/loader.py`` measures both ways against an epoch (BENCHMARKS.md).
+
+Processes that read the same files (the ranks of one training run) split the checks instead of each paying them:
+``verify_files(..., share=Share(rank, world_size, gather))`` checks this process's part of the bytes and learns
+every process's problems from ``gather``, so all of them refuse together.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.errors import DataError
-from eagle3.runroot import FileEntry, Manifest, sha256_file
+from eagle3.runroot import FileEntry, Manifest, footer_sha256, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +50,31 @@ class Share:
 ALONE = Share(rank=0, world_size=1, gather=lambda problems: problems)
 
 
-def _problem(directory: Path, entry: FileEntry) -> str | None:
+def _problem(directory: Path, entry: FileEntry, pages_checked: bool) -> str | None:
     path = directory / entry.path
     if not path.exists():
         return f"{path}: missing"
     size = path.stat().st_size
     if size != entry.bytes:
         return f"{path}: {size} bytes, the manifest says {entry.bytes} (truncated or replaced)"
-    if sha256_file(path) != entry.sha256:
+    if pages_checked and entry.footer_sha256 is not None:
+        if footer_sha256(path) != entry.footer_sha256:
+            return f"{path}: the footer's sha256 differs from the manifest (damaged after it was written)"
+    elif sha256_file(path) != entry.sha256:
         return f"{path}: sha256 differs from the manifest (the bytes were damaged after it was written)"
     return None
+
+
+def _refusal(problems: Sequence[str], rebuild: str) -> DataError:
+    return DataError(f"{len(problems)} damaged file(s), not used: {'; '.join(problems)}. Fix: delete the damaged "
+                     f"file(s) and the directory's manifest.json, then run `{rebuild}` to rebuild them")
+
+
+def damaged_read(path: Path, row_group: int | None, error: Exception, *, rebuild: str) -> DataError:
+    """The refusal of a read (of ``row_group``, or None: of the whole file) that failed: a page that fails its
+    checksum, or does not decode."""
+    where = path if row_group is None else f"{path} row group {row_group}"
+    return _refusal([f"{where}: does not read back ({error})"], rebuild)
 
 
 def _listed(paths: Sequence[Path]) -> list[tuple[Path, FileEntry]]:
@@ -82,20 +103,20 @@ def share_of(listed: list[tuple[Path, FileEntry]], rank: int, world_size: int) -
     return mine
 
 
-def damaged_files(paths: Sequence[Path], *, share: Share = ALONE) -> list[str]:
+def damaged_files(paths: Sequence[Path], *, share: Share = ALONE, pages_checked: bool = False) -> list[str]:
     """One problem line per file of ``paths`` (this process's ``share`` of them) that is missing, resized or whose
-    sha256 differs from its directory's manifest; empty when all hold."""
+    sha256 differs from its directory's manifest; empty when all hold. ``pages_checked``: the caller reads the
+    files with page checksum verification, so a file whose entry has a ``footer_sha256`` is hashed only there."""
     entries = share_of(_listed(paths), share.rank, share.world_size)
     with ThreadPoolExecutor(min(HASH_THREADS, max(len(entries), 1))) as pool:
-        return [p for p in pool.map(lambda item: _problem(*item), entries) if p is not None]
+        return [p for p in pool.map(lambda item: _problem(*item, pages_checked), entries) if p is not None]
 
 
-def verify_files(paths: Sequence[Path], *, rebuild: str, share: Share = ALONE) -> None:
+def verify_files(paths: Sequence[Path], *, rebuild: str, share: Share = ALONE, pages_checked: bool = False) -> None:
     """Raise ``DataError`` when any of ``paths`` differs from the manifest of its directory, on every process of
     ``share`` (each hashes its part: ``damaged_files``). ``rebuild`` is the command that remakes them."""
-    problems = share.gather(damaged_files(paths, share=share))
+    problems = share.gather(damaged_files(paths, share=share, pages_checked=pages_checked))
     if problems:
-        raise DataError(f"{len(problems)} damaged file(s), not used: {'; '.join(problems)}. Fix: delete the damaged "
-                        f"file(s) and the directory's manifest.json, then run `{rebuild}` to rebuild them")
+        raise _refusal(problems, rebuild)
     logger.debug("verified %d file(s) against their manifests (share %d of %d)", len(paths), share.rank,
                  share.world_size)

@@ -64,7 +64,7 @@ from eagle3.capture.encoding import (
 )
 from eagle3.capture.schema import FEATURE_SCHEMA, check_footer, footer_codecs
 from eagle3.data.parquet import open_shard
-from eagle3.integrity import ALONE, Share, verify_files
+from eagle3.integrity import ALONE, Share, damaged_read, verify_files
 from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
 from eagle3.train.distributed import gather_lines
@@ -101,7 +101,7 @@ READ_COLUMNS = ["input_ids", "loss_mask", "aux_hidden", "last_hidden"]
 @dataclass(frozen=True)
 class FeatureFile:
     """A validated feature shard: its path and parsed footer. Every read opens its own handle on them
-    (``handle``): a ``pq.ParquetFile`` read with ``pre_buffer`` swaps a read cache that a read on another thread
+    (``read``): a ``pq.ParquetFile`` read with ``pre_buffer`` swaps a read cache that a read on another thread
     may still be using (apache/arrow PARQUET-2316), which fails as "ReadRangeCache did not find matching cache
     entry" or crashes the process; a handle on the already-parsed footer costs one ``mmap``."""
 
@@ -112,15 +112,26 @@ class FeatureFile:
     def num_row_groups(self) -> int:
         return self.metadata.num_row_groups
 
-    def handle(self) -> pq.ParquetFile:
-        """Opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and each row
-        group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
+    def read(self, columns: list[str], row_group: int | None = None, *, use_threads: bool = True) -> pa.Table:
+        """``columns`` of one row group (None: of the whole file), on a handle of its own (class docstring).
+
+        The handle is opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and each
+        row group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
         uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
-        place, so a mapping stays valid while training (and ``verify_files`` checked them before they are opened)."""
-        return pq.ParquetFile(self.path, metadata=self.metadata, memory_map=True, pre_buffer=True)
+        place, so a mapping stays valid while training. Every page is checked against its CRC32 as it is read (the
+        loader's ``verify_files`` checked sizes and footers only: ``eagle3.integrity``); one that fails, or does
+        not decode, raises ``DataError`` naming the file, the row group and the command that rebuilds it."""
+        handle = pq.ParquetFile(self.path, metadata=self.metadata, memory_map=True, pre_buffer=True,
+                                page_checksum_verification=True)
+        try:
+            if row_group is None:
+                return handle.read(columns=columns, use_threads=use_threads)
+            return handle.read_row_group(row_group, columns=columns, use_threads=use_threads)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise damaged_read(self.path, row_group, exc, rebuild="eagle3 capture") from exc
 
     def read_column(self, row_group: int, column: str) -> list[Any]:
-        return self.handle().read_row_group(row_group, columns=[column]).column(0).to_pylist()
+        return self.read([column], row_group).column(0).to_pylist()
 
 
 def iter_row_groups(
@@ -158,7 +169,7 @@ def read_row_group(
     """Read and decompress one row group on a handle of its own, and view its rows as tensors in the stored form.
     ``arrow_threads``: columns in parallel on Arrow's pool (the decompression releases the GIL); else all on the
     calling thread."""
-    table = file.handle().read_row_group(row_group, columns=READ_COLUMNS, use_threads=arrow_threads)
+    table = file.read(READ_COLUMNS, row_group, use_threads=arrow_threads)
     return Decoded(
         input_ids=_list_column(table.column("input_ids"), torch.int64),
         loss_mask=_list_column(table.column("loss_mask"), torch.bool),
@@ -229,8 +240,9 @@ class FeatureDataset(IterableDataset):
         if pack and max_seq_len is None:
             raise ValueError("pack=True needs max_seq_len (the packed sequence length)")
         self.paths = _resolve(shards)
-        # before any byte is trained on (eagle3.integrity): the ranks of a process group split the pass
-        verify_files(self.paths, rebuild="eagle3 capture", share=_verify_share(rank, world_size))
+        # before any byte is trained on (eagle3.integrity): sizes and footers here (the ranks of a process group
+        # split them), each page as it is read (``FeatureFile.read``)
+        verify_files(self.paths, rebuild="eagle3 capture", share=_verify_share(rank, world_size), pages_checked=True)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
         self._files: list[FeatureFile] = []
@@ -264,7 +276,7 @@ class FeatureDataset(IterableDataset):
             hidden.add(int(meta["hidden_size"]))
             codecs.add(footer_codecs(meta))
             self._files.append(file)
-            lengths = file.handle().read(columns=["seq_len"]).column(0).to_pylist()  # one read, not one per group
+            lengths = file.read(["seq_len"]).column(0).to_pylist()  # one read, not one per group
             start = 0
             for rg in range(file.num_row_groups):
                 rows = file.metadata.row_group(rg).num_rows

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +24,7 @@ import torch
 from eagle3.capture.run import feature_shards
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import open_shard
+from eagle3.integrity import damaged_read
 from eagle3.layout import VOCAB_FILE, stage_dir
 from eagle3.model.export_format import vocab_maps
 from eagle3.model.vocab import DraftVocab, save_vocab
@@ -42,7 +43,7 @@ def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) 
     ``vocab_size`` fixes the length (an id beyond it is an error); None sizes it to the largest id seen + 1."""
     counts = np.zeros(vocab_size or 0, dtype=np.int64)
     for path in shard_paths:
-        for batch in open_shard(path, schema=_COUNT_SCHEMA).iter_batches(columns=_COUNT_SCHEMA.names):
+        for batch in _batches(path):
             ids = pc.list_flatten(batch.column("input_ids")).to_numpy()
             mask = pc.list_flatten(batch.column("loss_mask")).to_numpy().astype(bool)
             if ids.shape != mask.shape:
@@ -57,6 +58,15 @@ def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) 
                 counts = np.pad(counts, (0, len(found) - len(counts)))
             counts += found
     return torch.from_numpy(counts)
+
+
+def _batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The token columns of a feature shard, each page checked against its checksum as it is read: these columns
+    are a sliver of a shard's bytes, so the shards are not hashed whole first (``eagle3.integrity``)."""
+    try:
+        yield from open_shard(path, schema=_COUNT_SCHEMA).iter_batches(columns=_COUNT_SCHEMA.names)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise damaged_read(path, None, exc, rebuild="eagle3 capture") from exc
 
 
 def build_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:

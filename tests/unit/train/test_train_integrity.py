@@ -1,5 +1,6 @@
-"""Damaged data never trains silently: shards are checked against their manifest before the first batch, a
-non-finite step stops training naming the batch's shard and samples, and export refuses non-finite weights."""
+"""Damaged data never trains silently: shards are checked against their manifest before the first batch (sizes and
+footers; each page by its checksum as it is read), a non-finite step stops training naming the batch's shard and
+samples, and export refuses non-finite weights."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
 def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_manifest: bool = True,
-              rows_per_shard: int | None = None) -> Path:
-    """A finished features directory of float32 shards (hidden size H; one, or ``rows_per_shard`` rows each): the
-    first shard's path; row ``nan_row`` has a NaN state."""
+              rows_per_shard: int | None = None, footers: bool = True) -> Path:
+    """A finished features directory of float32 shards (hidden size H; one, or ``rows_per_shard`` rows each, one
+    row group each): the first shard's path; row ``nan_row`` has a NaN state. ``footers``: listed with their footer
+    hashes, as capture lists them; else as an older night's shards (whole-file sha256 only)."""
     meta = footer_metadata(target_model="t", target_revision=None, hidden_size=H, num_layers=8, layer_ids=[2, 4, 5],
                            dtype="float32", encoding="raw", chat_template_hash="x", system_prompt_policy="keep",
                            truncation="quarantine", max_seq_len=64, features_fingerprint=out.name)
@@ -48,7 +50,9 @@ def _features(out: Path, *, rows: int = 8, nan_row: int | None = None, with_mani
         writer.write_table(feature_table(table))
         infos = writer.close()
     if with_manifest:
-        Manifest("features", out.name, files=[FileEntry.of(i.path, rows=i.rows, base=out) for i in infos]).write(out)
+        files = [FileEntry.of(i.path, rows=i.rows, base=out, footer_sha256=i.footer_sha256 if footers else None)
+                 for i in infos]
+        Manifest("features", out.name, files=files).write(out)
     return infos[0].path
 
 
@@ -61,12 +65,41 @@ def _damage_hidden_states(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_damaged_feature_shard_is_refused_before_the_first_batch_naming_it(tmp_path):
-    shard = _features(tmp_path / "features" / "fp")
+def test_a_damaged_page_is_refused_as_it_is_read_naming_the_shard_and_no_batch_holds_its_rows(
+    tmp_path, record_hashes
+):
+    """At Kimi-K2.5's scale a whole-file pass before training reads ~3 TB: the loader hashes only footers, then
+    checks each page as it reads it. The shards before the damaged one train; none of its rows reach a batch."""
+    import eagle3.integrity as integrity
+
+    first = _features(tmp_path / "features" / "fp", rows=8, rows_per_shard=2)
+    damaged = sorted(first.parent.glob("shard-*.parquet"))[2]
+    _damage_hidden_states(damaged)
+    pq.ParquetFile(damaged)  # the footer alone still reads
+    hashed = record_hashes(integrity)
+    loader = FeatureDataset(first.parent, batch_size=2, shuffle=False)
+    assert hashed == []  # no shard was read whole before training
+    batches = []
+    with pytest.raises(DataError, match=rf"{damaged} row group 0: does not read back \(.*CRC.*eagle3 capture"):
+        for batch in loader:
+            batches.append(batch)
+    assert len(batches) == 2  # shards 0 and 1, one batch each: nothing of shard 2
+
+
+def test_a_shard_listed_without_a_footer_hash_is_hashed_whole_and_refused_before_the_first_batch(tmp_path):
+    shard = _features(tmp_path / "features" / "fp", footers=False)  # an older night's entry
     FeatureDataset(shard.parent, batch_size=2)  # intact: verified and opened
     _damage_hidden_states(shard)
-    pq.ParquetFile(shard)  # the footer alone still reads: only the manifest's sha256 catches the damage
     with pytest.raises(DataError, match=rf"{shard}: sha256 differs.*eagle3 capture"):
+        FeatureDataset(shard.parent, batch_size=2)
+
+
+def test_a_damaged_footer_is_refused_before_the_first_batch(tmp_path):
+    shard = _features(tmp_path / "features" / "fp")
+    data = bytearray(shard.read_bytes())
+    data[-20] ^= 0x01  # inside the footer's metadata: no page checksum covers it
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"{shard}: the footer's sha256 differs.*eagle3 capture"):
         FeatureDataset(shard.parent, batch_size=2)
 
 
@@ -96,6 +129,7 @@ def _verifying_rank(rank: int, world: int, port: int, features: str, out: str) -
     try:
         FeatureDataset(features, batch_size=2, rank=rank, world_size=world)
         intact = sorted(hashed)
+        dist.barrier()  # both loaders built (their scans read every shard) before any shard is damaged
         if rank == 1:
             _damage_hidden_states(Path(features) / intact[0])
         dist.barrier()
@@ -116,7 +150,8 @@ def test_the_ranks_of_a_process_group_each_hash_a_share_of_the_shards_and_all_re
     import torch.multiprocessing as mp
     from test_train_parallel_resume import _free_port
 
-    first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2)  # shards of 2, 2, 2, 2 and 1 rows
+    # shards of 2, 2, 2, 2 and 1 rows, listed without footer hashes: the whole-file pass is what is split
+    first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2, footers=False)
     shards = sorted(p.name for p in first.parent.glob("shard-*.parquet"))
     mp.spawn(_verifying_rank, args=(2, _free_port(), str(first.parent), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
@@ -132,7 +167,7 @@ def test_the_ranks_of_a_process_group_each_hash_a_share_of_the_shards_and_all_re
 def test_a_loader_outside_a_process_group_hashes_every_shard_whatever_rank_it_plays(tmp_path, record_hashes):
     import eagle3.integrity as integrity
 
-    first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2)
+    first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2, footers=False)
     hashed = record_hashes(integrity)
     FeatureDataset(first.parent, batch_size=2, rank=1, world_size=2)
     assert sorted(hashed) == sorted(first.parent.glob("shard-*.parquet"))
@@ -171,17 +206,60 @@ def test_export_refuses_a_checkpoint_with_nan_weights(tmp_path):
     assert not (tmp_path / "export").exists()
 
 
-def test_worker_prints_a_data_error_as_one_line_and_its_exit_code(tmp_path):
-    config, _, _ = synthetic()
-    shard = _features(tmp_path / "features" / "fp")
-    _damage_hidden_states(shard)
+# A training worker whose target tensors are the synthetic ones (``.format(tests=...)``: this directory).
+WORKER = """
+import sys
+sys.path.insert(0, {tests!r})
+from train_synthetic import synthetic
+import eagle3.train.trainer as t
+from eagle3.train.__main__ import main
+t.load_inputs = lambda *a: synthetic()[1]
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _worker_args(tmp_path: Path, features: Path) -> list[str]:
+    """``WORKER``'s arguments: train over ``features``."""
+    config, _, _ = synthetic(**{"train.batch_size": 2, "train.epochs": 1})
     (tmp_path / "config.yaml").write_text(config.to_yaml())
     (tmp_path / "vocab.safetensors").write_bytes(b"")
-    code = ("import sys; from unittest import mock; import eagle3.train.trainer as t; from eagle3.train.__main__ import"
-            " main; t.load_inputs = mock.Mock(); sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "--config-yaml", str(tmp_path / "config.yaml"), "--features",
-                           str(shard.parent), "--vocab", str(tmp_path / "vocab.safetensors"), "--out",
-                           str(tmp_path / "draft")], capture_output=True, text=True, timeout=300)
+    return ["--config-yaml", str(tmp_path / "config.yaml"), "--features", str(features), "--vocab",
+            str(tmp_path / "vocab.safetensors"), "--out", str(tmp_path / "draft")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a rank left waiting in its collective would hang here
+def test_a_damaged_page_read_by_one_of_two_torchrun_ranks_ends_the_run_with_its_data_error(tmp_path):
+    """Only the rank that reads the damaged page raises; the other is left in the step's all-reduce, where it fails
+    (gloo: the peer closed) or torchrun stops it (SIGTERM; under NCCL it would wait out the collective's timeout).
+    The run ends at once with the one data error (the train stage's path: not retried), not a hang."""
+    from test_train_parallel_resume import _free_port
+
+    from eagle3.train.distributed import run_workers
+
+    first = _features(tmp_path / "features" / "fp", rows=8, rows_per_shard=2)
+    damaged = sorted(first.parent.glob("shard-*.parquet"))[2]
+    _damage_hidden_states(damaged)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(tests=str(Path(__file__).parent)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
+               str(script), *_worker_args(tmp_path, first.parent)]
+    lines: list[str] = []
+    code = run_workers(command, lines.append)
+    errors = [line for line in lines if DATA_ERROR_PREFIX in line]
+    assert code != 0 and len(errors) == 1, "\n".join(lines[-40:])
+    assert f"{damaged} row group 0: does not read back" in errors[0]
+
+
+def test_a_worker_reading_a_damaged_page_mid_training_prints_one_data_error_line_and_its_exit_code(tmp_path):
+    """The page check fires inside the training loop, on the rank that reads the page: its worker exits with the
+    data-error code and one line (torchrun then stops the other ranks; the stage does not retry a data error)."""
+    first = _features(tmp_path / "features" / "fp", rows=8, rows_per_shard=2)
+    damaged = sorted(first.parent.glob("shard-*.parquet"))[2]
+    _damage_hidden_states(damaged)
+    proc = subprocess.run([sys.executable, "-c", WORKER.format(tests=str(Path(__file__).parent)),
+                           *_worker_args(tmp_path, first.parent)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == DATA_ERROR_EXIT, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(DATA_ERROR_PREFIX) and str(shard) in last and "Traceback" not in proc.stderr
+    assert last.startswith(DATA_ERROR_PREFIX) and f"{damaged} row group 0: does not read back" in last
+    assert "Traceback" not in proc.stderr

@@ -33,6 +33,20 @@ def test_counts_only_loss_masked_positions(tmp_path):
         count_tokens([a.path], vocab_size=5)
 
 
+def test_a_damaged_token_page_is_refused_naming_the_shard_not_counted(tmp_path):
+    import pyarrow.parquet as pq
+
+    from eagle3.errors import DataError
+
+    info = _shard(tmp_path, 0, [(list(range(i, i + 50)), [1] * 50) for i in range(20)])
+    column = pq.ParquetFile(info.path).metadata.row_group(0).column(SCHEMA.names.index("input_ids"))
+    data = bytearray(info.path.read_bytes())
+    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0x01
+    info.path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"{info.path}: does not read back.*eagle3 capture"):
+        count_tokens([info.path], vocab_size=100)
+
+
 def test_top_ids_by_count_ties_to_lower_id_sorted_ascending():
     counts = torch.tensor([0, 5, 2, 5, 9, 2, 0, 1])
     vocab = build_vocab(counts, 4)
