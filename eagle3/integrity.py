@@ -13,7 +13,7 @@ Two ways, by what the reader reads:
   starts (at every resume too) on top of the epoch's own read. Every page a ``ShardWriter`` writes carries a CRC32
   and the manifest records the shard's footer sha256 (``FileEntry.footer_sha256``); here only the footers are
   hashed, and the reader reads with Arrow's page checksum verification (``eagle3.train.data``) and refuses a row
-  group whose page fails it with ``damaged_read``. A file listed without a footer hash (written before pages had
+  group whose page fails it (``checked_read``). A file listed without a footer hash (written before pages had
   checksums) gets the whole-file pass. ``benchmarks/loader.py`` measures both ways against an epoch (BENCHMARKS.md).
 
 Processes that read the same files (the ranks of one training run) split the checks instead of each paying them:
@@ -24,10 +24,13 @@ every process's problems from ``gather``, so all of them refuse together.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import pyarrow as pa
 
 from eagle3.errors import DataError
 from eagle3.runroot import FileEntry, Manifest, footer_sha256, sha256_file
@@ -70,11 +73,16 @@ def _refusal(problems: Sequence[str], rebuild: str) -> DataError:
                      f"file(s) and the directory's manifest.json, then run `{rebuild}` to rebuild them")
 
 
-def damaged_read(path: Path, row_group: int | None, error: Exception, *, rebuild: str) -> DataError:
-    """The refusal of a read (of ``row_group``, or None: of the whole file) that failed: a page that fails its
-    checksum, or does not decode."""
-    where = path if row_group is None else f"{path} row group {row_group}"
-    return _refusal([f"{where}: does not read back ({error})"], rebuild)
+@contextmanager
+def checked_read(path: Path, *, rebuild: str, row_group: int | None = None) -> Iterator[None]:
+    """Around a read of ``path`` (of ``row_group``, or None: of the whole file) with page checksum verification:
+    a page that fails its checksum, or does not decode, raises the refusal (``DataError``) instead of Arrow's
+    error."""
+    try:
+        yield
+    except (OSError, pa.ArrowInvalid) as exc:
+        where = path if row_group is None else f"{path} row group {row_group}"
+        raise _refusal([f"{where}: does not read back ({exc})"], rebuild) from exc
 
 
 def _listed(paths: Sequence[Path]) -> list[tuple[Path, FileEntry]]:

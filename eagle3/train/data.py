@@ -64,7 +64,7 @@ from eagle3.capture.encoding import (
 )
 from eagle3.capture.schema import FEATURE_SCHEMA, check_footer, footer_codecs
 from eagle3.data.parquet import open_shard
-from eagle3.integrity import ALONE, Share, damaged_read, verify_files
+from eagle3.integrity import ALONE, Share, checked_read, verify_files
 from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
 from eagle3.train.distributed import gather_lines
@@ -123,12 +123,10 @@ class FeatureFile:
         not decode, raises ``DataError`` naming the file, the row group and the command that rebuilds it."""
         handle = pq.ParquetFile(self.path, metadata=self.metadata, memory_map=True, pre_buffer=True,
                                 page_checksum_verification=True)
-        try:
+        with checked_read(self.path, rebuild="eagle3 capture", row_group=row_group):
             if row_group is None:
                 return handle.read(columns=columns, use_threads=use_threads)
             return handle.read_row_group(row_group, columns=columns, use_threads=use_threads)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise damaged_read(self.path, row_group, exc, rebuild="eagle3 capture") from exc
 
     def read_column(self, row_group: int, column: str) -> list[Any]:
         return self.read([column], row_group).column(0).to_pylist()

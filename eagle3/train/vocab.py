@@ -24,7 +24,7 @@ import torch
 from eagle3.capture.run import feature_shards
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import open_shard
-from eagle3.integrity import damaged_read
+from eagle3.integrity import checked_read
 from eagle3.layout import VOCAB_FILE, stage_dir
 from eagle3.model.export_format import vocab_maps
 from eagle3.model.vocab import DraftVocab, save_vocab
@@ -63,10 +63,8 @@ def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
     """The token columns of a feature shard, each page checked against its checksum as it is read: these columns
     are a sliver of a shard's bytes, so the shards are not hashed whole first (``eagle3.integrity``)."""
-    try:
+    with checked_read(path, rebuild="eagle3 capture"):
         yield from open_shard(path, schema=_COUNT_SCHEMA).iter_batches(columns=_COUNT_SCHEMA.names)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise damaged_read(path, None, exc, rebuild="eagle3 capture") from exc
 
 
 def build_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
