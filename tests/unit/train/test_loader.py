@@ -15,7 +15,8 @@ import torch
 from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
-from eagle3.train.data import FeatureDataset, iter_row_groups, open_features, read_row_group
+from eagle3.train.data import FeatureDataset
+from eagle3.train.shards import iter_row_groups, open_features, read_row_group
 
 H = 8
 K = 4  # k of the fp8_topk shards
@@ -243,10 +244,10 @@ def test_a_cpu_consumer_gets_reads_from_lowest_priority_threads_and_collates_on_
     """A CPU training step keeps every core busy: the loader's reading threads must yield to it (nice 19, Arrow
     decoding on them, not on its own pool), and its batches are collated on its own thread, at its priority (the
     copies then run on torch's intra-op threads instead of taking a core from one of them)."""
-    import eagle3.train.data as data
+    import eagle3.train.shards as shards
 
     seen: list[tuple[int, bool, str, int]] = []
-    read, collate = data.read_row_group, FeatureDataset._collate
+    read, collate = shards.read_row_group, FeatureDataset._collate
 
     def spy_read(*args, arrow_threads=True):
         seen.append((os.getpriority(os.PRIO_PROCESS, 0), arrow_threads, "read", threading.get_ident()))
@@ -256,7 +257,7 @@ def test_a_cpu_consumer_gets_reads_from_lowest_priority_threads_and_collates_on_
         seen.append((os.getpriority(os.PRIO_PROCESS, 0), False, "collate", threading.get_ident()))
         return collate(self, seqs)
 
-    monkeypatch.setattr(data, "read_row_group", spy_read)
+    monkeypatch.setattr(shards, "read_row_group", spy_read)
     monkeypatch.setattr(FeatureDataset, "_collate", spy_collate)
     mine, me = os.getpriority(os.PRIO_PROCESS, 0), threading.get_ident()
     batches = list(FeatureDataset(_write_shards(tmp_path), batch_size=4, hidden_dtype=torch.float32))
