@@ -70,7 +70,7 @@ def _problem(directory: Path, entry: FileEntry, pages_checked: bool) -> str | No
 
 def _refusal(problems: Sequence[str], rebuild: str) -> DataError:
     return DataError(f"{len(problems)} damaged file(s), not used: {'; '.join(problems)}. Fix: delete the damaged "
-                     f"file(s) and the directory's manifest.json, then run `{rebuild}` to rebuild them")
+                     f"file(s), then run `{rebuild}` to rebuild them")
 
 
 @contextmanager
@@ -122,7 +122,9 @@ def damaged_files(paths: Sequence[Path], *, share: Share = ALONE, pages_checked:
 
 def verify_files(paths: Sequence[Path], *, rebuild: str, share: Share = ALONE, pages_checked: bool = False) -> None:
     """Raise ``DataError`` when any of ``paths`` differs from the manifest of its directory, on every process of
-    ``share`` (each hashes its part: ``damaged_files``). ``rebuild`` is the command that remakes them."""
+    ``share`` (each hashes its part: ``damaged_files``). ``rebuild`` is the command that remakes them once they are
+    deleted (a stage that redoes only its missing units needs no more; one that redoes all or nothing, its manifest
+    removed too)."""
     problems = share.gather(damaged_files(paths, share=share, pages_checked=pages_checked))
     if problems:
         raise _refusal(problems, rebuild)

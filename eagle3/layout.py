@@ -6,7 +6,8 @@ A run root holds one directory per stage and fingerprint::
     <root>/prompts/<fp>/   normalize   shard-NNNNN.parquet, quarantine.parquet, spill/<source>/
     <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet, dropped-NNNNN.parquet:
                                        truncated rows set aside), plan.json, config.yaml, failed_shards.json
-    <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, parts-NNNNN/ while running
+    <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, hashes-NNNNN.json (their
+                                       writer's hashes), parts-NNNNN/ while running
     <root>/vocab/<fp>/     vocab       vocab.safetensors
     <root>/drafts/<fp>/    train       ckpt/step-NNNNNN/, ckpt/latest, metrics.jsonl; export/ (the export stage)
     <root>/gate/<fp>/      gate        report.json, report.md, *.png
@@ -70,6 +71,11 @@ def shard_name(index: int, kind: str = "shard") -> str:
 def parts_dir_name(index: int) -> str:
     """``parts-00003``: the directory holding shard ``index``'s capture part files while it is captured."""
     return f"parts-{index:05d}"
+
+
+def hashes_file_name(index: int) -> str:
+    """``hashes-00003.json``: the sizes and hashes capture shard ``index``'s writer computed for its files."""
+    return f"hashes-{index:05d}.json"
 
 
 def shard_index(path: Path | str, kind: str = "shard") -> int | None:

@@ -4,6 +4,7 @@ Layout inside ``<root>/features/<fp>/``::
 
     shard-NNNNN.parquet           finished features (FEATURE_SCHEMA), written last for its shard
     quarantine-NNNNN.parquet      rows not captured, with a reason (too_long, non_finite, bad_input)
+    hashes-NNNNN.json             both files' sizes and sha256s, from their writer (written after the shard)
     parts-NNNNN/                  while running: one part file per forward batch, deleted with the finished shard
     manifest.json                 written by ``finalize_features`` once every shard is done
 
@@ -21,11 +22,12 @@ order as uninterrupted ones.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -51,7 +53,7 @@ from eagle3.capture.writer import Batch, PartWriter
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, open_shard, shard_metadata
 from eagle3.integrity import verify_files
-from eagle3.layout import SHARD_GLOB, parts_dir_name, shard_index, shard_name
+from eagle3.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
 from eagle3.runroot import FileEntry, Manifest, fingerprint, remove_in_background
 from eagle3.transfer import HostCopy
 
@@ -279,9 +281,8 @@ def capture_shard(
 ) -> dict[str, Any]:
     """Capture hidden states for one regen shard into ``out_dir/shard-NNNNN.parquet`` (same index).
 
-    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``, and for a shard
-    written by this call ``written``: its files' names -> ``{"sha256", "footer_sha256"}``, the hashes their writers
-    computed as they wrote them (for ``finalize_features``)."""
+    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``. The hashes the
+    writers computed as they wrote the files are in ``hashes-NNNNN.json`` beside them (for ``finalize_features``)."""
     started = time.monotonic()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -361,22 +362,22 @@ def shared_backend(config: PipelineConfig) -> CaptureBackend:
         return _BACKENDS[key]
 
 
-def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int], *,
-                      written: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int]) -> Path:
     """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine file.
 
     ``shard_ids`` are this run's shards (each must be finished); shards finished by earlier runs into the same
     directory (earlier nights) are listed too, so the manifest always describes everything captured so far.
     Nothing is read back to be hashed that need not be (a night of Kimi-K2.5 features is ~3 TB, ~40 min of sha256
-    on one core at 1.2 GB/s, and the directory grows every night): a file in ``written`` (name -> the sha256 and
-    footer sha256 its writer computed, ``capture_shard``'s result) takes those, a file the previous manifest lists at
-    the same size keeps its entry (so a shard damaged since an earlier night is not blessed with its damaged bytes'
-    sha256), and only the rest (a shard an earlier, killed run finished) is hashed here, without a footer hash (so
-    the loader checks all of it first: ``eagle3.integrity``)."""
+    on one core at 1.2 GB/s, and the directory grows every night): a file its writer's ``hashes-NNNNN.json`` lists
+    at its size takes the sha256 and footer sha256 computed as it was written, by whichever run or process wrote it
+    (a run killed before this stage finished, a re-trigger's earlier night); a file only the previous manifest lists
+    at its size keeps that entry. Either way a shard damaged since it was written is not blessed with its damaged
+    bytes' sha256. Only the rest (a kill between a shard and its hashes, a directory from before them) is hashed
+    here, without a footer hash, so the loader checks all of it first (``eagle3.integrity``)."""
     out_dir = Path(out_dir)
-    known = _known(out_dir, written or {})
     indices = set(shard_ids)
     indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}
+    known = _known(out_dir, indices)
     files, rows, quarantined, tokens = [], 0, 0, 0
     for index in sorted(indices):
         shard, quarantine, parts = output_paths(out_dir, index)
@@ -405,21 +406,34 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
     return manifest.write(out_dir)
 
 
-Known = dict[str, tuple[int | None, str, str | None]]  # file name -> (size it must have or None, sha256, footer's)
+Known = dict[str, tuple[int, str, str | None]]  # file name -> (the size it must have, sha256, footer's sha256)
 
 
-def _known(out_dir: Path, written: Mapping[str, Mapping[str, str]]) -> Known:
-    """The hashes known without reading: the previous manifest's entries, overridden by what this run's writers
-    computed."""
+def _known(out_dir: Path, indices: set[int]) -> Known:
+    """The hashes known without reading. A shard's ``hashes-NNNNN.json`` is what its last build recorded (``{}``
+    while it builds) and replaces the previous manifest's entries of its files, which may describe an earlier
+    build; one that does not parse replaces them with nothing (its files are hashed). A shard without one (from
+    before writers recorded them) keeps the previous manifest's entries."""
     previous = Manifest.read(out_dir)
     known: Known = {e.path: (e.bytes, e.sha256, e.footer_sha256) for e in previous.files} if previous else {}
-    return known | {name: (None, w["sha256"], w["footer_sha256"]) for name, w in written.items()}
+    for index in sorted(indices):
+        path = out_dir / hashes_file_name(index)
+        if not path.exists():
+            continue
+        for file in output_paths(out_dir, index)[:2]:
+            known.pop(file.name, None)
+        try:
+            known |= {name: (w["bytes"], w["sha256"], w["footer_sha256"])
+                      for name, w in json.loads(path.read_text()).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("%s does not parse (%s); hashing shard %d's files instead", path, exc, index)
+    return known
 
 
 def _entry(path: Path, rows: int, out_dir: Path, known: Known) -> FileEntry:
     """``path``'s manifest entry, hashed only when ``known`` has no hashes for it at its size."""
     size, sha, footer = known.get(path.name, (None, None, None))
-    if size not in (None, path.stat().st_size):
+    if size != path.stat().st_size:
         sha, footer = None, None
     return FileEntry.of(path, rows=rows, base=out_dir, sha256=sha, footer_sha256=footer)
 

@@ -113,7 +113,7 @@ class CaptureStage(Stage[CapturePlan]):
     ) -> UnitReport:  # fmt: skip
         report = None if on_progress is None else (lambda done, _total, tokens: on_progress(done, tokens))
         result = capture_shard(config, plan.shards[int(unit)], plan.out_dir, progress=report)
-        detail = {"quarantined": result["quarantined"], "written": result.get("written", {})}  # finalize's hashes
+        detail = {"quarantined": result["quarantined"]}
         return UnitReport(unit=unit, skipped=result["skipped"], rows=result["rows"], tokens=result.get("tokens", 0),
                           detail=detail)
 
@@ -141,7 +141,6 @@ class CaptureStage(Stage[CapturePlan]):
         if failed:
             return self.failed_result(plan, failed, **fields)
         write_failed_shards(plan.out_dir, [])
-        written = {name: hashes for r in reports for name, hashes in r.detail.get("written", {}).items()}
-        manifest = finalize_features(config, plan.out_dir, [int(r.unit) for r in reports], written=written)
+        manifest = finalize_features(config, plan.out_dir, [int(r.unit) for r in reports])
         logger.info("features manifest %s", manifest)
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True, **fields)

@@ -29,9 +29,9 @@ from eagle3.capture.encoding import host_buffer
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, REASON_NON_FINITE, feature_table
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardWriter, parquet_writer, write_table
-from eagle3.layout import parts_dir_name, shard_name
+from eagle3.layout import hashes_file_name, parts_dir_name, shard_name
 from eagle3.procs import yield_cpu
-from eagle3.runroot import atomic_path, remove_in_background
+from eagle3.runroot import atomic_path, atomic_write_json, remove_in_background
 from eagle3.transfer import HostCopy
 
 
@@ -81,8 +81,11 @@ class PartWriter:
 
     The final shard is first fed the parts already on disk (a resumed run), in part order, so resumed and
     uninterrupted runs write the same rows in the same order. ``finish`` writes the quarantine file, then renames
-    the shard, then removes the parts (the order ``eagle3.capture.run._finished`` relies on). ``submit`` blocks while
-    ``WRITE_AHEAD`` batches wait (backpressure) and raises the writer's error, if it had one."""
+    the shard, then writes both files' sizes and hashes (``hashes-NNNNN.json``, what ``finalize_features`` lists
+    without reading the shard back), then removes the parts (the order ``eagle3.capture.run._finished`` relies on).
+    A build first records that nothing is known of its files (``{}``), so a shard is never listed with another
+    build's hashes, even from the previous manifest.
+    ``submit`` blocks while ``WRITE_AHEAD`` batches wait (backpressure) and raises the writer's error, if any."""
 
     def __init__(self, config: PipelineConfig, index: int, out_dir: Path, footer: dict[str, str],
                  done_parts: list[Path], progress: Callable[[int, int], None] | None) -> None:
@@ -90,6 +93,8 @@ class PartWriter:
         self._parts_dir = out_dir / parts_dir_name(index)
         shard = out_dir / shard_name(index)
         shard.with_name(shard.name + ".tmp").unlink(missing_ok=True)
+        self._hashes = out_dir / hashes_file_name(index)
+        atomic_write_json(self._hashes, {})  # what an earlier build or manifest knew is of other bytes
         self._shard = ShardWriter(out_dir, FEATURE_SCHEMA, start_index=index,
                                   row_group_bytes=config.capture.row_group_bytes, metadata=footer,
                                   compression=feature_compression(config.capture.hidden_compression))
@@ -168,7 +173,9 @@ class PartWriter:
 
     def finish(self, pre_quarantined: list[dict]) -> dict[str, Any]:
         """Quarantine file first (the rows quarantined before the forward, then every quarantine part), shard
-        second, parts last (renamed aside and deleted in the background: ``remove_in_background``)."""
+        second, their writers' hashes third, parts last (renamed aside and deleted in the background:
+        ``remove_in_background``). A kill between the shard and its hashes leaves a finished shard whose hashes are
+        not known (``{}``): ``finalize_features`` then hashes it whole."""
         self._stop()
         if self._error is not None:
             self._shard.abort()
@@ -179,10 +186,11 @@ class PartWriter:
         q_tables += [pq.read_table(p).cast(CAPTURE_QUARANTINE_SCHEMA) for p in quarantine_parts]
         q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=self.footer)
         (info,) = self._shard.close()
+        atomic_write_json(self._hashes, {i.path.name: {"bytes": i.bytes, "sha256": i.sha256,
+                                                       "footer_sha256": i.footer_sha256} for i in (info, q_info)})
         remove_in_background(self._parts_dir)
         return {"shard_index": self.index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
-                "bytes": info.bytes, "written": {i.path.name: {"sha256": i.sha256, "footer_sha256": i.footer_sha256}
-                                              for i in (info, q_info)}}
+                "bytes": info.bytes}
 
 
 def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:

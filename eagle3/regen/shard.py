@@ -41,7 +41,7 @@ from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
 from eagle3.regen.sample import SampleContext, failed_row, regenerate
 from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
 from eagle3.regen.stop import running_shard
-from eagle3.runroot import atomic_write_text
+from eagle3.runroot import MANIFEST, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ async def regen_shard_async(
     if shard_is_valid(shard_path, schema=REGEN_SCHEMA):
         (out / journal_name(index)).unlink(missing_ok=True)
         return report_from_shard(shard_path, index)
-    verify_files([plan.prompt_shard(index)], rebuild="eagle3 normalize")  # damaged prompts never reach the target
+    prompts = plan.prompt_shard(index)  # damaged prompts never reach the target; normalize redoes all or nothing
+    verify_files([prompts], rebuild=f"rm {prompts.parent / MANIFEST} && eagle3 normalize")
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target.model_path)
     pool = shared_pool(servers, cfg)

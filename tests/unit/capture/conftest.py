@@ -28,6 +28,19 @@ def capture_tokenizer(capture_model_dir):
     return AutoTokenizer.from_pretrained(capture_model_dir)
 
 
+@pytest.fixture(scope="module")
+def hf_backend(capture_model_dir):
+    """The tiny target behind the hf capture backend (aux layers 2, 4, 5), float32 on one CPU thread."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3.capture.hf import HFBackend
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(capture_model_dir, dtype=torch.float32)
+    return HFBackend(model, [2, 4, 5])
+
+
 @pytest.fixture
 def make_config(capture_model_dir, tmp_path) -> Callable[..., PipelineConfig]:
     """``make_config(*overrides)``: a float32 CPU capture config for the tiny target under ``tmp_path``."""
@@ -76,6 +89,15 @@ def write_regen_shard(out_dir: Path, index: int, rows: list[dict]) -> Path:
 def regen_shard(capture_tokenizer, tmp_path) -> Path:
     """One regen shard (index 3) of 12 rendered conversations."""
     return write_regen_shard(tmp_path / "regen" / "fp-regen", 3, regen_rows(capture_tokenizer, 12))
+
+
+@pytest.fixture
+def two_regen_shards(capture_tokenizer, tmp_path) -> Path:
+    """A regen directory of two shards (3 and 4) of 12 and 8 other conversations."""
+    out = tmp_path / "regen" / "fp-regen"
+    write_regen_shard(out, 3, regen_rows(capture_tokenizer, 12))
+    write_regen_shard(out, 4, regen_rows(capture_tokenizer, 8, seed=1))
+    return out
 
 
 def quantize_int4(src: Path, dst: Path, *, ignore: list[str]) -> Path:

@@ -35,15 +35,6 @@ class CountingBackend:
             yield aux, last
 
 
-@pytest.fixture(scope="module")
-def hf_backend(capture_model_dir) -> HFBackend:
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(capture_model_dir, dtype=torch.float32)
-    return HFBackend(model, [2, 4, 5])
-
-
 def _ids(path) -> list[str]:
     return pq.read_table(path, columns=["sample_id"]).column(0).to_pylist()
 
@@ -263,47 +254,3 @@ def test_the_writer_yields_the_cpu_to_a_forward_on_the_cpu_only(make_config, reg
     assert result["rows"] == 12 and seen["parts"] and seen["shard"]
     assert set(seen["parts"]) == set(seen["shard"]) == {max(nice, mine)}
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
-
-
-def test_the_manifest_takes_each_sha256_from_its_writer_and_keeps_an_earlier_nights_so_damage_is_not_blessed(
-    make_config, regen_shard, hf_backend, tmp_path, record_hashes
-):
-    """A night of Kimi features is ~3 TB: finalize reads no shard back to hash it. A file this run wrote takes the
-    sha256 and footer sha256 its writer computed; one an earlier night's manifest lists at the same size keeps that
-    entry, so a shard damaged since then is refused by the loader instead of re-hashed into the manifest; only a
-    finished shard that nothing recorded (an earlier run killed before its stage finished) is hashed, and listed
-    without a footer hash, so the loader hashes all of it rather than trust its pages."""
-    import eagle3.runroot as runroot
-    from eagle3.capture.run import finalize_features
-    from eagle3.errors import DataError
-    from eagle3.integrity import verify_files
-    from eagle3.runroot import Manifest, footer_sha256
-
-    config = make_config("capture.aux_layers=[2,4,5]")
-    out_dir = tmp_path / "features" / "fp"
-    result = capture_shard(config, regen_shard, out_dir, backend=hf_backend)
-    shard, quarantine, _ = output_paths(out_dir, 3)
-    assert set(result["written"]) == {shard.name, quarantine.name}
-    sha256 = runroot.sha256_file
-    hashed = record_hashes(runroot)
-
-    finalize_features(config, out_dir, [3], written=result["written"])
-    assert hashed == []
-    verify_files([shard, quarantine], rebuild="-")  # the writer's sha256 is the file's
-    footers = {e.path: e.footer_sha256 for e in Manifest.read(out_dir).files}
-    assert footers == {f.name: footer_sha256(f) for f in (shard, quarantine)}
-
-    data = bytearray(shard.read_bytes())  # damaged in place between two nights: same size
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    finalize_features(config, out_dir, [])  # the next night: shard 3 is an earlier night's
-    assert hashed == []
-    with pytest.raises(DataError, match=rf"{shard}: sha256 differs"):
-        verify_files([shard], rebuild="-")
-    assert {e.path: e.footer_sha256 for e in Manifest.read(out_dir).files} == footers
-
-    (out_dir / "manifest.json").unlink()  # nothing recorded shard 3: it is hashed as it is now
-    finalize_features(config, out_dir, [3])
-    assert sorted(hashed) == sorted([shard, quarantine])
-    entry = {e.path: e for e in Manifest.read(out_dir).files}[shard.name]
-    assert (entry.sha256, entry.footer_sha256) == (sha256(shard), None)
