@@ -108,8 +108,10 @@ def test_a_damaged_prompts_shard_is_refused_by_name_before_any_request(tmp_path,
     data[8:16] = b"\xff" * 8  # inside the first column chunk: the footer still reads
     shard.write_bytes(bytes(data))
     config = regen_helpers.config(tmp_path, regen_model_dir, ["http://127.0.0.1:9"])  # never asked
-    with pytest.raises(UnitsFailed, match=r"shard-00000\.parquet: sha256 differs.*eagle3 normalize"):
+    with pytest.raises(UnitsFailed, match=r"shard-00000\.parquet: sha256 differs") as refused:
         run_stage(RegenStage(), config, prompts_dir=prompts)
+    # normalize redoes all or nothing, once its manifest is gone: the fix says so
+    assert f"then run `rm {prompts / 'manifest.json'} && eagle3 normalize`" in str(refused.value)
     assert not list((tmp_path / "regen").glob("*/shard-*.journal.jsonl")), "a sample was sent"
 
 
