@@ -2,7 +2,7 @@
 prompts, measured side by side in one run with the reference speculative decoder (goal >= 1.5), plus CPU training
 throughput (tokens/s) and the ``last_hidden_only`` misconfiguration's accept length for contrast.
 
-    python benchmarks/learning.py [--quick] [--model-dir DIR] [--encodings raw,fp8_aux,fp8_all,fp8_topk] [--topk 64]
+    python benchmarks/learning.py [--quick] [--model-dir DIR] [--encodings raw,fp8_aux,fp8_all,fp8_topk] [--topk 256]
 
 ``--encodings`` trains one draft per feature encoding (``capture.encoding``) on the same batches passed through that
 encoding's round trip (bf16 for ``raw``, as captured by default; the loader's exact decode for fp8; for
@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle3.bench.specdec import evaluate_acceptance
 from eagle3.capture.encoding import TopKCodec, bytes_per_token, column_codecs, dequantize
 from eagle3.capture.head import target_topk
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config import CaptureConfig, PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.template import render_prompt
 from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
 from eagle3.dev.samples import generate_conversations
@@ -74,7 +74,7 @@ def as_stored(batches: list[dict], encoding: str, *, lm_head: torch.Tensor, topk
 
 
 def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_new: int,
-        encodings: tuple[str, ...] = (), topk: int = 64) -> dict:
+        encodings: tuple[str, ...] = (), topk: int = CaptureConfig().topk) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small run (< 1 min on an idle 2-core machine)")
     parser.add_argument("--model-dir", type=Path, default=None, help="HF target dir (default: the tiny world's)")
     parser.add_argument("--encodings", default="", help="comma-separated capture.encoding values to compare")
-    parser.add_argument("--topk", type=int, default=64, help="k of the fp8_topk encoding (capture.topk)")
+    parser.add_argument("--topk", type=int, default=CaptureConfig().topk, help="k of fp8_topk (capture.topk)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     sizes = dict(train_prompts=48, held_out=12, epochs=3, max_new=32) if args.quick else dict(

@@ -37,6 +37,7 @@ from torch import nn
 from eagle3.capture.encoding import ENCODINGS, TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.capture.writer import feature_compression
+from eagle3.config import CaptureConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.integrity import damaged_files
 from eagle3.runroot import FileEntry, Manifest
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--encoding", default="raw", choices=ENCODINGS)
-    parser.add_argument("--topk", type=int, default=256, help="k of the fp8_topk encoding (capture.topk)")
+    parser.add_argument("--topk", type=int, default=CaptureConfig().topk, help="k of fp8_topk (capture.topk)")
     parser.add_argument("--codec", default="zstd", choices=["none", "lz4", "zstd"])
     parser.add_argument("--prefetch", type=int, default=None,
                         help="batches a thread collates ahead (0: on the step's thread; default: the loader's, 0 on a "

@@ -50,6 +50,7 @@ from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table
 from eagle3.capture.writer import feature_compression
+from eagle3.config import CaptureConfig
 from eagle3.data.parquet import ShardWriter, shard_metadata
 from eagle3.train.shards import iter_row_groups, open_features
 
@@ -142,7 +143,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=128)
     parser.add_argument("--row-group-mib", default="64", help="row-group sizes to compare, e.g. 16,64,256")
     parser.add_argument("--rounds", type=int, default=3, help="alternating read rounds per variant (>= 3)")
-    parser.add_argument("--topk", type=int, default=64, help="k of the fp8_topk encoding (capture.topk)")
+    parser.add_argument("--topk", type=int, default=CaptureConfig().topk, help="k of fp8_topk (capture.topk)")
     args = parser.parse_args()
     row_groups = [int(m) for m in args.row_group_mib.split(",")]
     if args.quick:
