@@ -59,6 +59,17 @@ def make_batches(hidden: int, encoding: str, batches: int) -> list[Batch]:
     return out
 
 
+def writer_config(root: str, hidden: int, *, encoding: str, compression: str,
+                  model_path: str = "unused") -> PipelineConfig:
+    """A 61-layer target of ``hidden`` (Kimi-K2.5's depth) capturing in ``encoding`` with ``compression`` on the state
+    columns; ``capture.device=cuda`` gives the writer thread normal priority, as on a GPU node."""
+    return with_overrides(
+        PipelineConfig(name="bench", root=root, target=TargetConfig(
+            model_path=model_path, num_layers=61, hidden_size=hidden, vocab_size=VOCAB)),
+        [f"capture.encoding={encoding}", f"capture.hidden_compression={compression}", f"capture.topk={TOPK}",
+         "capture.dtype=bfloat16", "capture.device=cuda"])
+
+
 def write_once(config: PipelineConfig, batches: list[Batch], out_dir: Path) -> tuple[float, float]:
     """(seconds for all of it, seconds of it after the last batch was handed over: what a capture's forward waits
     for at the end of each shard)."""
@@ -88,11 +99,7 @@ def main() -> None:
     stored = sum(t.numel() * t.element_size() for b in batches for s in b.states for col in s for t in col)
     tokens = sum(b.tokens for b in batches)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        config = with_overrides(
-            PipelineConfig(name="bench", root=tmp, target=TargetConfig(
-                model_path="unused", num_layers=61, hidden_size=args.hidden, vocab_size=VOCAB)),
-            [f"capture.encoding={args.encoding}", f"capture.hidden_compression={args.compression}",
-             f"capture.topk={TOPK}", "capture.dtype=bfloat16", "capture.device=cuda"])  # normal priority, as on a GPU
+        config = writer_config(tmp, args.hidden, encoding=args.encoding, compression=args.compression)
         seconds, tails = zip(*(write_once(config, batches, Path(tmp) / f"round{r}") for r in range(args.rounds)),
                              strict=True)
     print(json.dumps({

@@ -20,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from capture_writer import VOCAB, make_batches
+from capture_writer import make_batches, writer_config
 
 from eagle3.capture.run import finalize_features, shard_footer
 from eagle3.capture.writer import PartWriter
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config import PipelineConfig
 from eagle3.dev.world import TinyWorldSpec, build_tiny_world
-from eagle3.layout import hashes_file_name, parts_dir_name
+from eagle3.layout import SHARD_GLOB, hashes_file_name, parts_dir_name
 from eagle3.recipes import eagle3_home
 from eagle3.runroot import MANIFEST, Manifest, wait_removals
 from eagle3.train.data import FeatureDataset
@@ -43,7 +43,7 @@ def write_night(config: PipelineConfig, out: Path, shards: int, batches: int) ->
             writer.submit(batch)
         writer.finish([])
     wait_removals()
-    return sum(p.stat().st_size for p in out.glob("shard-*.parquet"))
+    return sum(p.stat().st_size for p in out.glob(SHARD_GLOB))
 
 
 def finalize_and_build(config: PipelineConfig, out: Path, shards: int) -> dict[str, float | int]:
@@ -68,11 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     world, _ = build_tiny_world(eagle3_home() / "cache", TinyWorldSpec())  # its tokenizer: the footer's template hash
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        config = with_overrides(
-            PipelineConfig(name="bench", root=tmp, target=TargetConfig(
-                model_path=str(world.model_dir), num_layers=61, hidden_size=args.hidden, vocab_size=VOCAB)),
-            ["capture.encoding=raw", "capture.hidden_compression=none", "capture.dtype=bfloat16",
-             "capture.device=cuda"])  # normal priority for the writer threads, as on a GPU node
+        config = writer_config(tmp, args.hidden, encoding="raw", compression="none", model_path=str(world.model_dir))
         out = Path(tmp) / "features" / "fp"
         size = write_night(config, out, args.shards, args.batches)
         recorded = finalize_and_build(config, out, args.shards)
