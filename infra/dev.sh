@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Usage: infra/dev.sh run  [eagle3 run args...]   set up .venv (idempotent), then `eagle3 run --recipe tiny`
-#        infra/dev.sh test [pytest args...]       set up .venv (idempotent), SGLang's arg parser, Chromium and PostgreSQL
-#                                                 (the UI test's Prefect server runs on it), then the whole test suite
-#                                                 (CI); `-m 'not e2e'` skips the pipeline runs
+#        infra/dev.sh test [pytest args...]       set up .venv (idempotent), the SGLang CPU runtime, Chromium and
+#                                                 PostgreSQL (the UI test's Prefect server runs on it), then the whole
+#                                                 test suite (CI); `-m 'not e2e'` skips the pipeline runs
+#        infra/dev.sh sglang                      only set up the SGLang 0.5.23 CPU runtime ($EAGLE3_HOME/sglang-cpu)
 #        infra/dev.sh setup                       only set up .venv
+# `EAGLE3_SGLANG=1 infra/dev.sh run --set server.engine=sglang` runs the tiny night on real SGLang.
 # Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev,ray,multigpu,quantized: the local Ray cluster test,
 #      the device_map capture tests and the INT4 target's capture tests run in CI),
 # PIP_FIND_LINKS (a folder holding a CPU torch wheel, used when present; elsewhere torch resolves from the pyproject
@@ -41,15 +43,25 @@ setup() {
     echo "$want" > "$stamp"
 }
 
-sglang_parser() {
-    # SGLang 0.5.23's own argument parser, so the launch-command test parses both arms of every recipe with it
-    # (the full sglang extra pins CUDA builds). --no-deps into a folder the test puts on PYTHONPATH of a child
-    # process only: ~1.2 GB, mostly triton; seconds from uv's cache, under a minute cold.
-    local dir=.cache/sglang-parser stamp=.cache/sglang-parser/.installed want="sglang-0.5.23-v1"
+sglang_runtime() {
+    # Real SGLang 0.5.23 on this CPU, in a venv of its own (its pins clash with the project's: a CUDA torch 2.14.1,
+    # CUDA-only kernel packages). The CPU torch is kept (overrides.txt), the CUDA-only packages are left out
+    # (excludes.txt), torchvision comes without its CUDA dependencies, and the project is installed editable
+    # without its dependencies, so the runtime's interpreter imports the launcher and its kernel ports
+    # (eagle3/serve/sglang_cpu: `python -m eagle3.serve.sglang_cpu.launch`). Bytecode is compiled once here: the
+    # server then starts in ~35 s instead of 65-160 s. Used by the `sglang` tests and by `server.engine=sglang`.
+    local dir="${EAGLE3_SGLANG_RUNTIME:-${EAGLE3_HOME:-$HOME/.eagle3}/sglang-cpu}"
+    local stamp="$dir/.eagle3-runtime" want
+    want="sglang-0.5.23-$(cat infra/sglang-cpu/*.txt | sha256sum | cut -c1-16)-$PWD"
     [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
     rm -rf "$dir"
-    uv pip install --quiet --no-deps --target "$dir" "sglang==0.5.23" "pybase64==1.5.1" "triton==3.9.0" \
-        "msgspec==0.23.0" "pyzmq==27.3.0" "ipython==9.18.1" "traitlets==5.16.1"
+    uv venv --quiet "$dir" --python python3
+    local links=()
+    [ -n "${PIP_FIND_LINKS:-}" ] && [ -d "$PIP_FIND_LINKS" ] && links=(--find-links "$PIP_FIND_LINKS")
+    VIRTUAL_ENV="$dir" uv pip install --quiet --compile-bytecode "${links[@]}" \
+        --overrides infra/sglang-cpu/overrides.txt --excludes infra/sglang-cpu/excludes.txt "sglang==0.5.23"
+    VIRTUAL_ENV="$dir" uv pip install --quiet --compile-bytecode --no-deps "torchvision==0.28.0"
+    VIRTUAL_ENV="$dir" uv pip install --quiet --no-deps -e .
     echo "$want" > "$stamp"
 }
 
@@ -69,7 +81,8 @@ verb=${1:-}
 shift || true
 case "$verb" in
     setup) setup ;;
-    run) setup; exec "$VENV/bin/eagle3" run --recipe tiny "$@" ;;
-    test) setup; sglang_parser; system_packages; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
+    run) setup; [ -n "${EAGLE3_SGLANG:-}" ] && sglang_runtime; exec "$VENV/bin/eagle3" run --recipe tiny "$@" ;;
+    sglang) sglang_runtime; echo "SGLang CPU runtime: ${EAGLE3_SGLANG_RUNTIME:-${EAGLE3_HOME:-$HOME/.eagle3}/sglang-cpu}" ;;
+    test) setup; export EAGLE3_HOME="${EAGLE3_HOME:-$PWD/.cache/eagle3-home}"; sglang_runtime; system_packages; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
     *) sed -n '2,7p' "$0"; exit 2 ;;
 esac
