@@ -25,6 +25,7 @@ from urllib.parse import parse_qs
 
 import aiohttp
 
+from eagle3.bench.accept import SpecCounts
 from eagle3.data.template import render_prompt
 
 logger = logging.getLogger(__name__)
@@ -46,10 +47,14 @@ class RequestResult:
     prompt_id: str
     completion_tokens: int = 0
     prompt_tokens: int = 0
-    spec_verify_ct: int = 0
+    spec: SpecCounts = field(default_factory=SpecCounts)
     latency_s: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
+
+    @property
+    def spec_verify_ct(self) -> int:
+        return self.spec.verify_ct
 
 
 @dataclass
@@ -157,7 +162,7 @@ async def _send_one(
         prompt_id,
         completion_tokens=int(meta.get("completion_tokens", 0)),
         prompt_tokens=int(meta.get("prompt_tokens", len(ids))),
-        spec_verify_ct=int(meta.get("spec_verify_ct") or 0),
+        spec=SpecCounts.of(meta),
         latency_s=time.perf_counter() - start,
         finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
     )

@@ -1,9 +1,11 @@
 """Gate results: per-arm, per-concurrency measurements, the decision, and the report files (JSON, Markdown, PNG).
 
 Design choices:
-- Accept length of a level is ``sum(completion_tokens) / sum(spec_verify_ct)`` over its timed requests (never the
-  server's cumulative average); output tok/s is completion tokens over the level's wall time; TPOT is the mean
-  over requests of ``latency / completion_tokens`` (non-streaming, so it includes the prefill share).
+- Accept length of a level comes from its timed requests' own counters (``eagle3.bench.accept``: SGLang's
+  ``spec_accept_length`` when every request sent it, else ``sum(completion_tokens) / sum(spec_verify_ct)``; never the
+  server's cumulative average), and the level says which fields it used; output tok/s is completion tokens over the
+  level's wall time; TPOT is the mean over requests of ``latency / completion_tokens`` (non-streaming, so it
+  includes the prefill share).
 - Every arm keeps each round it measured (``ArmResult.rounds``, one ``LevelStats`` per concurrency and round) and
   its rounds pooled per concurrency (``ArmResult.levels``, for the table and the throughput plot). The rounds and
   the thresholds in the JSON are all ``eagle3.bench.verdict.decide`` needs: a verdict can be recomputed offline.
@@ -20,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3.bench.accept import ACCEPT_LENGTH_FIELD, AcceptSummary, SpecCounts, pool
 from eagle3.bench.prompts import RequestResult
 from eagle3.runroot import atomic_path, atomic_write_json, atomic_write_text
 
@@ -40,40 +43,48 @@ class LevelStats:
     tpot_ms: float
     accept_length: float | None
     round: int | None = None  # None: pooled over the rounds
+    accept_source: str | None = None  # the server's spec_accept_length, or computed (eagle3.bench.accept)
+    accept_fields: list[str] = field(default_factory=list)  # the meta_info keys the counters came from
+    accepted_drafts: int | None = None
+    proposed_drafts: int | None = None
+    accept_histogram: list[int] | None = None
+
+    @property
+    def accept_rate(self) -> float | None:
+        return AcceptSummary(accepted_drafts=self.accepted_drafts, proposed_drafts=self.proposed_drafts).accept_rate
+
+    def counts(self) -> SpecCounts:
+        """This level's counters as one answer's, to pool levels the way answers are pooled."""
+        own = self.accept_length if self.accept_source == ACCEPT_LENGTH_FIELD else None
+        hist = tuple(self.accept_histogram) if self.accept_histogram is not None else None
+        return SpecCounts(self.completion_tokens, self.spec_verify_ct, own, self.accepted_drafts, self.proposed_drafts,
+                          hist, tuple(self.accept_fields))  # fmt: skip
+
+    @classmethod
+    def _of(cls, concurrency: int, requests: int, tokens: int, duration: float, tpot_ms: float,
+            spec: AcceptSummary) -> LevelStats:  # fmt: skip
+        return cls(
+            concurrency=concurrency, requests=requests, completion_tokens=tokens, spec_verify_ct=spec.verify_ct,
+            duration_s=duration, output_tok_s=tokens / duration if duration > 0 else 0.0, tpot_ms=tpot_ms,
+            accept_length=spec.accept_length, accept_source=spec.source, accept_fields=list(spec.fields),
+            accepted_drafts=spec.accepted_drafts, proposed_drafts=spec.proposed_drafts,
+            accept_histogram=spec.histogram,
+        )  # fmt: skip
 
     @classmethod
     def of(cls, concurrency: int, results: list[RequestResult], duration_s: float) -> LevelStats:
         tokens = sum(r.completion_tokens for r in results)
-        verify = sum(r.spec_verify_ct for r in results)
         per_token = [r.latency_s / r.completion_tokens for r in results if r.completion_tokens > 0]
-        return cls(
-            concurrency=concurrency,
-            requests=len(results),
-            completion_tokens=tokens,
-            spec_verify_ct=verify,
-            duration_s=duration_s,
-            output_tok_s=tokens / duration_s if duration_s > 0 else 0.0,
-            tpot_ms=1000.0 * sum(per_token) / len(per_token) if per_token else 0.0,
-            accept_length=tokens / verify if verify > 0 else None,
-        )
+        tpot_ms = 1000.0 * sum(per_token) / len(per_token) if per_token else 0.0
+        return cls._of(concurrency, len(results), tokens, duration_s, tpot_ms, pool([r.spec for r in results]))
 
     @classmethod
     def pooled(cls, rounds: list[LevelStats]) -> LevelStats:
-        """One level from its rounds: token and time sums, request-weighted TPOT."""
-        tokens = sum(r.completion_tokens for r in rounds)
-        verify = sum(r.spec_verify_ct for r in rounds)
-        duration = sum(r.duration_s for r in rounds)
+        """One level from its rounds: token and time sums, request-weighted TPOT, the counters pooled."""
         requests = sum(r.requests for r in rounds)
-        return cls(
-            concurrency=rounds[0].concurrency,
-            requests=requests,
-            completion_tokens=tokens,
-            spec_verify_ct=verify,
-            duration_s=duration,
-            output_tok_s=tokens / duration if duration > 0 else 0.0,
-            tpot_ms=sum(r.tpot_ms * r.requests for r in rounds) / requests if requests else 0.0,
-            accept_length=tokens / verify if verify > 0 else None,
-        )
+        tpot_ms = sum(r.tpot_ms * r.requests for r in rounds) / requests if requests else 0.0
+        return cls._of(rounds[0].concurrency, requests, sum(r.completion_tokens for r in rounds),
+                       sum(r.duration_s for r in rounds), tpot_ms, pool([r.counts() for r in rounds]))  # fmt: skip
 
 
 @dataclass
@@ -229,6 +240,22 @@ def _decision_lines(d: Decision) -> list[str]:
     return lines
 
 
+def _accept_lines(report: GateReport) -> list[str]:
+    """Where each speculative level's accept length came from: the server's own field or computed, with the rate
+    and histogram when the server sent them (``eagle3.bench.accept``)."""
+    rows = [(arm, lv) for arm in report.arms for lv in arm.levels if lv.accept_source]
+    if not rows:
+        return []
+    lines = ["", "## Accept counters (from the servers' answers)", "",
+             "| arm | concurrency | accept length | from | accept rate | verify passes by accepted drafts | fields |",
+             "|---|---:|---:|---|---:|---|---|"]  # fmt: skip
+    for arm, lv in rows:
+        hist = " ".join(map(str, lv.accept_histogram)) if lv.accept_histogram else "-"
+        lines.append(f"| {arm.name} | {lv.concurrency} | {_fmt(lv.accept_length)} | {lv.accept_source} | "
+                     f"{_fmt(lv.accept_rate)} | {hist} | {', '.join(lv.accept_fields)} |")  # fmt: skip
+    return lines
+
+
 def to_markdown(report: GateReport) -> str:
     t = report.thresholds
     lines = [
@@ -250,6 +277,7 @@ def to_markdown(report: GateReport) -> str:
                 f"| {arm.name} | {arm.role} | {lv.concurrency} | {len(arm.rounds_at(lv.concurrency))} | "
                 f"{lv.output_tok_s:.1f} | {lv.tpot_ms:.1f} | {_fmt(lv.accept_length)} | {lv.requests} |"
             )
+    lines += _accept_lines(report)
     lines += ["", "## Decisions", ""]
     for d in report.decisions:
         lines += _decision_lines(d)

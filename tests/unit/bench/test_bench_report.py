@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from eagle3.bench.accept import SpecCounts
 from eagle3.bench.prompts import RequestResult
 from eagle3.bench.report import FAIL, ArmResult, GateReport, LevelStats, read_report, write_report
 from eagle3.bench.verdict import decide
@@ -13,8 +14,8 @@ from eagle3.config import GateConfig
 
 def test_accept_length_is_total_tokens_over_total_verify_passes():
     results = [
-        RequestResult("a", completion_tokens=30, spec_verify_ct=10, latency_s=1.0),
-        RequestResult("b", completion_tokens=10, spec_verify_ct=10, latency_s=0.5),
+        RequestResult("a", completion_tokens=30, spec=SpecCounts(completion_tokens=30, verify_ct=10), latency_s=1.0),
+        RequestResult("b", completion_tokens=10, spec=SpecCounts(completion_tokens=10, verify_ct=10), latency_s=0.5),
     ]
     lv = LevelStats.of(4, results, duration_s=2.0)
     assert lv.accept_length == pytest.approx(40 / 20)  # not the mean of per-request ratios (2.0 vs 3 and 1)
