@@ -1,9 +1,12 @@
 """The HTTP layer: SGLang's endpoint subset (DESIGN §5) on aiohttp.web, as strict as SGLang 0.5.23 where a client
 can tell the difference.
 
-Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are
-``{"error": {"message", "type", "code"}}`` with status 400 (bad input, or a rid still in flight), 500 (injected or
-engine failure) or 503 (queue full, only with ``--max-queued-requests``). Streaming uses server-sent events, one
+Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are ``{"error": {"message"}}``
+(a sampling parameter that does not decode: ``{"error": "<message>"}``, as SGLang's decoder answers) with status 400
+(bad input, or a rid still in flight), 500 (injected or engine failure) or 503 (queue full, only with
+``--max-queued-requests``). Request checks and their messages are SGLang's (``eagle3.serve.requests``); the
+conformance test (``tests/unit/serve/test_sglang_conformance.py``) holds both servers to the same answers, and
+DESIGN §5 lists where they still differ and why it does not matter. Streaming uses server-sent events, one
 ``data: {...}`` per step with the cumulative text and output ids, then ``data: [DONE]``.
 
 What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
@@ -47,20 +50,28 @@ FAULTS = web.AppKey("faults", FaultInjector)
 IN_FLIGHT = web.AppKey("in_flight", set)
 
 
-def error_response(status: int, message: str) -> web.Response:
-    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+def error_response(status: int, message: str, *, plain: bool = False) -> web.Response:
+    return web.json_response({"error": message if plain else {"message": message}}, status=status)
 
 
 def meta_info(c: Completion, prompt_tokens: int, *, speculative: bool) -> dict[str, Any]:
-    """The final ``meta_info``; speculative counters only where SGLang reports them (see the module docstring)."""
+    """The final ``meta_info`` with SGLang 0.5.23's keys; speculative counters only where SGLang reports them (see
+    the module docstring). One weight version, no retractions, no reasoning parser, no data parallelism."""
+    n = len(c.output_ids)
     meta: dict[str, Any] = {
         "id": c.rid,
         "finish_reason": c.finish_reason,
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(c.output_ids),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": n,
         "cached_tokens": 0,  # no prefix cache
+        "weight_versions": [{"version": "default", "start": 0, "end": n}],
+        "cached_tokens_details": None,
+        "dp_rank": None,
         "e2e_latency": c.e2e_latency,
+        "response_sent_to_client_ts": time.time(),
     }
     if speculative and c.verify_ct > 0:
         meta["spec_verify_ct"] = c.verify_ct
@@ -124,7 +135,7 @@ async def _in_flight(
         req = parse(await _read_json(request), request.app[BACKEND])
         _register(request, req.rid)
     except BadRequest as exc:
-        return error_response(400, str(exc))
+        return error_response(400, str(exc), plain=exc.plain)
     try:
         return await handle(request, req)
     finally:
@@ -280,12 +291,10 @@ async def server_info_route(request: web.Request) -> web.Response:
 
 async def flush_cache(request: web.Request) -> web.Response:
     """200 when idle, 400 while requests run or wait: SGLang refuses to flush under load, so callers must retry."""
-    busy = len(request.app[IN_FLIGHT])  # every /generate and chat request, queued or running
-    if busy:
-        return web.Response(
-            status=400, text=f"Flush cache failed: {busy} requests are running or waiting; retry when idle.\n"
-        )
-    return web.Response(text="Cache flushed (the reference server keeps no prefix cache, nothing was dropped).\n")
+    if request.app[IN_FLIGHT]:  # every /generate and chat request, queued or running
+        return web.Response(status=400, text="Flush cache failed.\n")
+    return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                        "waiting requests, the operation will not be performed.)\n")  # fmt: skip
 
 
 def build_app(args: argparse.Namespace, backend: Any) -> web.Application:

@@ -80,6 +80,8 @@ class ModelBackend:
         params: SamplingParams,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Completion:
+        if params.max_new_tokens == 0:  # SGLang answers at once, nothing generated
+            return Completion(rid, prompt_ids, [], {"type": "length", "length": 0}, 0, 0.0)
         future = self.scheduler.submit(rid, prompt_ids, params, on_tokens=on_tokens)
         try:
             return await future

@@ -6,6 +6,7 @@ failed sample's ``error``.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,14 @@ from eagle3.serve.protocol import SamplingParams
 
 
 class BadRequest(ValueError):
-    """A request the server refuses (400); the message is sent to the client."""
+    """A request the server refuses (400); the message is sent to the client.
+
+    ``plain`` bodies are SGLang's sampling-parameter decoding errors, ``{"error": "<message>"}``; the others are
+    ``{"error": {"message": "<message>"}}`` (``http_server._create_error_response``)."""
+
+    def __init__(self, message: str, *, plain: bool = False) -> None:
+        super().__init__(message)
+        self.plain = plain
 
 
 @dataclass
@@ -25,58 +33,133 @@ class GenerateRequest:
     stream: bool
 
 
-def _number(value: Any, name: str, *, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise BadRequest(f"sampling_params.{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+# SGLang 0.5.23's sampling parameters, in the order its decoder lists them in an unknown-field error; the reference
+# server implements the first group and takes the others only at their no-op value (anything else is a 400).
+IMPLEMENTED = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "ignore_eos")
+SGLANG_SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)  # fmt: skip
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "min_p": (0, 0.0), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "min_new_tokens": (0,), "n": (1,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    "no_stop_trim": (False,), "stop_token_ids": ([],), "logit_bias": ({},),
+}  # fmt: skip
+
+
+def _serde_type(value: Any) -> str:
+    """How SGLang's sampling-parameter decoder names the JSON type of ``value`` in an ``invalid type`` error."""
+    if isinstance(value, bool):
+        return f"boolean `{str(value).lower()}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{value}`"
+    if isinstance(value, str):
+        return f"string {json.dumps(value)}"
+    return "sequence" if isinstance(value, list) else "map"
+
+
+def _typed(raw: dict[str, Any], name: str, expected: str) -> Any:
+    """``raw[name]`` when it decodes as SGLang's decoder expects (``i64``, ``f64`` or ``a boolean``)."""
+    value = raw[name]
+    ok = {
+        "i64": isinstance(value, int) and not isinstance(value, bool),
+        "f64": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "a boolean": isinstance(value, bool),
+    }[expected]
+    if not ok:
+        raise BadRequest(f"invalid type: {_serde_type(value)}, expected {expected}", plain=True)
     return value
 
 
+def _check_fields(raw: dict[str, Any]) -> None:
+    unknown = [k for k in raw if k not in SGLANG_SAMPLING_FIELDS]
+    if unknown:
+        expected = ", ".join(f"`{f}`" for f in SGLANG_SAMPLING_FIELDS)
+        raise BadRequest(f"unknown field `{unknown[0]}`, expected one of {expected}", plain=True)
+    for name, value in raw.items():
+        if name not in IMPLEMENTED and value is not None and value not in NO_OP_VALUES.get(name, ()):
+            raise BadRequest(f"sampling_params.{name}={value!r} is not supported by the reference server (SGLang "
+                             f"takes it): leave it out or use real SGLang")  # fmt: skip
+
+
 def parse_sampling(raw: Any, *, default_max_new_tokens: int = 128) -> SamplingParams:
+    """SGLang's ``sampling_params`` with its checks and messages (``sampling/sampling_params.py`` ``verify``)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise BadRequest(f"sampling_params must be an object, got {type(raw).__name__}")
+    _check_fields(raw)
     p = SamplingParams(max_new_tokens=default_max_new_tokens)
     if raw.get("max_new_tokens") is not None:
-        p.max_new_tokens = int(_number(raw["max_new_tokens"], "max_new_tokens", integer=True))
-        if p.max_new_tokens <= 0:
-            raise BadRequest("sampling_params.max_new_tokens must be > 0")
+        p.max_new_tokens = _typed(raw, "max_new_tokens", "i64")
+        if p.max_new_tokens < 0:
+            raise BadRequest(f"max_new_tokens must be at least 0, got {p.max_new_tokens}.")
     if raw.get("temperature") is not None:
-        p.temperature = float(_number(raw["temperature"], "temperature"))
-        if p.temperature < 0:
-            raise BadRequest("sampling_params.temperature must be >= 0")
+        p.temperature = float(_typed(raw, "temperature", "f64"))
+        if not 0 <= p.temperature < float("inf"):
+            raise BadRequest(f"temperature must be a non-negative finite number, got {raw['temperature']}.")
     if raw.get("top_p") is not None:
-        p.top_p = float(_number(raw["top_p"], "top_p"))
+        p.top_p = float(_typed(raw, "top_p", "f64"))
         if not 0 < p.top_p <= 1:
-            raise BadRequest("sampling_params.top_p must be in (0, 1]")
+            raise BadRequest(f"top_p must be in (0, 1], got {raw['top_p']}.")
     if raw.get("top_k") is not None:
-        p.top_k = int(_number(raw["top_k"], "top_k", integer=True))
+        p.top_k = _typed(raw, "top_k", "i64")
+        if p.top_k < 1 and p.top_k != -1:
+            raise BadRequest(f"top_k must be -1 (disable) or at least 1, got {p.top_k}.")
     stop = raw.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise BadRequest("sampling_params.stop must be a string or a list of strings")
+            raise BadRequest(f"invalid type: {_serde_type(raw['stop'])}, expected a value or an array of values for "
+                             "StringOrList", plain=True)  # fmt: skip
         p.stop = stop
     if raw.get("ignore_eos") is not None:
-        if not isinstance(raw["ignore_eos"], bool):
-            raise BadRequest("sampling_params.ignore_eos must be true or false")
-        p.ignore_eos = raw["ignore_eos"]
+        p.ignore_eos = _typed(raw, "ignore_eos", "a boolean")
     return p
 
 
 def check_ids(ids: Any, backend: Any) -> list[int]:
-    if not isinstance(ids, list) or not ids:
-        raise BadRequest("input_ids must be a non-empty list of token ids (one prompt per request)")
+    if not isinstance(ids, list):
+        raise BadRequest("input_ids must be a list of token ids")
+    if not ids:
+        raise BadRequest("input_ids cannot be empty.")
+    if all(isinstance(i, list) for i in ids):
+        raise BadRequest("batched input_ids are not served by the reference server: send one prompt per request")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise BadRequest("input_ids must contain integers only (batched input_ids are not supported here)")
+        raise BadRequest("input_ids must contain integers only")
     bad = [i for i in ids if not 0 <= i < backend.vocab_size]
-    if bad:
+    if bad:  # SGLang 0.5.23 has no such check: its scheduler dies on the embedding lookup (DESIGN §5)
         raise BadRequest(f"input_ids has {len(bad)} ids outside the vocabulary [0, {backend.vocab_size}): {bad[:5]}")
-    if len(ids) >= backend.context_length:
-        raise BadRequest(
-            f"the prompt has {len(ids)} tokens, the context length is {backend.context_length}: shorten the prompt"
-        )
     return ids
+
+
+def check_length(n: int, params: SamplingParams, raw: Any, context: int) -> None:
+    """SGLang's two length checks (``TokenizerManager._validate_one_request``): the prompt alone, then the prompt
+    plus an explicitly requested ``max_new_tokens``."""
+    if n >= context:
+        raise BadRequest(f"The input ({n} tokens) is longer than the model's context length ({context} tokens).")
+    requested = raw.get("max_new_tokens") if isinstance(raw, dict) else None
+    if requested is not None and requested + n > context:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {context} tokens. You requested "
+            f"a total of {requested + n} tokens: {n} tokens from the input messages and {requested} tokens for the "
+            "completion. Please reduce the number of tokens in the input messages or the completion to fit within "
+            "the limit."
+        )
+
+
+def _duplicate_rids(body: dict[str, Any]) -> None:
+    """A batch naming one rid twice: SGLang's 400, checked before anything else of the batch."""
+    rids = body.get("rid")
+    if isinstance(rids, list):
+        seen: set[Any] = set()
+        dups = [r for r in rids if r in seen or seen.add(r)]
+        if dups:
+            raise BadRequest(f"Duplicate request IDs detected within the request: {sorted(set(dups))}")
 
 
 def _body(body: Any) -> dict[str, Any]:
@@ -87,11 +170,14 @@ def _body(body: Any) -> dict[str, Any]:
 
 def parse_generate(body: Any, backend: Any) -> GenerateRequest:
     body = _body(body)
-    if (body.get("input_ids") is None) == (body.get("text") is None):
+    _duplicate_rids(body)
+    if body.get("input_ids") is None and body.get("text") is None:
+        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    if body.get("input_ids") is not None and body.get("text") is not None:
         raise BadRequest("give exactly one of input_ids or text")
     if body.get("text") is not None:
-        if not isinstance(body["text"], str) or not body["text"]:
-            raise BadRequest("text must be a non-empty string (batched text is not supported here)")
+        if not isinstance(body["text"], str) or not body["text"]:  # SGLang 0.5.23's CPU scheduler dies on "" (DESIGN)
+            raise BadRequest("text must be a non-empty string (batched text is not served by the reference server)")
         ids = check_ids(backend.encode(body["text"]), backend)
     else:
         ids = check_ids(body["input_ids"], backend)
@@ -100,8 +186,10 @@ def parse_generate(body: Any, backend: Any) -> GenerateRequest:
         raise BadRequest("rid must be a string")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise BadRequest("stream must be true or false")
-    return GenerateRequest(rid, ids, parse_sampling(body.get("sampling_params")), stream)
+        raise BadRequest(f"invalid type: {_serde_type(stream)}, expected a boolean", plain=True)
+    params = parse_sampling(body.get("sampling_params"))
+    check_length(len(ids), params, body.get("sampling_params"), backend.context_length)
+    return GenerateRequest(rid, ids, params, stream)
 
 
 def parse_chat(body: Any, backend: Any) -> GenerateRequest:
@@ -127,4 +215,6 @@ def parse_chat(body: Any, backend: Any) -> GenerateRequest:
     }
     ids = check_ids(backend.chat_ids(messages), backend)
     rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"
-    return GenerateRequest(str(rid), ids, parse_sampling(raw), False)
+    params = parse_sampling({k: v for k, v in raw.items() if v is not None})
+    check_length(len(ids), params, raw, backend.context_length)
+    return GenerateRequest(str(rid), ids, params, False)
