@@ -101,8 +101,12 @@ def _error_message(status: int, body: str) -> str:
 class Client:
     """Sends turns through a ``ServerPool``; one per event loop (it owns an ``aiohttp`` session)."""
 
-    def __init__(self, cfg: RegenConfig, pool: ServerPool, *, api_key: str | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, cfg: RegenConfig, pool: ServerPool, *, api_key: str | None = None, seed: int = 0,
+        context_length: int | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
+        self.context_length = context_length
         self.pool = pool
         self.params = sampling_params(cfg)
         self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
@@ -120,8 +124,20 @@ class Client:
             await self.session.close()
 
     async def generate(self, base_rid: str, prompt_ids: list[int]) -> Reply:
-        """One ``/generate`` turn; ``base_rid`` names the turn, each attempt's rid is ``attempt_rid(base_rid, n)``."""
-        payload = {"input_ids": prompt_ids, "sampling_params": self.params}
+        """One ``/generate`` turn; ``base_rid`` names the turn, each attempt's rid is ``attempt_rid(base_rid, n)``.
+
+        With a ``context_length``, ``max_new_tokens`` is capped at the room the prompt leaves: SGLang refuses a
+        request whose prompt plus ``max_new_tokens`` exceeds the context (400), where the answer should just stop
+        at the context (``finish_reason`` length, a truncated sample); a prompt that fills the context is refused
+        here (``BadRequestError``) without a request."""
+        params = self.params
+        if self.context_length is not None:
+            room = self.context_length - len(prompt_ids)
+            if room <= 0:
+                raise BadRequestError(f"the prompt has {len(prompt_ids)} tokens, the context length is "
+                                      f"{self.context_length}: no room to generate a reply")  # fmt: skip
+            params = params | {"max_new_tokens": min(params["max_new_tokens"], room)}
+        payload = {"input_ids": prompt_ids, "sampling_params": params}
         return await self._with_retries("/generate", payload, base_rid, _parse_generate)
 
     async def chat(self, base_rid: str, messages: list[dict[str, str]], model: str) -> Reply:

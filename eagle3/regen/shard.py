@@ -114,7 +114,8 @@ async def regen_shard_async(
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     with running_shard(index), Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
         rows = _prompt_rows(plan, index, set(journal.done))
-        async with Client(cfg, pool, api_key=api_key, seed=index) as client:
+        context = config.server.context_length or config.target.context_length
+        async with Client(cfg, pool, api_key=api_key, seed=index, context_length=context) as client:
             ctx = SampleContext(tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id,
                                 on_turn=journal.append)  # fmt: skip
             watcher = asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index)))
