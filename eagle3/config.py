@@ -253,12 +253,16 @@ class ExportConfig(StrictModel):
 
 
 class ServerLaunchConfig(StrictModel):
-    """Flags shared by every SGLang arm (baseline and speculative must agree on all of them).
+    """The engine of every server the pipeline starts, and the flags every arm shares (baseline and speculative must
+    agree on all of them). ``engine`` ``sglang`` with ``device`` ``cpu`` is SGLang itself on this CPU, through the
+    project's runtime (``infra/dev.sh sglang``; ``eagle3.serve.commands``).
 
     ``max_running_requests`` is always passed to both arms: left unset, SGLang 0.5.23 caps a speculative server at 48
     running requests (``python/sglang/srt/server_args.py``, ``ServerArgs._handle_speculative_decoding``) but leaves the
     baseline uncapped, so high-concurrency levels would compare different batch limits. 48 keeps SGLang's cap."""
 
+    engine: Literal["reference", "sglang"] = "reference"
+    device: Literal["cuda", "cpu"] = "cuda"
     host: str = "127.0.0.1"
     port: int = Field(default=30000, ge=0, lt=65536)
     tp: int = Field(default=1, gt=0)

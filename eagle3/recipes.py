@@ -60,7 +60,8 @@ def _gate_sets() -> dict[str, str]:
 
 
 def tiny() -> PipelineConfig:
-    """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server."""
+    """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server
+    (``--set server.engine=sglang``: SGLang itself on this CPU)."""
     from eagle3.dev.world import TinyWorldSpec, world_dir_for
 
     cache = eagle3_home() / "cache"
@@ -135,6 +136,8 @@ def tiny() -> PipelineConfig:
             "train.log_every=5",
             "server.context_length=1024",
             "server.port=0",
+            "server.device=cpu",
+            "server.mem_fraction_static=0.05",
         ],
     )
 
@@ -165,7 +168,7 @@ def llama3_8b() -> PipelineConfig:
         mix=MixConfig(total=100_000),
         gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, LARGE_FEATURES)
+    return with_overrides(config, ["server.engine=sglang", *LARGE_FEATURES])
 
 
 def kimi_k2_5() -> PipelineConfig:
@@ -196,8 +199,8 @@ def kimi_k2_5() -> PipelineConfig:
         mix=MixConfig(total=88_088),
         gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.tp=8", "capture.device=auto", "capture.gpus=8", "train.nproc=8",
-                                   "train.parallel=fsdp", *LARGE_FEATURES])
+    return with_overrides(config, ["server.engine=sglang", "server.tp=8", "capture.device=auto", "capture.gpus=8",
+                                   "train.nproc=8", "train.parallel=fsdp", *LARGE_FEATURES])
 
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {

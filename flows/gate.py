@@ -25,7 +25,6 @@ def gate_flow(
     baseline_url: str | None = None,
     spec_url: str | None = None,
     champion_url: str | None = None,
-    flavour: str = "reference",
     features_dir: str | None = None,
     promote: bool = True,
     force: bool = False,
@@ -35,7 +34,7 @@ def gate_flow(
     ``verdict`` (pass, fail or inconclusive) with its ``reasons``, ``passed`` (promotable), the promotion and whether
     a finished gate was read back (``reused``)."""
     result = run_stage(GateStage(), resolve_config_task(config), drafts=drafts, baseline_url=baseline_url,
-                       spec_url=spec_url, champion_url=champion_url, flavour=flavour, features_dir=features_dir,
+                       spec_url=spec_url, champion_url=champion_url, features_dir=features_dir,
                        promote=promote, force=force)  # fmt: skip
     return result.summary
 

@@ -83,6 +83,7 @@ case "$verb" in
     setup) setup ;;
     run) setup; [ -n "${EAGLE3_SGLANG:-}" ] && sglang_runtime; exec "$VENV/bin/eagle3" run --recipe tiny "$@" ;;
     sglang) sglang_runtime; echo "SGLang CPU runtime: ${EAGLE3_SGLANG_RUNTIME:-${EAGLE3_HOME:-$HOME/.eagle3}/sglang-cpu}" ;;
-    test) setup; export EAGLE3_HOME="${EAGLE3_HOME:-$PWD/.cache/eagle3-home}"; sglang_runtime; system_packages; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
+    test) setup; export EAGLE3_HOME="${EAGLE3_HOME:-$PWD/.cache/eagle3-home}" EAGLE3_REQUIRE_SGLANG=1
+        sglang_runtime; system_packages; exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" ;;
     *) sed -n '2,7p' "$0"; exit 2 ;;
 esac

@@ -51,6 +51,23 @@ def tiny_config(tiny_world, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def sglang_python() -> Path:
+    """The SGLang 0.5.23 CPU runtime's interpreter (``infra/dev.sh sglang``). Missing, a ``sglang`` test is skipped,
+    except under ``infra/dev.sh test`` (CI), which installs the runtime and sets ``EAGLE3_REQUIRE_SGLANG``: there it
+    fails instead, so no real-SGLang test can silently stop running."""
+    from eagle3.serve.commands import EngineUnavailable, check_sglang_runtime, sglang_runtime_python
+
+    python = sglang_runtime_python()
+    try:
+        check_sglang_runtime(python)
+    except EngineUnavailable as exc:
+        if os.environ.get("EAGLE3_REQUIRE_SGLANG"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    return python
+
+
+@pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """One ephemeral Prefect API for every flow test in the session (~20 s to start)."""
     from prefect.testing.utilities import prefect_test_harness

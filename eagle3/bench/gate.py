@@ -8,8 +8,9 @@ Design choices:
 - Every arm is up at once and the traffic alternates between them in rounds (``eagle3.bench.rounds``): the arms
   take turns, never share the machine while timed, and get the same rendered prompts; any failed request fails
   the arm, not a number.
-- Without URLs the gate launches the arms itself (``flavour`` "reference" on CPU, "sglang" on a GPU box), one
-  server per (draft, speculative config) of ``gate.sweep`` (default: ``config.speculative``). Launched SGLang arms
+- Without URLs the gate launches the arms itself on ``server.engine`` (the reference server, or SGLang: on a GPU
+  box, or on this CPU through the project's runtime), one server per (draft, speculative config) of ``gate.sweep``
+  (default: ``config.speculative``). Launched SGLang arms
   share the device, so when ``server.mem_fraction_static`` is unset each gets an equal share of ``SGLANG_MEMORY``
   (the same for every arm, and in ``launch_used``; the shipped ``launch_sglang`` line keeps the config's). With
   URLs it measures what is running; a sweep needs launching and is then not possible.
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.bench import preflight
-from eagle3.bench.launch import LaunchCommand, build_launch
 from eagle3.bench.prompts import BenchPrompt, load_gate_prompts
 from eagle3.bench.registry import Promotion, Registry, draft_id
 from eagle3.bench.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
@@ -42,11 +42,11 @@ from eagle3.bench.verdict import best_arm, decide, overall, undecided
 from eagle3.config import PipelineConfig, SpeculativeConfig, with_overrides
 from eagle3.layout import stage_dir
 from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.serve.commands import LaunchCommand, build_launch
 from eagle3.serve.launch import LaunchError
 
 logger = logging.getLogger(__name__)
 
-HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}
 SMOKE_PROMPTS = 4
 SMOKE_TOKENS = 32
 SGLANG_MEMORY = 0.85  # of the device, split over the SGLang arms the gate launches side by side
@@ -73,20 +73,20 @@ def config_label(spec: SpeculativeConfig) -> str:
 
 
 @contextlib.contextmanager
-def serving(command: LaunchCommand | None, url: str | None, log_path: Path, flavour: str) -> Iterator[str]:
+def serving(command: LaunchCommand | None, url: str | None, log_path: Path) -> Iterator[str]:
     """Yield a server URL: the given one, or one launched from ``command`` and stopped on exit."""
     if url:
         yield url.rstrip("/")
         return
     assert command is not None
-    with command.server(log_path=log_path, health_timeout_s=HEALTH_TIMEOUT_S[flavour]) as server:
+    with command.server(log_path=log_path) as server:
         yield server.url
 
 
 def _static_preflight(config: PipelineConfig, draft: Path, spec: SpeculativeConfig, features: Path | None) -> list:
     port = config.server.port or 30000
-    baseline = build_launch(config, "baseline", port=port)
-    shipped = build_launch(config, "eagle3", draft=draft, speculative=spec, port=port)
+    baseline = build_launch(config, "baseline", engine="sglang", port=port)
+    shipped = build_launch(config, "eagle3", engine="sglang", draft=draft, speculative=spec, port=port)
     checks = preflight.run_static(config, draft, baseline=baseline, spec=shipped, features_dir=features)
     if features is not None and not preflight.failed(checks):  # a damaged draft fails here, before any server
         checks += preflight.run_offline(config, draft, features)
@@ -117,9 +117,9 @@ class _Plan:
     urls: dict[str, str | None]
 
 
-def _side_by_side(config: PipelineConfig, flavour: str, arms: int) -> PipelineConfig:
+def _side_by_side(config: PipelineConfig, arms: int) -> PipelineConfig:
     """The config of the launched arms: SGLang arms up together share the device (see the module docstring)."""
-    if flavour != "sglang" or config.server.mem_fraction_static is not None:
+    if config.server.engine != "sglang" or config.server.mem_fraction_static is not None:
         return config
     return with_overrides(config, [f"server.mem_fraction_static={round(SGLANG_MEMORY / arms, 3)}"])
 
@@ -129,7 +129,6 @@ def _plan(
     drafts: list[Path],
     champion: Promotion | None,
     *,
-    flavour: str,
     baseline_url: str | None,
     spec_url: str | None,
     champion_url: str | None,
@@ -137,14 +136,14 @@ def _plan(
     plan = _Plan([], {}, {})
     champion_arm = champion is not None and champion.draft_id not in {draft_id(d) for d in drafts}
     arms = 1 + len(drafts) * len(config.gate.sweep or [config.speculative]) + champion_arm
-    measured = _side_by_side(config, flavour, arms)
+    measured = _side_by_side(config, arms)
 
     def add(arm: ArmResult, url: str | None, draft: Path | None, spec: SpeculativeConfig | None) -> None:
         kind = "baseline" if spec is None else "eagle3"
-        command = None if url else build_launch(measured, kind, flavour=flavour, draft=draft, speculative=spec, port=0)
+        command = None if url else build_launch(measured, kind, draft=draft, speculative=spec, port=0)
         arm.launch_used = f"(given) {url}" if url or command is None else command.shell()
         arm.launch_sglang = build_launch(
-            config, kind, draft=draft, speculative=spec, port=config.server.port or 30000
+            config, kind, engine="sglang", draft=draft, speculative=spec, port=config.server.port or 30000
         ).shell()
         plan.arms.append(arm)
         plan.commands[arm.name], plan.urls[arm.name] = command, url
@@ -203,7 +202,7 @@ def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None)
 
 
 def _measure_plan(
-    plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path, flavour: str
+    plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path
 ) -> None:
     """Bring every arm up (launched or given; speculative ones pass the runtime preflight), then measure the live
     ones in interleaved rounds until the verdict settles (``eagle3.bench.rounds``); servers stop on the way out."""
@@ -217,7 +216,7 @@ def _measure_plan(
                 continue
             log = out_dir / "logs" / f"{arm.name.replace(':', '-')}.log"
             try:
-                arm.url = stack.enter_context(serving(plan.commands[arm.name], plan.urls[arm.name], log, flavour))
+                arm.url = stack.enter_context(serving(plan.commands[arm.name], plan.urls[arm.name], log))
                 if arm.role != "baseline":
                     _runtime_preflight(arm, arm.url, prompts, config)
                 live.append((arm, arm.url))
@@ -297,7 +296,6 @@ def gate_identity(
     baseline_url: str | None = None,
     spec_url: str | None = None,
     champion_url: str | None = None,
-    flavour: str = "reference",
 ) -> GateIdentity:
     """The validated drafts, today's champion, the URLs, and the gate's fingerprint and directory."""
     paths = [Path(d).expanduser().resolve() for d in drafts]
@@ -306,7 +304,7 @@ def gate_identity(
     if bool(baseline_url) != bool(spec_url):
         raise ValueError("pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)")
     champion = Registry(config.root_path).champion()
-    urls = {"baseline": baseline_url, "spec": spec_url, "champion": champion_url, "flavour": flavour}
+    urls = {"baseline": baseline_url, "spec": spec_url, "champion": champion_url}
     fp = gate_fingerprint(config, paths, champion, urls)
     return GateIdentity(paths, champion, urls, fp, stage_dir(config.root_path, "gate", fp))
 
@@ -318,7 +316,6 @@ def run_gate(
     baseline_url: str | None = None,
     spec_url: str | None = None,
     champion_url: str | None = None,
-    flavour: str = "reference",
     features_dir: Path | None = None,
     promote: bool = True,
     force: bool = False,
@@ -326,22 +323,20 @@ def run_gate(
     """Benchmark the drafts against the baseline (and the champion), decide, report, promote the best passing one."""
     from transformers import AutoTokenizer
 
-    gate = gate_identity(config, drafts, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url,
-                         flavour=flavour)  # fmt: skip
+    gate = gate_identity(config, drafts, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url)
     paths, fp, out_dir = gate.drafts, gate.fingerprint, gate.out_dir
     if not force and Manifest.read(out_dir) is not None:
         logger.info("gate %s already done, reading its report", fp)
         return GateResult(out_dir, read_report(out_dir), reused=True)
     refused = _refusals(config, paths, features_dir)
-    plan = _plan(config, paths, gate.champion, flavour=flavour, baseline_url=baseline_url, spec_url=spec_url,
-                 champion_url=champion_url)  # fmt: skip
+    plan = _plan(config, paths, gate.champion, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url)
     prompts: list[BenchPrompt] = []
     if len(refused) < len(paths):  # every candidate refused statically: nothing worth measuring
         tokenizer = AutoTokenizer.from_pretrained(
             config.target.model_path, revision=config.target.revision, trust_remote_code=config.target.trust_remote_code
         )
         prompts = load_gate_prompts(config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set)
-        _measure_plan(plan, prompts, config, refused=refused, out_dir=out_dir, flavour=flavour)
+        _measure_plan(plan, prompts, config, refused=refused, out_dir=out_dir)
     else:
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.bench.launch import build_launch
 from eagle3.bench.registry import Registry
 from eagle3.bench.report import GateReport, read_report
-from eagle3.config import ConfigError, PipelineConfig, SpeculativeConfig
+from eagle3.config import ConfigError, PipelineConfig, SpeculativeConfig, with_overrides
 from eagle3.model.export_format import CARD_FILE, CONFIG_FILE, HUB_ID, WEIGHTS_FILE, front_matter
 from eagle3.runroot import atomic_write_text
 from eagle3.secrets import hf_token
+from eagle3.serve.commands import build_launch
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +49,12 @@ class HubUpload:
 
 
 def launch_line(config: PipelineConfig, repo_id: str, speculative: dict[str, Any] | None) -> str:
-    """The SGLang command serving the target with the draft pulled from ``repo_id`` (the gate's best config)."""
+    """The SGLang command serving the target with the draft pulled from ``repo_id`` (the gate's best config), on GPUs
+    (a recipe run on this CPU would otherwise print the command of the project's local runtime)."""
     spec = SpeculativeConfig(**speculative) if speculative else config.speculative
     port = config.server.port or SERVE_PORT
-    return build_launch(config, "eagle3", flavour="sglang", draft=repo_id, speculative=spec, port=port).shell()
+    served = with_overrides(config, ["server.device=cuda"])
+    return build_launch(served, "eagle3", engine="sglang", draft=repo_id, speculative=spec, port=port).shell()
 
 
 def gate_section(report: GateReport | None, speculative: dict[str, Any] | None) -> list[str]:

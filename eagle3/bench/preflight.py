@@ -32,14 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.bench.launch import (
-    ALGORITHM_FLAG,
-    DRAFT_FLAG,
-    MAX_RUNNING_FLAG,
-    LaunchCommand,
-    split_speculative,
-    without_address,
-)
+from eagle3.bench.accept import SpecCounts, pool
 from eagle3.config import PipelineConfig
 from eagle3.data.parquet import ShardError, shard_metadata
 from eagle3.layers import served_layer_ids, to_sglang_ids
@@ -52,6 +45,14 @@ from eagle3.model.export_format import (
     load_export,
     non_finite_tensors,
     vocab_problems,
+)
+from eagle3.serve.commands import (
+    ALGORITHM_FLAG,
+    DRAFT_FLAG,
+    MAX_RUNNING_FLAG,
+    LaunchCommand,
+    split_speculative,
+    without_address,
 )
 
 logger = logging.getLogger(__name__)
@@ -425,7 +426,7 @@ def check_server_info(info: dict[str, Any], export_dir: Path | str | None) -> li
             "server_algorithm",
             False,
             f"server reports speculative_algorithm={algo!r}, not {EXPECTED_ALGORITHM!r}: relaunch it with "
-            "the command from `eagle3 launch-sglang --arm eagle3`",
+            f"--speculative-algorithm {EXPECTED_ALGORITHM} (the command from `eagle3 launch-sglang --arm eagle3`)",
         )
     ]
     if export_dir is not None:
@@ -442,23 +443,27 @@ def check_server_info(info: dict[str, Any], export_dir: Path | str | None) -> li
     return checks
 
 
-def check_smoke(completion_tokens: int, verify_ct: int, *, min_accept: float = SMOKE_MIN_ACCEPT) -> Check:
-    """Accept length = sum completion_tokens / sum spec_verify_ct over the smoke requests."""
-    if verify_ct <= 0:
+def check_smoke(counts: list[SpecCounts], *, min_accept: float = SMOKE_MIN_ACCEPT, algorithm: str | None = None
+                ) -> Check:  # fmt: skip
+    """The smoke requests' accept length (``eagle3.bench.accept``: the server's own when it sends it) against
+    ``min_accept``; a server running another algorithm than EAGLE3 is named with the flag to fix."""
+    summary = pool(counts)
+    if summary.accept_length is None:
         return Check(
             "smoke_accept",
             False,
             "smoke requests report spec_verify_ct 0: the server is not speculating; launch it with --speculative-*",
         )
-    accept = completion_tokens / verify_ct
-    if accept >= min_accept:
-        return Check("smoke_accept", True, f"accept length {accept:.2f} >= {min_accept}")
-    return Check(
-        "smoke_accept",
-        False,
-        f"accept length {accept:.2f} < {min_accept} ({completion_tokens} tokens / {verify_ct} verify passes; "
-        "~1.0 means the draft gets no aux hidden states): check --speculative-algorithm EAGLE3 and the layer ids",
-    )
+    measured = (f"accept length {summary.accept_length:.2f} measured ({summary.source}, "
+                f"{sum(c.completion_tokens for c in counts)} tokens / {summary.verify_ct} verify passes)")  # fmt: skip
+    if summary.accept_length >= min_accept:
+        return Check("smoke_accept", True, f"{measured} >= {min_accept} expected")
+    why = (f"the server runs --speculative-algorithm {algorithm}, which drops the draft's 3-layer aux hidden states: "
+           f"relaunch with --speculative-algorithm {EXPECTED_ALGORITHM}"
+           if algorithm and algorithm != EXPECTED_ALGORITHM
+           else f"~1.0 means the draft gets no aux hidden states: check --speculative-algorithm {EXPECTED_ALGORITHM} "
+           "and the layer ids")  # fmt: skip
+    return Check("smoke_accept", False, f"{measured}, expected >= {min_accept}: {why}")
 
 
 def run_runtime(
@@ -474,18 +479,16 @@ def run_runtime(
     from eagle3.bench.prompts import send_prompts
 
     try:
-        checks = check_server_info(get_json(f"{url.rstrip('/')}/server_info"), export_dir)
+        info = get_json(f"{url.rstrip('/')}/server_info")
+        checks = check_server_info(info, export_dir)
     except (OSError, ValueError) as exc:
         return [Check("server_info", False, f"GET {url}/server_info failed ({exc}): is the server up at {url}?")]
     results = send_prompts(url, prompt_ids, concurrency=1, max_new_tokens=max_new_tokens, timeout_s=timeout_s)
     errors = [r.error for r in results if r.error]
     if errors:
         return [*checks, Check("smoke_requests", False, f"{len(errors)} smoke requests failed, first: {errors[0]}")]
-    checks.append(
-        check_smoke(
-            sum(r.completion_tokens for r in results), sum(r.spec_verify_ct for r in results), min_accept=min_accept
-        )
-    )
+    checks.append(check_smoke([r.spec for r in results], min_accept=min_accept, algorithm=info.get(
+        "speculative_algorithm")))  # fmt: skip
     for check in failed(checks):
         logger.warning("preflight %s", check.line())
     return checks

@@ -44,7 +44,6 @@ class GatePlan(Plan):
     baseline_url: str | None = None
     spec_url: str | None = None
     champion_url: str | None = None
-    flavour: str = "reference"
     features_dir: Path | None = None
     promote: bool = True
     force: bool = False
@@ -59,13 +58,13 @@ class GateStage(Stage[GatePlan]):
 
     def plan(
         self, config: PipelineConfig, *, drafts: Sequence[Path | str], baseline_url: str | None = None,
-        spec_url: str | None = None, champion_url: str | None = None, flavour: str = "reference",
+        spec_url: str | None = None, champion_url: str | None = None,
         features_dir: Path | str | None = None, promote: bool = True, force: bool = False,
     ) -> GatePlan:  # fmt: skip
         gate = gate_identity(config, list(drafts), baseline_url=baseline_url, spec_url=spec_url,
-                             champion_url=champion_url, flavour=flavour)  # fmt: skip
+                             champion_url=champion_url)  # fmt: skip
         return GatePlan(stage=self.name, fingerprint=gate.fingerprint, out_dir=gate.out_dir, drafts=tuple(gate.drafts),
-                        baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url, flavour=flavour,
+                        baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url,
                         features_dir=Path(features_dir) if features_dir else None, promote=promote,
                         force=force)  # fmt: skip
 
@@ -74,7 +73,7 @@ class GateStage(Stage[GatePlan]):
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
         result = run_gate(config, list(plan.drafts), baseline_url=plan.baseline_url, spec_url=plan.spec_url,
-                          champion_url=plan.champion_url, flavour=plan.flavour, features_dir=plan.features_dir,
+                          champion_url=plan.champion_url, features_dir=plan.features_dir,
                           promote=plan.promote, force=plan.force)  # fmt: skip
         if result.out_dir != plan.out_dir:  # the champion changed between plan and run: another gate
             raise RuntimeError(f"the champion changed since the gate was planned ({plan.out_dir} is now "

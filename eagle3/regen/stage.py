@@ -1,8 +1,9 @@
 """The regen stage (the stage contract of ``eagle3.stage``): prompts shards -> the target's own answers, one unit
 per shard.
 
-* ``resources``: the configured ``regen.servers``, or the project's reference server on the target model for the
-  length of the stage run (the tiny recipe); SIGTERM and Ctrl-C stop the running shards first (``regen.stop``).
+* ``resources``: the configured ``regen.servers``, or a server on the target model started for the length of the
+  stage run on ``server.engine`` (the tiny recipe: the project's reference server, or SGLang itself on this CPU);
+  SIGTERM and Ctrl-C stop the running shards first (``regen.stop``).
 * ``max_in_flight``: ``regen.shards_in_flight`` shards at once, so ``regen.concurrency_per_server`` is what a
   server sees; ``concurrency_limits``: one orchestrator-wide slot per persistent server (a nightly run and a
   re-trigger never double a server's load; a reference server started by this run has a fresh port and none).
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eagle3.config import PipelineConfig
+from eagle3.config import PipelineConfig, with_overrides
 from eagle3.data.parquet import shard_is_valid
 from eagle3.layout import shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
@@ -39,9 +40,18 @@ REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "comple
 
 @contextmanager
 def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Iterator[list[str]]:
-    """The servers to regenerate with: ``regen.servers``, or a local reference server started for the block."""
+    """The servers to regenerate with: ``regen.servers``, or a local server on ``server.engine`` started for the
+    block (at most ``regen.concurrency_per_server`` requests running on it)."""
     if config.regen.servers:
         yield list(config.regen.servers)
+        return
+    if config.server.engine == "sglang":
+        from eagle3.serve.commands import build_launch
+
+        served = with_overrides(config, [f"server.max_running_requests={config.regen.concurrency_per_server}"])
+        command = build_launch(served, "baseline", port=0)
+        with command.server(log_path=(log_dir / "sglang-server.log") if log_dir else None) as sglang:
+            yield [sglang.url]
         return
     from eagle3.serve.launch import reference_server
 

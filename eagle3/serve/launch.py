@@ -2,7 +2,7 @@
 
 The reference server (regen, tests, benchmarks) and both SGLang arms of the gate start through ``ServerProcess``, so
 there is one health poll, one error and one way to stop a server. It lives in ``serve``, the lower layer; the bench
-only builds the SGLang launch commands (``eagle3.bench.launch``).
+only builds the SGLang launch commands (``eagle3.serve.commands``).
 
 Design choices:
 - The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both ``eagle3.serve`` and

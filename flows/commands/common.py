@@ -94,6 +94,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.data.catalog", "CatalogError", EXIT_USAGE),  # an unknown dataset adapter in the config's sources
     ("eagle3.regen.plan", "RegenInputError", EXIT_USAGE),
     ("eagle3.data.hub", "HubError", EXIT_FAILED),
+    ("eagle3.serve.commands", "EngineUnavailable", EXIT_USAGE),  # server.engine=sglang without its runtime
     ("eagle3.serve.launch", "LaunchError", EXIT_FAILED),
     ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
     ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # eagle3.bench.preflight imports torch: 9 s that every `eagle
     from eagle3.config import PipelineConfig
 
 DraftOption = typer.Option(None, "--draft", "-d", help="Draft export dir (config.json + model.safetensors).")
-FlavourOption = typer.Option("sglang", "--flavour", help="sglang (python -m sglang.launch_server) or reference.")
+EngineOption = typer.Option("sglang", "--engine", help="sglang (SGLang: on GPUs, or this CPU's runtime when "
+                            "server.device=cpu) or reference (the project's server).")
 
 
 def _default_draft(root: Path) -> Path | None:
@@ -44,7 +45,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def launch_sglang(
     arm: str = typer.Option(..., "--arm", help="baseline or eagle3."),
     draft: Path | None = DraftOption,
-    flavour: str = FlavourOption,
+    engine: str = EngineOption,
     run: bool = typer.Option(False, "--run/--print", help="Start the server and wait (default: print the command)."),
     port: int | None = typer.Option(None, help="Port (default: server.port; 0 picks a free one)."),
     recipe: str = RecipeOption,
@@ -52,14 +53,14 @@ def launch_sglang(
     set_: list[str] | None = SetOption,
 ) -> None:
     """Print (or run) the launch command of one arm, generated from config for the pinned SGLang."""
-    from eagle3.bench.launch import build_launch
+    from eagle3.serve.commands import build_launch
     from eagle3.serve.launch import LaunchError
 
     cfg = resolve_config(recipe, config, set_)
     if arm == "eagle3" and draft is None:
         draft = _default_draft(cfg.root_path)
     try:
-        command = build_launch(cfg, arm, flavour=flavour, draft=draft, port=port)
+        command = build_launch(cfg, arm, engine=engine, draft=draft, port=port)
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -68,7 +69,7 @@ def launch_sglang(
         return
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
     try:
-        with command.server(health_timeout_s=1800.0 if flavour == "sglang" else 180.0) as server:
+        with command.server() as server:
             console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
             code = server.wait()
     except LaunchError as exc:
@@ -93,15 +94,15 @@ def preflight(
     """Static checks of a draft and both launch commands; with --features, an offline acceptance smoke on a few
     captured rows (CPU); with --url, runtime checks too. Exit 1 on any failure."""
     from eagle3.bench import preflight as pf
-    from eagle3.bench.launch import build_launch
+    from eagle3.serve.commands import build_launch
 
     cfg = resolve_config(recipe, config, set_)
     port = cfg.server.port or 30000
     checks = pf.run_static(
         cfg,
         draft,
-        baseline=build_launch(cfg, "baseline", port=port),
-        spec=build_launch(cfg, "eagle3", draft=draft, port=port),
+        baseline=build_launch(cfg, "baseline", engine="sglang", port=port),
+        spec=build_launch(cfg, "eagle3", engine="sglang", draft=draft, port=port),
         features_dir=features,
     )
     if features is not None and not pf.failed(checks):
@@ -134,7 +135,6 @@ def gate(
     baseline_url: str | None = typer.Option(None, help="Running baseline server (with --spec-url)."),
     spec_url: str | None = typer.Option(None, help="Running speculative server (with --baseline-url)."),
     champion_url: str | None = typer.Option(None, help="Running server of the champion draft (URL mode)."),
-    flavour: str = typer.Option("reference", help="Without URLs: launch reference (CPU) or sglang arms."),
     features: Path | None = typer.Option(None, help="Capture stage dir for the layer-id check."),
     promote: bool = typer.Option(True, "--promote/--no-promote", help="Promote the best passing draft."),
     force: bool = typer.Option(False, help="Measure again even if this exact gate already ran."),
@@ -155,7 +155,6 @@ def gate(
             baseline_url=baseline_url,
             spec_url=spec_url,
             champion_url=champion_url,
-            flavour=flavour,
             features_dir=str(features) if features else None,
             promote=promote,
             force=force,

@@ -9,6 +9,7 @@ missing SGLang exits with one line (code 2) before anything loads.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -19,6 +20,16 @@ try:
 except RuntimeMismatch as exc:
     print(f"error: {exc}", file=sys.stderr)
     raise SystemExit(2) from None
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed by SGLang's own parser (``ServerArgs.add_cli_args``), as ``sglang.launch_server`` parses it:
+    ``SystemExit`` (argparse's way) on an unknown flag or a bad value."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> None:

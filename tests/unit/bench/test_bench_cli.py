@@ -22,7 +22,7 @@ def test_launch_sglang_prints_both_arms_from_config(bench_config, make_export, t
     assert base.stdout.startswith("python -m sglang.launch_server --model-path")
     assert spec.stdout.startswith(base.stdout.strip())  # the speculative arm only appends its flags
     assert "--speculative-algorithm EAGLE3" in spec.stdout
-    ref = runner.invoke(app, ["launch-sglang", "--arm", "baseline", "--flavour", "reference", "--config", cfg])
+    ref = runner.invoke(app, ["launch-sglang", "--arm", "baseline", "--engine", "reference", "--config", cfg])
     assert ref.stdout.startswith("python -m eagle3.serve --model-path")
 
 

@@ -13,13 +13,13 @@ import pytest
 
 from eagle3.bench import preflight
 from eagle3.bench.gate import run_gate
-from eagle3.bench.launch import build_launch
 from eagle3.bench.prompts import load_gate_prompts
 from eagle3.bench.registry import Registry, draft_id
 from eagle3.bench.report import FAIL, PASS
 from eagle3.bench.rounds import flush_cache
 from eagle3.bench.verdict import decide
 from eagle3.config import with_overrides
+from eagle3.serve.commands import build_launch
 from eagle3.serve.launch import reference_server
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def _smoke_prompts(world) -> list[list[int]]:
 
 def _runtime(world, algorithm: str, tmp_path: Path) -> dict[str, preflight.Check]:
     cfg = with_overrides(world.config, [f"speculative.algorithm={algorithm}"])
-    cmd = build_launch(cfg, "eagle3", flavour="reference", draft=world.export, port=0)
+    cmd = build_launch(cfg, "eagle3", engine="reference", draft=world.export, port=0)
     with cmd.server(log_path=tmp_path / f"{algorithm}.log", health_timeout_s=120) as server:
         checks = preflight.run_runtime(server.url, _smoke_prompts(world), export_dir=world.export, max_new_tokens=32)
     return {c.name: c for c in checks}

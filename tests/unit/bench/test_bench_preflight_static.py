@@ -8,15 +8,15 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from eagle3.bench.launch import LaunchCommand, build_launch
 from eagle3.bench.preflight import Check, failed, run_static
 from eagle3.config import PipelineConfig, with_overrides
 from eagle3.data.parquet import write_table
+from eagle3.serve.commands import LaunchCommand, build_launch
 
 
 def _static(config: PipelineConfig, export: Path, *, features: Path | None = None, spec_config=None) -> list[Check]:
-    baseline = build_launch(config, "baseline", port=30000)
-    spec = build_launch(spec_config or config, "eagle3", draft=export, port=30000)
+    baseline = build_launch(config, "baseline", engine="sglang", port=30000)
+    spec = build_launch(spec_config or config, "eagle3", engine="sglang", draft=export, port=30000)
     return run_static(config, export, baseline=baseline, spec=spec, features_dir=features)
 
 
@@ -187,10 +187,10 @@ def test_arms_differing_beyond_speculative_flags_fail(bench_config, make_export)
 
 def test_speculative_arm_without_a_batch_limit_fails(bench_config, make_export):
     export = make_export()
-    spec = build_launch(bench_config, "eagle3", draft=export, port=30000)
+    spec = build_launch(bench_config, "eagle3", engine="sglang", draft=export, port=30000)
     at = spec.argv.index("--max-running-requests")
-    uncapped = LaunchCommand(spec.arm, spec.flavour, spec.argv[:at] + spec.argv[at + 2:], spec.host, spec.port)
-    baseline = build_launch(bench_config, "baseline", port=30000)
+    uncapped = LaunchCommand(spec.arm, spec.engine, spec.argv[:at] + spec.argv[at + 2:], spec.host, spec.port)
+    baseline = build_launch(bench_config, "baseline", engine="sglang", port=30000)
     fails = _failures(run_static(bench_config, export, baseline=baseline, spec=uncapped))
     assert set(fails) == {"arms_match"}
     assert "caps it at 48" in fails["arms_match"]

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from eagle3.bench.gate import run_gate
-from eagle3.bench.launch import build_launch
 from eagle3.bench.registry import Registry
 from eagle3.bench.report import INCONCLUSIVE
 from eagle3.config import with_overrides
+from eagle3.serve.commands import build_launch
 from eagle3.serve.faults import slow_schedule
 
 pytestmark = pytest.mark.slow
@@ -30,9 +30,9 @@ def test_a_baseline_slowed_in_one_round_makes_a_slow_draft_inconclusive_not_prom
     assert slow_schedule(SEED, 0.5, 2) == [False, True]  # round 0 clean, round 1 slowed
     noise = ["--fault-slow-s", "1.5", "--fault-slow-fraction", "0.5", "--fault-slow-block", str(per_round),
              "--fault-seed", str(SEED)]  # fmt: skip
-    baseline = build_launch(cfg, "baseline", flavour="reference", port=0)
+    baseline = build_launch(cfg, "baseline", engine="reference", port=0)
     noisy = replace(baseline, argv=[*baseline.argv, *noise])
-    spec = build_launch(cfg, "eagle3", flavour="reference", draft=gate_world.export, port=0)
+    spec = build_launch(cfg, "eagle3", engine="reference", draft=gate_world.export, port=0)
     with (
         noisy.server(log_path=tmp_path / "baseline.log", health_timeout_s=120) as base_srv,
         spec.server(log_path=tmp_path / "spec.log", health_timeout_s=120) as spec_srv,

@@ -1,4 +1,4 @@
-"""Server launch commands of the gate's arms, generated from config, never hand-typed (DESIGN §5).
+"""Server launch commands, generated from config, never hand-typed (DESIGN §5): the gate's arms, regen's server.
 
 Design choices:
 - One function builds every arm. The arms share one argument list (model, tp, dtype, context length, memory
@@ -11,10 +11,16 @@ Design choices:
 - Flag spellings are those of the pinned SGLang (``SGLANG_VERSION``, the ``sglang`` extra). In 0.5.23 the CUDA graph
   cap is ``--cuda-graph-max-bs-decode`` (the older ``--cuda-graph-max-bs`` is gone; argparse would reject it as an
   ambiguous prefix) and tensor parallelism is ``--tp-size``.
-- Two flavours: ``sglang`` (``python -m sglang.launch_server``) and ``reference`` (``python -m eagle3.serve``, the
-  project's CPU server). The reference flavour carries the same model, context, batch and speculative flags;
-  GPU/Hub-only flags (tp, memory fraction, CUDA graphs, revision, remote code, extra args) are SGLang's alone and
-  are left out, identically for both arms.
+- Two engines (``server.engine``): ``sglang`` (``python -m sglang.launch_server``) and ``reference`` (``python -m
+  eagle3.serve``, the project's CPU server). The reference engine carries the same model, context, batch and
+  speculative flags; GPU/Hub-only flags (tp, memory fraction, CUDA graphs, revision, remote code, extra args) are
+  SGLang's alone and are left out, identically for both arms.
+- SGLang with ``server.device=cpu`` is SGLang itself on this CPU: the same command with the interpreter of the
+  project's SGLang runtime (``infra/dev.sh sglang``; ``EAGLE3_SGLANG_PYTHON`` names another), SGLang's entry point
+  replaced by the project's launcher (``eagle3.serve.sglang_cpu.launch``: the same steps, after installing the torch
+  ports of the CPU kernels), ``SGLANG_USE_CPU_ENGINE=1``, and only the CPU flags (``CPU_FLAGS``) appended. Both arms
+  run on ``intel_amx`` attention, the one CPU backend with a draft backend, so the gate compares speculation, not two
+  attention implementations.
 - A command names a concrete port (port 0 becomes a free one here), so a printed line can be pasted. It is run by
   the project's one launcher (``eagle3.serve.launch.ServerProcess``), which owns where a server listens: it gets
   the line without ``--host``/``--port`` and adds them back, last.
@@ -22,23 +28,32 @@ Design choices:
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
 from eagle3.config import PipelineConfig, SpeculativeConfig
 from eagle3.procs import free_port
-from eagle3.serve.launch import ServerProcess
+from eagle3.serve.launch import LaunchError, ServerProcess
+from eagle3.serve.sglang_cpu import SGLANG_VERSION
 
-SGLANG_VERSION = "0.5.23"
 Arm = Literal["baseline", "eagle3"]
-Flavour = Literal["sglang", "reference"]
 ARMS: tuple[str, ...] = ("baseline", "eagle3")
-FLAVOURS: tuple[str, ...] = ("sglang", "reference")
+ENGINES: tuple[str, ...] = ("reference", "sglang")
 MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "reference": "eagle3.serve"}
+CPU_LAUNCHER = "eagle3.serve.sglang_cpu.launch"
+# What SGLang needs to serve on a CPU (SGLANG_CPU.md): its CPU engine, no CUDA graphs, a bounded KV pool (RAM is
+# shared with everything else on the machine), and the attention backend that drives the ported ops.
+CPU_FLAGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "intel_amx", "--disable-cuda-graph",
+                              "--max-total-tokens", "8192")  # fmt: skip
+CPU_ENV: dict[str, str] = {"SGLANG_USE_CPU_ENGINE": "1"}
 REFERENCE_THREADS = 1  # torch intra-op threads of a reference arm (see shared_args)
+HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}  # SGLang loads a large target and captures CUDA graphs
 
 ALGORITHM_FLAG = "--speculative-algorithm"
 DRAFT_FLAG = "--speculative-draft-model-path"
@@ -59,60 +74,97 @@ class LaunchCommand:
     """One server launch: ``argv`` starts with ``python -m <module>``; ``url`` is where it will listen."""
 
     arm: str
-    flavour: str
+    engine: str
     argv: list[str]
     host: str
     port: int
     draft: str | None = None
     speculative: dict[str, int | str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def shell(self) -> str:
-        return shlex.join(self.argv)
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
 
     def server_args(self) -> list[str]:
         """The arguments after ``python -m <module>`` (what the server's own parser sees)."""
         return self.argv[3:]
 
-    def server(self, *, log_path: Path | None = None, health_timeout_s: float = 300.0) -> ServerProcess:
-        """This command under the launcher, with this interpreter (the one with the packages) as ``python``."""
+    def server(self, *, log_path: Path | None = None, health_timeout_s: float | None = None) -> ServerProcess:
+        """This command under the launcher; ``python`` is this interpreter (the one with the packages).
+
+        ``health_timeout_s`` defaults to the engine's (``HEALTH_TIMEOUT_S``)."""
+        python = sys.executable if self.argv[0] == "python" else self.argv[0]
+        if self.argv[2] == CPU_LAUNCHER:
+            check_sglang_runtime(Path(python))
         return ServerProcess(
-            [sys.executable, *without_address(self.argv[1:])],
+            [python, *without_address(self.argv[1:])],
             host=self.host,
             port=self.port,
-            name=f"{self.arm} server",
+            name=f"{self.arm} server ({self.engine})",
             log_path=log_path,
-            health_timeout_s=health_timeout_s,
+            health_timeout_s=health_timeout_s or HEALTH_TIMEOUT_S[self.engine],
+            env=self.env,
         )
 
 
-def _served_dtype(config: PipelineConfig, flavour: str) -> str:
-    if config.server.dtype != "auto" or flavour == "sglang":
+def sglang_runtime_python() -> Path:
+    """The interpreter of the SGLang CPU runtime: ``EAGLE3_SGLANG_PYTHON``, else the one ``infra/dev.sh sglang``
+    installs (``$EAGLE3_HOME/sglang-cpu``, or ``EAGLE3_SGLANG_RUNTIME``)."""
+    if os.environ.get("EAGLE3_SGLANG_PYTHON"):
+        return Path(os.environ["EAGLE3_SGLANG_PYTHON"])
+    home = Path(os.environ.get("EAGLE3_HOME", "~/.eagle3")).expanduser()
+    return Path(os.environ.get("EAGLE3_SGLANG_RUNTIME", home / "sglang-cpu")).expanduser() / "bin" / "python"
+
+
+class EngineUnavailable(LaunchError):
+    """The configured engine is not installed where the launcher looks; the message says how to install it."""
+
+
+@cache
+def check_sglang_runtime(python: Path) -> None:
+    """Raise ``EngineUnavailable`` (one line: how to install) unless ``python`` runs SGLang ``SGLANG_VERSION``."""
+    install = "install it with `bash infra/dev.sh sglang` (or set EAGLE3_SGLANG_PYTHON to an interpreter that has it)"
+    if not python.exists():
+        raise EngineUnavailable(f"server.engine=sglang on a CPU needs the SGLang {SGLANG_VERSION} runtime, not "
+                                f"found at {python}: {install}")  # fmt: skip
+    probe = "import importlib.metadata as m; print(m.version('sglang'))"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
+    found = done.stdout.strip() or "no SGLang"
+    if done.returncode != 0 or found != SGLANG_VERSION:
+        raise EngineUnavailable(f"{python} has {found if done.returncode == 0 else 'no SGLang'}, the CPU runtime "
+                                f"needs SGLang {SGLANG_VERSION}: {install}")  # fmt: skip
+
+
+def _served_dtype(config: PipelineConfig, engine: str) -> str:
+    if config.server.dtype != "auto" or engine == "sglang":
         return config.server.dtype
     return config.target.dtype
 
 
-def shared_args(config: PipelineConfig, flavour: str, *, host: str, port: int) -> list[str]:
-    """Flags every arm of one flavour carries, in a fixed order."""
+def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) -> list[str]:
+    """Flags every arm of one engine carries, in a fixed order."""
     server, target = config.server, config.target
     args = ["--model-path", target.model_path]
-    if flavour == "sglang" and target.revision:
+    if engine == "sglang" and target.revision:
         args += ["--revision", target.revision]
-    if flavour == "sglang" and target.trust_remote_code:
+    if engine == "sglang" and target.trust_remote_code:
         args.append("--trust-remote-code")
-    args += ["--dtype", _served_dtype(config, flavour)]
+    args += ["--dtype", _served_dtype(config, engine)]
     args += ["--context-length", str(server.context_length or target.context_length)]
     args += [MAX_RUNNING_FLAG, str(server.max_running_requests)]
-    if flavour == "sglang":
+    if engine == "sglang":
         args += ["--tp-size", str(server.tp)]
         if server.mem_fraction_static is not None:
             args += ["--mem-fraction-static", str(server.mem_fraction_static)]
         if server.cuda_graph_max_bs is not None:
             args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph_max_bs)]
         args += list(server.extra_args)
+        if server.device == "cpu":
+            args += CPU_FLAGS
     else:  # arms are up side by side on one shared CPU; torch's default (a thread per core) oversubscribes it as soon
         # as anything else runs and one arm's throughput swings 10x (measured 8-77 vs 124-135 tok/s with one thread)
         args += ["--num-threads", str(REFERENCE_THREADS)]
@@ -136,32 +188,43 @@ def speculative_args(spec: SpeculativeConfig, draft: str) -> list[str]:
     ]
 
 
+def _entry(config: PipelineConfig, engine: str) -> tuple[list[str], dict[str, str]]:
+    """``python -m <module>`` of an engine, and the environment it needs."""
+    if engine == "sglang" and config.server.device == "cpu":
+        return [str(sglang_runtime_python()), "-m", CPU_LAUNCHER], dict(CPU_ENV)
+    return ["python", "-m", MODULES[engine]], {}
+
+
 def build_launch(
     config: PipelineConfig,
     arm: str,
     *,
-    flavour: str = "sglang",
+    engine: str | None = None,
     draft: str | Path | None = None,
     speculative: SpeculativeConfig | None = None,
     port: int | None = None,
 ) -> LaunchCommand:
-    """The launch command of one arm. ``speculative`` defaults to ``config.speculative``; port 0 picks a free one."""
+    """The launch command of one arm on ``engine`` (default ``server.engine``). ``speculative`` defaults to
+    ``config.speculative``; port 0 picks a free one."""
+    engine = engine or config.server.engine
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: use one of {list(ARMS)}")
-    if flavour not in FLAVOURS:
-        raise ValueError(f"unknown flavour {flavour!r}: use one of {list(FLAVOURS)}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: use one of {list(ENGINES)}")
     host = config.server.host
     port = config.server.port if port is None else port
     port = port or free_port(host)
-    argv = ["python", "-m", MODULES[flavour], *shared_args(config, flavour, host=host, port=port)]
+    entry, env = _entry(config, engine)
+    argv = [*entry, *shared_args(config, engine, host=host, port=port)]
     if arm == "baseline":
-        return LaunchCommand(arm, flavour, argv, host, port)
+        return LaunchCommand(arm, engine, argv, host, port, env=env)
     if draft is None:
         raise ValueError("the eagle3 arm needs a draft: pass --draft <export dir> (an SGLang-ready draft directory)")
     spec = speculative or config.speculative
     draft_path = str(Path(draft).expanduser().resolve()) if Path(draft).expanduser().exists() else str(draft)
     argv += speculative_args(spec, draft_path)
-    return LaunchCommand(arm, flavour, argv, host, port, draft=draft_path, speculative=spec.model_dump(mode="json"))
+    return LaunchCommand(arm, engine, argv, host, port, draft=draft_path, speculative=spec.model_dump(mode="json"),
+                         env=env)  # fmt: skip
 
 
 def split_speculative(args: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -199,18 +262,3 @@ def without_address(args: list[str]) -> list[str]:
             continue
         out.append(token)
     return out
-
-
-def parse_with_sglang(args: list[str]):  # -> argparse.Namespace
-    """Parse server args with the pinned SGLang's own parser (needs the ``sglang`` extra importable).
-
-    Raises ``SystemExit`` (argparse's way) on an unknown flag or a bad value, ``ImportError`` without SGLang.
-    """
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(prog="sglang.launch_server")
-    ServerArgs.add_cli_args(parser)
-    return parser.parse_args(args)
-

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from eagle3.bench.launch import (
+from eagle3.config import with_overrides
+from eagle3.recipes import load_recipe
+from eagle3.serve.commands import (
     SPECULATIVE_FLAGS,
     build_launch,
     split_speculative,
     without_address,
 )
-from eagle3.config import with_overrides
-from eagle3.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -30,8 +29,8 @@ GPU_SETTINGS = [
 ]
 
 
-def test_arms_share_every_flag_except_the_speculative_ones(bench_config, tmp_path):
-    cfg = with_overrides(bench_config, GPU_SETTINGS)
+def test_arms_share_every_flag_except_the_speculative_ones(launch_config, tmp_path):
+    cfg = with_overrides(launch_config, GPU_SETTINGS)
     base = build_launch(cfg, "baseline", port=31000)
     spec = build_launch(cfg, "eagle3", draft=tmp_path, port=31000)
     shared, flags = split_speculative(spec.server_args())
@@ -42,8 +41,8 @@ def test_arms_share_every_flag_except_the_speculative_ones(bench_config, tmp_pat
     assert spec.argv[:3] == ["python", "-m", "sglang.launch_server"]
 
 
-def test_sglang_flags_use_the_pinned_spellings(bench_config, tmp_path):
-    args = build_launch(with_overrides(bench_config, GPU_SETTINGS), "eagle3", draft=tmp_path, port=31000).argv
+def test_sglang_flags_use_the_pinned_spellings(launch_config, tmp_path):
+    args = build_launch(with_overrides(launch_config, GPU_SETTINGS), "eagle3", draft=tmp_path, port=31000).argv
     for flag, value in [
         ("--tp-size", "2"),
         ("--mem-fraction-static", "0.85"),
@@ -58,38 +57,38 @@ def test_sglang_flags_use_the_pinned_spellings(bench_config, tmp_path):
     assert "--enable-metrics" in args
 
 
-def test_both_arms_carry_the_same_batch_limit_by_default(bench_config, tmp_path):
+def test_both_arms_carry_the_same_batch_limit_by_default(launch_config, tmp_path):
     """SGLang 0.5.23 server_args.py ServerArgs._handle_speculative_decoding sets max_running_requests=48 for an
     EAGLE/EAGLE3 server when none is given; the baseline would stay uncapped, so both arms always get the flag."""
     for arm in ("baseline", "eagle3"):
-        args = build_launch(bench_config, arm, draft=tmp_path, port=31000).argv
+        args = build_launch(launch_config, arm, draft=tmp_path, port=31000).argv
         assert args[args.index("--max-running-requests") + 1] == "48"
 
 
-def test_eagle3_arm_without_a_draft_is_refused(bench_config):
+def test_eagle3_arm_without_a_draft_is_refused(launch_config):
     with pytest.raises(ValueError, match="--draft"):
-        build_launch(bench_config, "eagle3")
+        build_launch(launch_config, "eagle3")
 
 
-def test_port_zero_picks_a_free_port(bench_config):
-    cmd = build_launch(with_overrides(bench_config, ["server.port=0"]), "baseline")
+def test_port_zero_picks_a_free_port(launch_config):
+    cmd = build_launch(with_overrides(launch_config, ["server.port=0"]), "baseline")
     assert cmd.port > 0 and cmd.url.endswith(f":{cmd.port}")
 
 
-def test_the_launcher_runs_the_command_with_this_interpreter_and_its_address_last(bench_config, tmp_path):
-    cmd = build_launch(bench_config, "baseline", flavour="reference", port=31000)
+def test_the_launcher_runs_the_command_with_this_interpreter_and_its_address_last(launch_config, tmp_path):
+    cmd = build_launch(launch_config, "baseline", engine="reference", port=31000)
     server = cmd.server(log_path=tmp_path / "s.log")
     assert server.argv[:3] == [sys.executable, "-m", "eagle3.serve"]
     assert server.argv[3:] == [*without_address(cmd.server_args()), "--host", cmd.host, "--port", "31000"]
     assert server.url == cmd.url
 
 
-def test_reference_flavour_parses_with_the_reference_server_parser(bench_config, tmp_path):
+def test_reference_engine_parses_with_the_reference_server_parser(launch_config, tmp_path):
     from eagle3.serve.args import parse_args
 
-    cfg = with_overrides(bench_config, GPU_SETTINGS)
-    spec = build_launch(cfg, "eagle3", flavour="reference", draft=tmp_path, port=31000)
-    base = build_launch(cfg, "baseline", flavour="reference", port=31000)
+    cfg = with_overrides(launch_config, GPU_SETTINGS)
+    spec = build_launch(cfg, "eagle3", engine="reference", draft=tmp_path, port=31000)
+    base = build_launch(cfg, "baseline", engine="reference", port=31000)
     assert spec.argv[:3] == ["python", "-m", "eagle3.serve"]
     assert split_speculative(spec.server_args())[0] == base.server_args()
     args = parse_args(spec.server_args())
@@ -99,11 +98,10 @@ def test_reference_flavour_parses_with_the_reference_server_parser(bench_config,
     assert args.max_running_requests == 64 and args.context_length == 1024
 
 
-SGLANG_PARSER = REPO / ".cache" / "sglang-parser"  # infra/dev.sh test installs SGLang 0.5.23 there (--no-deps)
 PARSE = (
     "import json, sys\n"
-    "from eagle3.bench.launch import parse_with_sglang\n"
-    "print(json.dumps([vars(parse_with_sglang(a)) for a in json.loads(sys.argv[1])], default=str))"
+    "from eagle3.serve.sglang_cpu.launch import parse\n"
+    "print(json.dumps([vars(parse(a)) for a in json.loads(sys.argv[1])], default=str))"
 )
 
 
@@ -111,17 +109,16 @@ RECIPES = ("tiny", "llama3_8b", "kimi_k2_5")
 
 
 @pytest.fixture(scope="module")
-def parsed_by_sglang(tmp_path_factory) -> dict[str, tuple[dict, dict, int]]:
-    """Both arms of every recipe parsed by SGLang 0.5.23's own ``ServerArgs.add_cli_args`` (one child process: the
-    import takes seconds): recipe -> (baseline namespace, speculative namespace, configured max running requests)."""
-    if not (SGLANG_PARSER / "sglang").is_dir():
-        pytest.skip("run `bash infra/dev.sh test`: it installs the pinned SGLang parser into .cache/sglang-parser")
+def parsed_by_sglang(tmp_path_factory, sglang_python) -> dict[str, tuple[dict, dict, int]]:
+    """Both arms of every recipe (on SGLang: the tiny one with the CPU flags) parsed by SGLang 0.5.23's own
+    ``ServerArgs.add_cli_args`` in the SGLang runtime (one child process: the import takes seconds): recipe ->
+    (baseline namespace, speculative namespace, configured max running requests)."""
     root = tmp_path_factory.mktemp("recipes")
     configs = {name: load_recipe(name, [f"root={root}"]) for name in RECIPES}
-    arms = [args for cfg in configs.values() for args in (build_launch(cfg, "baseline", port=31000).server_args(),
-            build_launch(cfg, "eagle3", draft=root, port=31000).server_args())]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(SGLANG_PARSER)}
-    done = subprocess.run([sys.executable, "-c", PARSE, json.dumps(arms)], capture_output=True, text=True, env=env,
+    arms = [args for cfg in configs.values() for args in (
+            build_launch(cfg, "baseline", engine="sglang", port=31000).server_args(),
+            build_launch(cfg, "eagle3", engine="sglang", draft=root, port=31000).server_args())]  # fmt: skip
+    done = subprocess.run([str(sglang_python), "-c", PARSE, json.dumps(arms)], capture_output=True, text=True,
                           cwd=REPO, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     parsed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -129,6 +126,7 @@ def parsed_by_sglang(tmp_path_factory) -> dict[str, tuple[dict, dict, int]]:
             for i, (name, cfg) in enumerate(configs.items())}  # fmt: skip
 
 
+@pytest.mark.sglang
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_both_arms_of_every_recipe_parse_with_sglang_and_share_every_other_argument(recipe, parsed_by_sglang):
     """SGLang 0.5.23's parser (python/sglang/srt/server_args.py) accepts both generated arms, and they agree on every
