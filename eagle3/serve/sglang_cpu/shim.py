@@ -53,7 +53,7 @@ def check_version() -> str:
 def _guard_torchvision() -> None:
     import torch
 
-    if "torchvision" in sys.modules:
+    if "torchvision" in sys.modules or hasattr(torch.ops.torchvision, "nms"):  # imported, or its C++ ops loaded
         return
     library = torch.library.Library("torchvision", "FRAGMENT")
     for schema in TORCHVISION_OPS:
