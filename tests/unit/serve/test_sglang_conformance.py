@@ -1,0 +1,133 @@
+"""The reference server against real SGLang 0.5.23, same tiny target, same requests: what keeps the stand-in honest.
+
+Every case the reference server models is sent to both servers, started from one config through the one launcher
+(``build_launch``, engines ``reference`` and ``sglang``); status codes, error bodies, ``meta_info`` keys and greedy
+output ids must agree. Where they still differ on purpose, DESIGN §5 says why it does not matter; such cases are
+not sent here (an out-of-vocabulary id or an empty prompt kills SGLang 0.5.23's CPU scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import aiohttp
+import pytest
+
+from eagle3.data.template import render_prompt
+from eagle3.recipes import load_recipe
+from eagle3.serve.commands import build_launch
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+CONTEXT = 1024
+PROMPT = [1, 20, 30, 40, 50, 60, 70]
+BAD_REQUESTS: dict[str, dict[str, Any]] = {
+    "negative temperature": {"input_ids": PROMPT, "sampling_params": {"temperature": -1}},
+    "top_p 0": {"input_ids": PROMPT, "sampling_params": {"top_p": 0}},
+    "top_k 0": {"input_ids": PROMPT, "sampling_params": {"top_k": 0}},
+    "negative max_new_tokens": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": -1}},
+    "unknown sampling field": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "bogus": 1}},
+    "max_new_tokens of the wrong type": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": "x"}},
+    "temperature of the wrong type": {"input_ids": PROMPT, "sampling_params": {"temperature": "hot"}},
+    "stop of the wrong type": {"input_ids": PROMPT, "sampling_params": {"stop": 3}},
+    "stream of the wrong type": {"input_ids": PROMPT, "stream": "yes"},
+    "prompt over the context length": {"input_ids": [5] * (CONTEXT + 76), "sampling_params": {"max_new_tokens": 4}},
+    "prompt + max_new_tokens over the context": {"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 100}},
+    "no prompt": {"sampling_params": {"max_new_tokens": 4}},
+    "empty input_ids": {"input_ids": [], "sampling_params": {"max_new_tokens": 4}},
+    "duplicate rid in one batch": {"input_ids": [PROMPT, PROMPT], "rid": ["x1", "x1"]},
+}
+
+
+def _request(url: str, path: str, body: Any = None, method: str = "POST") -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="module")
+def servers(sglang_python, tiny_world, tmp_path_factory):
+    """Real SGLang (the baseline arm on this CPU) and the reference server, both from the tiny recipe."""
+    logs = tmp_path_factory.mktemp("conformance")
+    config = load_recipe("tiny", [f"root={logs / 'run'}", f"server.context_length={CONTEXT}",
+                                  "server.max_running_requests=8"])  # fmt: skip
+    sglang = build_launch(config, "baseline", engine="sglang", port=0).server(log_path=logs / "sglang.log")
+    reference = build_launch(config, "baseline", engine="reference", port=0).server(log_path=logs / "reference.log")
+    with sglang, reference:
+        yield {"sglang": sglang.url, "reference": reference.url}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_a_bad_request_gets_sglangs_status_and_error_body(servers, case):
+    answers = {name: _request(url, "/generate", BAD_REQUESTS[case]) for name, url in servers.items()}
+    status, body = answers["sglang"]
+    assert status == 400, answers
+    assert answers["reference"][0] == status
+    assert json.loads(answers["reference"][1]) == json.loads(body)
+
+
+def test_greedy_answers_have_the_same_output_ids_and_meta_info_keys(servers, tiny_tokenizer):
+    prompts = [render_prompt(tiny_tokenizer, [{"role": "user", "content": q}]) for q in
+               ("Hello there", "What is 12 + 7? Explain briefly.", "Write a short poem about rain.")]  # fmt: skip
+    answers = {}
+    for name, url in servers.items():
+        answers[name] = [json.loads(_request(url, "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": 48, "temperature": 0}})[1]) for ids in prompts]  # fmt: skip
+    assert [a["output_ids"] for a in answers["reference"]] == [a["output_ids"] for a in answers["sglang"]]
+    assert [a["text"] for a in answers["reference"]] == [a["text"] for a in answers["sglang"]]
+    for ref, real in zip(answers["reference"], answers["sglang"], strict=True):
+        assert set(ref["meta_info"]) == set(real["meta_info"])
+        assert ref["meta_info"]["finish_reason"] == real["meta_info"]["finish_reason"]
+
+
+def test_max_new_tokens_zero_answers_at_once_with_nothing(servers):
+    for url in servers.values():
+        status, body = _request(url, "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})
+        reply = json.loads(body)
+        assert (status, reply["output_ids"], reply["meta_info"]["finish_reason"]) == (
+            200, [], {"type": "length", "length": 0})  # fmt: skip
+
+
+async def _same_rid_twice(url: str) -> list[tuple[int, str]]:
+    body = {"input_ids": PROMPT, "rid": "same", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+    async with aiohttp.ClientSession() as session:
+
+        async def post() -> tuple[int, str]:
+            async with session.post(f"{url}/generate", json=body) as resp:
+                return resp.status, await resp.text()
+
+        return list(await asyncio.gather(post(), post()))
+
+
+def test_a_rid_in_flight_is_refused_and_free_again_once_done(servers):
+    for url in servers.values():
+        answers = sorted(asyncio.run(_same_rid_twice(url)))
+        assert [status for status, _ in answers] == [200, 400]
+        assert json.loads(answers[1][1]) == {"error": {"message": "Duplicate request ID detected: same"}}
+        assert _request(url, "/generate", {"input_ids": PROMPT, "rid": "same"})[0] == 200
+
+
+async def _flush_while_busy(url: str) -> tuple[tuple[int, str], tuple[int, str]]:
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    async with aiohttp.ClientSession() as session:
+        running = asyncio.ensure_future(session.post(f"{url}/generate", json=body))
+        await asyncio.sleep(0.5)
+        busy = await asyncio.to_thread(_request, url, "/flush_cache")
+        async with await running as resp:
+            return busy, (resp.status, await resp.text())
+
+
+def test_flush_cache_is_refused_while_busy_and_done_when_idle_with_sglangs_texts(servers):
+    answers = {name: asyncio.run(_flush_while_busy(url)) for name, url in servers.items()}
+    idle = {name: _request(url, "/flush_cache") for name, url in servers.items()}
+    assert answers["sglang"][0] == answers["reference"][0] == (400, "Flush cache failed.\n")
+    assert answers["sglang"][1][0] == answers["reference"][1][0] == 200
+    assert idle["sglang"] == idle["reference"] and idle["sglang"][0] == 200
