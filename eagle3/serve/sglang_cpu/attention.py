@@ -13,10 +13,10 @@ Decode: one query token per request; when ``key``/``value`` are given they are f
 port computes each request in one pass and leaves it untouched.
 
 Extend: request i's queries are ``extend_seq_lens[i]`` tokens from ``extend_start_loc[i]``; its keys are the cached
-prefix (``seq_lens[i] - extend_seq_lens[i]`` tokens) then its own new ``k_extend``/``v_extend`` rows. The mask is
-causal (or none when ``is_causal`` is false), or, for a speculative tree, ``tree_mask``: a boolean
-``[extend, prefix + extend]`` block per request, packed in batch order (the ``FULL_MASK`` layout
-``build_tree_kernel_efficient`` writes).
+prefix (``seq_lens[i] - extend_seq_lens[i]`` tokens) then its own new ``k_extend``/``v_extend`` rows. The prefix is
+always visible; among the new tokens the mask is causal (or none when ``is_causal`` is false), or, for a speculative
+tree, ``tree_mask``: a boolean ``[extend, extend]`` block per request, packed in batch order (the ``QLEN_ONLY``
+layout that ``build_tree_kernel_efficient`` writes on CPU; the buffer may be longer than the batch needs).
 
 What a Llama target and its EAGLE-3 draft need is ported; the rest is refused with an error naming it: sliding
 windows, attention sinks, cross-attention and encoder lengths, fp8 KV caches, KV-shared layers (no new k/v).
@@ -173,9 +173,10 @@ def extend_attention_cpu(
         new = slice(start, start + extend)
         k = torch.cat([k_buffer[slots].to(k_extend.dtype), k_extend[new]])  # [prefix + extend, Hkv, D]
         v = torch.cat([v_buffer[slots].to(v_extend.dtype), v_extend[new]])
-        if tree_mask is not None:
-            visible = tree_mask.reshape(-1)[mask_start : mask_start + extend * length].view(extend, length).bool()
-            mask_start += extend * length
+        if tree_mask is not None:  # the draft tree's [extend, extend] block, after the prefix
+            block = tree_mask.reshape(-1)[mask_start : mask_start + extend * extend].view(extend, extend).bool()
+            visible = torch.cat([torch.ones(extend, prefix, dtype=torch.bool), block], dim=1)
+            mask_start += extend * extend
         elif is_causal:  # query j sits at position prefix + j and sees keys 0..prefix + j
             visible = torch.arange(length)[None, :] <= prefix + torch.arange(extend)[:, None]
         else:

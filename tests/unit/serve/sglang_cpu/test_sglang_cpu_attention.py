@@ -116,15 +116,15 @@ def test_extend_attention_without_causality_sees_every_token(gen):
     torch.testing.assert_close(out, _extend_reference(inputs, lambda *_: True), rtol=1e-5, atol=1e-5)
 
 
-def test_extend_attention_follows_the_tree_mask_packed_per_request(gen):
-    tree_mask = torch.rand(3 * 7 + 4 * 4, generator=gen) < 0.5
-    tree_mask[[0, 7, 14, 21, 25, 29, 33]] = True  # every query sees at least its first key
-    offsets = [0, 3 * 7]
+def test_extend_attention_sees_the_prefix_and_follows_the_tree_mask_packed_per_request(gen):
+    tree_mask = torch.rand(3 * 3 + 4 * 4 + 5, generator=gen) < 0.5  # QLEN_ONLY blocks; the buffer may be longer
+    offsets = [0, 3 * 3]
+    tree_mask[[0, 4, 8, 9, 14, 19, 24]] = True  # as in a real tree, every node sees itself
 
     out, inputs = _extend(gen, tree_mask=tree_mask)
 
-    seq_lens = inputs[7]
-    want = _extend_reference(inputs, lambda b, p, j, n: bool(tree_mask[offsets[b] + j * int(seq_lens[b]) + n]))
+    lens = inputs[8]
+    want = _extend_reference(inputs, lambda b, p, j, n: n < p or bool(tree_mask[offsets[b] + j * int(lens[b]) + n - p]))
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
