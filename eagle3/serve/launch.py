@@ -74,6 +74,11 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self._proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The server's pid (it leads its own process group), once started."""
+        return None if self._proc is None else self._proc.pid
+
     def __enter__(self) -> ServerProcess:
         self.start()
         return self
