@@ -26,7 +26,7 @@ def evaluate_acceptance(
     re-implementing this loop."""
     tokens = passes = 0
     for ids in prompts:
-        output, verify = decoder.generate(ids, max_new_tokens, eos_ids)
+        output, verify, _ = decoder.generate(ids, max_new_tokens, eos_ids)
         tokens += len(output)
         passes += verify
         if on_prompt is not None:

@@ -18,8 +18,10 @@ What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
   SGLang's deprecated aliases with the same payloads (``entrypoints/http_server.py``), served because external tools
   still call them. Project code calls the canonical routes only.
 * ``/flush_cache`` answers 400 while requests are running or waiting and 200 when idle (``http_server.flush_cache``).
-* ``meta_info`` carries ``spec_verify_ct`` and ``spec_accept_length`` only on a speculative server, only on the final
-  chunk, and only when the request had verify passes (``TokenizerManager`` adds them from the batch output).
+* ``meta_info`` carries the speculative counters (``spec_verify_ct``, ``spec_accept_length``, ``spec_accept_rate``,
+  ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram``) only on a speculative
+  server, only on the final chunk, and only when the request had verify passes (``TokenizerManager`` adds them from
+  the batch output).
 * ``cached_tokens`` is always 0: the reference server has no prefix (radix) cache, so no prompt token is ever served
   from cache; reporting anything else would be a lie that benchmark reports would repeat.
 """
@@ -39,7 +41,7 @@ from aiohttp import web
 
 from eagle3.serve.args import server_info
 from eagle3.serve.faults import FaultInjector
-from eagle3.serve.protocol import Completion
+from eagle3.serve.protocol import DEFAULT_NUM_STEPS, Completion
 from eagle3.serve.requests import BadRequest, GenerateRequest, parse_chat, parse_generate
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ def error_response(status: int, message: str, *, plain: bool = False) -> web.Res
     return web.json_response({"error": message if plain else {"message": message}}, status=status)
 
 
-def meta_info(c: Completion, prompt_tokens: int, *, speculative: bool) -> dict[str, Any]:
+def meta_info(c: Completion, prompt_tokens: int, *, drafts_per_pass: int | None) -> dict[str, Any]:
     """The final ``meta_info`` with SGLang 0.5.23's keys; speculative counters only where SGLang reports them (see
     the module docstring). One weight version, no retractions, no reasoning parser, no data parallelism."""
     n = len(c.output_ids)
@@ -73,14 +75,21 @@ def meta_info(c: Completion, prompt_tokens: int, *, speculative: bool) -> dict[s
         "e2e_latency": c.e2e_latency,
         "response_sent_to_client_ts": time.time(),
     }
-    if speculative and c.verify_ct > 0:
-        meta["spec_verify_ct"] = c.verify_ct
-        meta["spec_accept_length"] = len(c.output_ids) / c.verify_ct
+    if drafts_per_pass and c.verify_ct > 0:  # as SGLang's TokenizerManager._calculate_spec_decoding_metrics
+        proposed, correct = c.verify_ct * drafts_per_pass, sum(c.accepted_drafts)
+        histogram = [0] * (drafts_per_pass + 1)
+        for accepted in c.accepted_drafts:
+            histogram[accepted] += 1
+        meta |= {"spec_accept_rate": correct / proposed, "spec_accept_length": n / c.verify_ct,
+                 "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
+                 "spec_verify_ct": c.verify_ct, "spec_correct_drafts_histogram": histogram}  # fmt: skip
     return meta
 
 
-def _speculative(request: web.Request) -> bool:
-    return bool(request.app[ARGS].speculative_algorithm)
+def _drafts_per_pass(request: web.Request) -> int | None:
+    """Draft tokens a verify pass checks on a speculative server (its chain of ``num_steps``), else None."""
+    args = request.app[ARGS]
+    return (args.speculative_num_steps or DEFAULT_NUM_STEPS) if args.speculative_algorithm else None
 
 
 def _register(request: web.Request, rid: str) -> None:
@@ -158,7 +167,7 @@ async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamRes
         c = await backend.generate(req.rid, req.input_ids, req.params)
     except RuntimeError as exc:
         return error_response(500, f"generation failed: {exc}")
-    meta = meta_info(c, len(req.input_ids), speculative=_speculative(request))
+    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
     body = {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta}
     response = web.json_response(body)
     await response.prepare(request)
@@ -199,7 +208,7 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
         return response
     finally:
         task.cancel()
-    meta = meta_info(c, len(req.input_ids), speculative=_speculative(request))
+    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
     await _sse(response, {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()

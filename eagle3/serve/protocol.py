@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+DEFAULT_NUM_STEPS = 3  # draft tokens a verify pass checks without --speculative-num-steps
+
 
 @dataclass
 class SamplingParams:
@@ -33,6 +35,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     verify_ct: int = 0
+    accepted_drafts: list[int] = field(default_factory=list)  # per verify pass (a speculative engine's)
     created: float = field(default_factory=time.monotonic)
 
     @property
@@ -68,3 +71,4 @@ class Completion:
     finish_reason: dict[str, Any]
     verify_ct: int
     e2e_latency: float
+    accepted_drafts: list[int] = field(default_factory=list)  # per verify pass

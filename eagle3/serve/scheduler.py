@@ -118,6 +118,7 @@ class Scheduler:
                 seq.finish_reason,
                 seq.verify_ct,
                 time.monotonic() - seq.created,
+                list(seq.accepted_drafts),
             )
             self.completed += 1
             self.completion_tokens += len(seq.output_ids)

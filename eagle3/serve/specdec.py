@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -112,9 +112,7 @@ class SpeculativeDecoder:
         return new_tokens
 
     @torch.no_grad()
-    def generate(
-        self, input_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()
-    ) -> tuple[list[int], int]:
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()) -> Decoded:
         """Decode greedily from a prompt; stops at ``max_new_tokens`` or after an eos id (kept in the output)."""
         from transformers import DynamicCache
 
@@ -123,15 +121,25 @@ class SpeculativeDecoder:
         logits, aux = self._target_forward(prompt, state.target_cache)
         state.tokens.append(int(logits[-1].argmax()))
         self._draft_extend(state, aux, state.tokens[1:], start=0)
-        passes, eos = 0, set(eos_ids)
+        accepted: list[int] = []
+        eos = set(eos_ids)
         while not self._done(state.tokens[len(prompt) :], max_new_tokens, eos):
-            state.tokens.extend(self._verify(state, self._propose(state, len(state.tokens))))
-            passes += 1
-        return _truncate(state.tokens[len(prompt) :], max_new_tokens, eos), passes
+            new_tokens = self._verify(state, self._propose(state, len(state.tokens)))
+            state.tokens.extend(new_tokens)
+            accepted.append(len(new_tokens) - 1)  # the bonus token is the target's, not a draft's
+        return Decoded(_truncate(state.tokens[len(prompt) :], max_new_tokens, eos), len(accepted), accepted)
 
     @staticmethod
     def _done(generated: list[int], max_new_tokens: int, eos: set[int]) -> bool:
         return len(generated) >= max_new_tokens or any(t in eos for t in generated)
+
+
+class Decoded(NamedTuple):
+    """A decoded request: its tokens, the target verify passes, and the drafts each pass accepted."""
+
+    tokens: list[int]
+    passes: int
+    accepted: list[int]
 
 
 def _crop_target_cache(cache: Any, keep: int) -> None:

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.serve.engine import FinishChecker, Sequence
+from eagle3.serve.protocol import DEFAULT_NUM_STEPS
 
 logger = logging.getLogger(__name__)
 
 AUX_MODES: dict[str, str] = {"EAGLE3": "eagle3", "EAGLE": "last_hidden_only"}
-DEFAULT_NUM_STEPS = 3
 
 
 class SpeculativeEngine:
@@ -66,8 +66,7 @@ class SpeculativeEngine:
             self._warned_sampling = True
         budget = min(params.max_new_tokens, self.finish.context_length - len(seq.prompt_ids))
         eos = () if params.ignore_eos else tuple(self.finish.eos_ids)
-        output, passes = self.decoder.generate(seq.prompt_ids, max(budget, 1), eos)
-        seq.verify_ct = passes
+        output, seq.verify_ct, seq.accepted_drafts = self.decoder.generate(seq.prompt_ids, max(budget, 1), eos)
         for token in output:  # the plain engine's finish rules, token by token
             seq.output_ids.append(int(token))
             self.finish.check(seq)

@@ -246,11 +246,15 @@ def test_flush_cache_is_refused_while_requests_run_and_done_when_idle():
 
 
 def test_speculative_counters_only_on_a_speculative_server_and_only_when_positive():
-    """SGLang's ``TokenizerManager`` adds ``spec_verify_ct``/``spec_accept_length`` for speculative requests only."""
-    done = Completion("r", [5], [7, 8, 9, 10], {"type": "length", "length": 4}, verify_ct=2, e2e_latency=0.1)
-    spec = meta_info(done, 1, speculative=True)
+    """SGLang's ``TokenizerManager`` adds the ``spec_*`` counters for speculative requests only (3 drafts a pass)."""
+    done = Completion("r", [5], [7, 8, 9, 10], {"type": "length", "length": 4}, verify_ct=2, e2e_latency=0.1,
+                      accepted_drafts=[2, 0])  # fmt: skip
+    spec = meta_info(done, 1, drafts_per_pass=3)
     assert (spec["spec_verify_ct"], spec["spec_accept_length"], spec["cached_tokens"]) == (2, 2.0, 0)
-    plain = meta_info(done, 1, speculative=False)
-    assert not {"spec_verify_ct", "spec_accept_length"} & set(plain)
+    counts = (spec["spec_num_correct_drafts"], spec["spec_num_proposed_drafts"], spec["spec_accept_rate"])
+    assert counts == (2, 6, 2 / 6)
+    assert spec["spec_correct_drafts_histogram"] == [1, 0, 1, 0]  # one pass kept no draft, one kept two
+    plain = meta_info(done, 1, drafts_per_pass=None)
+    assert not {k for k in plain if k.startswith("spec_")}
     no_pass = Completion("r", [5], [], {"type": "abort"}, verify_ct=0, e2e_latency=0.0)
-    assert "spec_verify_ct" not in meta_info(no_pass, 1, speculative=True)
+    assert "spec_verify_ct" not in meta_info(no_pass, 1, drafts_per_pass=3)
