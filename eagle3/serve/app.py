@@ -6,8 +6,8 @@ Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; e
 (bad input, or a rid still in flight), 500 (injected or engine failure) or 503 (queue full, only with
 ``--max-queued-requests``). Request checks and their messages are SGLang's (``eagle3.serve.requests``); the
 conformance test (``tests/unit/serve/test_sglang_conformance.py``) holds both servers to the same answers, and
-DESIGN §5 lists where they still differ and why it does not matter. Streaming uses server-sent events, one
-``data: {...}`` per step with the cumulative text and output ids, then ``data: [DONE]``.
+docs/ARCHITECTURE.md ("The engines") lists where they still differ and why it does not matter. Streaming uses
+server-sent events, one ``data: {...}`` per step with the cumulative text and output ids, then ``data: [DONE]``.
 
 What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
 * A rid that is still in flight is refused with 400 and ``Duplicate request ID detected: <rid>``

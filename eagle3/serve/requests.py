@@ -132,7 +132,7 @@ def check_ids(ids: Any, backend: Any) -> list[int]:
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise BadRequest("input_ids must contain integers only")
     bad = [i for i in ids if not 0 <= i < backend.vocab_size]
-    if bad:  # SGLang 0.5.23 has no such check: its scheduler dies on the embedding lookup (DESIGN §5)
+    if bad:  # SGLang 0.5.23 has no such check: its scheduler dies on the embedding lookup (docs/ARCHITECTURE.md)
         raise BadRequest(f"input_ids has {len(bad)} ids outside the vocabulary [0, {backend.vocab_size}): {bad[:5]}")
     return ids
 
@@ -176,7 +176,7 @@ def parse_generate(body: Any, backend: Any) -> GenerateRequest:
     if body.get("input_ids") is not None and body.get("text") is not None:
         raise BadRequest("give exactly one of input_ids or text")
     if body.get("text") is not None:
-        if not isinstance(body["text"], str) or not body["text"]:  # SGLang 0.5.23's CPU scheduler dies on "" (DESIGN)
+        if not isinstance(body["text"], str) or not body["text"]:  # SGLang 0.5.23's CPU scheduler dies on "" (docs/ARCHITECTURE.md)
             raise BadRequest("text must be a non-empty string (batched text is not served by the reference server)")
         ids = check_ids(backend.encode(body["text"]), backend)
     else:

@@ -2,7 +2,7 @@
 
 Every case the reference server models is sent to both servers, started from one config through the one launcher
 (``build_launch``, engines ``reference`` and ``sglang``); status codes, error bodies, ``meta_info`` keys and greedy
-output ids must agree. Where they still differ on purpose, DESIGN §5 says why it does not matter; such cases are
+output ids must agree. Where they still differ on purpose, docs/ARCHITECTURE.md ("The engines") says why it does not matter; such cases are
 not sent here (an out-of-vocabulary id or an empty prompt kills SGLang 0.5.23's CPU scheduler).
 """
 
