@@ -176,7 +176,7 @@ def parse_generate(body: Any, backend: Any) -> GenerateRequest:
     if body.get("input_ids") is not None and body.get("text") is not None:
         raise BadRequest("give exactly one of input_ids or text")
     if body.get("text") is not None:
-        if not isinstance(body["text"], str) or not body["text"]:  # SGLang 0.5.23's CPU scheduler dies on "" (docs/ARCHITECTURE.md)
+        if not isinstance(body["text"], str) or not body["text"]:  # SGLang's CPU scheduler dies on "" (ARCHITECTURE)
             raise BadRequest("text must be a non-empty string (batched text is not served by the reference server)")
         ids = check_ids(backend.encode(body["text"]), backend)
     else:

@@ -2,8 +2,8 @@
 
 Every case the reference server models is sent to both servers, started from one config through the one launcher
 (``build_launch``, engines ``reference`` and ``sglang``); status codes, error bodies, ``meta_info`` keys and greedy
-output ids must agree. Where they still differ on purpose, docs/ARCHITECTURE.md ("The engines") says why it does not matter; such cases are
-not sent here (an out-of-vocabulary id or an empty prompt kills SGLang 0.5.23's CPU scheduler).
+output ids must agree. Where they still differ on purpose, docs/ARCHITECTURE.md ("The engines") says why it does not
+matter; such cases are not sent here (an out-of-vocabulary id or an empty prompt kills SGLang 0.5.23's CPU scheduler).
 """
 
 from __future__ import annotations
