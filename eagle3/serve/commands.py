@@ -51,8 +51,12 @@ CPU_LAUNCHER = "eagle3.serve.sglang_cpu.launch"
 # shared with everything else on the machine), and the attention backend that drives the ported ops.
 CPU_FLAGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "intel_amx", "--disable-cuda-graph",
                               "--max-total-tokens", "8192")  # fmt: skip
-CPU_ENV: dict[str, str] = {"SGLANG_USE_CPU_ENGINE": "1"}
-REFERENCE_THREADS = 1  # torch intra-op threads of a reference arm (see shared_args)
+# torch intra-op threads of a server on a CPU, both engines: servers up side by side on one shared CPU with torch's
+# default (a thread per core) oversubscribe it as soon as anything else runs, and one arm's throughput swings 10x
+# (measured on the reference server: 8-77 vs 124-135 tok/s with one thread; SGLang's decode attention on a loaded
+# 2-core box: 66 ms a call with two threads, 1.5 ms with one).
+CPU_THREADS = 1
+CPU_ENV: dict[str, str] = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": str(CPU_THREADS)}
 HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}  # SGLang loads a large target and captures CUDA graphs
 
 ALGORITHM_FLAG = "--speculative-algorithm"
@@ -165,9 +169,8 @@ def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) ->
         args += list(server.extra_args)
         if server.device == "cpu":
             args += CPU_FLAGS
-    else:  # arms are up side by side on one shared CPU; torch's default (a thread per core) oversubscribes it as soon
-        # as anything else runs and one arm's throughput swings 10x (measured 8-77 vs 124-135 tok/s with one thread)
-        args += ["--num-threads", str(REFERENCE_THREADS)]
+    else:
+        args += ["--num-threads", str(CPU_THREADS)]
     args += ["--host", host, "--port", str(port)]
     return args
 

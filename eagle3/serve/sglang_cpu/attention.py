@@ -120,11 +120,22 @@ def decode_attention_cpu(
         slots = loc.reshape(-1).long()
         k_buffer[slots] = key.to(k_buffer.dtype)
         v_buffer[slots] = value.to(v_buffer.dtype)
-    rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
-    for i, (row, length) in enumerate(zip(rows, lens, strict=True)):
-        slots = req_to_token[row, :length].long()
-        out = _attend(query[i : i + 1], k_buffer[slots], v_buffer[slots], None, sm_scale, logit_cap)
-        output[i] = out[0].to(output.dtype)
+    # The whole batch at once (a handful of ops per layer, not per request): each request's cached tokens padded to
+    # the longest, the padding masked out.
+    lens = seq_lens.long()
+    width = int(lens.max())
+    visible = torch.arange(width, device=lens.device)[None, :] < lens[:, None]  # [B, W]
+    table = req_to_token[req_pool_indices.long(), :width].long().masked_fill(~visible, 0)  # [B, W] KV slots
+    keys, values = k_buffer[table].float(), v_buffer[table].float()  # [B, W, Hkv, D], [B, W, Hkv, Dv]
+    batch, heads, dim = query.shape
+    groups = heads // keys.shape[2]  # query head h reads key-value head h // groups
+    q = query.float().view(batch, keys.shape[2], groups, dim)  # [B, Hkv, G, D]
+    scores = torch.einsum("bkgd,bwkd->bkgw", q, keys) * sm_scale  # [B, Hkv, G, W]
+    if logit_cap > 0:
+        scores = logit_cap * torch.tanh(scores / logit_cap)
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgw,bwkd->bkgd", scores.softmax(dim=-1), values)  # [B, Hkv, G, Dv]
+    output.copy_(out.reshape(batch, heads, -1).to(output.dtype))
 
 
 def extend_attention_cpu(

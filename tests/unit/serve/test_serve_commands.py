@@ -12,8 +12,13 @@ import pytest
 from eagle3.config import with_overrides
 from eagle3.recipes import load_recipe
 from eagle3.serve.commands import (
+    CPU_ENV,
+    CPU_FLAGS,
+    CPU_LAUNCHER,
     SPECULATIVE_FLAGS,
+    EngineUnavailable,
     build_launch,
+    check_sglang_runtime,
     split_speculative,
     without_address,
 )
@@ -147,3 +152,23 @@ def test_without_address_drops_host_and_port_only():
         "auto",
     ]
 
+
+
+def test_sglang_on_a_cpu_runs_the_projects_launcher_in_its_runtime_with_only_the_cpu_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_SGLANG_PYTHON", str(tmp_path / "rt" / "bin" / "python"))
+    tiny = load_recipe("tiny", [f"root={tmp_path}", "server.engine=sglang"])
+    cpu = build_launch(tiny, "eagle3", draft=tmp_path, port=31000)
+    gpu = build_launch(with_overrides(tiny, ["server.device=cuda"]), "eagle3", draft=tmp_path, port=31000)
+    assert cpu.argv[:3] == [str(tmp_path / "rt" / "bin" / "python"), "-m", CPU_LAUNCHER]
+    assert gpu.argv[:3] == ["python", "-m", "sglang.launch_server"] and gpu.env == {}
+    assert cpu.server_args() == [*gpu.server_args()[: gpu.server_args().index("--host")], *CPU_FLAGS,
+                                 *gpu.server_args()[gpu.server_args().index("--host") :]]  # fmt: skip
+    assert cpu.env == CPU_ENV and cpu.shell().startswith("SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1 ")
+
+
+def test_a_missing_or_wrong_sglang_runtime_is_one_line_saying_how_to_install_it(tmp_path):
+    with pytest.raises(EngineUnavailable, match=r"not found at .*infra/dev.sh sglang") as missing:
+        check_sglang_runtime(tmp_path / "nowhere" / "python")
+    assert "\n" not in str(missing.value)
+    with pytest.raises(EngineUnavailable, match=r"has no SGLang, the CPU runtime needs SGLang 0.5.23: .*dev.sh sglang"):
+        check_sglang_runtime(Path(sys.executable))  # the project's venv: no SGLang in it
