@@ -143,6 +143,13 @@ def check_sglang_runtime(python: Path) -> None:
                                 f"needs SGLang {SGLANG_VERSION}: {install}")  # fmt: skip
 
 
+def check_engine(config: PipelineConfig, engine: str | None = None) -> None:
+    """Raise ``EngineUnavailable`` (one line) when ``engine`` (default ``server.engine``) cannot start here: SGLang on
+    a CPU without the project's runtime. Commands call it before any work, not when the first server starts."""
+    if (engine or config.server.engine) == "sglang" and config.server.device == "cpu":
+        check_sglang_runtime(sglang_runtime_python())
+
+
 def _served_dtype(config: PipelineConfig, engine: str) -> str:
     if config.server.dtype != "auto" or engine == "sglang":
         return config.server.dtype

@@ -53,10 +53,12 @@ def launch_sglang(
     set_: list[str] | None = SetOption,
 ) -> None:
     """Print (or run) the launch command of one arm, generated from config for the pinned SGLang."""
-    from eagle3.serve.commands import build_launch
+    from eagle3.serve.commands import build_launch, check_engine
     from eagle3.serve.launch import LaunchError
 
     cfg = resolve_config(recipe, config, set_)
+    if run:
+        check_engine(cfg, engine)
     if arm == "eagle3" and draft is None:
         draft = _default_draft(cfg.root_path)
     try:
@@ -145,6 +147,10 @@ def gate(
     """Benchmark drafts against the baseline (and the champion) in interleaved rounds; PASS promotes (exit 0), FAIL
     exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
     cfg = resolve_config(recipe, config, set_)
+    if not baseline_url:  # the arms are launched on server.engine
+        from eagle3.serve.commands import check_engine
+
+        check_engine(cfg)
     with prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")), \
             console.status("running the gate (see the Prefect UI for progress)"):  # fmt: skip
         from flows.gate import gate_flow

@@ -46,6 +46,9 @@ def register(app: typer.Typer) -> None:
         """Run the pipeline (discover -> ... -> gate); with the tiny recipe its first task builds (or reuses) the
         tiny world."""
         cfg = resolve_config(recipe, config, set_)  # a config error exits 2 here, before Prefect starts
+        from eagle3.serve.commands import check_engine
+
+        check_engine(cfg)  # so is server.engine=sglang on a CPU without the SGLang runtime
         console.print(f"run root: {cfg.root_path}")
         if cfg.dev.tiny_world:
             console.print("tiny world: built (or reused) by the run's first task, which logs where")

@@ -284,3 +284,16 @@ def test_prefect_log_lines_go_through_the_bars_console_while_it_draws():
         assert "a flow log line" in target.file.getvalue() and handler.console is own
     finally:
         logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "--recipe", "tiny"], ["gate", "--recipe", "tiny", "--draft", "d"],
+     ["launch-sglang", "--arm", "baseline", "--run", "--recipe", "tiny"]],
+)  # fmt: skip
+def test_sglang_on_a_cpu_without_its_runtime_exits_2_in_one_line_before_any_work(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_SGLANG_PYTHON", str(tmp_path / "no-runtime" / "bin" / "python"))
+    result = _invoke(*command, "--set", f"root={tmp_path / 'run'}", "--set", "server.engine=sglang")
+    line = _assert_one_error_line(result)
+    assert "bash infra/dev.sh sglang" in line and "SGLang 0.5.23" in line
+    assert not (tmp_path / "run").exists()  # nothing ran
