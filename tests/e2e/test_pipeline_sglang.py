@@ -1,0 +1,61 @@
+"""`eagle3 run --recipe tiny --set server.engine=sglang`: the whole night with every server real SGLang 0.5.23 on
+this CPU (regen's server, the gate's baseline and EAGLE3 arms), as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from e2e_support import BIN, FAST_TINY, REPO, base_env
+
+from eagle3.bench.accept import ACCEPT_LENGTH_FIELD
+from eagle3.serve.commands import CPU_LAUNCHER
+
+# The night runs in the module's fixture, inside its first test's time: ~15 min on a 2-core box loaded by other work.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.sglang, pytest.mark.timeout(2700)]
+
+MIN_ACCEPT = 2.5  # the tiny night's draft, measured by SGLang itself on the tiny gate prompts
+
+
+@pytest.fixture(scope="module")
+def night(tiny_world: Any, sglang_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("sglang-night")
+    args = [str(BIN / "eagle3"), "run", "--recipe", "tiny"]
+    for override in [f"root={root}", "server.engine=sglang", *FAST_TINY]:
+        args += ["--set", override]
+    env = base_env(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")))
+    done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=2400)
+    return {"root": root, "done": done}
+
+
+def test_the_night_ends_completed_or_inconclusive_never_a_crash(night):
+    done = night["done"]
+    assert done.returncode in (0, 3), done.stderr[-4000:]  # 3: the gate could not tell on a loaded machine
+    assert "Traceback" not in done.stderr and "report" in done.stdout + done.stderr
+
+
+def test_regen_ran_on_sglang_and_wrote_each_sample_once(night):
+    (regen,) = [d for d in (night["root"] / "regen").iterdir() if d.is_dir()]
+    assert (regen / "sglang-server.log").exists() and not (regen / "reference-server.log").exists()
+    ids = [sid for p in sorted(regen.glob("shard-*.parquet"))
+           for sid in pq.read_table(p, columns=["sample_id"]).column("sample_id").to_pylist()]  # fmt: skip
+    assert ids and max(Counter(ids).values()) == 1
+
+
+def test_the_gate_measured_real_sglang_arms_with_sglangs_own_accept_counters(night):
+    (gate,) = [d for d in (night["root"] / "gate").iterdir() if d.is_dir()]
+    report = json.loads((gate / "report.json").read_text())
+    arms = {arm["role"]: arm for arm in report["arms"]}
+    assert {"baseline", "candidate"} <= set(arms)
+    assert all(CPU_LAUNCHER in arm["launch_used"] for arm in arms.values())
+    levels = arms["candidate"]["levels"]
+    assert levels and all(lv["accept_source"] == ACCEPT_LENGTH_FIELD for lv in levels)
+    assert all({"spec_num_correct_drafts", "spec_correct_drafts_histogram"} <= set(lv["accept_fields"])
+               for lv in levels)  # fmt: skip
+    assert min(lv["accept_length"] for lv in levels) >= MIN_ACCEPT, levels
+    assert "spec_accept_length" in (gate / "report.md").read_text()
