@@ -30,6 +30,7 @@ disk. The config crosses every boundary as the validated ``PipelineConfig``; a s
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -227,6 +228,11 @@ class Stage(ABC, Generic[P]):
     def unit_output(self, plan: P, unit: Unit) -> Path | None:
         return None
 
+    def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
+        """What a unit imports on first use from libraries that import lazily, as "module" or "module:name":
+        imported once before any unit starts (``import_for_units``), since units starting together race for them."""
+        return ()
+
     def max_in_flight(self, config: PipelineConfig) -> int | None:
         """Units running at once (None: as many as the task runner runs)."""
         return None
@@ -297,6 +303,22 @@ def recorded_result(stage: Stage[P], plan: P) -> StageResult | None:
     return StageResult.model_validate_json(path.read_text())
 
 
+def import_for_units(stage: Stage[Any], config: PipelineConfig) -> None:
+    """Import ``stage.unit_imports(config)`` on this thread, before the units start on theirs (both runners call
+    it).
+
+    transformers resolves its names lazily, importing a submodule at a name's first use, and two threads doing that
+    at once in a fresh process fail: one gets ``ImportError: cannot import name 'AutoTokenizer' from
+    'transformers'`` while the other still initialises the package (issue 41: 4 of 5 fresh two-shard captures, at
+    the template hash each shard starts with; a retry hid it unless the retry raced too). Once imported here, the
+    units find every name already resolved."""
+    for name in stage.unit_imports(config):
+        module, _, attribute = name.partition(":")
+        imported = importlib.import_module(module)
+        if attribute:
+            getattr(imported, attribute)
+
+
 def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Run a stage in this process without Prefect (``python -m``, benchmarks, tests): the same contract the flows
     drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths; a plan
@@ -310,6 +332,7 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
     reports: list[UnitReport] = []
     failed: list[Unit] = []
     causes: dict[str, str] = {}
+    import_for_units(stage, config)
     with stage.resources(config, plan) as env, ThreadPoolExecutor(stage.max_in_flight(config) or 1) as pool:
         futures = {pool.submit(stage.run_unit, config, plan, unit, env=env): unit for unit in plan.units}
         for future in as_completed(futures):

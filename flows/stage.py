@@ -22,7 +22,18 @@ from prefect.exceptions import ObjectNotFound
 from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config import PipelineConfig
-from eagle3.stage import Plan, Progress, Stage, StageResult, Unit, UnitReport, recorded_result, result_path, unit_error
+from eagle3.stage import (
+    Plan,
+    Progress,
+    Stage,
+    StageResult,
+    Unit,
+    UnitReport,
+    import_for_units,
+    recorded_result,
+    result_path,
+    unit_error,
+)
 from flows.runners import shard_runner
 from tasks.monitor import RootRun, StageMonitor, UnitBoard
 from tasks.stage import existing_limits, run_logger, stage_tasks
@@ -42,6 +53,7 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
                           result_path(plan).name)  # fmt: skip
         return recorded
     limits = existing_limits(stage.concurrency_limits(config))
+    import_for_units(stage, config)  # here, not in units that start together: lazy imports race (eagle3.stage)
     with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
         watch = Watch(stage, plan, config, env)
         reports, failed, causes = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,

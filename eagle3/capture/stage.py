@@ -107,6 +107,11 @@ class CaptureStage(Stage[CapturePlan]):
     def max_in_flight(self, config: PipelineConfig) -> int | None:
         return config.capture.shards_in_flight
 
+    def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
+        """Each shard's footer hashes the chat template of AutoTokenizer's tokenizer; the hf backend loads the
+        model (once, shared)."""
+        return "transformers:AutoTokenizer", "transformers:AutoModelForCausalLM"
+
     def run_unit(
         self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,

@@ -20,6 +20,7 @@ from eagle3.config import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint, check_sources, load_catalog, write_catalog
 from eagle3.data.normalize import mix_lines, normalize_source, prompts_fingerprint, source_counts, spill_counts_path
 from eagle3.data.shard import build_prompt_shards, summary_markdown
+from eagle3.data.template import tokenizer_imports
 from eagle3.layout import find_input, stage_dir, write_failed_shards
 from eagle3.runroot import MANIFEST, Manifest
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
@@ -104,6 +105,10 @@ class NormalizeStage(Stage[NormalizePlan]):
         report = None if on_progress is None else (lambda taken: on_progress(taken, 0))
         counts = normalize_source(config, source, plan.catalog_dir, plan.out_dir, on_progress=report)
         return UnitReport(unit=unit, skipped=skipped, rows=counts["kept"], detail=counts)
+
+    def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
+        """Each source's too_long check tokenizes with the target's tokenizer (``normalize.target_tokenizer``)."""
+        return tokenizer_imports(config.target.model_path, local=config.target.revision is None)
 
     def unit_output(self, plan: NormalizePlan, unit: Unit) -> Path:
         """The source's rows are on disk: its spill's ``counts.json``, or the finished stage's manifest (finalize

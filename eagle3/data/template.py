@@ -36,16 +36,30 @@ class Rendered:
 _PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
+def _plain_local(path: Path | str) -> bool:
+    """Whether ``path`` is a local model directory whose config names the plain fast tokenizer (the class
+    AutoTokenizer would pick) and no custom code."""
+    config = Path(path) / "tokenizer_config.json"
+    declared = json.loads(config.read_text()) if config.is_file() else {}
+    return declared.get("tokenizer_class") in _PLAIN_FAST and "auto_map" not in declared
+
+
 def load_local_tokenizer(path: Path | str) -> Any | None:
     """The tokenizer of a local model directory whose config names the plain fast tokenizer (the class AutoTokenizer
     would pick), loaded without AutoTokenizer; None for anything else (a Hub id, custom code, another class)."""
-    config = Path(path) / "tokenizer_config.json"
-    declared = json.loads(config.read_text()) if config.is_file() else {}
-    if declared.get("tokenizer_class") not in _PLAIN_FAST or "auto_map" in declared:
+    if not _plain_local(path):
         return None
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def tokenizer_imports(path: Path | str, *, local: bool = True) -> tuple[str, ...]:
+    """What loading the tokenizer of ``path`` imports from transformers (``Stage.unit_imports``): the plain fast
+    class for a plain local one (``local``: when the caller tries ``load_local_tokenizer`` first), else
+    AutoTokenizer."""
+    plain = local and _plain_local(path)
+    return ("transformers:PreTrainedTokenizerFast",) if plain else ("transformers:AutoTokenizer",)
 
 
 def template_hash(tokenizer: Any) -> str:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from eagle3.config import PipelineConfig, with_overrides
 from eagle3.data.parquet import shard_is_valid
+from eagle3.data.template import tokenizer_imports
 from eagle3.layout import shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
@@ -85,6 +86,9 @@ class RegenStage(Stage[RegenPlan]):
 
     def max_in_flight(self, config: PipelineConfig) -> int:
         return config.regen.shards_in_flight
+
+    def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
+        return tokenizer_imports(config.target.model_path)  # each shard renders with the target's tokenizer
 
     def concurrency_limits(self, config: PipelineConfig) -> list[str]:
         return server_limit_names(config.regen.servers)
