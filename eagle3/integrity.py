@@ -82,7 +82,14 @@ def checked_read(path: Path, *, rebuild: str, row_group: int | None = None) -> I
         yield
     except (OSError, pa.ArrowInvalid) as exc:
         where = path if row_group is None else f"{path} row group {row_group}"
-        raise _refusal([f"{where}: does not read back ({exc})"], rebuild) from exc
+        raise _refusal([f"{where}: does not read back ({_one_line(exc)})"], rebuild) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """Arrow's error as one printable line: a damaged page header's message spans lines and quotes the raw byte it
+    could not parse ("don't know what type: \\x0f"), which would cut the refusal's one ``error:`` line."""
+    text = " ".join(str(exc).split())
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def _listed(paths: Sequence[Path]) -> list[tuple[Path, FileEntry]]:

@@ -86,12 +86,15 @@ class StageResult(Frozen):
     markdown: str = ""
     description: str = ""  # a one-line verdict for the artifacts' descriptions (the gate's PASS/FAIL, the curve's)
 
-    def raise_for_failed(self, causes: Mapping[str, str] | None = None) -> StageResult:
+    def raise_for_failed(self, causes: Mapping[str, UnitFailure] | None = None) -> StageResult:
         """The one failure policy: a stage with failed units fails, after finalize recorded them (and after the
         caller published the table), with the re-trigger command and each unit's error (``causes``, by
-        ``str(unit)``); otherwise returns itself."""
+        ``str(unit)``): ``UnitsDamaged`` when one of them read damaged input, else ``UnitsFailed``; otherwise
+        returns itself."""
         if self.failed:
-            raise UnitsFailed(self.stage, self.out_dir, self.failed, self.retrigger, causes=causes)
+            damaged = any(cause.damaged for cause in (causes or {}).values())
+            raise (UnitsDamaged if damaged else UnitsFailed)(self.stage, self.out_dir, self.failed, self.retrigger,
+                                                             causes=causes)  # fmt: skip
         return self
 
 
@@ -181,20 +184,47 @@ class RateWindow:
                                            "tokens_per_s": max(progress.tokens - tokens0, 0) / span})  # fmt: skip
 
 
+class UnitFailure(Frozen):
+    """How a unit failed, as the stage's failure line ends with it (``unit_failure``). ``damaged``: its error is a
+    ``DataError``, so running it again fails the same way until its input is rebuilt."""
+
+    message: str
+    damaged: bool = False
+
+
+def unit_failure(exc: BaseException) -> UnitFailure:
+    """A unit's error: its message's first line, after its type unless it is a ``DataError`` (whose message is the
+    whole story: the file, what is wrong, the fix)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, DataError):
+        return UnitFailure(message=first, damaged=True)
+    return UnitFailure(message=f"{type(exc).__name__}: {first}")
+
+
 class UnitsFailed(RuntimeError):
     """The one failure policy: the stage ran every other unit, recorded the failed ones (``failed_shards.json``),
     wrote no manifest, and says how to re-run just those."""
 
     def __init__(
         self, stage: str, out_dir: Path | str, units: Sequence[Unit], retrigger: str, *,
-        causes: Mapping[str, str] | None = None,
+        causes: Mapping[str, UnitFailure] | None = None,
     ) -> None:  # fmt: skip
         self.stage, self.out_dir, self.units = stage, Path(out_dir), sorted(set(units), key=str)
+        causes = {str(unit): causes[str(unit)] for unit in self.units if str(unit) in (causes or {})}
         record = self.out_dir / FAILED_SHARDS_FILE
+        damaged = [unit for unit in self.units if str(unit) in causes and causes[str(unit)].damaged]
+        # re-running a unit that read damaged input fails again: its error's fix comes first
+        rerun = (f"Units {damaged} read damaged input: rebuild it as said below, then re-run only the failed units: "
+                 f"{retrigger}." if damaged else f"Re-run only those: {retrigger}.")  # fmt: skip
         # the units' own errors come last: the one line a user reads ends with what is wrong and how to fix it
-        why = "".join(f" {stage} {unit}: {causes[str(unit)]}" for unit in self.units if str(unit) in (causes or {}))
-        super().__init__(f"{stage} failed for units {self.units} (recorded in {record}); the others are done. "
-                         f"Re-run only those: {retrigger}.{why}")
+        why = "".join(f" {stage} {unit}: {cause.message}" for unit, cause in causes.items())
+        done = f"{stage} failed for units {self.units} (recorded in {record}); the others are done."
+        super().__init__(f"{done} {rerun}{why}")
+
+
+class UnitsDamaged(UnitsFailed, DataError):
+    """Units failed because their input is damaged (a ``DataError``, whatever else ran fine): a data error for the
+    exit-code table (2), and a re-run of the stage alone fails again; the message says what to rebuild."""
 
 
 P = TypeVar("P", bound=Plan)
@@ -331,7 +361,7 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
         return recorded
     reports: list[UnitReport] = []
     failed: list[Unit] = []
-    causes: dict[str, str] = {}
+    causes: dict[str, UnitFailure] = {}
     import_for_units(stage, config)
     with stage.resources(config, plan) as env, ThreadPoolExecutor(stage.max_in_flight(config) or 1) as pool:
         futures = {pool.submit(stage.run_unit, config, plan, unit, env=env): unit for unit in plan.units}
@@ -341,14 +371,7 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
             except Exception as exc:  # the failure policy: the other units go on; finalize records it, then we raise
                 logger.exception("%s %s %s failed", stage.name, stage.unit_name, futures[future])
                 failed.append(futures[future])
-                causes[str(futures[future])] = unit_error(exc)
+                causes[str(futures[future])] = unit_failure(exc)
     result = stage.finalize(config, plan, reports, failed)
     record_result(plan, result)
     return result.raise_for_failed(causes)
-
-
-def unit_error(exc: BaseException) -> str:
-    """A unit's error as it ends the stage's failure line: its type unless it is a ``DataError`` (whose message is
-    the whole story), its message's first line."""
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return first if isinstance(exc, DataError) else f"{type(exc).__name__}: {first}"

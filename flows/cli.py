@@ -16,7 +16,7 @@ import os
 
 import typer
 
-from flows.commands.common import ErrorHandlingGroup
+from flows.commands.common import ErrorHandlingGroup, console_tracebacks_for_bugs_only
 
 COMMAND_MODULES: tuple[str, ...] = (
     "flows.commands.config",
@@ -41,7 +41,9 @@ app = typer.Typer(
 
 
 @app.callback()
-def global_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+def global_options(
+    ctx: typer.Context, verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")
+) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     logging.basicConfig(
@@ -51,6 +53,7 @@ def global_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="
     )
     if not verbose:  # one INFO line per HTTP request (Prefect's API, the regen servers) drowns the stage logs
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        ctx.with_resource(console_tracebacks_for_bugs_only())  # an expected failure: one error line, as below
 
 
 for _module in COMMAND_MODULES:

@@ -28,11 +28,12 @@ from eagle3.stage import (
     Stage,
     StageResult,
     Unit,
+    UnitFailure,
     UnitReport,
     import_for_units,
     recorded_result,
     result_path,
-    unit_error,
+    unit_failure,
 )
 from flows.runners import shard_runner
 from tasks.monitor import RootRun, StageMonitor, UnitBoard
@@ -151,13 +152,13 @@ def retrigger_commands(
 
 def _run_units(
     submit: Callable[[Unit], PrefectFuture[UnitReport]], units: list[Unit], *, in_flight: int | None, watch: Watch,
-) -> tuple[list[UnitReport], list[Unit], dict[str, str]]:  # fmt: skip
+) -> tuple[list[UnitReport], list[Unit], dict[str, UnitFailure]]:  # fmt: skip
     """Submit units (at most ``in_flight`` running), wait for all; (reports of completed units, failed units, their
     errors by ``str(unit)``)."""
     running: dict[PrefectFuture[UnitReport], Unit] = {}
     reports: list[UnitReport] = []
     failed: list[Unit] = []
-    causes: dict[str, str] = {}
+    causes: dict[str, UnitFailure] = {}
     while units or running:
         while units and (in_flight is None or len(running) < in_flight):
             unit = units.pop(0)
@@ -176,6 +177,6 @@ def _run_units(
         else:
             failed.append(unit)
             if isinstance(value, BaseException):
-                causes[str(unit)] = unit_error(value)
+                causes[str(unit)] = unit_failure(value)
             watch.finished(unit, value if isinstance(value, BaseException) else RuntimeError(future.state.message))
     return reports, failed, causes

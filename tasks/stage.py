@@ -28,7 +28,7 @@ from prefect.states import State
 from eagle3.config import PipelineConfig
 from eagle3.errors import DataError, Stopped
 from eagle3.lineage import Lineage
-from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, record_result
+from eagle3.stage import Plan, Stage, StageResult, Unit, UnitFailure, UnitReport, record_result
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
 
 
@@ -117,7 +117,7 @@ def unit_task(
 @task(name="finalize", cache_policy=NO_CACHE)
 def finalize_task(
     stage: Stage[Any], config: PipelineConfig, plan: Plan, reports: list[UnitReport], failed: list[Unit],
-    causes: dict[str, str] | None = None,
+    causes: dict[str, UnitFailure] | None = None,
 ) -> StageResult:
     """Finalize (manifest when complete), record a successful result (a re-run of this plan reads it back), publish
     the unit table and the summary, then apply the failure policy (``causes``: the failed units' errors, which end its

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import sys
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -13,6 +14,8 @@ from eagle3.serve.app import build_app
 from eagle3.serve.args import parse_args
 
 logger = logging.getLogger(__name__)
+
+USAGE_EXIT = 2  # argparse's code for bad usage; a taken port is one too
 
 
 def make_backend(args: argparse.Namespace) -> object:
@@ -26,14 +29,16 @@ def make_backend(args: argparse.Namespace) -> object:
 
 
 def _check_port_free(host: str, port: int) -> None:
-    """Exit with one line (code 1) when ``host:port`` cannot be bound, e.g. another server already listens there."""
+    """Exit with one line (code 2, bad usage, as argparse's own errors) when ``host:port`` cannot be bound, e.g.
+    another server already listens there."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is no conflict
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise SystemExit(f"error: cannot listen on {host}:{port} ({exc.strerror}): another server uses the port;"
-                             " stop it or pass --port") from None
+            print(f"error: cannot listen on {host}:{port} ({exc.strerror}): another server uses the port; stop it or "
+                  "pass --port", file=sys.stderr)  # fmt: skip
+            raise SystemExit(USAGE_EXIT) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

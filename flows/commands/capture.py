@@ -10,14 +10,13 @@ import typer
 
 from eagle3.stage import Progress
 from flows.commands.common import (
-    EXIT_FAILED,
-    CliError,
     ConfigOption,
     Poll,
     RecipeOption,
     SetOption,
     bad_input,
     console,
+    flow_result,
     prefect_api,
     print_table,
     resolve_config,
@@ -62,9 +61,7 @@ def register(app: typer.Typer) -> None:
             from flows.capture import capture_flow
 
             state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
-        if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
-            raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
-        typer.echo(f"features: {state.result()}")
+        typer.echo(f"features: {flow_result(state)}")  # failed shards: their list and the re-trigger command
 
     @app.command("vocab")
     def vocab(

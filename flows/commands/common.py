@@ -22,18 +22,23 @@ Exit codes, the same for every command:
 * ``2`` (``EXIT_USAGE``): bad usage, config or input (a ``ConfigError``, a missing or unfinished input directory,
   a file that is not what it should be: an ``eagle3.errors.DataError`` such as an empty, cut-short, UTF-16 or
   not-JSON source, or a feature shard that differs from its manifest). A data error inside a stage fails its unit
-  without Prefect retries; the stage then exits ``1`` with a line that ends with that unit's message.
-* ``eagle3 serve`` (argparse, like SGLang's launcher): ``2`` for a bad flag or a missing ``--model`` directory,
-  ``1`` when the port is taken; one line either way.
+  without Prefect retries; the stage then fails with ``eagle3.stage.UnitsDamaged``, a ``DataError`` too (exit
+  ``2``, whatever the other units did), whose line ends with that unit's message.
+* ``eagle3 serve`` (argparse, like SGLang's launcher): ``2`` for a bad flag, a missing ``--model`` directory or a
+  port already in use; one line either way.
 * ``3`` (``EXIT_INCONCLUSIVE``): ``eagle3 gate`` could not tell, noise or a failed sanity check; nothing promoted.
 
 An expected failure prints one ``error: <message>`` line on stderr and no traceback (``--verbose`` logs it):
 commands raise ``CliError`` (or let the library's input and config errors propagate) and ``ErrorHandlingGroup``,
 the root command's class, turns them into that line and the code. Anything else is a bug and keeps its traceback.
+A command that runs a flow reads the flow's failure back from its state (``flow_result``), so the same table
+applies; and Prefect's log records of an expected failure (a unit's data error, the stage's ``UnitsFailed``) keep
+their tracebacks for the Prefect UI but print without them on the console (``console_tracebacks_for_bugs_only``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -98,6 +103,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.serve.launch", "LaunchError", EXIT_FAILED),
     ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
     ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors
+    ("eagle3.regen.shard", "ShardFailed", EXIT_FAILED),  # no server answered (a unit's error: its stage fails)
 )
 
 
@@ -128,6 +134,52 @@ class ErrorHandlingGroup(TyperGroup):
             logger.debug("expected failure, exit %d", code, exc_info=True)
             typer.echo(f"{click.style('error:', fg='red')} {exc}", err=True)
             raise typer.Exit(code) from None
+
+
+class _WithoutExpectedTracebacks(logging.Formatter):
+    """A console handler's formatter that prints a record whose exception is an expected failure (the exit-code
+    table) without its traceback, and every other record as ``inner`` does."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, Exception) and exit_code_for(error) is not None:
+            record = copy.copy(record)  # the record's other handlers (Prefect's API: the UI) keep the traceback
+            record.exc_info, record.exc_text = None, None
+        return self.inner.format(record)
+
+
+@contextmanager
+def console_tracebacks_for_bugs_only() -> Iterator[None]:
+    """For the block, the root logger's handlers (the console: a command's own, or Prefect's) print an expected
+    failure's record without its traceback: Prefect logs a failed task or flow run with its exception's traceback
+    (a unit's ``DataError``, a stage's ``UnitsFailed``: two to four of them above the one ``error:`` line of a
+    damaged shard). Its other handlers, Prefect's API among them, keep the record whole; a bug keeps its traceback
+    everywhere."""
+    handlers = [h for h in logging.getLogger().handlers if not isinstance(h.formatter, _WithoutExpectedTracebacks)]
+    saved = [handler.formatter for handler in handlers]
+    for handler in handlers:
+        handler.setFormatter(_WithoutExpectedTracebacks(handler.formatter))
+    try:
+        yield
+    finally:
+        for handler, formatter in zip(handlers, saved, strict=True):
+            handler.setFormatter(formatter)  # type: ignore[arg-type]
+
+
+def flow_result(state: Any) -> Any:
+    """The result of a flow run a command ran (``return_state=True``), or its failure as the command's: the
+    exception the flow raised when it is an expected one (its exit code and one line, e.g. ``UnitsDamaged``: 2),
+    else the state's name and message (exit 1; a bug's traceback is in the flow's log above)."""
+    if state.is_completed():
+        return state.result()
+    raised = state.result(raise_on_failure=False)
+    if isinstance(raised, Exception) and exit_code_for(raised) is not None:
+        raise raised
+    raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
 
 
 @contextmanager

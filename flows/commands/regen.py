@@ -16,14 +16,13 @@ import typer
 from eagle3.config import PipelineConfig
 from eagle3.stage import Progress
 from flows.commands.common import (
-    EXIT_FAILED,
-    CliError,
     ConfigOption,
     JsonOption,
     Poll,
     RecipeOption,
     SetOption,
     console,
+    flow_result,
     prefect_api,
     print_json,
     resolve_config,
@@ -75,9 +74,7 @@ def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path 
         from flows.regen import regen_flow
 
         state = regen_flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True)
-    if not state.is_completed():  # failed shards: the message has the list and the re-trigger command
-        raise CliError(f"{state.name}: {state.message}", code=EXIT_FAILED)
-    summary = state.result()
+    summary = flow_result(state)  # failed shards: their list and the re-trigger command
     typer.echo(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
     return summary
 

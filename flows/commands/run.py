@@ -4,7 +4,8 @@ The flow runs against ``PREFECT_API_URL`` when it is set (the run shows up in th
 temporary API server the command starts and stops (``flows.commands.common.prefect_api``, the policy of every command
 that runs a flow). Killing the command at any point and running it again resumes: finished stages are skipped
 from their manifests, running shards resume from their journals. Exit code 0 when the gate passes, 1 when it
-refuses the draft (the report path is printed either way), 2 on a config error.
+refuses the draft (the report path is printed either way) or a stage fails, 2 on a config error or damaged input,
+3 when the gate is inconclusive.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 import typer
 
 from flows.commands.common import (
-    EXIT_FAILED,
     EXIT_INCONCLUSIVE,
     CliError,
     ConfigOption,
     RecipeOption,
     SetOption,
     console,
+    flow_result,
     prefect_api,
     resolve_config,
     results,
@@ -68,13 +69,12 @@ def register(app: typer.Typer) -> None:
 
 def _report(state: object) -> None:
     """Print where the gate report and the scaling curve are (stdout), or fail: exit 3 for an inconclusive gate (as
-    ``eagle3 gate``), 1 for a refused draft or a failed stage."""
+    ``eagle3 gate``), 1 for a refused draft or a failed stage, 2 for a stage that met damaged input."""
     from prefect.states import State
 
     assert isinstance(state, State)
-    if not state.is_completed():
-        code = EXIT_INCONCLUSIVE if state.name == "Inconclusive" else EXIT_FAILED
-        raise CliError(f"{state.name}: {state.message}", code=code)
-    summary = state.result()
+    if state.name == "Inconclusive":
+        raise CliError(f"{state.name}: {state.message}", code=EXIT_INCONCLUSIVE)
+    summary = flow_result(state)  # a refused draft or a failed stage: exit 1, damaged input 2
     results.print(f"[green]gate passed[/green]: report {summary['gate']['markdown']}")
     results.print(f"scaling curve: {summary['curve']['curve']} ({summary['curve']['verdict']})")

@@ -105,14 +105,18 @@ def test_vocab_export_and_train_agree_that_missing_input_is_exit_2(root_override
     assert "features" in _assert_one_error_line(_invoke("train", "--set", root_override))
 
 
-def test_data_errors_exit_2_and_failed_units_exit_1():
+def test_data_errors_and_units_failed_on_damaged_input_exit_2_and_other_failed_units_exit_1():
     from eagle3.data.discover import DiscoveryError
     from eagle3.errors import DataError
-    from eagle3.stage import UnitsFailed
+    from eagle3.regen.shard import ShardFailed
+    from eagle3.stage import UnitFailure, UnitsDamaged, UnitsFailed
 
     assert exit_code_for(DataError("damaged shard")) == EXIT_USAGE
     assert exit_code_for(DiscoveryError("empty file")) == EXIT_USAGE
     assert exit_code_for(UnitsFailed("train", "/run", [0], "eagle3 train")) == EXIT_FAILED
+    damaged = {"0": UnitFailure(message="x.parquet: sha256 differs", damaged=True)}
+    assert exit_code_for(UnitsDamaged("capture", "/run", [0, 1], "eagle3 capture", causes=damaged)) == EXIT_USAGE
+    assert exit_code_for(ShardFailed(0, "no server healthy for 300s")) == EXIT_FAILED
 
 
 def test_a_server_that_is_not_a_url_is_refused_at_load_in_one_line():
@@ -128,7 +132,7 @@ def test_serve_with_a_missing_model_dir_exits_2_in_one_line():
     assert "--model /nonexistent: no such model directory" in line
 
 
-def test_serve_on_a_taken_port_exits_1_in_one_line_before_loading_anything():
+def test_serve_on_a_taken_port_is_bad_usage_exit_2_in_one_line_before_loading_anything():
     import socket
 
     with socket.socket() as taken:
@@ -136,9 +140,9 @@ def test_serve_on_a_taken_port_exits_1_in_one_line_before_loading_anything():
         taken.listen()
         port = taken.getsockname()[1]
         result = _invoke("serve", "--synthetic-tokens", "4", "--host", "127.0.0.1", "--port", str(port))
-    assert result.exit_code == EXIT_FAILED and "Traceback" not in result.output
+    assert result.exit_code == EXIT_USAGE and "Traceback" not in result.output
     (line,) = result.output.strip().splitlines()
-    assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
+    assert line.startswith("error: ") and f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
 
 
 def test_a_click_usage_error_is_also_exit_2():

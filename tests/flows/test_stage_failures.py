@@ -56,6 +56,24 @@ def test_data_error_is_not_retried_and_ends_the_stage_failure_line(tiny_config, 
                                        "Fix: rebuild it")
 
 
+def test_a_unit_on_damaged_input_fails_the_stage_as_a_data_error_whose_fix_comes_before_the_re_run(
+    tiny_config, tmp_path
+):
+    """Unit 0 read damaged input, unit 1 ran fine: the stage's error is a data error (exit 2), and it does not
+    offer the plain re-run first (it would read the same damaged file again) but the unit's fix, then the re-run."""
+    from eagle3.stage import UnitsDamaged, run_stage
+    from flows.commands.common import EXIT_USAGE, exit_code_for
+
+    with pytest.raises(UnitsFailed) as failure:
+        run_stage(DamagedInputStage(), tiny_config, out_dir=tmp_path)
+    assert isinstance(failure.value, UnitsDamaged) and isinstance(failure.value, DataError)
+    assert exit_code_for(failure.value) == EXIT_USAGE
+    message = str(failure.value)
+    fix_first = "Units [0] read damaged input: rebuild it as said below, then re-run only the failed units: eagle3 toy"
+    assert "Re-run only those" not in message and fix_first in message
+    assert message.endswith("toy 0: /data/shard-00000.parquet: sha256 differs from the manifest. Fix: rebuild it")
+
+
 def test_infrastructure_errors_are_still_retried_but_data_errors_and_stops_are_not():
     assert retry_unless_data_error_or_stopped(None, None, Failed(data=ConnectionError("server went away")))
     assert not retry_unless_data_error_or_stopped(None, None, Failed(data=DataError("damaged")))

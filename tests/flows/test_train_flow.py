@@ -28,7 +28,7 @@ def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, write_regen_st
 
 
 @pytest.mark.slow
-def test_train_on_a_damaged_feature_shard_fails_once_naming_it_last_and_exports_nothing(
+def test_train_on_a_damaged_feature_shard_exits_2_once_naming_it_and_its_fix_last_and_exports_nothing(
     tiny_config, write_regen_stage, tmp_path, prefect_harness, caplog
 ):
     import logging
@@ -38,7 +38,7 @@ def test_train_on_a_damaged_feature_shard_fails_once_naming_it_last_and_exports_
 
     from eagle3.capture.schema import FEATURE_SCHEMA
     from flows.cli import app
-    from flows.commands.common import EXIT_FAILED
+    from flows.commands.common import EXIT_USAGE
 
     root = f"root={tmp_path / 'root'}"
     config = with_overrides(tiny_config, [root, *TRAIN_OVERRIDES])
@@ -53,10 +53,13 @@ def test_train_on_a_damaged_feature_shard_fails_once_naming_it_last_and_exports_
     caplog.set_level(logging.INFO, logger="eagle3")
     sets = [arg for item in [root, *TRAIN_OVERRIDES] for arg in ("--set", item)]
     result = CliRunner().invoke(app, ["train", "--features", features, "--vocab", vocab, *sets])
-    assert result.exit_code == EXIT_FAILED, result.output
+    assert result.exit_code == EXIT_USAGE, result.output  # damaged input: a data error
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: train failed") and "Traceback" not in last
     assert f"{shard} row group 0: does not read back" in last  # the writer's footer hash listed: pages are checked
+    # the fix that works comes first: a plain re-run of train would read the same damaged shard again
+    assert "Re-run only those" not in last and "read damaged input: rebuild it as said below, then re-run" in last
+    assert last.endswith("Fix: delete the damaged file(s), then run `eagle3 capture` to rebuild them")
     starts = [r for r in caplog.records if r.name == "eagle3.train.stage" and r.getMessage().startswith("starting:")]
     assert len(starts) == 1  # a data error is not retried
     assert not list((tmp_path / "root" / "drafts").glob("*/export"))
