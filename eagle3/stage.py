@@ -114,6 +114,9 @@ class Progress(Frozen):
     unit: str = "samples"
     per_s: float | None = None  # ``unit`` per second, this run's work over the recent window
     tokens_per_s: float | None = None
+    # what the work waits for while nothing is served ("waiting for servers for 9s (fails at 300s)"): no rate and no
+    # ETA meanwhile, whatever ``done`` does (regen's pre-tokenized samples need no server and still count)
+    waiting: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -128,6 +131,8 @@ class Progress(Frozen):
     def eta_s(self) -> float | None:
         if self.finished:
             return 0.0
+        if self.waiting:
+            return None
         return (self.total - self.done) / self.per_s if self.per_s else None
 
     @property
@@ -142,11 +147,15 @@ class Progress(Frozen):
         return self.model_copy(update={"done": max(self.done, self.total)})
 
     def describe(self) -> str:
-        """One line: "62.5% - 125/200 samples - 1.30 samples/s, 420 tok/s - ETA 31 h 12 min"."""
+        """One line: "62.5% - 125/200 samples - 1.30 samples/s, 420 tok/s - ETA 31 h 12 min", or while nothing is
+        served "62.5% - 125/200 samples - waiting for servers for 9s (fails at 300s)"."""
+        head = f"{self.percent:.1f}% - {self.done:,}/{self.total:,} {self.unit}"
+        if self.waiting and not self.finished:
+            return f"{head} - {self.waiting}"
         rate = "rate unknown" if self.per_s is None else f"{self.per_s:,.2f} {self.unit}/s"
         if self.tokens_per_s:
             rate += f", {self.tokens_per_s:,.0f} tok/s"
-        return f"{self.percent:.1f}% - {self.done:,}/{self.total:,} {self.unit} - {rate} - ETA {self.eta}"
+        return f"{head} - {rate} - ETA {self.eta}"
 
 
 def human_duration(seconds: float) -> str:
@@ -173,6 +182,8 @@ class RateWindow:
     def observe(self, progress: Progress) -> Progress:
         """``progress`` with ``per_s`` and ``tokens_per_s`` measured up to now."""
         now = self._clock()
+        if progress.waiting:  # nothing is served: the rate starts again from the last reading of the wait
+            self._points.clear()
         self._points.append((now, progress.done, progress.tokens))
         while len(self._points) > 2 and self._points[1][0] <= now - self.window_s:
             self._points.popleft()  # keep one reading at or before the window's start: the span covers the window

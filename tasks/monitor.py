@@ -130,6 +130,8 @@ def status_line(stage: str, progress: Progress, board: UnitBoard | None, health:
 
 
 def _rates(progress: Progress) -> str:
+    if progress.waiting and not progress.finished:
+        return progress.waiting
     if progress.per_s is None:
         return "rate unknown yet"
     text = f"{progress.per_s:,.2f} {progress.unit}/s"

@@ -43,8 +43,11 @@ class RegenStatus:
 
     @property
     def progress(self) -> Progress:
+        """While a shard waits for servers: "waiting for servers for 9s (fails at 300s)" instead of a rate and an
+        ETA (pre-tokenized samples, which need no request, still finish and would make one up)."""
+        waiting = self.waiting_for_servers.split(":", 1)[0] if self.waiting_for_servers else None
         return Progress(done=self.done, total=self.total, tokens=self.tokens, per_s=self.samples_per_s,
-                        tokens_per_s=self.tokens_per_s)  # fmt: skip
+                        tokens_per_s=self.tokens_per_s, waiting=waiting)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         progress = self.progress

@@ -42,8 +42,6 @@ def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
             status = regen_status(regen_dir, shard_ids=shard_ids)
         except StageInputError:
             return None  # the flow has not written plan.json yet
-        if status.waiting_for_servers:  # "waiting for servers for 9s (fails at 300s)", the servers left out
-            return status.progress, status.waiting_for_servers.split(":", 1)[0]
         return status.progress, f"failed shards {status.failed_shards}" if status.failed_shards else ""
 
     return poll

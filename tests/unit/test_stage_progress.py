@@ -43,3 +43,40 @@ def test_regen_status_counts_the_shards_the_run_planned_not_the_whole_pool(tmp_p
     assert (status.done, status.total, status.shards_total) == (8, 8, 2)
     assert status.progress.percent == 100.0 and status.to_dict()["eta"] == "done"
     assert regen_status(regen, shard_ids=[1]).total == 4
+
+
+def test_while_no_server_is_healthy_the_progress_says_waiting_for_servers_and_shows_no_eta(tmp_path, write_regen_stage):
+    """A regen shard waiting for servers still journals its pre-tokenized samples (they need no request): they must
+    not make up a rate and an ETA (~24 h was shown), in ``regen status``, the CLI bar or the UI (a rate window)."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from eagle3.layout import shard_name
+    from eagle3.regen.journal import Journal, journal_name
+    from eagle3.regen.sample import pretokenized_row
+    from eagle3.regen.shard import waiting_name
+    from eagle3.regen.status import regen_status
+    from eagle3.runroot import atomic_write_text
+
+    regen = write_regen_stage(tmp_path / "root" / "regen" / "fp", shards=1, rows=40)
+    rows = pq.read_table(regen / shard_name(0)).to_pylist()
+    (regen / shard_name(0)).unlink()  # shard 0 is running
+    outage = {"since": time.time() - 9, "timeout_s": 300, "servers": "http://127.0.0.1:9 (5 consecutive failures, "
+              "last error: ClientConnectorError: Cannot connect to host 127.0.0.1:9)"}  # fmt: skip
+    atomic_write_text(regen / waiting_name(0), json.dumps(outage))  # as the shard keeps it while no server is up
+    now = [0.0]
+    bar = RateWindow(window_s=300, clock=lambda: now[0])
+    with Journal(regen / journal_name(0), fsync_every=1) as journal:
+        for step, row in enumerate(rows[:6]):
+            journal.append(pretokenized_row(row))
+            now[0] = 10.0 * step
+            for progress in (regen_status(regen).progress, bar.observe(regen_status(regen).progress)):
+                line = progress.describe()
+                assert "ETA" not in line and "/s" not in line and " - waiting for servers for " in line, line
+                assert line.endswith("(fails at 300s)") and "127.0.0.1:9" not in line  # the servers: regen status
+                assert progress.eta_s is None and progress.eta == "unknown"
+    assert regen_status(regen).done == 6
+    (regen / waiting_name(0)).unlink()  # a server is back: the rate is this run's served work from here
+    now[0] += 10.0
+    assert "ETA" in bar.observe(regen_status(regen).progress).describe()
