@@ -6,23 +6,24 @@ stage, its plan fingerprint and the unit, plus the size and mtime of the unit's 
 while that file is missing (``output_cache_key``): the library already skips a finished unit cheaply, so the cache
 is only a shortcut that can never serve a unit whose output was deleted or cut short. A plan already done
 (``eagle3.stage.recorded_result``) never reaches the unit tasks: ``flows.stage.run_stage`` returns its recorded
-result. Library log records (``eagle3.*``) are forwarded to the run logger, so the Prefect UI shows what the
-library says.
+result. Library log records (``eagle3.*``) logged in a run also go to that run's logs (``LibraryRunLogs``), so the
+Prefect UI shows what the library says, and the console prints them once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import MissingContextError, ObjectNotFound
+from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
@@ -40,25 +41,30 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return logging.getLogger(__name__)
 
 
-@contextmanager
-def library_logs_to_run_logger() -> Iterator[None]:
-    """Forward ``eagle3.*`` log records (INFO and up) to this task run's logger while the block runs."""
-    try:
-        target = get_run_logger()
-    except MissingContextError:  # called as ``task.fn``: the library logs reach the root logger as they are
-        yield
-        return
+class LibraryRunLogs(APILogHandler):
+    """Sends the library's log records (``eagle3.*``, INFO and up) to the Prefect API, in the run (task, else flow)
+    whose context logs them, as ``<logger>: <message>``: the UI shows what the library says in the run it is about.
 
-    class Forward(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            target.log(record.levelno, "%s: %s", record.name, record.getMessage())
+    To the API only: the record reaches the console through the logging tree as every record does, so a console
+    prints each line once (a forward to the run logger printed it a second time, as ``prefect.task_runs: eagle3.x:
+    ...``). One handler for the process, routed by the logging thread's run context (a handler per unit task sent
+    each record to every unit running at the time); a record logged outside any run goes nowhere here."""
 
-    handler, library = Forward(logging.INFO), logging.getLogger("eagle3")
-    library.addHandler(handler)
-    try:
-        yield
-    finally:
-        library.removeHandler(handler)
+    def emit(self, record: logging.LogRecord) -> None:
+        if TaskRunContext.get() is not None or FlowRunContext.get() is not None:
+            super().emit(record)
+
+
+def send_library_logs_to_runs() -> None:
+    """Attach one :class:`LibraryRunLogs` to the ``eagle3`` logger (once per process: this module calls it)."""
+    library = logging.getLogger("eagle3")
+    if not any(isinstance(handler, LibraryRunLogs) for handler in library.handlers):
+        handler = LibraryRunLogs(logging.INFO)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        library.addHandler(handler)
+
+
+send_library_logs_to_runs()
 
 
 @task(name="plan", cache_policy=NO_CACHE)
@@ -107,7 +113,7 @@ def unit_task(
 ) -> UnitReport:
     """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped), holding a slot of
     each of ``limits`` (the stage's concurrency limits that exist: :func:`existing_limits`)."""
-    with library_logs_to_run_logger(), concurrency(list(limits), occupy=1, strict=False) if limits else nullcontext():
+    with concurrency(list(limits), occupy=1, strict=False) if limits else nullcontext():
         report = stage.run_unit(config, plan, unit, env=env)
     run_logger().info("%s %s %s: %s", stage.name, stage.unit_name, unit,
                           "already done" if report.skipped else report.model_dump(exclude={"unit"}))  # fmt: skip
@@ -122,8 +128,7 @@ def finalize_task(
     """Finalize (manifest when complete), record a successful result (a re-run of this plan reads it back), publish
     the unit table and the summary, then apply the failure policy (``causes``: the failed units' errors, which end its
     message)."""
-    with library_logs_to_run_logger():
-        result = stage.finalize(config, plan, reports, failed)
+    result = stage.finalize(config, plan, reports, failed)
     record_result(plan, result)
     if result.table:
         key = stage.table_key or artifact_key(stage.name, f"{stage.unit_name}s", plan.fingerprint)

@@ -4,7 +4,7 @@
 ``<root>/drafts/<draft fingerprint>``; the fingerprint covers the features, the vocab, the result-relevant train
 config and the target, so a finished checkpoint there is the finished draft and a re-run skips it without starting a
 worker. An interrupted run (a kill, a retry) resumes from ``ckpt/latest``. The workers' output lines go to this
-module's logger, which the Prefect unit task forwards to the run logger; progress is read from ``metrics.jsonl``.
+module's logger, which a Prefect run also sends to its logs (``tasks.stage``); progress is read from ``metrics.jsonl``.
 
 ``ExportStage`` writes the SGLang directory ``<draft>/export`` from the latest checkpoint (validated before it is
 renamed into place); its summary markdown is the model card. Its plan carries a fingerprint of the config fields the
