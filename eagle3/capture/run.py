@@ -49,12 +49,12 @@ from eagle3.capture.schema import (
     REASON_TOO_LONG,
     footer_metadata,
 )
-from eagle3.capture.writer import Batch, PartWriter
+from eagle3.capture.writer import Batch, PartWriter, record_hashes
 from eagle3.config import PipelineConfig
-from eagle3.data.parquet import ShardError, open_shard, shard_metadata
+from eagle3.data.parquet import ShardError, ShardInfo, open_shard, shard_metadata
 from eagle3.integrity import verify_files
 from eagle3.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
-from eagle3.runroot import FileEntry, Manifest, fingerprint, remove_in_background
+from eagle3.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
 from eagle3.transfer import HostCopy
 
 logger = logging.getLogger(__name__)
@@ -260,15 +260,51 @@ def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, f
     except ShardError as exc:
         logger.warning("rebuilding feature shard %d: %s", index, exc)
         rows, q_rows, same_stage = -1, 0, False
-    if same_stage and rows + q_rows == n_input:
+    if same_stage and rows + q_rows == n_input and _hashes_recorded(out_dir, index):
         if parts_dir.exists():  # a kill between the shard's rename and the rmtree: the parts are leftovers
             logger.info("feature shard %d is finished; removing its leftover parts %s", index, parts_dir)
             remove_in_background(parts_dir)
         return {"shard_index": index, "path": str(shard), "rows": rows, "quarantined": q_rows, "skipped": True}
-    logger.warning("feature shard %s does not validate (rows %d + quarantined %d != %d); rebuilding",
-                   shard, rows, q_rows, n_input)
+    logger.warning("feature shard %s does not validate (rows %d + quarantined %d of %d input rows, or a damaged "
+                   "page); rebuilding", shard, rows, q_rows, n_input)  # fmt: skip
     shard.unlink()
     return None
+
+
+def _hashes_recorded(out_dir: Path, index: int) -> bool:
+    """Whether shard ``index``'s writer recorded its files' hashes, recording them now when a kill came between the
+    shard's rename and its hashes (``hashes-NNNNN.json`` still ``{}``, or torn): the same record an unbroken run
+    leaves, so the manifest lists the shard with its footer hash too (the loader then checks its pages, not all of
+    its bytes at every start). Every page of both files is first read against the CRC32 its writer gave it; False
+    (rebuild the shard) when one fails. A shard without the file (from before writers recorded hashes) keeps what
+    the previous manifest lists."""
+    path = out_dir / hashes_file_name(index)
+    files = output_paths(out_dir, index)[:2]
+    if not path.exists() or {f.name for f in files} <= _listed_in(path):
+        return True
+    infos = []
+    for file in files:
+        try:
+            parquet = open_shard(file)
+            for row_group in range(parquet.num_row_groups):
+                parquet.read_row_group(row_group)
+        except (ShardError, OSError, pa.ArrowInvalid) as exc:
+            logger.warning("feature shard %d: %s does not read back (%s)", index, file.name, exc)
+            return False
+        size, rows = file.stat().st_size, parquet.metadata.num_rows
+        infos.append(ShardInfo(file, rows, size, sha256_file(file), footer_sha256(file)))
+    record_hashes(path, infos)
+    logger.info("feature shard %d: finished before its hashes were recorded; its pages check, hashes recorded", index)
+    return True
+
+
+def _listed_in(path: Path) -> set[str]:
+    """The file names a ``hashes-NNNNN.json`` lists (none when it does not parse)."""
+    try:
+        listed = json.loads(path.read_text())
+    except ValueError:
+        return set()
+    return set(listed) if isinstance(listed, dict) else set()
 
 
 def capture_shard(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import torch
 from eagle3.capture.encoding import host_buffer
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, REASON_NON_FINITE, feature_table
 from eagle3.config import PipelineConfig
-from eagle3.data.parquet import ShardWriter, parquet_writer, write_table
+from eagle3.data.parquet import ShardInfo, ShardWriter, parquet_writer, write_table
 from eagle3.layout import hashes_file_name, parts_dir_name, shard_name
 from eagle3.procs import yield_cpu
 from eagle3.runroot import atomic_path, atomic_write_json, remove_in_background
@@ -175,7 +175,8 @@ class PartWriter:
         """Quarantine file first (the rows quarantined before the forward, then every quarantine part), shard
         second, their writers' hashes third, parts last (renamed aside and deleted in the background:
         ``remove_in_background``). A kill between the shard and its hashes leaves a finished shard whose hashes are
-        not known (``{}``): ``finalize_features`` then hashes it whole."""
+        not known (``{}``): the next capture of the shard checks its pages and records them
+        (``eagle3.capture.run``)."""
         self._stop()
         if self._error is not None:
             self._shard.abort()
@@ -186,11 +187,16 @@ class PartWriter:
         q_tables += [pq.read_table(p).cast(CAPTURE_QUARANTINE_SCHEMA) for p in quarantine_parts]
         q_info = write_table(quarantine, pa.concat_tables(q_tables), metadata=self.footer)
         (info,) = self._shard.close()
-        atomic_write_json(self._hashes, {i.path.name: {"bytes": i.bytes, "sha256": i.sha256,
-                                                       "footer_sha256": i.footer_sha256} for i in (info, q_info)})
+        record_hashes(self._hashes, [info, q_info])
         remove_in_background(self._parts_dir)
         return {"shard_index": self.index, "path": str(info.path), "rows": info.rows, "quarantined": q_info.rows,
                 "bytes": info.bytes}
+
+
+def record_hashes(path: Path, files: Sequence[ShardInfo]) -> None:
+    """``hashes-NNNNN.json``: each of a shard's files' size, sha256 and footer sha256, by file name."""
+    atomic_write_json(path, {i.path.name: {"bytes": i.bytes, "sha256": i.sha256, "footer_sha256": i.footer_sha256}
+                             for i in files})  # fmt: skip
 
 
 def _write_part(path: Path, table: pa.Table, footer: dict[str, str]) -> None:

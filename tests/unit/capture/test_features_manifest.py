@@ -85,15 +85,32 @@ def test_a_shard_no_finalize_saw_written_is_listed_with_its_writers_hashes_and_i
     assert (_entries(out_dir)[shard.name].sha256, _entries(out_dir)[shard.name].footer_sha256) == (sha256(shard), None)
 
 
+def _killed_before_its_hashes(monkeypatch, capture) -> None:
+    """Run ``capture()`` with a kill between the shard's rename and its hashes (``PartWriter.finish``'s crash
+    window): the build's first record (``{}``: it knows nothing yet) is written, the second (its hashes) never."""
+    from eagle3.capture import writer
+
+    write_json, calls = writer.atomic_write_json, []
+
+    def killed_at_the_second(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        write_json(*args)
+
+    monkeypatch.setattr(writer, "atomic_write_json", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        capture()
+    monkeypatch.undo()
+
+
 @pytest.mark.parametrize("killed_before_its_hashes", [False, True])
 def test_a_shard_rebuilt_into_other_bytes_of_the_same_size_is_listed_with_the_rebuilds_hashes(
     make_config, regen_shard, hf_backend, tmp_path, monkeypatch, killed_before_its_hashes
 ):
     """Uncompressed states recaptured on another GPU are other values in a file of the same size: the earlier
     build's hashes must not stand for it, or the loader refuses the good rebuild as damaged. A rebuild killed
-    between its shard and its hashes leaves neither build's hashes: the shard is then hashed as it is."""
-    from eagle3.capture import writer
-
+    between its shard and its hashes leaves neither build's hashes: its resume records the rebuild's."""
     config = make_config("capture.aux_layers=[2,4,5]", "capture.hidden_compression=none")
     out_dir = tmp_path / "features" / "fp"
     capture_shard(config, regen_shard, out_dir, backend=hf_backend)
@@ -102,18 +119,8 @@ def test_a_shard_rebuilt_into_other_bytes_of_the_same_size_is_listed_with_the_re
     before = shard.read_bytes()
     shard.unlink()  # the refusal's fix
     if killed_before_its_hashes:
-        write_json, calls = writer.atomic_write_json, []
-
-        def killed_at_the_second(*args):  # the first says the build knows nothing yet; the second, its hashes
-            calls.append(args)
-            if len(calls) == 2:
-                raise KeyboardInterrupt
-            write_json(*args)
-
-        monkeypatch.setattr(writer, "atomic_write_json", killed_at_the_second)
-        with pytest.raises(KeyboardInterrupt):
-            capture_shard(config, regen_shard, out_dir, backend=Scaled(hf_backend, 1.25))
-        monkeypatch.undo()
+        rebuild = lambda: capture_shard(config, regen_shard, out_dir, backend=Scaled(hf_backend, 1.25))  # noqa: E731
+        _killed_before_its_hashes(monkeypatch, rebuild)
         assert shard.exists() and parts.exists() and json.loads((out_dir / hashes_file_name(3)).read_text()) == {}
         assert capture_shard(config, regen_shard, out_dir, backend=hf_backend)["skipped"]  # the resume
     else:
@@ -122,7 +129,45 @@ def test_a_shard_rebuilt_into_other_bytes_of_the_same_size_is_listed_with_the_re
     assert len(after) == len(before) and after != before
     finalize_features(config, out_dir, [3])
     verify_files([shard, quarantine], rebuild="-")
-    assert (_entries(out_dir)[shard.name].footer_sha256 is None) == killed_before_its_hashes
+    assert _entries(out_dir)[shard.name].footer_sha256 == footer_sha256(shard)
+
+
+def test_a_shard_killed_between_its_rename_and_its_hashes_is_recorded_on_resume_as_an_unbroken_run_records_it(
+    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+):
+    """The crash window's resume skips the finished shard and records its hashes (after checking its pages), so
+    its ``hashes-NNNNN.json`` and manifest entries are those of an unbroken run: footer hashes included, with which
+    the loader checks pages instead of every byte at every start."""
+    config = make_config("capture.aux_layers=[2,4,5]")
+    unbroken, killed = tmp_path / "unbroken" / "fp", tmp_path / "killed" / "fp"
+    capture_shard(config, regen_shard, unbroken, backend=hf_backend)
+    finalize_features(config, unbroken, [3])
+    _killed_before_its_hashes(monkeypatch, lambda: capture_shard(config, regen_shard, killed, backend=hf_backend))
+    assert json.loads((killed / hashes_file_name(3)).read_text()) == {}
+
+    assert capture_shard(config, regen_shard, killed, backend=hf_backend)["skipped"]
+    finalize_features(config, killed, [3])
+    assert (killed / hashes_file_name(3)).read_text() == (unbroken / hashes_file_name(3)).read_text()
+    assert _entries(killed) == _entries(unbroken) and all(e.footer_sha256 for e in _entries(killed).values())
+
+
+def test_a_crash_window_shard_with_a_damaged_page_is_rebuilt_not_recorded(
+    make_config, regen_shard, hf_backend, tmp_path, monkeypatch
+):
+    """A shard left by the crash window and damaged before its resume fails its page check there: it is rebuilt,
+    and the hashes recorded are the rebuild's, never the damaged bytes'."""
+    config = make_config("capture.aux_layers=[2,4,5]")
+    out_dir = tmp_path / "features" / "fp"
+    _killed_before_its_hashes(monkeypatch, lambda: capture_shard(config, regen_shard, out_dir, backend=hf_backend))
+    shard = output_paths(out_dir, 3)[0]
+    good = shard.read_bytes()
+    _damage_in_place(shard)
+
+    assert capture_shard(config, regen_shard, out_dir, backend=hf_backend)["skipped"] is False  # rebuilt
+    assert shard.read_bytes() == good
+    finalize_features(config, out_dir, [3])
+    verify_files([shard], rebuild="-")
+    assert _entries(out_dir)[shard.name].footer_sha256 == footer_sha256(shard)
 
 
 def test_a_night_whose_other_shard_failed_is_re_triggered_without_reading_the_finished_shard_back(
