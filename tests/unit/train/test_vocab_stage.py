@@ -89,3 +89,22 @@ def test_vocab_stage_builds_once_from_the_features_manifest(tmp_path):
     mtime = out.stat().st_mtime_ns
     assert build_vocab_stage(config, features) == out
     assert out.stat().st_mtime_ns == mtime
+
+
+def test_a_token_page_header_damaged_into_garbage_is_refused_in_one_printable_line(tmp_path):
+    """Arrow's error for a page header it cannot parse spans lines and quotes the raw byte; the refusal is the one
+    ``error:`` line a command prints, so it stays one printable line."""
+    import pyarrow.parquet as pq
+
+    from eagle3.errors import DataError
+
+    info = _shard(tmp_path, 0, [(list(range(i, i + 50)), [1] * 50) for i in range(20)])
+    column = pq.ParquetFile(info.path).metadata.row_group(0).column(SCHEMA.names.index("input_ids"))
+    data = bytearray(info.path.read_bytes())
+    start = column.dictionary_page_offset or column.data_page_offset
+    data[start : start + 8] = bytes(b ^ 0xFF for b in data[start : start + 8])
+    info.path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"{info.path}: does not read back") as refused:
+        count_tokens([info.path], vocab_size=100)
+    message = str(refused.value)
+    assert message.isprintable() and message.endswith("then run `eagle3 capture` to rebuild them"), message
