@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3.config_gate import GateConfig, SpeculativeConfig
 from eagle3.layers import (
     LAYER_CONVENTIONS,
     TARGET_FAMILIES,
@@ -272,70 +273,6 @@ class ServerLaunchConfig(StrictModel):
     max_running_requests: int = Field(default=48, gt=0)
     cuda_graph_max_bs: int | None = Field(default=None, gt=0)
     extra_args: list[str] = Field(default_factory=list)
-
-
-class SpeculativeConfig(StrictModel):
-    algorithm: str = "EAGLE3"
-    num_steps: int = Field(default=3, gt=0)
-    eagle_topk: int = Field(default=1, gt=0)
-    num_draft_tokens: int = Field(default=4, gt=0)
-
-    @model_validator(mode="after")
-    def _topk_one_chain(self) -> SpeculativeConfig:
-        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
-            raise ValueError(
-                f"with speculative.eagle_topk=1 set speculative.num_draft_tokens to num_steps+1 "
-                f"({self.num_steps + 1}), not {self.num_draft_tokens}"
-            )
-        return self
-
-
-class GateConfig(StrictModel):
-    prompt_sets: dict[str, str] = Field(default_factory=dict)
-    prompts_per_set: int = Field(default=32, gt=0)
-    warmup_requests: int = Field(default=2, ge=0)
-    max_new_tokens: int = Field(default=256, gt=0)
-    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16])
-    decision_concurrency: int = Field(default=1, gt=0)
-    min_speedup: float = Field(default=1.05, gt=0)
-    min_accept: float = Field(default=1.5, ge=1)
-    min_gain_over_champion: float = Field(default=1.0, gt=0)
-    sweep: list[SpeculativeConfig] = Field(default_factory=list)
-    # Interleaved rounds and the verdict's statistic (eagle3.bench.rounds, eagle3.bench.verdict).
-    min_rounds: int = Field(
-        default=3, ge=2, description="Rounds (one batch per arm, order alternating) before a FAIL may stop measuring."
-    )
-    max_rounds: int = Field(
-        default=8,
-        ge=2,
-        description="Rounds at the decision concurrency: a PASS needs all; still open after: INCONCLUSIVE.",
-    )
-    confidence: float = Field(
-        default=0.9, gt=0.5, lt=1.0, description="Two-sided level of the t interval on the paired speedups."
-    )
-    max_baseline_drift: float = Field(
-        default=0.2, gt=0, description="Largest max/min - 1 of the baseline's tok/s over its rounds, else INCONCLUSIVE."
-    )
-    accept_bound_tolerance: float = Field(
-        default=0.1, ge=0, description="A round's speedup may exceed its accept length by this fraction (noise)."
-    )
-    max_token_mismatch: float = Field(
-        default=0.02, ge=0, description="Largest relative gap in completion tokens between arms within one round."
-    )
-
-    @model_validator(mode="after")
-    def _decision_level_is_swept(self) -> GateConfig:
-        if self.decision_concurrency not in self.concurrency:
-            raise ValueError(
-                f"gate.decision_concurrency={self.decision_concurrency} is not in gate.concurrency="
-                f"{self.concurrency}: add it to the sweep"
-            )
-        if self.min_rounds > self.max_rounds:
-            raise ValueError(
-                f"gate.min_rounds={self.min_rounds} > gate.max_rounds={self.max_rounds}: raise max_rounds or lower "
-                "min_rounds"
-            )
-        return self
 
 
 class OrchestrationConfig(StrictModel):

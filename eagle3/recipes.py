@@ -101,8 +101,7 @@ def tiny() -> PipelineConfig:
             prompts_per_set=8,
             warmup_requests=2,
             max_new_tokens=64,
-            concurrency=[1, 4],
-            decision_concurrency=1,
+            traffic={1: 1.0, 4: 1.0},
             min_speedup=1.0,
             min_accept=1.2,
             min_rounds=2,  # the tiny gate runs in several e2e tests: 3 rounds decide at c=1 on an idle machine

@@ -14,6 +14,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from eagle3.bench.report_md import serving_lines
 from eagle3.config import PipelineConfig
 from eagle3.recipes import eagle3_home
 from eagle3.runroot import Manifest
@@ -83,6 +84,7 @@ def publish_summary_task(summary: dict[str, Any]) -> str:
             f"({len(night['new_shard_ids'])} new){exhausted}",
             f"- draft: `{summary['draft']['export']}`",
             f"- gate: **{verdict}**, report `{gate['markdown']}`",
+            *serving_lines(gate),
             f"- scaling curve: {curve['points']} nights, {curve['verdict']} (`{curve['png']}`)",
             "",
         ]

@@ -120,3 +120,30 @@ def pool(counts: Sequence[SpecCounts]) -> AcceptSummary:
         histogram=_sum_histograms(c.histogram or () for c in spec) if hist else None,
         fields=tuple(dict.fromkeys(f for c in spec for f in c.fields)),
     )
+
+
+def _set_entry(counts: Sequence[SpecCounts], *, prompts: int, requests: int) -> dict[str, Any]:
+    spec = pool(counts)
+    return {"accept_length": spec.accept_length, "completion_tokens": sum(c.completion_tokens for c in counts),
+            "spec_verify_ct": spec.verify_ct, "prompts": prompts, "requests": requests,
+            "accept_source": spec.source}  # fmt: skip
+
+
+def set_row(counts: Sequence[SpecCounts]) -> dict[str, Any]:
+    """One prompt set's entry of a ``by_set`` mapping (``eagle3.bench.report``) from its answers, one per prompt."""
+    return _set_entry(counts, prompts=len(counts), requests=len(counts))
+
+
+def pool_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Entries of one set (rounds, levels) pooled into one: the counters pooled as answers are, the requests
+    summed, the prompts the set has (the most any entry saw)."""
+    counts = [
+        SpecCounts(
+            completion_tokens=int(row["completion_tokens"]),
+            verify_ct=int(row["spec_verify_ct"]),
+            accept_length=row["accept_length"] if row.get("accept_source") == ACCEPT_LENGTH_FIELD else None,
+        )
+        for row in rows
+    ]
+    prompts = max((int(r["prompts"]) for r in rows), default=0)
+    return _set_entry(counts, prompts=prompts, requests=sum(int(r["requests"]) for r in rows))

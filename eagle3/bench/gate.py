@@ -14,9 +14,14 @@ Design choices:
   share the device, so when ``server.mem_fraction_static`` is unset each gets an equal share of ``SGLANG_MEMORY``
   (the same for every arm, and in ``launch_used``; the shipped ``launch_sglang`` line keeps the config's). With
   URLs it measures what is running; a sweep needs launching and is then not possible.
-- The verdict per candidate (``eagle3.bench.verdict``): PASS, FAIL or INCONCLUSIVE from the t interval of the
-  paired per-round speedups and the physical sanity checks. The gate passes iff some candidate passes; the best
-  passing one is promoted; INCONCLUSIVE never promotes.
+- The verdict per candidate (``eagle3.bench.verdict``): PASS, FAIL or INCONCLUSIVE on the traffic profile
+  (``gate.traffic``) from the t intervals of the paired per-round speedups, per level and weighted, and the
+  physical sanity checks. The gate passes iff some candidate passes; the best passing one is promoted;
+  INCONCLUSIVE never promotes.
+- The serving configuration (``eagle3.bench.serving``): for the best candidate (the promoted one, else the fastest
+  on the profile), SGLang's adaptive tiers from its arms' per-level speedups (one arm per ``gate.sweep`` setting),
+  written as ``adaptive_config.json`` beside the report, and the SGLang command that serves with it (``best`` keeps
+  the fastest static config's command). The gate measured the static configs, not the adaptive server.
 - Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is read back, not
   re-measured, unless ``force``.
 - The fingerprint and directory are known before measuring (``gate_identity``), so the gate stage's plan
@@ -38,10 +43,11 @@ from eagle3.bench.prompts import BenchPrompt, load_gate_prompts
 from eagle3.bench.registry import Promotion, Registry, draft_id
 from eagle3.bench.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
 from eagle3.bench.rounds import ArmError, measure_rounds
-from eagle3.bench.verdict import best_arm, decide, overall, undecided
+from eagle3.bench.serving import StepResult, Tier, adaptive_tiers, initial_steps, sglang_config
+from eagle3.bench.verdict import decide, level_verdicts, overall, undecided
 from eagle3.config import PipelineConfig, SpeculativeConfig, with_overrides
 from eagle3.layout import stage_dir
-from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
 from eagle3.serve.commands import LaunchCommand, build_launch
 from eagle3.serve.launch import LaunchError
 
@@ -50,6 +56,7 @@ logger = logging.getLogger(__name__)
 SMOKE_PROMPTS = 4
 SMOKE_TOKENS = 32
 SGLANG_MEMORY = 0.85  # of the device, split over the SGLang arms the gate launches side by side
+ADAPTIVE_JSON = "adaptive_config.json"
 
 
 @dataclass
@@ -203,9 +210,10 @@ def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None)
 
 def _measure_plan(
     plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path
-) -> None:
+) -> float:
     """Bring every arm up (launched or given; speculative ones pass the runtime preflight), then measure the live
-    ones in interleaved rounds until the verdict settles (``eagle3.bench.rounds``); servers stop on the way out."""
+    ones in interleaved rounds until the verdict settles (``eagle3.bench.rounds``); servers stop on the way out.
+    Returns the seconds the rounds took."""
     live: list[tuple[ArmResult, str]] = []
     with contextlib.ExitStack() as stack:
         for arm in plan.arms:
@@ -224,36 +232,103 @@ def _measure_plan(
                 arm.error = str(exc)
                 logger.error("arm %s failed: %s", arm.name, exc)
         gate = config.gate
+        start = time.perf_counter()
         measure_rounds(live, prompts, gate, keep_going=lambda: undecided(decide(plan.arms, gate, refused)))
+        return time.perf_counter() - start
 
 
-def _promote(registry: Registry, report: GateReport, out_dir: Path, c: int) -> dict[str, Any] | None:
-    passing = [d for d in report.decisions if d.passed]
-    if not passing:
+def _best_decision(decisions: list[Decision]) -> Decision | None:
+    """The promoted candidate: the fastest passing one on the profile; else the fastest measured one."""
+    measured = [d for d in decisions if d.best_arm is not None and d.speedup is not None]
+    passing = [d for d in measured if d.passed]
+    return max(passing or measured, key=lambda d: d.speedup or 0.0, default=None)
+
+
+def _promote(registry: Registry, report: GateReport, out_dir: Path) -> dict[str, Any] | None:
+    winner = _best_decision(report.decisions)
+    if winner is None or not winner.passed:
         return None
-    winner = max(passing, key=lambda d: d.speedup or 0.0)
     arm = next(a for a in report.arms if a.name == winner.best_arm)
     if registry.champion() is not None and registry.champion().draft_id == arm.draft_id:  # type: ignore[union-attr]
         return None
-    lv = arm.level(c)
     metrics = {"speedup": winner.speedup, "speedup_interval": winner.speedup_interval, "rounds": winner.rounds,
-               "accept_length": winner.accept_length, "output_tok_s": lv and lv.output_tok_s}  # fmt: skip
+               "accept_length": winner.accept_length, "traffic": report.thresholds.get("traffic"),
+               "levels": {lv.concurrency: lv.speedup for lv in winner.levels},
+               "output_tok_s": {lv.concurrency: lv.output_tok_s for lv in arm.levels}}  # fmt: skip
     promotion = registry.promote(
         Path(winner.draft), report=out_dir / "report.json", metrics=metrics, speculative=arm.speculative
     )
     return asdict(promotion)
 
 
+def _step_results(config: PipelineConfig, arms: list[ArmResult], draft: str) -> dict[int, list[StepResult]]:
+    """Each level's speedups of the draft's chain arms (SGLang adapts topk 1 only), from their level verdicts."""
+    base = next((a for a in arms if a.role == "baseline" and a.error is None and a.rounds), None)
+    mine = [a for a in arms if a.role == "candidate" and a.draft == draft and a.error is None and a.speculative
+            and a.speculative.get("eagle_topk") == 1]  # fmt: skip
+    levels: dict[int, list[StepResult]] = {c: [] for c in config.gate.levels}
+    for arm in mine if base is not None else []:
+        for lv in level_verdicts(arm, base, None, config.gate):  # type: ignore[arg-type]
+            if lv.speedup is not None:
+                levels[lv.concurrency].append(StepResult(arm.speculative["num_steps"], lv.speedup, lv.speedup_interval))
+    return levels
+
+
+def serving_config(config: PipelineConfig, draft: str, tiers: list[Tier], out_dir: Path, *, note: str = "") -> dict:
+    """The serving configuration from adaptive ``tiers`` (``GateReport.adaptive``): their SGLang JSON written to
+    ``out_dir``, the SGLang command serving ``draft`` with it, starting at the first drafting tier's steps; the
+    baseline's command when no tier drafts."""
+    port, steps = config.server.port or 30000, initial_steps(tiers)
+    out: dict[str, Any] = {"draft": draft, "tiers": [asdict(t) for t in tiers], "config": None, "config_path": None}
+    if steps is None:
+        launch = build_launch(config, "baseline", engine="sglang", port=port)
+        return out | {"launch_sglang": launch.shell(), "summary": "Speculation is slower than the baseline at every "
+                      f"measured level: serve the baseline (no adaptive tier would draft). {note}".strip()}  # fmt: skip
+    path = out_dir / ADAPTIVE_JSON
+    atomic_write_json(path, sglang_config(tiers))
+    algorithm = config.speculative.algorithm
+    spec = SpeculativeConfig(algorithm=algorithm, num_steps=steps, eagle_topk=1, num_draft_tokens=steps + 1)
+    launch = build_launch(config, "eagle3", engine="sglang", draft=draft, speculative=spec, port=port,
+                          adaptive_config=path)  # fmt: skip
+    summary = (f"SGLang drafts per running batch size from these tiers (0 steps: no drafting), each from the static "
+               f"configs measured at its level for `{Path(draft).name}`; the adaptive server itself was not "
+               f"measured. {note}").strip()  # fmt: skip
+    return out | {"config": sglang_config(tiers), "config_path": str(path), "launch_sglang": launch.shell(),
+                  "summary": summary}  # fmt: skip
+
+
+def _adaptive(config: PipelineConfig, arms: list[ArmResult], best: Decision | None, out_dir: Path) -> dict | None:
+    """The serving configuration of the best draft (module docstring)."""
+    tiers = adaptive_tiers(_step_results(config, arms, best.draft)) if best is not None else []
+    if best is None or not tiers:
+        return None
+    return serving_config(config, best.draft, tiers, out_dir, note=best.crossover["summary"] if best.crossover else "")
+
+
+def _cost(arms: list[ArmResult], measure_s: float) -> dict[str, Any]:
+    measured = [a for a in arms if a.rounds]
+    return {"rounds": len({r.round for a in measured for r in a.rounds}),
+            "levels": len({r.concurrency for a in measured for r in a.rounds}), "arms": len(measured),
+            "batches": sum(len(a.rounds) for a in measured), "measure_s": round(measure_s, 3)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What ``run_gate`` measured: the arms, their decisions, the prompts and the seconds the rounds took."""
+
+    arms: list[ArmResult]
+    decisions: list[Decision]
+    prompts: list[BenchPrompt]
+    measure_s: float
+
+
 def _report(
-    config: PipelineConfig,
-    fp: str,
-    arms: list[ArmResult],
-    decisions: list[Decision],
-    prompts: list[BenchPrompt],
-    champion: Promotion | None,
+    config: PipelineConfig, fp: str, measured: _Measured, champion: Promotion | None, out_dir: Path
 ) -> GateReport:
-    """The report; ``best`` is the fastest candidate arm at the decision concurrency, with its launch commands."""
-    best = best_arm([a for a in arms if a.role == "candidate"], config.gate.decision_concurrency)
+    """The report; ``best`` is the best decision's arm with its launch commands, ``adaptive`` its serving config."""
+    decisions, arms = measured.decisions, measured.arms
+    winner = _best_decision(decisions)
+    best = next((a for a in arms if winner is not None and a.name == winner.best_arm), None)
     best_info = None
     if best is not None:
         best_info = {
@@ -267,7 +342,7 @@ def _report(
         fingerprint=fp,
         target=config.target.model_path,
         thresholds=config.gate.model_dump(mode="json", exclude={"sweep", "prompt_sets"}),
-        prompts={name: sum(p.set_name == name for p in prompts) for name in sorted(config.gate.prompt_sets)},
+        prompts={name: sum(p.set_name == name for p in measured.prompts) for name in sorted(config.gate.prompt_sets)},
         arms=arms,
         decisions=decisions,
         passed=overall(decisions) == PASS,
@@ -275,6 +350,8 @@ def _report(
         best=best_info,
         champion=asdict(champion) if champion else None,
         created_at=time.time(),
+        adaptive=_adaptive(config, arms, winner, out_dir),
+        cost=_cost(arms, measured.measure_s),
     )
 
 
@@ -331,19 +408,23 @@ def run_gate(
     refused = _refusals(config, paths, features_dir)
     plan = _plan(config, paths, gate.champion, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url)
     prompts: list[BenchPrompt] = []
+    measure_s = 0.0
     if len(refused) < len(paths):  # every candidate refused statically: nothing worth measuring
         tokenizer = AutoTokenizer.from_pretrained(
             config.target.model_path, revision=config.target.revision, trust_remote_code=config.target.trust_remote_code
         )
         prompts = load_gate_prompts(config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set)
-        _measure_plan(plan, prompts, config, refused=refused, out_dir=out_dir)
+        measure_s = _measure_plan(plan, prompts, config, refused=refused, out_dir=out_dir)
     else:
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
-    report = _report(config, fp, plan.arms, decide(plan.arms, config.gate, refused), prompts, gate.champion)
+    measured = _Measured(plan.arms, decide(plan.arms, config.gate, refused), prompts, measure_s)
+    report = _report(config, fp, measured, gate.champion, out_dir)
     if promote:
-        report.promotion = _promote(Registry(config.root_path), report, out_dir, config.gate.decision_concurrency)
+        report.promotion = _promote(Registry(config.root_path), report, out_dir)
     files = write_report(report, out_dir)
+    if report.adaptive and report.adaptive["config_path"]:
+        files["adaptive_json"] = Path(report.adaptive["config_path"])
     Manifest(
         "gate",
         fp,

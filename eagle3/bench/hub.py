@@ -24,6 +24,7 @@ from typing import Any
 
 from eagle3.bench.registry import Registry
 from eagle3.bench.report import GateReport, read_report
+from eagle3.bench.report_md import profile_line
 from eagle3.config import ConfigError, PipelineConfig, SpeculativeConfig, with_overrides
 from eagle3.model.export_format import CARD_FILE, CONFIG_FILE, HUB_ID, WEIGHTS_FILE, front_matter
 from eagle3.runroot import atomic_write_text
@@ -62,10 +63,10 @@ def gate_section(report: GateReport | None, speculative: dict[str, Any] | None) 
         return ["## Gate", "", "Not gated: this export was pushed before any gate measured it.", ""]
     t = report.thresholds
     verdict = "PASS" if report.passed else "FAIL"
-    lines = ["## Gate", "", f"Verdict: **{verdict}** (report fingerprint `{report.fingerprint}`) at concurrency "
-             f"{t['decision_concurrency']}; thresholds: speedup >= {t['min_speedup']}, accept length >= "
-             f"{t['min_accept']}.", "", "| draft | passed | speedup | accept length | gain over champion |",
-             "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines = ["## Gate", "", f"Verdict: **{verdict}** (report fingerprint `{report.fingerprint}`) on the traffic "
+             f"profile {profile_line(t)} (concurrency: share); thresholds: weighted speedup >= {t['min_speedup']}, "
+             f"accept length >= {t['min_accept']}.", "", "| draft | passed | speedup | accept length | gain over "
+             "champion |", "|---|---|---:|---:|---:|"]  # fmt: skip
     for d in report.decisions:
         lines.append(f"| `{Path(d.draft).name}` | {d.passed} | {_num(d.speedup)} | {_num(d.accept_length)} | "
                      f"{_num(d.gain_over_champion)} |")  # fmt: skip

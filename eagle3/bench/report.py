@@ -10,21 +10,38 @@ Design choices:
   its rounds pooled per concurrency (``ArmResult.levels``, for the table and the throughput plot). The rounds and
   the thresholds in the JSON are all ``eagle3.bench.verdict.decide`` needs: a verdict can be recomputed offline.
 - A verdict is PASS, FAIL or INCONCLUSIVE; ``passed`` (what promotes) is derived from it and kept as a field so
-  readers of the JSON (the scaling curve, scripts) need not know the verdicts.
+  readers of the JSON (the scaling curve, scripts) need not know the verdicts. A ``Decision`` is on the traffic
+  profile (``gate.traffic``): its ``speedup`` is the weighted one, ``levels`` holds each level's own verdict
+  (``LevelVerdict``), ``crossover`` where speculation stops paying (``eagle3.bench.serving.Crossover`` as a dict),
+  ``warnings`` the levels slower than the baseline that did not block a PASS.
+- ``GateReport.adaptive``: the SGLang adaptive configuration emitted from the levels (``eagle3.bench.gate``):
+  ``{"draft", "tiers": [{batch_size, concurrency, candidate_steps, reason}], "config": <the JSON SGLang reads, or
+  None>, "config_path", "launch_sglang", "summary"}``. ``GateReport.cost``: what the measurement took
+  (``{"rounds", "levels", "arms", "batches", "measure_s"}``).
+- **Accept length per prompt set** (``by_set``), for the night planner: ``report.json["decisions"][i]["by_set"]``
+  is the draft's best arm pooled over every level and round, ``{set: {"accept_length": float, "completion_tokens":
+  int, "spec_verify_ct": int, "prompts": int, "requests": int, "accept_source": str}}`` (``prompts``: the set's
+  prompts; ``requests``: timed requests counted; ``accept_source`` as for a level). Each round of a speculative arm
+  carries the same mapping for that round (``arms[j]["rounds"][k]["by_set"]``). Drafts that did not speculate (not
+  measured, refused) have ``{}``.
 - The report is plain dataclasses serialised with ``asdict``; ``GateReport.from_dict`` reads one back so a finished
-  gate is not re-measured on resume. Plots use matplotlib's Agg backend (no display needed).
+  gate is not re-measured on resume. Markdown: ``eagle3.bench.report_md``; plots: ``eagle3.bench.plots``.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.bench.accept import ACCEPT_LENGTH_FIELD, AcceptSummary, SpecCounts, pool
+from eagle3.bench.accept import ACCEPT_LENGTH_FIELD, AcceptSummary, SpecCounts, pool, pool_rows, set_row
+from eagle3.bench.plots import plot_accept, plot_throughput
 from eagle3.bench.prompts import RequestResult
-from eagle3.runroot import atomic_path, atomic_write_json, atomic_write_text
+from eagle3.bench.report_md import to_markdown
+from eagle3.runroot import atomic_write_json, atomic_write_text
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -48,6 +65,7 @@ class LevelStats:
     accepted_drafts: int | None = None
     proposed_drafts: int | None = None
     accept_histogram: list[int] | None = None
+    by_set: dict[str, dict[str, Any]] = field(default_factory=dict)  # per prompt set (module docstring), if speculating
 
     @property
     def accept_rate(self) -> float | None:
@@ -62,8 +80,9 @@ class LevelStats:
 
     @classmethod
     def _of(cls, concurrency: int, requests: int, tokens: int, duration: float, tpot_ms: float,
-            spec: AcceptSummary) -> LevelStats:  # fmt: skip
+            spec: AcceptSummary, by_set: dict[str, dict[str, Any]]) -> LevelStats:  # fmt: skip
         return cls(
+            by_set=by_set if spec.verify_ct else {},
             concurrency=concurrency, requests=requests, completion_tokens=tokens, spec_verify_ct=spec.verify_ct,
             duration_s=duration, output_tok_s=tokens / duration if duration > 0 else 0.0, tpot_ms=tpot_ms,
             accept_length=spec.accept_length, accept_source=spec.source, accept_fields=list(spec.fields),
@@ -72,11 +91,18 @@ class LevelStats:
         )  # fmt: skip
 
     @classmethod
-    def of(cls, concurrency: int, results: list[RequestResult], duration_s: float) -> LevelStats:
+    def of(
+        cls, concurrency: int, results: list[RequestResult], duration_s: float, *, sets: Sequence[str] = ()
+    ) -> LevelStats:
+        """One batch's level; ``sets`` names each result's prompt set (in order) to fill ``by_set``."""
         tokens = sum(r.completion_tokens for r in results)
         per_token = [r.latency_s / r.completion_tokens for r in results if r.completion_tokens > 0]
         tpot_ms = 1000.0 * sum(per_token) / len(per_token) if per_token else 0.0
-        return cls._of(concurrency, len(results), tokens, duration_s, tpot_ms, pool([r.spec for r in results]))
+        grouped: dict[str, list[SpecCounts]] = defaultdict(list)
+        for name, result in zip(sets, results, strict=False):
+            grouped[name].append(result.spec)
+        by_set = {name: set_row(counts) for name, counts in sorted(grouped.items())}
+        return cls._of(concurrency, len(results), tokens, duration_s, tpot_ms, pool([r.spec for r in results]), by_set)
 
     @classmethod
     def pooled(cls, rounds: list[LevelStats]) -> LevelStats:
@@ -84,7 +110,14 @@ class LevelStats:
         requests = sum(r.requests for r in rounds)
         tpot_ms = sum(r.tpot_ms * r.requests for r in rounds) / requests if requests else 0.0
         return cls._of(rounds[0].concurrency, requests, sum(r.completion_tokens for r in rounds),
-                       sum(r.duration_s for r in rounds), tpot_ms, pool([r.counts() for r in rounds]))  # fmt: skip
+                       sum(r.duration_s for r in rounds), tpot_ms, pool([r.counts() for r in rounds]),
+                       pool_sets(rounds))  # fmt: skip
+
+
+def pool_sets(stats: Sequence[LevelStats]) -> dict[str, dict[str, Any]]:
+    """The ``by_set`` entries of many levels or rounds pooled per set (``eagle3.bench.accept.pool_rows``)."""
+    names = sorted({name for s in stats for name in s.by_set})
+    return {name: pool_rows([s.by_set[name] for s in stats if name in s.by_set]) for name in names}
 
 
 @dataclass
@@ -118,6 +151,10 @@ class ArmResult:
         order = list(dict.fromkeys(r.concurrency for r in self.rounds))
         self.levels = [LevelStats.pooled([r for r in self.rounds if r.concurrency == c]) for c in order]
 
+    def accept(self) -> AcceptSummary:
+        """The accept counters of every round at every level pooled (``min_accept`` is checked on it)."""
+        return pool([r.counts() for r in self.rounds])
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ArmResult:
         data = dict(data)
@@ -129,17 +166,6 @@ class ArmResult:
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 VERDICTS: tuple[str, ...] = (PASS, FAIL, INCONCLUSIVE)
 
-# The accept_bound check's derivation (``eagle3.bench.verdict``), printed in every report.
-PHYSICAL_BOUND = (
-    "Chain speculation with k draft steps: one cycle is a target verify forward over k+1 positions (cost T_v) plus "
-    "k draft forwards (cost k*T_d) and emits a tokens on average (a = accept length, bonus token included); the "
-    "baseline emits one token per target decode step (cost T) at the same batch. A verify step computes a superset "
-    "of a decode step, so T_v >= T, and T_d >= 0, hence speedup = a*T / (T_v + k*T_d) <= a*T / T_v <= a. Prefill "
-    "costs both arms the same and only pulls the ratio toward 1 (<= a since a >= 1). A tree (topk > 1) verifies "
-    "more positions per step and obeys the same bound. So a round whose speedup exceeds a*(1 + tolerance) measured "
-    "the machine, not the draft."
-)
-
 
 def _verdict_of(passed: bool, verdict: str | None) -> str:
     """``verdict`` checked against ``passed``; a report written without a verdict is PASS or FAIL."""
@@ -150,11 +176,31 @@ def _verdict_of(passed: bool, verdict: str | None) -> str:
 
 
 @dataclass
-class Decision:
-    """The verdict for one candidate draft at the decision concurrency (its best spec config).
+class LevelVerdict:
+    """One level of the traffic profile for a draft's best arm, on its own: the paired speedup over the rounds of
+    that level, its t interval, the verdict the interval gives against ``min_speedup`` (and the level's checks),
+    and ``slower``: the interval lies below 1, the draft is significantly slower than the baseline there."""
 
-    ``speedup`` and ``gain_over_champion`` are geometric means of the per-round paired ratios, ``*_interval`` their
-    t intervals; ``checks`` are the physical sanity checks (name, ok, message); ``reasons`` say why it did not pass.
+    concurrency: int
+    share: float
+    rounds: int
+    speedup: float | None
+    speedup_interval: list[float] | None
+    verdict: str
+    slower: bool = False
+    accept_length: float | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Decision:
+    """The verdict for one candidate draft on the traffic profile (its best spec config).
+
+    ``speedup`` and ``gain_over_champion`` are weighted geometric means over the profile's levels of the per-round
+    paired ratios, ``*_interval`` their t intervals (``eagle3.bench.stats``); ``accept_length`` is pooled over every
+    level; ``checks`` are the physical sanity checks of every weighed level (name, ok, message, concurrency);
+    ``reasons`` say why it did not pass, ``warnings`` what a PASS does not cover; ``levels``, ``crossover`` and
+    ``by_set`` as in the module docstring.
     """
 
     draft: str
@@ -169,9 +215,19 @@ class Decision:
     speedup_interval: list[float] | None = None
     gain_interval: list[float] | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
+    levels: list[LevelVerdict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    crossover: dict[str, Any] | None = None
+    by_set: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.verdict = _verdict_of(self.passed, self.verdict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        data = dict(data)
+        data["levels"] = [LevelVerdict(**lv) for lv in data.get("levels", [])]
+        return cls(**data)
 
 
 @dataclass
@@ -188,6 +244,8 @@ class GateReport:
     promotion: dict[str, Any] | None = None
     created_at: float = 0.0
     verdict: str | None = None  # PASS if a draft passed, else INCONCLUSIVE if one was, else FAIL
+    adaptive: dict[str, Any] | None = None  # the SGLang adaptive config emitted from the levels (module docstring)
+    cost: dict[str, Any] | None = None  # rounds, levels, arms, batches measured and the measuring time
 
     def __post_init__(self) -> None:
         self.verdict = _verdict_of(self.passed, self.verdict)
@@ -195,153 +253,25 @@ class GateReport:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def serving_summary(self) -> dict[str, Any]:
+        """What the gate says about serving, for summaries: the best candidate's levels (speedup, interval,
+        verdict), crossover and warnings, and the emitted adaptive config with its command."""
+        arm = (self.best or {}).get("arm")
+        decision = next((d for d in self.decisions if d.best_arm is not None and d.best_arm == arm), None)
+        levels = [{"concurrency": lv.concurrency, "share": lv.share, "speedup": lv.speedup,
+                   "interval": lv.speedup_interval, "verdict": lv.verdict, "slower": lv.slower}
+                  for lv in (decision.levels if decision else [])]  # fmt: skip
+        adaptive = self.adaptive or {}
+        return {"levels": levels, "crossover": decision.crossover if decision else None,
+                "warnings": decision.warnings if decision else [], "adaptive_config": adaptive.get("config_path"),
+                "adaptive_launch": adaptive.get("launch_sglang")}  # fmt: skip
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GateReport:
         data = dict(data)
         data["arms"] = [ArmResult.from_dict(a) for a in data["arms"]]
-        data["decisions"] = [Decision(**d) for d in data["decisions"]]
+        data["decisions"] = [Decision.from_dict(d) for d in data["decisions"]]
         return cls(**data)
-
-
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _rounds_table(report: GateReport, c: int) -> list[str]:
-    """Per-round tok/s of every arm at concurrency ``c`` (accept length of speculative arms in brackets)."""
-    arms = [a for a in report.arms if a.rounds_at(c)]
-    if not arms:
-        return []
-    base = next((a.rounds_at(c) for a in arms if a.role == "baseline"), {})
-    lines = [f"### Concurrency {c}", "", "| round | " + " | ".join(a.name for a in arms) + " | speedups |",
-             "|---:|" + "---:|" * (len(arms) + 1)]  # fmt: skip
-    for r in sorted({r for a in arms for r in a.rounds_at(c)}):
-        cells, ratios = [], []
-        for a in arms:
-            stats = a.rounds_at(c).get(r)
-            cells.append("-" if stats is None else f"{stats.output_tok_s:.1f}" + (
-                f" [{stats.accept_length:.2f}]" if stats.accept_length else ""))  # fmt: skip
-            if stats and a.role != "baseline" and r in base and base[r].output_tok_s:
-                ratios.append(f"{stats.output_tok_s / base[r].output_tok_s:.3f}")
-        lines.append(f"| {r} | " + " | ".join(cells) + f" | {', '.join(ratios) or '-'} |")
-    return [*lines, ""]
-
-
-def _decision_lines(d: Decision) -> list[str]:
-    interval = f" {d.speedup_interval[0]:.3f}..{d.speedup_interval[1]:.3f}" if d.speedup_interval else ""
-    gain = f" {d.gain_interval[0]:.3f}..{d.gain_interval[1]:.3f}" if d.gain_interval else ""
-    lines = [
-        f"- `{d.draft}`: **{str(d.verdict).upper()}** after {d.rounds} rounds (best arm {d.best_arm}): speedup "
-        f"{_fmt(d.speedup, '.3f')} (interval{interval or ' -'}), accept length {_fmt(d.accept_length)}, gain over "
-        f"champion {_fmt(d.gain_over_champion, '.3f')} (interval{gain or ' -'})"
-    ]
-    lines += [f"  - check {'ok' if c['ok'] else 'FAILED'}: {c['name']}: {c['message']}" for c in d.checks]
-    lines += [f"  - {reason}" for reason in d.reasons]
-    return lines
-
-
-def _accept_lines(report: GateReport) -> list[str]:
-    """Where each speculative level's accept length came from: the server's own field or computed, with the rate
-    and histogram when the server sent them (``eagle3.bench.accept``)."""
-    rows = [(arm, lv) for arm in report.arms for lv in arm.levels if lv.accept_source]
-    if not rows:
-        return []
-    lines = ["", "## Accept counters (from the servers' answers)", "",
-             "| arm | concurrency | accept length | from | accept rate | verify passes by accepted drafts | fields |",
-             "|---|---:|---:|---|---:|---|---|"]  # fmt: skip
-    for arm, lv in rows:
-        hist = " ".join(map(str, lv.accept_histogram)) if lv.accept_histogram else "-"
-        lines.append(f"| {arm.name} | {lv.concurrency} | {_fmt(lv.accept_length)} | {lv.accept_source} | "
-                     f"{_fmt(lv.accept_rate)} | {hist} | {', '.join(lv.accept_fields)} |")  # fmt: skip
-    return lines
-
-
-def to_markdown(report: GateReport) -> str:
-    t = report.thresholds
-    lines = [
-        f"# EAGLE-3 gate: {str(report.verdict).upper()}",
-        "",
-        f"target `{report.target}`, fingerprint `{report.fingerprint}`, prompts {report.prompts}",
-        f"thresholds: speedup >= {t['min_speedup']}, accept length >= {t['min_accept']}, gain over champion >= "
-        f"{t['min_gain_over_champion']} at concurrency {t['decision_concurrency']}; rounds {t.get('min_rounds')}.."
-        f"{t.get('max_rounds')}, {t.get('confidence')} t interval on the paired per-round speedups",
-        "",
-        "| arm | role | concurrency | rounds | output tok/s (pooled) | TPOT ms | accept length | requests |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for arm in report.arms:
-        if arm.error:
-            lines.append(f"| {arm.name} | {arm.role} | - | - | - | - | - | error: {arm.error} |")
-        for lv in arm.levels:
-            lines.append(
-                f"| {arm.name} | {arm.role} | {lv.concurrency} | {len(arm.rounds_at(lv.concurrency))} | "
-                f"{lv.output_tok_s:.1f} | {lv.tpot_ms:.1f} | {_fmt(lv.accept_length)} | {lv.requests} |"
-            )
-    lines += _accept_lines(report)
-    lines += ["", "## Decisions", ""]
-    for d in report.decisions:
-        lines += _decision_lines(d)
-    concurrencies = list(dict.fromkeys(r.concurrency for a in report.arms for r in a.rounds))
-    if concurrencies:
-        lines += ["", "## Rounds (output tok/s [accept length]; speedups = each speculative arm / baseline)", ""]
-        for c in concurrencies:
-            lines += _rounds_table(report, c)
-    lines += ["", "## The accept-length bound", "", PHYSICAL_BOUND]
-    unflushed = [f"- {arm.name}: {note}" for arm in report.arms for note in arm.flush_failures]
-    if unflushed:
-        lines += ["", "## Rounds measured without a cache flush", "", *unflushed]
-    if report.best:
-        lines += ["", "## Best config", "", f"`{json.dumps(report.best.get('speculative'))}`", ""]
-        lines += ["SGLang launch command:", "", "```", str(report.best.get("launch_sglang")), "```"]
-    if report.promotion:
-        lines += ["", f"Promoted draft `{report.promotion['draft_id']}` to champion ({report.promotion['draft_dir']})."]
-    elif report.champion:
-        lines += ["", f"Champion unchanged: `{report.champion.get('draft_id')}`."]
-    return "\n".join(lines) + "\n"
-
-
-def _plot_throughput(report: GateReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in report.arms:
-        if arm.levels:
-            xs = [lv.concurrency for lv in arm.levels]
-            (line,) = ax.plot(xs, [lv.output_tok_s for lv in arm.levels], marker="o", label=arm.name)
-            ax.scatter([r.concurrency for r in arm.rounds], [r.output_tok_s for r in arm.rounds], s=10, alpha=0.4,
-                       color=line.get_color())  # each round, so the spread is visible  # fmt: skip
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tok/s")
-    ax.set_xscale("log", base=2)
-    ax.set_title("Throughput vs concurrency (line: pooled rounds, dots: each round)")
-    ax.legend(fontsize=7)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _plot_accept(report: GateReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    c = report.thresholds["decision_concurrency"]
-    spec_arms = [a for a in report.arms if a.role != "baseline" and a.level(c) is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    values = [a.level(c).accept_length or 0.0 for a in spec_arms]  # type: ignore[union-attr]
-    ax.bar(range(len(spec_arms)), values, color="tab:green")
-    ax.set_xticks(range(len(spec_arms)), [a.name for a in spec_arms], rotation=30, ha="right", fontsize=7)
-    ax.axhline(report.thresholds["min_accept"], color="tab:red", linestyle="--", label="min_accept")
-    ax.set_ylabel(f"accept length (concurrency {c})")
-    ax.set_title("Accept length per config")
-    ax.legend(fontsize=7)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
 
 
 def write_report(report: GateReport, out_dir: Path) -> dict[str, Path]:
@@ -353,8 +283,8 @@ def write_report(report: GateReport, out_dir: Path) -> dict[str, Path]:
         "throughput_png": out_dir / THROUGHPUT_PNG,
         "accept_png": out_dir / ACCEPT_PNG,
     }
-    _plot_throughput(report, paths["throughput_png"])
-    _plot_accept(report, paths["accept_png"])
+    plot_throughput(report, paths["throughput_png"])
+    plot_accept(report, paths["accept_png"])
     atomic_write_text(paths["markdown"], to_markdown(report))
     atomic_write_json(paths["json"], report.to_dict())
     return paths

@@ -3,7 +3,8 @@
 Gate: the plan is the gate's identity (``gate_identity``: drafts, champion, config, URLs -> fingerprint and
 directory), computed without measuring; the unit is ``run_gate``; finalize reads the report back, so a gate read
 back from its manifest and one measured now end the same way. Its summary carries the verdict (pass, fail or
-inconclusive) and the reasons, so the nightly flow can end in a state named after it. No Prefect cache
+inconclusive) and the reasons, so the nightly flow can end in a state named after it, and what the gate says about
+serving (``GateReport.serving_summary``: levels, crossover, adaptive config and command). No Prefect cache
 (``unit_output`` is None): reading a finished gate's report is as cheap as a cache hit, a cached unit could not say
 whether this run measured (``reused``), and ``force`` must measure again.
 
@@ -103,6 +104,7 @@ class GateStage(Stage[GatePlan]):
             "reasons": [r for d in report.decisions for r in d.reasons],
             "promotion": report.promotion,
             "reused": all(r.skipped for r in reports),
+            **report.serving_summary(),
         }
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
                            summary=summary, markdown=to_markdown(report),

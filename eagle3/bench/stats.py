@@ -9,6 +9,18 @@ Why t on logs, not a bootstrap:
 - Pairing per round (candidate and baseline measured back to back in one round) removes drift that both arms see:
   only what differs between the two arms within a round widens the interval.
 
+A served-load profile (``gate.traffic``: levels with shares w_c) is combined per round, not per level: every level
+is measured in every round (``eagle3.bench.rounds``), so round r has a paired log speedup x_{c,r} at each level and
+one weighted log speedup y_r = sum_c w_c x_{c,r}; the interval is the same t interval over the y_r (n - 1 degrees
+of freedom). Its centre is the weighted mean of the levels' log speedups (mean_r y_r = sum_c w_c mean_r x_{c,r}),
+so the estimate is the weighted geometric mean of the levels' speedups; its variance is the sample variance of the
+y_r, which includes the covariance of the levels measured in the same round (a machine slower during a round slows
+every level of it), where combining per-level intervals as independent (sum_c w_c^2 s_c^2 / n with a Satterthwaite
+df) would assume it away. A level with no weight plays no part; a round missing a weighed level is left out. The
+weighted geometric mean is the symmetric summary of ratios; it lies between the weighted harmonic mean (the time a
+token mix with those shares saves) and the arithmetic mean, and the verdict's per-level floor
+(``gate.level_weight_floor``) keeps a heavy level's loss from hiding under the others' gains.
+
 The t quantile is computed here (bisection on the regularized incomplete beta, Numerical Recipes' ``betacf``
 continued fraction) because scipy is not a dependency; tests check it against table values.
 """
@@ -16,7 +28,7 @@ continued fraction) because scipy is not a dependency; tests check it against ta
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 _EPS = 1e-14
@@ -107,3 +119,26 @@ def ratio_interval(ratios: Sequence[float], confidence: float) -> Interval | Non
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, confidence)
+
+
+def weighted_log_ratios(levels: Mapping[int, Mapping[int, float]], shares: Mapping[int, float]) -> list[float]:
+    """Per round (ascending), ``sum_c shares[c] * log(levels[c][round])`` over the levels with a share; only rounds
+    where every such level has a ratio (see the module docstring)."""
+    weighed = {c: w for c, w in shares.items() if w > 0}
+    if not weighed:
+        raise ValueError(f"no level has a share: {dict(shares)}")
+    rounds = set.intersection(*(set(levels.get(c, {})) for c in weighed))
+    out = []
+    for r in sorted(rounds):
+        ratios = [levels[c][r] for c in weighed]
+        if any(x <= 0 or not math.isfinite(x) for x in ratios):
+            raise ValueError(f"ratios must be positive and finite, got {ratios} in round {r}")
+        out.append(sum(w * math.log(levels[c][r]) for c, w in weighed.items()))
+    return out
+
+
+def weighted_interval(
+    levels: Mapping[int, Mapping[int, float]], shares: Mapping[int, float], confidence: float
+) -> Interval | None:
+    """The t interval of the profile's weighted geometric mean speedup (module docstring); None below 2 rounds."""
+    return ratio_interval([math.exp(y) for y in weighted_log_ratios(levels, shares)], confidence)

@@ -1,18 +1,25 @@
 """The gate's verdict: a pure function of the arms' measured rounds and ``GateConfig`` (DESIGN §6).
 
-Per candidate draft, at ``gate.decision_concurrency``, with its best spec config (highest pooled tok/s):
+Per candidate draft, on the served-load profile ``gate.traffic`` (levels with shares), with its best spec config
+(the highest weighted speedup estimate):
 
-- **Statistic** (``eagle3.bench.stats``): the per-round paired speedups ``candidate tok/s / baseline tok/s`` of the
-  same round (the two were measured back to back) and their t interval at ``gate.confidence``; the same for the
-  gain over the champion when one exists.
-- **Sanity checks** (``checks``); any failure makes the verdict INCONCLUSIVE with its reason, whatever the interval
-  says, because it shows the arms did not see the same machine or did not do the same work:
-  ``accept_bound`` (``eagle3.bench.report.PHYSICAL_BOUND``: no round's speedup above its accept length, with tolerance),
-  ``baseline_drift`` (the baseline's own rounds agree within ``gate.max_baseline_drift``) and ``same_tokens``
-  (every arm generated as many tokens as the baseline in each round, within ``gate.max_token_mismatch``).
-- **Verdict**: FAIL when the draft was refused or not measured, its accept length is below ``min_accept``, or an
-  upper bound is below its threshold; PASS when every check holds and each lower bound clears its threshold
-  (``min_speedup``, and ``min_gain_over_champion`` when a champion exists); INCONCLUSIVE otherwise. Before
+- **Statistic** (``eagle3.bench.stats``): at each level, the per-round paired speedups ``candidate tok/s /
+  baseline tok/s`` of the same round (measured back to back) and their t interval at ``gate.confidence``: the
+  level's own verdict (``LevelVerdict``: against ``min_speedup``, and ``slower`` when its interval lies below 1).
+  Over the profile, the t interval of the per-round weighted log speedups (the weighted geometric mean of the
+  levels' speedups; the stats module says why per round). The same for the gain over the champion when one exists.
+- **Sanity checks** (``sanity_checks``, at every weighed level); any failure makes the verdict INCONCLUSIVE with its
+  reason, whatever the interval says, because it shows the arms did not see the same machine or did not do the
+  same work: ``accept_bound`` (``eagle3.bench.report_md.PHYSICAL_BOUND``: no round's speedup above its accept
+  length, with tolerance), ``baseline_drift`` (the baseline's own rounds agree within ``gate.max_baseline_drift``)
+  and ``same_tokens`` (every arm generated as many tokens as the baseline in each round, within
+  ``gate.max_token_mismatch``).
+- **Verdict**: FAIL when the draft was refused or not measured, its accept length (pooled over every level) is below
+  ``min_accept``, a weighted upper bound is below its threshold, or a level carrying at least
+  ``gate.level_weight_floor`` of the traffic is significantly slower than the baseline (its interval below 1: a
+  loss the user serves often, whatever the other levels gain); PASS when every check holds and each weighted lower
+  bound clears its threshold (``min_speedup``, and ``min_gain_over_champion`` when a champion exists);
+  INCONCLUSIVE otherwise. A lighter level significantly slower is a warning of the decision, not a reason. Before
   ``gate.max_rounds`` an open interval (or a PASS: see ``undecided``) means "measure another round".
 
 Noise that slows one arm by the same amount in every measured round cannot be told from a real difference by any
@@ -24,22 +31,40 @@ than ``gate.max_baseline_drift`` is INCONCLUSIVE even so: such a machine is too 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import asdict
 
-from eagle3.bench.report import FAIL, INCONCLUSIVE, PASS, ArmResult, Decision, LevelStats
-from eagle3.bench.stats import Interval, ratio_interval
+from eagle3.bench.report import FAIL, INCONCLUSIVE, PASS, ArmResult, Decision, LevelStats, LevelVerdict, pool_sets
+from eagle3.bench.serving import crossover
+from eagle3.bench.stats import Interval, ratio_interval, weighted_interval, weighted_log_ratios
 from eagle3.config import GateConfig
 
-
-def best_arm(arms: Sequence[ArmResult], c: int) -> ArmResult | None:
-    measured = [a for a in arms if a.error is None and a.level(c) is not None]
-    return max(measured, key=lambda a: a.level(c).output_tok_s, default=None)  # type: ignore[union-attr]
+Ratios = dict[int, dict[int, float]]  # concurrency -> round -> paired ratio
 
 
-def _ratios(num: dict[int, LevelStats], den: dict[int, LevelStats]) -> list[float]:
-    """Per-round ``num/den`` tok/s over the rounds both measured, in round order (rounds with no output dropped)."""
+def _ratios(num: dict[int, LevelStats], den: dict[int, LevelStats]) -> dict[int, float]:
+    """Per-round ``num/den`` tok/s over the rounds both measured (rounds with no output dropped)."""
     common = sorted(set(num) & set(den))
-    return [num[r].output_tok_s / den[r].output_tok_s for r in common if num[r].output_tok_s and den[r].output_tok_s]
+    return {r: num[r].output_tok_s / den[r].output_tok_s for r in common if num[r].output_tok_s and den[r].output_tok_s}
+
+
+def level_ratios(num: ArmResult, den: ArmResult, levels: Sequence[int]) -> Ratios:
+    """The paired per-round ratios of two arms at each level."""
+    return {c: _ratios(num.rounds_at(c), den.rounds_at(c)) for c in levels}
+
+
+def weighted_estimate(ratios: Ratios, gate: GateConfig) -> float | None:
+    """The profile's weighted geometric mean speedup over the rounds measured so far (None before one)."""
+    logs = weighted_log_ratios(ratios, gate.shares)
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def best_arm(arms: Sequence[ArmResult], base: ArmResult, gate: GateConfig) -> ArmResult | None:
+    """The measured arm with the highest weighted speedup over ``base``."""
+    scored = [(weighted_estimate(level_ratios(a, base, gate.levels), gate), a) for a in arms if a.error is None]
+    scored = [(s, a) for s, a in scored if s is not None]
+    return max(scored, key=lambda sa: sa[0], default=(None, None))[1]
 
 
 def _check(name: str, ok: bool, message: str) -> dict[str, object]:
@@ -49,7 +74,7 @@ def _check(name: str, ok: bool, message: str) -> dict[str, object]:
 def sanity_checks(
     cand: dict[int, LevelStats], base: dict[int, LevelStats], others: dict[str, dict[int, LevelStats]], gate: GateConfig
 ) -> list[dict[str, object]]:
-    """The physical checks over paired rounds (``others``: every non-baseline arm compared, by name)."""
+    """The physical checks over paired rounds of one level (``others``: every non-baseline arm compared, by name)."""
     checks = []
     worst = max(
         ((cand[r].output_tok_s / base[r].output_tok_s) / cand[r].accept_length, r)
@@ -81,64 +106,120 @@ def sanity_checks(
     return checks
 
 
+def _level_verdict(interval: Interval | None, checks: list[dict[str, object]], gate: GateConfig) -> str:
+    if interval is None or not all(c["ok"] for c in checks):
+        return INCONCLUSIVE
+    if interval.hi < gate.min_speedup:
+        return FAIL
+    return PASS if interval.lo >= gate.min_speedup else INCONCLUSIVE
+
+
+def level_verdicts(cand: ArmResult, base: ArmResult, champ: ArmResult | None, gate: GateConfig) -> list[LevelVerdict]:
+    """Each level of the profile for ``cand`` on its own (``LevelVerdict``), ascending concurrency."""
+    out = []
+    for c, share in gate.shares.items():
+        cand_r, base_r = cand.rounds_at(c), base.rounds_at(c)
+        ratios = list(_ratios(cand_r, base_r).values())
+        interval = ratio_interval(ratios, gate.confidence)
+        estimate = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+        others = {cand.name: cand_r} | ({champ.name: champ.rounds_at(c)} if champ else {})
+        checks = [
+            {**check, "message": f"concurrency {c}: {check['message']}", "concurrency": c}
+            for check in sanity_checks(cand_r, base_r, others, gate)
+        ]
+        level = cand.level(c)
+        out.append(LevelVerdict(
+            c, share, len(ratios), estimate, interval.to_list() if interval else None,
+            _level_verdict(interval, checks, gate), slower=interval is not None and interval.hi < 1.0,
+            accept_length=level.accept_length if level else None, checks=checks,
+        ))  # fmt: skip
+    return out
+
+
+def _slower(lv: LevelVerdict) -> str:
+    lo, hi = lv.speedup_interval or [0.0, 0.0]
+    return f"concurrency {lv.concurrency} ({lv.share:.0%} of the traffic) is slower than the baseline: speedup " \
+           f"{lv.speedup:.3f} [{lo:.3f}, {hi:.3f}]"  # fmt: skip
+
+
+def _blocking(lv: LevelVerdict, gate: GateConfig) -> bool:
+    return lv.slower and lv.share > 0 and lv.share >= gate.level_weight_floor
+
+
 def _verdict(
-    speed: Interval | None, gain: Interval | None, has_champion: bool, checks: list, gate: GateConfig, rounds: int
-) -> tuple[str, list[str]]:
+    speed: Interval | None, gain: Interval | None, has_champion: bool, checks: list, levels: list[LevelVerdict],
+    gate: GateConfig, rounds: int,
+) -> tuple[str, list[str]]:  # fmt: skip
     """The verdict and its reasons once the draft was measured and its accept length cleared ``min_accept``."""
     bad = [f"sanity check {c['name']} failed: {c['message']}" for c in checks if not c["ok"]]
     if bad:
         return INCONCLUSIVE, bad
     if speed is None or (has_champion and gain is None):
         return INCONCLUSIVE, [f"{rounds} paired round(s): an interval needs at least 2"]
+    fails = [f"{_slower(lv)}, and it carries >= level_weight_floor {gate.level_weight_floor:.0%}"
+             for lv in levels if _blocking(lv, gate)]  # fmt: skip
     if speed.hi < gate.min_speedup:
-        return FAIL, [f"speedup {speed} is below min_speedup {gate.min_speedup}"]
+        fails.append(f"weighted speedup {speed} is below min_speedup {gate.min_speedup}")
     if gain is not None and gain.hi < gate.min_gain_over_champion:
-        return FAIL, [f"gain over champion {gain} is below min_gain_over_champion {gate.min_gain_over_champion}"]
+        fails.append(f"gain over champion {gain} is below min_gain_over_champion {gate.min_gain_over_champion}")
+    if fails:
+        return FAIL, fails
     open_ = []
     if speed.lo < gate.min_speedup:
-        open_.append(f"speedup {speed} contains min_speedup {gate.min_speedup}")
+        open_.append(f"weighted speedup {speed} contains min_speedup {gate.min_speedup}")
     if gain is not None and gain.lo < gate.min_gain_over_champion:
         open_.append(f"gain over champion {gain} contains min_gain_over_champion {gate.min_gain_over_champion}")
     return (INCONCLUSIVE, open_) if open_ else (PASS, [])
+
+
+def _measured(draft: str, best: ArmResult, base: ArmResult, champ: ArmResult | None, gate: GateConfig) -> Decision:
+    levels = level_verdicts(best, base, champ, gate)
+    ratios = level_ratios(best, base, gate.levels)
+    speed = weighted_interval(ratios, gate.shares, gate.confidence)
+    gain = weighted_interval(level_ratios(best, champ, gate.levels), gate.shares, gate.confidence) if champ else None
+    accept = best.accept().accept_length
+    checks = [check for lv in levels if lv.share > 0 for check in lv.checks]
+    rounds = len(weighted_log_ratios(ratios, gate.shares))
+    if accept is None or accept < gate.min_accept:
+        verdict, reasons = FAIL, [f"accept length {accept} < min_accept {gate.min_accept} (every level pooled)"]
+    else:
+        verdict, reasons = _verdict(speed, gain, champ is not None, checks, levels, gate, rounds)
+    warnings = [f"{_slower(lv)}: serve it without speculation (see the serving configuration)"
+                for lv in levels if lv.slower and not _blocking(lv, gate)]  # fmt: skip
+    points = [(lv.concurrency, lv.speedup) for lv in levels if lv.speedup is not None]
+    return Decision(
+        draft, verdict == PASS, best.name, weighted_estimate(ratios, gate), accept,
+        weighted_estimate(level_ratios(best, champ, gate.levels), gate) if champ else None, reasons, verdict=verdict,
+        rounds=rounds, speedup_interval=speed.to_list() if speed else None,
+        gain_interval=gain.to_list() if gain else None, checks=checks, levels=levels, warnings=warnings,
+        crossover=asdict(crossover(points)) if points else None, by_set=pool_sets(best.rounds),
+    )  # fmt: skip
 
 
 def _decide_draft(
     draft: str, mine: list[ArmResult], base: ArmResult | None, champ: ArmResult | None, champion_arms: list[ArmResult],
     gate: GateConfig, refused: list[str],
 ) -> Decision:  # fmt: skip
-    c = gate.decision_concurrency
-    best = best_arm(mine, c)
+    best = best_arm(mine, base, gate) if base is not None else None
     reasons = [*refused, *(f"{a.name}: {a.error}" for a in mine if a.error)]
     if champion_arms and champ is None:
         reasons.append("the champion could not be measured: " + "; ".join(str(a.error) for a in champion_arms))
     if best is None or base is None:
-        reasons.append("no measurement at the decision concurrency" + ("" if base else " (baseline failed)"))
+        reasons.append("no paired measurement on the traffic profile" + ("" if base else " (baseline failed)"))
     if reasons or best is None or base is None:
         return Decision(draft, False, best.name if best else None, None, None, None, reasons, verdict=FAIL)
-    cand_r, base_r = best.rounds_at(c), base.rounds_at(c)
-    others = {best.name: cand_r} | ({champ.name: champ.rounds_at(c)} if champ else {})
-    speed = ratio_interval(_ratios(cand_r, base_r), gate.confidence)
-    gain = ratio_interval(_ratios(cand_r, champ.rounds_at(c)), gate.confidence) if champ else None
-    accept = best.level(c).accept_length  # type: ignore[union-attr]
-    checks = sanity_checks(cand_r, base_r, others, gate)
-    rounds = len(set(cand_r) & set(base_r))
-    if accept is None or accept < gate.min_accept:
-        verdict, reasons = FAIL, [f"accept length {accept} < min_accept {gate.min_accept} at concurrency {c}"]
-    else:
-        verdict, reasons = _verdict(speed, gain, champ is not None, checks, gate, rounds)
-    return Decision(
-        draft, verdict == PASS, best.name, speed.estimate if speed else None, accept, gain.estimate if gain else None,
-        reasons, verdict=verdict, rounds=rounds, speedup_interval=speed.to_list() if speed else None,
-        gain_interval=gain.to_list() if gain else None, checks=checks,
-    )  # fmt: skip
+    return _measured(draft, best, base, champ, gate)
+
+
+def _first_measured(arms: Sequence[ArmResult]) -> ArmResult | None:
+    return next((a for a in arms if a.error is None and a.rounds), None)
 
 
 def decide(arms: list[ArmResult], gate: GateConfig, refused: dict[str, list[str]] | None = None) -> list[Decision]:
     """One decision per candidate draft (see the module docstring); ``refused`` maps a draft to static failures."""
-    c = gate.decision_concurrency
-    base = best_arm([a for a in arms if a.role == "baseline"], c)
+    base = _first_measured([a for a in arms if a.role == "baseline"])
     champion_arms = [a for a in arms if a.role == "champion"]
-    champ = best_arm(champion_arms, c)
+    champ = _first_measured(champion_arms)
     drafts = list(dict.fromkeys(a.draft for a in arms if a.role == "candidate" and a.draft))
     drafts += [d for d in (refused or {}) if d not in drafts]
     decisions = []

@@ -21,6 +21,9 @@ Design choices:
   ports of the CPU kernels), ``SGLANG_USE_CPU_ENGINE=1``, and only the CPU flags (``CPU_FLAGS``) appended. Both arms
   run on ``intel_amx`` attention, the one CPU backend with a draft backend, so the gate compares speculation, not two
   attention implementations.
+- SGLang's adaptive speculation (``adaptive_config``: a ``--speculative-adaptive-config`` JSON file, written by the
+  gate from its per-level measurement, ``eagle3.bench.serving``) appends ``--speculative-adaptive`` and the file to
+  the speculative flags; the reference server has no such mode and refuses it.
 - A command names a concrete port (port 0 becomes a free one here), so a printed line can be pasted. It is run by
   the project's one launcher (``eagle3.serve.launch.ServerProcess``), which owns where a server listens: it gets
   the line without ``--host``/``--port`` and adds them back, last.
@@ -68,6 +71,7 @@ SPECULATIVE_FLAGS: tuple[str, ...] = (
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
 )
+ADAPTIVE_FLAGS: tuple[str, ...] = ("--speculative-adaptive", "--speculative-adaptive-config")
 MAX_RUNNING_FLAG = "--max-running-requests"
 # Flags whose value differs per launch by design (where the server listens), ignored when arms are compared.
 ADDRESS_FLAGS: tuple[str, ...] = ("--host", "--port")
@@ -213,9 +217,11 @@ def build_launch(
     draft: str | Path | None = None,
     speculative: SpeculativeConfig | None = None,
     port: int | None = None,
+    adaptive_config: str | Path | None = None,
 ) -> LaunchCommand:
     """The launch command of one arm on ``engine`` (default ``server.engine``). ``speculative`` defaults to
-    ``config.speculative``; port 0 picks a free one."""
+    ``config.speculative``; port 0 picks a free one; ``adaptive_config`` (SGLang only) turns on SGLang's adaptive
+    speculation with that JSON file (``speculative.num_steps`` must be one of its candidate steps)."""
     engine = engine or config.server.engine
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: use one of {list(ARMS)}")
@@ -233,12 +239,18 @@ def build_launch(
     spec = speculative or config.speculative
     draft_path = str(Path(draft).expanduser().resolve()) if Path(draft).expanduser().exists() else str(draft)
     argv += speculative_args(spec, draft_path)
+    if adaptive_config is not None:
+        if engine != "sglang":
+            raise ValueError("adaptive speculation (--speculative-adaptive-config) is SGLang's: build it with "
+                             "engine='sglang'")  # fmt: skip
+        argv += [ADAPTIVE_FLAGS[0], ADAPTIVE_FLAGS[1], str(Path(adaptive_config).expanduser().resolve())]
     return LaunchCommand(arm, engine, argv, host, port, draft=draft_path, speculative=spec.model_dump(mode="json"),
                          env=env)  # fmt: skip
 
 
 def split_speculative(args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Split server args into the non-speculative ones and a ``{flag: value}`` dict of ``--speculative-*`` flags."""
+    """Split server args into the non-speculative ones and a ``{flag: value}`` dict of ``--speculative-*`` flags (a
+    switch such as ``--speculative-adaptive``, followed by another flag or nothing, has the value ``""``)."""
     shared: list[str] = []
     spec: dict[str, str] = {}
     i = 0
@@ -246,12 +258,9 @@ def split_speculative(args: list[str]) -> tuple[list[str], dict[str, str]]:
         token = args[i]
         name, eq, inline = token.partition("=")
         if name.startswith("--speculative-"):
-            if eq:
-                spec[name] = inline
-                i += 1
-            else:
-                spec[name] = args[i + 1] if i + 1 < len(args) else ""
-                i += 2
+            valued = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
+            spec[name] = inline if eq else args[i + 1] if valued else ""
+            i += 2 if valued else 1
             continue
         shared.append(token)
         i += 1

@@ -4,7 +4,8 @@ The module is one story on one run root (tests run in file order and share it):
 
 1. night 1 is killed (SIGKILL to the whole process group) while regen is writing its journals;
 2. the same command again finishes: prompts are not rebuilt, regen rows journaled before the kill are kept
-   (their ``server`` is the first run's reference server), every sample appears exactly once;
+   (their ``server`` is the first run's reference server), every sample appears exactly once; its gate report
+   shows each level of the tiny traffic profile, the crossover and the emitted SGLang adaptive config;
 3. night 2 adds ``scale`` prompts: earlier regen and feature shards are untouched, only new shards are written,
    and the scaling curve has two points;
 4. night 2 run again (its shards given explicitly) is a no-op: no process but the command and its Prefect API server
@@ -108,6 +109,20 @@ def test_killed_during_regen_then_the_same_command_resumes(story: dict[str, Any]
         sid for sid, server in journaled.items() if any(r["sample_id"] == sid and r["server"] == server for r in rows)
     ]
     assert len(kept) == len(journaled), "samples finished before the kill were regenerated again"
+
+
+def test_the_nights_gate_report_shows_each_levels_verdict_the_crossover_and_the_adaptive_config(story: dict[str, Any]):
+    (gate_dir,) = [d for d in (story["root"] / "gate").iterdir() if d.is_dir()]
+    report = json.loads((gate_dir / "report.json").read_text())
+    (decision,) = report["decisions"]
+    assert [lv["concurrency"] for lv in decision["levels"]] == [1, 4], decision["reasons"]  # the tiny profile
+    assert all(lv["verdict"] in ("pass", "fail", "inconclusive") for lv in decision["levels"])
+    assert decision["crossover"]["summary"] and set(decision["by_set"]) == {"chat", "code", "math"}
+    assert [t["batch_size"] for t in report["adaptive"]["tiers"]] == [1, 2]
+    markdown = (gate_dir / "report.md").read_text()
+    assert "| concurrency | share | rounds | speedup | interval | verdict | vs baseline |" in markdown
+    assert "  - crossover: " in markdown and "## Serving configuration (SGLang adaptive speculation)" in markdown
+    assert report["adaptive"]["launch_sglang"] in markdown
 
 
 def test_second_night_adds_only_new_shards_and_a_curve_point(story: dict[str, Any]):

@@ -168,6 +168,7 @@ def test_progress_shard_table_and_gate_report_are_artifacts(prefect_server: Pref
     assert any((a["key"] or "").startswith("regen") for a in by_type.get("table", [])), "no regen shard table"
     report = prefect_server.get("/artifacts/gate-report/latest")
     assert report["type"] == "markdown" and "speedup" in report["data"].lower()
+    assert "crossover: " in report["data"] and "## Serving configuration" in report["data"], report["data"][:3000]
     curve = prefect_server.get("/artifacts/scaling-curve/latest")
     assert curve["type"] == "table" and len(json.loads(curve["data"])) == 1
 

@@ -49,7 +49,7 @@ def test_scaling_flow_publishes_the_curve_under_its_fixed_keys(tmp_path, prefect
     )
     gate_dir = tmp_path / "gate"
     decision = Decision("d", True, "spec", 1.2, 1.7, None)
-    thresholds = {"decision_concurrency": 1, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0}
+    thresholds = {"traffic": {"1": 1.0}, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0}
     write_report(GateReport("g", "tiny", thresholds, {}, [], [decision], passed=True), gate_dir)
     out = scaling_flow(config, gate={"out_dir": str(gate_dir)}, total_prompts=10, train_samples=9,
                        draft_fingerprint="d", label="night 1")  # fmt: skip

@@ -38,7 +38,7 @@ def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> Pat
     report = GateReport(
         fingerprint=out.name,
         target="tiny",
-        thresholds={"decision_concurrency": 1, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0},
+        thresholds={"traffic": {"1": 1.0}, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0},
         prompts={},
         arms=[],
         decisions=[Decision("d", passed, "spec", speedup, accept, None)],

@@ -208,8 +208,7 @@ def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             f"gate.prompts_per_set={BENCH_PER_SET}",
             "gate.warmup_requests=1",
             "gate.max_new_tokens=32",
-            "gate.concurrency=[1, 2]",
-            "gate.decision_concurrency=1",
+            "gate.traffic={1: 1, 2: 0}",  # 2 is measured (crossover, adaptive tiers), not weighed
             "gate.min_speedup=0.01",
             "gate.min_accept=1.2",
             "gate.min_rounds=2",

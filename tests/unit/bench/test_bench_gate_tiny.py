@@ -73,18 +73,32 @@ def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champio
     for arm in report.arms:
         assert arm.error is None and [lv.concurrency for lv in arm.levels] == [1, 2]
         assert arm.flush_failures == []  # the cache was flushed before every round
-        # a PASS takes every round at the decision concurrency; the other level runs min_rounds
-        assert sorted(arm.rounds_at(1)) == list(range(gate.max_rounds))
-        assert sorted(arm.rounds_at(2)) == list(range(gate.min_rounds))
+        # a PASS takes every round, and every round measures every level of the profile (2: weight 0)
+        assert sorted(arm.rounds_at(1)) == sorted(arm.rounds_at(2)) == list(range(gate.max_rounds))
         assert all(r.requests == 12 and r.completion_tokens > 0 and r.output_tok_s > 0 for r in arm.rounds)
         assert arm.level(1).requests == 12 * gate.max_rounds  # pooled
     (decision,) = report.decisions
     lo, hi = decision.speedup_interval
     assert decision.rounds == gate.max_rounds and gate.min_speedup <= lo <= decision.speedup <= hi
     assert {c["name"] for c in decision.checks} == {"accept_bound", "baseline_drift", "same_tokens"}
-    assert all(c["ok"] for c in decision.checks), decision.checks
+    assert all(c["ok"] and c["concurrency"] == 1 for c in decision.checks), decision.checks  # 2 weighs nothing
+    assert [(lv.concurrency, lv.share, lv.rounds) for lv in decision.levels] == [(1, 1.0, 3), (2, 0.0, 3)]
+    assert decision.crossover is not None and decision.crossover["summary"]
+    assert set(decision.by_set) == {"chat", "code", "math"}
+    assert all(row["prompts"] == 4 and row["requests"] == 4 * 2 * gate.max_rounds and row["accept_length"] > 1
+               for row in decision.by_set.values()), decision.by_set  # fmt: skip
+    assert report.cost == {**report.cost, "rounds": gate.max_rounds, "levels": 2, "arms": 2,
+                           "batches": 2 * 2 * gate.max_rounds}  # fmt: skip
+    adaptive = report.adaptive
+    assert [t["batch_size"] for t in adaptive["tiers"]] == [1, 2]
+    assert Path(adaptive["draft"]) == gate_world.export.resolve()
+    if adaptive["config"] is not None:  # some tier drafts: its JSON beside the report, in the manifest
+        assert json.loads((result.out_dir / "adaptive_config.json").read_text()) == adaptive["config"]
+        assert "--speculative-adaptive --speculative-adaptive-config" in adaptive["launch_sglang"]
     markdown = (result.out_dir / "report.md").read_text()
     assert "# EAGLE-3 gate: PASS" in markdown and "## Rounds" in markdown and f"interval {lo:.3f}..{hi:.3f}" in markdown
+    assert "## Serving configuration (SGLang adaptive speculation)" in markdown and "crossover: " in markdown
+    assert "## Accept length per prompt set" in markdown and "| 2 | 0% | 3 |" in markdown
     cand = report.arms[1]
     assert cand.level(1).accept_length >= cfg.gate.min_accept
     assert {c["name"] for c in cand.preflight} >= {"server_algorithm", "server_draft", "smoke_accept"}
@@ -112,7 +126,7 @@ def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
         gate_world.config,
         [
             f"root={tmp_path / 'run'}",
-            "gate.concurrency=[1]",
+            "gate.traffic={1: 1}",
             "gate.prompts_per_set=2",
             "gate.max_new_tokens=16",
             "gate.min_gain_over_champion=1000",

@@ -46,9 +46,7 @@ def test_pooled_rounds_sum_tokens_and_time():
     assert lv.requests == 8 and lv.tpot_ms == pytest.approx(15.0) and lv.round is None
 
 
-GATE = GateConfig(
-    concurrency=[1], decision_concurrency=1, min_speedup=1.05, min_accept=1.5, min_gain_over_champion=1.02
-)
+GATE = GateConfig(traffic={1: 1.0}, min_speedup=1.05, min_accept=1.5, min_gain_over_champion=1.02)
 
 
 def test_slower_than_baseline_is_refused_even_with_a_good_accept_length():

@@ -22,7 +22,7 @@ SEED, PER_SET, WARMUP = 0, 2, 1
 
 def test_a_baseline_slowed_in_one_round_makes_a_slow_draft_inconclusive_not_promoted(gate_world, tmp_path):
     cfg = with_overrides(gate_world.config, [
-        f"root={tmp_path / 'run'}", "gate.concurrency=[1]", f"gate.prompts_per_set={PER_SET}",
+        f"root={tmp_path / 'run'}", "gate.traffic={1: 1}", f"gate.prompts_per_set={PER_SET}",
         f"gate.warmup_requests={WARMUP}", "gate.max_new_tokens=16", "gate.min_rounds=2", "gate.max_rounds=3",
         "gate.min_speedup=1.5",  # above what the tiny draft really reaches: it must not pass
     ])  # fmt: skip

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from eagle3.bench.stats import ratio_interval, t_cdf, t_quantile
+from eagle3.bench.stats import ratio_interval, t_cdf, t_quantile, weighted_interval, weighted_log_ratios
 
 
 @pytest.mark.parametrize(
@@ -46,3 +46,46 @@ def test_more_rounds_narrow_the_interval_and_one_round_gives_none():
     with pytest.raises(ValueError, match="positive and finite"):
         ratio_interval([1.0, 0.0], 0.9)
     assert math.isclose(ratio_interval([1.2, 1.2], 0.9).lo, 1.2)  # no spread seen: nothing widens it
+
+
+def test_the_weighted_interval_is_the_t_interval_of_each_rounds_weighted_log_speedup():
+    levels = {1: {0: 1.5, 1: 1.4, 2: 1.6}, 4: {0: 0.6, 1: 0.55, 2: 0.62}}
+    shares = {1: 0.75, 4: 0.25}
+    per_round = [0.75 * math.log(levels[1][r]) + 0.25 * math.log(levels[4][r]) for r in range(3)]
+    assert weighted_log_ratios(levels, shares) == pytest.approx(per_round)
+    mean = sum(per_round) / 3
+    sd = math.sqrt(sum((y - mean) ** 2 for y in per_round) / 2)
+    half = t_quantile(0.95, 2) * sd / math.sqrt(3)
+    got = weighted_interval(levels, shares, 0.9)
+    assert (got.lo, got.estimate, got.hi) == pytest.approx(
+        (math.exp(mean - half), math.exp(mean), math.exp(mean + half))
+    )
+    # the centre is the weighted geometric mean of the levels' own geometric means
+    geo = {c: ratio_interval(list(r.values()), 0.9).estimate for c, r in levels.items()}
+    assert got.estimate == pytest.approx(geo[1] ** 0.75 * geo[4] ** 0.25)
+
+
+def test_a_level_without_share_plays_no_part_and_a_round_missing_a_weighed_level_is_left_out():
+    levels = {1: {0: 1.5, 1: 1.4, 2: 1.6}, 4: {0: 0.6, 2: 0.62}, 16: {0: 0.1, 1: 0.2, 2: 0.3}}
+    assert len(weighted_log_ratios(levels, {1: 0.5, 4: 0.5, 16: 0.0})) == 2  # round 1 has no ratio at 4
+    only_one = weighted_interval(levels, {1: 1.0, 4: 0.0, 16: 0.0}, 0.9)
+    assert only_one == ratio_interval(list(levels[1].values()), 0.9)
+
+
+def test_the_weighted_interval_covers_the_profile_speedup_when_the_levels_of_a_round_share_its_noise():
+    """A round slower or faster for every level at once (the machine): the per-round combination keeps that
+    covariance, so the interval still covers about as often as its confidence says."""
+    rng = random.Random(2)
+    true = {1: 1.4, 4: 0.7}
+    shares = {1: 0.6, 4: 0.4}
+    target = math.exp(sum(w * math.log(true[c]) for c, w in shares.items()))
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        levels: dict[int, dict[int, float]] = {1: {}, 4: {}}
+        for r in range(4):
+            shared = rng.gauss(0, 0.05)  # the round's machine state, seen by both levels
+            for c in levels:
+                levels[c][r] = true[c] * math.exp(shared + rng.gauss(0, 0.02))
+        interval = weighted_interval(levels, shares, 0.9)
+        covered += interval.lo <= target <= interval.hi
+    assert 0.88 <= covered / trials <= 0.92

@@ -1,6 +1,7 @@
 """The gate's verdict from measured rounds (``eagle3.bench.verdict``), fed synthetic rounds: noise that slows one arm
-for part of the measurement never promotes a slow draft, symmetric noise does not stop a fast one, and a speedup
-the accept length cannot explain is never a PASS.
+for part of the measurement never promotes a slow draft, symmetric noise does not stop a fast one, a speedup the
+accept length cannot explain is never a PASS, and on a traffic profile a draft that pays at concurrency 1 but loses
+at 4 passes only when the profile is weighted toward 1 (with a warning), the report naming the crossover.
 
 Rounds are revealed one at a time and the measurement stops the way ``eagle3.bench.rounds`` stops it
 (``undecided``), so early stopping is part of what is tested.
@@ -17,38 +18,47 @@ from eagle3.bench.report import FAIL, INCONCLUSIVE, PASS, ArmResult, GateReport,
 from eagle3.bench.verdict import decide, overall, undecided
 from eagle3.config import GateConfig
 
-GATE = GateConfig(min_speedup=1.05, min_accept=1.5, min_rounds=3, max_rounds=8, concurrency=[1])
+GATE = GateConfig(min_speedup=1.05, min_accept=1.5, min_rounds=3, max_rounds=8, traffic={1: 1.0})
 BASE_TOK_S, TOKENS, ACCEPT, JITTER = 100.0, 1200, 2.5, 0.02
 SEEDS = range(5)
 # factors[r] = (baseline factor, candidate factor) multiplying round r's tok/s: the noise schedule of one run
 Schedule = Callable[[random.Random, int], list[tuple[float, float]]]
 
 
-def _round(tok_s: float, r: int, *, accept: float | None = None, tokens: int = TOKENS) -> LevelStats:
+def _round(tok_s: float, r: int, *, c: int = 1, accept: float | None = None, tokens: int = TOKENS) -> LevelStats:
     verify = round(tokens / accept) if accept else 0
-    return LevelStats(1, 12, tokens, verify, tokens / tok_s, tok_s, 10.0, tokens / verify if verify else None, round=r)
+    return LevelStats(c, 12, tokens, verify, tokens / tok_s, tok_s, 10.0, tokens / verify if verify else None, round=r)
 
 
-def _arms(base: list[float], cand: list[float], *, accept: float = ACCEPT, tokens: int = TOKENS) -> list[ArmResult]:
-    baseline = ArmResult("baseline", "baseline", "", rounds=[_round(t, r) for r, t in enumerate(base)])
-    rounds = [_round(t, r, accept=accept, tokens=tokens) for r, t in enumerate(cand)]
+Levels = dict[int, list[float]]  # concurrency -> tok/s of each round
+
+
+def _arms(base: list[float] | Levels, cand: list[float] | Levels, *, accept: float = ACCEPT,
+          tokens: int = TOKENS) -> list[ArmResult]:  # fmt: skip
+    """A baseline and a candidate arm from their tok/s per round (a list: concurrency 1; a dict: per level)."""
+    base, cand = ({1: x} if isinstance(x, list) else x for x in (base, cand))
+    baseline = ArmResult("baseline", "baseline", "", rounds=[_round(t, r, c=c) for c in base for r, t in
+                                                              enumerate(base[c])])  # fmt: skip
+    rounds = [_round(t, r, c=c, accept=accept, tokens=tokens) for c in cand for r, t in enumerate(cand[c])]
     candidate = ArmResult("cand0:s3-k1-n4", "candidate", "", draft="d", rounds=rounds)
     for arm in (baseline, candidate):
         arm.pool()
     return [baseline, candidate]
 
 
-def _measure(true_speedup: float, schedule: Schedule, seed: int, gate: GateConfig = GATE):
-    """Reveal rounds one by one (each arm with its own 2% jitter and the schedule's factors) until the verdict
-    settles or ``max_rounds``; returns the decision and the rounds it took."""
+def _measure(true_speedup: float | dict[int, float], schedule: Schedule, seed: int, gate: GateConfig = GATE):
+    """Reveal rounds one by one (each arm at each level of ``gate.traffic`` with its own 2% jitter, and the
+    schedule's factors for the round) until the verdict settles or ``max_rounds``; returns the decision."""
     rng = random.Random(seed)
+    speedups = true_speedup if isinstance(true_speedup, dict) else dict.fromkeys(gate.levels, true_speedup)
     factors = schedule(rng, gate.max_rounds)
-    base: list[float] = []
-    cand: list[float] = []
+    base: Levels = {c: [] for c in gate.levels}
+    cand: Levels = {c: [] for c in gate.levels}
     for r in range(gate.max_rounds):
         slow_base, slow_cand = factors[r]
-        base.append(BASE_TOK_S * slow_base * rng.lognormvariate(0, JITTER))
-        cand.append(BASE_TOK_S * true_speedup * slow_cand * rng.lognormvariate(0, JITTER))
+        for c in gate.levels:
+            base[c].append(BASE_TOK_S * slow_base * rng.lognormvariate(0, JITTER))
+            cand[c].append(BASE_TOK_S * speedups[c] * slow_cand * rng.lognormvariate(0, JITTER))
         decisions = decide(_arms(base, cand), gate)
         if r + 1 >= gate.min_rounds and not undecided(decisions):
             break
@@ -93,10 +103,13 @@ def test_a_slow_draft_fails_cleanly_on_an_idle_machine(seed):
     assert decision.speedup_interval[1] < GATE.min_speedup and all(c["ok"] for c in decision.checks)
 
 
+@pytest.mark.parametrize("traffic", [{1: 1.0}, {1: 1.0, 4: 1.0}])
 @pytest.mark.parametrize("schedule", [_baseline_slowed_in_a_window, _baseline_slowed_mildly])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_baseline_slowed_for_part_of_the_measurement_never_promotes_a_draft_below_the_threshold(schedule, seed):
-    decision = _measure(0.97, schedule, seed)
+def test_baseline_slowed_for_part_of_the_measurement_never_promotes_a_draft_below_the_threshold(
+    schedule, seed, traffic
+):
+    decision = _measure(0.97, schedule, seed, GATE.model_copy(update={"traffic": traffic}))
     assert decision.verdict in (FAIL, INCONCLUSIVE), (decision.speedup_interval, decision.reasons)
     assert not decision.passed
 
@@ -179,3 +192,59 @@ def test_the_report_json_carries_everything_to_recompute_the_verdict(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "## Rounds" in markdown and "## The accept-length bound" in markdown and "<= a*T / T_v <= a" in markdown
     assert "| 2 | 99.0 | 133.0 [2.50] | 1.343 |" in markdown
+
+
+# The issue's tiny night: 1.47x at concurrency 1, 0.58x at 4 (the reference server batches the baseline only).
+PAYS_AT_1 = {1: 1.47, 4: 0.58}
+
+
+def _profile(traffic: dict[int, float], **update: float) -> GateConfig:
+    return GateConfig(**{**GATE.model_dump(), "traffic": traffic, **update})
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_faster_at_1_slower_at_4_weighted_toward_4_is_not_a_pass_and_the_report_names_the_crossover(seed, tmp_path):
+    gate = _profile({1: 0.2, 4: 0.8})
+    decision = _measure(PAYS_AT_1, _idle, seed, gate)
+    assert decision.verdict == FAIL and not decision.passed
+    assert any("concurrency 4 (80% of the traffic) is slower than the baseline" in r for r in decision.reasons)
+    assert any("weighted speedup" in r and "below min_speedup" in r for r in decision.reasons)
+    one, four = decision.levels
+    assert (one.verdict, four.verdict, four.slower) == (PASS, FAIL, True)
+    cross = decision.crossover
+    assert cross["interpolated"] and cross["between"] == [1, 4] and 1.0 < cross["concurrency"] < 4.0
+    report = GateReport("fp", "tiny", gate.model_dump(mode="json", exclude={"sweep", "prompt_sets"}), {},
+                        [], [decision], passed=False, verdict=FAIL)  # fmt: skip
+    write_report(report, tmp_path)
+    markdown = (tmp_path / "report.md").read_text()
+    assert f"crossover: speculation stops paying at concurrency ~{cross['concurrency']:.1f} (interpolated" in markdown
+    assert "traffic profile (concurrency: share): 1: 20%, 4: 80%" in markdown
+    assert "| 4 | 80% |" in markdown and "**slower**" in markdown
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_faster_at_1_slower_at_4_weighted_toward_1_passes_and_warns_about_the_slower_level(seed):
+    decision = _measure(PAYS_AT_1, _idle, seed, _profile({1: 0.9, 4: 0.1}))
+    assert decision.verdict == PASS and decision.rounds == GATE.max_rounds, decision.reasons
+    assert decision.speedup == pytest.approx(1.47**0.9 * 0.58**0.1, rel=0.03)
+    (warning,) = decision.warnings
+    assert "concurrency 4 (10% of the traffic) is slower than the baseline" in warning
+    assert decision.crossover["interpolated"]
+
+
+def test_a_level_carrying_the_floor_share_that_is_slower_fails_even_when_the_weighted_speedup_clears():
+    gate = _profile({1: 0.7, 4: 0.3})
+    cleared = _measure(PAYS_AT_1, _idle, 0, gate.model_copy(update={"level_weight_floor": 0.5}))
+    assert cleared.verdict == PASS and cleared.speedup_interval[0] > gate.min_speedup  # 1.11x weighted
+    blocked = _measure(PAYS_AT_1, _idle, 0, gate)  # floor 0.25: 4 carries 30%
+    assert blocked.verdict == FAIL and blocked.rounds == gate.min_rounds
+    (reason,) = blocked.reasons
+    assert "concurrency 4 (30% of the traffic) is slower" in reason and "level_weight_floor 25%" in reason
+
+
+def test_a_level_with_no_weight_is_measured_but_neither_decides_nor_blocks():
+    arms = _arms({1: [100.0, 101.0, 99.0], 4: [300.0, 303.0, 297.0]}, {1: [130.0, 131.0, 129.0], 4: [150.0] * 3})
+    (decision,) = decide(arms, _profile({1: 1.0, 4: 0.0}, max_rounds=3))
+    assert decision.verdict == PASS and decision.speedup == pytest.approx((130 * 131 * 129 / 101 / 100 / 99) ** (1 / 3))
+    assert [lv.share for lv in decision.levels] == [1.0, 0.0] and decision.levels[1].slower
+    assert {c["concurrency"] for c in decision.checks} == {1}  # the weight-0 level's checks do not decide

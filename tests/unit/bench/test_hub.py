@@ -32,7 +32,7 @@ def _promote_champion(config: PipelineConfig, tmp_path: Path) -> Path:
     (export / "model.safetensors").write_bytes(b"weights")
     (export / "README.md").write_text("---\nlicense: other\n---\n\n# EAGLE-3 draft for the target\n")
     level = LevelStats(1, 4, 100, 40, 8.0, 125.0, 10.0, 2.5)
-    gate = GateConfig(decision_concurrency=1)
+    gate = GateConfig(traffic={1: 1.0})
     report = GateReport(
         fingerprint="gatefp", target=config.target.model_path, thresholds=gate.model_dump(mode="json"),
         prompts={"chat": 4}, arms=[ArmResult("cand0", "candidate", "http://x", draft=str(export), levels=[level])],

@@ -68,7 +68,7 @@ def make_config(world: dict[str, Path], root: Path, overrides: list[str] | None 
         sources=sources_for(data),
         gate=GateConfig(
             prompt_sets={n: str(data / "bench" / f"{n}.jsonl") for n in ("chat", "math", "code")},
-            concurrency=[1],
+            traffic={1: 1.0},
         ),
     )
     return with_overrides(config, ["normalize.max_prompt_tokens=512", "normalize.shard_size=200", *(overrides or [])])

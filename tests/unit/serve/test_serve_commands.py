@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from eagle3.bench.gate import serving_config
+from eagle3.bench.serving import StepResult, adaptive_tiers
 from eagle3.config import with_overrides
 from eagle3.recipes import load_recipe
 from eagle3.serve.commands import (
+    ADAPTIVE_FLAGS,
     CPU_ENV,
     CPU_FLAGS,
     CPU_LAUNCHER,
@@ -103,31 +107,74 @@ def test_reference_engine_parses_with_the_reference_server_parser(launch_config,
     assert args.max_running_requests == 64 and args.context_length == 1024
 
 
+def test_adaptive_speculation_appends_sglangs_switch_and_file_to_the_speculative_flags(launch_config, tmp_path):
+    spec = build_launch(launch_config, "eagle3", draft=tmp_path, port=31000, adaptive_config=tmp_path / "a.json")
+    shared, flags = split_speculative(spec.server_args())
+    assert shared == build_launch(launch_config, "baseline", port=31000).server_args()
+    assert flags[ADAPTIVE_FLAGS[0]] == "" and flags[ADAPTIVE_FLAGS[1]] == str((tmp_path / "a.json").resolve())
+    assert set(flags) == {*SPECULATIVE_FLAGS, *ADAPTIVE_FLAGS}
+    with pytest.raises(ValueError, match=r"adaptive speculation.*SGLang's"):
+        build_launch(launch_config, "eagle3", engine="reference", draft=tmp_path, adaptive_config=tmp_path / "a.json")
+
+
+def test_a_speculative_switch_takes_no_value_wherever_it_stands():
+    args = ["--speculative-adaptive", "--speculative-num-steps", "3", "--dtype", "auto", "--speculative-adaptive"]
+    assert split_speculative(args) == (
+        ["--dtype", "auto"],
+        {"--speculative-adaptive": "", "--speculative-num-steps": "3"},
+    )
+
+
 PARSE = (
     "import json, sys\n"
     "from eagle3.serve.sglang_cpu.launch import parse\n"
-    "print(json.dumps([vars(parse(a)) for a in json.loads(sys.argv[1])], default=str))"
+    "from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams\n"
+    "job = json.loads(sys.argv[1])\n"
+    "routes = [[AdaptiveSpeculativeParams(steps, path).get_steps_for_batch(b) for b in sizes]\n"
+    "          for steps, path, sizes in job['adaptive']]\n"
+    "print(json.dumps({'parsed': [vars(parse(a)) for a in job['arms']], 'routes': routes}, default=str))"
 )
 
 
 RECIPES = ("tiny", "llama3_8b", "kimi_k2_5")
+# The issue's case: pays at 1, a win within noise at 4, loses at 16; a second sweep setting pays more at 1.
+MEASURED = {1: [StepResult(3, 1.4, [1.3, 1.5]), StepResult(5, 1.5, [1.4, 1.6])],
+            4: [StepResult(3, 1.05, [0.95, 1.15])], 16: [StepResult(3, 0.6, [0.5, 0.7])]}  # fmt: skip
+
+
+def _server_args(shell: str) -> list[str]:
+    """The arguments after ``python -m <module>`` of a printed command (environment assignments first)."""
+    tokens = shlex.split(shell)
+    return tokens[tokens.index("-m") + 2 :]
 
 
 @pytest.fixture(scope="module")
-def parsed_by_sglang(tmp_path_factory, sglang_python) -> dict[str, tuple[dict, dict, int]]:
-    """Both arms of every recipe (on SGLang: the tiny one with the CPU flags) parsed by SGLang 0.5.23's own
-    ``ServerArgs.add_cli_args`` in the SGLang runtime (one child process: the import takes seconds): recipe ->
-    (baseline namespace, speculative namespace, configured max running requests)."""
+def parsed_by_sglang(tmp_path_factory, sglang_python) -> dict[str, dict]:
+    """Both arms and the gate's recommended (adaptive) command of every recipe (on SGLang: the tiny one with the CPU
+    flags) parsed by SGLang 0.5.23's own ``ServerArgs.add_cli_args`` in the SGLang runtime, and the adaptive config
+    loaded by SGLang's ``AdaptiveSpeculativeParams``, which names the steps it runs at each tier's first batch size
+    (one child process: the import takes seconds): recipe -> baseline, speculative and adaptive namespaces, the
+    configured max running requests, the steps SGLang routes and the tiers."""
     root = tmp_path_factory.mktemp("recipes")
     configs = {name: load_recipe(name, [f"root={root}"]) for name in RECIPES}
-    arms = [args for cfg in configs.values() for args in (
+    tiers = adaptive_tiers(MEASURED)
+    recommended = {name: serving_config(cfg, str(root), tiers, tmp_path_factory.mktemp(name))
+                   for name, cfg in configs.items()}  # fmt: skip
+    arms = [args for name, cfg in configs.items() for args in (
             build_launch(cfg, "baseline", engine="sglang", port=31000).server_args(),
-            build_launch(cfg, "eagle3", engine="sglang", draft=root, port=31000).server_args())]  # fmt: skip
-    done = subprocess.run([str(sglang_python), "-c", PARSE, json.dumps(arms)], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)  # fmt: skip
+            build_launch(cfg, "eagle3", engine="sglang", draft=root, port=31000).server_args(),
+            _server_args(recommended[name]["launch_sglang"]))]  # fmt: skip
+    adaptive = [[int(a[a.index("--speculative-num-steps") + 1]), r["config_path"], [t.batch_size for t in tiers]]
+                for a, r in zip(arms[2::3], recommended.values(), strict=True)]  # fmt: skip
+    job = json.dumps({"arms": arms, "adaptive": adaptive})
+    done = subprocess.run([str(sglang_python), "-c", PARSE, job], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    parsed = json.loads(done.stdout.strip().splitlines()[-1])
-    return {name: (parsed[2 * i], parsed[2 * i + 1], cfg.server.max_running_requests)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    parsed = out["parsed"]
+    return {name: {"base": parsed[3 * i], "spec": parsed[3 * i + 1], "adaptive": parsed[3 * i + 2],
+                   "max_running": cfg.server.max_running_requests, "routes": out["routes"][i], "tiers": tiers,
+                   "config_path": recommended[name]["config_path"]}
             for i, (name, cfg) in enumerate(configs.items())}  # fmt: skip
 
 
@@ -137,11 +184,33 @@ def test_both_arms_of_every_recipe_parse_with_sglang_and_share_every_other_argum
     """SGLang 0.5.23's parser (python/sglang/srt/server_args.py) accepts both generated arms, and they agree on every
     non-speculative argument, ``--max-running-requests`` included (SGLang caps only a speculative server at 48 when it
     is unset, ``ServerArgs._handle_speculative_decoding``, so the comparison would not be fair)."""
-    base, spec, max_running = parsed_by_sglang[recipe]
+    base, spec, max_running = (parsed_by_sglang[recipe][k] for k in ("base", "spec", "max_running"))
     assert spec["speculative_algorithm"] == "EAGLE3" and base["speculative_algorithm"] is None
     assert spec["max_running_requests"] == base["max_running_requests"] == max_running
     differ = {k for k in base if base[k] != spec[k]}
     assert differ <= {k for k in spec if k.startswith("speculative_")}, differ
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_recommended_adaptive_command_parses_with_sglang_and_routes_each_tier_to_its_steps(
+    recipe, parsed_by_sglang
+):
+    """The gate's recommended command (``eagle3.bench.gate.serving_config``) parses in SGLang 0.5.23 with adaptive
+    speculation on and the written config, differs from the baseline only in speculation, and SGLang's own
+    ``AdaptiveSpeculativeParams`` (srt/speculative/adaptive_spec_params.py) reads the config and runs, at each
+    tier's first batch size, the tier's largest step count (its only one, or the one kept until drafts stop being
+    accepted; 0 where speculation lost)."""
+    got = parsed_by_sglang[recipe]
+    base, adaptive, tiers = got["base"], got["adaptive"], got["tiers"]
+    assert adaptive["speculative_adaptive"] is True and adaptive["speculative_adaptive_config"] == str(
+        Path(got["config_path"]).resolve()
+    )
+    assert (adaptive["speculative_num_steps"], adaptive["speculative_eagle_topk"]) == (5, 1)  # batch 1's best
+    differ = {k for k in base if base[k] != adaptive[k]} - {"port"}  # the recommendation names the served port
+    assert differ <= {k for k in adaptive if k.startswith("speculative_")}, differ
+    assert [t.candidate_steps for t in tiers] == [[5], [0, 3], [0]]
+    assert got["routes"] == [max(t.candidate_steps) for t in tiers] == [5, 3, 0]
 
 
 def test_without_address_drops_host_and_port_only():

@@ -1,0 +1,55 @@
+"""The gate's config section (``eagle3.config_gate``): the traffic profile, and the removed keys refused at load with
+the ``gate.traffic`` that replaces them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import ConfigError, load_yaml
+from eagle3.recipes import load_recipe
+
+
+def test_the_profile_is_sorted_and_its_shares_sum_to_one():
+    gate = load_recipe("tiny", ["gate.traffic={16: 1, 1: 2, 4: 1}"]).gate
+    assert gate.levels == [1, 4, 16]
+    assert gate.shares == {1: 0.5, 4: 0.25, 16: 0.25}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["gate.concurrency=[1, 4, 16]", "gate.decision_concurrency=4"],
+         r"gate\.concurrency and gate\.decision_concurrency were replaced by gate\.traffic.*"
+         r"set gate\.traffic=\{1: 0, 4: 1, 16: 0\} to decide as before"),
+        (["gate.decision_concurrency=1"], r"gate\.decision_concurrency was replaced by gate\.traffic.*remove "
+         r"gate\.decision_concurrency"),
+    ],
+)  # fmt: skip
+def test_the_removed_keys_fail_at_load_naming_the_traffic_that_replaces_them(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_recipe("tiny", overrides)
+
+
+def test_a_yaml_file_with_the_old_keys_fails_the_same_way(tmp_path: Path):
+    path = tmp_path / "old.yaml"
+    path.write_text(load_recipe("tiny").to_yaml().replace("  traffic:\n", "  concurrency: [1, 4]\n  traffic:\n"))
+    with pytest.raises(ConfigError, match=r"gate\.concurrency was replaced by gate\.traffic"):
+        load_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("traffic", "needle"),
+    [("{}", "is empty"), ("{1: 0, 4: 0}", "weighs every level 0"), ("{0: 1}", "concurrencies must be >= 1"),
+     ("{1: -1}", "weights >= 0")],
+)  # fmt: skip
+def test_a_profile_that_weighs_nothing_or_has_bad_levels_is_refused(traffic, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_recipe("tiny", [f"gate.traffic={traffic}"])
+
+
+def test_the_profile_survives_the_yaml_round_trip(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text(load_recipe("tiny", ["gate.traffic={1: 3, 8: 1}"]).to_yaml())
+    assert load_yaml(path).gate.traffic == {1: 3.0, 8: 1.0}
