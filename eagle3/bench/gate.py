@@ -282,8 +282,8 @@ def serving_config(config: PipelineConfig, draft: str, tiers: list[Tier], out_di
     out: dict[str, Any] = {"draft": draft, "tiers": [asdict(t) for t in tiers], "config": None, "config_path": None}
     if steps is None:
         launch = build_launch(config, "baseline", engine="sglang", port=port)
-        return out | {"launch_sglang": launch.shell(), "summary": "Speculation is slower than the baseline at every "
-                      f"measured level: serve the baseline (no adaptive tier would draft). {note}".strip()}  # fmt: skip
+        return out | {"launch_sglang": launch.shell(), "summary": "No measured level has a speedup estimate of 1 or "
+                      "more: serve the baseline (no adaptive tier would draft)."}  # fmt: skip
     path = out_dir / ADAPTIVE_JSON
     atomic_write_json(path, sglang_config(tiers))
     algorithm = config.speculative.algorithm

@@ -5,7 +5,8 @@ Design choices:
   a batch more than a decode step does). The crossover is the concurrency where a draft's speedup falls through
   1.0: between two measured levels it is interpolated linearly in (log concurrency, log speedup), the scale the
   levels are spaced on and the one the statistic lives on, and it is marked ``interpolated``; the gate never
-  measured there. Only the first fall is placed; a speedup that rises above 1 again further up is named.
+  measured there. Only the first fall is placed; a speedup that rises above 1 again further up is named. It is
+  placed on the speedup estimates (the levels' intervals stand beside it in the report).
 - **Adaptive tiers.** SGLang 0.5.23's ``--speculative-adaptive --speculative-adaptive-config FILE``
   (``srt/speculative/adaptive_spec_params.py``): a JSON object whose integer-string keys are batch sizes, each
   ``{"candidate_steps": [...]}``; a running batch uses the tier of the largest key <= its size (the first tier
@@ -16,7 +17,7 @@ Design choices:
   the first starts at 1, the next at ``ceil(sqrt(c_i * c_(i+1)))``. Each tier's candidates, from the draft's
   arms (one per ``gate.sweep`` setting) at that level: the fastest arm's step count when its interval is above 1
   (shown faster); ``[0, steps]`` when it is faster on the estimate only (SGLang keeps it on while drafts are
-  accepted, and may turn it off); ``[0]`` when every arm is slower than the baseline there.
+  accepted, and may turn it off); ``[0]`` when no arm's estimate reaches 1 there.
 - The server starts at ``--speculative-num-steps`` = the first tier's best step count (SGLang requires it among
   the candidates). When every tier is ``[0]`` there is nothing to adapt: the recommendation is the baseline.
 """
@@ -51,11 +52,11 @@ def crossover(points: Sequence[tuple[int, float]]) -> Crossover:
     span = f"{points[0][0]}..{points[-1][0]}" if len(points) > 1 else f"{points[0][0]} only"
     fall = next((i for i in range(len(points)) if points[i][1] < 1.0), None)
     if fall is None:
-        return Crossover(None, False, None, f"faster than the baseline at every measured level ({span}): "
-                         f"no crossover measured, above {points[-1][0]} unknown")  # fmt: skip
+        return Crossover(None, False, None, f"speedup >= 1 at every measured level ({span}): no crossover "
+                         f"measured, above {points[-1][0]} unknown")  # fmt: skip
     if fall == 0:
-        return Crossover(None, False, None, f"slower than the baseline from the first measured level ({span}): "
-                         "speculation does not pay at any")  # fmt: skip
+        return Crossover(None, False, None, f"speedup below 1 from the first measured level ({span}): "
+                         "speculation pays at none")  # fmt: skip
     (a, sa), (b, sb) = points[fall - 1], points[fall]
     again = next((c for c, s in points[fall + 1 :] if s >= 1.0), None)
     tail = f"; faster again at concurrency {again}" if again is not None else ""
@@ -97,7 +98,8 @@ def _candidates(c: int, arms: Sequence[StepResult]) -> tuple[list[int], str]:
     shown = "" if best.interval is None else f" [{best.interval[0]:.2f}, {best.interval[1]:.2f}]"
     measured = f"concurrency {c}: best {best.steps} steps at {_x(best.speedup)}{shown}"
     if best.speedup < 1.0:
-        return [0], f"{measured}, slower than the baseline: drafting off"
+        shown = best.interval is not None and best.interval[1] < 1.0
+        return [0], f"{measured}, {'slower' if shown else 'no faster'} than the baseline: drafting off"
     if best.interval is not None and best.interval[0] > 1.0:
         return [best.steps], f"{measured}, shown faster: {best.steps} steps"
     return [0, best.steps], f"{measured}, not shown faster: {best.steps} steps, SGLang may turn drafting off"

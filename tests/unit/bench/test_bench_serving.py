@@ -24,9 +24,9 @@ def test_a_speedup_of_exactly_one_at_a_level_is_measured_not_interpolated():
 
 @pytest.mark.parametrize(
     ("points", "needle"),
-    [([(1, 1.5), (4, 1.2), (16, 1.05)], "faster than the baseline at every measured level (1..16)"),
-     ([(1, 0.9), (4, 0.6)], "slower than the baseline from the first measured level"),
-     ([(1, 1.3)], "faster than the baseline at every measured level (1 only)")],
+    [([(1, 1.5), (4, 1.2), (16, 1.05)], "speedup >= 1 at every measured level (1..16)"),
+     ([(1, 0.9), (4, 0.6)], "speedup below 1 from the first measured level (1..4): speculation pays at none"),
+     ([(1, 1.3)], "speedup >= 1 at every measured level (1 only)")],
 )  # fmt: skip
 def test_no_crossover_is_placed_outside_the_measured_levels(points, needle):
     cross = crossover(points)
@@ -61,7 +61,9 @@ def test_a_tier_picks_the_fastest_sweep_setting_at_its_level():
 def test_a_win_not_shown_lets_sglang_turn_drafting_off_and_a_loss_turns_it_off():
     tiers = adaptive_tiers({1: [_arm(3, 1.05, 0.95, 1.15)], 4: [_arm(3, 0.98, 0.9, 1.06)], 16: [_arm(3, 1.2)]})
     assert [t.candidate_steps for t in tiers] == [[0, 3], [0], [0, 3]]  # no interval (one round): not shown either
-    assert "not shown faster" in tiers[0].reason and "slower than the baseline: drafting off" in tiers[1].reason
+    assert "not shown faster" in tiers[0].reason and "no faster than the baseline: drafting off" in tiers[1].reason
+    (shown,) = adaptive_tiers({4: [_arm(3, 0.6, 0.5, 0.7)]})
+    assert shown.candidate_steps == [0] and "slower than the baseline: drafting off" in shown.reason
 
 
 def test_the_server_starts_at_the_first_drafting_tiers_steps_and_none_when_nothing_drafts():
