@@ -51,7 +51,7 @@ def main() -> None:
             single, *_ = _timed(_single_pass(config), args.draft, Path(tmp) / f"single{i}")
             rounds, verdict, n, interval = _timed(config, args.draft, Path(tmp) / f"rounds{i}")
             span = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "-"
-            print(f"single pass {single:.1f} s | rounds {rounds:.1f} s ({n} rounds at the decision concurrency, "
+            print(f"single pass {single:.1f} s | rounds {rounds:.1f} s ({n} rounds over the traffic profile, "
                   f"{verdict.upper()}, speedup interval {span}) | ratio {rounds / single:.2f}")  # fmt: skip
 
 
