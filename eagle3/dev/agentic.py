@@ -11,10 +11,13 @@ Design choices:
 - Regular, low-entropy text (a few templates per kind, small pools): a 2M-parameter target learns to think, pick a
   tool and copy its argument from the prompt in a few hundred steps, and its greedy answers give a draft something
   to learn.
-- ``training_text``: what the target is trained on is what it sees when it generates: one text per finished answer
+- ``training_texts``: what the target is trained on is what it sees when it generates: one text per finished answer
   (an assistant turn followed by a user turn or nothing), the template's generation prompt for it followed by the
   answer as written (thinking included when on), so the tool chain before it keeps its thinking as the template
-  shows it and earlier answers show theirs dropped.
+  shows it and earlier answers show theirs dropped. Each text comes with the spans the model wrote (the answer, and
+  the chain turns before it as the template keeps them): the loss is on those only, as in SFT. Trained on every
+  token, the template's own ``<think></think>`` (earlier answers, thinking off) taught a 2M-parameter model to close
+  the block at once when the switch was on.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3.data.dialect import REASONING_FORMATS, TOOL_CALL_FORMATS
-from eagle3.data.template import ChatOptions, render_text
+from eagle3.data.template import ChatOptions, prompt_char_spans
 from eagle3.dev.samples import ConversationFactory
 from eagle3.dev.think_target import DIALECT
 
 Message = dict[str, Any]
+Spans = list[tuple[int, int]]
 KINDS = ("chat", "math", "code", "weather", "calc", "coding")
 TOOL_KINDS = ("weather", "calc", "coding")
 _REASONING, _CALLS = REASONING_FORMATS[DIALECT], TOOL_CALL_FORMATS[DIALECT]
@@ -222,13 +226,17 @@ def generation_text(message: Message, *, thinking: bool, eos: str) -> str:
     return head + (message.get("content") or "") + _CALLS.format(message.get("tool_calls") or []) + eos
 
 
-def training_texts(tokenizer: Any, conversation: Agentic, *, thinking: bool) -> list[str]:
-    """One text per finished answer of ``conversation`` (module docstring)."""
+def training_texts(tokenizer: Any, conversation: Agentic, *, thinking: bool) -> list[tuple[str, Spans]]:
+    """One text per finished answer of ``conversation`` and the character spans the model wrote in it (module
+    docstring): the answer, and the earlier turns the template shows as written (a turn whose thinking the template
+    dropped starts with its ``</think>`` and is left out)."""
     options = ChatOptions(tools=conversation.tools, kwargs={"thinking": thinking})
     messages = conversation.messages
     texts = []
     for k, m in enumerate(messages):
         if m["role"] == "assistant" and (k + 1 == len(messages) or messages[k + 1]["role"] == "user"):
-            prompt = render_text(tokenizer, messages[:k], add_generation_prompt=True, options=options)
-            texts.append(prompt + generation_text(m, thinking=thinking, eos=tokenizer.eos_token))
+            prompt, spans = prompt_char_spans(tokenizer, messages[:k], options)
+            kept = [(a, b) for a, b in spans if not prompt.startswith(_REASONING.think_end, a)]
+            answer = generation_text(m, thinking=thinking, eos=tokenizer.eos_token)
+            texts.append((prompt + answer, [*kept, (len(prompt), len(prompt) + len(answer))]))
     return texts

@@ -3,9 +3,10 @@
 Built and cached exactly like the tiny world (``eagle3.dev.world.build_world``: content-addressed directory
 ``think-world-<fingerprint>``, built aside and renamed into place, ``world.json`` last), from its own spec, so the
 tiny world and everything keyed on it are untouched. The target is the tiny world's Llama trained on what it will
-be asked to continue: one text per finished answer (``eagle3.dev.agentic.training_texts``), a third of them with
-thinking off (the template's switch), so it writes ``reasoning</think>answer`` when thinking is on, a bare answer
-when it is off, and Kimi-style tool calls when its tools fit the question.
+be asked to continue: one text per finished answer (``eagle3.dev.agentic.training_texts``), the loss on what the
+model writes in it, a third of them with thinking off (the template's switch), so it writes
+``reasoning</think>answer`` when thinking is on, a bare answer when it is off, and Kimi-style tool calls when its
+tools fit the question.
 """
 
 from __future__ import annotations
@@ -86,11 +87,9 @@ def _build_into(root: Path, spec: ThinkWorldSpec, say: Callable[[str], None], th
     tokenizer = build_think_tokenizer(tokenizer_corpus(conversations), vocab_size=spec.vocab_size)
     tokenizer.model_max_length = spec.max_position_embeddings
     rng = random.Random(spec.seed)
-    texts = [
-        t
-        for c in conversations
-        for t in training_texts(tokenizer, c, thinking=rng.random() >= spec.thinking_off_fraction)
-    ]
+    off = spec.thinking_off_fraction
+    samples = [t for c in conversations for t in training_texts(tokenizer, c, thinking=rng.random() >= off)]
+    texts, spans = [text for text, _ in samples], [s for _, s in samples]
     model = build_model(
         tokenizer, num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
@@ -101,7 +100,7 @@ def _build_into(root: Path, spec: ThinkWorldSpec, say: Callable[[str], None], th
     train_started = time.perf_counter()
     losses = train_on_texts(
         model, tokenizer, texts, steps=spec.train_steps, batch_size=spec.train_batch_size,
-        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=spec.seed, num_threads=threads,
+        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=spec.seed, num_threads=threads, spans=spans,
     )  # fmt: skip
     train_seconds = time.perf_counter() - train_started
     model_dir = root / "model"

@@ -27,7 +27,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from eagle3.data.template import span_mask
+
 logger = logging.getLogger(__name__)
+Spans = list[tuple[int, int]]
 
 BOS, EOT, IM_START, IM_END, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"
 SPECIAL_TOKENS = (BOS, EOT, IM_START, IM_END, PAD)
@@ -135,17 +138,22 @@ def _deterministic(num_threads: int | None) -> Iterator[None]:
 
 
 def _token_stream(
-    tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """All texts as one 1-D id stream, and the offsets where a window of `seq_len` can start."""
-    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], seq_len: int, spans: Sequence[Spans] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """All texts as one 1-D id stream, the offsets where a window of `seq_len` can start, and (with `spans`: the
+    character spans of each text to learn) a 0/1 stream of the tokens to learn."""
+    enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=spans is not None)
+    encoded = enc["input_ids"]
     lengths = torch.tensor([len(ids) for ids in encoded])
     starts = torch.cumsum(lengths, 0) - lengths
     stream = torch.tensor([i for ids in encoded for i in ids], dtype=torch.long)
     starts = starts[starts + seq_len <= len(stream)]
     if len(starts) == 0:
         raise ValueError(f"conversations hold {len(stream)} tokens, fewer than one window of seq_len={seq_len}")
-    return stream, starts
+    if spans is None:
+        return stream, starts, None
+    learn = [bit for offsets, s in zip(enc["offset_mapping"], spans, strict=True) for bit in span_mask(offsets, s)]
+    return stream, starts, torch.tensor(learn, dtype=torch.bool)
 
 
 def _lr_at(step: int, steps: int, lr: float) -> float:
@@ -189,9 +197,11 @@ def train_on_texts(
     lr: float = 3e-3,
     seed: int = 0,
     num_threads: int | None = None,
+    spans: Sequence[Spans] | None = None,
 ) -> list[float]:
-    """``train_model`` on texts already rendered (windows start at a text's start); the losses of every step."""
-    stream, starts = _token_stream(tokenizer, texts, seq_len)
+    """``train_model`` on texts already rendered (windows start at a text's start); the losses of every step. With
+    ``spans`` (per text, the character spans the model wrote), only those tokens are predicted (SFT's loss mask)."""
+    stream, starts, learn = _token_stream(tokenizer, texts, seq_len, spans)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     losses: list[float] = []
@@ -201,9 +211,12 @@ def train_on_texts(
         for step in range(steps):
             picks = starts[torch.randint(len(starts), (batch_size,), generator=generator)]
             batch = torch.stack([stream[s : s + seq_len] for s in picks.tolist()])  # [B, T]
+            labels = batch
+            if learn is not None:
+                labels = batch.masked_fill(~torch.stack([learn[s : s + seq_len] for s in picks.tolist()]), -100)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, steps, lr)
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = model(input_ids=batch, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
