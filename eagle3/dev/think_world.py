@@ -88,8 +88,8 @@ def _build_into(root: Path, spec: ThinkWorldSpec, say: Callable[[str], None], th
     tokenizer.model_max_length = spec.max_position_embeddings
     rng = random.Random(spec.seed)
     off = spec.thinking_off_fraction
-    samples = [t for c in conversations for t in training_texts(tokenizer, c, thinking=rng.random() >= off)]
-    texts, spans = [text for text, _ in samples], [s for _, s in samples]
+    views = [t for c in conversations for t in training_texts(tokenizer, c, thinking=rng.random() >= off)]
+    texts, spans = [text for text, _ in views], [s for _, s in views]
     model = build_model(
         tokenizer, num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
@@ -112,7 +113,12 @@ def test_tool_results_are_replayed_from_the_source_answering_the_targets_own_cal
                 assert message["tool_call_id"] in [c["id"] for c in calls]
 
 
-def test_the_loss_mask_covers_exactly_what_the_target_wrote_thinking_included(regenerated, think_model, source):
+def _server_greedy(url: str, ids: list[int]) -> list[int]:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 96, "temperature": 0.0}}
+    return httpx.post(f"{url}/generate", json=body, timeout=300).json()["output_ids"]
+
+
+def test_the_loss_mask_covers_exactly_what_the_target_wrote_thinking_included(regenerated, think_model, server, source):
     _cfg, rows, _out = regenerated
     tok = AutoTokenizer.from_pretrained(think_model)
     for row in rows:
@@ -121,7 +127,8 @@ def test_the_loss_mask_covers_exactly_what_the_target_wrote_thinking_included(re
         tools = source[row["sample_id"]]["tools"]
         options = ChatOptions(tools=json.loads(tools) if tools else None, kwargs={"thinking": True})
         assert prompt == render_prompt(tok, history, options)  # the template's own rendering, token for token
-        assert tok.decode(output) == _written(last, thinking=True)  # the last turn as the target wrote it
+        assert output == _server_greedy(server.url, prompt)  # the last turn as the target wrote it, as received
+        assert last["reasoning_content"] and tok.decode(output).startswith(last["reasoning_content"] + THINK_END)
         end = _history_end(history)
         expected = [_written(m, thinking=j > end) for j, m in enumerate(history) if m["role"] == "assistant"]
         assert _masked_runs(tok, prompt, row["loss_mask"][: len(prompt)]) == expected
@@ -148,6 +155,7 @@ def test_the_openai_path_keeps_the_thinking_the_servers_reasoning_parser_split_o
     cfg = config(regen_helpers, tmp_path, think_model, [server.url], api="openai")
     summary = run_stage(RegenStage(), cfg, prompts_dir=prompts).summary
     rows = {r["sample_id"]: r for r in pq.read_table(Path(summary["regen_dir"]) / "shard-00000.parquet").to_pylist()}
+    assert set(rows) == {r["sample_id"] for r in generated}
     for row in generated:
         via_openai = rows[row["sample_id"]]
         assert via_openai["messages"] == row["messages"]
