@@ -5,7 +5,7 @@ Errors name the fix. YAML in and out; ``--set a.b=c`` overrides are applied to t
 that a bad override fails exactly like a bad file.
 
 Layer ids and target families are the SGLang contract of ``eagle3.layers``; this module validates a config
-against it.
+against it. The regen section lives in ``eagle3.config_regen`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle3.config_gate import GateConfig, SpeculativeConfig
+from eagle3.config_regen import RegenConfig
 from eagle3.layers import (
     LAYER_CONVENTIONS,
     TARGET_FAMILIES,
@@ -104,51 +105,6 @@ class NormalizeConfig(StrictModel):
         if self.system_prompt_policy == "replace" and not self.system_prompt:
             raise ValueError("system_prompt_policy 'replace' needs normalize.system_prompt set to the new prompt")
         return self
-
-
-class RegenConfig(StrictModel):
-    """Regeneration through SGLang-compatible servers. No servers: the reference server is started locally."""
-
-    servers: list[str] = Field(default_factory=list)
-    api: Literal["generate", "openai"] = "generate"
-    concurrency_per_server: int = Field(default=64, gt=0)
-    # Shards regenerated at once in one run; each keeps concurrency_per_server requests on every server, so a server
-    # sees shards_in_flight x concurrency_per_server. 1 keeps the knob exact (measured: 4 shards at 8 each on an
-    # 8-slot server ran at 0.77-0.88 of one shard's tok/s); raise it only to hide shard tails on very short shards.
-    shards_in_flight: int = Field(default=1, gt=0)
-    max_new_tokens: int = Field(default=2048, gt=0)
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = -1
-    stop: list[str] = Field(default_factory=list)
-    keep_truncated: bool = True
-    request_timeout_s: float = Field(default=600.0, gt=0)
-    max_retries: int = Field(default=6, ge=0)
-    backoff_base_s: float = Field(default=1.0, ge=0)
-    backoff_max_s: float = Field(default=60.0, gt=0)
-    eject_after_failures: int = Field(default=5, gt=0)
-    readmit_after_s: float = Field(default=30.0, gt=0)
-    no_server_timeout_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="How long regen waits with no healthy server (probing every readmit_after_s, spending no "
-        "retries) before its shards fail with one line naming the servers and their last error; raise it when a "
-        "server restart takes longer.",
-    )
-    journal_fsync_every: int = Field(default=16, gt=0)
-    api_key_env: str | None = None
-
-    @field_validator("servers")
-    @classmethod
-    def _servers_are_urls(cls, servers: list[str]) -> list[str]:
-        """Each server is an http(s) URL with a host, so a typo fails at load instead of as a dead server later."""
-        from urllib.parse import urlparse
-
-        for server in servers:
-            url = urlparse(server)
-            if url.scheme not in ("http", "https") or not url.hostname or " " in server:
-                raise ValueError(f"{server!r} is not a server URL; write http://HOST:PORT (e.g. http://10.0.0.5:30000)")
-        return servers
 
 
 # ``capture.device`` values that spread the target over every visible GPU with transformers' device_map.
@@ -293,9 +249,11 @@ class MonitorConfig(StrictModel):
 
 
 class DevConfig(StrictModel):
-    """The tiny offline world (``eagle3 dev build-tiny``); only the ``tiny`` recipe enables it."""
+    """The offline worlds (``eagle3 dev build-tiny``); only the ``tiny`` recipes enable one. ``world``: the tiny chat
+    world, or ``think``, the thinking, tool-calling one (``eagle3.dev.think_world``)."""
 
     tiny_world: bool = False
+    world: Literal["tiny", "think"] = "tiny"
     cache_dir: str | None = None
 
 

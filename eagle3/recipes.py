@@ -2,12 +2,13 @@
 user typed (a recipe name or a YAML path, plus ``a.b=value`` overrides) to a validated config.
 
 A variant overrides a base in a few lines. Every recipe is loaded by a test, so none can rot.
-Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``, the tiny world
+Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``, the tiny worlds
 under ``cache/``. Nothing resolves from the working directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -141,6 +142,33 @@ def tiny() -> PipelineConfig:
     )
 
 
+def tiny_think() -> PipelineConfig:
+    """The tiny recipe on the thinking world (``eagle3.dev.think_world``): agentic sources (OpenAI tool messages,
+    ShareGPT with function calls, CoderForge and SWE-agent trajectories), a tiny target that thinks and calls tools
+    in Kimi-K2.5's format, regen with its reasoning and tool-call parsers and thinking on, gate sets for thinking and
+    tool use."""
+    from eagle3.dev.think_world import ThinkWorldSpec
+    from eagle3.dev.world import world_dir_for
+
+    cache = eagle3_home() / "cache"
+    world = world_dir_for(cache, ThinkWorldSpec())
+    data = world / "data"
+    sources = [
+        {"adapter": "jsonl", "name": "openai_tools", "path": str(data / "openai_tools.jsonl")},
+        {"adapter": "sharegpt", "name": "sharegpt_tools", "path": str(data / "sharegpt_tools.json"),
+         "columns": {"system": "system", "tools": "tools"}},
+        {"adapter": "coderforge", "path": str(data / "coderforge.parquet")},
+        {"adapter": "swe_agent", "path": str(data / "swe_agent.parquet")},
+    ]  # fmt: skip
+    sets = {name: str(data / "bench" / f"{name}.jsonl") for name in ("think", "tools")}
+    return with_overrides(tiny(), [
+        "name=tiny_think", f"root={_run_root('tiny_think')}", f"target.model_path={world / 'model'}",
+        f"sources={json.dumps(sources)}", f"gate.prompt_sets={json.dumps(sets)}", "mix.total=160",
+        "regen.reasoning_parser=kimi_k2", "regen.tool_call_parser=kimi_k2", "regen.thinking=true",
+        "regen.max_new_tokens=96", "dev.world=think",
+    ])  # fmt: skip
+
+
 # The large recipes store features as fp8_topk (issue 15): fp8 aux states plus the target's top-256 next-token
 # distribution instead of the final state, with lz4 on the state columns. Measured (BENCHMARKS.md, idle): 0.392 of
 # 8*H per token at Kimi's H with lz4 and 0.319 with zstd (fp8_all + zstd: 0.410, raw + zstd: 0.779); accept length
@@ -204,6 +232,7 @@ def kimi_k2_5() -> PipelineConfig:
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny": tiny,
+    "tiny_think": tiny_think,
     "llama3_8b": llama3_8b,
     "kimi_k2_5": kimi_k2_5,
 }

@@ -28,11 +28,12 @@ def tiny_world_task(config: PipelineConfig) -> str | None:
     on a fresh worker; returns its directory (None for real targets)."""
     if not config.dev.tiny_world:
         return None
-    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+    from eagle3.dev.think_world import build_think_world
+    from eagle3.dev.world import build_tiny_world
 
     cache = Path(config.dev.cache_dir) if config.dev.cache_dir else eagle3_home() / "cache"
-    world, hit = build_tiny_world(cache, TinyWorldSpec())
-    get_run_logger().info("tiny world %s at %s", "reused" if hit else "built", world.root)
+    world, hit = (build_think_world if config.dev.world == "think" else build_tiny_world)(cache)
+    get_run_logger().info("%s world %s at %s", config.dev.world, "reused" if hit else "built", world.root)
     return str(world.root)
 
 

@@ -34,6 +34,16 @@ def tiny_world():
 
 
 @pytest.fixture(scope="session")
+def think_world():
+    """The thinking world (agentic sample data, a tiny target that thinks and calls tools in Kimi-K2.5's format),
+    built once and cached like the tiny world (``eagle3.dev.think_world``)."""
+    from eagle3.dev.think_world import build_think_world
+
+    world, _hit = build_think_world(_cache_dir())
+    return world
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_world):
     from transformers import AutoTokenizer
 

@@ -1,12 +1,14 @@
 """Benchmark prompts: load the sets, render them once with the target's chat template, send them, collect results.
 
 Design choices:
-- A prompt set is a local JSONL file of ``{"id", "prompt"}`` rows or ``hub:<dataset>`` read through
+- A prompt set is a local JSONL file of ``{"id", "prompt"}`` rows (a tool-use row may add its ``tools`` and the
+  ``messages`` to continue, OpenAI-shaped, e.g. up to a tool result) or ``hub:<dataset>`` read through
   ``datasets.load_dataset`` (optional query ``?config=..&split=..&column=..``; without ``column`` the first of
   ``prompt, question, instruction, problem, input, turns, text`` present is used, a list taking its first item).
   A local directory after ``hub:`` goes through the same code path, which is how it is tested offline.
-- Prompts are rendered with ``eagle3.data.template.render_prompt`` (one user turn + generation prompt) and sent as
-  ``input_ids``, so both arms see identical tokens and no server-side template can differ between them.
+- Prompts are rendered with ``eagle3.data.template.render_prompt`` (one user turn, or the row's messages, with its
+  tools, + generation prompt) and sent as ``input_ids``, so both arms see identical tokens and no server-side
+  template can differ between them.
 - Requests are greedy (temperature 0) and respect EOS (``ignore_eos`` false): the served output length is what a
   user would get. Every request is sent once; a failed request is recorded with the server's message and the
   caller decides (the gate refuses an arm with failures rather than averaging over a partial run).
@@ -26,7 +28,7 @@ from urllib.parse import parse_qs
 import aiohttp
 
 from eagle3.bench.accept import SpecCounts
-from eagle3.data.template import render_prompt
+from eagle3.data.template import ChatOptions, render_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class BenchPrompt:
     prompt_id: str
     prompt: str
     input_ids: tuple[int, ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()  # the conversation to continue; empty: one user turn, ``prompt``
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -87,7 +91,9 @@ def _load_jsonl(path: Path, set_name: str) -> list[BenchPrompt]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{n + 1}: not JSON ({exc}); each line must be {{'id', 'prompt'}}") from exc
-        out.append(BenchPrompt(set_name, str(row.get("id", f"{set_name}-{n}")), _prompt_text(row, None, str(path))))
+        prompt_id, text = str(row.get("id", f"{set_name}-{n}")), _prompt_text(row, None, str(path))
+        out.append(BenchPrompt(set_name, prompt_id, text, (), tuple(row.get("messages") or ()),
+                               tuple(row.get("tools") or ())))  # fmt: skip
     return out
 
 
@@ -122,13 +128,13 @@ def load_prompt_set(set_name: str, source: str, *, limit: int | None = None) -> 
 
 
 def render_prompts(tokenizer: Any, prompts: list[BenchPrompt]) -> list[BenchPrompt]:
-    """The same prompts with ``input_ids`` from the project's one renderer (user turn + generation prompt)."""
-    return [
-        BenchPrompt(
-            p.set_name, p.prompt_id, p.prompt, tuple(render_prompt(tokenizer, [{"role": "user", "content": p.prompt}]))
-        )
-        for p in prompts
-    ]
+    """The same prompts with ``input_ids`` from the project's one renderer (messages + generation prompt)."""
+    out = []
+    for p in prompts:
+        messages = list(p.messages) or [{"role": "user", "content": p.prompt}]
+        ids = render_prompt(tokenizer, messages, ChatOptions(tools=list(p.tools) or None))
+        out.append(BenchPrompt(p.set_name, p.prompt_id, p.prompt, tuple(ids), p.messages, p.tools))
+    return out
 
 
 def load_gate_prompts(prompt_sets: dict[str, str], tokenizer: Any, *, per_set: int) -> list[BenchPrompt]:

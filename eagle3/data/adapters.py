@@ -5,19 +5,24 @@ maps structure and roles; it raises ``RowError(reason)`` for rows it cannot read
 roles). Content policy (empty turns, alternation, length, encoding) is the normalizer's job, so every format is
 judged by the same rules.
 
-Role names: human/user -> user; gpt/chatgpt/bing/bard/model/assistant -> assistant; system; tool/function/
-ipython/observation -> tool. Anything else is ``unknown_role``.
+Role names: human/user -> user; gpt/chatgpt/bing/bard/model/assistant/ai -> assistant; system; tool/function/
+ipython/observation -> tool; function_call (ShareGPT with function calls) -> an assistant turn calling tools. Anything
+else is ``unknown_role``. Turn text is ``content``, ``value`` or ``text`` (SWE-agent trajectories); a turn list may be
+stored as JSON text (agentic datasets do). Tool calls and the row's tool declarations are read into one shape by
+``eagle3.data.toolcalls``.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3.data.catalog import DatasetEntry
 from eagle3.data.schema import MALFORMED, UNKNOWN_ROLE
+from eagle3.data.toolcalls import ToolCallError, read_calls, read_tools
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 ROLE_MAP: dict[str, str] = {
     "system": "system",
@@ -29,13 +34,16 @@ ROLE_MAP: dict[str, str] = {
     "bing": "assistant",
     "bard": "assistant",
     "model": "assistant",
+    "ai": "assistant",
+    "function_call": "assistant",
     "tool": "tool",
     "function": "tool",
     "ipython": "tool",
     "observation": "tool",
 }
 TURN_LIST_KEYS = ("messages", "conversations", "conversation")
-META_KEYS = ("id", "model", "category", "language", "source")
+TEXT_KEYS = ("content", "value", "text")
+META_KEYS = ("id", "model", "category", "language", "source", "license")  # a row's own license wins
 
 
 class RowError(ValueError):
@@ -52,6 +60,7 @@ class Converted:
     meta: dict[str, Any] = field(default_factory=dict)
     input_ids: list[int] | None = None
     loss_mask: list[int] | None = None
+    tools: str | None = None  # the row's tool declarations (JSON text), None without any
 
 
 def convert_row(entry: DatasetEntry, columns: dict[str, str], row: Any) -> Converted:
@@ -73,9 +82,16 @@ def convert_row(entry: DatasetEntry, columns: dict[str, str], row: Any) -> Conve
         system_col = columns.get("system")
         if system_col and isinstance(row.get(system_col), str) and row[system_col].strip():
             messages.insert(0, {"role": "system", "content": row[system_col]})
-        out = Converted(messages)
+        out = Converted(messages, tools=_tools(row, columns))
     out.meta = _meta(entry, columns, row)
     return out
+
+
+def _tools(row: dict[str, Any], columns: dict[str, str]) -> str | None:
+    try:
+        return read_tools(row.get(columns.get("tools", "tools")))
+    except ToolCallError as err:
+        raise RowError(err.reason, err.detail) from None
 
 
 def _find_turn_key(row: dict[str, Any], fmt: str) -> str:
@@ -92,6 +108,11 @@ def _turn_list(row: dict[str, Any], key: str) -> list[Any]:
     if key not in row:
         raise RowError(MALFORMED, f"missing key {key!r}")
     turns = row[key]
+    if isinstance(turns, str) and turns.lstrip().startswith("["):  # agentic datasets store the list as JSON text
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError as exc:
+            raise RowError(MALFORMED, f"{key!r} is not valid JSON ({exc.msg})") from None
     if not isinstance(turns, list):
         raise RowError(MALFORMED, f"{key!r} is a {type(turns).__name__}, not a list")
     return turns
@@ -116,17 +137,39 @@ def _role(value: Any, where: str) -> str:
 
 
 def _turns(turns: list[Any]) -> list[Message]:
-    """Turns in either style: ``{"from", "value"}`` (ShareGPT) or ``{"role", "content"}`` (OpenAI)."""
+    """Turns in either style: ``{"from", "value"}`` (ShareGPT) or ``{"role", "content"}`` (OpenAI), tool calls
+    and results included (module docstring)."""
     out = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise RowError(MALFORMED, f"turn {i} is a {type(turn).__name__}, not an object")
         role_key = "role" if "role" in turn else "from"
-        text_key = "content" if "content" in turn else "value"
-        if role_key not in turn or text_key not in turn:
+        text_key = next((k for k in TEXT_KEYS if k in turn), None)
+        if role_key not in turn or text_key is None:
             raise RowError(MALFORMED, f"turn {i} lacks role/from or content/value")
-        out.append({"role": _role(turn[role_key], f"turn {i}"), "content": _text(turn[text_key], f"turn {i}")})
+        try:
+            out.append(_message(turn, _role(turn[role_key], f"turn {i}"), text_key, i))
+        except ToolCallError as err:
+            raise RowError(err.reason, err.detail) from None
     return out
+
+
+def _message(turn: dict[str, Any], role: str, text_key: str, i: int) -> Message:
+    """One turn; an assistant turn with calls may have no text (OpenAI writes ``content: null``)."""
+    if str(turn.get("role", turn.get("from"))).strip().lower() == "function_call":
+        return {"role": "assistant", "content": "", "tool_calls": read_calls(turn[text_key], f"turn {i}")}
+    raw_calls = turn.get("tool_calls") or turn.get("function_call") if role == "assistant" else None
+    if raw_calls is not None and not isinstance(raw_calls, (list, dict)):
+        raise RowError(MALFORMED, f"turn {i}: tool_calls is a {type(raw_calls).__name__}, not a list")
+    text = turn[text_key]
+    message: Message = {"role": role, "content": "" if text is None and raw_calls else _text(text, f"turn {i}")}
+    if raw_calls:
+        message["tool_calls"] = read_calls(raw_calls, f"turn {i}")
+    if role == "assistant" and isinstance(turn.get("reasoning_content"), str):
+        message["reasoning_content"] = turn["reasoning_content"]
+    if role == "tool" and isinstance(turn.get("tool_call_id"), str):
+        message["tool_call_id"] = turn["tool_call_id"]
+    return message
 
 
 def _pairs(pairs: list[Any]) -> list[Message]:
@@ -172,7 +215,7 @@ def _pretokenized(row: dict[str, Any], columns: dict[str, str]) -> Converted:
 
 
 def _meta(entry: DatasetEntry, columns: dict[str, str], row: dict[str, Any]) -> dict[str, Any]:
-    """License plus the row's own id/model/category/language/source fields when they are plain values."""
+    """License plus the row's own id/model/category/language/source/license fields when they are plain values."""
     meta: dict[str, Any] = {"license": entry.license}
     for key in META_KEYS:
         value = row.get(columns.get(key, key))

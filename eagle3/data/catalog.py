@@ -6,8 +6,10 @@ configs refer to entries by name (``SourceConfig.adapter``); an unknown name lis
 a name twice is an error. Row counts are from the dataset cards (approximate); discovery records the real ones.
 
 Row formats:
-  ``sharegpt``      a list of turns ``{"from", "value"}`` (human/gpt/...), optional ``system`` column
-  ``messages``      a list of turns ``{"role", "content"}`` (OpenAI style)
+  ``sharegpt``      a list of turns ``{"from", "value"}`` (human/gpt/...), optional ``system`` column; with function
+                    calls: ``function_call`` and ``observation`` turns and a ``tools`` column (LLaMA-Factory's layout)
+  ``messages``      a list of turns ``{"role", "content"}`` (OpenAI style, ``tool_calls`` and ``tool`` results
+                    included), also stored as JSON text, with an optional ``tools`` column
   ``pairs``         a list of ``{"input", "output"}`` exchanges (Capybara)
   ``columns``       one exchange in flat columns mapped by ``columns={"user": .., "assistant": .., "system": ..,
                     "id": ..}`` (instruction datasets, local Q/A files)
@@ -217,6 +219,37 @@ for _entry in (
         license="apache-2.0",
         rows=1_043_917,
         domains=("chat", "math", "code"),
+    ),
+    DatasetEntry(
+        "apigen_mt",
+        "sharegpt",
+        "Salesforce/APIGen-MT-5k",
+        license="cc-by-nc-4.0",
+        rows=5_000,
+        domains=("agentic",),
+        columns={"system": "system", "tools": "tools"},
+        description="multi-turn tool use, ShareGPT with function_call/observation turns",
+    ),
+    DatasetEntry(
+        "coderforge",
+        "messages",
+        "togethercomputer/CoderForge-Preview",
+        config="trajectories",
+        split="filtered_reward1",
+        rows=155_144,
+        domains=("code", "agentic"),
+        columns={"messages": "messages", "tools": "tools", "id": "trajectory_id", "license": "license"},
+        description="agentic coding (OpenHands) trajectories: OpenAI tool calls as JSON text, per-row license",
+    ),
+    DatasetEntry(
+        "swe_agent",
+        "messages",
+        "nebius/SWE-agent-trajectories",
+        license="cc-by-4.0",
+        rows=80_036,
+        domains=("code", "agentic"),
+        columns={"messages": "trajectory", "id": "instance_id", "model": "model_name"},
+        description="agentic coding (SWE-agent) trajectories: system/user/ai turns, commands written as text",
     ),
     DatasetEntry("jsonl", "auto", description="local JSONL (one row per line) with a column mapping"),
     DatasetEntry("json", "auto", description="local JSON array file with a column mapping"),

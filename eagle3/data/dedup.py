@@ -4,10 +4,12 @@
   with an id wins, later ones are ``duplicate``. Memory: the 16-byte digest per kept row in a set
   (about 90 bytes per row with Python's object and set-slot overhead).
 * Near-duplicate: a MinHash signature (``normalize.minhash_num_perm`` permutations, datasketch) over the word
-  3-gram shingles of each non-assistant turn (shingles never cross turn boundaries; a turn with fewer than 3 words
-  is one shingle) and a MinHash LSH index at ``normalize.near_dup_threshold``. LSH candidates are confirmed with the
-  estimated Jaccard of the stored signatures, so banding false positives never drop a row. Memory: the signature
-  (8 bytes x num_perm, 512 B at 64) plus the LSH band keys (about b x 100 B), roughly 1-2 KB per kept row.
+  3-gram shingles of each user and tool turn (shingles never cross turn boundaries; a turn with fewer than 3 words
+  is one shingle; the system prompt is left out: agentic datasets share one of thousands of words, which made every
+  row a near-duplicate of every other) and a MinHash LSH index at ``normalize.near_dup_threshold``. LSH candidates
+  are confirmed with the estimated Jaccard of the stored signatures, so banding false positives never drop a row.
+  Memory: the signature (8 bytes x num_perm, 512 B at 64) plus the LSH band keys (about b x 100 B), roughly 1-2 KB
+  per kept row.
 * Rows without messages (pre-tokenized only) are deduplicated exactly on their token ids and never near-deduped.
 """
 

@@ -3,19 +3,20 @@
 Per row, in this order (the first failing rule names the quarantine reason):
   malformed / unknown_role (adapter), bad_encoding (lone surrogates = invalid UTF-8), too_long (a message over
   ``max_message_chars``: a cheap gate before any other work), NFC, system-prompt policy, empty, no_user_turn,
-  not_alternating, too_long (the prompt over ``max_prompt_tokens`` with the TARGET tokenizer, batched),
-  contaminated (gate benchmark overlap).
+  not_alternating, bad_tool_call (``eagle3.data.toolcalls.link_tool_calls``: every call named, every result tied to
+  a call), too_long (the prompt over ``max_prompt_tokens`` with the TARGET tokenizer, batched), contaminated (gate
+  benchmark overlap).
 Assistant turns stay in the row (regeneration replaces them). Pre-tokenized rows are checked against
 ``target.vocab_size`` and equal ``input_ids``/``loss_mask`` lengths (``bad_tokens``).
 
-The prompt length is the token count of the non-assistant turn contents joined by newlines (the template's few
-tokens per turn are not counted). A prompt whose UTF-8 byte length is <= the limit is never tokenized: byte-level
-BPE and byte-fallback tokenizers never emit more tokens than bytes.
+The prompt length is the token count of the non-assistant turn contents (and the tool declarations) joined by
+newlines (the template's few tokens per turn are not counted). A prompt whose UTF-8 byte length is <= the limit is
+never tokenized: byte-level BPE and byte-fallback tokenizers never emit more tokens than bytes.
 
-``sample_id`` is a hash of the normalized non-assistant turns (role + content): it is stable across sources and
-runs, identical prompts from two sources dedup to one, and the assistant turns do not matter since regeneration
-replaces them. ``source_row`` is the row's position in the source (files in order), so the quarantine points back to
-the exact row; the dataset's own id, if any, is kept in ``meta``.
+``sample_id`` is a hash of the normalized non-assistant turns (role + content, and the tool declarations when the
+row has any): it is stable across sources and runs, identical prompts from two sources dedup to one, and the
+assistant turns do not matter since regeneration replaces them. ``source_row`` is the row's position in the source
+(files in order), so the quarantine points back to the exact row; the dataset's own id, if any, is kept in ``meta``.
 
 Streaming: rows are read, converted and written in batches of ``BATCH`` rows; memory does not grow with the source.
 """
@@ -54,6 +55,7 @@ from eagle3.data.schema import (
     TOO_LONG,
 )
 from eagle3.data.template import load_local_tokenizer
+from eagle3.data.toolcalls import ToolCallError, link_tool_calls
 from eagle3.runroot import Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ logger = logging.getLogger(__name__)
 BATCH = 512
 ROW_GROUP_BYTES = 8 * 2**20  # the writer buffers one row group: bounded, so memory does not grow with the source
 _TOKENIZER_LOCK = threading.Lock()
-NORMALIZE_VERSION = "1"
+NORMALIZE_VERSION = "2"  # 2: messages carry tool calls and reasoning, rows their tool declarations
 # Characters that print nothing: whitespace, C0/C1 controls, soft hyphen, zero-width and bidi marks, word joiners,
 # BOM. A turn made only of these is empty ("\x00\x01\x02" is no prompt); found by one C-level regex search.
 _VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
@@ -101,16 +103,33 @@ def _blank(text: str) -> bool:
     return _VISIBLE.search(text) is None
 
 
+def _texts(message: Message) -> list[str]:
+    """Every string of a message: content, reasoning, calls."""
+    calls = message.get("tool_calls") or []
+    extra = [message.get("reasoning_content") or "", message.get("tool_call_id") or ""]
+    return [message["content"], *extra, *(v for c in calls for v in c.values())]
+
+
+def _nfc(message: Message) -> Message:
+    """The message with its text NFC-normalized (call ids and arguments are data: kept as written)."""
+    out = {**message, "content": unicodedata.normalize("NFC", message["content"])}
+    if message.get("reasoning_content"):
+        out["reasoning_content"] = unicodedata.normalize("NFC", message["reasoning_content"])
+    if message.get("tool_calls"):
+        out["tool_calls"] = [dict(c) for c in message["tool_calls"]]
+    return out
+
+
 def normalize_messages(messages: list[Message], cfg: NormalizeConfig) -> list[Message]:
     """Validated, NFC-normalized messages with the system-prompt policy applied; raises ``RowError``."""
     if not messages:
         raise RowError(EMPTY, "no messages")
-    if any(_has_surrogate(m["content"]) for m in messages):
+    if any(_has_surrogate(t) for m in messages for t in _texts(m)):
         raise RowError(BAD_ENCODING, "invalid UTF-8 in a message")
-    longest = max(len(m["content"]) for m in messages)
+    longest = max(sum(map(len, _texts(m))) for m in messages)
     if longest > cfg.max_message_chars:
         raise RowError(TOO_LONG, f"a message has {longest} chars > normalize.max_message_chars={cfg.max_message_chars}")
-    msgs = [{"role": m["role"], "content": unicodedata.normalize("NFC", m["content"])} for m in messages]
+    msgs = [_nfc(m) for m in messages]
     system = [m for m in msgs[:1] if m["role"] == "system"]
     body = msgs[len(system) :]
     if cfg.system_prompt_policy == "drop" or (system and _blank(system[0]["content"])):
@@ -127,16 +146,22 @@ def normalize_messages(messages: list[Message], cfg: NormalizeConfig) -> list[Me
         if m["role"] not in _NEXT[prev]:
             raise RowError(NOT_ALTERNATING, f"turn {i}: {m['role']} after {prev or 'start'}")
         prev = m["role"]
-    return system + body
+    try:
+        return system + link_tool_calls(body)
+    except ToolCallError as err:
+        raise RowError(err.reason, err.detail) from None
 
 
 def prompt_turns(messages: list[Message]) -> list[str]:
     return [m["content"] for m in messages if m["role"] != "assistant"]
 
 
-def sample_id(messages: list[Message], input_ids: list[int] | None = None) -> str:
-    """Stable id: hash of the normalized non-assistant turns (or of the token ids for bare pre-tokenized rows)."""
-    prompt = [[m["role"], m["content"]] for m in messages if m["role"] != "assistant"]
+def sample_id(messages: list[Message], input_ids: list[int] | None = None, tools: str | None = None) -> str:
+    """Stable id: hash of the normalized non-assistant turns and tool declarations (or of the token ids for bare
+    pre-tokenized rows)."""
+    prompt: list[Any] = [[m["role"], m["content"]] for m in messages if m["role"] != "assistant"]
+    if tools:
+        prompt.append(["tools", tools])
     blob = json.dumps(prompt, ensure_ascii=False) if prompt else "ids:" + ",".join(map(str, input_ids or []))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
@@ -251,7 +276,7 @@ def _prepare(raw: RawRow, entry: catalog.DatasetEntry, columns: dict[str, str], 
 
 def _row(label: str, index: int, conv: Converted) -> dict[str, Any]:
     return {
-        "sample_id": sample_id(conv.messages, conv.input_ids),
+        "sample_id": sample_id(conv.messages, conv.input_ids, conv.tools),
         "source": label,
         "source_row": str(index),
         "messages": conv.messages,
@@ -259,13 +284,14 @@ def _row(label: str, index: int, conv: Converted) -> dict[str, Any]:
         "meta": json.dumps(conv.meta, ensure_ascii=True, sort_keys=True),
         "input_ids": conv.input_ids,
         "loss_mask": conv.loss_mask,
+        "tools": conv.tools,
     }
 
 
 def _flush(batch: list[tuple[RawRow, Converted]], books: _Books, writer: ShardWriter, config: PipelineConfig) -> None:
     """Token-length and contamination checks for a batch of converted rows, then write the survivors."""
     limit = config.normalize.max_prompt_tokens
-    texts = ["\n".join(prompt_turns(c.messages)) for _r, c in batch]
+    texts = ["\n".join([*prompt_turns(c.messages), *([c.tools] if c.tools else [])]) for _r, c in batch]
     long_idx = [i for i, t in enumerate(texts) if _utf8_len(t) > limit and batch[i][1].input_ids is None]
     lengths = dict.fromkeys(range(len(batch)), 0)
     if long_idx:

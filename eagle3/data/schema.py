@@ -2,13 +2,27 @@
 
 Every stage that reads prompts imports ``PROMPT_SCHEMA`` from here; nobody re-declares it. ``input_ids`` and
 ``loss_mask`` are null except for pre-tokenized rows (already in the target's token space), which skip regeneration.
+
+A message is ``role`` + ``content``, and where a conversation calls tools (``eagle3.data.toolcalls``): an
+assistant's ``tool_calls`` (``id``, ``name``, ``arguments`` as JSON text) and ``reasoning_content`` (its thinking,
+kept apart from the content as the OpenAI API and the chat templates of thinking models keep it), a tool result's
+``tool_call_id``. ``tools`` is the conversation's tool declarations (JSON text of a list), null when it has none.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+MESSAGE_TYPE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("reasoning_content", pa.string()),
+        ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
+        ("tool_call_id", pa.string()),
+    ]
+)
 
 PROMPT_SCHEMA = pa.schema(
     [
@@ -20,6 +34,7 @@ PROMPT_SCHEMA = pa.schema(
         ("meta", pa.string()),
         ("input_ids", pa.list_(pa.int32())),
         ("loss_mask", pa.list_(pa.uint8())),
+        ("tools", pa.string()),
     ]
 )
 
@@ -46,6 +61,7 @@ NEAR_DUPLICATE = "near_duplicate"  # MinHash/LSH estimated Jaccard >= normalize.
 CONTAMINATED = "contaminated"  # overlaps a gate benchmark prompt
 MALFORMED = "malformed"  # not parseable, wrong types, missing keys
 BAD_TOKENS = "bad_tokens"  # pre-tokenized row: ids outside the target vocab, or input_ids/loss_mask lengths differ
+BAD_TOOL_CALL = "bad_tool_call"  # arguments not a JSON object, a result answering no call, a call left unanswered
 
 REASONS: tuple[str, ...] = (
     EMPTY,
@@ -59,6 +75,7 @@ REASONS: tuple[str, ...] = (
     CONTAMINATED,
     MALFORMED,
     BAD_TOKENS,
+    BAD_TOOL_CALL,
 )
 
 RAW_MAX_BYTES = 2048

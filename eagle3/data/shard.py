@@ -68,7 +68,7 @@ def _dedup_spills(
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     for i, row in _interleaved(spills):
-        turns = [m["content"] for m in row["messages"] if m["role"] != "assistant"]
+        turns = [m["content"] for m in row["messages"] if m["role"] not in ("assistant", "system")]
         reason = deduper.check(row["sample_id"], turns)
         kept, dropped = counts[i]
         if reason is None:

@@ -425,28 +425,28 @@ def _to_bytes(value: Any) -> Any:
     return value
 
 
-def _write_parquet(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+def write_parquet(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
     """Strings go in as bytes and are viewed as strings without validation, so bad UTF-8 survives as is."""
     columns = [pa.array([_to_bytes(r[f.name]) for r in rows], type=_binary_type(f.type)).view(f.type) for f in schema]
     pq.write_table(pa.Table.from_arrays(columns, schema=schema), path)
 
 
-def _write_json(path: Path, rows: list[Any]) -> None:
+def write_json(path: Path, rows: list[Any]) -> None:
     path.write_text(json.dumps(rows, ensure_ascii=True, indent=1) + "\n", encoding="ascii")
 
 
-def _write_jsonl(path: Path, rows: list[Any]) -> None:
+def write_jsonl(path: Path, rows: list[Any]) -> None:
     lines = [r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) for r in rows]
     path.write_bytes(b"".join(line.encode("utf-8", "surrogateescape") + b"\n" for line in lines))
 
 
 def _write_rows(adapter: str, path: Path, rows: list[Any]) -> None:
     if adapter in PARQUET_SCHEMAS:
-        _write_parquet(path, rows, PARQUET_SCHEMAS[adapter])
+        write_parquet(path, rows, PARQUET_SCHEMAS[adapter])
     elif path.suffix == ".jsonl":
-        _write_jsonl(path, rows)
+        write_jsonl(path, rows)
     else:
-        _write_json(path, rows)
+        write_json(path, rows)
 
 
 def _write_bench(bench_dir: Path, factory: ConversationFactory) -> dict[str, list[Conversation]]:
@@ -456,11 +456,11 @@ def _write_bench(bench_dir: Path, factory: ConversationFactory) -> dict[str, lis
     for name in BENCH_SETS:
         sets[name] = [factory.make(kind=name, multi_turn=False, system=False)[1] for _ in range(BENCH_PER_SET)]
         rows = [{"id": f"{name}-{j:03d}", "prompt": conv[0]["content"]} for j, conv in enumerate(sets[name])]
-        _write_jsonl(bench_dir / f"{name}.jsonl", rows)
+        write_jsonl(bench_dir / f"{name}.jsonl", rows)
     return sets
 
 
-def _file_stats(path: Path) -> dict[str, Any]:
+def file_stats(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
@@ -485,7 +485,7 @@ def write_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int = 200) -
         paths[adapter] = out_dir / FILE_NAMES[adapter]
         _write_rows(adapter, paths[adapter], rows)
         counts = {"rows": len(rows), "bad_rows": len(bad_rows[adapter])}
-        files[adapter] = {"path": FILE_NAMES[adapter], **counts, **_file_stats(paths[adapter])}
+        files[adapter] = {"path": FILE_NAMES[adapter], **counts, **file_stats(paths[adapter])}
     (out_dir / BAD_ROWS_FILE).write_text(json.dumps(bad_rows, indent=1) + "\n")
     manifest = {
         "version": SAMPLES_VERSION,

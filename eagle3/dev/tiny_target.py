@@ -27,7 +27,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from eagle3.data.template import span_mask
+
 logger = logging.getLogger(__name__)
+Spans = list[tuple[int, int]]
 
 BOS, EOT, IM_START, IM_END, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"
 SPECIAL_TOKENS = (BOS, EOT, IM_START, IM_END, PAD)
@@ -84,13 +87,16 @@ def build_model(
     max_position_embeddings: int = 2048,
     vocab_size: int | None = None,
     seed: int = 0,
+    stop_tokens: Sequence[str] = (EOT,),
 ) -> LlamaForCausalLM:
     """A randomly initialised Llama with untied embeddings (as EAGLE-3 targets have).
 
     The vocabulary is padded up to ``vocab_size`` (like real targets, whose embedding tables are larger than
     their tokenizers), so the tiny recipe's ``target.vocab_size`` holds whatever size BPE training reaches.
+    BOS, EOS (the end of a turn) and PAD are the tokenizer's; generation also stops at ``stop_tokens``.
     """
-    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
+    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    stops = [eos, *tokenizer.convert_tokens_to_ids(list(stop_tokens))]
     config = LlamaConfig(
         vocab_size=max(len(tokenizer), vocab_size or 0),
         hidden_size=hidden_size,
@@ -100,15 +106,13 @@ def build_model(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=False,
-        bos_token_id=ids[BOS],
-        eos_token_id=ids[IM_END],
-        pad_token_id=ids[PAD],
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=ids[BOS], eos_token_id=[ids[IM_END], ids[EOT]], pad_token_id=ids[PAD], do_sample=False
-    )
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=stops, pad_token_id=pad, do_sample=False)
     return model
 
 
@@ -134,17 +138,22 @@ def _deterministic(num_threads: int | None) -> Iterator[None]:
 
 
 def _token_stream(
-    tokenizer: PreTrainedTokenizerFast, conversations: Sequence[Sequence[dict[str, Any]]], seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """All rendered conversations as one 1-D id stream, and the offsets where a window of `seq_len` can start."""
-    encoded = tokenizer(render_conversations(tokenizer, conversations), add_special_tokens=False)["input_ids"]
+    tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], seq_len: int, spans: Sequence[Spans] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """All texts as one 1-D id stream, the offsets where a window of `seq_len` can start, and (with `spans`: the
+    character spans of each text to learn) a 0/1 stream of the tokens to learn."""
+    enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=spans is not None)
+    encoded = enc["input_ids"]
     lengths = torch.tensor([len(ids) for ids in encoded])
     starts = torch.cumsum(lengths, 0) - lengths
     stream = torch.tensor([i for ids in encoded for i in ids], dtype=torch.long)
     starts = starts[starts + seq_len <= len(stream)]
     if len(starts) == 0:
         raise ValueError(f"conversations hold {len(stream)} tokens, fewer than one window of seq_len={seq_len}")
-    return stream, starts
+    if spans is None:
+        return stream, starts, None
+    learn = [bit for offsets, s in zip(enc["offset_mapping"], spans, strict=True) for bit in span_mask(offsets, s)]
+    return stream, starts, torch.tensor(learn, dtype=torch.bool)
 
 
 def _lr_at(step: int, steps: int, lr: float) -> float:
@@ -172,7 +181,27 @@ def train_model(
 
     AdamW (betas 0.9/0.95, weight decay 0.1), grad-norm clip 1.0, warm-up then cosine schedule.
     """
-    stream, starts = _token_stream(tokenizer, conversations, seq_len)
+    texts = render_conversations(tokenizer, conversations)
+    return train_on_texts(model, tokenizer, texts, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
+                          seed=seed, num_threads=num_threads)  # fmt: skip
+
+
+def train_on_texts(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    texts: Sequence[str],
+    *,
+    steps: int = 300,
+    batch_size: int = 8,
+    seq_len: int = 256,
+    lr: float = 3e-3,
+    seed: int = 0,
+    num_threads: int | None = None,
+    spans: Sequence[Spans] | None = None,
+) -> list[float]:
+    """``train_model`` on texts already rendered (windows start at a text's start); the losses of every step. With
+    ``spans`` (per text, the character spans the model wrote), only those tokens are predicted (SFT's loss mask)."""
+    stream, starts, learn = _token_stream(tokenizer, texts, seq_len, spans)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     losses: list[float] = []
@@ -182,9 +211,12 @@ def train_model(
         for step in range(steps):
             picks = starts[torch.randint(len(starts), (batch_size,), generator=generator)]
             batch = torch.stack([stream[s : s + seq_len] for s in picks.tolist()])  # [B, T]
+            labels = batch
+            if learn is not None:
+                labels = batch.masked_fill(~torch.stack([learn[s : s + seq_len] for s in picks.tolist()]), -100)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, steps, lr)
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = model(input_ids=batch, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

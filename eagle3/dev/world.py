@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,10 +47,21 @@ PRETOKENIZED_SCHEMA = pa.schema(
 )
 
 
+class WorldSpec(Protocol):
+    """What ``build_world`` needs of a spec: a fingerprint and the name its directories start with."""
+
+    DIR_PREFIX: ClassVar[str]
+    VERSION: ClassVar[str]
+
+    def fingerprint(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class TinyWorldSpec:
     """Everything a tiny world depends on; the defaults are the world the tiny recipe and the e2e tests use."""
 
+    DIR_PREFIX: ClassVar[str] = "tiny-world"
+    VERSION: ClassVar[str] = WORLD_VERSION
     seed: int = 0
     rows_per_source: int = 200
     vocab_size: int = 2048
@@ -84,7 +95,7 @@ class TinyWorld:
     model_dir: Path
     samples: dict[str, Path]
     bench_dir: Path
-    pretokenized: Path
+    pretokenized: Path | None  # None: a world without pre-tokenized rows (the thinking world)
     bad_rows: Path
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -106,7 +117,7 @@ class TinyWorld:
             "model_dir": rel(self.model_dir),
             "samples": {name: rel(path) for name, path in self.samples.items()},
             "bench_dir": rel(self.bench_dir),
-            "pretokenized": rel(self.pretokenized),
+            "pretokenized": rel(self.pretokenized) if self.pretokenized else None,
             "bad_rows": rel(self.bad_rows),
             "report": self.report,
         }
@@ -119,7 +130,7 @@ class TinyWorld:
             model_dir=root / data["model_dir"],
             samples={name: root / path for name, path in data["samples"].items()},
             bench_dir=root / data["bench_dir"],
-            pretokenized=root / data["pretokenized"],
+            pretokenized=root / data["pretokenized"] if data["pretokenized"] else None,
             bad_rows=root / data["bad_rows"],
             report=data["report"],
         )
@@ -129,9 +140,9 @@ class TinyWorld:
         return cls.from_json(root, json.loads((root / WORLD_FILE).read_text())["world"])
 
 
-def world_dir_for(cache_dir: Path, spec: TinyWorldSpec) -> Path:
+def world_dir_for(cache_dir: Path, spec: WorldSpec) -> Path:
     """Where the world for `spec` lives (or will), without building it."""
-    return Path(cache_dir) / f"tiny-world-{spec.fingerprint()}"
+    return Path(cache_dir) / f"{spec.DIR_PREFIX}-{spec.fingerprint()}"
 
 
 def default_threads() -> int:
@@ -263,12 +274,29 @@ def build_tiny_world(
     """Return the world for `spec` under `cache_dir` and whether it was a cache hit (nothing rebuilt).
 
     `progress` receives one line per build stage; `num_threads` defaults to `default_threads()`.
+    """
+    return build_world(cache_dir, spec, _build_into, progress=progress, num_threads=num_threads)
+
+
+Builder = Callable[[Path, Any, Callable[[str], None], int], TinyWorld]
+
+
+def build_world(
+    cache_dir: Path,
+    spec: WorldSpec,
+    build_into: Builder,
+    *,
+    progress: Callable[[str], None] | None = None,
+    num_threads: int | None = None,
+) -> tuple[TinyWorld, bool]:
+    """The world ``build_into(root, spec, say, threads)`` builds for ``spec``, cached under ``cache_dir`` by the
+    spec's fingerprint, and whether it was a cache hit.
 
     A concurrent builder that finishes first wins the rename; this call then uses its world and drops its own.
     """
 
     def say(message: str) -> None:
-        logger.info("tiny world %s: %s", spec.fingerprint(), message)
+        logger.info("%s %s: %s", spec.DIR_PREFIX.replace("-", " "), spec.fingerprint(), message)
         if progress is not None:
             progress(message)
 
@@ -279,8 +307,8 @@ def build_tiny_world(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        world = _build_into(tmp, spec, say, num_threads or default_threads())
-        payload = {"world_version": WORLD_VERSION, "spec": asdict(spec), "world": world.to_json()}
+        world = build_into(tmp, spec, say, num_threads or default_threads())
+        payload = {"world_version": spec.VERSION, "spec": asdict(spec), "world": world.to_json()}
         (tmp / WORLD_FILE).write_text(json.dumps(payload, indent=1) + "\n")
         if final.exists() and not (final / WORLD_FILE).exists():
             shutil.rmtree(final)  # an empty or foreign leftover: world dirs only ever appear complete

@@ -14,7 +14,10 @@
 * Permanent: any other 4xx, a true input error, raised as ``BadRequestError`` with the server's message; the sample
   fails alone.
 * ``/generate`` sends the project's token ids and gets token ids back: nothing is re-tokenized. The OpenAI path
-  sends messages and gets text; its ids are re-tokenized from that text and the row's meta says so.
+  sends messages (with the conversation's ``tools`` and the template's ``chat_template_kwargs``) and gets text, and
+  the ``reasoning_content`` a server's reasoning parser split off; its ids are re-tokenized from that text and the
+  row's meta says so. A reply whose calls a server-side tool-call parser took out of the text cannot be rebuilt
+  token for token: it is refused (retried, then the shard fails with the fix: start the server without one).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Reply:
     server: str
     latency_s: float
     attempts: int
+    reasoning: str | None = None  # OpenAI path: the reasoning_content a server's reasoning parser split off
 
 
 def sampling_params(cfg: RegenConfig) -> dict[str, Any]:
@@ -140,9 +144,12 @@ class Client:
         payload = {"input_ids": prompt_ids, "sampling_params": params}
         return await self._with_retries("/generate", payload, base_rid, _parse_generate)
 
-    async def chat(self, base_rid: str, messages: list[dict[str, str]], model: str) -> Reply:
+    async def chat(
+        self, base_rid: str, messages: list[dict[str, Any]], model: str, *,
+        tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
+    ) -> Reply:  # fmt: skip
         """One OpenAI chat turn; rids as in ``generate``."""
-        payload = {
+        payload: dict[str, Any] = {
             "model": model,
             "messages": messages,
             "max_tokens": self.cfg.max_new_tokens,
@@ -153,6 +160,10 @@ class Client:
             payload["top_k"] = self.cfg.top_k
         if self.cfg.stop:
             payload["stop"] = list(self.cfg.stop)
+        if tools:
+            payload["tools"] = tools
+        if template_kwargs:
+            payload["chat_template_kwargs"] = template_kwargs
         return await self._with_retries("/v1/chat/completions", payload, base_rid, _parse_chat)
 
     async def _with_retries(self, path: str, payload: dict[str, Any], base_rid: str, parse: Any) -> Reply:
@@ -197,9 +208,13 @@ def _parse_generate(data: dict[str, Any]) -> dict[str, Any]:
 
 def _parse_chat(data: dict[str, Any]) -> dict[str, Any]:
     choice = data["choices"][0]
+    if choice["message"].get("tool_calls"):
+        raise ValueError("the server parsed the tool calls out of the reply (--tool-call-parser), so its text cannot "
+                         "be rebuilt token for token: start it without a tool-call parser")  # fmt: skip
     return {
         "output_ids": [],  # filled by re-tokenizing the text (see regen.sample)
         "text": choice["message"]["content"] or "",
+        "reasoning": choice["message"].get("reasoning_content"),
         "finish_reason": choice.get("finish_reason") or "unknown",
         "prompt_tokens": int((data.get("usage") or {}).get("prompt_tokens", 0)),
     }

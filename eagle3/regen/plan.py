@@ -1,6 +1,9 @@
 """The regen stage's plan: where its input and output live, its fingerprint, and its shards.
 
-Stage fingerprint = hash(prompts fingerprint, sampling config, target model). The server URLs, concurrency,
+Stage fingerprint = hash(prompts fingerprint, sampling config, target model). The sampling config includes what
+changes the text a thinking, tool-calling target writes or how it is kept: ``regen.thinking`` (the template's switch)
+and the reasoning and tool-call parsers, each only when set, so a plain target's fingerprint is as before. The server
+URLs, concurrency,
 retry and timeout settings are deliberately not in it: moving a 50-hour job to other servers must resume it, not
 restart it. The plan is a frozen model: JSON on the wire (Prefect task parameters) and ``plan.json`` on disk.
 """
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig, RegenConfig
+from eagle3.data.dialect import reasoning_format
 from eagle3.layout import CONFIG_FILE, PLAN_FILE, shard_index, shard_name, stage_dir
 from eagle3.runroot import Manifest, atomic_write_text, fingerprint
 from eagle3.stage import Plan
@@ -23,7 +27,7 @@ class RegenInputError(ValueError):
 
 def sampling_fields(cfg: RegenConfig) -> dict[str, Any]:
     """The part of ``config.regen`` that changes what is generated (hence in the fingerprint)."""
-    return {
+    fields = {
         "api": cfg.api,
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
@@ -32,6 +36,16 @@ def sampling_fields(cfg: RegenConfig) -> dict[str, Any]:
         "stop": list(cfg.stop),
         "keep_truncated": cfg.keep_truncated,
     }
+    chat = {"reasoning_parser": cfg.reasoning_parser, "tool_call_parser": cfg.tool_call_parser,
+            "chat_template_kwargs": template_kwargs(cfg)}  # fmt: skip
+    return fields | {k: v for k, v in chat.items() if v}
+
+
+def template_kwargs(cfg: RegenConfig) -> dict[str, Any]:
+    """``chat_template_kwargs`` for every rendering and OpenAI request: the thinking switch when set."""
+    if cfg.thinking is None or cfg.reasoning_parser is None:
+        return {}
+    return {reasoning_format(cfg.reasoning_parser).toggle: cfg.thinking}
 
 
 def target_fields(config: PipelineConfig) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig
+from eagle3.data.dialect import reasoning_format, tool_call_format
 from eagle3.data.parquet import (
     ShardWriter,
     iter_batches,
@@ -36,7 +37,7 @@ from eagle3.integrity import verify_files
 from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
-from eagle3.regen.plan import RegenPlan
+from eagle3.regen.plan import RegenPlan, template_kwargs
 from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
 from eagle3.regen.sample import SampleContext, failed_row, regenerate
 from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
@@ -74,6 +75,8 @@ class ShardReport:
     completion_tokens: int = 0
     round_trip_failures: int = 0
     mask_fallbacks: int = 0
+    history_rewritten: int = 0  # rows whose last prompt shows earlier turns by the template's rule, not as generated
+    tool_replay_stops: int = 0  # rows that ended where the target's calls did not match the source's results
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,8 +119,7 @@ async def regen_shard_async(
         rows = _prompt_rows(plan, index, set(journal.done))
         context = config.server.context_length or config.target.context_length
         async with Client(cfg, pool, api_key=api_key, seed=index, context_length=context) as client:
-            ctx = SampleContext(tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id,
-                                on_turn=journal.append)  # fmt: skip
+            ctx = sample_context(config, tokenizer, client, on_turn=journal.append)
             watcher = asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index)))
             try:
                 error = await _run_samples(ctx, rows, journal, pool.capacity, on_result)
@@ -129,6 +131,17 @@ async def regen_shard_async(
     report = compact_shard(config, plan, index, template=template_hash(tokenizer))
     report.elapsed_s = time.monotonic() - start
     return report
+
+
+def sample_context(config: PipelineConfig, tokenizer: Any, client: Client, **kwargs: Any) -> SampleContext:
+    """What every sample of the stage shares, from the config (api, dialect, the template's arguments)."""
+    cfg = config.regen
+    return SampleContext(
+        tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id,
+        reasoning=reasoning_format(cfg.reasoning_parser) if cfg.reasoning_parser else None,
+        calls=tool_call_format(cfg.tool_call_parser) if cfg.tool_call_parser else None,
+        template_kwargs=template_kwargs(cfg), **kwargs,
+    )  # fmt: skip
 
 
 def waiting_name(index: int) -> str:
@@ -224,6 +237,8 @@ def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: in
         "completion_tokens": sum(int(m.get("total_completion_tokens", 0)) for m in metas),
         "round_trip_failures": sum(not m.get("round_trip", True) for m in metas),
         "mask_fallbacks": sum(bool(m.get("mask_fallback")) for m in metas),
+        "history_rewritten": sum(m.get("history") == "template" for m in metas),
+        "tool_replay_stops": sum(bool(m.get("stopped")) for m in metas),
     }
 
 
@@ -252,6 +267,7 @@ def compact_shard(config: PipelineConfig, plan: RegenPlan, index: int, *, templa
         "regen_fingerprint": plan.fingerprint,
         "target_model": config.target.model_path,
         "chat_template_hash": template,
+        "chat_template_kwargs": json.dumps(template_kwargs(config.regen)),
     }
     for kind, side in ((DROPPED, dropped), (FAILED, failed)):  # never silent loss: set-aside rows keep their text
         if side:

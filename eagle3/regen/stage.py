@@ -36,7 +36,12 @@ from eagle3.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
 
 REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "completion_tokens", "round_trip_failures",
-                 "mask_fallbacks")  # fmt: skip
+                 "mask_fallbacks", "history_rewritten", "tool_replay_stops")  # fmt: skip
+
+
+# What the lineage records about earlier turns (the rows' meta.history says which rows it rewrote).
+HISTORY_RULE = ("each prompt shows earlier turns as the target's chat template renders them (chat_template_hash, "
+                "sampling.chat_template_kwargs); a thinking template drops their reasoning")  # fmt: skip
 
 
 @contextmanager
@@ -179,6 +184,7 @@ def _write_manifest(
         "prompts_dir": str(plan.prompts_dir),
         "prompts_fingerprint": plan.prompts_fingerprint,
         "servers": list(config.regen.servers) or ["<local reference server>"],
+        "history": HISTORY_RULE,
     }).write(plan.out_dir)  # fmt: skip
 
 

@@ -22,6 +22,9 @@ What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
   ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram``) only on a speculative
   server, only on the final chunk, and only when the request had verify passes (``TokenizerManager`` adds them from
   the batch output).
+* With ``--reasoning-parser``, a chat reply's thinking is split off into ``message.reasoning_content`` (SGLang's
+  ``ReasoningParser.parse_non_stream`` in ``entrypoints/openai/serving_chat.py``, ``separate_reasoning`` on by
+  default): forced on for a template whose switch is on, so ``reasoning</think>answer`` splits at ``</think>``.
 * ``cached_tokens`` is always 0: the reference server has no prefix (radix) cache, so no prompt token is ever served
   from cache; reporting anything else would be a lie that benchmark reports would repeat.
 """
@@ -39,6 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
+from eagle3.data.dialect import reasoning_format
 from eagle3.serve.args import server_info
 from eagle3.serve.faults import FaultInjector
 from eagle3.serve.protocol import DEFAULT_NUM_STEPS, Completion
@@ -242,7 +246,7 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": _text(backend, c)},
+                "message": _chat_message(request.app[ARGS], req, _text(backend, c)),
                 "finish_reason": c.finish_reason["type"],
                 "matched_stop": c.finish_reason.get("matched"),
             }
@@ -258,6 +262,17 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
     await response.write_eof()
     _completed(request, req.rid)
     return response
+
+
+def _chat_message(args: argparse.Namespace, req: GenerateRequest, text: str) -> dict[str, Any]:
+    """The reply message; with ``--reasoning-parser``, the thinking apart in ``reasoning_content`` (None when
+    there is none) as SGLang's ``serving_chat`` returns it, its parser forced on unless the request turned the
+    template's thinking switch off."""
+    if not args.reasoning_parser or not req.separate_reasoning:
+        return {"role": "assistant", "content": text}
+    dialect = reasoning_format(args.reasoning_parser)
+    reasoning, content = dialect.split(text, forced=dialect.is_on(req.chat_template_kwargs))
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
 
 
 async def health(request: web.Request) -> web.Response:

@@ -4,8 +4,9 @@ Flag spellings follow ``sglang.launch_server`` where SGLang has the flag (``--mo
 ``--max-running-requests``, ``--max-queued-requests``, the ``--speculative-*`` family), so the same generated
 launch line can point at either server. ``--speculative-algorithm EAGLE3`` (or ``EAGLE``) with a draft runs greedy
 chain speculative decoding (``eagle3.serve.speculative``) and every speculative flag is reported by
-``/server_info``. ``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the client-scaling
-benchmark.
+``/server_info``. ``--reasoning-parser`` splits ``/v1/chat/completions`` replies into ``reasoning_content`` and
+``content`` as SGLang's does. ``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the
+client-scaling benchmark.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from eagle3.data.dialect import REASONING_FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's).")
     p.add_argument("--request-log", default=None, help="Append the rid of every completed request to this file.")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
+        help="Split a chat reply's thinking into reasoning_content (SGLang's flag; eagle3.data.dialect).",
+    )  # fmt: skip
     spec = p.add_argument_group("speculative decoding (SGLang flags; a draft is run as greedy chain speculation)")
     spec.add_argument(
         "--speculative-algorithm", default=None, help="EAGLE3, or EAGLE (the draft sees the last hidden state only)."

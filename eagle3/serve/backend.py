@@ -69,8 +69,13 @@ class ModelBackend:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def chat_ids(
+        self, messages: list[dict[str, Any]], *, tools: list[Any] | None = None, kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The chat template over OpenAI messages, with the request's tools and ``chat_template_kwargs``."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **(kwargs or {})
+        )
         return self.encode(text)
 
     async def generate(
@@ -132,7 +137,7 @@ class SyntheticBackend:
     def decode(self, ids: list[int]) -> str:
         return " ".join(str(i) for i in ids)
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, Any]], **_: Any) -> list[int]:
         return self.encode("".join(str(m.get("content", "")) for m in messages))
 
     async def generate(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from jinja2 import TemplateError
 
 from eagle3.serve.protocol import SamplingParams
 
@@ -31,6 +33,8 @@ class GenerateRequest:
     input_ids: list[int]
     params: SamplingParams
     stream: bool
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: the template's arguments
+    separate_reasoning: bool = True  # chat: split the thinking into reasoning_content (with a reasoning parser)
 
 
 # SGLang 0.5.23's sampling parameters, in the order its decoder lists them in an unknown-field error; the reference
@@ -192,15 +196,53 @@ def parse_generate(body: Any, backend: Any) -> GenerateRequest:
     return GenerateRequest(rid, ids, params, stream)
 
 
+def _chat_message(m: Any) -> dict[str, Any]:
+    """One message as SGLang hands it to the template: an assistant turn that only calls may have no content, and
+    its calls' JSON-text arguments are parsed (SGLang's ``normalize_assistant_tool_call_arguments``)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequest("every message needs a string role and a string content")
+    calls = m.get("tool_calls") if m["role"] == "assistant" else None
+    if not isinstance(m.get("content"), str) and not (calls and m.get("content") is None):
+        raise BadRequest("every message needs a string role and a string content")
+    if not calls:
+        return m
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                               for c in calls):  # fmt: skip
+        raise BadRequest("tool_calls must be a list of {id, type, function: {name, arguments}} objects")
+    parsed = []
+    for call in calls:
+        arguments = call["function"].get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            raise BadRequest("Assistant tool call function.arguments must be valid JSON.") from None
+        if not isinstance(arguments, dict):
+            raise BadRequest("Assistant tool call function.arguments must be a JSON object.")
+        parsed.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return {**m, "tool_calls": parsed}
+
+
+def _chat_options(body: dict[str, Any]) -> tuple[list[Any] | None, dict[str, Any], bool]:
+    tools, kwargs = body.get("tools"), body.get("chat_template_kwargs") or {}
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("tools must be a list of tool objects")
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object")
+    separate = body.get("separate_reasoning", True)
+    if not isinstance(separate, bool):
+        raise BadRequest("separate_reasoning must be true or false")
+    return tools, kwargs, separate
+
+
 def parse_chat(body: Any, backend: Any) -> GenerateRequest:
-    """An OpenAI chat request, rendered with the tokenizer's chat template. Only ``n=1``, no streaming."""
+    """An OpenAI chat request, rendered with the tokenizer's chat template (with the request's ``tools`` and
+    ``chat_template_kwargs``). Only ``n=1``, no streaming."""
     body = _body(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise BadRequest("every message needs a string role and a string content")
+    messages = [_chat_message(m) for m in messages]
+    tools, kwargs, separate = _chat_options(body)
     if body.get("stream"):
         raise BadRequest("stream=true is not supported on /v1/chat/completions by the reference server")
     if body.get("n", 1) != 1:
@@ -213,8 +255,12 @@ def parse_chat(body: Any, backend: Any) -> GenerateRequest:
         "stop": body.get("stop"),
         "ignore_eos": body.get("ignore_eos"),
     }
-    ids = check_ids(backend.chat_ids(messages), backend)
+    try:
+        rendered = backend.chat_ids(messages, tools=tools, kwargs=kwargs)
+    except (TypeError, ValueError, TemplateError) as exc:  # the template refused the messages: 400, as in SGLang
+        raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
+    ids = check_ids(rendered, backend)
     rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"
     params = parse_sampling({k: v for k, v in raw.items() if v is not None})
     check_length(len(ids), params, raw, backend.context_length)
-    return GenerateRequest(str(rid), ids, params, False)
+    return GenerateRequest(str(rid), ids, params, False, kwargs, separate)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flows.commands.common import console, results
+from flows.commands.common import CliError, console, results
 
 
 def register(app: typer.Typer) -> None:
@@ -15,15 +15,20 @@ def register(app: typer.Typer) -> None:
     @group.command("build-tiny")
     def build_tiny_cmd(
         cache_dir: Path | None = typer.Option(None, help="Where to cache it (default: $EAGLE3_HOME/cache)."),
+        world_name: str = typer.Option("tiny", "--world", help="tiny (chat) or think (thinking, tool-calling)."),
     ) -> None:
         """Build the tiny world (sample datasets, BPE tokenizer, tiny Llama target); a second call is a cache hit."""
-        from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+        from eagle3.dev.think_world import build_think_world
+        from eagle3.dev.world import build_tiny_world
         from eagle3.recipes import eagle3_home
 
-        with console.status("building the tiny world") as status:
-            world, hit = build_tiny_world(cache_dir or eagle3_home() / "cache", TinyWorldSpec(),
-                                          progress=lambda msg: status.update(msg))
-        results.print(f"tiny world: {'cache hit' if hit else 'built'} at {world.root}")
+        builders = {"tiny": build_tiny_world, "think": build_think_world}
+        if world_name not in builders:
+            raise CliError(f"unknown world {world_name!r}; known: {', '.join(builders)}")
+        with console.status(f"building the {world_name} world") as status:
+            world, hit = builders[world_name](cache_dir or eagle3_home() / "cache",
+                                              progress=lambda msg: status.update(msg))  # fmt: skip
+        results.print(f"{world_name} world: {'cache hit' if hit else 'built'} at {world.root}")
         for key, value in world.report.items():
             results.print(f"  {key}: {value}")
 

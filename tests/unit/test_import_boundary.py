@@ -65,7 +65,7 @@ def test_importing_the_library_does_not_load_prefect():
 # above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
 # placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
-    {"layers", "config_gate"},  # the SGLang layer-id contract; config sections config.py re-exports
+    {"layers", "config_gate", "config_regen"},  # the SGLang layer-id contract; config sections config.py re-exports
     {"config", "procs", "errors", "transfer"},  # errors: DataError (exit 2); transfer: host <-> GPU moves
     {"runroot", "secrets"},  # secrets: where a token comes from (eagle3.secrets)
     {"layout", "integrity"},  # integrity: files checked against their manifest before use

@@ -20,6 +20,7 @@ def test_every_recipe_loads_and_round_trips(name):
         ("kimi_k2_5", 61, 7168, 163_840, [2, 30, 58], [1, 29, 57]),
         ("llama3_8b", 32, 4096, 128_256, [2, 16, 29], [1, 15, 28]),
         ("tiny", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
+        ("tiny_think", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
     ],
 )
 def test_recipes_derive_aux_layers_from_the_target(name, layers, hidden, vocab, sglang_ids, export_ids):
@@ -58,3 +59,17 @@ def test_kimi_refuses_aux_layers_sglang_would_serve_verbatim():
     capture layers [2, 29, 57], not the trained [3, 30, 58]."""
     with pytest.raises(ConfigError, match=r"input_of_layer \[2, 29, 57\].*first aux layer must be 2"):
         load_recipe("kimi_k2_5", ["capture.aux_layers=[3,30,58]"])
+
+
+def test_tiny_think_is_the_tiny_recipe_on_the_thinking_world(monkeypatch, tmp_path):
+    from eagle3.dev.think_world import ThinkWorldSpec
+    from eagle3.dev.world import world_dir_for
+
+    monkeypatch.setenv("EAGLE3_HOME", str(tmp_path))
+    cfg, tiny = load_recipe("tiny_think"), load_recipe("tiny")
+    world = world_dir_for(tmp_path / "cache", ThinkWorldSpec())
+    assert cfg.target.model_path == str(world / "model") and cfg.dev.world == "think"
+    assert all(s.path.startswith(str(world / "data")) for s in cfg.sources)
+    assert sorted(cfg.gate.prompt_sets) == ["think", "tools"]
+    assert (cfg.regen.reasoning_parser, cfg.regen.tool_call_parser, cfg.regen.thinking) == ("kimi_k2", "kimi_k2", True)
+    assert (cfg.train, cfg.capture, cfg.server) == (tiny.train, tiny.capture, tiny.server)  # a variant of tiny

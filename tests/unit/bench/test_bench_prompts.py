@@ -40,8 +40,8 @@ def test_missing_file_names_the_config_key(tmp_path):
 
 def test_gate_prompts_are_rendered_with_the_chat_template(tmp_path):
     class Tok:
-        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-            assert add_generation_prompt and not tokenize
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt, tools=None):
+            assert add_generation_prompt and not tokenize and tools is None
             return "<u>" + messages[0]["content"] + "</u><a>"
 
         def __call__(self, text, add_special_tokens, return_offsets_mapping):
@@ -54,3 +54,16 @@ def test_gate_prompts_are_rendered_with_the_chat_template(tmp_path):
     prompts = load_gate_prompts(sets, Tok(), per_set=1)
     assert [p.prompt_id for p in prompts] == ["a0", "b0"]
     assert prompts[1].input_ids == tuple(ord(ch) for ch in "<u>hi</u><a>")
+
+
+def test_a_tool_use_row_is_rendered_with_its_tools_and_the_conversation_to_continue(tmp_path, tiny_tokenizer):
+    """A tool-set row may carry the tools and the messages up to a tool result; both reach the chat template."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": "Let me look."},
+                {"role": "user", "content": "Thanks, and now?"}]  # fmt: skip
+    rows = [{"id": "t0", "prompt": "Weather in Oslo?", "tools": tools, "messages": messages},
+            {"id": "t1", "prompt": "Weather in Lima?"}]  # fmt: skip
+    prompts = load_gate_prompts({"tools": str(_jsonl(tmp_path / "tools.jsonl", rows))}, tiny_tokenizer, per_set=2)
+    assert prompts[0].tools == tuple(tools) and prompts[0].messages == tuple(messages)
+    assert tiny_tokenizer.decode(prompts[0].input_ids).count("<|im_start|>user") == 2
+    assert tiny_tokenizer.decode(prompts[1].input_ids).endswith("Weather in Lima?<|im_end|>\n<|im_start|>assistant\n")

@@ -39,3 +39,15 @@ def normalized_run(data_world: dict[str, Path], tmp_path_factory: pytest.TempPat
     """The prompts stage run once over every sample format: (config, prompts stage dir)."""
     config = make_config(data_world, tmp_path_factory.mktemp("normalized-run"))
     return config, normalize(config)
+
+
+@pytest.fixture(scope="session")
+def think_tokenizer():
+    """The thinking world's tokenizer and chat template (``eagle3.dev.think_target``), trained on a few hundred of its
+    conversations: no model, so it builds in a second."""
+    from eagle3.dev.agentic import AgenticFactory
+    from eagle3.dev.think_target import build_think_tokenizer
+    from eagle3.dev.think_world import tokenizer_corpus
+
+    factory = AgenticFactory(1)
+    return build_think_tokenizer(tokenizer_corpus([factory.make() for _ in range(300)]))

@@ -17,6 +17,12 @@ SOURCES = ("sharegpt", "ultrachat", "perfect_blend", "openhermes", "magpie", "tu
 PER_SOURCE = 3
 
 
+def _set_fields(row: dict) -> dict:
+    """The row as written, without the tool-call fields a plain chat row leaves unset (null in every message)."""
+    messages = [{k: v for k, v in m.items() if v is not None or k == "content"} for m in row["messages"]]
+    return {k: v for k, v in row.items() if k != "tools" or v is not None} | {"messages": messages}
+
+
 def _first_rows(out: Path, source: str) -> list[dict]:
     rows = []
     for path in sorted(out.glob("shard-*.parquet")):
@@ -24,7 +30,7 @@ def _first_rows(out: Path, source: str) -> list[dict]:
             if row["source"] == source and len(rows) < PER_SOURCE:
                 if row["input_ids"] is not None:
                     row["input_ids"], row["loss_mask"] = row["input_ids"][:24], row["loss_mask"][:24]
-                rows.append(row)
+                rows.append(_set_fields(row))
     return rows
 
 

@@ -63,12 +63,13 @@ def test_rows_quarantined_beyond_the_ground_truth_are_real_contamination_or_near
         for line in f.read_text().splitlines()
     }
     kept = [r for f in sorted(out.glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
-    kept_shingles = [shingles([m["content"] for m in r["messages"] if m["role"] != "assistant"]) for r in kept]
+    prompt = ("user", "tool")  # near-duplicates are judged on these turns (eagle3.data.dedup: not the system prompt)
+    kept_shingles = [shingles([m["content"] for m in r["messages"] if m["role"] in prompt]) for r in kept]
     for r in pq.read_table(out / "quarantine.parquet").to_pylist():
         if int(r["source_row"]) in truth[r["source"]]:
             continue
         if r["reason"] == "near_duplicate":
-            turns = [m["content"] for m in json.loads(r["raw"])["messages"] if m["role"] != "assistant"]
+            turns = [m["content"] for m in json.loads(r["raw"])["messages"] if m["role"] in prompt]
             mine = shingles(turns)
             best = max(len(mine & k) / len(mine | k) for k in kept_shingles)
             t, perms = config.normalize.near_dup_threshold, config.normalize.minhash_num_perm

@@ -54,8 +54,9 @@ def chat(sample_id: str, *turns: str, system: str | None = None) -> dict:
     return {"sample_id": sample_id, "messages": messages}
 
 
-def regen_config(root: Path, model_dir: Path, servers: list[str], **regen: object):
-    """A pipeline config for these tests: the tiny target, small generations, fast backoff."""
+def regen_config(root: Path, model_dir: Path, servers: list[str], *, context_length: int = 256, **regen: object):
+    """A pipeline config for these tests: the tiny target (or another of its size), small generations, fast
+    backoff."""
     from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 
     defaults = {
@@ -76,11 +77,29 @@ def regen_config(root: Path, model_dir: Path, servers: list[str], **regen: objec
             num_layers=8,
             hidden_size=128,
             vocab_size=2048,
-            context_length=256,
+            context_length=context_length,
             dtype="float32",
         ),
         regen=RegenConfig(servers=servers, **(defaults | regen)),
     )
+
+
+def agentic_rows(n_weather: int = 3, *, seed: int = 4242) -> list[dict]:
+    """Prompts rows of the thinking world's kinds, as normalize writes them: two-city weather conversations (two
+    user turns, a tool call and its result each), a coding agent (three calls in a row), a plain thinking answer."""
+    import json
+
+    from eagle3.dev.agentic import AgenticFactory
+
+    factory = AgenticFactory(seed)
+    convs = []
+    while len(convs) < n_weather:
+        conv = factory.make("weather")
+        if sum(m["role"] == "user" for m in conv.messages) == 2:
+            convs.append(conv)
+    convs += [factory.make("coding"), factory.make("math")]
+    return [{"sample_id": f"{c.kind}-{i}", "messages": c.messages, "tools": json.dumps(c.tools) if c.tools else None}
+            for i, c in enumerate(convs)]  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -88,4 +107,4 @@ def regen_helpers():
     """The helpers above, as a fixture (test files cannot import a conftest module by name)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(write_prompts=write_prompts, chat=chat, config=regen_config)
+    return SimpleNamespace(write_prompts=write_prompts, chat=chat, config=regen_config, agentic_rows=agentic_rows)
