@@ -54,3 +54,8 @@ def test_the_gate_measures_the_thinking_and_tool_use_sets(night: Path):
     assert report["prompts"] == {"think": 4, "tools": 4}
     candidate = next(a for a in report["arms"] if a["role"] == "candidate")
     assert candidate["error"] is None and candidate["levels"][0]["accept_length"] >= 1.0
+    (decision,) = report["decisions"]
+    assert set(decision["by_set"]) == {"think", "tools"}  # accept length per set, in the report and its JSON
+    assert all(s["accept_length"] >= 1.0 and s["spec_verify_ct"] > 0 for s in decision["by_set"].values())
+    markdown = report_path.with_name("report.md").read_text()
+    assert "Accept length per prompt set" in markdown and "| think |" in markdown and "| tools |" in markdown
