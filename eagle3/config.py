@@ -5,7 +5,8 @@ Errors name the fix. YAML in and out; ``--set a.b=c`` overrides are applied to t
 that a bad override fails exactly like a bad file.
 
 Layer ids and target families are the SGLang contract of ``eagle3.layers``; this module validates a config
-against it. The regen section lives in ``eagle3.config_regen`` (re-exported here).
+against it. The regen and capture sections live in ``eagle3.config_regen`` and ``eagle3.config_capture``
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3.config_capture import DEVICE_MAP_STRATEGIES as DEVICE_MAP_STRATEGIES  # re-exported
+from eagle3.config_capture import CaptureConfig, check_capture_gpus
+from eagle3.config_capture import SGLangCaptureConfig as SGLangCaptureConfig  # re-exported
 from eagle3.config_gate import GateConfig, SpeculativeConfig
 from eagle3.config_regen import RegenConfig
 from eagle3.layers import (
-    LAYER_CONVENTIONS,
     TARGET_FAMILIES,
     LayerConvention,
     TargetFamily,
@@ -54,6 +57,12 @@ class TargetConfig(StrictModel):
     context_length: int = Field(default=4096, gt=0)
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     trust_remote_code: bool = False
+    checkpoint_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="The checkpoint's size as stored (its safetensors files): the capture memory plan's weights when "
+        "the headers cannot be read (offline). None: read from the headers.",
+    )
 
     @field_validator("family", mode="before")
     @classmethod
@@ -107,72 +116,6 @@ class NormalizeConfig(StrictModel):
         return self
 
 
-# ``capture.device`` values that spread the target over every visible GPU with transformers' device_map.
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-
-
-class CaptureConfig(StrictModel):
-    """Hidden-state capture. ``aux_layers`` empty means SGLang's default ``[2, L//2, L-3]``."""
-
-    backend: str = "hf"
-    aux_layers: list[int] = Field(default_factory=list)
-    layer_convention: LayerConvention = "input_of_layer"
-    device: str = Field(default="cpu", description="cpu, cuda, cuda:N, or a device_map strategy (auto, ...) that "
-                        "spreads the target over every visible GPU (the multigpu extra).")
-    gpus: int = Field(default=1, ge=1, description="GPUs a spread capture task holds on the Ray runner: the node's "
-                      "(8 for Kimi-K2.5); why in flows/runners.py. Single-device captures and threads ignore it.")
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    batch_tokens: int = Field(default=16_384, gt=0)
-    max_seq_len: int = Field(default=4096, gt=0)
-    truncation: Literal["quarantine", "truncate"] = "quarantine"
-    row_group_bytes: int = Field(
-        default=64 * 2**20,
-        gt=0,
-        description="Uncompressed bytes per Parquet row group of a feature shard: the loader's unit of reading, "
-        "shuffling and splitting over ranks. benchmarks/storage.py --row-group-mib 16,64 read neither size "
-        "consistently faster (BENCHMARKS.md, issue 15); 64 MiB keeps the per-row-group overhead small.",
-    )
-    encoding: Literal["raw", "fp8_aux", "fp8_all", "fp8_topk"] = Field(
-        default="raw",
-        description="How hidden states are stored (eagle3.capture.encoding): raw in capture.dtype (8*H bytes per "
-        "token in bf16), fp8_aux (aux states fp8 + per-token scales: ~5*H), fp8_all (final state too: ~4*H), "
-        "fp8_topk (aux fp8, and the target's top-k next-token distribution instead of the final state: ~3*H + 6*k; "
-        "the large recipes' default).",
-    )
-    topk: int = Field(
-        default=256,
-        description="k of the fp8_topk encoding: the target's k most likely next tokens (int32 id + float16 "
-        "probability, 6 bytes each) stored per token; 1 <= k <= target.vocab_size. Ignored by other encodings. "
-        "256 by benchmarks/learning.py on the tiny world: accept length 0.986 of raw (k=64: 0.973).",
-    )
-    hidden_compression: Literal["none", "lz4", "zstd"] = Field(
-        default="zstd",
-        description="Parquet codec of the two hidden-state columns (the others use zstd). Measured by "
-        "benchmarks/storage.py (BENCHMARKS.md): zstd stores bf16 at 0.78 and fp8 at 0.82 of their size (the fp8 "
-        "codes' entropy; higher levels gain nothing); lz4 saves nothing on either; none reads fastest.",
-    )
-    disk_reserve_bytes: int = Field(
-        default=4 * 2**30,
-        ge=0,
-        description="Free space to keep at the features root beyond the capture estimate; capture refuses to "
-        "start when free < estimate + reserve.",
-    )
-    shards_in_flight: int | None = Field(
-        default=None,
-        gt=0,
-        description="Capture shards running at once (None: as many as the task runner runs); the disk budget "
-        "reserves each one's part files (eagle3.capture.budget.shards_at_once).",
-    )
-
-    @field_validator("layer_convention", mode="before")
-    @classmethod
-    def _named_convention(cls, value: Any) -> Any:
-        if value not in LAYER_CONVENTIONS:
-            raise ValueError(
-                f"unknown layer convention {value!r}: set capture.layer_convention to one of "
-                f"{list(LAYER_CONVENTIONS)} ('input_of_layer' is SGLang's capture convention)"
-            )
-        return value
 
 
 class VocabConfig(StrictModel):
@@ -284,6 +227,11 @@ class PipelineConfig(StrictModel):
         if self.capture.encoding == "fp8_topk" and not 1 <= self.capture.topk <= self.target.vocab_size:
             raise ValueError(f"capture.topk={self.capture.topk} is outside [1, target.vocab_size="
                              f"{self.target.vocab_size}]: set capture.topk to a k in that range, e.g. 256")
+        return self
+
+    @model_validator(mode="after")
+    def _capture_ranks(self) -> PipelineConfig:
+        check_capture_gpus(self.capture, self.server.tp)
         return self
 
     @model_validator(mode="after")

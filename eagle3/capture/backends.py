@@ -1,13 +1,14 @@
-"""Capture backends by name (STYLE §7): ``hf`` (transformers, in-process) now, an in-process SGLang one later.
+"""Capture backends by name (STYLE §7): ``hf`` (transformers, in-process) and ``sglang`` (the target as SGLang
+serves it, in SGLang's own model runner: ``eagle3.capture.sglang``).
 
 A backend turns batches of token ids into per-sample hidden states. Everything else (bucketing, quarantine,
-Parquet, resume) lives in ``eagle3.capture.run`` and is shared by every backend.
+encoding, Parquet, resume) lives in ``eagle3.capture.run`` and is shared by every backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -15,25 +16,38 @@ if TYPE_CHECKING:
     from eagle3.config import PipelineConfig
 
 
+class TopK(NamedTuple):
+    """The target's top-k next-token distribution after each token, as a backend that computes it hands it over:
+    ``ids [T, k]`` (integers) and full-vocab softmax ``probs [T, k]``, by descending probability."""
+
+    ids: torch.Tensor
+    probs: torch.Tensor
+
+
 @runtime_checkable
 class CaptureBackend(Protocol):
-    """Turns a batch of token-id lists into, per sample and in order, ``(aux [T, 3H], last [T, H])``.
+    """Turns a batch of token-id lists into, per sample and in order, ``(aux [T, 3H], final)``.
 
     ``aux`` holds the residual stream entering the configured layers (``input_of_layer``, HF
-    ``output_hidden_states[i]``), concatenated low|mid|high; ``last`` is the final post-norm state (the input of
-    ``lm_head``). Tensors may live on any device; the caller copies them to the host without waiting for them and
-    reads them on its writer thread, while the next forward runs, so a backend returns tensors that later forwards
-    do not overwrite (no reused output buffers). ``lm_head`` is the target's output head ``[V, H]`` on the device
-    ``last`` comes out on: the ``fp8_topk`` encoding turns ``last`` into the target's top-k next-token distribution
-    with it (``eagle3.capture.head``), so an in-process SGLang backend exposes its (gathered) head too.
+    ``output_hidden_states[i]``), concatenated low|mid|high. ``final`` is the final post-norm state ``[T, H]`` (the
+    input of ``lm_head``), or, from a backend that computes the ``fp8_topk`` encoding's distribution itself (the
+    SGLang ranks, over their vocab shards), a ``TopK``. Tensors may live on any device; the caller copies them to
+    the host without waiting for them and reads them on its writer thread, while the next forward runs, so a backend
+    returns tensors that later forwards do not overwrite (no reused output buffers).
     """
 
     hidden_size: int
 
+    def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor | TopK]]: ...
+
+
+@runtime_checkable
+class HeadBackend(CaptureBackend, Protocol):
+    """A backend that returns final states and exposes the target's output head ``[V, H]`` on the device they come
+    out on: the ``fp8_topk`` encoding turns them into the top-k with it (``eagle3.capture.head``)."""
+
     @property
     def lm_head(self) -> torch.Tensor: ...
-
-    def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 BackendFactory = Callable[["PipelineConfig"], CaptureBackend]
@@ -72,4 +86,5 @@ def make_backend(config: PipelineConfig) -> CaptureBackend:
 
 def _load_builtin() -> None:
     """Import the modules that register the built-in backends (kept lazy: they import transformers)."""
-    import eagle3.capture.hf  # noqa: F401
+    import eagle3.capture.hf
+    import eagle3.capture.sglang.backend  # noqa: F401

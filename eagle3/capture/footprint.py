@@ -16,11 +16,25 @@ check cannot see. So the estimate counts what the model becomes:
 and ``load_hf_backend`` refuses when it exceeds the free memory of the devices capture uses (the visible GPUs for
 a ``device_map`` strategy, the one GPU for ``cuda:N``, available RAM for ``cpu``). Checkpoints in other quantized
 formats (``quant_method: fp8``, DeepSeek's block fp8) are counted as stored: transformers keeps them fp8 on a GPU.
+
+``capture.backend=sglang`` holds the target as SGLang serves it: quantized weights stay in their served format (INT4
+``pack-quantized`` experts, NVFP4, fp8), so its plan (``served_plan``, per GPU) is
+
+    weights  = the checkpoint as stored / tensor-parallel ranks   (headers, else target.checkpoint_bytes)
+    buffers  = max(batch_tokens, max_seq_len) x 4H x capture.dtype bytes   (every rank's aux + final states)
+             + fp8_topk's logits chunk over the rank's vocab shard (float32, and its softmax)
+
+and the SGLang backend refuses before any worker starts when that exceeds the smallest free GPU of its ranks (RAM
+for all ranks on a CPU). Approximations, said here once: SGLang replicates a few small tensors on every rank
+(norms, routers, MLA's latent projections: ~2 GB at Kimi-K2.5's shape) that the split spreads, and the batch's KV
+and the forward's activations live inside SGLang's own ``--mem-fraction-static`` accounting, which it checks itself
+at load.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +45,10 @@ from safetensors import safe_open
 from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import TORCH_DTYPES
 from eagle3.config import DEVICE_MAP_STRATEGIES, PipelineConfig
+from eagle3.config_capture import sglang_ranks
 from eagle3.model.target_weights import INDEX, SINGLE
 
+logger = logging.getLogger(__name__)
 STORED_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                 "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
 FLOATS = {"F64", "F32", "F16", "BF16"}
@@ -138,12 +154,17 @@ def weight_bytes(tensors: dict[str, tuple[str, list[int]]], quant: dict[str, Any
     return total
 
 
+def stored_bytes(tensors: dict[str, tuple[str, list[int]]]) -> int:
+    """The checkpoint's bytes as stored (every tensor at its safetensors dtype)."""
+    return sum(math.prod(shape) * STORED_BYTES[kind] for kind, shape in tensors.values())
+
+
 def capture_footprint(config: PipelineConfig) -> Footprint:
     """The target of ``config`` as ``load_hf_backend`` would hold it, read from its checkpoint's headers."""
     target, capture = config.target, config.capture
     tensors = headers(target.model_path, target.revision)
     quant = quantization_config(target.model_path, target.revision)
-    stored = sum(math.prod(shape) * STORED_BYTES[kind] for kind, shape in tensors.values())
+    stored = stored_bytes(tensors)
     states = capture.batch_tokens * target.hidden_size * (target.num_layers + 1) * TORCH_DTYPES[capture.dtype].itemsize
     return Footprint(weights=weight_bytes(tensors, quant, capture.dtype), activations=states, stored=stored,
                      quant_method=quant.get("quant_method"))
@@ -176,4 +197,85 @@ def check_fits(footprint: Footprint, free: int, *, config: PipelineConfig) -> No
         f"{human_bytes(free)} is free on capture.device={capture.device!r}. Use more or larger GPUs (a device_map "
         "strategy spreads over every visible one; capture.gpus reserves them on Ray), or lower capture.batch_tokens "
         "if the states are what does not fit"
+    )
+
+
+TOPK_CHUNK_TOKENS = 2048  # eagle3.capture.sglang.worker.TOPK_CHUNK: logits rows per step of the ranks' top-k
+
+
+@dataclass(frozen=True)
+class ServedPlan:
+    """Per-GPU memory of ``capture.backend=sglang`` (module docstring); ``weights`` None: the size is unknown."""
+
+    ranks: int
+    weights: int | None
+    buffers: int
+    source: str
+
+    @property
+    def per_rank(self) -> int | None:
+        return None if self.weights is None else self.weights + self.buffers
+
+    def describe(self) -> dict[str, object]:
+        """The plan as ``eagle3 config show`` prints it."""
+        if self.weights is None:
+            return {"ranks": self.ranks, "weights_per_gpu": f"unknown ({self.source})",
+                    "capture_buffers_per_gpu": human_bytes(self.buffers)}
+        return {"ranks": self.ranks, "weights_per_gpu": human_bytes(self.weights),
+                "capture_buffers_per_gpu": human_bytes(self.buffers),
+                "per_gpu": human_bytes(self.weights + self.buffers), "weights_from": self.source}
+
+
+def served_plan(config: PipelineConfig) -> ServedPlan:
+    """The SGLang capture's memory per rank, from the checkpoint's headers (local, cached, or the Hub's header
+    ranges), else ``target.checkpoint_bytes``; no weight is read."""
+    target, capture = config.target, config.capture
+    ranks = sglang_ranks(capture, config.server.tp)
+    try:
+        stored, source = stored_bytes(headers(target.model_path, target.revision)), "checkpoint headers"
+    except (OSError, ValueError) as exc:  # offline and not cached, gated, no safetensors
+        stored = target.checkpoint_bytes
+        source = "target.checkpoint_bytes" if stored else f"headers unreadable ({exc}); set target.checkpoint_bytes"
+    tokens = max(capture.batch_tokens, capture.max_seq_len)
+    buffers = tokens * 4 * target.hidden_size * TORCH_DTYPES[capture.dtype].itemsize
+    if capture.encoding == "fp8_topk":
+        buffers += 2 * TOPK_CHUNK_TOKENS * math.ceil(target.vocab_size / ranks) * 4
+    return ServedPlan(ranks=ranks, weights=None if stored is None else math.ceil(stored / ranks), buffers=buffers,
+                      source=source)
+
+
+def free_gpu_bytes(device: str, ranks: int) -> int | None:
+    """Free memory per rank: the smallest free GPU among the first ``ranks`` visible, RAM / ranks on a CPU; None when
+    this process cannot see the GPUs (a CPU-only torch)."""
+    import psutil
+    import torch
+
+    if device == "cpu":
+        return psutil.virtual_memory().available // ranks
+    if not torch.cuda.is_available():
+        return None
+    visible = torch.cuda.device_count()
+    if visible < ranks:
+        raise CaptureMemoryError(f"capture.backend=sglang runs {ranks} tensor-parallel ranks, one GPU each, but "
+                                 f"{visible} GPU(s) are visible: lower capture.sglang.tp or make the node's GPUs "
+                                 "visible (CUDA_VISIBLE_DEVICES, capture.gpus on Ray)")
+    return min(torch.cuda.mem_get_info(i)[0] for i in range(ranks))
+
+
+def check_served_fits(plan: ServedPlan, free: int | None, *, config: PipelineConfig) -> None:
+    """Raise ``CaptureMemoryError`` (both numbers) when a rank's weights and buffers exceed ``free`` per rank."""
+    need = plan.per_rank
+    if need is None or free is None or need <= free:
+        if need is None or free is None:
+            logger.warning("capture memory not checked before loading (weights %s, free %s): SGLang checks its own "
+                           "memory fraction at load", plan.source, "unknown" if free is None else human_bytes(free))
+        return
+    capture = config.capture
+    where = "of RAM per rank" if capture.device == "cpu" else "free on the smallest of its GPUs"
+    raise CaptureMemoryError(
+        f"capture refused before loading {config.target.model_path}: as SGLang serves it, its weights take "
+        f"{human_bytes(plan.weights)} per GPU over {plan.ranks} tensor-parallel rank(s) ({plan.source}), plus "
+        f"{human_bytes(plan.buffers)} of capture buffers for capture.batch_tokens={capture.batch_tokens:,}: "
+        f"{human_bytes(need)} per GPU, but {human_bytes(free)} is {where}. Use more GPUs (capture.sglang.tp, "
+        "capture.gpus), or lower capture.batch_tokens if the buffers are what does not fit"
     )

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from eagle3.capture.backends import CaptureBackend, make_backend
+from eagle3.capture.backends import CaptureBackend, HeadBackend, TopK, make_backend
 from eagle3.capture.encoding import ColumnCodec, FinalCodec, TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.head import target_topk
 from eagle3.capture.schema import (
@@ -75,9 +75,14 @@ class Sample:
 
 def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
     """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, encoding (and its k for
-    ``fp8_topk``, appended only there so the other encodings keep their fingerprints), length policy. (Not the
-    Parquet codecs: they change bytes on disk, not the states a reader gets back.)"""
-    topk = encoding_topk(config.capture.encoding, config.capture.topk)
+    ``fp8_topk``, appended only there so the other encodings keep their fingerprints), length policy, and the
+    backend when it is not ``hf`` (with SGLang's ``--quantization`` when one is forced): states from another engine
+    or another quantization of the target are another stage, appended so ``hf`` fingerprints stay as they were.
+    (Not the Parquet codecs: they change bytes on disk, not the states a reader gets back; nor tensor parallelism:
+    the same target split another way.)"""
+    capture = config.capture
+    topk = encoding_topk(capture.encoding, capture.topk)
+    engine = [] if capture.backend == "hf" else [capture.backend, capture.sglang.quantization]
     return fingerprint(
         "features",
         regen_fp,
@@ -85,11 +90,12 @@ def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
         config.target.revision,
         config.sglang_layer_ids,
         LAYER_CONVENTION,
-        config.capture.dtype,
-        config.capture.encoding,
-        config.capture.max_seq_len,
-        config.capture.truncation,
+        capture.dtype,
+        capture.encoding,
+        capture.max_seq_len,
+        capture.truncation,
         *([] if topk is None else [topk]),
+        *engine,
     )
 
 
@@ -135,6 +141,7 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
         max_seq_len=config.capture.max_seq_len,
         features_fingerprint=fp,
         topk=encoding_topk(config.capture.encoding, config.capture.topk),
+        capture_backend=config.capture.backend,
     )
 
 
@@ -214,17 +221,12 @@ def _capture_batch(
     aux_codec, last_codec = codecs
     to_host, states, finite = HostCopy(), [], ([], [])
     outputs = backend.forward([s.input_ids for s in batch])
-    for sample, (aux, last) in zip(batch, outputs, strict=True):
-        n = len(sample.input_ids)
-        if tuple(aux.shape) != (n, 3 * hidden_size) or tuple(last.shape) != (n, hidden_size):
-            raise ValueError(
-                f"capture backend returned aux {tuple(aux.shape)} / last {tuple(last.shape)} for a {n}-token sample;"
-                f" expected ({n}, {3 * hidden_size}) / ({n}, {hidden_size}): check target.hidden_size"
-            )
+    for sample, (aux, final) in zip(batch, outputs, strict=True):
+        _check_shapes(len(sample.input_ids), aux, final, hidden_size=hidden_size, codec=last_codec)
         finite[0].append(_finite(aux))
-        finite[1].append(_finite(last))
+        finite[1].append(_finite(final.probs if isinstance(final, TopK) else final))
         states.append((tuple(map(to_host, aux_codec.stored(aux))),
-                       tuple(map(to_host, _stored_final(last_codec, last, backend)))))
+                       tuple(map(to_host, _stored_final(last_codec, final, backend)))))
     flags = (to_host(torch.stack(finite[0])), to_host(torch.stack(finite[1])))  # aux and last: maybe two GPUs
     to_host.record()
     samples = [{"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
@@ -232,12 +234,31 @@ def _capture_batch(
     return Batch(part, samples, states, flags, to_host, tokens=sum(len(s.input_ids) for s in batch))
 
 
-def _stored_final(codec: FinalCodec, last: torch.Tensor, backend: CaptureBackend) -> tuple[torch.Tensor, ...]:
+def _check_shapes(n: int, aux: torch.Tensor, final: torch.Tensor | TopK, *, hidden_size: int,
+                  codec: FinalCodec) -> None:
+    """A backend's states for an ``n``-token sample: ``aux [n, 3H]``, ``final [n, H]`` or a ``TopK`` of ``[n, k]``."""
+    width = codec.k if isinstance(final, TopK) and isinstance(codec, TopKCodec) else hidden_size
+    final_shape = tuple(final.ids.shape) if isinstance(final, TopK) else tuple(final.shape)
+    if tuple(aux.shape) != (n, 3 * hidden_size) or final_shape != (n, width):
+        raise ValueError(
+            f"capture backend returned aux {tuple(aux.shape)} / final {final_shape} for a {n}-token sample; "
+            f"expected ({n}, {3 * hidden_size}) / ({n}, {width}): check target.hidden_size"
+        )
+
+
+def _stored_final(codec: FinalCodec, final: torch.Tensor | TopK, backend: CaptureBackend) -> tuple[torch.Tensor, ...]:
     """The final-state column's stored form: the state, or (``fp8_topk``) the target's top-k next-token
-    distribution computed from it with the target's ``lm_head`` on the backend's device."""
-    if isinstance(codec, TopKCodec):
-        return codec.stored(*target_topk(last, backend.lm_head, codec.k))
-    return codec.stored(last)
+    distribution, as the backend computed it or from the state with the backend's ``lm_head`` on its device."""
+    if not isinstance(codec, TopKCodec):
+        if isinstance(final, TopK):
+            raise TypeError(f"{type(backend).__name__} returned a top-k where the encoding stores the final state")
+        return codec.stored(final)
+    if isinstance(final, TopK):
+        return codec.stored(final.ids, final.probs)
+    if not isinstance(backend, HeadBackend):
+        raise TypeError(f"{type(backend).__name__} returns final states but has no lm_head for capture.encoding="
+                        "fp8_topk")
+    return codec.stored(*target_topk(final, backend.lm_head, codec.k))
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
@@ -390,8 +411,10 @@ _BACKENDS_LOCK = threading.Lock()
 
 def shared_backend(config: PipelineConfig) -> CaptureBackend:
     """One backend per process and target/dtype/device/layers: shard tasks in threads share the loaded model."""
-    key = (config.capture.backend, config.target.model_path, config.target.revision, config.capture.dtype,
-           config.capture.device, tuple(config.sglang_layer_ids))
+    capture = config.capture
+    key = (capture.backend, config.target.model_path, config.target.revision, capture.dtype, capture.device,
+           tuple(config.sglang_layer_ids), encoding_topk(capture.encoding, capture.topk),
+           capture.sglang.model_dump_json() if capture.backend == "sglang" else None)
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
             _BACKENDS[key] = make_backend(config)

@@ -75,9 +75,11 @@ def footer_metadata(
     max_seq_len: int,
     features_fingerprint: str,
     topk: int | None = None,
+    capture_backend: str = "hf",
 ) -> dict[str, str]:
     """Footer key-values of a feature shard (strings; lists as JSON). Also copied into the manifest. ``topk``: the k
-    of an encoding that stores the target's top-k (``fp8_topk``), recorded as footer ``topk``."""
+    of an encoding that stores the target's top-k (``fp8_topk``), recorded as footer ``topk``; ``capture_backend``:
+    the engine whose forward produced the states (``hf``, ``sglang``)."""
     return {
         "target_model": target_model,
         "target_revision": target_revision or "",
@@ -92,6 +94,7 @@ def footer_metadata(
         "truncation": truncation,
         "max_seq_len": str(max_seq_len),
         "features_fingerprint": features_fingerprint,
+        "capture_backend": capture_backend,
         "eagle3_version": versions().get("eagle3-pipeline", "unknown"),
         **({"topk": str(topk)} if topk is not None else {}),
     }
