@@ -198,18 +198,25 @@ def llama3_8b() -> PipelineConfig:
     return with_overrides(config, ["server.engine=sglang", *LARGE_FEATURES])
 
 
+# What the large recipes' capture needs from SGLang: its model runner with the target as served (packed INT4 or
+# NVFP4 experts, tensor parallel over the node's GPUs), rank r on GPU r, and a capture task holding all of them.
+SGLANG_CAPTURE = ["capture.backend=sglang", "capture.device=cuda", "capture.gpus=8"]
+
+
 def kimi_k2_5() -> PipelineConfig:
     """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8.
 
     A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config``).
-    Captured with ``capture.device=auto``: the target is spread over the node's GPUs by transformers' device_map,
-    which needs the ``multigpu`` extra (accelerate) and, for the INT4 compressed-tensors checkpoint, the
-    ``quantized`` extra; on the Ray runner each capture task holds the node's 8 GPUs (``capture.gpus``). The ``hf``
-    backend decompresses the ~0.6 TB checkpoint to ~2.1 TB of bf16 at the first forward, more than 8 x H200 hold:
-    capture refuses such a node before loading (``eagle3.capture.footprint``) and needs ~2.1 TB of GPU memory
-    (8 x 288 GB) until an in-process SGLang backend keeps the weights packed (docs/ARCHITECTURE.md). Features in
-    fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as stored with lz4 (3.05 TB before the codec; ``eagle3 config
-    show`` prints the estimate) instead of ~5.9 TB of raw bf16 states with zstd (7.58 TB before it)."""
+    Captured with ``capture.backend=sglang`` (``SGLANG_CAPTURE``): SGLang's model runner on the node's 8 GPUs, one
+    rank each, the INT4 experts kept packed as SGLang serves them: ~74 GB of weights per GPU plus ~1 GB of capture
+    buffers (``eagle3 config show`` prints the plan; capture refuses before loading when a GPU has less free). The
+    ``hf`` backend would decompress the checkpoint to ~2.1 TB of bf16 at its first forward, more than 8 x H200 hold
+    (``eagle3.capture.footprint``). ``target.checkpoint_bytes`` is the plan's weights when the checkpoint's headers
+    cannot be read (offline): 60 MoE layers x 384 experts x 3 x 7168 x 2048 INT4 weights with a bf16 scale per 32
+    (4.5 bits each: 571 GB) plus ~12B bf16 parameters (attention, shared experts, embeddings: 24 GB), ~595 GB; the
+    headers win whenever they are reachable. Features in fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as
+    stored with lz4 (3.05 TB before the codec; ``eagle3 config show`` prints the estimate) instead of ~5.9 TB of raw
+    bf16 states with zstd (7.58 TB before it)."""
     config = PipelineConfig(
         name="kimi_k2_5",
         root=_run_root("kimi_k2_5"),
@@ -221,13 +228,48 @@ def kimi_k2_5() -> PipelineConfig:
             vocab_size=163_840,
             context_length=8192,
             trust_remote_code=True,
+            checkpoint_bytes=595 * 10**9,
         ),
         sources=_hub_sources(),
         mix=MixConfig(total=88_088),
         gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.engine=sglang", "server.tp=8", "capture.device=auto", "capture.gpus=8",
-                                   "train.nproc=8", "train.parallel=fsdp", *LARGE_FEATURES])
+    return with_overrides(config, ["server.engine=sglang", "server.tp=8", *SGLANG_CAPTURE, "train.nproc=8",
+                                   "train.parallel=fsdp", *LARGE_FEATURES])
+
+
+def glm_5() -> PipelineConfig:
+    """GLM-5 in NVFP4 (``nvidia/GLM-5-NVFP4``; 78 layers, H 6144, vocab 154880; 744B parameters, 40B active):
+    served and captured with tp 8, its NVFP4 experts kept packed.
+
+    The shape is GLM-5's published config (``GlmMoeDsaConfig``: 78 layers, the first 3 dense, 256 routed experts of
+    intermediate 2048 with top-8 routing and one shared expert, MLA with DeepSeek sparse attention); this repository
+    has no other record of it and this machine cannot read the checkpoint. SGLang 0.5.23 serves it as
+    ``GlmMoeDsaForCausalLM``, a ``DeepseekV2ForCausalLM`` whose ``set_eagle3_layers_to_capture`` it inherits, hence
+    ``target.family=deepseek`` (aux layers ``[2, 39, 75]``, exported as ``[1, 38, 74]``). ModelOpt's NVFP4 quantizes
+    the routed experts only (4-bit values with an fp8 scale per 16: 4.5 bits): 75 x 256 x 3 x 6144 x 2048 expert
+    weights, 408 GB, plus ~19B bf16 parameters, 38 GB: ``target.checkpoint_bytes`` ~446 GB, ~56 GB a GPU at tp 8.
+    SGLang runs NVFP4 with FP4 kernels on Blackwell and, from compute capability 8.0 (H200 included), through its
+    Marlin FP4 weight-only path (``ModelOptFp4Config.get_min_capability`` is 80). Not run here (no GPU); the checks
+    a node with SGLang must run are ``benchmarks/gpu_checks.sh``'s ``sglang-capture`` steps."""
+    config = PipelineConfig(
+        name="glm_5",
+        root=_run_root("glm_5"),
+        target=TargetConfig(
+            model_path="nvidia/GLM-5-NVFP4",
+            family="deepseek",
+            num_layers=78,
+            hidden_size=6144,
+            vocab_size=154_880,
+            context_length=8192,
+            checkpoint_bytes=446 * 10**9,
+        ),
+        sources=_hub_sources(),
+        mix=MixConfig(total=88_088),
+        gate=GateConfig(prompt_sets=_gate_sets()),
+    )
+    return with_overrides(config, ["server.engine=sglang", "server.tp=8", *SGLANG_CAPTURE, "train.nproc=8",
+                                   "train.parallel=fsdp", *LARGE_FEATURES])
 
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {
@@ -235,6 +277,7 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_think": tiny_think,
     "llama3_8b": llama3_8b,
     "kimi_k2_5": kimi_k2_5,
+    "glm_5": glm_5,
 }
 
 

@@ -6,7 +6,8 @@ not follow the config. One config key thus moves regen and capture shards from l
 whoever calls the flow (the CLI, the pipeline, a deployment). ``prefect-ray`` is an optional extra (``pip install
 'eagle3-pipeline[ray]'``) imported only when asked for. On a GPU cluster every capture shard task asks Ray for one
 GPU (``remote_options(num_gpus=1)``), so Ray packs one capture task per device, and a capture that spreads the
-target over a node's GPUs (``capture.device=auto``) asks for all of them (``capture.gpus``): Ray does not keep a task
+target over a node's GPUs (``capture.device=auto``, or ``capture.backend=sglang`` on CUDA: a rank per GPU) asks for all
+of them (``capture.gpus``): Ray does not keep a task
 that asks for no GPU off any (no ``CUDA_VISIBLE_DEVICES`` is set for it), so without the reservation several capture
 tasks would load the target onto the same GPUs. Regen shards stay CPU tasks (they only drive HTTP clients against
 the SGLang servers).
@@ -45,7 +46,10 @@ def shard_resources(config: PipelineConfig, stage: ShardStage) -> dict[str, Any]
     """Ray ``@remote`` options for one shard task of ``stage`` (empty on the thread runner)."""
     if config.orchestration.task_runner != "ray":
         return {}
-    if stage == "capture" and config.capture.device in DEVICE_MAP_STRATEGIES:
+    spread = config.capture.device in DEVICE_MAP_STRATEGIES or (
+        config.capture.backend == "sglang" and config.capture.device == "cuda"
+    )
+    if stage == "capture" and spread:
         return {"num_gpus": config.capture.gpus}  # the GPUs the target spreads over, held by this task alone
     if stage == "capture" and config.capture.device.startswith("cuda"):
         return {"num_gpus": 1}

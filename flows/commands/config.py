@@ -19,14 +19,18 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOption,
         set_: list[str] | None = SetOption,
     ) -> None:
-        """Print the resolved config as YAML, then the values derived from it (aux layer ids, and the feature disk
-        one night of the mix needs per capture encoding, before Parquet compression)."""
+        """Print the resolved config as YAML, then the values derived from it (aux layer ids, the feature disk one
+        night of the mix needs per capture encoding before Parquet compression, and with capture.backend=sglang the
+        memory plan per GPU: served weights plus capture buffers)."""
         from eagle3.capture.budget import night_estimate
+        from eagle3.capture.footprint import served_plan
 
         cfg = resolve_config(recipe, config, set_)
         typer.echo(cfg.to_yaml(), nl=False)
         typer.echo("# derived (not read back):")
         derived = {**cfg.derived(), "capture_disk_per_night": night_estimate(cfg)}
+        if cfg.capture.backend == "sglang":
+            derived["capture_memory_per_gpu"] = served_plan(cfg).describe()
         for line in yaml.safe_dump(derived, sort_keys=False, default_flow_style=None).splitlines():
             typer.echo(f"# {line}")
 

@@ -90,6 +90,16 @@ def test_config_show_resolves_a_recipe_and_its_yaml_file_to_the_same_config(tmp_
     assert yaml.safe_load(from_file.stdout)["train"]["lr"] == 0.5
 
 
+def test_config_show_prints_the_sglang_capture_memory_plan_per_gpu():
+    shown = _invoke("config", "show", "--recipe", "kimi_k2_5")
+    assert shown.exit_code == 0, shown.output
+    derived = yaml.safe_load("\n".join(line.removeprefix("# ") for line in shown.stdout.split("# derived")[1]
+                                       .splitlines()[1:]))  # fmt: skip
+    assert derived["capture_memory_per_gpu"] == {
+        "ranks": 8, "weights_per_gpu": "74.38 GB", "capture_buffers_per_gpu": "1.28 GB", "per_gpu": "75.65 GB",
+        "weights_from": "target.checkpoint_bytes"}  # fmt: skip
+
+
 def test_retry_shards_and_regen_status_on_a_missing_run_exit_2_in_one_line():
     for args in (["retry-shards", "--run", "/nonexistent"], ["regen", "status", "--run", "/nonexistent"]):
         result = _invoke(*args)

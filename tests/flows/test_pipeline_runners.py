@@ -26,10 +26,13 @@ def test_ray_runner_without_the_extra_names_the_install_command(monkeypatch):
 
 
 def test_capture_shards_ask_ray_for_one_gpu_on_cuda_and_for_every_gpu_they_spread_over():
-    ray_gpu = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray", "capture.device=cuda"])
-    ray_cpu = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray", "capture.device=cpu"])
-    ray_spread = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])  # capture.device=auto, capture.gpus=8
-    threads = load_recipe("kimi_k2_5", ["capture.device=cuda"])
+    hf = ["orchestration.task_runner=ray", "capture.backend=hf"]
+    ray_gpu = load_recipe("kimi_k2_5", [*hf, "capture.device=cuda"])
+    ray_cpu = load_recipe("kimi_k2_5", [*hf, "capture.device=cpu"])
+    ray_spread = load_recipe("kimi_k2_5", [*hf, "capture.device=auto"])  # capture.gpus=8
+    ray_sglang = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])  # sglang on cuda, a rank per GPU
+    threads = load_recipe("kimi_k2_5", ["capture.backend=hf", "capture.device=cuda"])
+    assert shard_resources(ray_sglang, "capture") == {"num_gpus": 8}
     assert shard_resources(ray_gpu, "capture") == {"num_gpus": 1}
     assert shard_resources(ray_gpu, "regen") == {"num_cpus": 1}
     assert shard_resources(ray_cpu, "capture") == {"num_cpus": 1}

@@ -18,6 +18,7 @@ def test_every_recipe_loads_and_round_trips(name):
     ("name", "layers", "hidden", "vocab", "sglang_ids", "export_ids"),
     [
         ("kimi_k2_5", 61, 7168, 163_840, [2, 30, 58], [1, 29, 57]),
+        ("glm_5", 78, 6144, 154_880, [2, 39, 75], [1, 38, 74]),
         ("llama3_8b", 32, 4096, 128_256, [2, 16, 29], [1, 15, 28]),
         ("tiny", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
         ("tiny_think", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
@@ -31,7 +32,7 @@ def test_recipes_derive_aux_layers_from_the_target(name, layers, hidden, vocab, 
 
 
 def test_unknown_recipe_lists_the_known_ones():
-    with pytest.raises(ConfigError, match="kimi_k2_5, llama3_8b, tiny"):
+    with pytest.raises(ConfigError, match="glm_5, kimi_k2_5, llama3_8b, tiny"):
         load_recipe("kimi")
 
 
@@ -42,13 +43,15 @@ def test_recipe_paths_resolve_from_eagle3_home_not_cwd(monkeypatch, tmp_path):
     assert all(s.path is None or s.path.startswith(str(tmp_path)) for s in cfg.sources)
 
 
-def test_kimi_is_a_deepseek_family_target_captured_across_gpus():
-    cfg = load_recipe("kimi_k2_5")
-    assert (cfg.target.family, cfg.capture.device) == ("deepseek", "auto")
+@pytest.mark.parametrize("name", ["kimi_k2_5", "glm_5"])
+def test_the_large_moe_targets_are_deepseek_family_and_captured_as_sglang_serves_them_on_8_gpus(name):
+    cfg = load_recipe(name)
+    assert cfg.target.family == "deepseek" and cfg.capture.sglang.quantization is None  # as the checkpoint says
+    assert (cfg.capture.backend, cfg.capture.device, cfg.capture.gpus, cfg.server.tp) == ("sglang", "cuda", 8, 8)
     assert load_recipe("llama3_8b").target.family == "llama"
 
 
-@pytest.mark.parametrize("name", ["kimi_k2_5", "llama3_8b"])
+@pytest.mark.parametrize("name", ["kimi_k2_5", "glm_5", "llama3_8b"])
 def test_large_recipes_store_the_compact_features_that_met_the_storage_goals(name):
     capture = load_recipe(name).capture
     assert (capture.encoding, capture.topk, capture.hidden_compression) == ("fp8_topk", 256, "lz4")

@@ -136,7 +136,7 @@ PARSE = (
 )
 
 
-RECIPES = ("tiny", "llama3_8b", "kimi_k2_5")
+RECIPES = ("tiny", "llama3_8b", "kimi_k2_5", "glm_5")
 # The case: pays at 1, a win within noise at 4, loses at 16; a second sweep setting pays more at 1.
 MEASURED = {1: [StepResult(3, 1.4, [1.3, 1.5]), StepResult(5, 1.5, [1.4, 1.6])],
             4: [StepResult(3, 1.05, [0.95, 1.15])], 16: [StepResult(3, 0.6, [0.5, 0.7])]}  # fmt: skip
