@@ -115,3 +115,20 @@ def test_kimi_memory_plan_keeps_the_int4_weights_packed_and_refuses_with_both_nu
         r"tensor-parallel rank\(s\) .* 75\.65 GB per GPU, but 40\.00 GB is free",
     ):
         check_served_fits(plan, 40 * 10**9, config=config)
+
+
+def test_a_sglang_capture_that_cannot_fit_is_refused_before_any_worker_starts(tiny_config, monkeypatch):
+    from eagle3.capture.sglang.backend import SGLangBackend
+    from eagle3.config import with_overrides
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("an SGLang worker was started")
+
+    monkeypatch.setattr(SGLangBackend, "_start", never)
+    config = with_overrides(tiny_config, ["capture.backend=sglang", "capture.batch_tokens=1000000000"])
+    with pytest.raises(
+        CaptureMemoryError,
+        match=r"as SGLang serves it, its weights take .* over 1 tensor-parallel "
+        r"rank\(s\) \(checkpoint headers\), plus 2\.05 TB of capture buffers",
+    ):
+        SGLangBackend(config)
