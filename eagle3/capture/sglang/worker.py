@@ -136,7 +136,7 @@ class Runner:
         rows = head.shard_indices.org_vocab_end_index - start  # this rank's real vocab rows (no padding)
         ids, probs = [], []
         for chunk in last.split(TOPK_CHUNK):
-            logits = head.quant_method.apply(head, chunk.to(head.weight.dtype), None)[:, :rows].float()  # [n, V/tp]
+            logits = head.quant_method.apply(head, chunk, None)[:, :rows].float()  # [n, H] -> [n, V/tp]
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [n, 1]
             values, index = logits.topk(min(k, rows), dim=-1)  # [n, k]
             index = index + start
