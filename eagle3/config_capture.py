@@ -62,11 +62,11 @@ class CaptureConfig(BaseModel):
 
     model_config = STRICT
 
-    backend: Literal["hf", "sglang"] = Field(
+    backend: str = Field(
         default="hf",
-        description="hf: transformers in capture.dtype; sglang: "
-        "the target as SGLang serves it (capture.sglang), for targets no "
-        "transformers process can hold (INT4/NVFP4 kept packed, tp ranks).",
+        description="A registered capture backend (eagle3.capture.backends): hf, transformers in capture.dtype; "
+        "sglang, the target as SGLang serves it (capture.sglang), for targets no transformers process can hold "
+        "(INT4/NVFP4 kept packed, tensor-parallel ranks).",
     )
     aux_layers: list[int] = Field(default_factory=list)
     layer_convention: LayerConvention = "input_of_layer"
