@@ -160,6 +160,7 @@ class SGLangBackend:
         self._lock = threading.Lock()
         self._workers: list[_Rank] = []
         self._batch = 0
+        self.facts: dict = {}
         self.dir = Path(shm_root()) / f"{DIR_PREFIX}{os.getpid()}-{id(self):x}"
         sweep_stale_dirs(shm_root())
         check_served_fits(served_plan(config), free_gpu_bytes(config.capture.device, self.ranks), config=config)
@@ -184,7 +185,8 @@ class SGLangBackend:
             for r in range(self.ranks)
         ]
         ready = self._collect(self.config.capture.sglang.start_timeout_s, "load the target")
-        self._check(ready[0])
+        self.facts = ready[0]  # layers, hidden size, the pools' capacity (tokens, requests)
+        self._check(self.facts)
 
     def _check(self, facts: dict) -> None:
         capture, expected = self.config.capture, self.config.sglang_layer_ids

@@ -74,7 +74,7 @@ class Runner:
     @torch.inference_mode()
     def capture(self, batch_ids: list[list[int]], *, topk: int | None) -> dict[str, torch.Tensor]:
         """``aux [T, 3H]`` and ``last [T, H]`` (or ``ids``/``probs [T, k]``) of the batch, samples concatenated."""
-        size = max(1, self.model_runner.req_to_token_pool.size - 1)  # slot 0 of the pool stays reserved
+        size = self.model_runner.req_to_token_pool.size  # requests the pool holds (its padding slot 0 not counted)
         parts = [self._extend(batch_ids[i : i + size]) for i in range(0, len(batch_ids), size)]
         aux = torch.cat([p[0] for p in parts])
         last = torch.cat([p[1] for p in parts])

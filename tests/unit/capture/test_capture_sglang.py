@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from eagle3.capture.backends import TopK
-from eagle3.capture.run import capture_shard, output_paths, read_regen_shard
+from eagle3.capture.run import capture_shard, output_paths, plan_batches, read_regen_shard
 from eagle3.capture.schema import footer_codecs
 from eagle3.capture.sglang.backend import SGLangBackend, worker_args
 from eagle3.capture.stage import CaptureStage
@@ -43,8 +43,15 @@ SAMPLES_BEFORE_KILL = 2  # batches written before the child kills itself
 
 @pytest.fixture(scope="module")
 def sglang_backend(sglang_python, capture_model_dir, tmp_path_factory):
-    """The tiny target in SGLang's model runner, one rank, float32 states (shared by the module's tests)."""
-    backend = SGLangBackend(_config(capture_model_dir, tmp_path_factory.mktemp("sglang")))
+    """The tiny target in SGLang's model runner, one rank, float32 states (shared by the module's tests), its request
+    pool held to 3 so that larger batches are forwarded in slices."""
+    backend = SGLangBackend(
+        _config(
+            capture_model_dir,
+            tmp_path_factory.mktemp("sglang"),
+            "capture.sglang.extra_args=[--max-running-requests, '3']",
+        )
+    )
     yield backend
     backend.close()
 
@@ -100,6 +107,9 @@ def test_sglang_features_equal_hf_features_token_by_token_within_fp32_tolerance(
     assert {k: v for k, v in footer.items() if k not in ("capture_backend", "features_fingerprint")} == {
         k: v for k, v in shard_metadata(hf["path"]).items() if k not in ("capture_backend", "features_fingerprint")
     }
+    lengths = [len(s.input_ids) for s in read_regen_shard(regen_shard)]
+    sizes = [len(b) for b in plan_batches(lengths, config.capture.batch_tokens)]
+    assert sglang_backend.facts["max_requests"] == 3 and max(sizes) > 3, "a batch forwarded in slices"
     rows, states = _states(ours["path"])
     hf_rows, hf_states = _states(hf["path"])
     assert rows == hf_rows and len(rows) == 12
