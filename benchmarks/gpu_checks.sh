@@ -11,7 +11,12 @@
 # 2. the loader on CUDA at a large H, raw + zstd (the tiny recipe's) and fp8_topk + lz4 (the large recipes'), with
 #    a draft-sized step: the acceptance's <= 1.05 where it is meant;
 # 3. the capture overhead on CUDA in bf16 (>= 0.90);
-# 4. the capture writer alone at Kimi-K2.5's H (fp8_topk + lz4) on the node's CPU and disk: what bounds a GPU capture.
+# 4. the capture writer alone at Kimi-K2.5's H (fp8_topk + lz4) on the node's CPU and disk: what bounds a GPU capture;
+# 5. on a node that has SGLang 0.5.23 (`pip install 'eagle3-pipeline[sglang]'`, or EAGLE3_SGLANG_PYTHON naming its
+#    interpreter; skipped otherwise): capture.backend=sglang against hf on CUDA in bf16, rows/s and the largest
+#    difference of the stored features, at tp 1 and, with 8 GPUs, at tp 8 with fp8_topk (the ranks' merged top-k);
+#    with KIMI_MODEL_DIR (GLM5_MODEL_DIR) a local checkpoint, the recipe's own capture at tp 8: load time, rows/s and
+#    its memory plan next to what each GPU holds while the workers are up.
 #
 # The node has torch (CUDA), transformers, accelerate and pyarrow but not pydantic: its wheels travel in .whl,
 # fetched here once with (Python 3.12 there):
@@ -60,3 +65,24 @@ step loader-fp8topk-lz4 110 $PY benchmarks/loader.py --device "$DEVICE" --encodi
     "${SIZE_LOADER[@]}"
 step capture-bf16 110 $PY benchmarks/capture_overhead.py --device "$DEVICE" --dtype bfloat16 "${SIZE_CAPTURE[@]}"
 step capture-writer 60 $PY benchmarks/capture_writer.py "${SIZE_WRITER[@]}"
+
+SGLANG_PY=${EAGLE3_SGLANG_PYTHON:-$PY}
+if $SGLANG_PY -c "import sglang" 2>/dev/null; then
+    GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+    SIZE_SGLANG=(--hidden 1024 --layers 8 --samples 64 --rounds 3)  # 16 heads, 8 KV heads: tp 8 divides both
+    [[ -n "${GPU_CHECKS_QUICK:-}" ]] && SIZE_SGLANG=(--quick --rounds 1)
+    step sglang-capture-tp1 400 $PY benchmarks/capture_backends.py --device "$DEVICE" --dtype bfloat16 \
+        "${SIZE_SGLANG[@]}"
+    if [[ "$GPUS" -ge 8 ]]; then
+        step sglang-capture-tp8 600 $PY benchmarks/capture_backends.py --device cuda --dtype bfloat16 --tp 8 \
+            --encoding fp8_topk --topk 64 "${SIZE_SGLANG[@]}"
+        for recipe in kimi_k2_5 glm_5; do
+            dir_var=$([[ $recipe == kimi_k2_5 ]] && echo KIMI_MODEL_DIR || echo GLM5_MODEL_DIR)
+            [[ -n "${!dir_var:-}" ]] || continue
+            step "sglang-$recipe" 3600 $PY benchmarks/capture_backends.py --recipe "$recipe" \
+                --model-path "${!dir_var}" --samples 32 --rounds 1
+        done
+    fi
+else
+    echo "== sglang-capture: skipped (no SGLang in $SGLANG_PY: pip install 'eagle3-pipeline[sglang]')"
+fi

@@ -3,12 +3,18 @@ prompts, measured side by side in one run with the reference speculative decoder
 throughput (tokens/s) and the ``last_hidden_only`` misconfiguration's accept length for contrast.
 
     python benchmarks/learning.py [--quick] [--model-dir DIR] [--encodings raw,fp8_aux,fp8_all,fp8_topk] [--topk 256]
+                                  [--backends hf,sglang]
 
 ``--encodings`` trains one draft per feature encoding (``capture.encoding``) on the same batches passed through that
 encoding's round trip (bf16 for ``raw``, as captured by default; the loader's exact decode for fp8; for
 ``fp8_topk`` the top ``--topk`` of the target's ``lm_head`` over the bf16 final state, stored as int32 + float16,
 as capture and the loader do) and reports each one's accept length relative to ``raw`` (goal >= 0.98), its final
 loss and its uncompressed bytes per token relative to 8*H (``benchmarks/storage.py`` measures the compressed size).
+
+``--backends hf,sglang`` trains one draft per capture backend (``capture.backend``) on the same sequences in the same
+batches, captured by that backend in float32 (``hf``: transformers, as every other row of this benchmark; ``sglang``:
+SGLang's model runner through ``eagle3.capture.sglang``, the CPU runtime of ``infra/dev.sh sglang``), and reports
+each one's accept length on the held-out prompts relative to ``hf`` (goal >= 0.98).
 
 ``--model-dir`` defaults to the tiny world's target (built or reused under ``EAGLE3_HOME``).
 """
@@ -74,7 +80,7 @@ def as_stored(batches: list[dict], encoding: str, *, lm_head: torch.Tensor, topk
 
 
 def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_new: int,
-        encodings: tuple[str, ...] = (), topk: int = CaptureConfig().topk) -> dict:
+        encodings: tuple[str, ...] = (), topk: int = CaptureConfig().topk, backends: tuple[str, ...] = ()) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
@@ -118,7 +124,62 @@ def run(model_dir: Path, *, train_prompts: int, held_out: int, epochs: int, max_
     if encodings:
         result["encodings"] = compare_encodings(config, target, tokenizer, inputs, batches, held, encodings,
                                                 work=work, max_new=max_new, eos=eos, topk=topk)
+    if backends:
+        result["backends"] = compare_backends(config, target, tokenizer, inputs, sequences, held, backends,
+                                              work=work, max_new=max_new, eos=eos)
     return result
+
+
+def batches_from_backend(backend, sequences: list[tuple[list[int], list[int]]], *, batch_size: int) -> list[dict]:
+    """``batches_from_target``'s batches (same padding, same grouping), the states from a capture backend."""
+    batches = []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        width, h = max(len(ids) for ids, _ in chunk), backend.hidden_size
+        batch = {"input_ids": torch.zeros(len(chunk), width, dtype=torch.long),
+                 "loss_mask": torch.zeros(len(chunk), width),
+                 "attention_mask": torch.zeros(len(chunk), width, dtype=torch.bool),
+                 "aux_hidden": torch.zeros(len(chunk), width, 3 * h), "last_hidden": torch.zeros(len(chunk), width, h)}
+        for row, ((ids, loss), (aux, last)) in enumerate(zip(chunk, backend.forward([i for i, _ in chunk]),
+                                                             strict=True)):
+            n = len(ids)
+            batch["input_ids"][row, :n], batch["loss_mask"][row, :n] = torch.tensor(ids), torch.tensor(loss).float()
+            batch["attention_mask"][row, :n] = True
+            batch["aux_hidden"][row, :n], batch["last_hidden"][row, :n] = aux.float(), last.float()
+        batches.append(batch)
+    return batches
+
+
+def compare_backends(config: PipelineConfig, target, tokenizer, inputs, sequences, held: list[str],
+                     backends: tuple[str, ...], *, work: Path, max_new: int, eos: int) -> dict:
+    """Per capture backend: accept length of a draft trained on its features, relative to ``hf``."""
+    from eagle3.capture.hf import HFBackend
+    from eagle3.capture.sglang.backend import SGLangBackend
+
+    cpu = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    out = {}
+    for name in backends:
+        captured = with_overrides(config, [f"capture.backend={name}", "capture.dtype=float32",
+                                           "capture.max_seq_len=1024"])  # the target's context (2048) holds it
+        backend = (HFBackend(target, config.sglang_layer_ids) if name == "hf" else SGLangBackend(captured))
+        try:
+            started = time.monotonic()
+            batches = batches_from_backend(backend, sequences, batch_size=4)
+            capture_s = time.monotonic() - started
+        finally:
+            if name == "sglang":
+                backend.close()
+        summary = train_on_source(config, ListBatchSource(batches), inputs, work / f"backend-{name}", cpu)
+        export_draft(config, work / f"backend-{name}", work / "vocab.safetensors", None, work / f"export-bk-{name}")
+        decoder = SpeculativeDecoder(target, tokenizer, work / f"export-bk-{name}", config.speculative.num_steps,
+                                     "eagle3")
+        stats = evaluate_acceptance(decoder, held, max_new_tokens=max_new, eos_ids=[eos])
+        out[name] = {"accept": round(stats["accept_length"], 3), "final_loss": summary["final_loss"],
+                     "capture_s": round(capture_s, 1)}
+    base = out.get("hf", {}).get("accept")
+    for row in out.values():
+        row["accept_over_hf"] = round(row["accept"] / base, 3) if base else None
+    return out
 
 
 def compare_encodings(config: PipelineConfig, target, tokenizer, inputs, batches: list[dict], held: list[str],
@@ -148,12 +209,15 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=None, help="HF target dir (default: the tiny world's)")
     parser.add_argument("--encodings", default="", help="comma-separated capture.encoding values to compare")
     parser.add_argument("--topk", type=int, default=CaptureConfig().topk, help="k of fp8_topk (capture.topk)")
+    parser.add_argument("--backends", default="", help="comma-separated capture.backend values to compare (hf,sglang)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     sizes = dict(train_prompts=48, held_out=12, epochs=3, max_new=32) if args.quick else dict(
         train_prompts=192, held_out=32, epochs=4, max_new=48)
     encodings = tuple(e for e in args.encodings.split(",") if e)
-    result = run(args.model_dir or _default_model_dir(), **sizes, encodings=encodings, topk=args.topk)
+    backends = tuple(b for b in args.backends.split(",") if b)
+    result = run(args.model_dir or _default_model_dir(), **sizes, encodings=encodings, topk=args.topk,
+                 backends=backends)
     print(json.dumps(result, indent=2))
     print(f"accept length trained/untrained = {result['ratio_trained_over_untrained']:.2f} (goal >= 1.5); "
           f"CPU training {result['train_tokens_per_s']:.0f} tokens/s")

@@ -55,6 +55,13 @@ WORKER = "eagle3.capture.sglang.worker"
 DIR_PREFIX = "eagle3-capture-"
 
 
+# Where worker_args takes each flag a load failure may point at.
+FLAG_SOURCES = (
+    "--context-length is capture.max_seq_len, --max-total-tokens the larger of it and capture.batch_tokens, "
+    "--tp-size/--ep-size/--quantization/--mem-fraction-static capture.sglang.*, --dtype capture.dtype"
+)
+
+
 class CaptureWorkerError(RuntimeError):
     """A capture worker failed to start or to forward a batch; the message quotes its log."""
 
@@ -184,7 +191,10 @@ class SGLangBackend:
             )
             for r in range(self.ranks)
         ]
-        ready = self._collect(self.config.capture.sglang.start_timeout_s, "load the target")
+        ready = self._collect(
+            self.config.capture.sglang.start_timeout_s,
+            f"load the target with the flags {' '.join(args)} (from the config: {FLAG_SOURCES})",
+        )
         self.facts = ready[0]  # layers, hidden size, the pools' capacity (tokens, requests)
         self._check(self.facts)
 

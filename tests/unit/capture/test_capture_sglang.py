@@ -236,3 +236,19 @@ def test_the_large_recipes_capture_flags_parse_with_sglang_as_tp_8_expert_parall
         assert flags["model_path"] == config.target.model_path and flags["dtype"] == "bfloat16"
     assert parsed["kimi_k2_5"]["trust_remote_code"] and parsed["kimi_k2_5 ep"]["ep_size"] == 8
     assert parsed["kimi_k2_5"]["quantization"] is None and parsed["glm_5 fp8"]["quantization"] == "fp8"
+
+
+def test_a_target_sglang_refuses_to_load_names_the_config_key_and_quotes_the_ranks_log(
+    sglang_python, capture_model_dir, tmp_path
+):
+    """The tiny target has 2048 positions; capture.max_seq_len=4096 becomes SGLang's --context-length, which SGLang
+    refuses while loading: the error is SGLang's own, with where the flag came from and the rank's log."""
+    from eagle3.capture.sglang.backend import CaptureWorkerError
+
+    with pytest.raises(
+        CaptureWorkerError,
+        match=r"(?s)rank 0 could not load the target .*--context-length is "
+        r"capture\.max_seq_len.*context_length \(4096\) is greater than the "
+        r"derived context_length \(2048\).*rank-0\.log ends:\n",
+    ):
+        SGLangBackend(_config(capture_model_dir, tmp_path, "capture.max_seq_len=4096"))
