@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from eagle3.capture.encoding import FinalCodec, TopKCodec
+from eagle3.capture.head import target_topk
+
 if TYPE_CHECKING:
     from eagle3.config import PipelineConfig
 
@@ -48,6 +51,33 @@ class HeadBackend(CaptureBackend, Protocol):
 
     @property
     def lm_head(self) -> torch.Tensor: ...
+
+
+def check_shapes(n: int, aux: torch.Tensor, final: torch.Tensor | TopK, *, hidden_size: int, codec: FinalCodec) -> None:
+    """A backend's states for an ``n``-token sample: ``aux [n, 3H]``, ``final [n, H]`` or a ``TopK`` of ``[n, k]``."""
+    width = codec.k if isinstance(final, TopK) and isinstance(codec, TopKCodec) else hidden_size
+    final_shape = tuple(final.ids.shape) if isinstance(final, TopK) else tuple(final.shape)
+    if tuple(aux.shape) != (n, 3 * hidden_size) or final_shape != (n, width):
+        raise ValueError(
+            f"capture backend returned aux {tuple(aux.shape)} / final {final_shape} for a {n}-token sample; "
+            f"expected ({n}, {3 * hidden_size}) / ({n}, {width}): check target.hidden_size"
+        )
+
+
+def stored_final(codec: FinalCodec, final: torch.Tensor | TopK, backend: CaptureBackend) -> tuple[torch.Tensor, ...]:
+    """The final-state column's stored form: the state, or (``fp8_topk``) the target's top-k next-token
+    distribution, as the backend computed it or from the state with the backend's ``lm_head`` on its device."""
+    if not isinstance(codec, TopKCodec):
+        if isinstance(final, TopK):
+            raise TypeError(f"{type(backend).__name__} returned a top-k where the encoding stores the final state")
+        return codec.stored(final)
+    if isinstance(final, TopK):
+        return codec.stored(final.ids, final.probs)
+    if not isinstance(backend, HeadBackend):
+        raise TypeError(
+            f"{type(backend).__name__} returns final states but has no lm_head for capture.encoding=fp8_topk"
+        )
+    return codec.stored(*target_topk(final, backend.lm_head, codec.k))
 
 
 BackendFactory = Callable[["PipelineConfig"], CaptureBackend]

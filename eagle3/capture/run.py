@@ -38,9 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from eagle3.capture.backends import CaptureBackend, HeadBackend, TopK, make_backend
-from eagle3.capture.encoding import ColumnCodec, FinalCodec, TopKCodec, column_codecs, encoding_topk
-from eagle3.capture.head import target_topk
+from eagle3.capture.backends import CaptureBackend, TopK, check_shapes, make_backend, stored_final
+from eagle3.capture.encoding import ColumnCodec, FinalCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import (
     CAPTURE_QUARANTINE_SCHEMA,
     FEATURE_SCHEMA,
@@ -222,43 +221,16 @@ def _capture_batch(
     to_host, states, finite = HostCopy(), [], ([], [])
     outputs = backend.forward([s.input_ids for s in batch])
     for sample, (aux, final) in zip(batch, outputs, strict=True):
-        _check_shapes(len(sample.input_ids), aux, final, hidden_size=hidden_size, codec=last_codec)
+        check_shapes(len(sample.input_ids), aux, final, hidden_size=hidden_size, codec=last_codec)
         finite[0].append(_finite(aux))
         finite[1].append(_finite(final.probs if isinstance(final, TopK) else final))
         states.append((tuple(map(to_host, aux_codec.stored(aux))),
-                       tuple(map(to_host, _stored_final(last_codec, final, backend)))))
+                       tuple(map(to_host, stored_final(last_codec, final, backend)))))
     flags = (to_host(torch.stack(finite[0])), to_host(torch.stack(finite[1])))  # aux and last: maybe two GPUs
     to_host.record()
     samples = [{"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
                 "seq_len": len(s.input_ids)} for s in batch]
     return Batch(part, samples, states, flags, to_host, tokens=sum(len(s.input_ids) for s in batch))
-
-
-def _check_shapes(n: int, aux: torch.Tensor, final: torch.Tensor | TopK, *, hidden_size: int,
-                  codec: FinalCodec) -> None:
-    """A backend's states for an ``n``-token sample: ``aux [n, 3H]``, ``final [n, H]`` or a ``TopK`` of ``[n, k]``."""
-    width = codec.k if isinstance(final, TopK) and isinstance(codec, TopKCodec) else hidden_size
-    final_shape = tuple(final.ids.shape) if isinstance(final, TopK) else tuple(final.shape)
-    if tuple(aux.shape) != (n, 3 * hidden_size) or final_shape != (n, width):
-        raise ValueError(
-            f"capture backend returned aux {tuple(aux.shape)} / final {final_shape} for a {n}-token sample; "
-            f"expected ({n}, {3 * hidden_size}) / ({n}, {width}): check target.hidden_size"
-        )
-
-
-def _stored_final(codec: FinalCodec, final: torch.Tensor | TopK, backend: CaptureBackend) -> tuple[torch.Tensor, ...]:
-    """The final-state column's stored form: the state, or (``fp8_topk``) the target's top-k next-token
-    distribution, as the backend computed it or from the state with the backend's ``lm_head`` on its device."""
-    if not isinstance(codec, TopKCodec):
-        if isinstance(final, TopK):
-            raise TypeError(f"{type(backend).__name__} returned a top-k where the encoding stores the final state")
-        return codec.stored(final)
-    if isinstance(final, TopK):
-        return codec.stored(final.ids, final.probs)
-    if not isinstance(backend, HeadBackend):
-        raise TypeError(f"{type(backend).__name__} returns final states but has no lm_head for capture.encoding="
-                        "fp8_topk")
-    return codec.stored(*target_topk(final, backend.lm_head, codec.k))
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
