@@ -1,5 +1,6 @@
-"""`eagle3 run --recipe tiny --set server.engine=sglang`: the whole night with every server real SGLang 0.5.23 on
-this CPU (regen's server, the gate's baseline and EAGLE3 arms), as a user runs it."""
+"""`eagle3 run --recipe tiny --set server.engine=sglang --set capture.backend=sglang`: the whole night on real SGLang
+0.5.23 on this CPU, as a user runs it: every server (regen's, the gate's baseline and EAGLE3 arms) and the capture
+(SGLang's model runner, ``eagle3.capture.sglang``), the gate measuring a draft trained on SGLang's own states."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ MIN_ACCEPT = 2.5  # the tiny night's draft, measured by SGLang itself on the tin
 def night(tiny_world: Any, sglang_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("sglang-night")
     args = [str(BIN / "eagle3"), "run", "--recipe", "tiny"]
-    for override in [f"root={root}", "server.engine=sglang", *FAST_TINY]:
+    for override in [f"root={root}", "server.engine=sglang", "capture.backend=sglang", *FAST_TINY]:
         args += ["--set", override]
     env = base_env(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")))
     done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=2400)
@@ -47,6 +48,13 @@ def test_regen_ran_on_sglang_and_wrote_each_sample_once(night):
     ids = [sid for p in sorted(regen.glob("shard-*.parquet"))
            for sid in pq.read_table(p, columns=["sample_id"]).column("sample_id").to_pylist()]  # fmt: skip
     assert ids and max(Counter(ids).values()) == 1
+
+
+def test_the_features_came_from_sglangs_model_runner(night):
+    (features,) = [d for d in (night["root"] / "features").iterdir() if d.is_dir()]
+    manifest = json.loads((features / "manifest.json").read_text())
+    assert manifest["stats"]["rows"] > 0 and manifest["stats"]["footer"]["capture_backend"] == "sglang"
+    assert manifest["config"]["capture"]["backend"] == "sglang"
 
 
 def test_the_gate_measured_real_sglang_arms_with_sglangs_own_accept_counters(night):

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 WORKER = "eagle3.capture.sglang.worker"
 DIR_PREFIX = "eagle3-capture-"
+POLL_S = 0.5  # how long one rank's pipe is waited on before the next one's
 
 
 # Where worker_args takes each flag a load failure may point at.
@@ -219,21 +221,31 @@ class SGLangBackend:
             raise CaptureWorkerError("capture.backend=sglang refused: " + "; ".join(problems))
 
     def _collect(self, timeout_s: float, what: str) -> list[dict]:
-        """Every rank's reply, in rank order; on any failure every rank is stopped and the error names the log."""
-        replies = []
-        for rank, worker in enumerate(self._workers):
-            try:
-                reply = worker.replies.read(timeout_s, alive=worker.alive)
-            except (ChannelClosed, TimeoutError) as exc:
-                reply = {"error": f"no answer ({exc}; exit code {worker.proc.poll()})"}
-            if "error" in reply:
-                self._stop()
-                raise CaptureWorkerError(
-                    f"SGLang capture rank {rank} could not {what}: {reply['error']}. "
-                    f"Its log {worker.log} ends:\n{worker.tail()}"
-                )
-            replies.append(reply)
-        return replies
+        """Every rank's reply, in rank order, read as they come: a rank that fails or exits is reported at once,
+        not after the ranks waiting for it in a collective time out. On any failure every rank is stopped and the
+        error quotes that rank's log."""
+        replies: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(replies) < len(self._workers):
+            for rank, worker in enumerate(self._workers):
+                if rank in replies:
+                    continue
+                try:
+                    reply = worker.replies.read(POLL_S)
+                except TimeoutError:
+                    if worker.alive() and time.monotonic() < deadline:
+                        continue
+                    reply = {"error": f"no answer in {timeout_s:.0f}s" if worker.alive() else "it exited"}
+                except ChannelClosed:
+                    reply = {"error": f"its pipe closed (exit code {worker.proc.poll()})"}
+                if "error" in reply:
+                    self._stop()
+                    raise CaptureWorkerError(
+                        f"SGLang capture rank {rank} could not {what}: {reply['error']}. "
+                        f"Its log {worker.log} ends:\n{worker.tail()}"
+                    )
+                replies[rank] = reply
+        return [replies[rank] for rank in range(len(self._workers))]
 
     def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor | TopK]]:
         """Per sample, in order: ``(aux [T, 3H], last [T, H])``, or ``(aux, TopK)`` for ``fp8_topk``; CPU views of
