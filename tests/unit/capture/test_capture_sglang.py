@@ -143,6 +143,7 @@ _CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
+    import torch
     from eagle3.capture.run import capture_shard
     from eagle3.config import load_yaml
 
@@ -151,6 +152,7 @@ _CHILD = textwrap.dedent(
         if calls[0] == int(sys.argv[4]):
             os.kill(os.getpid(), signal.SIGKILL)
 
+    torch.set_num_threads(int(sys.argv[5]))  # the worker's thread count, as the resuming process's worker has it
     capture_shard(load_yaml(Path(sys.argv[1])), Path(sys.argv[2]), Path(sys.argv[3]), progress=kill_after)
     """
 )
@@ -171,8 +173,10 @@ def test_kill_9_mid_capture_then_resume_writes_the_same_shard_and_leaves_no_work
         update={"batch_tokens": 300})})  # fmt: skip
     (tmp_path / "config.yaml").write_text(config.to_yaml())
     killed = tmp_path / "killed" / "fp"
+    # The killed run's worker takes this process's torch threads, as the resuming one does: bit for bit needs both.
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "config.yaml"), str(regen_shard),
-                              str(killed), str(SAMPLES_BEFORE_KILL)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              str(killed), str(SAMPLES_BEFORE_KILL), str(torch.get_num_threads())],
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     _, err = child.communicate(timeout=900)
     assert child.returncode == -signal.SIGKILL, err[-3000:]
     deadline = time.monotonic() + 120
