@@ -79,7 +79,10 @@ def headers(model_path: str, revision: str | None) -> dict[str, tuple[str, list[
     if local is None:
         from huggingface_hub import get_safetensors_metadata
 
-        meta = get_safetensors_metadata(model_path, revision=revision)
+        try:
+            meta = get_safetensors_metadata(model_path, revision=revision)
+        except Exception as exc:  # the network's errors (httpx's are not OSErrors), a gated or missing repo
+            raise OSError(f"the Hub's safetensors headers of {model_path}: {type(exc).__name__}: {exc}") from exc
         return {name: (info.dtype, list(info.shape)) for file in meta.files_metadata.values()
                 for name, info in file.tensors.items()}
     files = _shard_files(local)

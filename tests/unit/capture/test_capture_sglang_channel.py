@@ -117,6 +117,18 @@ def test_kimi_memory_plan_keeps_the_int4_weights_packed_and_refuses_with_both_nu
         check_served_fits(plan, 40 * 10**9, config=config)
 
 
+def test_an_unreachable_hub_falls_back_to_the_recipes_published_size(monkeypatch):
+    import httpx
+    import huggingface_hub
+
+    def unreachable(*args, **kwargs):  # what an online-mode lookup raises with no network: not an OSError
+        raise httpx.ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", unreachable)
+    plan = served_plan(load_recipe("kimi_k2_5"))
+    assert plan.ranks == 8 and plan.source == "target.checkpoint_bytes"
+
+
 def test_a_sglang_capture_that_cannot_fit_is_refused_before_any_worker_starts(tiny_config, monkeypatch):
     from eagle3.capture.sglang.backend import SGLangBackend
     from eagle3.config import with_overrides
