@@ -22,6 +22,7 @@ from eagle3.config_capture import CaptureConfig, check_capture_gpus
 from eagle3.config_capture import SGLangCaptureConfig as SGLangCaptureConfig  # re-exported
 from eagle3.config_gate import GateConfig, SpeculativeConfig
 from eagle3.config_regen import RegenConfig
+from eagle3.config_scaling import ScalingConfig
 from eagle3.layers import (
     TARGET_FAMILIES,
     LayerConvention,
@@ -221,6 +222,7 @@ class PipelineConfig(StrictModel):
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     dev: DevConfig = Field(default_factory=DevConfig)
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
 
     @model_validator(mode="after")
     def _topk_in_vocab(self) -> PipelineConfig:

@@ -1,0 +1,196 @@
+"""The aimed night's rule: split the night's regeneration budget across domains by expected gain.
+
+Pure and deterministic: the same domain states, budget and config give the same plan (ties break by domain name),
+and each domain's line says why it got what it got.
+
+The model behind the rule. The serving-mix accept length is ``sum_d share_d * accept_d``. Each domain's accept
+length is taken to grow with the log of the regenerated tokens it was trained on, ``accept_d ~ a_d + g_d ln(T_d +
+T0_d)`` (the EAGLE-3 paper's curve is straight on a log axis up to 8x), so the next token given to domain ``d`` is
+worth ``share_d * g_d / (T_d + x_d + T0_d)``: the traffic share, times the gain per e-fold of data, divided by the
+data the domain already has (diminishing returns). A prompt is worth that times the domain's tokens per row.
+
+* ``g_d`` comes from the domain's own points (a least-squares slope of accept length on ln tokens over the nights
+  that trained it), bounded by its headroom (``max accept - current accept``; chain speculation with k steps
+  accepts at most k+1 per verify pass): a domain the draft already handles, or one where data stopped helping,
+  gets little. Before two points, the prior is ``scaling.prior_gain`` of the headroom; a domain without a measured
+  accept length takes the median gain of the measured ones (all equal when none is measured: the first night).
+* The exploration floor (``scaling.floor`` of the budget, split evenly over the domains with prompts left) comes
+  first, so a domain whose gain is mis-measured still gets data and a point of its own next time.
+* The rest goes greedily, in small chunks, to the domain whose next chunk is worth the most per budget unit. The
+  value is concave in ``x``, so greedy is the optimum of the model. Prompts budgets are spent exactly (or the pools
+  run out); a tokens budget is spent until no domain's next row fits.
+* Pre-tokenized rows need no regeneration: they are taken whole, outside the budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CHUNKS = 256  # a night's budget is handed out in about this many chunks (finer than 0.5% of the budget)
+
+
+@dataclass(frozen=True)
+class DomainState:
+    """What the rule knows about one domain tonight."""
+
+    name: str
+    pool_left: int  # rows not selected on an earlier night (eval rows never count)
+    tokens_per_row: float  # estimated regenerated tokens per row
+    share: float  # serving-traffic share (normalized over the pool's domains)
+    accept: float | None = None  # champion's accept length on the domain's eval prompts; None: not measured
+    points: tuple[tuple[float, float], ...] = ()  # (training tokens, accept length) of earlier nights
+    trained_tokens: float = 0.0  # regenerated tokens of this domain trained on so far
+    free: bool = False  # pre-tokenized rows: no regeneration
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One domain's line of the plan."""
+
+    domain: str
+    rows: int
+    cost: float  # budget units spent (prompts, or estimated regenerated tokens)
+    pool_left: int
+    share: float
+    accept: float | None
+    gain: float  # accept length per e-fold of the domain's tokens, as the rule used it
+    why: str
+
+
+@dataclass(frozen=True)
+class AimedPlan:
+    budget: float
+    unit: str  # "prompts" or "tokens"
+    allocations: tuple[Allocation, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def spent(self) -> float:
+        return sum(a.cost for a in self.allocations)
+
+    def rows(self) -> dict[str, int]:
+        return {a.domain: a.rows for a in self.allocations}
+
+    def table(self) -> list[dict[str, object]]:
+        return [{"domain": a.domain, "pool_left": a.pool_left,
+                 "current_accept": None if a.accept is None else round(a.accept, 3), "traffic_share": round(a.share, 3),
+                 "allocation": a.rows, "cost": round(a.cost, 1), "why": a.why} for a in self.allocations]  # fmt: skip
+
+    def markdown(self) -> str:
+        return plan_markdown(self.table(), budget=self.budget, unit=self.unit, notes=self.notes)
+
+
+def plan_markdown(table: Sequence[dict[str, object]], *, budget: float, unit: str, notes: Sequence[str] = ()) -> str:
+    """The plan table in Markdown (from ``AimedPlan.table`` rows, as the selection ledger records them)."""
+    lines = ["| domain | pool left | current accept | traffic share | allocation | why |",
+             "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for row in table:
+        accept = "-" if row["current_accept"] is None else f"{row['current_accept']:.3f}"
+        cost = "" if unit == "prompts" else f" (~{row['cost']:,.0f} tokens)"
+        lines.append(f"| {row['domain']} | {row['pool_left']:,} | {accept} | {row['traffic_share']:.2f} | "
+                     f"{row['allocation']:,} rows{cost} | {row['why']} |")  # fmt: skip
+    spent = sum(float(row["cost"]) for row in table)  # type: ignore[arg-type]
+    head = f"Budget {budget:,.0f} {unit}, spent {spent:,.0f}."
+    return "\n".join([head, "", *lines, *(f"\n{n}" for n in notes)]) + "\n"
+
+
+def domain_gain(state: DomainState, *, ceiling: float, prior_gain: float) -> tuple[float | None, str]:
+    """Accept length per e-fold of tokens from the domain's own points (None: not measurable), and its source."""
+    headroom = None if state.accept is None else max(ceiling - state.accept, 0.0)
+    usable = [(math.log(t), a) for t, a in state.points if t > 0]
+    if len({x for x, _ in usable}) >= 2:
+        mean_x = statistics.fmean(x for x, _ in usable)
+        mean_y = statistics.fmean(y for _, y in usable)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in usable) / sum((x - mean_x) ** 2 for x, _ in usable)
+        bounded = max(0.0, slope if headroom is None else min(slope, headroom))
+        return bounded, f"measured {slope:+.3f}/e-fold over {len(usable)} nights"
+    if headroom is not None:
+        return prior_gain * headroom, f"prior {prior_gain:g} x headroom {headroom:.2f}"
+    return None, ""
+
+
+def _gains(domains: Sequence[DomainState], *, ceiling: float, prior_gain: float) -> dict[str, tuple[float, str]]:
+    found = {d.name: domain_gain(d, ceiling=ceiling, prior_gain=prior_gain) for d in domains}
+    measured = [g for g, _ in found.values() if g is not None]
+    fill = statistics.median(measured) if measured else 1.0
+    why = "not measured: median gain of the others" if measured else "nothing measured yet: equal prior"
+    return {name: (g, src) if g is not None else (fill, why) for name, (g, src) in found.items()}
+
+
+def _cost(state: DomainState, unit: str) -> float:
+    return 1.0 if unit == "prompts" else max(state.tokens_per_row, 1.0)
+
+
+def _value(state: DomainState, gain: float, rows: int, unit: str) -> float:
+    """Expected serving-mix gain per budget unit of the next row, ``rows`` rows into tonight's allocation."""
+    tokens = state.trained_tokens + rows * state.tokens_per_row + max(state.tokens_per_row, 1.0)
+    return state.share * gain * state.tokens_per_row / tokens / _cost(state, unit)
+
+
+def allocate(
+    domains: Sequence[DomainState], budget: float, *, unit: str, floor: float, ceiling: float, prior_gain: float
+) -> AimedPlan:
+    """Tonight's rows per domain (see the module docstring); ``budget`` in ``unit`` (prompts or tokens)."""
+    if budget <= 0:
+        raise ValueError(f"budget={budget}: give the night a positive budget (--scale)")
+    ordered = sorted(domains, key=lambda d: d.name)
+    live = [d for d in ordered if d.pool_left > 0 and not d.free]
+    gains = _gains(live, ceiling=ceiling, prior_gain=prior_gain)
+    rows = {d.name: 0 for d in ordered}
+    floor_rows = {}
+    for d in live:
+        floor_rows[d.name] = min(d.pool_left, int(floor * budget / len(live) / _cost(d, unit)))
+        rows[d.name] = floor_rows[d.name]
+    left = budget - sum(rows[d.name] * _cost(d, unit) for d in live)
+    left = _greedy(live, gains, rows, left, budget, unit)
+    allocations = []
+    for d in ordered:
+        gain, source = gains.get(d.name, (0.0, ""))
+        why = _why(d, rows[d.name], floor_rows.get(d.name, 0), gain, source, budget, unit)
+        taken = d.pool_left if d.free else rows[d.name]
+        cost = 0.0 if d.free else taken * _cost(d, unit)
+        allocations.append(Allocation(d.name, taken, cost, d.pool_left, d.share, d.accept, gain, why))
+    ran_out = live and all(rows[d.name] == d.pool_left for d in live) and left > 0
+    notes = (f"Every domain's pool ran out: {left:,.0f} {unit} of the budget unspent.",) if ran_out else ()
+    return AimedPlan(budget=budget, unit=unit, allocations=tuple(allocations), notes=notes)
+
+
+def _greedy(
+    live: Sequence[DomainState], gains: dict[str, tuple[float, str]], rows: dict[str, int], left: float,
+    budget: float, unit: str,
+) -> float:  # fmt: skip
+    """Hand out ``left`` budget units in chunks to the domain whose next row is worth most; returns what is left."""
+    by_name = {d.name: d for d in live}
+    heap = [(-_value(d, gains[d.name][0], rows[d.name], unit), d.name) for d in live if rows[d.name] < d.pool_left]
+    heapq.heapify(heap)
+    while heap:
+        _, name = heapq.heappop(heap)
+        d = by_name[name]
+        cost = _cost(d, unit)
+        affordable = min(d.pool_left - rows[name], int(left // cost))
+        if affordable <= 0:
+            continue  # this domain's next row does not fit; a cheaper domain's may
+        take = min(affordable, max(1, int(budget / cost / CHUNKS)))
+        rows[name] += take
+        left -= take * cost
+        if rows[name] < d.pool_left:
+            heapq.heappush(heap, (-_value(d, gains[name][0], rows[name], unit), name))
+    return left
+
+
+def _why(d: DomainState, rows: int, floor_rows: int, gain: float, source: str, budget: float, unit: str) -> str:
+    if d.free and d.pool_left:
+        return "pre-tokenized: no regeneration, taken whole outside the budget"
+    if d.pool_left == 0:
+        return "pool empty: every row is selected already or held out for eval"
+    percent = 100 * rows * _cost(d, unit) / budget
+    reason = f"gain {gain:.3f}/e-fold ({source}) x share {d.share:.2f}"
+    if rows == d.pool_left:
+        return f"{reason}: whole pool left ({percent:.0f}% of the budget)"
+    if rows <= floor_rows:
+        return f"{reason}: floor only ({percent:.0f}% of the budget)"
+    return f"{reason}: {percent:.0f}% of the budget"

@@ -1,0 +1,104 @@
+"""The aimed night's allocation rule (``eagle3.aim``): budget, floor, empty pools, determinism, and where it aims."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3.aim import DomainState, allocate, domain_gain
+
+RULE = {"floor": 0.1, "ceiling": 4.0, "prior_gain": 0.25}
+
+
+def _domains() -> list[DomainState]:
+    return [
+        DomainState("chat", pool_left=500, tokens_per_row=120, share=0.5, accept=2.9,
+                    points=((1000, 2.6), (4000, 2.9)), trained_tokens=4000),
+        DomainState("code", pool_left=300, tokens_per_row=200, share=0.3, accept=2.0,
+                    points=((1000, 1.6), (4000, 2.0)), trained_tokens=4000),
+        DomainState("math", pool_left=40, tokens_per_row=60, share=0.2, accept=3.5),
+        DomainState("empty", pool_left=0, tokens_per_row=80, share=0.0, accept=2.2),
+    ]  # fmt: skip
+
+
+def test_a_prompts_budget_is_spent_exactly():
+    for budget in (1, 7, 100, 333):
+        plan = allocate(_domains(), budget, unit="prompts", **RULE)
+        assert sum(plan.rows().values()) == budget and plan.spent == budget
+
+
+def test_a_tokens_budget_is_spent_until_no_further_row_fits():
+    domains = _domains()
+    for budget in (500, 12_345, 40_000):
+        plan = allocate(domains, budget, unit="tokens", **RULE)
+        assert plan.spent <= budget
+        rows, costs = plan.rows(), {a.domain: a.cost for a in plan.allocations}
+        for d in domains:
+            assert costs[d.name] == pytest.approx(rows[d.name] * d.tokens_per_row)
+            if rows[d.name] < d.pool_left:
+                assert budget - plan.spent < d.tokens_per_row, f"another {d.name} row would have fit"
+
+
+def test_the_floor_holds_for_every_domain_with_prompts_left():
+    domains = [
+        DomainState("flat", pool_left=1000, tokens_per_row=100, share=0.0, accept=3.9),  # no share, no headroom
+        DomainState("hot", pool_left=1000, tokens_per_row=100, share=1.0, accept=1.2),
+        DomainState("tiny", pool_left=3, tokens_per_row=100, share=0.0, accept=1.0),
+    ]
+    for unit, budget in (("prompts", 200), ("tokens", 20_000)):
+        plan = allocate(domains, budget, unit=unit, floor=0.3, ceiling=4.0, prior_gain=0.25)
+        rows = plan.rows()
+        per_domain = 0.3 * budget / 3 / (1 if unit == "prompts" else 100)
+        assert rows["flat"] >= int(per_domain) and rows["tiny"] == 3  # the floor, or the whole pool when smaller
+        assert "floor only" in next(a.why for a in plan.allocations if a.domain == "flat")
+
+
+def test_a_domain_with_an_empty_pool_gets_nothing_and_the_plan_says_so():
+    plan = allocate(_domains(), 100, unit="prompts", **RULE)
+    (empty,) = [a for a in plan.allocations if a.domain == "empty"]
+    assert empty.rows == 0 and empty.cost == 0 and empty.why.startswith("pool empty")
+    assert "| empty | 0 |" in plan.markdown() and "pool empty" in plan.markdown()
+
+
+def test_the_same_inputs_give_the_same_plan_whatever_their_order():
+    first = allocate(_domains(), 250, unit="tokens", **RULE)
+    again = allocate(list(reversed(_domains())), 250, unit="tokens", **RULE)
+    assert first == again and first.markdown() == again.markdown()
+
+
+def test_the_budget_goes_where_traffic_share_times_measured_gain_is_highest():
+    domains = [  # equal share, equal data; one domain's accept length stopped moving, the other's still rises
+        DomainState("flat", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
+                    points=((2000, 2.0), (4000, 2.0)), trained_tokens=4000),
+        DomainState("rising", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
+                    points=((2000, 1.6), (4000, 2.0)), trained_tokens=4000),
+    ]  # fmt: skip
+    plan = allocate(domains, 400, unit="prompts", **RULE)
+    assert plan.rows() == {"flat": 20, "rising": 380}  # flat: the floor (10% of 400 over 2 domains) and no more
+    rising = next(a for a in plan.allocations if a.domain == "rising")
+    assert "measured +0.577/e-fold over 2 nights" in rising.why and "95% of the budget" in rising.why
+
+
+def test_a_domain_gains_no_more_than_its_headroom_and_starts_from_the_prior():
+    noisy = DomainState("d", pool_left=10, tokens_per_row=10, share=1, accept=3.8, points=((100, 1.0), (200, 3.8)))
+    assert domain_gain(noisy, ceiling=4.0, prior_gain=0.25)[0] == pytest.approx(0.2)  # 4.0 - 3.8
+    fresh = DomainState("d", pool_left=10, tokens_per_row=10, share=1, accept=2.0)
+    assert domain_gain(fresh, ceiling=4.0, prior_gain=0.25) == (0.5, "prior 0.25 x headroom 2.00")
+    assert domain_gain(DomainState("d", 10, 10, 1), ceiling=4.0, prior_gain=0.25) == (None, "")
+
+
+def test_pools_smaller_than_the_budget_are_taken_whole_and_the_plan_notes_the_rest():
+    domains = [DomainState("a", pool_left=5, tokens_per_row=10, share=1), DomainState("b", 7, 10, 1)]
+    plan = allocate(domains, 100, unit="prompts", **RULE)
+    assert plan.rows() == {"a": 5, "b": 7} and "88 prompts of the budget unspent" in plan.markdown()
+    assert all("whole pool left" in a.why and "nothing measured yet" in a.why for a in plan.allocations)
+
+
+def test_pre_tokenized_rows_are_taken_whole_outside_the_budget():
+    domains = [DomainState("chat", 100, 50, 1.0), DomainState("(pre-tokenized)", 30, 0.0, 0.0, free=True)]
+    plan = allocate(domains, 40, unit="prompts", **RULE)
+    assert plan.rows() == {"chat": 40, "(pre-tokenized)": 30} and plan.spent == 40
+
+
+def test_a_night_needs_a_positive_budget():
+    with pytest.raises(ValueError, match="positive budget"):
+        allocate(_domains(), 0, unit="prompts", **RULE)
