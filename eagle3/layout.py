@@ -4,6 +4,8 @@ A run root holds one directory per stage and fingerprint::
 
     <root>/catalog/<fp>/   discover    catalog.json
     <root>/prompts/<fp>/   normalize   shard-NNNNN.parquet, quarantine.parquet, spill/<source>/
+    <root>/selection/<fp>/ select      pool.json, eval.parquet, nights.json, shard-NNNNN.parquet: the rows the
+                                       aimed nights chose (scaling.policy aimed: regen reads these, not prompts/)
     <root>/regen/<fp>/     regen       shard-NNNNN.parquet (+ failed-NNNNN.parquet, dropped-NNNNN.parquet:
                                        truncated rows set aside), plan.json, config.yaml, failed_shards.json
     <root>/features/<fp>/  capture     shard-NNNNN.parquet, quarantine-NNNNN.parquet, hashes-NNNNN.json (their
@@ -35,6 +37,7 @@ from eagle3.runroot import MANIFEST, Manifest, atomic_write_json
 STAGE_DIRS: dict[str, str] = {
     "discover": "catalog",
     "normalize": "prompts",
+    "select": "selection",
     "regen": "regen",
     "capture": "features",
     "vocab": "vocab",
@@ -44,6 +47,8 @@ STAGE_DIRS: dict[str, str] = {
     "scaling": "scaling",
 }
 
+# The upstream a regen stage reads: the prompts stage, or the aimed nights' selection (``eagle3.lineage`` decides).
+REGEN_INPUT = "regen-input"
 CATALOG_FILE = "catalog.json"
 PLAN_FILE = "plan.json"
 CONFIG_FILE = "config.yaml"  # the resolved config a stage directory was run with

@@ -9,6 +9,10 @@ other's stages, and nothing is picked by modification time.
 
 The vocab and draft fingerprints depend on the *content* of the finished features stage (nightly runs add shards to
 one features directory), so they are computed from that directory, found first.
+
+What regen reads depends on ``scaling.policy``: the prompts stage's shards (uniform), or the shards the aimed nights
+selected from it (``select``, ``eagle3.data.selection``). Regen's input is named ``REGEN_INPUT``, resolved here, so
+a re-trigger of regen shards (``eagle3 regen``, the regen deployment's ``shard_ids``) reads what the night read.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from typing import Any
 from eagle3.config import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint
 from eagle3.data.normalize import prompts_fingerprint
-from eagle3.layout import PLAN_FILE, VOCAB_FILE, find_input, stage_dir
+from eagle3.data.selection import select_fingerprint
+from eagle3.layout import PLAN_FILE, REGEN_INPUT, VOCAB_FILE, find_input, stage_dir
 from eagle3.regen.plan import regen_fingerprint
 from eagle3.scaling import feature_set_fingerprint
 
 # stage -> (the option that points at another directory, the command that produces it)
 _HINTS: dict[str, tuple[str, str]] = {
     "normalize": ("--prompts", "eagle3 normalize"),
+    "select": ("--prompts", "eagle3 run (an aimed night selects its rows)"),
     "regen": ("--regen-dir", "eagle3 regen"),
     "capture": ("--features", "eagle3 capture"),
     "vocab": ("--vocab", "eagle3 vocab"),
@@ -49,8 +55,17 @@ class Lineage:
         return prompts_fingerprint(self.config, self.catalog_fp)
 
     @cached_property
+    def select_fp(self) -> str:
+        return select_fingerprint(self.config, self.prompts_fp)
+
+    @property
+    def regen_source(self) -> str:
+        """The stage whose shards regen reads: ``normalize`` (uniform) or ``select`` (aimed)."""
+        return "select" if self.config.scaling.policy == "aimed" else "normalize"
+
+    @cached_property
     def regen_fp(self) -> str:
-        return regen_fingerprint(self.prompts_fp, self.config)
+        return regen_fingerprint(self.select_fp if self.regen_source == "select" else self.prompts_fp, self.config)
 
     @cached_property
     def features_fp(self) -> str:
@@ -65,7 +80,7 @@ class Lineage:
 
     def stage_dir(self, stage: str) -> Path:
         """The directory of ``stage`` (normalize, regen or capture) this config names, finished or not."""
-        fp = {"normalize": lambda: self.prompts_fp, "regen": lambda: self.regen_fp,
+        fp = {"normalize": lambda: self.prompts_fp, "select": lambda: self.select_fp, "regen": lambda: self.regen_fp,
               "capture": lambda: self.features_fp}[stage]()  # fmt: skip
         return stage_dir(self.config.root_path, stage, fp)
 
@@ -85,7 +100,9 @@ class Lineage:
 
         A regen stage counts once it is planned (``plan.json``; capture takes the shards that are ready); the
         others must be finished. The vocab's fingerprint needs the finished features directory (``features_dir``).
+        ``REGEN_INPUT`` is the stage regen reads (``regen_source``).
         """
+        stage = self.regen_source if stage == REGEN_INPUT else stage
         option, produce = _HINTS[stage]
         marker = PLAN_FILE if stage == "regen" else None
         if explicit is not None:

@@ -118,6 +118,39 @@ def write_regen_stage(tiny_tokenizer):
     return write
 
 
+@pytest.fixture(scope="session")
+def write_prompt_pool():
+    """``write_prompt_pool(prompts_dir, {"chat": 40, "math": 20}, free=3, shard_size=16)``: a finished prompts stage
+    of distinct one-turn rows (``source`` = the domain), interleaved across domains as normalize writes them, plus
+    ``free`` pre-tokenized rows; returns the dir."""
+    import hashlib
+    import json
+
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.data.schema import PROMPT_SCHEMA
+    from eagle3.runroot import FileEntry, Manifest
+
+    def row(domain: str, i: int, *, free: bool = False) -> dict:
+        text = f"{domain} question number {i}: what is {i} plus {i + 1}?"
+        messages = [] if free else [{"role": "user", "content": text}, {"role": "assistant", "content": "old"}]
+        return {"sample_id": hashlib.sha256(text.encode()).hexdigest()[:32], "source": domain, "source_row": str(i),
+                "messages": messages, "n_user_turns": 0 if free else 1, "meta": json.dumps({"topic": domain[:2]}),
+                "input_ids": [5, 6, 7] if free else None, "loss_mask": [0, 1, 1] if free else None}  # fmt: skip
+
+    def write(prompts_dir: Path, domains: dict[str, int], *, free: int = 0, shard_size: int = 16) -> Path:
+        queues = [[row(d, i) for i in range(n)] for d, n in sorted(domains.items())]
+        queues.append([row("pretokenized", i, free=True) for i in range(free)])
+        rows = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+        with ShardWriter(Path(prompts_dir), PROMPT_SCHEMA, rows_per_shard=shard_size) as writer:
+            writer.write_rows(rows)
+            infos = writer.close()
+        files = [FileEntry.of(i.path, rows=i.rows, base=Path(prompts_dir), sha256=i.sha256) for i in infos]
+        Manifest("prompts", Path(prompts_dir).name, files=files).write(Path(prompts_dir))
+        return Path(prompts_dir)
+
+    return write
+
+
 @pytest.fixture
 def record_hashes(monkeypatch):
     """``record_hashes(module)``: the paths ``module.sha256_file`` hashes from now on (it still hashes them), to

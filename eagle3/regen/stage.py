@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from eagle3.config import PipelineConfig, with_overrides
 from eagle3.data.parquet import shard_is_valid
 from eagle3.data.template import tokenizer_imports
-from eagle3.layout import shard_name, write_failed_shards
+from eagle3.layout import REGEN_INPUT, shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
@@ -79,7 +79,7 @@ class RegenStage(Stage[RegenPlan]):
     unit_name = "shard"
     scale_out = True
     retries = 2
-    inputs: ClassVar[dict[str, str]] = {"prompts_dir": "normalize"}
+    inputs: ClassVar[dict[str, str]] = {"prompts_dir": REGEN_INPUT}  # prompts, or the aimed nights' selection
 
     def plan(self, config: PipelineConfig, *, prompts_dir: Path, shard_ids: Sequence[int] | None = None) -> RegenPlan:
         return plan_regen(config, prompts_dir, shard_ids)

@@ -63,10 +63,11 @@ def _warm_up(config: PipelineConfig) -> None:
 
 def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
     """Run the regen flow with a CLI progress bar; exit 1 when shards failed."""
+    from eagle3.layout import REGEN_INPUT
     from eagle3.lineage import Lineage
     from eagle3.regen.plan import regen_dir_for
 
-    prompts_dir = Lineage(config).input("normalize", prompts)
+    prompts_dir = Lineage(config).input(REGEN_INPUT, prompts)
     with prefect_api(meanwhile=lambda: _warm_up(config)), \
             watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):  # fmt: skip
         from flows.regen import regen_flow
