@@ -14,6 +14,9 @@ Design choices:
   replaces its point rather than appending a duplicate.
 * **Plain files.** ``<root>/scaling/curve.jsonl`` (one JSON object per night, rewritten atomically; it stays tiny),
   plus a PNG and a Markdown table rendered from it.
+* **Each night says how it chose.** ``policy`` is ``uniform`` or ``aimed`` (``scaling.policy``); an aimed night
+  also records, per domain, the rows and regenerated tokens selected so far and the night's draft's accept length
+  on that domain's held-out eval prompts: the points the next aimed night estimates each domain's gain from.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class ScalingPoint:
     report: str  # gate report path
     label: str = ""  # free text, e.g. the Prefect flow-run name or the date
     created_at: float = field(default_factory=time.time)
+    policy: str = "uniform"  # how the night chose its prompts (scaling.policy)
+    domains: dict[str, dict[str, float]] = field(default_factory=dict)  # aimed: domain -> rows, tokens, accept
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,7 @@ def curve_table(points: Sequence[ScalingPoint]) -> list[dict[str, object]]:
             "accept_length": round(p.accept_length, 3),
             "speedup": round(p.speedup, 3),
             "passed": p.passed,
+            "policy": p.policy,
             "report": p.report,
         }
         for n, p in enumerate(points, start=1)
@@ -191,18 +197,33 @@ def curve_markdown(points: Sequence[ScalingPoint], *, png: Path | None = None) -
         "",
         f"**Verdict:** {data_limited_verdict(points)}",
         "",
-        "| night | total prompts | train samples | accept length | speedup | gate |",
-        "|---:|---:|---:|---:|---:|---|",
+        "| night | policy | total prompts | train samples | accept length | speedup | gate |",
+        "|---:|---|---:|---:|---:|---:|---|",
     ]
     for row in curve_table(points):
         gate = "pass" if row["passed"] else "refused"
         lines.append(
-            f"| {row['night']} | {row['total_prompts']:,} | {row['train_samples']:,} | "
+            f"| {row['night']} | {row['policy']} | {row['total_prompts']:,} | {row['train_samples']:,} | "
             f"{row['accept_length']:.3f} | {row['speedup']:.3f} | {gate} |"
         )
+    lines += domain_markdown(points)
     if png is not None:
         lines += ["", f"Plot: `{png}`"]
     return "\n".join(lines) + "\n"
+
+
+def domain_markdown(points: Sequence[ScalingPoint]) -> list[str]:
+    """The per-domain points of the aimed nights: rows, regenerated tokens and accept length per night."""
+    aimed = [(n, p) for n, p in enumerate(points, start=1) if p.domains]
+    if not aimed:
+        return []
+    lines = ["", "Per domain (aimed nights; accept length on the held-out eval set):", "",
+             "| night | domain | rows | regenerated tokens | accept length |", "|---:|---|---:|---:|---:|"]  # fmt: skip
+    for n, point in aimed:
+        for domain, row in sorted(point.domains.items()):
+            accept = "-" if row.get("accept") is None else f"{row['accept']:.3f}"
+            lines.append(f"| {n} | {domain} | {int(row['rows']):,} | {int(row['tokens']):,} | {accept} |")
+    return lines
 
 
 def plot_curve(points: Sequence[ScalingPoint], path: Path) -> Path:

@@ -47,10 +47,15 @@ def scaling_flow(
     train_samples: int,
     draft_fingerprint: str,
     label: str = "",
+    policy: str = "uniform",
+    select_dir: str | None = None,
+    draft_dir: str | None = None,
 ) -> dict[str, Any]:
     """Add tonight's point (from ``gate``, what ``gate_flow`` returned) to ``<root>/scaling/curve.jsonl`` and publish
-    the curve (``scaling-curve`` table, ``scaling-curve-summary`` Markdown with the verdict, ``curve.png``).
-    Returns the number of nights, the verdict and the curve and plot paths."""
+    the curve (``scaling-curve`` table, ``scaling-curve-summary`` Markdown with the verdict, ``curve.png``). An aimed
+    night (``select_dir``) also measures ``draft_dir`` per domain on the selection's eval set. Returns the number of
+    nights, the verdict and the curve and plot paths."""
     result = run_stage(ScalingStage(), config, gate_dir=gate["out_dir"], total_prompts=total_prompts,
-                       train_samples=train_samples, draft_fingerprint=draft_fingerprint, label=label)  # fmt: skip
+                       train_samples=train_samples, draft_fingerprint=draft_fingerprint, label=label, policy=policy,
+                       select_dir=select_dir, draft_dir=draft_dir)  # fmt: skip
     return result.summary

@@ -7,8 +7,10 @@ Design choices:
 * Every stage is its own subflow, so the UI shows one run per stage with its artifacts, and each stage skips
   itself when its manifest (or its per-shard outputs) already exist: a re-run, a resume after ``kill -9`` and a
   nightly run over a grown prompt set all redo only what is missing.
-* The night's shard selection is a task over the run root (``eagle3.scaling``): the first whole prompt shards
-  covering ``previous total + scale``; explicit ``shard_ids`` override it (re-triggers, tests).
+* The night's selection is a task over the run root (``eagle3.bench.night``), by ``scaling.policy``: uniform takes
+  the first whole prompt shards covering ``previous total + scale``; aimed spends ``scale`` across domains by
+  expected gain and writes the rows it chose as the shards regen reads (the ``night-plan`` artifact shows why);
+  explicit ``shard_ids`` override either (re-triggers, tests).
 * Regen and capture run their shards on the task runner ``orchestration`` names (threads, or Ray with one GPU per
   capture task); each stage flow picks it from its config (``flows.runners``).
 * A refused gate ends the run **Failed** with the report path in the message; an inconclusive one (noise or a
@@ -60,7 +62,7 @@ def data_scaling(
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)
     night = plan_night_task(config, prompts, scale, shard_ids)
-    regen = regen_flow(config, shard_ids=night["shard_ids"], prompts_dir=prompts)
+    regen = regen_flow(config, shard_ids=night["shard_ids"], prompts_dir=night["prompts_dir"])
     features = capture_flow(config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"])
     vocab = vocab_flow(config, features)
     draft = train_flow(config, features, vocab)
@@ -72,6 +74,9 @@ def data_scaling(
         train_samples=draft["train_samples"],
         draft_fingerprint=draft["fingerprint"],
         label=f"{len(night['shard_ids'])} shards",
+        policy=night["policy"],
+        select_dir=night["select_dir"],
+        draft_dir=draft["export"],
     )
     summary = {"night": night, "regen": regen, "draft": draft, "gate": gate, "curve": curve}
     publish_summary_task(summary)

@@ -1,9 +1,9 @@
 """Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, plan tonight's
-shards, publish the night's summary and plots (the scaling curve is a stage: ``flows.gate.scaling_flow``).
+prompts, publish the night's summary and plots (the scaling curve is a stage: ``flows.gate.scaling_flow``).
 
-Thin wrappers over ``eagle3.scaling``, the config loader and the tiny-world builder. No Prefect result cache on any
-of them: each is quick and reads the run root, which is the truth (the curve tells tonight's total; a cached plan
-could not see a night recorded since).
+Thin wrappers over ``eagle3.bench.night`` (tonight's plan under either policy), the config loader and the tiny-world
+builder. No Prefect result cache on any of them: each reads the run root, which is the truth (the curve tells
+tonight's total; a cached plan could not see a night recorded since).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from prefect.cache_policies import NO_CACHE
 from eagle3.bench.report_md import serving_lines
 from eagle3.config import PipelineConfig
 from eagle3.recipes import eagle3_home
-from eagle3.runroot import Manifest
-from eagle3.scaling import plan_night, previous_total, read_curve, shard_rows
 from tasks.common import publish_markdown, publish_plots
 
 
@@ -41,33 +39,23 @@ def tiny_world_task(config: PipelineConfig) -> str | None:
 def plan_night_task(
     config: PipelineConfig, prompts_dir: str, scale: int | None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
-    """Tonight's prompt shards: explicit ``shard_ids`` win; else the curve's last total + ``scale`` (whole shards)."""
-    log = get_run_logger()
-    manifest = Manifest.read(Path(prompts_dir))
-    if manifest is None:
-        raise FileNotFoundError(f"{prompts_dir} has no manifest: the normalize stage did not finish")
-    rows = shard_rows(manifest.files)
-    root = config.root_path
-    plan = plan_night(rows, scale=scale, previous_total=previous_total(read_curve(root)))
-    selected = plan.shard_ids if shard_ids is None else sorted(set(shard_ids))
-    unknown = [k for k in selected if not 0 <= k < len(rows)]
-    if unknown:
-        raise ValueError(f"shard_ids {unknown} do not exist: the prompts stage has shards 0..{len(rows) - 1}")
-    log.info(
-        "tonight: %d prompts in shards %s (%d new), pool %d%s",
-        plan.total_prompts,
-        selected,
-        len(plan.new_shard_ids),
-        plan.pool_prompts,
-        ", pool exhausted" if plan.exhausted else "",
+    """Tonight's prompts by ``scaling.policy``: explicit ``shard_ids`` win; uniform takes the curve's last total +
+    ``scale`` (whole shards); aimed selects rows per domain (``eagle3.bench.night``). The plan is the ``night-plan``
+    Markdown artifact on the nightly run (and in its summary)."""
+    from eagle3.bench.night import plan_tonight  # torch: only the aimed plan measures a draft
+
+    night = plan_tonight(config, Path(prompts_dir), scale, shard_ids)
+    get_run_logger().info(
+        "tonight (%s): %d prompts in shards %s (%d new), pool %d%s",
+        night["policy"],
+        night["total_prompts"],
+        night["shard_ids"],
+        len(night["new_shard_ids"]),
+        night["pool_prompts"],
+        ", pool exhausted" if night["exhausted"] else "",
     )
-    return {
-        "total_prompts": sum(rows[k] for k in selected),
-        "shard_ids": selected,
-        "new_shard_ids": plan.new_shard_ids if shard_ids is None else selected,
-        "pool_prompts": plan.pool_prompts,
-        "exhausted": plan.exhausted,
-    }
+    publish_markdown("night-plan", night["plan_markdown"], description=f"tonight: {night['policy']}")
+    return night
 
 
 @task(name="night-summary", cache_policy=NO_CACHE)
@@ -88,6 +76,7 @@ def publish_summary_task(summary: dict[str, Any]) -> str:
             *serving_lines(gate),
             f"- scaling curve: {curve['points']} nights, {curve['verdict']} (`{curve['png']}`)",
             "",
+            night["plan_markdown"],
         ]
     )
     publish_markdown("data-scaling-summary", markdown, description=f"gate {verdict}")

@@ -9,9 +9,11 @@ serving (``GateReport.serving_summary``: levels, crossover, adaptive config and 
 whether this run measured (``reused``), and ``force`` must measure again.
 
 Scaling: the unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling``);
-finalize renders the curve. It lives here, not in ``eagle3.scaling``, because it reads the gate report and the
-scaling package sits below bench. No cache either: the curve is one ledger for every night, so no file marks one
-night done, and recording a point is quick and idempotent (a night's point replaces its earlier one).
+an aimed night's point also measures tonight's draft on each domain's held-out eval prompts (offline, CPU:
+``eagle3.bench.night.night_domains``); finalize renders the curve. It lives here, not in ``eagle3.scaling``,
+because it reads the gate report and the scaling package sits below bench. No cache either: the curve is one
+ledger for every night, so no file marks one night done, and recording a point is quick and idempotent (a
+night's point replaces its earlier one; the per-domain measurement is cached per draft).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.bench.gate import gate_identity, run_gate
+from eagle3.bench.night import night_domains
 from eagle3.bench.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
 from eagle3.config import PipelineConfig
 from eagle3.layout import stage_root
@@ -117,6 +120,9 @@ class ScalingPlan(Plan):
     train_samples: int
     draft_fingerprint: str
     label: str = ""
+    policy: str = "uniform"
+    select_dir: Path | None = None  # aimed: the selection whose eval set measures the draft per domain
+    draft_dir: Path | None = None  # aimed: tonight's export
 
 
 class ScalingStage(Stage[ScalingPlan]):
@@ -129,18 +135,23 @@ class ScalingStage(Stage[ScalingPlan]):
 
     def plan(
         self, config: PipelineConfig, *, gate_dir: Path | str, total_prompts: int, train_samples: int,
-        draft_fingerprint: str, label: str = "",
+        draft_fingerprint: str, label: str = "", policy: str = "uniform", select_dir: Path | str | None = None,
+        draft_dir: Path | str | None = None,
     ) -> ScalingPlan:  # fmt: skip
-        fp = fingerprint("scaling", draft_fingerprint, str(gate_dir), total_prompts, train_samples, label)
+        aimed = [policy, str(select_dir), str(draft_dir)] if policy != "uniform" else []  # uniform: as before
+        fp = fingerprint("scaling", draft_fingerprint, str(gate_dir), total_prompts, train_samples, label, *aimed)
         return ScalingPlan(stage=self.name, fingerprint=fp, out_dir=stage_root(config.root_path, "scaling"),
                            gate_dir=Path(gate_dir), total_prompts=total_prompts, train_samples=train_samples,
-                           draft_fingerprint=draft_fingerprint, label=label)  # fmt: skip
+                           draft_fingerprint=draft_fingerprint, label=label, policy=policy,
+                           select_dir=Path(select_dir) if select_dir else None,
+                           draft_dir=Path(draft_dir) if draft_dir else None)  # fmt: skip
 
     def run_unit(
         self, config: PipelineConfig, plan: ScalingPlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
         report = read_report(plan.gate_dir)
+        domains = night_domains(config, plan.select_dir, plan.draft_dir) if plan.select_dir and plan.draft_dir else {}
         decision = report.decisions[0] if report.decisions else None
         point = ScalingPoint(
             total_prompts=plan.total_prompts,
@@ -151,6 +162,8 @@ class ScalingStage(Stage[ScalingPlan]):
             draft_fingerprint=plan.draft_fingerprint,
             report=str(plan.gate_dir / REPORT_JSON),
             label=plan.label,
+            policy=plan.policy,
+            domains=domains,
         )
         points = record_point(config.root_path, point)
         png = plot_curve(points, plan.out_dir / CURVE_PNG)

@@ -1,4 +1,5 @@
-"""``eagle3 run``: the whole pipeline for a recipe (the README's main command), as the ``data-scaling`` flow.
+"""``eagle3 run``: the whole pipeline for a recipe (the README's main command), as the ``data-scaling`` flow; and
+``eagle3 plan``, which prints the night ``eagle3 run`` would plan (quick: the library, no Prefect).
 
 The flow runs against ``PREFECT_API_URL`` when it is set (the run shows up in that server's UI), else against a
 temporary API server the command starts and stops (``flows.commands.common.prefect_api``, the policy of every command
@@ -22,6 +23,7 @@ from flows.commands.common import (
     ConfigOption,
     RecipeOption,
     SetOption,
+    bad_input,
     console,
     flow_result,
     prefect_api,
@@ -65,6 +67,28 @@ def register(app: typer.Typer) -> None:
                 return_state=True,
             )
             _report(state)
+
+    app.command("plan")(plan)
+
+
+def plan(
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+    scale: int | None = ScaleOption,
+    prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: this config's)."),
+) -> None:
+    """Print tonight's plan, what `eagle3 run` with the same options would select, without running or selecting
+    anything. Needs the prompts stage (`eagle3 normalize`). Under scaling.policy=aimed: the table of domains (pool
+    left, the champion's accept length on each domain's eval prompts, traffic share, allocation, why)."""
+    cfg = resolve_config(recipe, config, set_)
+    from eagle3.bench.night import plan_tonight
+    from eagle3.lineage import Lineage
+
+    prompts = Lineage(cfg).input("normalize", prompts)
+    with bad_input(ValueError), console.status("planning tonight (aimed: measuring the champion per domain, CPU)"):
+        night = plan_tonight(cfg, prompts, scale, write=False)
+    typer.echo(night["plan_markdown"])
 
 
 def _report(state: object) -> None:

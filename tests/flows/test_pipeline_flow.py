@@ -78,6 +78,22 @@ def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harne
         plan_night_task.fn(config, str(prompts), None, [7])
 
 
+def test_an_aimed_night_selects_rows_for_regen_and_publishes_its_plan_table(tmp_path, prefect_harness,
+                                                                          write_prompt_pool):  # fmt: skip
+    from prefect.artifacts import Artifact
+
+    overrides = [f"root={tmp_path}", "scaling.policy=aimed", "scaling.eval_per_domain=2", "normalize.shard_size=8"]
+    config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=overrides))
+    prompts = write_prompt_pool(tmp_path / "prompts" / "p", {"chat": 20, "math": 20})
+    night = plan_night_task.fn(config, str(prompts), 20)
+    assert night["prompts_dir"] == night["select_dir"] != str(prompts) and night["total_prompts"] == 20
+    assert night["shard_ids"] == [0, 1, 2, 3]  # 10 rows per domain, shards of at most 8, one domain each
+    table = Artifact.get("night-plan")
+    assert table.type == "markdown" and "| chat | 18 | - | 0.50 | 10 rows |" in table.data
+    assert plan_night_task.fn(config, str(prompts), 20)["shard_ids"] == [0, 1, 2, 3], "a night run again re-selected"
+    assert plan_night_task.fn(config, str(prompts), None, [3])["shard_ids"] == [3]
+
+
 def test_scaling_point_comes_from_the_gate_report_and_is_published(tmp_path, prefect_harness):
     config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=[f"root={tmp_path}"]))
     for n, accept in enumerate((1.5, 1.9), start=1):

@@ -99,7 +99,24 @@ def test_curve_renders_a_table_and_a_png(tmp_path):
     png = plot_curve(points, tmp_path / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = curve_markdown(points, png=png)
-    assert "| 2 | 200 | 200 | 1.700 | 1.100 | pass |" in md and "still data-limited" in md
+    assert "| 2 | uniform | 200 | 200 | 1.700 | 1.100 | pass |" in md and "still data-limited" in md
+    assert "Per domain" not in md  # uniform nights have no held-out eval set, hence no per-domain points
+
+
+def test_an_aimed_night_keeps_its_policy_and_per_domain_points_and_older_lines_read_as_uniform(tmp_path):
+    import dataclasses
+    import json
+
+    aimed = dataclasses.replace(_point(300, 1.8), policy="aimed",
+                                domains={"chat": {"rows": 120, "tokens": 9000, "accept": 2.25}})  # fmt: skip
+    record_point(tmp_path, aimed)
+    old = {k: v for k, v in dataclasses.asdict(_point(100, 1.5)).items() if k not in ("policy", "domains")}
+    lines = curve_path(tmp_path).read_text()
+    curve_path(tmp_path).write_text(json.dumps(old) + "\n" + lines)  # a line written before policies existed
+    first, second = read_curve(tmp_path)
+    assert (first.policy, first.domains) == ("uniform", {}) and second == aimed
+    md = curve_markdown([first, second])
+    assert "| 2 | aimed | 300 |" in md and "| 2 | chat | 120 | 9,000 | 2.250 |" in md
 
 
 def test_feature_set_fingerprint_follows_the_listed_shards_not_the_directory(tmp_path):
