@@ -154,7 +154,7 @@ def allocate(
         taken = d.pool_left if d.free else rows[d.name]
         cost = 0.0 if d.free else taken * _cost(d, unit)
         allocations.append(Allocation(d.name, taken, cost, d.pool_left, d.share, d.accept, gain, why))
-    ran_out = live and all(rows[d.name] == d.pool_left for d in live) and left > 0
+    ran_out = all(rows[d.name] == d.pool_left for d in live) and left > 0
     notes = (f"Every domain's pool ran out: {left:,.0f} {unit} of the budget unspent.",) if ran_out else ()
     return AimedPlan(budget=budget, unit=unit, allocations=tuple(allocations), notes=notes)
 

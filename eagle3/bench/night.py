@@ -62,13 +62,11 @@ class AimedNight:
     def summary(self) -> dict[str, Any]:
         """What the nightly flow passes on (regen's shards and input directory) and shows."""
         nights = [n for n in read_nights(self.select_dir) if n.night <= self.night]
-        left = pool_left(read_pool(self.select_dir), nights)
+        left, selected = sum(pool_left(read_pool(self.select_dir), nights).values()), sum(taken(nights).values())
         return {"policy": "aimed", "night": self.night, "prompts_dir": str(self.select_dir),
-                "select_dir": str(self.select_dir),
-                "shard_ids": sorted(i for n in nights for i in n.shards),
-                "new_shard_ids": sorted(self.selection.shards) if self.selection else [],
-                "total_prompts": sum(taken(nights).values()), "pool_prompts": sum(left.values()) + sum(
-                    taken(nights).values()), "exhausted": not any(left.values()), "plan": self.table,
+                "select_dir": str(self.select_dir), "shard_ids": sorted(i for n in nights for i in n.shards),
+                "new_shard_ids": sorted(self.selection.shards) if self.selection else [], "total_prompts": selected,
+                "pool_prompts": left + selected, "exhausted": left == 0, "plan": self.table,
                 "plan_markdown": self.markdown()}  # fmt: skip
 
 
@@ -104,7 +102,7 @@ def _shares(config: PipelineConfig, domains: list[str]) -> dict[str, float]:
 def _tokens_per_row(config: PipelineConfig, domains: list[str], regen: dict[str, list[int]],
                     accept: dict[str, DomainAccept]) -> dict[str, float]:  # fmt: skip
     known = {d: regen[d][1] / regen[d][0] for d in domains if regen.get(d, [0])[0] > 0}
-    known |= {d: accept[d].tokens_per_prompt for d in domains if d not in known and d in accept}
+    known |= {d: accept[d].tokens_per_prompt for d in domains if d not in known and d in accept and accept[d].prompts}
     fill = statistics.fmean(known.values()) if known else float(config.regen.max_new_tokens)
     return {d: known.get(d, fill) for d in domains}
 
@@ -138,10 +136,17 @@ def domain_states(config: PipelineConfig, pool: DomainPool, accept: dict[str, Do
 
 
 def champion_accept(config: PipelineConfig, pool: DomainPool) -> tuple[str | None, dict[str, DomainAccept]]:
+    """The champion's accept length per domain (measured once per draft); before any promotion, the last aimed
+    night's draft as its curve point recorded it (a gate that refuses every night still leaves measurements)."""
     champion = Registry(config.root_path).champion()
-    if champion is None:
+    if champion is not None:
+        return champion.draft_dir, domain_accept(config, Path(champion.draft_dir), pool)
+    last = next((p for p in reversed(read_curve(config.root_path)) if p.domains), None)
+    if last is None:
         return None, {}
-    return champion.draft_dir, domain_accept(config, Path(champion.draft_dir), pool)
+    accept = {d: DomainAccept(float(row["accept"]), 0, 0, 0) for d, row in last.domains.items()
+              if row.get("accept") is not None}  # fmt: skip
+    return f"no champion yet: the draft of {last.report}", accept
 
 
 def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, *, write: bool) -> AimedNight:
@@ -212,11 +217,10 @@ def explicit_night(config: PipelineConfig, prompts_dir: Path, shard_ids: list[in
         raise ValueError(f"shard_ids {unknown} do not exist: the aimed selection {select_dir} has shards {have}")
     selected = sorted(set(shard_ids))
     rows = {e.path: e.rows for e in (Manifest.read(select_dir) or Manifest("select", "")).files}
-    left = pool_left(read_pool(select_dir), nights)
-    total = sum(rows.get(shard_name(i), 0) for i in selected)
+    left = sum(pool_left(read_pool(select_dir), nights).values())
     return {"policy": "aimed", "prompts_dir": str(select_dir), "select_dir": str(select_dir), "shard_ids": selected,
-            "total_prompts": total, "new_shard_ids": selected, "pool_prompts": sum(left.values()) + sum(
-                taken(nights).values()), "exhausted": not any(left.values()), "plan": [],
+            "total_prompts": sum(rows.get(shard_name(i), 0) for i in selected), "new_shard_ids": selected,
+            "pool_prompts": left + sum(taken(nights).values()), "exhausted": left == 0, "plan": [],
             "plan_markdown": f"## Tonight: aimed, explicit shards {selected}\n\nNo new rows selected.\n"}  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from eagle3.bench.report import Decision, GateReport, write_report
 from eagle3.bench.stage import ScalingStage
 from eagle3.config import PipelineConfig, TargetConfig, with_overrides
 from eagle3.data.selection import FREE, read_nights, read_pool
-from eagle3.scaling import read_curve
+from eagle3.scaling import ScalingPoint, read_curve, record_point
 from eagle3.stage import run_stage
 
 DOMAINS = {"chat": 40, "code": 40, "math": 40}
@@ -48,6 +48,22 @@ def test_the_first_aimed_night_splits_the_budget_evenly_and_selects_the_rows(tmp
     assert "| domain | pool left | current accept | traffic share | allocation | why |" in night["plan_markdown"]
     preview = plan_tonight(config, prompts, 30, write=False)  # what `eagle3 plan` prints: the same, nothing written
     assert preview["plan"] == night["plan"] and len(read_nights(Path(night["prompts_dir"]))) == 1
+
+
+def test_without_a_champion_the_plan_uses_the_last_aimed_nights_measurements(tmp_path, write_prompt_pool):
+    prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS)
+    config = _config(tmp_path)
+    plan_tonight(config, prompts, 30)
+    measured = {"chat": 3.5, "code": 1.5, "math": 2.5}
+    record_point(tmp_path, ScalingPoint(total_prompts=30, train_samples=30, accept_length=2.5, speedup=1.0,
+                                        passed=False, draft_fingerprint="d1", report="r1", policy="aimed",
+                                        domains={d: {"rows": 10, "tokens": 300, "accept": a}
+                                                 for d, a in measured.items()}))  # fmt: skip
+    night = plan_tonight(config, prompts, 30)  # night 2: the gate refused night 1, nothing was promoted
+    assert {row["domain"]: row["current_accept"] for row in night["plan"]} == measured
+    allocation = {row["domain"]: row["allocation"] for row in night["plan"]}
+    assert allocation["code"] > allocation["math"] > allocation["chat"]  # the most headroom gets the most
+    assert "no champion yet: the draft of r1" in night["plan_markdown"]
 
 
 def test_uniform_keeps_the_prompt_shards_and_their_order(tmp_path, write_prompt_pool):
