@@ -1,10 +1,12 @@
 """The nightly deployment on a real Prefect server, run by a process worker, checked over REST and in the UI.
 
-One tiny ``data-scaling`` run (module fixture) over a subset of the prompt pool (``--scale``: 2 of 3 shards) feeds
-every assertion; it is watched while it runs (the nightly page's status mid-regen, in Chromium). The regen
-re-triggers reuse its run root: one against a reference server whose every request fails (a shard fails, the live
-table shows it with its reason, the alert fires), one that regenerates the shard. Screenshots go to
-``$E2E_SCREENSHOTS`` (default ``/tmp/eagle3-e2e-screenshots``), printed by the test.
+One tiny ``data-scaling`` run (module fixture) with ``scaling.policy=aimed`` over a subset of the prompt pool
+(``--scale``: 48 of 120 prompts, split across the tiny world's sources by the plan) feeds every assertion; it is
+watched while it runs (the nightly page's status mid-regen, in Chromium), and its page shows tonight's plan table.
+The regen re-triggers reuse its run root (the aimed selection's shards, as the night regenerated them): one against
+a reference server whose every request fails (a shard fails, the live table shows it with its reason, the alert
+fires), one that regenerates the shard. Screenshots go to ``$E2E_SCREENSHOTS`` (default
+``/tmp/eagle3-e2e-screenshots``), printed by the test.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 STAGE_FLOWS = {"discover", "normalize", "regen", "capture", "vocab", "train", "gate", "scaling"}
 RUN_TIMEOUT_S = 900
-SCALE = 80  # tonight: the first 2 of the 3 prompt shards of 40 (the pool is 120 prompts)
+SCALE = 48  # tonight's budget in prompts: ~7 of each source's ~11 (120 prompts, less quarantine and eval set)
+AIMED = ("scaling.policy=aimed", "scaling.eval_per_domain=2", "scaling.eval_max_new_tokens=16")
 SCREENSHOTS = Path(os.environ.get("E2E_SCREENSHOTS", "/tmp/eagle3-e2e-screenshots"))
 PERCENT_ETA = re.compile(r"\d+\.\d% - ETA (\d+ (h|min|s)|unknown|done)")
 
@@ -70,7 +73,7 @@ def deployed(
     ``e2e``, alerts to the loopback webhook; returns the root."""
     root = tmp_path_factory.mktemp("ui-run-root")
     overrides = (f"root={root}", "mix.total=120", "normalize.shard_size=40", "orchestration.progress_every_s=5",
-                 "monitor.log_every_s=20", *FAST_TINY)  # 3 prompt shards  # fmt: skip
+                 "monitor.log_every_s=20", *FAST_TINY, *AIMED)  # 3 prompt shards  # fmt: skip
     sets = [arg for override in overrides for arg in ("--set", override)]
     args = [sys.executable, "deployments/deploy.py", "apply", "--recipe", "tiny", "--paused", "--scale", str(SCALE)]
     args += ["--cpu-pool", "e2e", "--gpu-pool", "e2e", "--alert-webhook", webhook.url, *sets]
@@ -156,14 +159,22 @@ def test_every_stage_ran_as_a_subflow(prefect_server: PrefectServer, night: dict
     assert all(c["state_type"] == "COMPLETED" for c in children if flows[c["flow_id"]] != "gate")
 
 
-def test_progress_shard_table_and_gate_report_are_artifacts(prefect_server: PrefectServer, night: dict[str, Any]):
+def _selected_rows(root: Path) -> int:
+    (nights,) = root.glob("selection/*/nights.json")
+    (first,) = json.loads(nights.read_text())
+    return sum(first["rows"].values())
+
+
+def test_progress_shard_table_and_gate_report_are_artifacts(prefect_server: PrefectServer, night: dict[str, Any],
+                                                            deployed: Path):  # fmt: skip
     artifacts = prefect_server.post("/artifacts/filter", {})
     by_type: dict[str, list[dict[str, Any]]] = {}
     for artifact in artifacts:
         by_type.setdefault(artifact["type"], []).append(artifact)
     regen_progress = [a for a in by_type.get("progress", []) if (a["key"] or "").startswith("regen")]
     assert regen_progress and all(a["data"] == 100 for a in regen_progress), regen_progress
-    tonight = f"{SCALE}/{SCALE} samples"  # tonight's plan, not the pool's 120
+    planned = _selected_rows(deployed)  # the budget's 48 prompts, and the pre-tokenized rows outside it
+    tonight = f"{planned}/{planned} samples"  # tonight's plan, not the pool's 120
     assert any(tonight in (a["description"] or "") for a in regen_progress), regen_progress
     assert any((a["key"] or "").startswith("regen") for a in by_type.get("table", [])), "no regen shard table"
     report = prefect_server.get("/artifacts/gate-report/latest")
@@ -171,6 +182,38 @@ def test_progress_shard_table_and_gate_report_are_artifacts(prefect_server: Pref
     assert "crossover: " in report["data"] and "## Serving configuration" in report["data"], report["data"][:3000]
     curve = prefect_server.get("/artifacts/scaling-curve/latest")
     assert curve["type"] == "table" and len(json.loads(curve["data"])) == 1
+
+
+def test_the_nightly_page_shows_tonights_aimed_plan_table(prefect_server: PrefectServer, night: dict[str, Any],
+                                                         deployed: Path):  # fmt: skip
+    (artifact,) = prefect_server.post("/artifacts/filter", {"artifacts": {"key": {"any_": ["night-plan"]}},
+                                                           "sort": "CREATED_DESC", "limit": 1})  # fmt: skip
+    assert artifact["flow_run_id"] == night["id"] and artifact["type"] == "markdown"
+    header = "| domain | pool left | current accept | traffic share | allocation | why |"
+    assert header in artifact["data"] and "| sharegpt |" in artifact["data"], artifact["data"]
+    browser = Browser()
+    try:
+        page = browser.open(f"{prefect_server.url}/artifacts/artifact/{artifact['id']}",
+                            until="/traffic share/.test(document.body.innerText)")  # fmt: skip
+        browser.screenshot(SCREENSHOTS / "night-plan.png")
+    finally:
+        browser.close()
+    assert "traffic share" in page and "sharegpt" in page and "nothing measured yet" in page, page[-2000:]
+    assert header in prefect_server.get("/artifacts/data-scaling-summary/latest")["data"]
+    (point,) = [json.loads(line) for line in (deployed / "scaling" / "curve.jsonl").read_text().splitlines()]
+    assert point["policy"] == "aimed" and point["domains"]["sharegpt"]["accept"] >= 1.0, point
+
+
+def test_no_eval_prompt_reaches_regen_or_training(night: dict[str, Any], deployed: Path):
+    import pyarrow.parquet as pq
+
+    (pool,) = deployed.glob("selection/*/pool.json")
+    eval_ids = set(json.loads(pool.read_text())["eval_ids"])
+    assert len(eval_ids) >= 12  # 2 per source with prompts to hold out
+    for stage in ("selection", "regen", "features"):
+        shards = sorted(deployed.glob(f"{stage}/*/shard-*.parquet"))
+        ids = {sid for p in shards for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()}
+        assert shards and ids and not ids & eval_ids, stage
 
 
 def test_flow_run_page_renders_the_run_in_a_browser(prefect_server: PrefectServer, night: dict[str, Any], tmp_path):
