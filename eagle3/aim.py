@@ -12,8 +12,14 @@ data the domain already has (diminishing returns). A prompt is worth that times 
 * ``g_d`` comes from the domain's own points (a least-squares slope of accept length on ln tokens over the nights
   that trained it), bounded by its headroom (``max accept - current accept``; chain speculation with k steps
   accepts at most k+1 per verify pass): a domain the draft already handles, or one where data stopped helping,
-  gets little. Before two points, the prior is ``scaling.prior_gain`` of the headroom; a domain without a measured
-  accept length takes the median gain of the measured ones (all equal when none is measured: the first night).
+  gets little. Before a domain has two points its gain is not guessed from its headroom: a low accept length is
+  as often a domain the draft cannot learn (a flat target distribution) as one it has not seen enough of, and
+  headroom alone sent the first aimed nights' data to the unlearnable domain (``BENCHMARKS.md``, issue 39). It
+  takes the median of the measured domains' gains, still bounded by its headroom.
+* While no domain has a measured gain, the rule has nothing to aim with, and the model's ``1 / T`` term alone sends
+  the night to the domains with the fewest tokens (short answers). Such a night is the uniform night instead: rows
+  by traffic share (D'Hondt: the next row to the domain with the highest ``share / (rows + 1)``), whatever a row
+  costs, as the uniform rule walks the pool. It also gives every domain a second point worth a slope.
 * The exploration floor (``scaling.floor`` of the budget, split evenly over the domains with prompts left) comes
   first, so a domain whose gain is mis-measured still gets data and a point of its own next time.
 * The rest goes greedily, in small chunks, to the domain whose next chunk is worth the most per budget unit. The
@@ -98,55 +104,65 @@ def plan_markdown(table: Sequence[dict[str, object]], *, budget: float, unit: st
     return "\n".join([head, "", *lines, *(f"\n{n}" for n in notes)]) + "\n"
 
 
-def domain_gain(state: DomainState, *, ceiling: float, prior_gain: float) -> tuple[float | None, str]:
-    """Accept length per e-fold of tokens from the domain's own points (None: not measurable), and its source."""
-    headroom = None if state.accept is None else max(ceiling - state.accept, 0.0)
+def headroom(state: DomainState, ceiling: float) -> float | None:
+    return None if state.accept is None else max(ceiling - state.accept, 0.0)
+
+
+def domain_gain(state: DomainState, *, ceiling: float) -> tuple[float | None, str]:
+    """Accept length per e-fold of tokens from the domain's own points (None: fewer than two), and its source."""
     usable = [(math.log(t), a) for t, a in state.points if t > 0]
-    if len({x for x, _ in usable}) >= 2:
-        mean_x = statistics.fmean(x for x, _ in usable)
-        mean_y = statistics.fmean(y for _, y in usable)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in usable) / sum((x - mean_x) ** 2 for x, _ in usable)
-        bounded = max(0.0, slope if headroom is None else min(slope, headroom))
-        return bounded, f"measured {slope:+.3f}/e-fold over {len(usable)} nights"
-    if headroom is not None:
-        return prior_gain * headroom, f"prior {prior_gain:g} x headroom {headroom:.2f}"
-    return None, ""
+    if len({x for x, _ in usable}) < 2:
+        return None, ""
+    mean_x, mean_y = statistics.fmean(x for x, _ in usable), statistics.fmean(y for _, y in usable)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in usable) / sum((x - mean_x) ** 2 for x, _ in usable)
+    room = headroom(state, ceiling)
+    bounded = max(0.0, slope if room is None else min(slope, room))
+    return bounded, f"measured {slope:+.3f}/e-fold over {len(usable)} nights"
 
 
-def _gains(domains: Sequence[DomainState], *, ceiling: float, prior_gain: float) -> dict[str, tuple[float, str]]:
-    found = {d.name: domain_gain(d, ceiling=ceiling, prior_gain=prior_gain) for d in domains}
+def _gains(domains: Sequence[DomainState], *, ceiling: float) -> dict[str, tuple[float, str]]:
+    found = {d.name: domain_gain(d, ceiling=ceiling) for d in domains}
     measured = [g for g, _ in found.values() if g is not None]
     fill = statistics.median(measured) if measured else 1.0
-    why = "not measured: median gain of the others" if measured else "nothing measured yet: equal prior"
-    return {name: (g, src) if g is not None else (fill, why) for name, (g, src) in found.items()}
+    why = "not measured: median gain of the measured" if measured else "nothing measured yet: rows by traffic share"
+    out = {}
+    for d in domains:
+        gain, source = found[d.name]
+        room = headroom(d, ceiling)
+        if gain is None and room is not None and room < fill:
+            gain, source = room, f"{why}, bounded by headroom {room:.2f}"
+        out[d.name] = (fill, why) if gain is None else (gain, source)
+    return out
 
 
 def _cost(state: DomainState, unit: str) -> float:
     return 1.0 if unit == "prompts" else max(state.tokens_per_row, 1.0)
 
 
-def _value(state: DomainState, gain: float, rows: int, unit: str) -> float:
-    """Expected serving-mix gain per budget unit of the next row, ``rows`` rows into tonight's allocation."""
+def _value(state: DomainState, gain: float | None, rows: int, unit: str) -> float:
+    """Expected serving-mix gain per budget unit of the next row, ``rows`` rows into tonight's allocation; with no
+    gain measured anywhere (``None``), the uniform night's priority by traffic share."""
+    if gain is None:
+        return state.share / (rows + 1)
     tokens = state.trained_tokens + rows * state.tokens_per_row + max(state.tokens_per_row, 1.0)
     return state.share * gain * state.tokens_per_row / tokens / _cost(state, unit)
 
 
-def allocate(
-    domains: Sequence[DomainState], budget: float, *, unit: str, floor: float, ceiling: float, prior_gain: float
-) -> AimedPlan:
+def allocate(domains: Sequence[DomainState], budget: float, *, unit: str, floor: float, ceiling: float) -> AimedPlan:
     """Tonight's rows per domain (see the module docstring); ``budget`` in ``unit`` (prompts or tokens)."""
     if budget <= 0:
         raise ValueError(f"budget={budget}: give the night a positive budget (--scale)")
     ordered = sorted(domains, key=lambda d: d.name)
     live = [d for d in ordered if d.pool_left > 0 and not d.free]
-    gains = _gains(live, ceiling=ceiling, prior_gain=prior_gain)
+    gains = _gains(live, ceiling=ceiling)
     rows = {d.name: 0 for d in ordered}
     floor_rows = {}
     for d in live:
         floor_rows[d.name] = min(d.pool_left, int(floor * budget / len(live) / _cost(d, unit)))
         rows[d.name] = floor_rows[d.name]
     left = budget - sum(rows[d.name] * _cost(d, unit) for d in live)
-    left = _greedy(live, gains, rows, left, budget, unit)
+    aim = any(not source.startswith("nothing measured") for _, source in gains.values())
+    left = _greedy(live, gains if aim else dict.fromkeys(gains), rows, left, budget, unit)
     allocations = []
     for d in ordered:
         gain, source = gains.get(d.name, (0.0, ""))
@@ -160,12 +176,14 @@ def allocate(
 
 
 def _greedy(
-    live: Sequence[DomainState], gains: dict[str, tuple[float, str]], rows: dict[str, int], left: float,
+    live: Sequence[DomainState], gains: dict[str, tuple[float, str] | None], rows: dict[str, int], left: float,
     budget: float, unit: str,
 ) -> float:  # fmt: skip
-    """Hand out ``left`` budget units in chunks to the domain whose next row is worth most; returns what is left."""
+    """Hand out ``left`` budget units in chunks to the domain whose next row is worth most; returns what is left.
+    A ``None`` gain: nothing is measured, rows go by traffic share one at a time."""
     by_name = {d.name: d for d in live}
-    heap = [(-_value(d, gains[d.name][0], rows[d.name], unit), d.name) for d in live if rows[d.name] < d.pool_left]
+    gain = {name: None if g is None else g[0] for name, g in gains.items()}
+    heap = [(-_value(d, gain[d.name], rows[d.name], unit), d.name) for d in live if rows[d.name] < d.pool_left]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
@@ -174,11 +192,11 @@ def _greedy(
         affordable = min(d.pool_left - rows[name], int(left // cost))
         if affordable <= 0:
             continue  # this domain's next row does not fit; a cheaper domain's may
-        take = min(affordable, max(1, int(budget / cost / CHUNKS)))
+        take = 1 if gain[name] is None else min(affordable, max(1, int(budget / cost / CHUNKS)))
         rows[name] += take
         left -= take * cost
         if rows[name] < d.pool_left:
-            heapq.heappush(heap, (-_value(d, gains[name][0], rows[name], unit), name))
+            heapq.heappush(heap, (-_value(d, gain[name], rows[name], unit), name))
     return left
 
 
@@ -188,7 +206,10 @@ def _why(d: DomainState, rows: int, floor_rows: int, gain: float, source: str, b
     if d.pool_left == 0:
         return "pool empty: every row is selected already or held out for eval"
     percent = 100 * rows * _cost(d, unit) / budget
-    reason = f"gain {gain:.3f}/e-fold ({source}) x share {d.share:.2f}"
+    if source.startswith("nothing measured"):
+        reason = f"{source} {d.share:.2f}"
+    else:
+        reason = f"gain {gain:.3f}/e-fold ({source}) x share {d.share:.2f}"
     if rows == d.pool_left:
         return f"{reason}: whole pool left ({percent:.0f}% of the budget)"
     if rows <= floor_rows:

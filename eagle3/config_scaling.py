@@ -54,13 +54,6 @@ class ScalingConfig(BaseModel):
     )
     eval_max_new_tokens: int = Field(default=64, gt=0, description="Tokens decoded per eval prompt.")
     eval_seed: int = Field(default=0, description="Which rows are held out (an order of sample-id hashes).")
-    prior_gain: float = Field(
-        default=0.25,
-        gt=0,
-        le=1,
-        description="Until a domain has two points on the curve, assume it closes this fraction of its headroom "
-        "(max accept - current) per e-fold of its training tokens.",
-    )
 
     @field_validator("domain_key")
     @classmethod

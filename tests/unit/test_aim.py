@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from eagle3.aim import DomainState, allocate, domain_gain
 
-RULE = {"floor": 0.1, "ceiling": 4.0, "prior_gain": 0.25}
+RULE = {"floor": 0.1, "ceiling": 4.0}
 
 
 def _domains() -> list[DomainState]:
@@ -45,7 +47,7 @@ def test_the_floor_holds_for_every_domain_with_prompts_left():
         DomainState("tiny", pool_left=3, tokens_per_row=100, share=0.0, accept=1.0),
     ]
     for unit, budget in (("prompts", 200), ("tokens", 20_000)):
-        plan = allocate(domains, budget, unit=unit, floor=0.3, ceiling=4.0, prior_gain=0.25)
+        plan = allocate(domains, budget, unit=unit, floor=0.3, ceiling=4.0)
         rows = plan.rows()
         per_domain = 0.3 * budget / 3 / (1 if unit == "prompts" else 100)
         assert rows["flat"] >= int(per_domain) and rows["tiny"] == 3  # the floor, or the whole pool when smaller
@@ -78,12 +80,19 @@ def test_the_budget_goes_where_traffic_share_times_measured_gain_is_highest():
     assert "measured +0.577/e-fold over 2 nights" in rising.why and "95% of the budget" in rising.why
 
 
-def test_a_domain_gains_no_more_than_its_headroom_and_starts_from_the_prior():
+def test_a_domain_gains_no_more_than_its_headroom_and_unmeasured_ones_take_the_measured_median():
     noisy = DomainState("d", pool_left=10, tokens_per_row=10, share=1, accept=3.8, points=((100, 1.0), (200, 3.8)))
-    assert domain_gain(noisy, ceiling=4.0, prior_gain=0.25)[0] == pytest.approx(0.2)  # 4.0 - 3.8
-    fresh = DomainState("d", pool_left=10, tokens_per_row=10, share=1, accept=2.0)
-    assert domain_gain(fresh, ceiling=4.0, prior_gain=0.25) == (0.5, "prior 0.25 x headroom 2.00")
-    assert domain_gain(DomainState("d", 10, 10, 1), ceiling=4.0, prior_gain=0.25) == (None, "")
+    assert domain_gain(noisy, ceiling=4.0)[0] == pytest.approx(0.2)  # 4.0 - 3.8
+    assert domain_gain(DomainState("d", 10, 10, 1, accept=2.0, points=((100, 2.0),)), ceiling=4.0) == (None, "")
+    domains = [  # two measured (gains 0.2 and 0.6), a low one and a nearly saturated one not yet measured
+        DomainState("a", 100, 10, 0.25, accept=2.0, points=((100, 1.8), (200, 1.8 + 0.2 * math.log(2)))),
+        DomainState("b", 100, 10, 0.25, accept=2.0, points=((100, 1.6), (200, 1.6 + 0.6 * math.log(2)))),
+        DomainState("low", 100, 10, 0.25, accept=1.1, points=((100, 1.1),)),
+        DomainState("high", 100, 10, 0.25, accept=3.9, points=((100, 3.9),)),
+    ]
+    gains = {a.domain: (round(a.gain, 3), a.why) for a in allocate(domains, 100, unit="prompts", **RULE).allocations}
+    assert gains["low"][0] == 0.4 and "median gain of the measured" in gains["low"][1]  # not its 2.9 of headroom
+    assert gains["high"][0] == 0.1 and "bounded by headroom 0.10" in gains["high"][1]
 
 
 def test_pools_smaller_than_the_budget_are_taken_whole_and_the_plan_notes_the_rest():
@@ -102,3 +111,17 @@ def test_pre_tokenized_rows_are_taken_whole_outside_the_budget():
 def test_a_night_needs_a_positive_budget():
     with pytest.raises(ValueError, match="positive budget"):
         allocate(_domains(), 0, unit="prompts", **RULE)
+
+
+def test_with_nothing_measured_the_night_is_the_uniform_night_rows_by_traffic_share_whatever_a_row_costs():
+    domains = [  # one point each, no slope: nothing to aim with; short answers must not draw the budget
+        DomainState("short", pool_left=500, tokens_per_row=10, share=0.5, accept=1.1, points=((100, 1.1),),
+                    trained_tokens=100),
+        DomainState("long", pool_left=500, tokens_per_row=80, share=0.5, accept=1.3, points=((800, 1.3),),
+                    trained_tokens=800),
+        DomainState("rare", pool_left=500, tokens_per_row=40, share=0.25, accept=1.5),
+    ]  # fmt: skip
+    plan = allocate(domains, 3_000, unit="tokens", floor=0.0, ceiling=4.0)
+    rows = plan.rows()
+    assert abs(rows["short"] - rows["long"]) <= 1 and abs(rows["short"] - 2 * rows["rare"]) <= 2, rows
+    assert all("nothing measured yet: rows by traffic share" in a.why for a in plan.allocations)

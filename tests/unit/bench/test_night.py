@@ -62,7 +62,7 @@ def test_without_a_champion_the_plan_uses_the_last_aimed_nights_measurements(tmp
     night = plan_tonight(config, prompts, 30)  # night 2: the gate refused night 1, nothing was promoted
     assert {row["domain"]: row["current_accept"] for row in night["plan"]} == measured
     allocation = {row["domain"]: row["allocation"] for row in night["plan"]}
-    assert allocation["code"] > allocation["math"] > allocation["chat"]  # the most headroom gets the most
+    assert allocation == {"chat": 10, "code": 10, "math": 10}  # one point each, no slope yet: rows by share
     assert "no champion yet: the draft of r1" in night["plan_markdown"]
 
 
@@ -102,7 +102,7 @@ def test_the_plan_measures_the_champion_per_domain_once_and_shows_it(champion_wo
     night = plan_tonight(config, prompts, 24, write=False)
     accepts = {row["domain"]: row["current_accept"] for row in night["plan"]}
     assert set(accepts) == set(DOMAINS) and all(1.0 <= a <= 4.0 for a in accepts.values()), accepts
-    assert all("prior 0.25 x headroom" in row["why"] for row in night["plan"])
+    assert all("nothing measured yet" in row["why"] for row in night["plan"])  # one point each: no slope yet
     (cache,) = (Path(night["prompts_dir"]) / "eval").glob("*.json")
     by_set = json.loads(cache.read_text())["by_set"]
     assert {d: s["prompts"] for d, s in by_set.items()} == {"chat": 2, "code": 2, "math": 2}
