@@ -1,0 +1,252 @@
+"""Aimed vs uniform data scaling (issue 39): from the same start, N nights of each policy with the same regenerated-
+token budget per night; after each night the serving-mix accept length on the same held-out eval set; several seeds.
+
+    python benchmarks/aimed_scaling.py [--quick] [--seeds 0,1,2] [--nights 4] [--budget 1600] [--out result.json]
+
+The world (``eagle3.dev.domains_world``): a tiny target trained on four domains whose answers a draft learns in
+different ways (memorized passages that saturate fast, copying that keeps improving with data, high-entropy codes no
+draft predicts, templated chat), each domain an equal share of the serving traffic. Per seed (new prompts, a new
+held-out eval set, a new training seed):
+
+* the pool: ``--pool`` prompts per domain, ``--eval`` more held out per domain; the target's greedy answers to every
+  pool prompt (regen, once: both policies read the same answers for a row);
+* night 0, the start both policies share: the first ``--start`` rows of the pool's interleaved order;
+* nights 1..N, each ``--budget`` regenerated tokens: ``uniform`` takes the next rows of the pool's interleaved order
+  (the pipeline's uniform rule, which walks the prompts stage's interleaved shards) while they fit; ``aimed`` asks the
+  pipeline's rule (``eagle3.aim.allocate``, the ``scaling`` default floor 0.1) with what the pipeline
+  would know: rows left per domain, tokens per row of the rows regenerated so far, the current draft's accept length
+  per domain, and the per-domain (tokens, accept length) points of the earlier nights;
+* each night a fresh draft is trained on every row selected so far (the project's trainer, fixed epochs, the night's
+  draft vocab), then measured per domain on the eval set (the reference speculative decoder, greedy, 3 steps).
+
+Reported per seed and as mean [min, max] over seeds: the regenerated tokens (after the start) aimed needs to reach
+uniform's final serving-mix accept length, relative to uniform's (goal <= 0.7; linear between nights, "not reached"
+if aimed never gets there), and the accept lengths at equal tokens (both policies after the last night).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle3.aim import DomainState, allocate
+from eagle3.bench.specdec import evaluate_acceptance
+from eagle3.config import PipelineConfig, ScalingConfig, TargetConfig, with_overrides
+from eagle3.data.template import render_prompt
+from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.dev.domains_world import DOMAINS, build_domains_world, domain_prompts
+from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.train.distributed import DistInfo
+from eagle3.train.export import export_draft
+from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
+
+CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+POLICIES = ("uniform", "aimed")
+PER_SEED = ("seed", "ratio", "uniform_final_accept", "aimed_final_accept", "uniform_tokens", "aimed_tokens", "wall_s")
+
+
+class World:
+    """One seed's pool: per domain the rows (prompt ids, answer ids) in order, the eval prompts, the target."""
+
+    def __init__(self, model_dir: Path, *, seed: int, pool: int, held_out: int, max_new: int) -> None:
+        self.model_dir, self.seed, self.max_new = model_dir, seed, max_new
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.eos = self.tokenizer.eos_token_id
+        rng = random.Random(seed)
+        self.rows: dict[str, list[tuple[list[int], list[int]]]] = {}
+        self.eval: dict[str, list[list[int]]] = {}
+        for domain in DOMAINS:
+            convs = domain_prompts(domain, pool + held_out, seed=1000 + seed)
+            rng.shuffle(convs)
+            prompts = [render_prompt(self.tokenizer, [c[0]]) for c in convs]
+            self.eval[domain] = prompts[:held_out]
+            answers = greedy_answers(self.target, prompts[held_out:], max_new_tokens=max_new, eos_id=self.eos,
+                                     pad_id=self.tokenizer.pad_token_id)  # fmt: skip
+            self.rows[domain] = list(zip(prompts[held_out:], answers, strict=True))
+
+    def interleaved(self) -> list[tuple[str, int]]:
+        """(domain, row) in the prompts stage's order: domains interleaved in proportion to their sizes."""
+        sizes = {d: len(rows) for d, rows in self.rows.items()}
+        heap, out, taken = [(1 / n, d) for d, n in sorted(sizes.items())], [], dict.fromkeys(sizes, 0)
+        heapq.heapify(heap)
+        while heap:
+            _, d = heapq.heappop(heap)
+            out.append((d, taken[d]))
+            taken[d] += 1
+            if taken[d] < sizes[d]:
+                heapq.heappush(heap, ((taken[d] + 1) / sizes[d], d))
+        return out
+
+    def tokens(self, domain: str, row: int) -> int:
+        return len(self.rows[domain][row][1])
+
+
+class Run:
+    """One policy's nights over a world: what it selected (rows per domain, taken in pool order) and measured."""
+
+    def __init__(self, world: World, policy: str, start: dict[str, int], work: Path, args: argparse.Namespace):
+        self.world, self.policy, self.work, self.args = world, policy, work, args
+        self.taken = dict(start)
+        self.nights: list[dict[str, Any]] = []
+        self.cursor = sum(start.values())  # uniform: the next position in the interleaved order
+
+    def domain_tokens(self) -> dict[str, int]:
+        return {d: sum(self.world.tokens(d, r) for r in range(n)) for d, n in self.taken.items()}
+
+    def select(self, budget: int) -> dict[str, int]:
+        return self._uniform(budget) if self.policy == "uniform" else self._aimed(budget)
+
+    def _uniform(self, budget: int) -> dict[str, int]:
+        order, spent, rows = self.world.interleaved(), 0, dict.fromkeys(DOMAINS, 0)
+        while self.cursor < len(order):
+            domain, row = order[self.cursor]
+            if spent + self.world.tokens(domain, row) > budget:
+                break
+            spent += self.world.tokens(domain, row)
+            rows[domain] += 1
+            self.cursor += 1
+        return rows
+
+    def _aimed(self, budget: int) -> dict[str, int]:
+        scaling, tokens, last = ScalingConfig(), self.domain_tokens(), self.nights[-1]["by_domain"]
+        states = [DomainState(name=d, pool_left=len(self.world.rows[d]) - self.taken[d],
+                              tokens_per_row=tokens[d] / max(self.taken[d], 1), share=1 / len(DOMAINS),
+                              accept=last[d], trained_tokens=tokens[d],
+                              points=tuple((n["tokens_by_domain"][d], n["by_domain"][d]) for n in self.nights))
+                  for d in DOMAINS]  # fmt: skip
+        plan = allocate(states, budget, unit="tokens", floor=scaling.floor, ceiling=self.args.steps + 1)
+        return plan.rows()
+
+    def night(self, index: int, added: dict[str, int]) -> dict[str, Any]:
+        for domain, n in added.items():
+            self.taken[domain] += n
+        by_domain = train_and_measure(self.world, self.taken, self.work / f"{self.policy}-{index}", self.args)
+        tokens = self.domain_tokens()
+        record = {"night": index, "rows": dict(self.taken), "added": added, "tokens_by_domain": tokens,
+                  "tokens": sum(tokens.values()), "by_domain": by_domain,
+                  "accept": statistics.fmean(by_domain.values())}  # equal traffic shares  # fmt: skip
+        self.nights.append(record)
+        accepts = {d: round(a, 2) for d, a in by_domain.items()}
+        print(f"  {self.policy:7s} night {index}: +{added} -> {record['tokens']} tokens, accept "
+              f"{record['accept']:.3f} {accepts}", flush=True)  # fmt: skip
+        return record
+
+
+def train_and_measure(world: World, taken: dict[str, int], work: Path, args: argparse.Namespace) -> dict[str, float]:
+    """A fresh draft on the rows selected so far (its own draft vocab), then its accept length per domain."""
+    hf = world.target.config
+    config = with_overrides(
+        PipelineConfig(name="aimed-bench", root=str(work), target=TargetConfig(
+            model_path=str(world.model_dir), num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
+            vocab_size=hf.vocab_size, context_length=1024, dtype="float32")),
+        ["train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.batch_size=4",
+         f"train.epochs={args.epochs}", f"train.seed={world.seed}", "train.log_every=1000", "train.save_every=100000",
+         f"speculative.num_steps={args.steps}", f"speculative.num_draft_tokens={args.steps + 1}"])  # fmt: skip
+    rows = [world.rows[d][r] for d in DOMAINS for r in range(taken[d])]
+    random.Random(world.seed).shuffle(rows)
+    sequences = answer_sequences([p for p, _ in rows], [a for _, a in rows])
+    write_draft_vocab(sequences, vocab_size=hf.vocab_size, draft_vocab_size=512, path=work / "vocab.safetensors")
+    batches = batches_from_target(world.target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
+    train_on_source(config, ListBatchSource(batches), load_inputs(config, work / "vocab.safetensors"), work / "d", CPU)
+    export = export_draft(config, work / "d", work / "vocab.safetensors", None, work / "export")
+    decoder = SpeculativeDecoder(world.target, world.tokenizer, export, args.steps)
+    return {d: evaluate_acceptance(decoder, world.eval[d], max_new_tokens=world.max_new,
+                                   eos_ids=[world.eos])["accept_length"] for d in DOMAINS}  # fmt: skip
+
+
+def tokens_to_reach(curve: list[dict[str, Any]], goal: float) -> float | None:
+    """Tokens after the start at which ``curve`` first reaches ``goal`` accept length (linear between nights)."""
+    base = curve[0]["tokens"]
+    for before, after in itertools.pairwise(curve):
+        if after["accept"] >= goal:
+            if before["accept"] >= goal:
+                return before["tokens"] - base
+            frac = (goal - before["accept"]) / (after["accept"] - before["accept"])
+            return before["tokens"] - base + frac * (after["tokens"] - before["tokens"])
+    return None
+
+
+def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    world = World(model_dir, seed=seed, pool=args.pool, held_out=args.eval, max_new=args.max_new)
+    start = dict.fromkeys(DOMAINS, 0)
+    for domain, _row in world.interleaved()[: args.start]:
+        start[domain] += 1
+    work = Path(tempfile.mkdtemp(prefix=f"eagle3-aimed-{seed}-"))
+    runs = {p: Run(world, p, start, work, args) for p in POLICIES}
+    print(f"seed {seed}: start {start}", flush=True)
+    first = runs["uniform"].night(0, dict.fromkeys(DOMAINS, 0))
+    runs["aimed"].nights.append(first)  # the same start: one draft, measured once
+    for index in range(1, args.nights + 1):
+        for run in runs.values():
+            run.night(index, run.select(args.budget))
+    uniform, aimed = runs["uniform"].nights, runs["aimed"].nights
+    goal, spent = uniform[-1]["accept"], uniform[-1]["tokens"] - uniform[0]["tokens"]
+    needed = tokens_to_reach(aimed, goal)
+    return {"seed": seed, "wall_s": round(time.monotonic() - started, 1), "uniform": uniform, "aimed": aimed,
+            "uniform_final_accept": goal, "aimed_final_accept": aimed[-1]["accept"], "uniform_tokens": spent,
+            "aimed_tokens": aimed[-1]["tokens"] - aimed[0]["tokens"], "aimed_tokens_to_reach": needed,
+            "ratio": None if needed is None else needed / spent}  # fmt: skip
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.3f} [{min(values):.3f}, {max(values):.3f}]" if values else "n/a"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 3 nights, smaller sets (~1/4 of the time)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0,1)")
+    parser.add_argument("--nights", type=int, default=None)
+    parser.add_argument("--pool", type=int, default=None, help="pool prompts per domain")
+    parser.add_argument("--eval", type=int, default=None, help="held-out eval prompts per domain")
+    parser.add_argument("--start", type=int, default=None, help="rows of the shared start (night 0)")
+    parser.add_argument("--budget", type=int, default=None, help="regenerated tokens per night")
+    parser.add_argument("--epochs", type=int, default=None, help="training epochs of every night's draft")
+    parser.add_argument("--max-new", dest="max_new", type=int, default=None, help="answer and eval tokens")
+    parser.add_argument("--out", type=Path, default=None, help="write the full result JSON here")
+    args = parser.parse_args()
+    quick = dict(seeds="0,1", nights=3, pool=160, eval=8, start=32, budget=1200, epochs=3, max_new=48)
+    full = dict(seeds="0,1,2", nights=4, pool=240, eval=12, start=48, budget=1600, epochs=3, max_new=48)
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.steps = 3
+    torch.set_num_threads(2)
+    from eagle3.recipes import eagle3_home
+
+    model_dir = build_domains_world(eagle3_home() / "cache")
+    started = time.monotonic()
+    results = [run_seed(model_dir, int(s), args) for s in str(args.seeds).split(",")]
+    ratios = [r["ratio"] for r in results if r["ratio"] is not None]
+    summary = {
+        "args": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out) if args.out else None},
+        "wall_s": round(time.monotonic() - started, 1),
+        "ratio_tokens_to_reach_uniform_final": spread(ratios),
+        "not_reached": [r["seed"] for r in results if r["ratio"] is None],
+        "uniform_final_accept": spread([r["uniform_final_accept"] for r in results]),
+        "aimed_final_accept": spread([r["aimed_final_accept"] for r in results]),
+        "aimed_minus_uniform_at_equal_tokens": spread(
+            [r["aimed_final_accept"] - r["uniform_final_accept"] for r in results]
+        ),
+        "per_seed": [{k: r[k] for k in PER_SEED} for r in results],
+    }
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
