@@ -20,8 +20,9 @@ data the domain already has (diminishing returns). A prompt is worth that times 
   the night to the domains with the fewest tokens (short answers). Such a night is the uniform night instead: rows
   by traffic share (D'Hondt: the next row to the domain with the highest ``share / (rows + 1)``), whatever a row
   costs, as the uniform rule walks the pool. It also gives every domain a second point worth a slope.
-* The exploration floor (``scaling.floor`` of the budget, split evenly over the domains with prompts left) comes
-  first, so a domain whose gain is mis-measured still gets data and a point of its own next time.
+* The exploration floor (``scaling.floor`` of the budget, split evenly over the domains with prompts left, and at
+  least one row each while the budget allows: in a tokens budget a domain of long answers may cost more per row
+  than its share) comes first, so a domain whose gain is mis-measured still gets data and a point of its own.
 * The rest goes greedily, in small chunks, to the domain whose next chunk is worth the most per budget unit. The
   value is concave in ``x``, so greedy is the optimum of the model. Prompts budgets are spent exactly (or the pools
   run out); a tokens budget is spent until no domain's next row fits.
@@ -156,11 +157,11 @@ def allocate(domains: Sequence[DomainState], budget: float, *, unit: str, floor:
     live = [d for d in ordered if d.pool_left > 0 and not d.free]
     gains = _gains(live, ceiling=ceiling)
     rows = {d.name: 0 for d in ordered}
-    floor_rows = {}
-    for d in live:
-        floor_rows[d.name] = min(d.pool_left, int(floor * budget / len(live) / _cost(d, unit)))
-        rows[d.name] = floor_rows[d.name]
-    left = budget - sum(rows[d.name] * _cost(d, unit) for d in live)
+    floor_rows, left = {}, budget
+    for d in live:  # at least one row each while the budget allows: a share below one row's cost is still a point
+        share_rows = max(1 if floor > 0 else 0, int(floor * budget / len(live) / _cost(d, unit)))
+        floor_rows[d.name] = rows[d.name] = min(d.pool_left, share_rows, int(left // _cost(d, unit)))
+        left -= rows[d.name] * _cost(d, unit)
     aim = any(not source.startswith("nothing measured") for _, source in gains.values())
     left = _greedy(live, gains if aim else dict.fromkeys(gains), rows, left, budget, unit)
     allocations = []

@@ -125,3 +125,13 @@ def test_with_nothing_measured_the_night_is_the_uniform_night_rows_by_traffic_sh
     rows = plan.rows()
     assert abs(rows["short"] - rows["long"]) <= 1 and abs(rows["short"] - 2 * rows["rare"]) <= 2, rows
     assert all("nothing measured yet: rows by traffic share" in a.why for a in plan.allocations)
+
+
+def test_the_floor_gives_a_domain_of_long_answers_a_row_even_when_its_share_costs_less_than_one():
+    domains = [  # measured: "long" has no gain, so only the floor can give it data
+        DomainState("long", 100, 400, 0.5, accept=1.2, points=((4000, 1.2), (8000, 1.2)), trained_tokens=8000),
+        DomainState("short", 100, 10, 0.5, accept=1.5, points=((100, 1.2), (200, 1.5)), trained_tokens=200),
+    ]
+    rows = allocate(domains, 1_000, unit="tokens", floor=0.1, ceiling=4.0).rows()  # floor: 50 tokens a domain
+    assert rows["long"] == 1 and rows["short"] > 50
+    assert allocate(domains, 300, unit="tokens", floor=0.1, ceiling=4.0).rows()["long"] == 0  # a row over budget
