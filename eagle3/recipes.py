@@ -60,21 +60,15 @@ def _gate_sets() -> dict[str, str]:
     return {"chat": "hub:mt-bench", "math": "hub:gsm8k", "code": "hub:humaneval"}
 
 
-def tiny() -> PipelineConfig:
-    """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server
-    (``--set server.engine=sglang``: SGLang itself on this CPU)."""
-    from eagle3.dev.world import TinyWorldSpec, world_dir_for
-
-    cache = eagle3_home() / "cache"
-    world = world_dir_for(cache, TinyWorldSpec())
-    data = world / "data"
+def _tiny_sources(data: Path) -> list[SourceConfig]:
+    """The tiny world's sample files, one per dataset format the catalog reads, and a local JSONL with its columns."""
     local = SourceConfig(
         adapter="jsonl",
         name="local_qa",
         path=str(data / "local.jsonl"),
         columns={"user": "question", "assistant": "answer", "id": "uid"},
     )
-    sources = [
+    return [
         SourceConfig(adapter="sharegpt", path=str(data / "sharegpt.json")),
         SourceConfig(adapter="ultrachat", path=str(data / "ultrachat.parquet")),
         SourceConfig(adapter="perfect_blend", path=str(data / "perfect_blend.parquet")),
@@ -84,6 +78,16 @@ def tiny() -> PipelineConfig:
         local,
         SourceConfig(adapter="pretokenized", path=str(data / "pretokenized.parquet")),
     ]
+
+
+def tiny() -> PipelineConfig:
+    """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server
+    (``--set server.engine=sglang``: SGLang itself on this CPU)."""
+    from eagle3.dev.world import TinyWorldSpec, world_dir_for
+
+    cache = eagle3_home() / "cache"
+    world = world_dir_for(cache, TinyWorldSpec())
+    data = world / "data"
     config = PipelineConfig(
         name="tiny",
         root=_run_root("tiny"),
@@ -95,7 +99,7 @@ def tiny() -> PipelineConfig:
             context_length=1024,
             dtype="float32",
         ),
-        sources=sources,
+        sources=_tiny_sources(data),
         mix=MixConfig(total=320, seed=0),  # minutes on 2 CPUs; `--set mix.total=null` takes every sample row
         gate=GateConfig(
             prompt_sets={name: str(data / "bench" / f"{name}.jsonl") for name in ("chat", "math", "code")},
