@@ -44,7 +44,9 @@ SAMPLES_BEFORE_KILL = 2  # batches written before the child kills itself
 @pytest.fixture(scope="module")
 def sglang_backend(sglang_python, capture_model_dir, tmp_path_factory):
     """The tiny target in SGLang's model runner, one rank, float32 states (shared by the module's tests), its request
-    pool held to 3 so that larger batches are forwarded in slices."""
+    pool held to 3 so that larger batches are forwarded in slices. One torch thread, as ``hf_backend``: the worker
+    takes this process's thread count, and the kill test's child must start its worker with the same one."""
+    torch.set_num_threads(1)
     backend = SGLangBackend(
         _config(
             capture_model_dir,
