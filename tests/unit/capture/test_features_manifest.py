@@ -25,16 +25,39 @@ from eagle3.stage import UnitsFailed, run_stage
 from eagle3.train.data import FeatureDataset
 
 
-class Scaled:
-    """The real hf backend with every state scaled by ``factor``: the same rows in other values, as another GPU's
-    kernels give."""
+# CRC-32 (reflected, as Parquet's page checksum) of a message XORed with its generator polynomial, shifted anywhere
+# in the message, is the message's own CRC: ``1 | 0xEDB88320 << 1`` is that 33-bit polynomial in the stream's bit
+# order (bit i of the message as a little-endian integer).
+CRC32_CODEWORD = 1 | 0xEDB88320 << 1
 
-    def __init__(self, inner, factor: float) -> None:
-        self.inner, self.hidden_size, self.factor = inner, inner.hidden_size, factor
+
+class Recaptured:
+    """The real hf backend with the first sample's aux state recaptured into other values that keep its Parquet
+    page's CRC32: a CRC-32 codeword XORed into the state's first 33 bits. A page header stores its CRC as a varint,
+    whose length follows the value, so other values in general change a shard's size by a byte or so; these keep
+    it, by construction: the same rows in other values of the same size, as another GPU's kernels give."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.hidden_size, self.recaptured = inner, inner.hidden_size, False
 
     def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for aux, last in self.inner.forward(batch_ids):
-            yield aux * self.factor, last * self.factor
+            if not self.recaptured:
+                aux, self.recaptured = _xor_codeword(aux), True
+            yield aux, last
+
+
+def _xor_codeword(state: torch.Tensor) -> torch.Tensor:
+    """``state`` (float32) with ``CRC32_CODEWORD`` XORed into its bytes at the first float boundary where the
+    result stays finite (a non-finite state would be quarantined, not rebuilt)."""
+    raw = bytearray(state.detach().to(torch.float32).contiguous().numpy().tobytes())
+    for start in range(0, len(raw) - 5, 4):
+        window = int.from_bytes(raw[start:start + 5], "little") ^ CRC32_CODEWORD
+        changed = raw[:start] + window.to_bytes(5, "little") + raw[start + 5:]
+        out = torch.frombuffer(changed, dtype=torch.float32).reshape(state.shape).clone()
+        if torch.isfinite(out).all():
+            return out
+    raise AssertionError("no float boundary takes the codeword and stays finite")
 
 
 def _entries(out_dir) -> dict[str, FileEntry]:
@@ -108,9 +131,10 @@ def _killed_before_its_hashes(monkeypatch, capture) -> None:
 def test_a_shard_rebuilt_into_other_bytes_of_the_same_size_is_listed_with_the_rebuilds_hashes(
     make_config, regen_shard, hf_backend, tmp_path, monkeypatch, killed_before_its_hashes
 ):
-    """Uncompressed states recaptured on another GPU are other values in a file of the same size: the earlier
-    build's hashes must not stand for it, or the loader refuses the good rebuild as damaged. A rebuild killed
-    between its shard and its hashes leaves neither build's hashes: its resume records the rebuild's."""
+    """Uncompressed states recaptured on another GPU can be other values in a file of the same size (here built
+    so: ``Recaptured``): the earlier build's hashes must not stand for it, or the loader refuses the good rebuild
+    as damaged. A rebuild killed between its shard and its hashes leaves neither build's hashes: its resume
+    records the rebuild's."""
     config = make_config("capture.aux_layers=[2,4,5]", "capture.hidden_compression=none")
     out_dir = tmp_path / "features" / "fp"
     capture_shard(config, regen_shard, out_dir, backend=hf_backend)
@@ -119,12 +143,12 @@ def test_a_shard_rebuilt_into_other_bytes_of_the_same_size_is_listed_with_the_re
     before = shard.read_bytes()
     shard.unlink()  # the refusal's fix
     if killed_before_its_hashes:
-        rebuild = lambda: capture_shard(config, regen_shard, out_dir, backend=Scaled(hf_backend, 1.25))  # noqa: E731
+        rebuild = lambda: capture_shard(config, regen_shard, out_dir, backend=Recaptured(hf_backend))  # noqa: E731
         _killed_before_its_hashes(monkeypatch, rebuild)
         assert shard.exists() and parts.exists() and json.loads((out_dir / hashes_file_name(3)).read_text()) == {}
         assert capture_shard(config, regen_shard, out_dir, backend=hf_backend)["skipped"]  # the resume
     else:
-        capture_shard(config, regen_shard, out_dir, backend=Scaled(hf_backend, 1.25))
+        capture_shard(config, regen_shard, out_dir, backend=Recaptured(hf_backend))
     after = shard.read_bytes()
     assert len(after) == len(before) and after != before
     finalize_features(config, out_dir, [3])
