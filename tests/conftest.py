@@ -19,9 +19,9 @@ os.environ.setdefault("EAGLE3_HOME", str(Path(__file__).resolve().parents[1] / "
 
 
 def _cache_dir() -> Path:
-    from eagle3.recipes import eagle3_home
+    from eagle3.recipes import world_cache
 
-    return eagle3_home() / "cache"
+    return world_cache()
 
 
 @pytest.fixture(scope="session")

@@ -281,6 +281,14 @@ def build_tiny_world(
 Builder = Callable[[Path, Any, Callable[[str], None], int], TinyWorld]
 
 
+def world_builders() -> dict[str, Callable[..., tuple[TinyWorld, bool]]]:
+    """The dev worlds by name (``dev.world``, ``eagle3 dev build-tiny --world``): each builder takes the cache
+    directory, ``progress`` and ``num_threads`` and returns the world and whether it was a cache hit."""
+    from eagle3.dev.think_world import build_think_world  # it builds on this module
+
+    return {"tiny": build_tiny_world, "think": build_think_world}
+
+
 def build_world(
     cache_dir: Path,
     spec: WorldSpec,
