@@ -65,6 +65,7 @@ def test_importing_the_library_does_not_load_prefect():
 # above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
 # placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
+    {"config_base"},  # StrictModel: the base of every config section
     {"layers", "config_gate", "config_regen", "config_scaling"},  # the SGLang layer-id contract; config sections
     {"config_capture"},  # the config's capture section (config.py re-exports it), which checks layer conventions
     {"config", "procs", "errors", "transfer"},  # errors: DataError (exit 2); transfer: host <-> GPU moves
