@@ -119,6 +119,44 @@ def write_regen_stage(tiny_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def write_prompts_stage():
+    """``write_prompts_stage(root, [[row, ...], ...])``: a finished prompts stage (one shard per list, and its
+    manifest) under ``root/prompts/<fp>``; a row needs ``sample_id`` and ``messages``, the other prompt columns default
+    (source ``test``, its user turns counted, no pre-tokenized ids); returns the dir."""
+    import json
+
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.data.schema import PROMPT_SCHEMA
+    from eagle3.runroot import FileEntry, Manifest, fingerprint
+
+    def write(root: Path, shards: list[list[dict]]) -> Path:
+        fp = fingerprint("test-prompts", shards)
+        out = root / "prompts" / fp
+        files = []
+        for index, rows in enumerate(shards):
+            full = [
+                {
+                    "source": "test",
+                    "source_row": str(i),
+                    "n_user_turns": sum(m["role"] == "user" for m in r.get("messages") or []),
+                    "meta": json.dumps({}),
+                    "input_ids": None,
+                    "loss_mask": None,
+                }
+                | r
+                for i, r in enumerate(rows)
+            ]
+            with ShardWriter(out, PROMPT_SCHEMA, start_index=index) as writer:
+                writer.write_rows(full)
+            [info] = writer.close()
+            files.append(FileEntry.of(info.path, rows=info.rows, base=out))
+        Manifest(stage="prompts", fingerprint=fp, files=files).write(out)
+        return out
+
+    return write
+
+
+@pytest.fixture(scope="session")
 def write_prompt_pool():
     """``write_prompt_pool(prompts_dir, {"chat": 40, "math": 20}, free=3, shard_size=16)``: a finished prompts stage
     of distinct one-turn rows (``source`` = the domain), interleaved across domains as normalize writes them, plus
