@@ -225,9 +225,9 @@ def main() -> None:
             setattr(args, key, value)
     args.steps = 3
     torch.set_num_threads(2)
-    from eagle3.recipes import eagle3_home
+    from eagle3.recipes import world_cache
 
-    model_dir = build_domains_world(eagle3_home() / "cache")
+    model_dir = build_domains_world(world_cache())
     started = time.monotonic()
     results = [run_seed(model_dir, int(s), args) for s in str(args.seeds).split(",")]
     ratios = [r["ratio"] for r in results if r["ratio"] is not None]

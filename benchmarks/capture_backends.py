@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 from capture_overhead import build_target, make_config, make_regen_shard, spread
+from common import add_target_options, benchmark_parser, start_torch
 
 from eagle3.capture.encoding import dequantize
 from eagle3.capture.footprint import served_plan
@@ -125,26 +126,15 @@ def configs_for(args: argparse.Namespace, tmp_path: Path) -> tuple[dict[str, Pip
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny target and 12 rows")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser = benchmark_parser(__doc__, quick="a tiny target and 12 rows")
+    add_target_options(parser, hidden=256, layers=8, samples=64, devices=["cpu", "cuda"])
     parser.add_argument("--tp", type=int, default=1, help="SGLang tensor-parallel ranks")
     parser.add_argument("--encoding", default="raw", choices=["raw", "fp8_topk"])
     parser.add_argument("--topk", type=int, default=16, help="k of fp8_topk")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (>= 3 for a spread)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--recipe", default=None, help="capture the recipe's own target (sglang arm only)")
     parser.add_argument("--model-path", default=None, help="with --recipe: the target checkpoint's directory")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.quick:
-        args.hidden, args.layers, args.samples = 128, 4, 12
-    torch.manual_seed(0)
+    start_torch(args, quick=(128, 4, 12))
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         configs, vocab = configs_for(args, tmp_path)

@@ -15,7 +15,6 @@ intra-op threads (default: torch's choice, one per core), to see how the forward
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_target_options, benchmark_parser, start_torch
 
 from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard, plan_batches
@@ -75,21 +75,10 @@ def bare_forward(backend: HFBackend, seqs: list[list[int]], batch_tokens: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small model and few samples (< 1 min)")
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=256)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (>= 3 for a spread)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser = benchmark_parser(__doc__, quick="small model and few samples (< 1 min)")
+    add_target_options(parser, hidden=512, layers=8, samples=256)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.quick:
-        args.hidden, args.layers, args.samples = 256, 8, 12
-    torch.manual_seed(0)
+    start_torch(args, quick=(256, 8, 12))
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         model_dir = build_target(tmp_path / "model", hidden=args.hidden, layers=args.layers)

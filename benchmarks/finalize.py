@@ -27,7 +27,7 @@ from eagle3.capture.writer import PartWriter
 from eagle3.config import PipelineConfig
 from eagle3.dev.world import TinyWorldSpec, build_tiny_world
 from eagle3.layout import SHARD_GLOB, hashes_file_name, parts_dir_name
-from eagle3.recipes import eagle3_home
+from eagle3.recipes import world_cache
 from eagle3.runroot import MANIFEST, Manifest, wait_removals
 from eagle3.train.data import FeatureDataset
 
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="batches of 8 x 1,024 tokens per shard")
     parser.add_argument("--dir", type=Path, default=None, help="where the shards go (default: a temp dir)")
     args = parser.parse_args()
-    world, _ = build_tiny_world(eagle3_home() / "cache", TinyWorldSpec())  # its tokenizer: the footer's template hash
+    world, _ = build_tiny_world(world_cache(), TinyWorldSpec())  # its tokenizer: the footer's template hash
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         config = writer_config(tmp, args.hidden, encoding="raw", compression="none", model_path=str(world.model_dir))
         out = Path(tmp) / "features" / "fp"

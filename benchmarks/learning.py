@@ -47,9 +47,9 @@ from eagle3.train.trainer import ListBatchSource, batches_from_target, build_dra
 
 def _default_model_dir() -> Path:
     from eagle3.dev.world import TinyWorldSpec, build_tiny_world
-    from eagle3.recipes import eagle3_home
+    from eagle3.recipes import world_cache
 
-    world, _ = build_tiny_world(eagle3_home() / "cache", TinyWorldSpec())
+    world, _ = build_tiny_world(world_cache(), TinyWorldSpec())
     return Path(world.model_dir)
 
 

@@ -29,7 +29,6 @@ time on the same work (``wall_over_specforge``: the peer's wall / the arm's; > 1
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from common import benchmark_parser
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
 from eagle3.data.parquet import ShardWriter
@@ -232,12 +232,10 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="48 prompts x 16 tokens")
+    parser = benchmark_parser(__doc__, quick="48 prompts x 16 tokens")
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (>= 3 for a spread)")
     parser.add_argument("--specforge", type=Path, help="a SpecForge checkout's scripts/ folder: adds its regen arm")
     args = parser.parse_args()
     arms = ARMS + (("specforge",) if args.specforge else ())

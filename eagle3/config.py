@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from eagle3.config_base import StrictModel as StrictModel  # re-exported
 from eagle3.config_capture import DEVICE_MAP_STRATEGIES as DEVICE_MAP_STRATEGIES  # re-exported
 from eagle3.config_capture import CaptureConfig, check_capture_gpus
 from eagle3.config_capture import SGLangCaptureConfig as SGLangCaptureConfig  # re-exported
@@ -37,10 +38,6 @@ from eagle3.layers import (
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message says how to fix it."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
 class TargetConfig(StrictModel):

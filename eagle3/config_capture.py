@@ -11,23 +11,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from eagle3.config_base import StrictModel
 from eagle3.layers import LAYER_CONVENTIONS, LayerConvention
 
 # ``capture.device`` values that spread the target over every visible GPU with transformers' device_map.
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-STRICT = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)  # as config.StrictModel
 
 
-class SGLangCaptureConfig(BaseModel):
+class SGLangCaptureConfig(StrictModel):
     """How ``capture.backend=sglang`` loads the target: SGLang's own flags, as a server of the target would take them.
 
     ``tp`` None takes ``server.tp`` (the target as the pipeline serves it). Quantization is read from the checkpoint
     (Kimi-K2.5's INT4 compressed-tensors, an NVFP4 ModelOpt checkpoint) unless ``quantization`` names SGLang's
     ``--quantization``: the weights stay in the served format, never decompressed."""
-
-    model_config = STRICT
 
     tp: int | None = Field(default=None, gt=0, description="--tp-size: one worker process per rank (None: server.tp).")
     ep: int = Field(default=1, gt=0, description="--ep-size: expert parallel ranks among the tp ranks (MoE targets).")
@@ -57,10 +55,8 @@ class SGLangCaptureConfig(BaseModel):
     )
 
 
-class CaptureConfig(BaseModel):
+class CaptureConfig(StrictModel):
     """Hidden-state capture. ``aux_layers`` empty means SGLang's default ``[2, L//2, L-3]``."""
-
-    model_config = STRICT
 
     backend: str = Field(
         default="hf",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from eagle3.config_base import StrictModel
 
 
-class SpeculativeConfig(BaseModel):
+class SpeculativeConfig(StrictModel):
     """One speculative setting of the EAGLE3 arm (DESIGN §5: set all of steps, topk and draft tokens, never some)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algorithm: str = "EAGLE3"
     num_steps: int = Field(default=3, gt=0)
@@ -42,10 +42,8 @@ def _replacement(data: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{c}: {w}" for c, w in traffic.items()) + "}"
 
 
-class GateConfig(BaseModel):
+class GateConfig(StrictModel):
     """The benchmark gate: prompts, the served-load profile, thresholds, and the interleaved rounds."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     prompt_sets: dict[str, str] = Field(default_factory=dict)
     prompts_per_set: int = Field(default=32, gt=0)

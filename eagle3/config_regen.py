@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from eagle3.config_base import StrictModel
 
 ReasoningParser = Literal["kimi_k2"]
 ToolCallParser = Literal["kimi_k2"]
 
 
-class RegenConfig(BaseModel):
+class RegenConfig(StrictModel):
     """Regeneration through SGLang-compatible servers. No servers: the reference server is started locally."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)  # as config.StrictModel
 
     servers: list[str] = Field(default_factory=list)
     api: Literal["generate", "openai"] = "generate"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from eagle3.config_base import StrictModel
 
 
-class ScalingConfig(BaseModel):
+class ScalingConfig(StrictModel):
     """Night planning (DESIGN §10 "Night planning"). Strict like every section (unknown keys are errors)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     policy: Literal["uniform", "aimed"] = Field(
         default="uniform",

@@ -33,6 +33,11 @@ def eagle3_home() -> Path:
     return Path(os.environ.get("EAGLE3_HOME", "~/.eagle3")).expanduser()
 
 
+def world_cache() -> Path:
+    """Where the dev worlds are cached (``$EAGLE3_HOME/cache``): the recipes, the tiny-world task, ``eagle3 dev``."""
+    return eagle3_home() / "cache"
+
+
 def _run_root(name: str) -> str:
     return str(eagle3_home() / "runs" / name)
 
@@ -85,7 +90,7 @@ def tiny() -> PipelineConfig:
     (``--set server.engine=sglang``: SGLang itself on this CPU)."""
     from eagle3.dev.world import TinyWorldSpec, world_dir_for
 
-    cache = eagle3_home() / "cache"
+    cache = world_cache()
     world = world_dir_for(cache, TinyWorldSpec())
     data = world / "data"
     config = PipelineConfig(
@@ -154,7 +159,7 @@ def tiny_think() -> PipelineConfig:
     from eagle3.dev.think_world import ThinkWorldSpec
     from eagle3.dev.world import world_dir_for
 
-    cache = eagle3_home() / "cache"
+    cache = world_cache()
     world = world_dir_for(cache, ThinkWorldSpec())
     data = world / "data"
     sources = [
@@ -207,6 +212,30 @@ def llama3_8b() -> PipelineConfig:
 SGLANG_CAPTURE = ["capture.backend=sglang", "capture.device=cuda", "capture.gpus=8"]
 
 
+def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
+    """A large MoE target served and captured with SGLang on one 8-GPU node (tp 8, FSDP training over its 8 GPUs),
+    the Hub mix and gate sets, features in fp8_topk: the Kimi-K2.5 and GLM-5 recipes, which differ only in target."""
+    config = PipelineConfig(
+        name=name,
+        root=_run_root(name),
+        target=target,
+        sources=_hub_sources(),
+        mix=MixConfig(total=88_088),
+        gate=GateConfig(prompt_sets=_gate_sets()),
+    )
+    return with_overrides(
+        config,
+        [
+            "server.engine=sglang",
+            "server.tp=8",
+            *SGLANG_CAPTURE,
+            "train.nproc=8",
+            "train.parallel=fsdp",
+            *LARGE_FEATURES,
+        ],
+    )
+
+
 def kimi_k2_5() -> PipelineConfig:
     """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8.
 
@@ -221,10 +250,9 @@ def kimi_k2_5() -> PipelineConfig:
     headers win whenever they are reachable. Features in fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as
     stored with lz4 (3.05 TB before the codec; ``eagle3 config show`` prints the estimate) instead of ~5.9 TB of raw
     bf16 states with zstd (7.58 TB before it)."""
-    config = PipelineConfig(
-        name="kimi_k2_5",
-        root=_run_root("kimi_k2_5"),
-        target=TargetConfig(
+    return _served_moe(
+        "kimi_k2_5",
+        TargetConfig(
             model_path="moonshotai/Kimi-K2.5",
             family="deepseek",
             num_layers=61,
@@ -234,12 +262,7 @@ def kimi_k2_5() -> PipelineConfig:
             trust_remote_code=True,
             checkpoint_bytes=595 * 10**9,
         ),
-        sources=_hub_sources(),
-        mix=MixConfig(total=88_088),
-        gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.engine=sglang", "server.tp=8", *SGLANG_CAPTURE, "train.nproc=8",
-                                   "train.parallel=fsdp", *LARGE_FEATURES])
 
 
 def glm_5() -> PipelineConfig:
@@ -256,10 +279,9 @@ def glm_5() -> PipelineConfig:
     SGLang runs NVFP4 with FP4 kernels on Blackwell and, from compute capability 8.0 (H200 included), through its
     Marlin FP4 weight-only path (``ModelOptFp4Config.get_min_capability`` is 80). Not run here (no GPU); the checks
     a node with SGLang must run are ``benchmarks/gpu_checks.sh``'s ``sglang-capture`` steps."""
-    config = PipelineConfig(
-        name="glm_5",
-        root=_run_root("glm_5"),
-        target=TargetConfig(
+    return _served_moe(
+        "glm_5",
+        TargetConfig(
             model_path="nvidia/GLM-5-NVFP4",
             family="deepseek",
             num_layers=78,
@@ -268,12 +290,7 @@ def glm_5() -> PipelineConfig:
             context_length=8192,
             checkpoint_bytes=446 * 10**9,
         ),
-        sources=_hub_sources(),
-        mix=MixConfig(total=88_088),
-        gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.engine=sglang", "server.tp=8", *SGLANG_CAPTURE, "train.nproc=8",
-                                   "train.parallel=fsdp", *LARGE_FEATURES])
 
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.bench.report_md import serving_lines
 from eagle3.config import PipelineConfig
-from eagle3.recipes import eagle3_home
+from eagle3.recipes import world_cache
 from tasks.common import publish_markdown, publish_plots
 
 
@@ -26,11 +26,10 @@ def tiny_world_task(config: PipelineConfig) -> str | None:
     on a fresh worker; returns its directory (None for real targets)."""
     if not config.dev.tiny_world:
         return None
-    from eagle3.dev.think_world import build_think_world
-    from eagle3.dev.world import build_tiny_world
+    from eagle3.dev.world import world_builders
 
-    cache = Path(config.dev.cache_dir) if config.dev.cache_dir else eagle3_home() / "cache"
-    world, hit = (build_think_world if config.dev.world == "think" else build_tiny_world)(cache)
+    cache = Path(config.dev.cache_dir) if config.dev.cache_dir else world_cache()
+    world, hit = world_builders()[config.dev.world](cache)
     get_run_logger().info("%s world %s at %s", config.dev.world, "reused" if hit else "built", world.root)
     return str(world.root)
 

@@ -19,9 +19,9 @@ os.environ.setdefault("EAGLE3_HOME", str(Path(__file__).resolve().parents[1] / "
 
 
 def _cache_dir() -> Path:
-    from eagle3.recipes import eagle3_home
+    from eagle3.recipes import world_cache
 
-    return eagle3_home() / "cache"
+    return world_cache()
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +114,44 @@ def write_regen_stage(tiny_tokenizer):
                          prompts_dir=regen_dir, prompts_fingerprint="", shards=dict.fromkeys(range(shards), rows))
         atomic_write_text(Path(regen_dir) / PLAN_FILE, plan.model_dump_json())  # planned, as a regen stage always is
         return Path(regen_dir)
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def write_prompts_stage():
+    """``write_prompts_stage(root, [[row, ...], ...])``: a finished prompts stage (one shard per list, and its
+    manifest) under ``root/prompts/<fp>``; a row needs ``sample_id`` and ``messages``, the other prompt columns default
+    (source ``test``, its user turns counted, no pre-tokenized ids); returns the dir."""
+    import json
+
+    from eagle3.data.parquet import ShardWriter
+    from eagle3.data.schema import PROMPT_SCHEMA
+    from eagle3.runroot import FileEntry, Manifest, fingerprint
+
+    def write(root: Path, shards: list[list[dict]]) -> Path:
+        fp = fingerprint("test-prompts", shards)
+        out = root / "prompts" / fp
+        files = []
+        for index, rows in enumerate(shards):
+            full = [
+                {
+                    "source": "test",
+                    "source_row": str(i),
+                    "n_user_turns": sum(m["role"] == "user" for m in r.get("messages") or []),
+                    "meta": json.dumps({}),
+                    "input_ids": None,
+                    "loss_mask": None,
+                }
+                | r
+                for i, r in enumerate(rows)
+            ]
+            with ShardWriter(out, PROMPT_SCHEMA, start_index=index) as writer:
+                writer.write_rows(full)
+            [info] = writer.close()
+            files.append(FileEntry.of(info.path, rows=info.rows, base=out))
+        Manifest(stage="prompts", fingerprint=fp, files=files).write(out)
+        return out
 
     return write
 

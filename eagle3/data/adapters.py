@@ -14,13 +14,12 @@ stored as JSON text (agentic datasets do). Tool calls and the row's tool declara
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3.data.catalog import DatasetEntry
 from eagle3.data.schema import MALFORMED, UNKNOWN_ROLE
-from eagle3.data.toolcalls import ToolCallError, read_calls, read_tools
+from eagle3.data.toolcalls import ToolCallError, json_list, read_calls, read_tools
 
 Message = dict[str, Any]
 
@@ -108,14 +107,12 @@ def _turn_list(row: dict[str, Any], key: str) -> list[Any]:
     if key not in row:
         raise RowError(MALFORMED, f"missing key {key!r}")
     turns = row[key]
-    if isinstance(turns, str) and turns.lstrip().startswith("["):  # agentic datasets store the list as JSON text
-        try:
-            turns = json.loads(turns)
-        except json.JSONDecodeError as exc:
-            raise RowError(MALFORMED, f"{key!r} is not valid JSON ({exc.msg})") from None
-    if not isinstance(turns, list):
-        raise RowError(MALFORMED, f"{key!r} is a {type(turns).__name__}, not a list")
-    return turns
+    if isinstance(turns, str) and not turns.lstrip().startswith("["):  # only the JSON text of a list is read as one
+        raise RowError(MALFORMED, f"{key!r} is a str, not a list")
+    try:
+        return json_list(turns, repr(key))
+    except ToolCallError as err:
+        raise RowError(err.reason, err.detail) from None
 
 
 def _text(value: Any, where: str) -> str:

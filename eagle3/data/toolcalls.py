@@ -71,19 +71,25 @@ def read_calls(value: Any, where: str) -> list[dict[str, str]]:
     return [_one_call(item, f"{where} call {k}") for k, item in enumerate(items)]
 
 
+def json_list(value: Any, name: str) -> list[Any]:
+    """``value`` as a list: a list, or the JSON text of one (agentic datasets store lists as text); a malformed
+    ``ToolCallError`` naming ``name`` otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ToolCallError(MALFORMED, f"{name} is not valid JSON ({exc.msg})") from None
+    if not isinstance(value, list):
+        raise ToolCallError(MALFORMED, f"{name} is a {type(value).__name__}, not a list")
+    return value
+
+
 def read_tools(value: Any) -> str | None:
     """The tool declarations as one JSON text (a list of objects), from a list, a JSON text, or a list of JSON texts
     (some exporters store each tool as a string); None when there are none."""
     if value is None or value == "" or value == []:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ToolCallError(MALFORMED, f"tools is not JSON ({exc.msg})") from None
-    if not isinstance(value, list):
-        raise ToolCallError(MALFORMED, f"tools is a {type(value).__name__}, not a list")
-    tools = [json.loads(t) if isinstance(t, str) else t for t in value]
+    tools = [json.loads(t) if isinstance(t, str) else t for t in json_list(value, "tools")]
     if not all(isinstance(t, dict) for t in tools):
         raise ToolCallError(MALFORMED, "tools holds an entry that is not an object")
     return json.dumps(tools, ensure_ascii=False) if tools else None

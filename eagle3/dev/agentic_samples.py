@@ -34,9 +34,8 @@ from eagle3.dev.samples import (
     BAD_TEXT,
     MANIFEST_FILE,
     file_stats,
-    write_json,
     write_jsonl,
-    write_parquet,
+    write_rows,
 )
 
 AGENTIC_VERSION = "1"
@@ -241,15 +240,6 @@ _PARQUET = {name: pa.schema([(c, _TYPES.get(c, pa.string())) for c in columns])
             for name, columns in (("coderforge", _CODERFORGE), ("swe_agent", _SWE_AGENT))}  # fmt: skip
 
 
-def _write(adapter: str, path: Path, rows: list[Any]) -> None:
-    if adapter in _PARQUET:
-        write_parquet(path, rows, _PARQUET[adapter])
-    elif path.suffix == ".jsonl":
-        write_jsonl(path, rows)
-    else:
-        write_json(path, rows)
-
-
 def _bench_row(name: str, j: int, conv: Agentic) -> Row:
     row: Row = {"id": f"{name}-{j:03d}", "prompt": conv.messages[0]["content"]}
     if conv.tools:
@@ -277,7 +267,7 @@ def write_agentic_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int 
     for adapter in ADAPTERS:
         rows, bad_rows[adapter] = _build(adapter, rows_per_source, factory)
         paths[adapter] = out_dir / FILE_NAMES[adapter]
-        _write(adapter, paths[adapter], rows)
+        write_rows(paths[adapter], rows, _PARQUET.get(adapter))
         counts = {"rows": len(rows), "bad_rows": len(bad_rows[adapter])}
         files[adapter] = {"path": FILE_NAMES[adapter], **counts, **file_stats(paths[adapter])}
     (out_dir / BAD_ROWS_FILE).write_text(json.dumps(bad_rows, indent=1) + "\n")

@@ -22,19 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle3.dev.samples import Conversation, ConversationFactory
+from eagle3.dev.world import WORLD_FILE, build_cached, default_threads
 
 DOMAINS_VERSION = "1"
 DOMAINS = ("chat", "copy", "noise", "recite")
-WORLD_FILE = "world.json"
 
 _WORD_LIST = """
     apple river stone cloud maple tiger lemon piano candle garden rocket silver window ocean bridge forest
@@ -115,12 +112,15 @@ class DomainsWorldSpec:
 
 
 def build_domains_world(cache_dir: Path, spec: DomainsWorldSpec = DomainsWorldSpec()) -> Path:
-    """The target's directory (model + tokenizer) of the world for ``spec``, built once and cached."""
+    """The target's directory (model + tokenizer) of the world for ``spec``, built once and cached (built aside and
+    renamed into place, ``world.json`` last: ``eagle3.dev.world.build_cached``)."""
     final = Path(cache_dir) / f"domains-world-{spec.fingerprint()}"
-    if (final / WORLD_FILE).exists():
-        return final / "model"
+    build_cached(final, lambda tmp: _build_into(tmp, spec))
+    return final / "model"
+
+
+def _build_into(root: Path, spec: DomainsWorldSpec) -> None:
     from eagle3.dev.tiny_target import build_model, build_tokenizer, train_model
-    from eagle3.dev.world import default_threads
 
     started = time.perf_counter()
     per = spec.train_conversations // len(DOMAINS)
@@ -131,16 +131,8 @@ def build_domains_world(cache_dir: Path, spec: DomainsWorldSpec = DomainsWorldSp
                         vocab_size=spec.vocab_size, seed=spec.seed)  # fmt: skip
     losses = train_model(model, tokenizer, convs, steps=spec.train_steps, seq_len=spec.train_seq_len,
                          seed=spec.seed, num_threads=default_threads())  # fmt: skip
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        model.save_pretrained(tmp / "model")
-        tokenizer.save_pretrained(tmp / "model")
-        report = {"spec": asdict(spec), "loss_first": losses[0], "loss_last": losses[-1],
-                  "build_seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-        (tmp / WORLD_FILE).write_text(json.dumps(report, indent=1) + "\n")
-        if not (final / WORLD_FILE).exists():
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final / "model"
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    report = {"spec": asdict(spec), "loss_first": losses[0], "loss_last": losses[-1],
+              "build_seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    (root / WORLD_FILE).write_text(json.dumps(report, indent=1) + "\n")

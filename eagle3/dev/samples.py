@@ -440,9 +440,10 @@ def write_jsonl(path: Path, rows: list[Any]) -> None:
     path.write_bytes(b"".join(line.encode("utf-8", "surrogateescape") + b"\n" for line in lines))
 
 
-def _write_rows(adapter: str, path: Path, rows: list[Any]) -> None:
-    if adapter in PARQUET_SCHEMAS:
-        write_parquet(path, rows, PARQUET_SCHEMAS[adapter])
+def write_rows(path: Path, rows: list[Any], schema: pa.Schema | None = None) -> None:
+    """One sample file: Parquet of ``schema`` when given, else JSONL or JSON by the file's suffix."""
+    if schema is not None:
+        write_parquet(path, rows, schema)
     elif path.suffix == ".jsonl":
         write_jsonl(path, rows)
     else:
@@ -483,7 +484,7 @@ def write_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int = 200) -
             contaminated = {i: (name, bench[name][0]) for i, name in zip(spots, BENCH_SETS, strict=True)}
         rows, bad_rows[adapter] = _build_rows(adapter, rows_per_source, factory, contaminated)
         paths[adapter] = out_dir / FILE_NAMES[adapter]
-        _write_rows(adapter, paths[adapter], rows)
+        write_rows(paths[adapter], rows, PARQUET_SCHEMAS.get(adapter))
         counts = {"rows": len(rows), "bad_rows": len(bad_rows[adapter])}
         files[adapter] = {"path": FILE_NAMES[adapter], **counts, **file_stats(paths[adapter])}
     (out_dir / BAD_ROWS_FILE).write_text(json.dumps(bad_rows, indent=1) + "\n")

@@ -11,52 +11,39 @@ tools fit the question.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from eagle3.dev.agentic import Agentic, AgenticFactory, training_texts
 from eagle3.dev.agentic_samples import AGENTIC_VERSION, write_agentic_samples
 from eagle3.dev.samples import BAD_ROWS_FILE, SAMPLES_VERSION
-from eagle3.dev.world import TinyWorld, build_world
+from eagle3.dev.world import TinyWorld, TrainedWorldSpec, build_world
 
 THINK_WORLD_VERSION = "1"
 _ROLE_NAMES = ("system", "user", "assistant", "tool", "tool_declare", "## Return of ")
 
 
 @dataclass(frozen=True)
-class ThinkWorldSpec:
+class ThinkWorldSpec(TrainedWorldSpec):
     """Everything the thinking world depends on; the defaults are the world the ``tiny_think`` recipe uses."""
 
     DIR_PREFIX: ClassVar[str] = "think-world"
     VERSION: ClassVar[str] = THINK_WORLD_VERSION
-    seed: int = 0
+    VERSIONS: ClassVar[dict[str, str]] = {
+        "think_world_version": THINK_WORLD_VERSION,
+        "agentic_version": AGENTIC_VERSION,
+        "samples_version": SAMPLES_VERSION,
+    }
     rows_per_source: int = 120
-    vocab_size: int = 2048
-    num_layers: int = 8
-    hidden_size: int = 128
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 352
-    max_position_embeddings: int = 2048
     train_conversations: int = 3000
     thinking_off_fraction: float = 0.35
     train_steps: int = 300
-    train_batch_size: int = 8
     train_seq_len: int = 512
-    train_lr: float = 3e-3
-
-    def fingerprint(self) -> str:
-        """First 16 hex chars of sha256 over the spec JSON and the builders' versions."""
-        versions = {"think_world_version": THINK_WORLD_VERSION, "agentic_version": AGENTIC_VERSION,
-                    "samples_version": SAMPLES_VERSION}  # fmt: skip
-        payload = json.dumps({**versions, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def tokenizer_corpus(conversations: list[Agentic]) -> Iterator[str]:

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,6 +38,7 @@ from eagle3.dev.samples import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WORLD_VERSION = "2"  # 2: model vocabulary padded to spec.vocab_size
 WORLD_FILE = "world.json"
@@ -57,11 +58,14 @@ class WorldSpec(Protocol):
 
 
 @dataclass(frozen=True)
-class TinyWorldSpec:
-    """Everything a tiny world depends on; the defaults are the world the tiny recipe and the e2e tests use."""
+class TrainedWorldSpec:
+    """What a world with sample datasets and a trained tiny Llama target depends on: the rows per source, the
+    target's shape and its training. A world's spec sets its defaults, its directory prefix and ``VERSIONS``, the
+    builder versions its fingerprint hashes beside the fields (bump one when its builder's output changes)."""
 
-    DIR_PREFIX: ClassVar[str] = "tiny-world"
-    VERSION: ClassVar[str] = WORLD_VERSION
+    DIR_PREFIX: ClassVar[str]
+    VERSION: ClassVar[str]
+    VERSIONS: ClassVar[dict[str, str]]
     seed: int = 0
     rows_per_source: int = 200
     vocab_size: int = 2048
@@ -76,14 +80,21 @@ class TinyWorldSpec:
     train_batch_size: int = 8
     train_seq_len: int = 256
     train_lr: float = 3e-3
-    pretokenized_rows: int = 50
 
     def fingerprint(self) -> str:
-        """First 16 hex chars of sha256 over the spec JSON, `WORLD_VERSION` and `SAMPLES_VERSION` (bump those
-        when the builders' output changes)."""
-        versions = {"world_version": WORLD_VERSION, "samples_version": SAMPLES_VERSION}
-        payload = json.dumps({**versions, **asdict(self)}, sort_keys=True)
+        """First 16 hex chars of sha256 over the spec JSON and ``VERSIONS``."""
+        payload = json.dumps({**self.VERSIONS, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TinyWorldSpec(TrainedWorldSpec):
+    """Everything a tiny world depends on; the defaults are the world the tiny recipe and the e2e tests use."""
+
+    DIR_PREFIX: ClassVar[str] = "tiny-world"
+    VERSION: ClassVar[str] = WORLD_VERSION
+    VERSIONS: ClassVar[dict[str, str]] = {"world_version": WORLD_VERSION, "samples_version": SAMPLES_VERSION}
+    pretokenized_rows: int = 50
 
 
 @dataclass
@@ -281,35 +292,27 @@ def build_tiny_world(
 Builder = Callable[[Path, Any, Callable[[str], None], int], TinyWorld]
 
 
-def build_world(
-    cache_dir: Path,
-    spec: WorldSpec,
-    build_into: Builder,
-    *,
-    progress: Callable[[str], None] | None = None,
-    num_threads: int | None = None,
-) -> tuple[TinyWorld, bool]:
-    """The world ``build_into(root, spec, say, threads)`` builds for ``spec``, cached under ``cache_dir`` by the
-    spec's fingerprint, and whether it was a cache hit.
+def world_builders() -> dict[str, Callable[..., tuple[TinyWorld, bool]]]:
+    """The dev worlds by name (``dev.world``, ``eagle3 dev build-tiny --world``): each builder takes the cache
+    directory, ``progress`` and ``num_threads`` and returns the world and whether it was a cache hit."""
+    from eagle3.dev.think_world import build_think_world  # it builds on this module
 
-    A concurrent builder that finishes first wins the rename; this call then uses its world and drops its own.
+    return {"tiny": build_tiny_world, "think": build_think_world}
+
+
+def build_cached(final: Path, build_into: Callable[[Path], T], *, say: Callable[[str], None] = logger.info) -> T | None:
+    """Unless ``final/world.json`` exists, ``build_into(tmp)`` (which writes ``world.json`` last) in a hidden
+    temporary directory beside ``final``, renamed into place; what it returned, or None on a cache hit.
+
+    A world directory so only ever appears complete. A concurrent builder that finishes first wins the rename; this
+    call then uses its world and drops its own.
     """
-
-    def say(message: str) -> None:
-        logger.info("%s %s: %s", spec.DIR_PREFIX.replace("-", " "), spec.fingerprint(), message)
-        if progress is not None:
-            progress(message)
-
-    final = world_dir_for(cache_dir, spec)
     if (final / WORLD_FILE).exists():
-        say(f"cache hit at {final}")
-        return TinyWorld.load(final), True
+        return None
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        world = build_into(tmp, spec, say, num_threads or default_threads())
-        payload = {"world_version": spec.VERSION, "spec": asdict(spec), "world": world.to_json()}
-        (tmp / WORLD_FILE).write_text(json.dumps(payload, indent=1) + "\n")
+        built = build_into(tmp)
         if final.exists() and not (final / WORLD_FILE).exists():
             shutil.rmtree(final)  # an empty or foreign leftover: world dirs only ever appear complete
         try:
@@ -320,5 +323,35 @@ def build_world(
             say("another builder finished first; using its world")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return built
+
+
+def build_world(
+    cache_dir: Path,
+    spec: WorldSpec,
+    build_into: Builder,
+    *,
+    progress: Callable[[str], None] | None = None,
+    num_threads: int | None = None,
+) -> tuple[TinyWorld, bool]:
+    """The world ``build_into(root, spec, say, threads)`` builds for ``spec``, cached under ``cache_dir`` by the
+    spec's fingerprint (``build_cached``), and whether it was a cache hit."""
+
+    def say(message: str) -> None:
+        logger.info("%s %s: %s", spec.DIR_PREFIX.replace("-", " "), spec.fingerprint(), message)
+        if progress is not None:
+            progress(message)
+
+    def build(tmp: Path) -> TinyWorld:
+        world = build_into(tmp, spec, say, num_threads or default_threads())
+        payload = {"world_version": spec.VERSION, "spec": asdict(spec), "world": world.to_json()}
+        (tmp / WORLD_FILE).write_text(json.dumps(payload, indent=1) + "\n")
+        return world
+
+    final = world_dir_for(cache_dir, spec)
+    world = build_cached(final, build, say=say)
+    if world is None:
+        say(f"cache hit at {final}")
+        return TinyWorld.load(final), True
     say(f"built in {world.report['build_seconds']} s at {final}")
     return TinyWorld.load(final), False

@@ -43,17 +43,12 @@ from typing import Literal
 from eagle3.config import PipelineConfig, SpeculativeConfig
 from eagle3.procs import free_port
 from eagle3.serve.launch import LaunchError, ServerProcess
-from eagle3.serve.sglang_cpu import SGLANG_VERSION
+from eagle3.serve.sglang import CPU_FLAGS, CPU_LAUNCHER, SGLANG_VERSION
 
 Arm = Literal["baseline", "eagle3"]
 ARMS: tuple[str, ...] = ("baseline", "eagle3")
 ENGINES: tuple[str, ...] = ("reference", "sglang")
 MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "reference": "eagle3.serve"}
-CPU_LAUNCHER = "eagle3.serve.sglang_cpu.launch"
-# What SGLang needs to serve on a CPU (SGLANG_CPU.md): its CPU engine, no CUDA graphs, a bounded KV pool (RAM is
-# shared with everything else on the machine), and the attention backend that drives the ported ops.
-CPU_FLAGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "intel_amx", "--disable-cuda-graph",
-                              "--max-total-tokens", "8192")  # fmt: skip
 # torch intra-op threads of a server on a CPU, both engines: servers up side by side on one shared CPU with torch's
 # default (a thread per core) oversubscribe it as soon as anything else runs, and one arm's throughput swings 10x
 # (measured on the reference server: 8-77 vs 124-135 tok/s with one thread; SGLang's decode attention on a loaded

@@ -33,12 +33,10 @@ Design choices:
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,10 +58,9 @@ from eagle3.capture.encoding import (
 )
 from eagle3.capture.schema import check_footer, footer_codecs
 from eagle3.integrity import ALONE, Share, verify_files
-from eagle3.procs import yield_cpu
 from eagle3.runroot import fingerprint
 from eagle3.train.distributed import gather_lines
-from eagle3.train.shards import Decoded, FeatureFile, iter_row_groups, open_features, read_row_group
+from eagle3.train.shards import Decoded, FeatureFile, iter_row_groups, open_features, read_row_group, run_ahead
 from eagle3.transfer import DeviceTransfer, Moved
 
 logger = logging.getLogger(__name__)
@@ -352,20 +349,8 @@ class FeatureDataset(IterableDataset):
 
     def _collated_ahead(self, batches: list[Batch]) -> Generator[Moved, None, None]:
         """``batches`` collated on a thread of their own, ``prefetch`` ahead of the consumer."""
-        init = yield_cpu if self._background else None
-        with ThreadPoolExecutor(1, thread_name_prefix="feature-reader", initializer=init) as reader:
-            ahead: deque[Future[Moved]] = deque()
-            todo = iter(batches)
-            try:
-                while True:
-                    room = self.prefetch + 1 - len(ahead)
-                    ahead.extend(reader.submit(self._collate, b) for b in itertools.islice(todo, room))
-                    if not ahead:
-                        return
-                    yield ahead.popleft().result()
-            finally:
-                for future in ahead:
-                    future.cancel()
+        return run_ahead(self._collate, batches, ahead=self.prefetch, threads=1, name="feature-reader",
+                         background=self._background)  # fmt: skip
 
     def origin(self) -> str:
         """Where the batch yielded last came from: shard paths and sample ids (read only when asked, on a failure)."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +26,9 @@ from eagle3.capture.schema import FEATURE_SCHEMA
 from eagle3.data.parquet import open_shard
 from eagle3.integrity import checked_read
 from eagle3.procs import yield_cpu
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -84,14 +87,26 @@ def iter_row_groups(
     for already reading on their own threads: the decompression of one row group uses ~1.3 cores at most (the aux
     column is 3/4 of the bytes), so reading two at once is what keeps two cores decompressing. ``background``:
     the reading threads yield to the compute of this process (``yield_cpu``; Arrow decodes on them)."""
-    pending: deque[Future[Decoded]] = deque()
-    todo = iter(reads)
+
+    def read(pair: tuple[FeatureFile, int]) -> Decoded:
+        return read_row_group(*pair, codecs, arrow_threads=not background)
+
+    return run_ahead(read, reads, ahead=ahead, threads=ahead + 1, name="row-group-reader", background=background)
+
+
+def run_ahead(
+    fn: Callable[[T], R], items: Iterable[T], *, ahead: int, threads: int, name: str, background: bool = False
+) -> Generator[R, None, None]:
+    """``fn`` over ``items``, results in order, on ``threads`` threads named ``name``, with ``ahead`` items beyond
+    the one asked for already submitted (a bounded prefetch); ``background``: the threads yield to the compute of
+    this process (``yield_cpu``). Closing the generator cancels what was submitted and not started."""
+    pending: deque[Future[R]] = deque()
+    todo = iter(items)
     init = yield_cpu if background else None
-    with ThreadPoolExecutor(ahead + 1, thread_name_prefix="row-group-reader", initializer=init) as pool:
+    with ThreadPoolExecutor(threads, thread_name_prefix=name, initializer=init) as pool:
         try:
             while True:
-                for file, rg in itertools.islice(todo, ahead + 1 - len(pending)):
-                    pending.append(pool.submit(read_row_group, file, rg, codecs, arrow_threads=not background))
+                pending.extend(pool.submit(fn, item) for item in itertools.islice(todo, ahead + 1 - len(pending)))
                 if not pending:
                     return
                 yield pending.popleft().result()

@@ -18,15 +18,14 @@ def register(app: typer.Typer) -> None:
         world_name: str = typer.Option("tiny", "--world", help="tiny (chat) or think (thinking, tool-calling)."),
     ) -> None:
         """Build the tiny world (sample datasets, BPE tokenizer, tiny Llama target); a second call is a cache hit."""
-        from eagle3.dev.think_world import build_think_world
-        from eagle3.dev.world import build_tiny_world
-        from eagle3.recipes import eagle3_home
+        from eagle3.dev.world import world_builders
+        from eagle3.recipes import world_cache
 
-        builders = {"tiny": build_tiny_world, "think": build_think_world}
+        builders = world_builders()
         if world_name not in builders:
             raise CliError(f"unknown world {world_name!r}; known: {', '.join(builders)}")
         with console.status(f"building the {world_name} world") as status:
-            world, hit = builders[world_name](cache_dir or eagle3_home() / "cache",
+            world, hit = builders[world_name](cache_dir or world_cache(),
                                               progress=lambda msg: status.update(msg))  # fmt: skip
         results.print(f"{world_name} world: {'cache hit' if hit else 'built'} at {world.root}")
         for key, value in world.report.items():

@@ -9,9 +9,6 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
-from eagle3.data.parquet import ShardWriter
-from eagle3.data.schema import PROMPT_SCHEMA
-from eagle3.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import reference_server
 
 
@@ -30,29 +27,10 @@ def model_dir(request, tmp_path_factory) -> Path:
     return Path(request.getfixturevalue("tiny_world").model_dir)
 
 
-def _prompts(root: Path, shards: int = 2, rows: int = 6) -> Path:
-    fp = fingerprint("flow-prompts", shards, rows)
-    out, files = root / "prompts" / fp, []
-    for s in range(shards):
-        data = [
-            {
-                "sample_id": f"{s}-{i}",
-                "source": "t",
-                "source_row": str(i),
-                "n_user_turns": 1,
-                "meta": "{}",
-                "messages": [{"role": "user", "content": f"question {s} {i}"}],
-                "input_ids": None,
-                "loss_mask": None,
-            }
-            for i in range(rows)
-        ]
-        with ShardWriter(out, PROMPT_SCHEMA, start_index=s) as writer:
-            writer.write_rows(data)
-        [info] = writer.close()
-        files.append(FileEntry.of(info.path, rows=info.rows, base=out))
-    Manifest(stage="prompts", fingerprint=fp, files=files).write(out)
-    return out
+def _questions(shards: int = 2, rows: int = 6) -> list[list[dict]]:
+    """``rows`` one-turn prompts rows in each of ``shards`` shards (``write_prompts_stage`` writes them)."""
+    return [[{"sample_id": f"{s}-{i}", "source": "t", "messages": [{"role": "user", "content": f"question {s} {i}"}]}
+             for i in range(rows)] for s in range(shards)]  # fmt: skip
 
 
 def _artifacts(flow_run_id) -> list:
@@ -63,10 +41,11 @@ def _artifacts(flow_run_id) -> list:
 
 
 @pytest.mark.slow
-def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(prefect_harness, tmp_path, model_dir):
+def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(prefect_harness, tmp_path, model_dir,
+                                                                          write_prompts_stage):  # fmt: skip
     from flows.regen import regen_flow
 
-    prompts = _prompts(tmp_path)
+    prompts = write_prompts_stage(tmp_path, _questions())
     with reference_server(None, extra_args=["--synthetic-tokens", "3", "--synthetic-delay", "0.01"]) as server:
         config = PipelineConfig(
             name="flow-test",

@@ -8,39 +8,12 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
-from eagle3.data.parquet import ShardWriter
-from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.layout import shard_name
 from eagle3.regen.plan import RegenPlan
 from eagle3.regen.stage import RegenStage, server_limit_names
-from eagle3.runroot import FileEntry, Manifest
 from eagle3.serve.launch import reference_server
 from eagle3.stage import UnitsFailed
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
-
-
-def _prompts(root: Path) -> Path:
-    out, files = root / "prompts" / "fp", []
-    for s in range(2):
-        rows = [
-            {
-                "sample_id": f"{s}-{i}",
-                "source": "t",
-                "source_row": str(i),
-                "n_user_turns": 1,
-                "meta": "{}",
-                "messages": [{"role": "user", "content": f"q {s} {i}"}],
-                "input_ids": None,
-                "loss_mask": None,
-            }
-            for i in range(3)
-        ]
-        with ShardWriter(out, PROMPT_SCHEMA, start_index=s) as writer:
-            writer.write_rows(rows)
-        [info] = writer.close()
-        files.append(FileEntry.of(info.path, rows=info.rows, base=out))
-    Manifest(stage="prompts", fingerprint="fp", files=files).write(out)
-    return out
 
 
 def test_shard_task_cache_key_ignores_servers_and_is_none_until_the_shard_exists(tmp_path):
@@ -58,14 +31,16 @@ def test_shard_task_cache_key_ignores_servers_and_is_none_until_the_shard_exists
     assert server_limit_names(["http://10.0.0.1:30000"]) == ["regen-server-10-0-0-1-30000"]
 
 
-def test_plan_shard_finalize_tasks(prefect_harness, tmp_path):
+def test_plan_shard_finalize_tasks(prefect_harness, tmp_path, write_prompts_stage):
     from eagle3.dev.tiny_target import build_model, build_tokenizer
 
     model_dir = tmp_path / "model"
     tokenizer = build_tokenizer([f"q {i} text" for i in range(200)], vocab_size=300)
     build_model(tokenizer, num_layers=4, max_position_embeddings=128).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    prompts = _prompts(tmp_path)
+    questions = [{"sample_id": f"{s}-{i}", "source": "t", "messages": [{"role": "user", "content": f"q {s} {i}"}]}
+                 for s in range(2) for i in range(3)]  # fmt: skip
+    prompts = write_prompts_stage(tmp_path, [questions[:3], questions[3:]])
     with reference_server(None, extra_args=["--synthetic-tokens", "2"]) as server:
         config = PipelineConfig(
             name="t",

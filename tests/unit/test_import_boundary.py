@@ -65,6 +65,7 @@ def test_importing_the_library_does_not_load_prefect():
 # above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
 # placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
+    {"config_base"},  # StrictModel: the base of every config section
     {"layers", "config_gate", "config_regen", "config_scaling"},  # the SGLang layer-id contract; config sections
     {"config_capture"},  # the config's capture section (config.py re-exports it), which checks layer conventions
     {"config", "procs", "errors", "transfer"},  # errors: DataError (exit 2); transfer: host <-> GPU moves
@@ -124,3 +125,33 @@ def test_the_regen_command_path_never_imports_torch(tiny_world):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "1 []", "the tokenizer is loaded (and cached for the shards) without torch"
+
+
+# The SGLang CPU shim (eagle3/serve/sglang_cpu) replaces SGLang's kernel package in the process that imports it, so
+# it is imported only where SGLang runs on this CPU: its launchers (run in SGLang's interpreter) and the SGLang
+# capture worker. What others need of SGLang (the pinned version, the CPU flags) is in ``eagle3.serve.sglang``.
+SHIM = "eagle3.serve.sglang_cpu"
+SHIM_IMPORTERS = ("eagle3/serve/sglang_cpu/launch*.py", "eagle3/capture/sglang/worker.py")
+
+
+def _imports_of(path: Path, package: str) -> list[str]:
+    """The imports of ``package`` (or a module of it) in ``path``, ``from parent import package`` included."""
+    found = {m for m in _imported_modules(path) if m == package or m.startswith(package + ".")}
+    parent, _, name = package.rpartition(".")
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == parent and node.level == 0:
+            found.update(f"{parent}.{alias.name}" for alias in node.names if alias.name == name)
+    return sorted(found)
+
+
+def test_only_the_launchers_and_the_capture_worker_import_the_sglang_cpu_shim():
+    allowed = {p for pattern in SHIM_IMPORTERS for p in REPO.glob(pattern)}
+    assert allowed, f"{SHIM_IMPORTERS} match no file: update SHIM_IMPORTERS"
+    inside = REPO / Path(*SHIM.split("."))
+    offenders = {
+        str(p.relative_to(REPO)): _imports_of(p, SHIM)
+        for top in ("eagle3", "flows", "tasks", "deployments", "benchmarks")
+        for p in sorted((REPO / top).rglob("*.py"))
+        if p not in allowed and inside not in p.parents and _imports_of(p, SHIM)
+    }
+    assert offenders == {}, "import the SGLang pin and CPU flags from eagle3.serve.sglang, not the shim"

@@ -46,7 +46,8 @@ from eagle3.capture.footprint import check_served_fits, free_gpu_bytes, served_p
 from eagle3.capture.sglang.channel import ChannelClosed, LineReader, read_tensors, send, shm_root
 from eagle3.config_capture import sglang_ranks
 from eagle3.procs import die_with_parent, free_port
-from eagle3.serve.commands import CPU_FLAGS, check_sglang_runtime, sglang_runtime_python
+from eagle3.serve.commands import check_sglang_runtime, sglang_runtime_python
+from eagle3.serve.sglang import CPU_FLAGS
 
 if TYPE_CHECKING:
     from eagle3.config import PipelineConfig

@@ -13,4 +13,4 @@ the launcher module, in the launcher and in every process SGLang spawns from it 
 re-imports the parent's main module by name in each child).
 """
 
-SGLANG_VERSION = "0.5.23"
+from eagle3.serve.sglang import SGLANG_VERSION as SGLANG_VERSION  # the pin, kept outside the shim (re-exported)

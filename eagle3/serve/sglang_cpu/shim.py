@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 
-from eagle3.serve.sglang_cpu import SGLANG_VERSION
+from eagle3.serve.sglang import SGLANG_VERSION
 
 TORCHVISION_OPS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",

@@ -13,38 +13,6 @@ def regen_model_dir(tiny_world) -> Path:
     return Path(tiny_world.model_dir)
 
 
-def write_prompts(root: Path, shards: list[list[dict]]) -> Path:
-    """A finished prompts stage (shards + manifest) under ``root/prompts/<fp>`` with PROMPT_SCHEMA rows."""
-    import json
-
-    from eagle3.data.parquet import ShardWriter
-    from eagle3.data.schema import PROMPT_SCHEMA
-    from eagle3.runroot import FileEntry, Manifest, fingerprint
-
-    fp = fingerprint("test-prompts", shards)
-    out = root / "prompts" / fp
-    files = []
-    for index, rows in enumerate(shards):
-        full = [
-            {
-                "source": "test",
-                "source_row": str(i),
-                "n_user_turns": sum(m["role"] == "user" for m in r.get("messages") or []),
-                "meta": json.dumps({}),
-                "input_ids": None,
-                "loss_mask": None,
-            }
-            | r
-            for i, r in enumerate(rows)
-        ]
-        with ShardWriter(out, PROMPT_SCHEMA, start_index=index) as writer:
-            writer.write_rows(full)
-        [info] = writer.close()
-        files.append(FileEntry.of(info.path, rows=info.rows, base=out))
-    Manifest(stage="prompts", fingerprint=fp, files=files).write(out)
-    return out
-
-
 def chat(sample_id: str, *turns: str, system: str | None = None) -> dict:
     """A prompts row: user turns with (to-be-discarded) assistant replies between them."""
     messages = [{"role": "system", "content": system}] if system else []
@@ -103,8 +71,9 @@ def agentic_rows(n_weather: int = 3, *, seed: int = 4242) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def regen_helpers():
-    """The helpers above, as a fixture (test files cannot import a conftest module by name)."""
+def regen_helpers(write_prompts_stage):
+    """The helpers above and the suite's prompts-stage writer, as a fixture (test files cannot import a conftest
+    module by name)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(write_prompts=write_prompts, chat=chat, config=regen_config, agentic_rows=agentic_rows)
+    return SimpleNamespace(write_prompts=write_prompts_stage, chat=chat, config=regen_config, agentic_rows=agentic_rows)
