@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,37 @@ def served_flags(cfg: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+FC_NORM_KEYS = ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")
+LEGACY_FC_NORM_KEYS = ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight")  # SGLang maps them
+
+
 def norm_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The EAGLE 3.1 norm weights (export key names) the config's flags imply, with their shapes."""
     th, flags = cfg.get("target_hidden_size", cfg["hidden_size"]), served_flags(cfg)
-    shapes: dict[str, tuple[int, ...]] = {f"fc_norm.{i}.weight": (th,) for i in range(3)} if flags["fc_norm"] else {}
+    shapes: dict[str, tuple[int, ...]] = dict.fromkeys(FC_NORM_KEYS, (th,)) if flags["fc_norm"] else {}
     if flags["norm_before_fc"]:
         shapes["input_norm.weight"] = (3 * th,)
     return shapes
+
+
+def variant_problems(cfg: dict[str, Any], keys: Iterable[str]) -> list[str]:
+    """Where the EAGLE 3.1 flags of ``config.json`` and the norm weights present disagree, each with its fix. SGLang
+    drops a norm weight whose flag is absent without an error (the draft serves as a damaged EAGLE-3 one) and runs
+    a flag without its weight on an untrained, all-ones norm; neither fails at load."""
+    flags, keys = served_flags(cfg), set(keys)
+    problems = []
+    for flag, names, fix in (("fc_norm", FC_NORM_KEYS + LEGACY_FC_NORM_KEYS, "train.architecture.fc_norm=true"),
+                             ("norm_before_fc", ("input_norm.weight",), "train.architecture.norm_before_fc=true")):
+        present = sorted(keys & set(names))
+        where = "eagle_config.norm_before_fc" if flag == "norm_before_fc" else flag
+        if present and not flags[flag]:
+            problems.append(f"weights {present} without {where}: true in config.json: SGLang 0.5.23 drops them "
+                            f"silently and serves another draft than the trained one; set {where}: true (re-export "
+                            f"the draft trained with {fix})")
+        elif flags[flag] and not present:
+            problems.append(f"config.json sets {where} but the weights lack {list(names[:3])}: SGLang would run "
+                            f"untrained (all-ones) norms; re-export the draft trained with {fix}, or drop the flag")
+    return problems
 
 
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
