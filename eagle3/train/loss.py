@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle3.capture.head import head_logits
+from eagle3.config import LossKind
 from eagle3.model.draft import DraftModel, TTTCache
 from eagle3.train.objectives import position_loss
 
@@ -103,8 +104,8 @@ def step_masks(
 class TTTObjective(nn.Module):
     """Wraps the draft; ``forward`` runs the whole unroll and returns the weighted loss and per-step stats."""
 
-    def __init__(self, draft: DraftModel, *, steps: int, decay: float, loss: str = "kl", kl_scale: float = 1.0,
-                 kl_decay: float = 3.0) -> None:
+    def __init__(self, draft: DraftModel, *, steps: int, decay: float, loss: LossKind = "kl",
+                 kl_scale: float = 1.0, kl_decay: float = 3.0) -> None:
         super().__init__()
         self.draft = draft
         self.steps = steps

@@ -56,6 +56,7 @@ def test_eagle31_export_writes_the_flags_and_the_norm_weights_sglang_loads(tmp_p
     shapes = expected_shapes(cfg)
     assert shapes["fc_norm.0.weight"] == (H,) and shapes["input_norm.weight"] == (3 * H,)
     assert validate_export(export) == []
+    assert "draft variant EAGLE 3.1 (fc_norm, norm_output, norm_before_fc)" in (export / "README.md").read_text()
 
 
 def test_eagle3_export_has_no_31_fields(tmp_path):
@@ -64,6 +65,7 @@ def test_eagle3_export_has_no_31_fields(tmp_path):
     assert not {"fc_norm", "norm_output", "use_aux_norm"} & set(cfg)
     assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True}
     assert served_flags(cfg) == dict.fromkeys(FLAGS, False)
+    assert "objective `kl`; draft variant EAGLE-3" in (export / "README.md").read_text()
 
 
 @pytest.mark.parametrize("flags", [FLAGS, {"fc_norm": True, "norm_output": True}])
