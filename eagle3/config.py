@@ -165,6 +165,15 @@ class TrainConfig(StrictModel):
     lk_kl_scale: float = Field(default=1.0, ge=0, le=1)
     lk_kl_decay: float = Field(default=3.0, ge=0)
 
+    @model_validator(mode="after")
+    def _lk_weights_need_lk_lambda(self) -> TrainConfig:
+        fields = type(self).model_fields
+        changed = [k for k in ("lk_kl_scale", "lk_kl_decay") if getattr(self, k) != fields[k].default]
+        if changed and self.loss != "lk_lambda":
+            raise ValueError(f"train.{changed[0]} weighs KL inside train.loss=lk_lambda only, but train.loss is "
+                             f"{self.loss!r}: set train.loss=lk_lambda or drop train.{changed[0]}")
+        return self
+
 
 class ExportConfig(StrictModel):
     max_position_embeddings: int | None = Field(default=None, gt=0)

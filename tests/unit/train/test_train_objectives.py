@@ -130,3 +130,14 @@ def test_unroll_keeps_per_step_weights_and_global_normalisation_and_a_full_topk_
         again, _ = objective(batch["input_ids"], batch["aux_hidden"], inputs.head.embed, stored, masks,
                              denominators)
     assert float(again) == pytest.approx(float(total), rel=1e-4)
+
+
+def test_lk_mixing_weights_without_lk_lambda_are_refused_with_the_fix():
+    from eagle3.config import ConfigError
+    from eagle3.recipes import load_recipe
+
+    with pytest.raises(ConfigError, match=r"set train\.loss=lk_lambda or drop train\.lk_kl_decay"):
+        load_recipe("kimi_k2_5", ["train.lk_kl_decay=5"])
+    assert load_recipe("kimi_k2_5", ["train.loss=lk_lambda", "train.lk_kl_decay=5"]).train.lk_kl_decay == 5
+    with pytest.raises(ConfigError, match=r"train\.loss"):
+        load_recipe("kimi_k2_5", ["train.loss=tv"])
