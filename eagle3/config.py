@@ -120,7 +120,24 @@ class VocabConfig(StrictModel):
     draft_vocab_size: int = Field(default=32_000, gt=0)
 
 
+class DraftArchitectureConfig(StrictModel):
+    """The draft head's variant (``eagle3.model.draft``): all off is EAGLE-3; ``fc_norm`` + ``norm_output`` is
+    EAGLE 3.1 (arXiv 2605.09992); ``norm_before_fc`` is SGLang's third variant (one norm over the concatenated aux
+    states). Each is written to the export's ``config.json`` as SGLang 0.5.23 reads it."""
+
+    fc_norm: bool = False
+    norm_output: bool = False
+    norm_before_fc: bool = False
+
+
+LossKind = Literal["kl", "lk_alpha", "lk_lambda"]
+
+
 class TrainConfig(StrictModel):
+    """``loss`` (``eagle3.train.objectives``): ``kl`` soft cross-entropy to the target (forward KL, EAGLE-3's);
+    ``lk_alpha`` -log of the acceptance rate alpha = sum_v min(p, q); ``lk_lambda`` w*KL + (1-w)*(1-alpha) with
+    w = lk_kl_scale*exp(-lk_kl_decay*mean(alpha)), KL-led while alpha is low (LK losses, arXiv 2602.23881)."""
+
     ttt_steps: int = Field(default=7, gt=0)
     step_weight_decay: float = Field(default=0.8, gt=0, le=1)
     lr: float = Field(default=1e-4, gt=0)
@@ -140,6 +157,19 @@ class TrainConfig(StrictModel):
     keep_last: int = Field(default=3, gt=0)
     log_every: int = Field(default=10, gt=0)
     draft_intermediate_size: int | None = Field(default=None, gt=0)
+    architecture: DraftArchitectureConfig = Field(default_factory=DraftArchitectureConfig)
+    loss: LossKind = "kl"
+    lk_kl_scale: float = Field(default=1.0, ge=0, le=1)
+    lk_kl_decay: float = Field(default=3.0, ge=0)
+
+    @model_validator(mode="after")
+    def _lk_weights_need_lk_lambda(self) -> TrainConfig:
+        fields = type(self).model_fields
+        changed = [k for k in ("lk_kl_scale", "lk_kl_decay") if getattr(self, k) != fields[k].default]
+        if changed and self.loss != "lk_lambda":
+            raise ValueError(f"train.{changed[0]} weighs KL inside train.loss=lk_lambda only, but train.loss is "
+                             f"{self.loss!r}: set train.loss=lk_lambda or drop train.{changed[0]}")
+        return self
 
 
 class ExportConfig(StrictModel):

@@ -6,6 +6,8 @@ Design choices:
 - The export format (file names, key set and shapes, the d2t/t2d rules) is ``eagle3.model.export_format``, the one
   definition for writing and checking; preflight splits it into named checks (``draft_keys``, ``fc_shape``,
   ``draft_shapes``, ``d2t_order``...) so a failure names its fix.
+- EAGLE 3.1 (``draft_variant``): the ``fc_norm``/``norm_before_fc`` flags must match the norm weights in the file,
+  both ways; SGLang loads either mismatch without a word and serves another draft than the trained one.
 - A NaN-trained or damaged draft has the right keys and shapes: ``weights_finite`` loads every tensor, and, given
   the features, ``offline_accept`` runs the draft on a few captured rows (CPU, the target's saved states) and
   requires ``gate.min_accept`` (simulated), so such a draft fails here, not after a GPU benchmark.
@@ -44,6 +46,8 @@ from eagle3.model.export_format import (
     expected_shapes,
     load_export,
     non_finite_tensors,
+    served_flags,
+    variant_problems,
     vocab_problems,
 )
 from eagle3.serve.commands import (
@@ -143,12 +147,8 @@ def check_architecture(export: DraftExport) -> Check:
     arch, layers = export.config.get("architectures"), export.config.get("num_hidden_layers")
     if arch == [ARCHITECTURE] and layers == 1:
         return Check("architecture", True, f"{ARCHITECTURE}, 1 layer")
-    return Check(
-        "architecture",
-        False,
-        f"config.json has architectures={arch}, num_hidden_layers={layers}: re-export with "
-        f'architectures ["{ARCHITECTURE}"] and num_hidden_layers 1',
-    )
+    return Check("architecture", False, f"config.json has architectures={arch}, num_hidden_layers={layers}: "
+                 f're-export with architectures ["{ARCHITECTURE}"] and num_hidden_layers 1')
 
 
 def check_keys(export: DraftExport) -> Check:
@@ -181,6 +181,15 @@ def check_fc(export: DraftExport, target_hidden: int) -> Check:
         f"fc.weight is {have}, must be [H, 3*H_target] = {want} (SGLang skips fc silently when its input is H wide): "
         "train and export the draft on the 3 concatenated aux layers of this target",
     )
+
+
+def check_variant(export: DraftExport) -> Check:
+    """The EAGLE 3.1 flags against the norm weights in the file (``export_format.variant_problems``)."""
+    problems = variant_problems(export.config, export.shapes)
+    if problems:
+        return Check("draft_variant", False, "; ".join(problems))
+    on = [flag for flag, value in served_flags(export.config).items() if value]
+    return Check("draft_variant", True, f"EAGLE 3.1: {', '.join(on)}" if on else "EAGLE-3 (no 3.1 flags)")
 
 
 def check_shapes(export: DraftExport) -> Check:
@@ -257,12 +266,8 @@ def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str, fa
 def check_tied(export: DraftExport) -> Check:
     if export.config.get("tie_word_embeddings") is False:
         return Check("tie_word_embeddings", True, "false")
-    return Check(
-        "tie_word_embeddings",
-        False,
-        f"tie_word_embeddings is {export.config.get('tie_word_embeddings')!r}: the draft lm_head is its own "
-        "(draft vocab), set tie_word_embeddings false in config.json",
-    )
+    return Check("tie_word_embeddings", False, f"tie_word_embeddings is {export.config.get('tie_word_embeddings')!r}"
+                 ": the draft lm_head is its own (draft vocab), set tie_word_embeddings false in config.json")
 
 
 def check_context(export: DraftExport, served_context: int) -> Check:
@@ -381,6 +386,7 @@ def run_static(
     checks += [
         check_architecture(export),
         check_keys(export),
+        check_variant(export),
         check_fc(export, config.target.hidden_size),
         check_shapes(export),
         check_vocab(export, config.target.vocab_size),

@@ -18,6 +18,12 @@ Design choices (DESIGN §4, matching SGLang's ``LlamaForCausalLMEagle3``):
   uses ``num_attention_heads`` query *and* kv heads of ``v_head_dim`` (128), SpecForge's shape for these targets
   (sgl-project/SpecForge ``configs/kimi-k2-eagle3.json`` and ``configs/kimi-k25-eagle3.json``: 64 heads, 64 kv
   heads, ``head_dim`` 128 on ``hidden_size`` 7168).
+* EAGLE 3.1 (``fc_norm``, ``norm_output``, ``norm_before_fc``; all off by default = EAGLE-3), as SGLang 0.5.23's
+  ``LlamaForCausalLMEagle3`` reads them (``srt/models/llama_eagle3.py``): ``norm_before_fc`` one RMSNorm
+  ``input_norm`` over the concatenated ``[3H_t]`` aux states, then ``fc_norm`` one RMSNorm ``fc_norm.{0,1,2}`` per
+  ``H_t`` aux chunk (low|mid|high), then ``fc``, in that order when both are on (both act only where ``fc`` does).
+  ``norm_output``: the hidden handed to the next step (TTT unroll, chain) is the post-norm ``norm(r2)``, the
+  "attention drift" fix of EAGLE 3.1, instead of the pre-norm ``r2``; the logits are the same either way.
 * Token embeddings come from the frozen target ``embed_tokens`` and are passed in by the caller (``input_embeds``),
   so the (possibly huge) embedding table is never part of the trained, sharded or exported module.
 * RoPE follows the target's rope settings (``default``, ``linear`` and ``llama3`` scaling are implemented; other
@@ -75,6 +81,9 @@ class DraftConfig:
     rope_scaling: dict[str, Any] | None = None
     hidden_act: str = "silu"
     extra: dict[str, Any] = field(default_factory=dict)
+    fc_norm: bool = False  # EAGLE 3.1: RMSNorm per aux chunk before fc (module docstring)
+    norm_output: bool = False  # EAGLE 3.1: the next step reads the post-norm hidden
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc
 
     @classmethod
     def from_target_config(
@@ -84,10 +93,14 @@ class DraftConfig:
         draft_vocab_size: int,
         max_position_embeddings: int | None = None,
         intermediate_size: int | None = None,
+        fc_norm: bool = False,
+        norm_output: bool = False,
+        norm_before_fc: bool = False,
     ) -> DraftConfig:
         """Build from a transformers config (or its ``text_config``): H, heads, kv heads, head_dim, MLP, eps, rope.
 
-        ``max_position_embeddings`` is raised to at least the target's context.
+        ``max_position_embeddings`` is raised to at least the target's context; the EAGLE 3.1 flags are the draft's
+        own choice, not the target's.
         """
         target = getattr(target, "text_config", None) or target
         hidden = int(target.hidden_size)
@@ -107,6 +120,9 @@ class DraftConfig:
             max_position_embeddings=max(target_ctx, int(max_position_embeddings or 0)) or 4096,
             vocab_size=int(target.vocab_size),
             draft_vocab_size=int(draft_vocab_size),
+            fc_norm=fc_norm,
+            norm_output=norm_output,
+            norm_before_fc=norm_before_fc,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -325,19 +341,33 @@ class DraftDecoderLayer(nn.Module):
 
 
 class DraftModel(nn.Module):
-    """``fc`` + ``midlayer`` + ``norm`` + ``lm_head`` (parameter names are the export's key names)."""
+    """``fc`` + ``midlayer`` + ``norm`` + ``lm_head`` (parameter names are the export's key names), plus the EAGLE 3.1
+    ``input_norm`` (``norm_before_fc``) and ``fc_norm.{0,1,2}`` (``fc_norm``) when the config turns them on."""
 
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
         self.config = config
-        self.fc = nn.Linear(3 * config.target_hidden_size, config.hidden_size, bias=False)
+        th = config.target_hidden_size
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(3 * th, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(th, config.rms_norm_eps) for _ in range(3)])
+        self.fc = nn.Linear(3 * th, config.hidden_size, bias=False)
         self.midlayer = DraftDecoderLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
 
     def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target aux hidden ``[B, S, 3H_t] -> [B, S, H]``; an ``H``-wide hidden passes through (SGLang's rule)."""
-        return hidden if hidden.shape[-1] == self.config.hidden_size else self.fc(hidden)
+        """Target aux hidden ``[B, S, 3H_t] -> [B, S, H]``; an ``H``-wide hidden passes through (SGLang's rule), the
+        EAGLE 3.1 norms included: they normalise the target's states only."""
+        if hidden.shape[-1] == self.config.hidden_size:
+            return hidden
+        if self.config.norm_before_fc:
+            hidden = self.input_norm(hidden)  # [B, S, 3H_t], one norm over the concatenation
+        if self.config.fc_norm:
+            chunks = hidden.chunk(3, dim=-1)  # 3 x [B, S, H_t]: low | mid | high
+            hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(hidden)  # [B, S, 3H_t] -> [B, S, H]
 
     def forward(
         self,
@@ -346,10 +376,13 @@ class DraftModel(nn.Module):
         positions: torch.Tensor,
         cache: DraftKVCache | TTTCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step: ``(logits [B, S, V_draft], pre-norm hidden [B, S, H])``.
+        """One draft step: ``(logits [B, S, V_draft], next hidden [B, S, H])``.
 
-        ``hidden`` is the target's aux hidden (3H_t, fused by ``fc``) or the previous step's pre-norm output (H).
+        ``hidden`` is the target's aux hidden (3H_t, fused by ``fc``) or the previous step's returned hidden (H).
+        The returned hidden is what the next step reads, as SGLang hands it on: the pre-norm output, or the post-norm
+        one with ``norm_output`` (EAGLE 3.1).
         ``cache`` is a ``DraftKVCache`` for decoding, a ``TTTCache`` for the training unroll, or None (no cache).
         """
-        out = self.midlayer(input_embeds, self.fuse(hidden), positions, cache)  # [B, S, H]
-        return self.lm_head(self.norm(out)), out  # [B, S, H] -> [B, S, V_draft]
+        out = self.midlayer(input_embeds, self.fuse(hidden), positions, cache)  # pre-norm [B, S, H]
+        normed = self.norm(out)  # [B, S, H]
+        return self.lm_head(normed), normed if self.config.norm_output else out  # [B, S, H] -> [B, S, V_draft]

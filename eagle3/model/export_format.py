@@ -12,6 +12,10 @@ a wrong export does not fail at load, it serves with accept length ~1. Hence:
   offsets, SGLang's format); the target ids are strictly increasing and inside the target vocab; ``t2d`` is the bool
   mask over the target vocab of exactly those ids. ``vocab_maps`` builds the pair, ``vocab_problems`` checks it.
 * ``eagle_config.eagle_aux_hidden_state_layer_ids`` are 3 ids in the ``output_of_layer`` convention (SGLang adds 1).
+* EAGLE 3.1 (``served_flags``): ``fc_norm: true`` adds ``fc_norm.{0,1,2}.weight`` ``[H_t]``, ``eagle_config.
+  norm_before_fc: true`` adds ``input_norm.weight`` ``[3H_t]``, ``norm_output: true`` adds no weight. They are
+  written only when on, so an EAGLE-3 export is unchanged. SGLang 0.5.23 drops a norm weight whose flag is absent
+  without a word (a 3.1 draft then serves as a damaged 3.0 one), hence the key set follows the flags exactly.
 
 ``load_export`` reads what checks need (config, tensor shapes from the safetensors header, the vocab maps) without
 judging it; ``validate_export`` lists every problem, each naming the file and the fix; ``load_draft`` gives a
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,51 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 REEXPORT = "re-export the draft with `eagle3 export`"
 
 
+def served_flags(cfg: dict[str, Any]) -> dict[str, bool]:
+    """The EAGLE 3.1 switches of an export ``config.json`` as SGLang 0.5.23 reads them (``llama_eagle3.py``):
+    ``fc_norm`` (or legacy ``use_aux_norm``), ``norm_output``, and ``norm_before_fc`` from ``eagle_config`` (or the
+    top level)."""
+    eagle = cfg.get("eagle_config") or {}
+    return {
+        "fc_norm": bool(cfg.get("fc_norm") or cfg.get("use_aux_norm", False)),
+        "norm_output": bool(cfg.get("norm_output", False)),
+        "norm_before_fc": bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+    }
+
+
+FC_NORM_KEYS = ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")
+LEGACY_FC_NORM_KEYS = ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight")  # SGLang maps them
+
+
+def norm_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The EAGLE 3.1 norm weights (export key names) the config's flags imply, with their shapes."""
+    th, flags = cfg.get("target_hidden_size", cfg["hidden_size"]), served_flags(cfg)
+    shapes: dict[str, tuple[int, ...]] = dict.fromkeys(FC_NORM_KEYS, (th,)) if flags["fc_norm"] else {}
+    if flags["norm_before_fc"]:
+        shapes["input_norm.weight"] = (3 * th,)
+    return shapes
+
+
+def variant_problems(cfg: dict[str, Any], keys: Iterable[str]) -> list[str]:
+    """Where the EAGLE 3.1 flags of ``config.json`` and the norm weights present disagree, each with its fix. SGLang
+    drops a norm weight whose flag is absent without an error (the draft serves as a damaged EAGLE-3 one) and runs
+    a flag without its weight on an untrained, all-ones norm; neither fails at load."""
+    flags, keys = served_flags(cfg), set(keys)
+    problems = []
+    for flag, names, fix in (("fc_norm", FC_NORM_KEYS + LEGACY_FC_NORM_KEYS, "train.architecture.fc_norm=true"),
+                             ("norm_before_fc", ("input_norm.weight",), "train.architecture.norm_before_fc=true")):
+        present = sorted(keys & set(names))
+        where = "eagle_config.norm_before_fc" if flag == "norm_before_fc" else flag
+        if present and not flags[flag]:
+            problems.append(f"weights {present} without {where}: true in config.json: SGLang 0.5.23 drops them "
+                            f"silently and serves another draft than the trained one; set {where}: true (re-export "
+                            f"the draft trained with {fix})")
+        elif flags[flag] and not present:
+            problems.append(f"config.json sets {where} but the weights lack {list(names[:3])}: SGLang would run "
+                            f"untrained (all-ones) norms; re-export the draft trained with {fix}, or drop the flag")
+    return problems
+
+
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The exact key set of ``model.safetensors`` and each tensor's shape, implied by an export ``config.json``.
 
@@ -52,7 +102,7 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     h, th = cfg["hidden_size"], cfg.get("target_hidden_size", cfg["hidden_size"])
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv, inter = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
-    return {
+    return norm_shapes(cfg) | {
         "d2t": (cfg["draft_vocab_size"],),
         "t2d": (cfg["vocab_size"],),
         "fc.weight": (h, 3 * th),  # [H, 3*H_target]: fuses the three aux layers
@@ -97,6 +147,12 @@ def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfl
     }
     if draft.target_hidden_size != draft.hidden_size:
         cfg["target_hidden_size"] = draft.target_hidden_size
+    if draft.fc_norm:
+        cfg["fc_norm"] = True
+    if draft.norm_output:
+        cfg["norm_output"] = True
+    if draft.norm_before_fc:
+        cfg["eagle_config"]["norm_before_fc"] = True
     return cfg
 
 
@@ -109,7 +165,7 @@ def draft_config_from_export(cfg: dict[str, Any]) -> DraftConfig:
         intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"],
         rope_scaling=cfg.get("rope_scaling"), max_position_embeddings=cfg["max_position_embeddings"],
         vocab_size=cfg["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
-        hidden_act=cfg.get("hidden_act", "silu"),
+        hidden_act=cfg.get("hidden_act", "silu"), **served_flags(cfg),
     )
 
 

@@ -43,7 +43,7 @@ class _State:
     target_cache: Any
     draft_cache: DraftKVCache
     tokens: list[int]
-    draft_hidden: torch.Tensor | None = None  # pre-norm draft output at the last real position [1, 1, H]
+    draft_hidden: torch.Tensor | None = None  # the draft hidden its next step reads (DraftModel.forward) [1, 1, H]
     next_draft_logits: torch.Tensor | None = None  # draft logits there [V_draft]
 
 

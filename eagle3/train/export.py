@@ -33,6 +33,7 @@ from eagle3.model.export_format import (
     WEIGHTS_FILE,
     export_config,
     front_matter,
+    served_flags,
     validate_export,
 )
 from eagle3.runroot import Manifest
@@ -97,6 +98,7 @@ def _model_card(config: PipelineConfig, cfg: dict[str, Any], summary: dict[str, 
         f"- TTT steps {train.ttt_steps}, step weight decay {train.step_weight_decay}, lr {train.lr}, "
         f"warmup {train.warmup_ratio}, grad clip {train.grad_clip}, epochs {train.epochs}, batch {train.batch_size}, "
         f"precision {train.precision}, parallel {train.parallel} x {train.nproc}",
+        f"- objective `{train.loss}`; draft variant {_variant(cfg)}",
         f"- steps trained: {summary.get('step')}",
         "",
         "## Metrics (last logged step)",
@@ -106,6 +108,12 @@ def _model_card(config: PipelineConfig, cfg: dict[str, Any], summary: dict[str, 
         "",
     ]
     return "\n".join(lines)
+
+
+def _variant(cfg: dict[str, Any]) -> str:
+    """EAGLE-3, or EAGLE 3.1 with the switches on, as the export's ``config.json`` tells SGLang."""
+    on = [flag for flag, value in served_flags(cfg).items() if value]
+    return f"EAGLE 3.1 ({', '.join(on)})" if on else "EAGLE-3"
 
 
 def _training_summary(step_path: Path, step: int, features_manifest: Path | None) -> dict[str, Any]:

@@ -9,9 +9,10 @@ k+1 beyond the one it reads".
 
 Mask at step k, position t: ``loss_mask[t+2+k]`` (the predicted token is an assistant token) AND the target's
 argmax at ``t+1+k`` lies in the draft vocab AND the position is not padding; shifted-out positions are masked.
-Per-step loss: soft cross-entropy ``-sum_v p_target(v) log p_draft(v)`` averaged over masked positions of the
-*global* batch (the trainer passes all-reduced counts, so N ranks compute the same gradient as one process with the
-same global batch); total loss ``sum_k decay^k loss_k``. The unroll lives in an ``nn.Module`` so DDP/FSDP see a
+Per-step loss: ``train.loss`` per position (``eagle3.train.objectives``: soft cross-entropy ``-sum_v p_target(v)
+log p_draft(v)`` by default, or an LK acceptance-rate objective) averaged over masked positions of the *global*
+batch (the trainer passes all-reduced counts, so N ranks compute the same gradient as one process with the same
+global batch); total loss ``sum_k decay^k loss_k``. The unroll lives in an ``nn.Module`` so DDP/FSDP see a
 single forward per backward; the frozen embedding is an argument, never a (broadcast) buffer.
 """
 
@@ -22,7 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle3.capture.head import head_logits
+from eagle3.config import LossKind
 from eagle3.model.draft import DraftModel, TTTCache
+from eagle3.train.objectives import position_loss
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -101,11 +104,13 @@ def step_masks(
 class TTTObjective(nn.Module):
     """Wraps the draft; ``forward`` runs the whole unroll and returns the weighted loss and per-step stats."""
 
-    def __init__(self, draft: DraftModel, *, steps: int, decay: float) -> None:
+    def __init__(self, draft: DraftModel, *, steps: int, decay: float, loss: LossKind = "kl",
+                 kl_scale: float = 1.0, kl_decay: float = 3.0) -> None:
         super().__init__()
         self.draft = draft
         self.steps = steps
         self.decay = decay
+        self.loss, self.kl_scale, self.kl_decay = loss, kl_scale, kl_decay
 
     def forward(
         self,
@@ -133,8 +138,9 @@ class TTTObjective(nn.Module):
             logits, hidden = self.draft(embeds, hidden, positions + k, cache)  # [B, T, V_d], [B, T, H]
             logp = torch.log_softmax(logits.float(), dim=-1)
             target = shift_left(target_probs, 1 + k)  # [B, T, V_d]
-            ce = -(target * logp).sum(-1) * masks[k]  # [B, T]
-            loss_sum = ce.sum()
+            per_position = position_loss(self.loss, target, logp, masks[k], kl_scale=self.kl_scale,
+                                         kl_decay=self.kl_decay)  # [B, T], zero off the mask
+            loss_sum = per_position.sum()
             total = total + (self.decay**k) * loss_sum / denominators[k]
             with torch.no_grad():
                 correct = ((logits.argmax(-1) == target.argmax(-1)).float() * masks[k]).sum()

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file
 
-from eagle3.config import PipelineConfig
+from eagle3.config import PipelineConfig, TrainConfig
 from eagle3.errors import DataError
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import target_ids
@@ -36,6 +36,9 @@ from eagle3.train.metrics import MetricsWriter
 logger = logging.getLogger(__name__)
 
 _OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every"}
+# Keys added after drafts were first fingerprinted: left out while at their default, so every draft trained before
+# them (and every recipe that does not set them) keeps its fingerprint and its finished stage directory.
+_ADDED_KEYS = ("architecture", "loss", "lk_kl_scale", "lk_kl_decay")
 
 
 class BatchSource(Protocol):
@@ -108,6 +111,8 @@ class DraftInputs:
 def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str) -> str:
     """Stage fingerprint of a draft: features, vocab, the result-relevant train config, target and export size."""
     train_cfg = config.train.model_dump(mode="json", exclude=_OPERATIONAL)
+    defaults = TrainConfig().model_dump(mode="json")
+    train_cfg = {k: v for k, v in train_cfg.items() if k not in _ADDED_KEYS or v != defaults[k]}
     return fingerprint("draft", features_fp, vocab_fp, train_cfg, config.target.model_dump(mode="json"))
 
 
@@ -118,6 +123,13 @@ def build_draft(inputs: DraftInputs, seed: int) -> DraftModel:
     with torch.no_grad():
         draft.lm_head.weight.copy_(inputs.head.lm_head[inputs.draft_ids].float())
     return draft
+
+
+def objective_for(config: PipelineConfig, draft: DraftModel) -> TTTObjective:
+    """The TTT unroll with ``train``'s steps, step weights and loss."""
+    train = config.train
+    return TTTObjective(draft, steps=train.ttt_steps, decay=train.step_weight_decay, loss=train.loss,
+                        kl_scale=train.lk_kl_scale, kl_decay=train.lk_kl_decay)
 
 
 def lr_schedule(total_steps: int, warmup_ratio: float):
@@ -296,7 +308,7 @@ def train_on_source(
     out_dir = Path(out_dir)
     inputs = inputs.to(info.device)
     draft = build_draft(inputs, config.train.seed).to(info.device)
-    objective = TTTObjective(draft, steps=config.train.ttt_steps, decay=config.train.step_weight_decay)
+    objective = objective_for(config, draft)
     bf16 = info.device.type == "cuda" and config.train.precision == "bf16"
     model = wrap_for_training(objective, parallel=config.train.parallel, info=info, bf16=bf16)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
@@ -329,6 +341,7 @@ def load_inputs(config: PipelineConfig, vocab_path: Path) -> DraftInputs:
         draft_vocab_size=len(vocab["d2t"]),
         max_position_embeddings=max(target.context_length, config.export.max_position_embeddings or 0),
         intermediate_size=config.train.draft_intermediate_size,
+        **config.train.architecture.model_dump(),
     )
     return DraftInputs(draft_config=draft_config, head=target_head(config, hf_config), d2t=vocab["d2t"].long())
 
