@@ -16,14 +16,14 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from eagle3.dev.agentic import Agentic, AgenticFactory, training_texts
 from eagle3.dev.agentic_samples import AGENTIC_VERSION, write_agentic_samples
 from eagle3.dev.samples import BAD_ROWS_FILE, SAMPLES_VERSION
-from eagle3.dev.world import TinyWorld, build_world
+from eagle3.dev.world import TinyWorld, build_world, model_seed_from_env
 
 THINK_WORLD_VERSION = "1"
 _ROLE_NAMES = ("system", "user", "assistant", "tool", "tool_declare", "## Return of ")
@@ -50,12 +50,16 @@ class ThinkWorldSpec:
     train_batch_size: int = 8
     train_seq_len: int = 512
     train_lr: float = 3e-3
+    # the target's init and training seed (None: `seed`), as the tiny world's (`TinyWorldSpec.model_seed`)
+    model_seed: int | None = field(default_factory=model_seed_from_env)
 
     def fingerprint(self) -> str:
-        """First 16 hex chars of sha256 over the spec JSON and the builders' versions."""
+        """First 16 hex chars of sha256 over the spec JSON and the builders' versions (an unset `model_seed` left
+        out, as the tiny world's)."""
         versions = {"think_world_version": THINK_WORLD_VERSION, "agentic_version": AGENTIC_VERSION,
                     "samples_version": SAMPLES_VERSION}  # fmt: skip
-        payload = json.dumps({**versions, **asdict(self)}, sort_keys=True)
+        spec = {k: v for k, v in asdict(self).items() if not (k == "model_seed" and v is None)}
+        payload = json.dumps({**versions, **spec}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -90,17 +94,18 @@ def _build_into(root: Path, spec: ThinkWorldSpec, say: Callable[[str], None], th
     off = spec.thinking_off_fraction
     views = [t for c in conversations for t in training_texts(tokenizer, c, thinking=rng.random() >= off)]
     texts, spans = [text for text, _ in views], [s for _, s in views]
+    model_seed = spec.seed if spec.model_seed is None else spec.model_seed
     model = build_model(
         tokenizer, num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
-        max_position_embeddings=spec.max_position_embeddings, vocab_size=spec.vocab_size, seed=spec.seed,
+        max_position_embeddings=spec.max_position_embeddings, vocab_size=spec.vocab_size, seed=model_seed,
         stop_tokens=(EOS,),
     )  # fmt: skip
     say(f"training the thinking target ({spec.train_steps} steps, {threads} threads)")
     train_started = time.perf_counter()
     losses = train_on_texts(
         model, tokenizer, texts, steps=spec.train_steps, batch_size=spec.train_batch_size,
-        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=spec.seed, num_threads=threads, spans=spans,
+        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=model_seed, num_threads=threads, spans=spans,
     )  # fmt: skip
     train_seconds = time.perf_counter() - train_started
     model_dir = root / "model"

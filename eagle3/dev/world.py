@@ -50,8 +50,9 @@ PRETOKENIZED_SCHEMA = pa.schema(
 MODEL_SEED_ENV = "EAGLE3_TINY_WORLD_MODEL_SEED"
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
+def model_seed_from_env() -> int | None:
+    """`EAGLE3_TINY_WORLD_MODEL_SEED`, the seed a world's target is initialised and trained from (unset: None)."""
+    value = os.environ.get(MODEL_SEED_ENV, "").strip()
     return int(value) if value else None
 
 
@@ -88,7 +89,7 @@ class TinyWorldSpec:
     # The target's init and training seed (None: `seed`), read from EAGLE3_TINY_WORLD_MODEL_SEED: the same data and
     # tokenizer, a differently trained target, as another machine's floats give; the suite runs against it to find
     # tests that hold one machine's trained values.
-    model_seed: int | None = field(default_factory=lambda: _env_int(MODEL_SEED_ENV))
+    model_seed: int | None = field(default_factory=model_seed_from_env)
 
     def fingerprint(self) -> str:
         """First 16 hex chars of sha256 over the spec JSON, `WORLD_VERSION` and `SAMPLES_VERSION` (bump those
