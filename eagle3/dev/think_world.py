@@ -77,17 +77,18 @@ def _build_into(root: Path, spec: ThinkWorldSpec, say: Callable[[str], None], th
     off = spec.thinking_off_fraction
     views = [t for c in conversations for t in training_texts(tokenizer, c, thinking=rng.random() >= off)]
     texts, spans = [text for text, _ in views], [s for _, s in views]
+    model_seed = spec.seed if spec.model_seed is None else spec.model_seed
     model = build_model(
         tokenizer, num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
-        max_position_embeddings=spec.max_position_embeddings, vocab_size=spec.vocab_size, seed=spec.seed,
+        max_position_embeddings=spec.max_position_embeddings, vocab_size=spec.vocab_size, seed=model_seed,
         stop_tokens=(EOS,),
     )  # fmt: skip
     say(f"training the thinking target ({spec.train_steps} steps, {threads} threads)")
     train_started = time.perf_counter()
     losses = train_on_texts(
         model, tokenizer, texts, steps=spec.train_steps, batch_size=spec.train_batch_size,
-        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=spec.seed, num_threads=threads, spans=spans,
+        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=model_seed, num_threads=threads, spans=spans,
     )  # fmt: skip
     train_seconds = time.perf_counter() - train_started
     model_dir = root / "model"

@@ -48,6 +48,15 @@ PRETOKENIZED_SCHEMA = pa.schema(
 )
 
 
+MODEL_SEED_ENV = "EAGLE3_TINY_WORLD_MODEL_SEED"
+
+
+def model_seed_from_env() -> int | None:
+    """`EAGLE3_TINY_WORLD_MODEL_SEED`, the seed a world's target is initialised and trained from (unset: None)."""
+    value = os.environ.get(MODEL_SEED_ENV, "").strip()
+    return int(value) if value else None
+
+
 class WorldSpec(Protocol):
     """What ``build_world`` needs of a spec: a fingerprint and the name its directories start with."""
 
@@ -80,10 +89,16 @@ class TrainedWorldSpec:
     train_batch_size: int = 8
     train_seq_len: int = 256
     train_lr: float = 3e-3
+    # The target's init and training seed (None: `seed`), read from EAGLE3_TINY_WORLD_MODEL_SEED: the same data and
+    # tokenizer, a differently trained target, as another machine's floats give; the suite runs against it to find
+    # tests that hold one machine's trained values.
+    model_seed: int | None = field(default_factory=model_seed_from_env)
 
     def fingerprint(self) -> str:
-        """First 16 hex chars of sha256 over the spec JSON and ``VERSIONS``."""
-        payload = json.dumps({**self.VERSIONS, **asdict(self)}, sort_keys=True)
+        """First 16 hex chars of sha256 over the spec JSON and ``VERSIONS``. An unset ``model_seed`` is left out: a
+        default world keeps the fingerprint it had before the field."""
+        spec = {k: v for k, v in asdict(self).items() if not (k == "model_seed" and v is None)}
+        payload = json.dumps({**self.VERSIONS, **spec}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -226,6 +241,7 @@ def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], thr
     say(f"training tokenizer (vocab {spec.vocab_size})")
     tokenizer = build_tokenizer((m["content"] for conv in conversations for m in conv), vocab_size=spec.vocab_size)
     tokenizer.model_max_length = spec.max_position_embeddings
+    model_seed = spec.seed if spec.model_seed is None else spec.model_seed
     model = build_model(
         tokenizer,
         num_layers=spec.num_layers,
@@ -235,13 +251,13 @@ def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], thr
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
         vocab_size=spec.vocab_size,
-        seed=spec.seed,
+        seed=model_seed,
     )
     say(f"training tiny target ({spec.train_steps} steps, {threads} threads)")
     train_started = time.perf_counter()
     losses = train_model(
         model, tokenizer, conversations, steps=spec.train_steps, batch_size=spec.train_batch_size,
-        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=spec.seed, num_threads=threads,
+        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=model_seed, num_threads=threads,
     )  # fmt: skip
     train_seconds = time.perf_counter() - train_started
     say("saving model and tokenizer")
@@ -277,16 +293,17 @@ def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], thr
 
 def build_tiny_world(
     cache_dir: Path,
-    spec: TinyWorldSpec = TinyWorldSpec(),
+    spec: TinyWorldSpec | None = None,
     *,
     progress: Callable[[str], None] | None = None,
     num_threads: int | None = None,
 ) -> tuple[TinyWorld, bool]:
     """Return the world for `spec` under `cache_dir` and whether it was a cache hit (nothing rebuilt).
 
-    `progress` receives one line per build stage; `num_threads` defaults to `default_threads()`.
+    `spec` defaults to `TinyWorldSpec()`; `progress` receives one line per build stage; `num_threads` defaults to
+    `default_threads()`.
     """
-    return build_world(cache_dir, spec, _build_into, progress=progress, num_threads=num_threads)
+    return build_world(cache_dir, spec or TinyWorldSpec(), _build_into, progress=progress, num_threads=num_threads)
 
 
 Builder = Callable[[Path, Any, Callable[[str], None], int], TinyWorld]

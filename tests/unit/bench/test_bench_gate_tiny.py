@@ -44,9 +44,8 @@ def test_eagle_instead_of_eagle3_serves_accept_length_one_and_fails_runtime_pref
     bad = _runtime(gate_world, "EAGLE", tmp_path)
     assert not bad["server_algorithm"].ok and "'EAGLE'" in bad["server_algorithm"].message
     assert not bad["smoke_accept"].ok
-    accept = float(bad["smoke_accept"].message.split()[2])
-    assert accept < 1.3, bad["smoke_accept"].message  # no aux layers: the draft is ~never right
-    assert float(good["smoke_accept"].message.split()[2]) > accept + 0.3
+    accept, served = (float(checks["smoke_accept"].message.split()[2]) for checks in (bad, good))
+    assert served - 1 > 2 * (accept - 1), (served, accept)  # blind, the draft adds under half its tokens per pass
 
 
 def test_gate_flush_retries_while_the_server_is_busy_then_says_why_it_could_not():

@@ -38,4 +38,5 @@ def test_live_preflight_refuses_real_sglang_serving_the_draft_as_eagle_and_passe
 
     good = _live_checks(gate_world, "EAGLE3", tmp_path / "eagle3.log")
     assert all(c.ok for c in good.values()), [c.line() for c in good.values()]
-    assert float(good["smoke_accept"].message.split()[2]) > measured + 0.8
+    served = float(good["smoke_accept"].message.split()[2])
+    assert served - 1 > 2 * (measured - 1), (served, measured)  # blind, the draft adds under half its tokens per pass

@@ -92,6 +92,21 @@ def test_fingerprint_changes_with_any_field() -> None:
     assert len({SMALL.fingerprint(), TinyWorldSpec().fingerprint(), TinyWorldSpec(seed=1).fingerprint()}) == 3
 
 
+def test_a_model_seed_from_the_environment_trains_another_target_on_the_same_data(
+    cache_dir: Path, small_world: TinyWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other_seed = (SMALL.seed if SMALL.model_seed is None else SMALL.model_seed) + 7
+    monkeypatch.setenv(world_module.MODEL_SEED_ENV, str(other_seed))
+    spec = TinyWorldSpec(**{k: v for k, v in SMALL.__dict__.items() if k != "model_seed"})
+    assert spec.model_seed == other_seed and spec.fingerprint() != SMALL.fingerprint()
+    other, hit = build_tiny_world(cache_dir, spec)
+    assert not hit and other.root != small_world.root
+    assert other.manifest.read_text() == small_world.manifest.read_text()  # every sample file, byte for byte
+    assert (other.model_dir / "tokenizer.json").read_bytes() == (small_world.model_dir / "tokenizer.json").read_bytes()
+    weights = [(w.model_dir / "model.safetensors").read_bytes() for w in (small_world, other)]
+    assert weights[0] != weights[1]
+
+
 def test_model_and_tokenizer_load_offline_with_auto_classes(
     small_world: TinyWorld, tokenizer: PreTrainedTokenizerBase
 ) -> None:
