@@ -38,9 +38,13 @@ def _compact_index(mask: torch.Tensor) -> torch.Tensor:
     return order[:, order.shape[1] - int(mask.sum(1).max()) :]
 
 
-def _gather_columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x [B, heads, S, D]`` -> ``[B, heads, W, D]`` picking columns ``index [B, W]`` per row."""
-    return x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+def _take_columns(tensors: list[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
+    """Each ``[B, heads, S, D]`` tensor -> ``[B, heads, W, D]`` keeping columns ``index [B, W]`` per row; a slice (no
+    copy) when every row keeps the same contiguous columns (one row, or rows that all accepted alike)."""
+    first, width = int(index[0, 0]), index.shape[1]
+    if bool((index == torch.arange(first, first + width, device=index.device)).all()):
+        return [x[:, :, first : first + width] for x in tensors]
+    return [x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])) for x in tensors]
 
 
 def _cat_rows(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
@@ -176,15 +180,13 @@ class ChainBatch:
         self._compact_draft(mask)
 
     def _compact_draft(self, mask: torch.Tensor) -> None:
-        index = _compact_index(mask).to(self.d.device)
-        k, v = _kv(self._draft)
-        self._draft.k, self._draft.v = _gather_columns(k, index), _gather_columns(v, index)
+        self._draft.k, self._draft.v = _take_columns(list(_kv(self._draft)), _compact_index(mask).to(self.d.device))
 
     def _compact_target(self, mask: torch.Tensor) -> None:
         index = _compact_index(mask)
         self._mask = mask.gather(1, index)
-        index = index.to(self.d.device)
-        self._layers = [(_gather_columns(k, index), _gather_columns(v, index)) for k, v in self._layers]
+        flat = _take_columns([x for kv in self._layers for x in kv], index.to(self.d.device))
+        self._layers = list(zip(flat[0::2], flat[1::2], strict=True))
 
     def select(self, keep: list[int]) -> None:
         """Keep only rows ``keep`` (finished sequences leave); columns that were padding in every row go too."""
