@@ -90,11 +90,15 @@ class ChainBatch:
     def size(self) -> int:
         return int(self._last.shape[0])
 
-    def _target(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> tuple[Any, ...]:
-        """Target logits ``[B, S, V]`` and the draft's hidden input ``[B, S, 3H or H]`` for ``ids [B, S]``."""
+    def _target(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, *, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target logits ``[B, S, V]`` (``[B, 1, V]`` with ``last_only``) and the draft's hidden input
+        ``[B, S, 3H or H]`` for ``ids [B, S]``."""
         dev = self.d.device
         out = self.d.target(input_ids=ids.to(dev), attention_mask=mask.long().to(dev), position_ids=positions.to(dev),
-                            **{self._cache_kw: cache}, use_cache=True, output_hidden_states=True)  # fmt: skip
+                            **{self._cache_kw: cache}, use_cache=True, output_hidden_states=True,
+                            logits_to_keep=1 if last_only else 0)  # fmt: skip
         return out.logits.float().cpu(), self.d.draft_input(out.hidden_states)
 
     def _draft_step(
@@ -115,7 +119,7 @@ class ChainBatch:
             mask[b, width - len(p) :] = True
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, S]
         cache = self._cache_cls()
-        logits, aux = self._target(ids, mask, positions, cache)
+        logits, aux = self._target(ids, mask, positions, cache, last_only=True)
         first = logits[:, -1].argmax(-1)  # [B]
         draft = DraftKVCache()
         pairs = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # (aux_t, token_{t+1}) at every prompt position t
