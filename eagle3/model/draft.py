@@ -198,11 +198,17 @@ class RMSNorm(nn.Module):
 
 
 class DraftKVCache:
-    """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D]`` each."""
+    """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D]`` each.
+
+    ``key_mask`` (``[B, S]`` bool over every key, including those the next forward appends) lets a batch hold rows of
+    different lengths: a batched caller sets it before each forward and False keys (left padding) are never attended.
+    None means every key is real (one sequence, or rows of equal length).
+    """
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.key_mask: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -233,16 +239,25 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)  # [B, kv, S, D] -> [B, kv*g, S, D]
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
-    """Queries at positions ``offset..offset+S-1`` over keys ``0..offset+S-1``; ``[B, h, S, D]`` out."""
+def _causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, key_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Queries at positions ``offset..offset+S-1`` over keys ``0..offset+S-1``; ``[B, h, S, D]`` out.
+
+    ``key_mask [B, total]`` hides padding keys; a query always sees its own key, so a padding query's row is never
+    all masked (its output is unused, but an all -inf row would be NaN)."""
     s, total = q.shape[2], k.shape[2]
-    if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    if key_mask is None and _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         out = _flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         return out.transpose(1, 2)  # flash-attn aligns the causal mask bottom-right, as we need
     groups = q.shape[1] // k.shape[1]
-    if offset == 0 and s == total:
+    if key_mask is None and offset == 0 and s == total:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups > 1)
-    mask = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(diagonal=total - s)
+    mask = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(diagonal=total - s)  # [S, total]
+    if key_mask is not None:
+        own = torch.zeros(s, total, dtype=torch.bool, device=q.device)
+        own[:, total - s :] = torch.eye(s, dtype=torch.bool, device=q.device)
+        mask = mask & (key_mask[:, None, None, :].to(q.device) | own)  # [B, 1, S, total]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
 
 
@@ -301,7 +316,7 @@ class DraftAttention(nn.Module):
             elif isinstance(cache, DraftKVCache):
                 offset = cache.length
                 k, v = cache.append(k, v)
-            out = _causal_attention(q, k, v, offset)
+            out = _causal_attention(q, k, v, offset, cache.key_mask if isinstance(cache, DraftKVCache) else None)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))  # [B, h, S, D] -> [B, S, H]
 
 

@@ -43,10 +43,12 @@ class ModelBackend:
         self.architectures = list(model.config.architectures or [type(model).__name__])
         self.vocab_size = int(model.config.vocab_size)
         self.context_length = int(args.context_length or getattr(model.config, "max_position_embeddings", 4096))
+        self.speculative: Any = None
         if args.speculative_algorithm:  # EAGLE3 / EAGLE with a draft: eagle3.serve.speculative
             from eagle3.serve.speculative import build_speculative_engine
 
             engine: Any = build_speculative_engine(model, self.tokenizer, args, context_length=self.context_length)
+            self.speculative = engine
         else:
             engine = HFEngine(
                 model,
@@ -96,12 +98,16 @@ class ModelBackend:
 
     def counters(self) -> dict[str, float]:
         s = self.scheduler
-        return {
+        counters = {
             "completed_requests": s.completed,
             "completion_tokens": s.completion_tokens,
             "verify_ct": s.verify_ct,
             "avg_spec_accept_length": s.completion_tokens / s.verify_ct if s.verify_ct else 1.0,
         }
+        if self.speculative is not None:  # batched target verify forwards and the per-request passes they served
+            counters |= {"verify_forwards": self.speculative.verify_forwards,
+                         "verify_passes": self.speculative.verify_passes}  # fmt: skip
+        return counters
 
     def close(self) -> None:
         self.scheduler.close()

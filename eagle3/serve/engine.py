@@ -77,7 +77,12 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generator: t
     return out
 
 
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+def cache_keyword(model: Any) -> str:
+    """transformers renamed ``past_key_values`` to ``cache`` during 5.x: the keyword this model's forward takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     missing = length - tensor.shape[dim]
     if missing <= 0:
         return tensor
@@ -93,8 +98,7 @@ class HFEngine:
         from transformers import DynamicCache  # local: keeps `import eagle3.serve` light for synthetic mode
 
         self._cache_cls = DynamicCache
-        # transformers renamed `past_key_values` to `cache` during 5.x; use whichever this version takes
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_keyword(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.max_running = max_running
@@ -173,12 +177,12 @@ class HFEngine:
         for (k0, v0, _), (k1, v1, _) in zip(self._cache, cache, strict=True):  # [B, heads, S, D] per layer
             merged.append(
                 (
-                    torch.cat([_left_pad(k0, width, 2), _left_pad(k1, width, 2)], dim=0),
-                    torch.cat([_left_pad(v0, width, 2), _left_pad(v1, width, 2)], dim=0),
+                    torch.cat([left_pad(k0, width, 2), left_pad(k1, width, 2)], dim=0),
+                    torch.cat([left_pad(v0, width, 2), left_pad(v1, width, 2)], dim=0),
                 )
             )
         self._cache = self._cache_cls(ddp_cache_data=merged)
-        self._mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)], dim=0)
+        self._mask = torch.cat([left_pad(self._mask, width, 1), left_pad(mask, width, 1)], dim=0)
 
     def _decode(self) -> list[Sequence]:
         assert self._mask is not None

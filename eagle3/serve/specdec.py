@@ -17,8 +17,9 @@ gets the target's final hidden state (HF ``hidden_states[-1]``, the post-norm in
 SGLang hands EAGLE) instead of the 3-layer fusion, and because that is already ``H`` wide ``fc`` is skipped. The
 accept length collapses towards 1.0, the signature preflight looks for.
 
-It lives in ``serve`` because the reference server's speculative engine (``eagle3.serve.speculative``) runs it; the
-bench's offline acceptance (``eagle3.bench.specdec``) builds on it from the layer above.
+It lives in ``serve`` because the reference server's batched speculative engine (``eagle3.serve.spec_batch``) runs
+its loaded draft through ``draft_input`` and ``draft_step``, and this one-sequence loop is the reference the batched
+one is tested against; the bench's offline acceptance (``eagle3.bench.specdec``) builds on it from the layer above.
 """
 
 from __future__ import annotations
@@ -74,16 +75,25 @@ class SpeculativeDecoder:
         """Target logits ``[S, V]`` and the draft's hidden input ``[1, S, 3H or H]`` for new tokens ``ids``."""
         out = self.target(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache,
                           use_cache=True, output_hidden_states=True)
-        hs = out.hidden_states
+        return out.logits[0], self.draft_input(out.hidden_states)
+
+    def draft_input(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The draft's hidden input from HF ``hidden_states``: ``[B, S, 3H]`` (EAGLE3) or ``[B, S, H]`` (EAGLE)."""
         if self.aux_mode == "last_hidden_only":
-            return out.logits[0], hs[-1]  # [1, S, H]: fc is skipped, as in SGLang's EAGLE algorithm
-        return out.logits[0], torch.cat([hs[i] for i in self.layer_ids], dim=-1)  # 3 x [1, S, H] -> [1, S, 3H]
+            return hidden_states[-1]  # [B, S, H]: fc is skipped, as in SGLang's EAGLE algorithm
+        return torch.cat([hidden_states[i] for i in self.layer_ids], dim=-1)  # 3 x [B, S, H] -> [B, S, 3H]
+
+    def draft_step(
+        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: DraftKVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft forward over target ids ``[B, S]``: (draft logits ``[B, S, V_draft]``, hidden ``[B, S, H]``)."""
+        embeds = self.embed(ids.to(self.device)).to(self.dtype)  # [B, S] -> [B, S, H]
+        return self.draft(embeds, hidden.to(self.dtype), positions.to(self.device), cache)
 
     def _draft_extend(self, state: _State, aux: torch.Tensor, next_tokens: list[int], start: int) -> None:
         """Append real pairs ``(aux_t, token_{t+1})`` at positions ``start..`` to the draft cache."""
-        embeds = self.embed(torch.tensor([next_tokens], device=self.device)).to(self.dtype)  # [1, S, H]
-        positions = torch.arange(start, start + len(next_tokens), device=self.device)[None]
-        logits, hidden = self.draft(embeds, aux.to(self.dtype), positions, state.draft_cache)
+        positions = torch.arange(start, start + len(next_tokens))[None]
+        logits, hidden = self.draft_step(torch.tensor([next_tokens]), aux, positions, state.draft_cache)
         state.draft_hidden, state.next_draft_logits = hidden[:, -1:], logits[0, -1]
 
     def _propose(self, state: _State, length: int) -> list[int]:
@@ -91,9 +101,8 @@ class SpeculativeDecoder:
         proposal = [int(self.draft_ids[state.next_draft_logits.argmax()])]
         hidden = state.draft_hidden
         for j in range(1, self.num_steps):
-            embeds = self.embed(torch.tensor([[proposal[-1]]], device=self.device)).to(self.dtype)
-            position = torch.tensor([[length - 2 + j]], device=self.device)
-            logits, hidden = self.draft(embeds, hidden, position, state.draft_cache)
+            position = torch.tensor([[length - 2 + j]])
+            logits, hidden = self.draft_step(torch.tensor([[proposal[-1]]]), hidden, position, state.draft_cache)
             proposal.append(int(self.draft_ids[logits[0, -1].argmax()]))
         return proposal
 

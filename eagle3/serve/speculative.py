@@ -1,19 +1,22 @@
 """Speculative engine of the reference server: ``--speculative-algorithm EAGLE3|EAGLE`` with a draft attached.
 
 It implements the scheduler's ``Engine`` protocol (``admit``/``step``/``num_running``/``reset``) on top of
-``eagle3.serve.specdec.SpeculativeDecoder`` (real greedy chain speculative decoding: the output is the target's
-greedy decoding, ``verify_ct`` is the true number of target verify passes).
+``eagle3.serve.spec_batch.ChainBatch`` (real greedy chain speculative decoding of the whole running batch: the output
+is the target's greedy decoding, ``verify_ct`` is the true number of target verify passes of each request).
 
 Design choices:
 - Algorithms behave as in SGLang: ``EAGLE3`` feeds the draft the 3 concatenated aux layers named by the draft's
   ``eagle_config``; ``EAGLE`` feeds it the target's last (post-norm) hidden state only, which is H wide, so the
   draft's ``fc`` is skipped and an EAGLE-3 draft accepts ~1 token per pass. The reference server reproduces this
   misconfiguration on purpose, so preflight's runtime check can be tested against a real server.
-- One sequence per ``step``: the decoder runs a whole request (``generate``) and hands it back finished. Chain
-  verification is per sequence anyway, so throughput equals interleaved decoding; concurrency only queues.
-- Greedy only, like the decoder: a request with ``temperature > 0`` is decoded greedily (logged once). EOS, stop
-  strings, ``max_new_tokens`` and the context length are applied by the plain engine's ``FinishChecker`` to the
-  decoded ids, so both engines finish requests by the same rules.
+- Batched, as SGLang: a ``step`` either prefills the requests admitted since the last step (they join the batch) or
+  runs one draft-verify cycle for every running request, one batched target forward verifying all their drafts.
+  Finished requests leave after the step that finished them, as in the plain engine (``engine.HFEngine``).
+  ``verify_forwards`` counts those target forwards and ``verify_passes`` the per-request passes they served
+  (``/server_info``'s ``internal_states``): more passes than forwards means forwards were shared.
+- Greedy only: a request with ``temperature > 0`` is decoded greedily (logged once). EOS, stop strings,
+  ``max_new_tokens`` and the context length are applied by the plain engine's ``FinishChecker`` token by token, so
+  both engines finish requests by the same rules; tokens a cycle produced past the finish are dropped.
 - Chain only: ``--speculative-eagle-topk`` above 1 (tree drafts) is run as a chain of ``num_steps`` (logged).
 """
 
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from eagle3.serve.engine import FinishChecker, Sequence
 from eagle3.serve.protocol import DEFAULT_NUM_STEPS
+from eagle3.serve.spec_batch import ChainBatch
+from eagle3.serve.specdec import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -34,45 +38,69 @@ AUX_MODES: dict[str, str] = {"EAGLE3": "eagle3", "EAGLE": "last_hidden_only"}
 
 
 class SpeculativeEngine:
-    """The ``Engine`` protocol over a ``SpeculativeDecoder`` (see module docstring)."""
+    """The ``Engine`` protocol over a ``ChainBatch`` (see module docstring)."""
 
-    def __init__(self, decoder: Any, finish: FinishChecker, *, max_running: int) -> None:
-        self.decoder = decoder
+    def __init__(self, decoder: SpeculativeDecoder, finish: FinishChecker, *, max_running: int) -> None:
+        self.batch = ChainBatch(decoder)
         self.finish = finish
         self.max_running = max_running
-        self._queue: deque[Sequence] = deque()
+        self.verify_forwards = 0  # batched target verify forwards
+        self.verify_passes = 0  # per-request verify passes they served (the sum of every request's verify_ct)
+        self._pending: list[Sequence] = []
+        self._running: list[Sequence] = []
         self._warned_sampling = False
 
     def admit(self, seqs: list[Sequence]) -> None:
-        self._queue.extend(seqs)
+        self._pending.extend(seqs)
 
     def num_running(self) -> int:
-        return len(self._queue)
+        return len(self._running) + len(self._pending)
 
     def reset(self) -> None:
-        self._queue.clear()
+        self._pending, self._running = [], []
+        self.batch.reset()
 
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
-        if not self._queue:
+        if self._pending:
+            stepped, self._pending = self._prefill(self._pending), []
+        elif self._running:
+            stepped = self._verify()
+        else:
             return [], []
-        seq = self._queue.popleft()
-        self._decode(seq)
-        return [seq], [seq]
+        done = [s for s in stepped if s.finished]
+        if done:
+            keep = [i for i, s in enumerate(self._running) if not s.finished]
+            self._running = [self._running[i] for i in keep]
+            self.batch.select(keep)
+        return stepped, done
 
-    def _decode(self, seq: Sequence) -> None:
-        params = seq.params
-        if params.temperature > 1e-6 and not self._warned_sampling:
-            logger.warning("speculative engine decodes greedily: temperature %.2f is ignored", params.temperature)
+    def _prefill(self, seqs: list[Sequence]) -> list[Sequence]:
+        if any(s.params.temperature > 1e-6 for s in seqs) and not self._warned_sampling:
+            logger.warning("speculative engine decodes greedily: temperature > 0 is ignored")
             self._warned_sampling = True
-        budget = min(params.max_new_tokens, self.finish.context_length - len(seq.prompt_ids))
-        eos = () if params.ignore_eos else tuple(self.finish.eos_ids)
-        output, seq.verify_ct, seq.accepted_drafts = self.decoder.generate(seq.prompt_ids, max(budget, 1), eos)
-        for token in output:  # the plain engine's finish rules, token by token
+        firsts = self.batch.prefill([s.prompt_ids for s in seqs])
+        for seq, token in zip(seqs, firsts, strict=True):
+            self._emit(seq, [token])
+        self._running.extend(seqs)
+        return seqs
+
+    def _verify(self) -> list[Sequence]:
+        tokens, accepted = self.batch.cycle()
+        self.verify_forwards += 1
+        self.verify_passes += len(self._running)
+        for seq, new, drafts in zip(self._running, tokens, accepted, strict=True):
+            seq.verify_ct += 1
+            seq.accepted_drafts.append(drafts)
+            self._emit(seq, new)
+        return list(self._running)
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append tokens by the plain engine's finish rules; what follows a finish is dropped."""
+        for token in tokens:
             seq.output_ids.append(int(token))
             self.finish.check(seq)
             if seq.finished:
                 return
-        seq.finish_reason = {"type": "length", "length": len(seq.output_ids)}
 
 
 def check_speculative_args(args: argparse.Namespace) -> str:
@@ -98,8 +126,6 @@ def build_speculative_engine(
     model: Any, tokenizer: Any, args: argparse.Namespace, *, context_length: int
 ) -> SpeculativeEngine:
     """The engine ``ModelBackend`` uses when ``--speculative-algorithm`` is given."""
-    from eagle3.serve.specdec import SpeculativeDecoder
-
     aux_mode = check_speculative_args(args)
     steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
     decoder = SpeculativeDecoder(model, tokenizer, Path(args.speculative_draft_model_path), steps, aux_mode)

@@ -12,12 +12,17 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from eagle3.data.template import render_prompt
+from eagle3.model.draft import DraftConfig, DraftModel
+from eagle3.model.export_format import export_config, validate_export
 from eagle3.recipes import load_recipe
 from eagle3.serve.commands import build_launch
 
@@ -54,11 +59,16 @@ def _request(url: str, path: str, body: Any = None, method: str = "POST") -> tup
 
 
 @pytest.fixture(scope="module")
-def servers(sglang_python, tiny_world, tmp_path_factory):
+def config(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("conformance")
+    return load_recipe("tiny", [f"root={logs / 'run'}", f"server.context_length={CONTEXT}",
+                                "server.max_running_requests=8"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def servers(sglang_python, tiny_world, config, tmp_path_factory):
     """Real SGLang (the baseline arm on this CPU) and the reference server, both from the tiny recipe."""
     logs = tmp_path_factory.mktemp("conformance")
-    config = load_recipe("tiny", [f"root={logs / 'run'}", f"server.context_length={CONTEXT}",
-                                  "server.max_running_requests=8"])  # fmt: skip
     sglang = build_launch(config, "baseline", engine="sglang", port=0).server(log_path=logs / "sglang.log")
     reference = build_launch(config, "baseline", engine="reference", port=0).server(log_path=logs / "reference.log")
     with sglang, reference:
@@ -131,3 +141,50 @@ def test_flush_cache_is_refused_while_busy_and_done_when_idle_with_sglangs_texts
     assert answers["sglang"][0] == answers["reference"][0] == (400, "Flush cache failed.\n")
     assert answers["sglang"][1][0] == answers["reference"][1][0] == 200
     assert idle["sglang"] == idle["reference"] and idle["sglang"][0] == 200
+
+
+def _untrained_draft(model_dir: Path, out: Path) -> Path:
+    """An EAGLE-3 export of random weights for the tiny target: what is checked here is structure, not speed."""
+    from transformers import AutoConfig
+
+    torch.manual_seed(0)
+    target = AutoConfig.from_pretrained(model_dir)
+    cfg = DraftConfig.from_target_config(target, draft_vocab_size=target.vocab_size)
+    vocab = target.vocab_size  # the draft's vocab is the target's: every d2t offset is 0
+    tensors = {**DraftModel(cfg).state_dict(), "d2t": torch.zeros(vocab, dtype=torch.long),
+               "t2d": torch.ones(vocab, dtype=torch.bool)}  # fmt: skip
+    out.mkdir()
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(export_config(cfg, [1, 3, 4], dtype="float32")))
+    assert validate_export(out) == []
+    return out
+
+
+async def _concurrently(url: str, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as session:
+
+        async def post(ids: list[int]) -> dict[str, Any]:
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 48, "temperature": 0}}
+            async with session.post(f"{url}/generate", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                return await resp.json()
+
+        return list(await asyncio.gather(*(post(ids) for ids in prompts)))
+
+
+def test_the_speculative_reference_server_verifies_concurrent_requests_in_shared_target_forwards(
+    servers, config, tiny_world, tiny_tokenizer, tmp_path
+):
+    """SGLang verifies the drafts of every running request in one target forward; the reference server counts its
+    batched verify forwards and the per-request passes they served in ``/server_info``'s ``internal_states``."""
+    questions = ("Hello there", "What is 12 + 7?", "Write a short poem about rain.", "Name three colours.")
+    prompts = [render_prompt(tiny_tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    draft = _untrained_draft(Path(tiny_world.model_dir), tmp_path / "draft")
+    command = build_launch(config, "eagle3", engine="reference", draft=draft, port=0)
+    with command.server(log_path=tmp_path / "reference-eagle3.log") as spec:
+        answers = asyncio.run(_concurrently(spec.url, prompts))
+        state = json.loads(_request(spec.url, "/server_info", method="GET")[1])["internal_states"][0]
+    plain = asyncio.run(_concurrently(servers["sglang"], prompts))  # real SGLang's greedy answers
+    assert [a["output_ids"] for a in answers] == [a["output_ids"] for a in plain]
+    assert state["verify_passes"] == sum(a["meta_info"]["spec_verify_ct"] for a in answers)
+    assert state["verify_forwards"] < state["verify_passes"], state  # one forward served several requests
