@@ -24,7 +24,6 @@ from eagle3.runroot import FileEntry, Manifest, footer_sha256
 from eagle3.stage import UnitsFailed, run_stage
 from eagle3.train.data import FeatureDataset
 
-
 # CRC-32 (reflected, as Parquet's page checksum) of a message XORed with its generator polynomial, shifted anywhere
 # in the message, is the message's own CRC: ``1 | 0xEDB88320 << 1`` is that 33-bit polynomial in the stream's bit
 # order (bit i of the message as a little-endian integer).
