@@ -35,7 +35,7 @@ from eagle3.train.metrics import MetricsWriter
 
 logger = logging.getLogger(__name__)
 
-_OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every"}
+_OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every", "features", "online"}
 
 
 class BatchSource(Protocol):
