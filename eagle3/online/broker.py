@@ -1,8 +1,9 @@
 """The broker between capture producers and trainer ranks: who captures which batch, what the store holds, exactly once.
 
-One ``Broker`` per training run (a named, detached Ray actor: ``open_broker``) keeps only bookkeeping; the batches
-themselves are objects in Ray's object store, put by the producers with the broker as their owner, so a batch a
-producer delivered outlives that producer (Ray frees an object when its owner dies).
+One ``Broker`` per training run (a named, detached Ray actor: ``open_broker``) keeps the bookkeeping and owns the
+batches: a producer hands its batch to ``deliver``, which puts it in Ray's object store from the broker's process,
+so a batch a producer delivered outlives that producer (Ray frees an object when its owner dies; ``ray.put``'s
+``_owner`` argument, which would have saved that copy, is gone from Ray 2.56).
 
 * **Order and memory bound.** Batches have global indices (``eagle3.online.plan``). A producer claims the lowest
   index that is neither delivered, consumed nor claimed, and only inside the window ``[low, low + max_inflight)``,
@@ -41,6 +42,13 @@ class BrokerStats:
     duplicates: int = 0
     reclaimed: int = 0
     per_producer: dict[str, int] = field(default_factory=dict)
+
+
+def _put(message: Any) -> Any:
+    """``message`` in Ray's object store when this runs in a Ray worker (the broker actor), else as is (tests)."""
+    import ray
+
+    return ray.put(message) if ray.is_initialized() else message
 
 
 class Broker:
@@ -103,12 +111,18 @@ class Broker:
             return index
         return None
 
-    def deliver(self, producer: str, index: int, key: Any, ref: list[Any]) -> bool:
-        """Hand over batch ``index`` (``ref``: its object ref in a list, so Ray passes the ref, not the batch).
-        False when it is a duplicate (already delivered or consumed, or before the window): dropped."""
+    def deliver(self, producer: str, index: int, key: Any, message: Any) -> bool:
+        """Hand over batch ``index``: the broker puts ``message`` in the object store itself, so the object is the
+        broker's and outlives the producer (``eagle3.online.transport``). False when it is a duplicate (already
+        delivered or consumed, or before the window): dropped, never stored."""
         with self._cond:
             self._claims.pop(index, None)
             if index < self.low or not self._open(index):
+                self.stats.duplicates += 1
+                return False
+        ref = [_put(message)]  # outside the lock: a large put must not stall the other calls
+        with self._cond:
+            if index < self.low or not self._open(index):  # a second delivery raced this one
                 self.stats.duplicates += 1
                 return False
             self._ready[index] = (key, ref)

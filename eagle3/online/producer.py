@@ -19,7 +19,7 @@ from eagle3.config import PipelineConfig
 from eagle3.online.batch import make_message, states_of
 from eagle3.online.broker import DONE, WAIT
 from eagle3.online.plan import OnlinePlan
-from eagle3.online.transport import deliver, put_batch
+from eagle3.online.transport import deliver
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
         samples = plan.samples(index)
         message = make_message(plan.key(index), plan.features_fp, samples, states_of(backend, samples),
                                codecs=codecs, backend=backend, hidden_size=config.target.hidden_size)
-        fresh = deliver(broker, producer, index, plan.key(index), put_batch(broker, message))
+        fresh = deliver(broker, producer, index, plan.key(index), message)
         counts["delivered" if fresh else "duplicates"] += 1
         counts["tokens"] += sum(len(s.input_ids) for s in samples)
     return counts

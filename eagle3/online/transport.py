@@ -5,8 +5,9 @@ Why Ray and not the Mooncake store (measured for issue 48, numbers in the issue'
 and does not import on a CPU host, while Ray is already the pipeline's runner. The object store is shared memory
 on a node (a batch is read without a copy) and moves objects between nodes itself.
 
-Ownership is what makes "kill -9 of a producer" safe: an object is freed when its owner dies, so producers put
-their batches with the broker as owner (``ray.put(..., _owner=broker)``): a delivered batch survives its producer.
+Ownership is what makes "kill -9 of a producer" safe: an object is freed when its owner dies, so the broker puts
+the batches a producer hands it (``Broker.deliver``): a delivered batch survives its producer. (Ray 2.56 removed
+``ray.put(..., _owner=)``, which would have saved that hop: one more copy of each batch, measured in the report.)
 The broker is detached (it outlives a killed trainer) and is killed by ``close_broker`` at the run's end.
 """
 
@@ -58,17 +59,11 @@ def close_broker(name: str) -> None:
         return
 
 
-def put_batch(broker: Any, message: dict[str, Any]) -> Any:
-    """The batch in the object store, owned by the broker (it survives this process)."""
+def deliver(broker: Any, producer: str, index: int, key: Any, message: dict[str, Any]) -> bool:
+    """Hand ``message`` to the broker, which stores it (and owns it); False: a duplicate, dropped."""
     import ray
 
-    return ray.put(message, _owner=broker)
-
-
-def deliver(broker: Any, producer: str, index: int, key: Any, ref: Any) -> bool:
-    import ray
-
-    return ray.get(broker.deliver.remote(producer, index, key, [ref]))
+    return ray.get(broker.deliver.remote(producer, index, key, message))
 
 
 def take(broker: Any, rank: int, index: int, *, poll_s: float = 1.0, stop: Any = None) -> tuple[Any, dict]:

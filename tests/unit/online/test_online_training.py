@@ -1,0 +1,64 @@
+"""Online training trains the draft stored training trains, exactly once per epoch, with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle3.layout import METRICS_FILE
+from eagle3.train.checkpoint import latest_checkpoint
+from eagle3.train.metrics import read_metrics
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from eagle3.online.transport import connect
+
+    connect(None)
+    yield
+    ray.shutdown()
+
+
+def _weights(out_dir):
+    from safetensors.torch import load_file
+
+    path = latest_checkpoint(out_dir / "ckpt")
+    return load_file(str(next(path.glob("model*.safetensors"))))
+
+
+def trained_samples(out_dir) -> list[list[str]]:
+    """Per epoch, every sample id the trainer's own log says it trained on."""
+    epochs: dict[int, list[str]] = {}
+    for line in (out_dir / "trained-rank0.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        epochs.setdefault(record["epoch"], []).extend(record["samples"])
+    return [epochs[e] for e in sorted(epochs)]
+
+
+def test_online_training_follows_stored_training_step_by_step(online_world, ray_local, tmp_path):
+    from eagle3.online.run import train_in_process
+    from eagle3.train.trainer import train
+
+    config = online_world.config
+    stored = train(config, online_world.features, online_world.vocab, tmp_path / "stored")
+    online = train_in_process(config, online_world.regen, online_world.vocab, tmp_path / "online")
+    assert online["steps"] == stored["steps"] > 4
+    a, b = read_metrics(tmp_path / "stored" / METRICS_FILE), read_metrics(tmp_path / "online" / METRICS_FILE)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4, abs=1e-5)
+        assert y["accept_length_sim"] == pytest.approx(x["accept_length_sim"], rel=1e-4)
+    assert a[-1]["loss"] < a[0]["loss"]  # it learned: the comparison is between trained drafts
+    wa, wb = _weights(tmp_path / "stored"), _weights(tmp_path / "online")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-3, atol=1e-4)
+    assert online["store"]["ready"] == 0 and online["store"]["consumed"] == online["steps"]
+    ids = sorted(s.sample_id for s in online_world.samples)
+    assert [sorted(e) for e in trained_samples(tmp_path / "online")] == [ids] * config.train.epochs
