@@ -166,6 +166,7 @@ class Broker:
         with self._cond:
             elapsed = max(time.monotonic() - self._started, 1e-9)
             return {"total": self.total, "low": self.low, "ready": len(self._ready), "claimed": len(self._claims),
+                    "claims": {i: c.producer for i, c in self._claims.items()},
                     "delivered": self.stats.delivered, "consumed": self.stats.consumed,
                     "duplicates": self.stats.duplicates, "reclaimed": self.stats.reclaimed,
                     "per_producer": dict(self.stats.per_producer),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,21 +48,19 @@ class Producers:
         import ray
 
         runs = {actor.run.remote(self.slow_s): i for i, actor in enumerate(self.actors)}
-        restarts = dict.fromkeys(range(len(self.actors)), 0)
         while runs and not self._stop.is_set():
             done, _ = ray.wait(list(runs), timeout=1.0)
             for ref in done:
                 i = runs.pop(ref)
                 try:
                     self.results[i] = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:  # its process died: Ray restarts the actor
-                    restarts[i] += 1
-                    if restarts[i] > self.config.train.online.producer_restarts:
-                        self.errors.append(f"producer p{i} died {restarts[i]} times: {exc}")
-                        continue
-                    logger.warning("producer p%d died (%s); restarting its loop (%d/%d)", i, type(exc).__name__,
-                                   restarts[i], self.config.train.online.producer_restarts)
+                except ray.exceptions.ActorUnavailableError as exc:  # its process died; Ray is restarting it
+                    logger.warning("producer p%d is restarting (%s); its loop resumes when it is back", i,
+                                   type(exc).__name__)
+                    time.sleep(1.0)  # the call retried at once finds it still restarting
                     runs[self.actors[i].run.remote(self.slow_s)] = i
+                except ray.exceptions.RayActorError as exc:  # out of restarts (train.online.producer_restarts)
+                    self.errors.append(f"producer p{i} died for good: {exc}")
                 except ray.exceptions.RayTaskError as exc:
                     self.errors.append(f"producer p{i} failed: {exc}")
 
@@ -81,7 +80,7 @@ def start_producers(config: PipelineConfig, regen_dir: Path, world_size: int, na
     import ray
 
     online = config.train.online
-    actor = ray.remote(ProducerActor).options(max_restarts=online.producer_restarts, num_cpus=0,
+    actor = ray.remote(ProducerActor).options(max_restarts=online.producer_restarts, num_cpus=0, max_concurrency=2,
                                               namespace="eagle3-online")
     actors = [actor.remote(config.to_yaml(), str(regen_dir), world_size, name, f"p{i}")
               for i in range(online.producers)]
