@@ -68,7 +68,8 @@ def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_
     _exactly_once(online_world, out, config.train.epochs)
 
 
-def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_local, tmp_path):
+@pytest.mark.parametrize("producer_too", [False, True], ids=["trainer", "trainer-and-producer"])
+def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_local, tmp_path, producer_too):
     from eagle3.online.run import finish_run, open_run, start_producers, worker_command
     from eagle3.train.checkpoint import latest_checkpoint
 
@@ -91,6 +92,8 @@ def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_
         _wait_for(lambda: latest_checkpoint(out / "ckpt") is not None and log.exists()
                   and len(log.read_text().splitlines()) >= save_every + 1, "a checkpoint and a batch after it")
         first.send_signal(signal.SIGKILL)
+        if producer_too:  # the producer dies with it, holding what it had claimed
+            os.kill(ray_local.get(producers.actors[0].pid.remote()), signal.SIGKILL)
         first.wait()
         taken = len(log.read_text().splitlines())
         assert taken % plan.steps_per_epoch and taken > int(latest_checkpoint(out / "ckpt").name.split("-")[1])
@@ -101,4 +104,5 @@ def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_
         producers.stop()
         store = finish_run(name)
     assert store["ready"] == 0 and store["consumed"] >= store["total"]
+    assert not producers.errors
     _exactly_once(online_world, out, config.train.epochs)
