@@ -117,9 +117,10 @@ def finish_run(name: str) -> dict[str, Any]:
 
 
 def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, out_dir: Path, *,
-                     ray_address: str | None = None, slow_s: float = 0.0,
+                     ray_address: str | None = None, slow_s: float = 0.0, backend: Any = None,
                      on_producers: Callable[[Producers], None] | None = None) -> dict[str, Any]:
-    """Online training with the trainer in this process (one rank): tests and benchmarks."""
+    """Online training with the trainer in this process (one rank): tests and benchmarks. ``backend``: an already
+    loaded capture backend, which one producer thread of this process uses instead of the producer actors."""
     from eagle3.online.source import OnlineBatchSource
     from eagle3.train.distributed import init_distributed
     from eagle3.train.trainer import load_inputs, train_on_source
@@ -127,7 +128,10 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan, name = open_run(config, regen_dir, out_dir, world_size=1, ray_address=ray_address)
-    producers = start_producers(config, regen_dir, 1, name, slow_s=slow_s)
+    if backend is None:
+        producers = start_producers(config, regen_dir, 1, name, slow_s=slow_s)
+    else:
+        producers = _producer_thread(config, plan, name, backend)
     if on_producers is not None:
         on_producers(producers)
     try:
@@ -138,6 +142,24 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
         producers.stop()
         status = finish_run(name)
     return {**summary, "store": status}
+
+
+def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backend: Any) -> Producers:
+    """One producer on a thread of this process, over ``backend``."""
+    from eagle3.online.producer import produce
+
+    producers = Producers(config, [])
+
+    def run() -> None:
+        try:
+            producers.results[0] = produce(config, plan, get_broker(name), "p0", backend=backend,
+                                           stop=producers._stop.is_set)
+        except Exception as exc:  # handed to the trainer through failed(), which stops it waiting
+            producers.errors.append(f"producer p0 failed: {exc!r}")
+            raise
+
+    threading.Thread(target=run, name="online-producer", daemon=True).start()
+    return producers
 
 
 def worker_command(config_yaml: Path, regen_dir: Path, vocab: Path, out_dir: Path, *, address: str,
