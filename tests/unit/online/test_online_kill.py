@@ -70,10 +70,9 @@ def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_
 
 @pytest.mark.parametrize("producer_too", [False, True], ids=["trainer", "trainer-and-producer"])
 def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_local, tmp_path, producer_too):
+    from eagle3.config import with_overrides
     from eagle3.online.run import finish_run, open_run, start_producers, worker_command
     from eagle3.train.checkpoint import latest_checkpoint
-
-    from eagle3.config import with_overrides
 
     config = with_overrides(online_world.config, ["train.save_every=3"])  # 6 steps an epoch: a checkpoint mid-epoch
     out = tmp_path / "draft"
