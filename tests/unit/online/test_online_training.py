@@ -62,3 +62,26 @@ def test_online_training_follows_stored_training_step_by_step(online_world, ray_
     assert online["store"]["ready"] == 0 and online["store"]["consumed"] == online["steps"]
     ids = sorted(s.sample_id for s in online_world.samples)
     assert [sorted(e) for e in trained_samples(tmp_path / "online")] == [ids] * config.train.epochs
+
+
+def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the_stored_vocab(
+    online_world, ray_local, tmp_path
+):
+    from eagle3.config import with_overrides
+    from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
+    from eagle3.stage import run_stage
+    from eagle3.train.stage import TrainStage
+    from eagle3.train.vocab import VocabStage
+
+    config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1"])
+    vocab = run_stage(OnlineVocabStage(), config, regen_dir=online_world.regen)
+    stored_vocab = run_stage(VocabStage(), config, features_dir=online_world.features)
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(vocab.summary["vocab"])["d2t"], load_file(stored_vocab.summary["vocab"])["d2t"])
+    result = run_stage(OnlineTrainStage(), config, regen_dir=online_world.regen, vocab=vocab.summary["vocab"])
+    stored_plan = TrainStage().plan(config, features_dir=online_world.features, vocab=vocab.summary["vocab"])
+    assert result.out_dir == stored_plan.out_dir  # the same draft, whichever path trains it
+    assert result.summary["features"] == "online" and "train.features=online" in result.summary["features_decision"]
+    assert result.summary["store"]["ready"] == 0
+    assert result.summary["steps"] == stored_plan.planned_steps
