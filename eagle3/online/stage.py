@@ -30,7 +30,8 @@ from eagle3.online.costs import choose_features
 from eagle3.online.plan import OnlinePlan, regen_shards
 from eagle3.runroot import FileEntry, Manifest, atomic_write_text, fingerprint
 from eagle3.stage import OnProgress, Plan, StageResult, Unit, UnitReport
-from eagle3.train.stage import TrainPlan, TrainStage, _trained, vocab_file
+from eagle3.train.export import export_draft
+from eagle3.train.stage import ExportPlan, ExportStage, TrainPlan, TrainStage, _trained, vocab_file
 from eagle3.train.trainer import draft_fingerprint
 from eagle3.train.vocab import VocabStage, build_vocab, coverage, vocab_fingerprint
 
@@ -152,3 +153,14 @@ class OnlineTrainStage(TrainStage):
                    "regen_dir": str(plan.regen_dir), "store": store}
         return result.model_copy(update={"summary": summary})
 
+
+
+class OnlineExportStage(ExportStage):
+    """``ExportStage`` for a draft trained online: no features manifest exists, so the layer ids are the config's
+    (the ones the producers captured, checked on every batch through the features fingerprint)."""
+
+    def run_unit(self, config: PipelineConfig, plan: ExportPlan, unit: Unit, *,  # type: ignore[override]
+                 env: Any = None, on_progress: OnProgress | None = None) -> UnitReport:
+        export = export_draft(config, plan.out_dir, plan.vocab, None, plan.export_dir)
+        logger.info("draft exported to %s", export)
+        return UnitReport(unit=unit, detail={"export": str(export)})
