@@ -25,6 +25,9 @@ from eagle3.online.transport import close_broker, connect, get_broker, open_brok
 logger = logging.getLogger(__name__)
 
 
+STATUS_FILE = "online-status.json"
+
+
 def broker_name(out_dir: Path) -> str:
     return f"broker-{Path(out_dir).name}"
 
@@ -102,6 +105,47 @@ def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_si
                 "store (broker %s)", plan.total_batches, plan.epochs, plan.steps_per_epoch, world_size,
                 online.producers, online.max_inflight, name)
     return plan, name
+
+
+class StatusReporter:
+    """Every ``every_s`` seconds: the producers' and the trainer's rates, the store's backlog and the ETA, as one log
+    line (which a Prefect run shows in its logs) and ``online-status.json`` in the draft directory."""
+
+    def __init__(self, name: str, out_dir: Path, *, every_s: float, max_inflight: int) -> None:
+        self.name, self.path, self.every_s, self.max_inflight = name, Path(out_dir) / STATUS_FILE, every_s, max_inflight
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="online-status", daemon=True)
+
+    def __enter__(self) -> StatusReporter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def report(self) -> dict[str, Any]:
+        import ray
+
+        from eagle3.runroot import atomic_write_json
+
+        s = ray.get(get_broker(self.name).status.remote())
+        left = s["total"] - s["consumed"]
+        eta = left / s["consumed_per_s"] if s["consumed_per_s"] > 0 else None
+        s = {k: v for k, v in s.items() if k != "claims"} | {"eta_s": eta}
+        atomic_write_json(self.path, s)
+        logger.info("online: producers %.2f batches/s %s, trainer %.2f batches/s, store %d/%d batches waiting, "
+                    "%d/%d trained, %d duplicates dropped, %d re-captured, ETA %s", s["delivered_per_s"],
+                    s["per_producer"], s["consumed_per_s"], s["ready"], self.max_inflight, s["consumed"],
+                    s["total"], s["duplicates"], s["reclaimed"], "unknown" if eta is None else f"{eta:.0f} s")
+        return s
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.report()
+            except Exception as exc:  # a status line must never stop training; say why it is missing
+                logger.warning("online status unavailable: %s", exc)
 
 
 def finish_run(name: str) -> dict[str, Any]:

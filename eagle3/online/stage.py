@@ -104,7 +104,7 @@ class OnlineTrainStage(TrainStage):
 
     def run_unit(self, config: PipelineConfig, plan: OnlineTrainPlan, unit: Unit, *,  # type: ignore[override]
                  env: Any = None, on_progress: OnProgress | None = None) -> UnitReport:
-        from eagle3.online.run import finish_run, open_run, start_producers, worker_command
+        from eagle3.online.run import StatusReporter, finish_run, open_run, start_producers, worker_command
         from eagle3.train.distributed import run_workers
 
         if _trained(plan.out_dir):
@@ -128,8 +128,12 @@ class OnlineTrainStage(TrainStage):
             if DATA_ERROR_PREFIX in line:
                 data_errors.append(line.split(DATA_ERROR_PREFIX, 1)[1])
 
+        reporter = StatusReporter(name, plan.out_dir, every_s=config.monitor.log_every_s,
+                                  max_inflight=config.train.online.max_inflight)
         try:
-            code = run_workers(command, on_line)
+            with reporter:
+                code = run_workers(command, on_line)
+            reporter.report()
         finally:
             producers.stop()
             store = finish_run(name)

@@ -85,3 +85,5 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
     assert result.summary["features"] == "online" and "train.features=online" in result.summary["features_decision"]
     assert result.summary["store"]["ready"] == 0
     assert result.summary["steps"] == stored_plan.planned_steps
+    status = json.loads((result.out_dir / "online-status.json").read_text())  # what the monitor last reported
+    assert status["consumed"] == status["total"] == result.summary["steps"] and status["ready"] == 0
