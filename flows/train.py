@@ -38,7 +38,6 @@ def online_train_flow(config: PipelineConfig, regen_dir: str, vocab: str | None 
         vocab = str(run_stage(OnlineVocabStage(), config, regen_dir=regen_dir).out_dir / VOCAB_FILE)
     train = run_stage(OnlineTrainStage(), config, regen_dir=regen_dir, vocab=vocab)
     plan = train.summary
-    export = run_stage(OnlineExportStage(), config, draft_dir=train.out_dir, vocab=plan["vocab"],
-                       features_dir=plan["features_dir"])  # fmt: skip
+    export = run_stage(OnlineExportStage(), config, draft_dir=train.out_dir, vocab=plan["vocab"])
     return {"fingerprint": train.fingerprint, "out_dir": str(train.out_dir), "vocab": plan["vocab"],
             "train_samples": plan["train_samples"], "export": export.summary["export"], "summary": train.summary}

@@ -31,7 +31,15 @@ from eagle3.online.plan import OnlinePlan, regen_shards
 from eagle3.runroot import FileEntry, Manifest, atomic_write_text, fingerprint
 from eagle3.stage import OnProgress, Plan, StageResult, Unit, UnitReport
 from eagle3.train.export import export_draft
-from eagle3.train.stage import ExportPlan, ExportStage, TrainPlan, TrainStage, _trained, vocab_file
+from eagle3.train.stage import (
+    ExportPlan,
+    ExportStage,
+    TrainPlan,
+    TrainStage,
+    _trained,
+    export_settings,
+    vocab_file,
+)
 from eagle3.train.trainer import draft_fingerprint
 from eagle3.train.vocab import VocabStage, build_vocab, coverage, vocab_fingerprint
 
@@ -159,12 +167,27 @@ class OnlineTrainStage(TrainStage):
 
 
 
+class OnlineExportPlan(ExportPlan):
+    features_dir: Path | None = None  # online: no features stage exists
+
+
 class OnlineExportStage(ExportStage):
     """``ExportStage`` for a draft trained online: no features manifest exists, so the layer ids are the config's
     (the ones the producers captured, checked on every batch through the features fingerprint)."""
+
+    inputs: ClassVar[dict[str, str]] = {"vocab": "vocab"}
+
+    def plan(self, config: PipelineConfig, *, draft_dir: Path, vocab: Path,  # type: ignore[override]
+             features_dir: Path | None = None) -> OnlineExportPlan:
+        draft = Path(draft_dir)
+        return OnlineExportPlan(stage=self.name, fingerprint=draft.name, out_dir=draft, vocab=vocab_file(vocab),
+                                settings=export_settings(config))
 
     def run_unit(self, config: PipelineConfig, plan: ExportPlan, unit: Unit, *,  # type: ignore[override]
                  env: Any = None, on_progress: OnProgress | None = None) -> UnitReport:
         export = export_draft(config, plan.out_dir, plan.vocab, None, plan.export_dir)
         logger.info("draft exported to %s", export)
         return UnitReport(unit=unit, detail={"export": str(export)})
+
+    def retrigger(self, plan: ExportPlan, failed: Sequence[Unit]) -> str:  # type: ignore[override]
+        return f"eagle3 export --draft-dir {plan.out_dir} --out {plan.export_dir} --vocab {plan.vocab}"
