@@ -1,9 +1,10 @@
 """The train stage for ``train.features=online`` (and ``auto`` when it picks online), and the vocab it trains with.
 
-``OnlineTrainStage`` is ``TrainStage`` with the regen shards as input instead of a features stage: its draft
-directory is the one stored training of the same regen shards would use (the draft's fingerprint covers the
-features fingerprint those shards give, not how the states reached the trainer), so a draft is found finished
-whichever path made it. Its one unit runs ``eagle3.online.run``: the broker, the producer actors and the trainer
+``OnlineTrainStage`` is ``TrainStage`` with the regen shards as input instead of a features stage. The draft's
+fingerprint covers the features fingerprint those shards give and the vocab, not how the states reached the
+trainer: given the same vocab file, online and stored training plan the same draft directory. (A night's vocab
+directories differ by path: the stored vocab is keyed by the feature shards' checksums, which an online night never
+has, so its vocab is keyed by the regen shards; the two hold the same ids, ``tests/unit/online``.) Its one unit runs ``eagle3.online.run``: the broker, the producer actors and the trainer
 workers (``python -m eagle3.online``); a failed attempt is retried like the stored stage's and resumes from
 ``ckpt/latest``, the producers re-capturing only what that checkpoint does not hold.
 

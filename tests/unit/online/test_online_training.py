@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,7 +69,7 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
     online_world, ray_local, tmp_path
 ):
     from eagle3.config import with_overrides
-    from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
+    from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
     from eagle3.train.stage import TrainStage
     from eagle3.train.vocab import VocabStage
@@ -87,3 +88,6 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
     assert result.summary["steps"] == stored_plan.planned_steps
     status = json.loads((result.out_dir / "online-status.json").read_text())  # what the monitor last reported
     assert status["consumed"] == status["total"] == result.summary["steps"] and status["ready"] == 0
+    export = run_stage(OnlineExportStage(), config, draft_dir=result.out_dir, vocab=vocab.summary["vocab"])
+    exported = json.loads((Path(export.summary["export"]) / "config.json").read_text())
+    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == config.export_layer_ids
