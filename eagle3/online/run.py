@@ -207,7 +207,12 @@ def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backen
 
 
 def worker_command(config_yaml: Path, regen_dir: Path, vocab: Path, out_dir: Path, *, address: str,
-                   broker: str) -> list[str]:
-    """The trainer worker of an online run (one process; ``train.nproc > 1`` goes through torchrun likewise)."""
-    return [sys.executable, "-m", "eagle3.online", "--config-yaml", str(config_yaml), "--regen", str(regen_dir),
-            "--vocab", str(vocab), "--out", str(out_dir), "--ray-address", address, "--broker", broker]
+                   broker: str, nproc: int = 1, master_port: int = 29500) -> list[str]:
+    """The trainer workers of an online run: one process, or ``nproc`` ranks under torchrun (as the stored path's
+    ``eagle3.train.distributed.worker_command``), each taking its own batches from the broker."""
+    worker = ["-m", "eagle3.online", "--config-yaml", str(config_yaml), "--regen", str(regen_dir), "--vocab",
+              str(vocab), "--out", str(out_dir), "--ray-address", address, "--broker", broker]
+    if nproc == 1:
+        return [sys.executable, *worker]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={master_port}", *worker]

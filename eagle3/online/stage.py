@@ -4,8 +4,9 @@
 fingerprint covers the features fingerprint those shards give and the vocab, not how the states reached the
 trainer: given the same vocab file, online and stored training plan the same draft directory. (A night's vocab
 directories differ by path: the stored vocab is keyed by the feature shards' checksums, which an online night never
-has, so its vocab is keyed by the regen shards; the two hold the same ids, ``tests/unit/online``.) Its one unit runs ``eagle3.online.run``: the broker, the producer actors and the trainer
-workers (``python -m eagle3.online``); a failed attempt is retried like the stored stage's and resumes from
+has, so its vocab is keyed by the regen shards; the two hold the same ids, ``tests/unit/online``.) Its one unit
+runs ``eagle3.online.run``: the broker, the producer actors and the trainer workers (``python -m eagle3.online``,
+under torchrun for ``train.nproc > 1``); a failed attempt is retried like the stored stage's and resumes from
 ``ckpt/latest``, the producers re-capturing only what that checkpoint does not hold.
 
 ``OnlineVocabStage`` counts the draft vocab over the samples the plan trains on (the admitted rows of the regen
@@ -129,7 +130,8 @@ class OnlineTrainStage(TrainStage):
 
         producers = start_producers(config, plan.regen_dir, config.train.nproc, name)
         command = worker_command(config_yaml, plan.regen_dir, plan.vocab, plan.out_dir,
-                                 address=ray.get_runtime_context().gcs_address, broker=name)
+                                 address=ray.get_runtime_context().gcs_address, broker=name,
+                                 nproc=config.train.nproc)
         data_errors: list[str] = []
 
         def on_line(line: str) -> None:

@@ -57,6 +57,13 @@ def online_world(tiny_world, tiny_tokenizer, tmp_path_factory):
     for index, (n, seed) in enumerate([(14, 21), (10, 22)]):
         with ShardWriter(regen, REGEN_SCHEMA, start_index=index) as writer:
             writer.write_rows(_regen_rows(tiny_tokenizer, n, seed=seed))
+    from eagle3.layout import PLAN_FILE
+    from eagle3.regen.plan import RegenPlan
+    from eagle3.runroot import atomic_write_text
+
+    plan = RegenPlan(stage="regen", fingerprint=regen.name, out_dir=regen, units=(0, 1), prompts_dir=regen,
+                     prompts_fingerprint="", shards={0: 14, 1: 10})
+    atomic_write_text(regen / PLAN_FILE, plan.model_dump_json())  # planned, as a regen stage always is
     config = online_config(model_dir, root)
     features = root / "features" / features_fingerprint(config, regen.name)
     for shard in sorted(regen.glob("shard-*.parquet")):
