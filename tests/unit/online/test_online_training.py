@@ -91,3 +91,24 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
     export = run_stage(OnlineExportStage(), config, draft_dir=result.out_dir, vocab=vocab.summary["vocab"])
     exported = json.loads((Path(export.summary["export"]) / "config.json").read_text())
     assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == config.export_layer_ids
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_take_disjoint_batches_that_cover_each_epoch_as_stored_ranks_do(
+    online_world, ray_local, tmp_path
+):
+    from eagle3.config import with_overrides
+    from eagle3.online.plan import OnlinePlan
+    from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
+    from eagle3.stage import run_stage
+
+    config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1",
+                                                  "train.nproc=2", "train.batch_size=2"])
+    vocab = run_stage(OnlineVocabStage(), config, regen_dir=online_world.regen)
+    result = run_stage(OnlineTrainStage(), config, regen_dir=online_world.regen, vocab=vocab.summary["vocab"])
+    plan = OnlinePlan.build(config, online_world.regen, world_size=2)
+    assert result.summary["steps"] == plan.steps_per_epoch and result.summary["store"]["ready"] == 0
+    for rank in (0, 1):
+        logged = [json.loads(line)["samples"] for line in
+                  (result.out_dir / f"trained-rank{rank}.jsonl").read_text().splitlines()]
+        assert logged == [list(plan.key(plan.index(0, step, rank))[3]) for step in range(plan.steps_per_epoch)]
