@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     connect(args.ray_address)
     info = init_distributed(config.train.device)
     try:
-        plan = OnlinePlan.build(config, args.regen, world_size=info.world_size)
+        plan = OnlinePlan.for_night(config, args.regen, world_size=info.world_size)
         source = OnlineBatchSource(plan, get_broker(args.broker), rank=info.rank, log_dir=args.out)
         summary = train_on_source(config, source, load_inputs(config, args.vocab), args.out, info)
     except DataError as exc:

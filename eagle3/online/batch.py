@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -43,19 +43,39 @@ def from_wire(w: Wire) -> torch.Tensor:
     return flat.view(getattr(torch, dtype)).view(shape)
 
 
+class Stored(NamedTuple):
+    """A sample's states as a feature shard holds them (``ColumnCodec.views``: values then scales, or ids, probs)."""
+
+    aux: tuple[torch.Tensor, torch.Tensor | None]
+    last: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _stored_order(codec: ColumnCodec | FinalCodec, view: tuple[torch.Tensor, torch.Tensor | None]) -> tuple:
+    """A shard view's parts in ``stored()``'s order: (values,), (scales, values) for fp8, (ids, probs)."""
+    first, second = view
+    if isinstance(codec, TopKCodec):
+        return first, second
+    return (first,) if second is None else (second, first)
+
+
 def make_message(key: Any, features_fp: str, samples: Sequence[Sample], states: Sequence[tuple[Any, Any]], *,
                  codecs: tuple[ColumnCodec, FinalCodec], backend: Any, hidden_size: int) -> dict[str, Any]:
     """The store object of one batch: per sample its token columns and its states' stored form."""
     aux_codec, last_codec = codecs
     rows = []
-    for sample, (aux, final) in zip(samples, states, strict=True):
-        check_shapes(len(sample.input_ids), aux, final, hidden_size=hidden_size, codec=last_codec)
+    for sample, state in zip(samples, states, strict=True):
+        if isinstance(state, Stored):  # already in the stored form, read from a feature shard
+            aux_parts, last_parts = _stored_order(aux_codec, state.aux), _stored_order(last_codec, state.last)
+        else:
+            aux, final = state
+            check_shapes(len(sample.input_ids), aux, final, hidden_size=hidden_size, codec=last_codec)
+            aux_parts, last_parts = aux_codec.stored(aux), stored_final(last_codec, final, backend)
         rows.append({
             "sample_id": sample.sample_id,
             "input_ids": np.asarray(sample.input_ids, dtype=np.int32),
             "loss_mask": np.asarray(sample.loss_mask, dtype=np.uint8),
-            "aux": [to_wire(p) for p in aux_codec.stored(aux)],
-            "last": [to_wire(p) for p in stored_final(last_codec, final, backend)],
+            "aux": [to_wire(p) for p in aux_parts],
+            "last": [to_wire(p) for p in last_parts],
         })  # fmt: skip
     return {"key": key, "features_fingerprint": features_fp, "rows": rows}
 

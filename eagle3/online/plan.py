@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -85,6 +85,14 @@ def regen_shards(regen_dir: Path) -> list[Path]:
     return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
 
 
+def _row_group_ids(feature_shard: Path) -> list[list[str]]:
+    """The sample ids of each row group of a feature shard (only that column is read)."""
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(feature_shard)
+    return [file.read_row_group(rg, columns=["sample_id"]).column(0).to_pylist() for rg in range(file.num_row_groups)]
+
+
 class EpochPlanner:
     """``FeatureDataset``'s epoch planning (row groups shuffled from ``seed + epoch``, dealt to ranks by rows, rows
     shuffled inside each group, the common step count), over given row groups: the same methods, not a copy."""
@@ -106,19 +114,57 @@ class OnlinePlan:
     """Every epoch's batches for every rank, over the predicted row groups of ``regen_dir``'s shards."""
 
     config: PipelineConfig
-    groups: list[list[Sample]]  # predicted row groups, shard order
+    groups: list[list[Sample]]  # row groups, shard order: predicted, or a stored shard's own
     world_size: int
     features_fp: str  # the features stage these batches stand in for (checked on every batch)
+    stored: dict[int, tuple[Path, int]] = field(default_factory=dict)  # group -> (feature shard, its row group)
 
     @classmethod
-    def build(cls, config: PipelineConfig, regen_dir: Path, *, world_size: int) -> OnlinePlan:
+    def build(cls, config: PipelineConfig, regen_dir: Path, *, world_size: int,
+              stored_shards: dict[int, Path] | None = None) -> OnlinePlan:
+        """The plan over ``regen_dir``'s shards. ``stored_shards`` (regen shard index -> its finished feature shard,
+        e.g. from earlier stored nights): those shards' rows are read from their row groups, not captured."""
         shards = regen_shards(regen_dir)
         if not shards:
             raise FileNotFoundError(f"{regen_dir}: no regen shards to train on online; run `eagle3 regen` first")
-        groups = [g for path in shards
-                  for g in predicted_row_groups(config, capture_order(config, read_regen_shard(path)))]
+        groups: list[list[Sample]] = []
+        stored: dict[int, tuple[Path, int]] = {}
+        for path in shards:
+            parts = capture_order(config, read_regen_shard(path))
+            feature = (stored_shards or {}).get(shard_index_of(path))
+            if feature is None:
+                groups += predicted_row_groups(config, parts)
+                continue
+            by_id = {s.sample_id: s for part in parts for s in part}
+            for row_group, ids in enumerate(_row_group_ids(feature)):
+                stored[len(groups)] = (Path(feature), row_group)
+                groups.append([by_id[i] for i in ids])
         fp = features_fingerprint(config, Path(regen_dir).name)
-        return cls(config=config, groups=groups, world_size=world_size, features_fp=fp)
+        return cls(config=config, groups=groups, world_size=world_size, features_fp=fp, stored=stored)
+
+    @classmethod
+    def for_night(cls, config: PipelineConfig, regen_dir: Path, *, world_size: int) -> OnlinePlan:
+        """The plan every party of an online run builds (trainer ranks, producers, vocab): the feature shards a
+        finished features stage of this config already holds (earlier stored nights) are read, the rest captured."""
+        from eagle3.capture.run import feature_shards
+        from eagle3.layout import shard_index, stage_dir
+        from eagle3.runroot import Manifest
+
+        features = stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
+        stored = {}
+        if Manifest.read(features) is not None:
+            stored = {shard_index(p): p for p in feature_shards(features)}
+        return cls.build(config, regen_dir, world_size=world_size, stored_shards=stored)
+
+    def stored_rows(self, index: int) -> list[tuple[Path, int, int] | None]:
+        """Per sample of batch ``index``: (feature shard, row group, row) when it is read from a stored shard."""
+        epoch, step, rank = self.position(index)
+        batch = self._planners[rank].plan(epoch)[step]
+        out: list[tuple[Path, int, int] | None] = []
+        for seq in batch:
+            for g, r in seq:
+                out.append((*self.stored[g], r) if g in self.stored else None)
+        return out
 
     def planner(self, rank: int) -> EpochPlanner:
         train = self.config.train

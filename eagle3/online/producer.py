@@ -12,14 +12,16 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from eagle3.capture.encoding import column_codecs
 from eagle3.config import PipelineConfig
-from eagle3.online.batch import make_message, states_of
+from eagle3.online.batch import Stored, make_message, states_of
 from eagle3.online.broker import DONE, WAIT
 from eagle3.online.plan import OnlinePlan
 from eagle3.online.transport import deliver
+from eagle3.train.shards import open_features, read_row_group
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
     released = ray.get(broker.register.remote(producer))
     if released:
         logger.info("producer %s restarted: %d batches it had claimed are open again", producer, released)
-    counts = {"delivered": 0, "duplicates": 0, "tokens": 0}
+    counts = {"delivered": 0, "duplicates": 0, "tokens": 0, "samples_captured": 0, "samples_read": 0}
     while stop is None or not stop():
         index = ray.get(broker.claim.remote(producer, 1.0))
         if index == DONE:
@@ -48,12 +50,34 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
         if on_batch is not None:
             on_batch(index)
         samples = plan.samples(index)
-        message = make_message(plan.key(index), plan.features_fp, samples, states_of(backend, samples),
+        message = make_message(plan.key(index), plan.features_fp, samples,
+                               _states(backend, samples, plan.stored_rows(index), codecs),
                                codecs=codecs, backend=backend, hidden_size=config.target.hidden_size)
         fresh = deliver(broker, producer, index, plan.key(index), message)
         counts["delivered" if fresh else "duplicates"] += 1
         counts["tokens"] += sum(len(s.input_ids) for s in samples)
+        read = sum(where is not None for where in plan.stored_rows(index))
+        counts["samples_read"] += read
+        counts["samples_captured"] += len(samples) - read
     return counts
+
+
+def _states(backend: Any, samples: list, stored: list, codecs: tuple) -> list:
+    """Each sample's states: read from its stored feature shard (earlier stored nights), else captured now."""
+    capture = [s for s, where in zip(samples, stored, strict=True) if where is None]
+    captured = iter(states_of(backend, capture) if capture else [])
+    files: dict[tuple[Path, int], Any] = {}
+    out = []
+    for where in stored:
+        if where is None:
+            out.append(next(captured))
+            continue
+        path, row_group, row = where
+        if (path, row_group) not in files:
+            files[(path, row_group)] = read_row_group(open_features(path), row_group, codecs)
+        decoded = files[(path, row_group)]
+        out.append(Stored(decoded.aux[row], decoded.last[row]))
+    return out
 
 
 class ProducerActor:
@@ -68,7 +92,7 @@ class ProducerActor:
         # the YAML text, not a path: the actor may run on another node
         self.config = PipelineConfig.model_validate(yaml.safe_load(config_yaml))
         torch.set_num_threads(max(1, int(os.environ.get("EAGLE3_PRODUCER_THREADS", "1"))))
-        self.plan = OnlinePlan.build(self.config, regen_dir, world_size=world_size)
+        self.plan = OnlinePlan.for_night(self.config, regen_dir, world_size=world_size)
         self.broker = get_broker(broker_name)
         self.producer = producer
         self.started = time.time()

@@ -67,6 +67,12 @@ class Producers:
                 except ray.exceptions.RayTaskError as exc:
                     self.errors.append(f"producer p{i} failed: {exc}")
 
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the loops to return (they do once the broker says every batch is taken)."""
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            thread.join(timeout)
+
     def failed(self) -> bool:
         return bool(self.errors)
 
@@ -96,7 +102,7 @@ def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_si
              ray_address: str | None = None) -> tuple[OnlinePlan, str]:
     """Join Ray, plan, and open (or find, on a resumed run) the broker; returns the plan and the broker's name."""
     connect(ray_address)
-    plan = OnlinePlan.build(config, Path(regen_dir), world_size=world_size)
+    plan = OnlinePlan.for_night(config, Path(regen_dir), world_size=world_size)
     name = broker_name(out_dir)
     online = config.train.online
     open_broker(name, total=plan.total_batches, world_size=world_size, max_inflight=online.max_inflight,
@@ -182,10 +188,11 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
         info = init_distributed(config.train.device)
         source = OnlineBatchSource(plan, get_broker(name), rank=info.rank, log_dir=out_dir, stop=producers.failed)
         summary = train_on_source(config, source, load_inputs(config, Path(vocab_path)), out_dir, info)
+        producers.join(10.0)  # their counts: they return at their next claim
     finally:
         producers.stop()
         status = finish_run(name)
-    return {**summary, "store": status}
+    return {**summary, "store": status, "producers": dict(producers.results)}
 
 
 def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backend: Any) -> Producers:
@@ -202,7 +209,8 @@ def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backen
             producers.errors.append(f"producer p0 failed: {exc!r}")
             raise
 
-    threading.Thread(target=run, name="online-producer", daemon=True).start()
+    producers._thread = threading.Thread(target=run, name="online-producer", daemon=True)
+    producers._thread.start()
     return producers
 
 

@@ -73,7 +73,7 @@ class OnlineVocabStage(VocabStage):
         path = plan.out_dir / VOCAB_FILE
         if Manifest.read(plan.out_dir) is not None and path.exists():
             return UnitReport(unit=unit, skipped=True, rows=config.vocab.draft_vocab_size, detail={"path": str(path)})
-        samples = [s for g in OnlinePlan.build(config, plan.regen_dir, world_size=1).groups for s in g]
+        samples = [s for g in OnlinePlan.for_night(config, plan.regen_dir, world_size=1).groups for s in g]
         counts = np.zeros(config.target.vocab_size, dtype=np.int64)
         for s in samples:
             ids = np.asarray(s.input_ids, dtype=np.int64)[np.asarray(s.loss_mask, dtype=bool)]
@@ -105,7 +105,7 @@ class OnlineTrainStage(TrainStage):
         features_fp = features_fingerprint(config, regen.name)
         fp = draft_fingerprint(config, features_fp, vocab_path.parent.name)
         _, why = choose_features(config)
-        online = OnlinePlan.build(config, regen, world_size=config.train.nproc)
+        online = OnlinePlan.for_night(config, regen, world_size=config.train.nproc)
         samples = sum(len(g) for g in online.groups)
         planned = config.train.max_steps or config.train.epochs * max(online.steps_per_epoch, 1)
         return OnlineTrainPlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "train", fp),

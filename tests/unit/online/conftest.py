@@ -65,7 +65,8 @@ def online_world(tiny_world, tiny_tokenizer, tmp_path_factory):
                      prompts_fingerprint="", shards={0: 14, 1: 10})
     atomic_write_text(regen / PLAN_FILE, plan.model_dump_json())  # planned, as a regen stage always is
     config = online_config(model_dir, root)
-    features = root / "features" / features_fingerprint(config, regen.name)
+    # not at the features stage directory of this root (``features/<fp>``): an online run there would read them
+    features = root / "stored" / features_fingerprint(config, regen.name)
     for shard in sorted(regen.glob("shard-*.parquet")):
         capture_shard(config, shard, features)
     finalize_features(config, features, [0, 1])

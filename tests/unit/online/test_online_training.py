@@ -112,3 +112,31 @@ def test_two_trainer_ranks_take_disjoint_batches_that_cover_each_epoch_as_stored
         logged = [json.loads(line)["samples"] for line in
                   (result.out_dir / f"trained-rank{rank}.jsonl").read_text().splitlines()]
         assert logged == [list(plan.key(plan.index(0, step, rank))[3]) for step in range(plan.steps_per_epoch)]
+
+
+def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_new_one(online_world, ray_local,
+                                                                                       tmp_path):
+    """Night 1 was stored (shard 0's features are in this root's features stage); night 2 trains online on both
+    regen shards: shard 0's rows are read from its feature shard, shard 1's captured, the curve is stored training's."""
+    from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features
+    from eagle3.config import with_overrides
+    from eagle3.online.plan import OnlinePlan
+    from eagle3.online.run import train_in_process
+    from eagle3.train.trainer import train
+
+    config = with_overrides(online_world.config, [f"root={tmp_path / 'root'}"])
+    features = tmp_path / "root" / "features" / features_fingerprint(config, online_world.regen.name)
+    capture_shard(config, online_world.regen / "shard-00000.parquet", features)
+    finalize_features(config, features, [0])
+    plan = OnlinePlan.for_night(config, online_world.regen, world_size=1)
+    stored_groups = set(plan.stored)
+    assert stored_groups and len(stored_groups) < len(plan.groups)  # some groups read, some captured
+    online = train_in_process(config, online_world.regen, online_world.vocab, tmp_path / "mixed")
+    train(config, online_world.features, online_world.vocab, tmp_path / "stored")
+    a, b = read_metrics(tmp_path / "stored" / METRICS_FILE), read_metrics(tmp_path / "mixed" / METRICS_FILE)
+    assert len(a) == len(b) == online["steps"]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4, abs=1e-5)
+    assert online["store"]["ready"] == 0
+    (counts,) = online["producers"].values()  # shard 0's rows (14 a epoch) read, shard 1's (10) captured
+    assert (counts["samples_read"], counts["samples_captured"]) == (14 * 2, 10 * 2)
