@@ -162,6 +162,16 @@ class TrainConfig(StrictModel):
     lk_kl_scale: float = Field(default=1.0, ge=0, le=1)
     lk_kl_decay: float = Field(default=3.0, ge=0)
 
+    # issue 48 (eagle3.online): where training's hidden states come from; operational (not in the draft's
+    # fingerprint: the same regen shards and seed give the same draft either way)
+    features: Literal["stored", "online", "auto"] = Field(
+        default="stored",
+        description="stored: train on feature shards (capture writes them first); online: capture workers hand "
+        "feature batches to the trainer through train.online.transport, no feature shard is written; auto: online "
+        "when the night's stored features do not fit the disk (eagle3.online.costs says why).",
+    )
+    online: OnlineConfig = Field(default_factory=lambda: OnlineConfig())
+
     @model_validator(mode="after")
     def _lk_weights_need_lk_lambda(self) -> TrainConfig:
         fields = type(self).model_fields
@@ -170,6 +180,27 @@ class TrainConfig(StrictModel):
             raise ValueError(f"train.{changed[0]} weighs KL inside train.loss=lk_lambda only, but train.loss is "
                              f"{self.loss!r}: set train.loss=lk_lambda or drop train.{changed[0]}")
         return self
+
+
+class OnlineConfig(StrictModel):
+    """Online training (``train.features=online``, ``eagle3.online``): producers capture the epoch's batches in its
+    planned order and hand them to the trainer through Ray's object store."""
+
+    transport: Literal["ray"] = Field(default="ray", description="ray: Ray's object store (the Mooncake store's "
+                                      "PyPI wheel needs libcuda and libibverbs: not on CPU hosts; issue 48 report).")
+    producers: int = Field(default=1, gt=0, description="Capture workers (each loads the target: one per GPU, or "
+                           "one per SGLang TP group).")
+    max_inflight: int = Field(default=8, gt=0, description="Batches the store may hold ahead of the trainer; a "
+                              "producer waits beyond it (memory bound: max_inflight x one batch's stored states).")
+    claim_timeout_s: float = Field(default=600.0, gt=0, description="Seconds a producer may hold a batch it has not "
+                                   "delivered before another producer re-captures it (a delivery after that is "
+                                   "dropped by its key).")
+    producer_restarts: int = Field(default=3, ge=0, description="Times a producer that dies is restarted; its "
+                                   "undelivered batches are re-captured, the delivered ones kept.")
+    prefill_tokens_per_s: float = Field(default=40_000.0, gt=0, description="Assumed prefill rate of one capture "
+                                        "replica (tokens/s) for the cost table and train.features=auto.")
+    disk_budget_bytes: int | None = Field(default=None, gt=0, description="train.features=auto: the disk the "
+                                          "night's features may take; None: the free space at the run root.")
 
 
 class ExportConfig(StrictModel):

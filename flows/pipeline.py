@@ -35,8 +35,9 @@ from flows.discover import discover_flow
 from flows.gate import gate_flow, scaling_flow
 from flows.normalize import normalize_flow
 from flows.regen import regen_flow
-from flows.train import train_flow
+from flows.train import online_train_flow, train_flow
 from tasks.common import resolve_config_task
+from tasks.online import features_mode_task
 from tasks.pipeline import (
     night_plots_task,
     plan_night_task,
@@ -63,9 +64,13 @@ def data_scaling(
     prompts = normalize_flow(config, catalog)
     night = plan_night_task(config, prompts, scale, shard_ids)
     regen = regen_flow(config, shard_ids=night["shard_ids"], prompts_dir=night["prompts_dir"])
-    features = capture_flow(config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"])
-    vocab = vocab_flow(config, features)
-    draft = train_flow(config, features, vocab)
+    if features_mode_task(config) == "online":  # issue 48: no feature shards; producers feed the trainer
+        features = None
+        draft = online_train_flow(config, regen["regen_dir"])
+    else:
+        features = capture_flow(config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"])
+        vocab = vocab_flow(config, features)
+        draft = train_flow(config, features, vocab)
     gate = gate_flow(config, [draft["export"]], features_dir=features)
     curve = scaling_flow(
         config,

@@ -25,3 +25,19 @@ def train_flow(config: PipelineConfig, features_dir: str | None = None, vocab: s
                        features_dir=plan["features_dir"])  # fmt: skip
     return {"fingerprint": train.fingerprint, "out_dir": str(train.out_dir), "vocab": plan["vocab"],
             "train_samples": plan["train_samples"], "export": export.summary["export"], "summary": train.summary}
+
+
+@flow(name="train-online", log_prints=False)
+def online_train_flow(config: PipelineConfig, regen_dir: str, vocab: str | None = None) -> dict[str, Any]:
+    """``train_flow`` for ``train.features=online`` (issue 48): the draft vocab over the regen shards' planned samples,
+    online training (capture producers feeding the trainer, no feature shard), then the export; the same return."""
+    from eagle3.layout import VOCAB_FILE
+    from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
+
+    if vocab is None:
+        vocab = str(run_stage(OnlineVocabStage(), config, regen_dir=regen_dir).out_dir / VOCAB_FILE)
+    train = run_stage(OnlineTrainStage(), config, regen_dir=regen_dir, vocab=vocab)
+    plan = train.summary
+    export = run_stage(OnlineExportStage(), config, draft_dir=train.out_dir, vocab=plan["vocab"])
+    return {"fingerprint": train.fingerprint, "out_dir": str(train.out_dir), "vocab": plan["vocab"],
+            "train_samples": plan["train_samples"], "export": export.summary["export"], "summary": train.summary}

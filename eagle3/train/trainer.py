@@ -35,7 +35,7 @@ from eagle3.train.metrics import MetricsWriter
 
 logger = logging.getLogger(__name__)
 
-_OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every"}
+_OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every", "features", "online"}
 # Keys added after drafts were first fingerprinted: left out while at their default, so every draft trained before
 # them (and every recipe that does not set them) keeps its fingerprint and its finished stage directory.
 _ADDED_KEYS = ("architecture", "loss", "lk_kl_scale", "lk_kl_decay")

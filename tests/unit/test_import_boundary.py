@@ -77,6 +77,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
     {"serve"},  # the reference server and the one server launcher
     {"regen", "capture"},
     {"train"},  # training, the vocab and export writers
+    {"online"},  # online training (issue 48): capture producers feed the trainer through Ray's object store
     {"bench"},  # the gate: launches servers, measures, decides
     {"dev"},  # the tiny world
     {"recipes", "lineage"},  # configs by name; which stage directory a config names

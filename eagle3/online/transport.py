@@ -1,0 +1,85 @@
+"""Ray as the online transport: the broker as a named detached actor, batches as objects in Ray's object store.
+
+Why Ray and not the Mooncake store (measured for issue 48, numbers in the issue's report): the
+``mooncake-transfer-engine`` 0.3.13.post1 wheel links ``libcuda.so.1``, ``libcudart.so.12`` and ``libibverbs.so.1``
+and does not import on a CPU host, while Ray is already the pipeline's runner. The object store is shared memory
+on a node (a batch is read without a copy) and moves objects between nodes itself.
+
+Ownership is what makes "kill -9 of a producer" safe: an object is freed when its owner dies, so the broker puts
+the batches a producer hands it (``Broker.deliver``): a delivered batch survives its producer. (Ray 2.56 removed
+``ray.put(..., _owner=)``, which would have saved that hop: one more copy of each batch, measured in the report.)
+The broker is detached (it outlives a killed trainer) and is killed by ``close_broker`` at the run's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from eagle3.online.broker import Broker
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "eagle3-online"
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` (``auto``: the local one), once per process."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False,
+                 configure_logging=False) if address else ray.init(
+            namespace=NAMESPACE, log_to_driver=False, include_dashboard=False, configure_logging=False,
+            num_cpus=4, object_store_memory=256 * 2**20)
+
+
+def open_broker(name: str, **kwargs: Any) -> Any:
+    """The run's broker actor ``name`` (created with ``kwargs`` if it does not exist yet)."""
+    import ray
+
+    actor = ray.remote(Broker).options(name=name, namespace=NAMESPACE, lifetime="detached", max_concurrency=64,
+                                       get_if_exists=True, num_cpus=0)
+    return actor.remote(**kwargs)
+
+
+def get_broker(name: str) -> Any:
+    import ray
+
+    return ray.get_actor(name, namespace=NAMESPACE)
+
+
+def close_broker(name: str) -> None:
+    import ray
+
+    try:
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+    except ValueError:  # not there: nothing to close
+        return
+
+
+def deliver(broker: Any, producer: str, index: int, key: Any, message: dict[str, Any]) -> bool:
+    """Hand ``message`` to the broker, which stores it (and owns it); False: a duplicate, dropped."""
+    import ray
+
+    return ray.get(broker.deliver.remote(producer, index, key, message))
+
+
+def take(broker: Any, rank: int, index: int, *, poll_s: float = 1.0, stop: Any = None) -> tuple[Any, dict]:
+    """Batch ``index`` for ``rank``: waits (polling the broker, so ``stop()`` is seen) until it is delivered."""
+    import ray
+
+    waited = 0.0
+    while True:
+        started = time.monotonic()
+        entry = ray.get(broker.take.remote(rank, index, poll_s))
+        if entry is not None:
+            key, (ref,) = entry
+            return key, ray.get(ref)
+        waited += time.monotonic() - started
+        if stop is not None and stop():
+            raise RuntimeError(f"online batch {index}: producers stopped before delivering it")
+        if waited > 60 and int(waited) % 60 < poll_s:
+            logger.warning("rank %d waited %.0f s for online batch %d: %s", rank, waited, index,
+                           ray.get(broker.status.remote()))

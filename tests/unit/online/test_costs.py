@@ -1,0 +1,45 @@
+"""train.features: operational (the draft's fingerprint is the same either way), the cost table, the auto rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3.config import ConfigError, with_overrides
+from eagle3.online.costs import choose_features, cost_table, night_costs
+from eagle3.recipes import load_recipe
+from eagle3.train.trainer import draft_fingerprint
+
+
+def test_online_settings_leave_the_draft_fingerprint_as_stored_training_has_it():
+    base = load_recipe("kimi_k2_5")
+    online = with_overrides(base, ["train.features=online", "train.online.max_inflight=2",
+                                   "train.online.producers=4"])
+    assert draft_fingerprint(online, "f", "v") == draft_fingerprint(base, "f", "v")
+    assert base.train.features == "stored"  # the default is today's path
+
+
+def test_an_unknown_features_mode_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match=r"train\.features: .*stored.*online.*auto"):
+        with_overrides(load_recipe("tiny"), ["train.features=streamed"])
+
+
+def test_online_costs_no_disk_and_recaptures_every_epoch():
+    config = with_overrides(load_recipe("kimi_k2_5"), ["train.epochs=3"])
+    costs = night_costs(config)
+    assert costs.stored_disk_bytes > 2e12  # terabytes a night at the mission's scale
+    assert costs.online_gpu_hours == pytest.approx(3 * costs.stored_gpu_hours)
+    table = cost_table(config)
+    assert table["online"]["disk"] == "0 B" and "TB" in table["stored"]["disk"]
+    slower = with_overrides(config, ["train.online.prefill_tokens_per_s=20000"])
+    assert night_costs(slower).capture_gpu_hours_per_epoch == pytest.approx(2 * costs.capture_gpu_hours_per_epoch)
+
+
+def test_auto_stores_what_fits_the_disk_budget_and_streams_what_does_not():
+    config = load_recipe("kimi_k2_5")
+    need = night_costs(config).stored_disk_bytes
+    roomy = with_overrides(config, ["train.features=auto", f"train.online.disk_budget_bytes={need * 2}"])
+    tight = with_overrides(config, ["train.features=auto", f"train.online.disk_budget_bytes={need // 2}"])
+    assert choose_features(roomy)[0] == "stored"
+    mode, why = choose_features(tight)
+    assert mode == "online" and "auto -> online" in why and "available" in why
+    assert choose_features(with_overrides(config, ["train.features=online"]))[0] == "online"

@@ -1,0 +1,142 @@
+"""Online training trains the draft stored training trains, exactly once per epoch, with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3.layout import METRICS_FILE
+from eagle3.train.checkpoint import latest_checkpoint
+from eagle3.train.metrics import read_metrics
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from eagle3.online.transport import connect
+
+    connect(None)
+    yield
+    ray.shutdown()
+
+
+def _weights(out_dir):
+    from safetensors.torch import load_file
+
+    path = latest_checkpoint(out_dir / "ckpt")
+    return load_file(str(next(path.glob("model*.safetensors"))))
+
+
+def trained_samples(out_dir) -> list[list[str]]:
+    """Per epoch, every sample id the trainer's own log says it trained on."""
+    epochs: dict[int, list[str]] = {}
+    for line in (out_dir / "trained-rank0.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        epochs.setdefault(record["epoch"], []).extend(record["samples"])
+    return [epochs[e] for e in sorted(epochs)]
+
+
+def test_online_training_follows_stored_training_step_by_step(online_world, ray_local, tmp_path):
+    from eagle3.online.run import train_in_process
+    from eagle3.train.trainer import train
+
+    config = online_world.config
+    stored = train(config, online_world.features, online_world.vocab, tmp_path / "stored")
+    online = train_in_process(config, online_world.regen, online_world.vocab, tmp_path / "online")
+    assert online["steps"] == stored["steps"] > 4
+    a, b = read_metrics(tmp_path / "stored" / METRICS_FILE), read_metrics(tmp_path / "online" / METRICS_FILE)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4, abs=1e-5)
+        assert y["accept_length_sim"] == pytest.approx(x["accept_length_sim"], rel=1e-4)
+    assert a[-1]["loss"] < a[0]["loss"]  # it learned: the comparison is between trained drafts
+    wa, wb = _weights(tmp_path / "stored"), _weights(tmp_path / "online")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-3, atol=1e-4)
+    assert online["store"]["ready"] == 0 and online["store"]["consumed"] == online["steps"]
+    ids = sorted(s.sample_id for s in online_world.samples)
+    assert [sorted(e) for e in trained_samples(tmp_path / "online")] == [ids] * config.train.epochs
+
+
+def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the_stored_vocab(
+    online_world, ray_local, tmp_path
+):
+    from eagle3.config import with_overrides
+    from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
+    from eagle3.stage import run_stage
+    from eagle3.train.stage import TrainStage
+    from eagle3.train.vocab import VocabStage
+
+    config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1"])
+    vocab = run_stage(OnlineVocabStage(), config, regen_dir=online_world.regen)
+    stored_vocab = run_stage(VocabStage(), config, features_dir=online_world.features)
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(vocab.summary["vocab"])["d2t"], load_file(stored_vocab.summary["vocab"])["d2t"])
+    result = run_stage(OnlineTrainStage(), config, regen_dir=online_world.regen, vocab=vocab.summary["vocab"])
+    stored_plan = TrainStage().plan(config, features_dir=online_world.features, vocab=vocab.summary["vocab"])
+    assert result.out_dir == stored_plan.out_dir  # the same draft, whichever path trains it
+    assert result.summary["features"] == "online" and "train.features=online" in result.summary["features_decision"]
+    assert result.summary["store"]["ready"] == 0
+    assert result.summary["steps"] == stored_plan.planned_steps
+    status = json.loads((result.out_dir / "online-status.json").read_text())  # what the monitor last reported
+    assert status["consumed"] == status["total"] == result.summary["steps"] and status["ready"] == 0
+    export = run_stage(OnlineExportStage(), config, draft_dir=result.out_dir, vocab=vocab.summary["vocab"])
+    exported = json.loads((Path(export.summary["export"]) / "config.json").read_text())
+    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == config.export_layer_ids
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_take_disjoint_batches_that_cover_each_epoch_as_stored_ranks_do(
+    online_world, ray_local, tmp_path
+):
+    from eagle3.config import with_overrides
+    from eagle3.online.plan import OnlinePlan
+    from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
+    from eagle3.stage import run_stage
+
+    config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1",
+                                                  "train.nproc=2", "train.batch_size=2"])
+    vocab = run_stage(OnlineVocabStage(), config, regen_dir=online_world.regen)
+    result = run_stage(OnlineTrainStage(), config, regen_dir=online_world.regen, vocab=vocab.summary["vocab"])
+    plan = OnlinePlan.build(config, online_world.regen, world_size=2)
+    assert result.summary["steps"] == plan.steps_per_epoch and result.summary["store"]["ready"] == 0
+    for rank in (0, 1):
+        logged = [json.loads(line)["samples"] for line in
+                  (result.out_dir / f"trained-rank{rank}.jsonl").read_text().splitlines()]
+        assert logged == [list(plan.key(plan.index(0, step, rank))[3]) for step in range(plan.steps_per_epoch)]
+
+
+def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_new_one(online_world, ray_local,
+                                                                                       tmp_path):
+    """Night 1 was stored (shard 0's features are in this root's features stage); night 2 trains online on both
+    regen shards: shard 0's rows are read from its feature shard, shard 1's captured, the curve is stored training's."""
+    from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features
+    from eagle3.config import with_overrides
+    from eagle3.online.plan import OnlinePlan
+    from eagle3.online.run import train_in_process
+    from eagle3.train.trainer import train
+
+    config = with_overrides(online_world.config, [f"root={tmp_path / 'root'}"])
+    features = tmp_path / "root" / "features" / features_fingerprint(config, online_world.regen.name)
+    capture_shard(config, online_world.regen / "shard-00000.parquet", features)
+    finalize_features(config, features, [0])
+    plan = OnlinePlan.for_night(config, online_world.regen, world_size=1)
+    stored_groups = set(plan.stored)
+    assert stored_groups and len(stored_groups) < len(plan.groups)  # some groups read, some captured
+    online = train_in_process(config, online_world.regen, online_world.vocab, tmp_path / "mixed")
+    train(config, online_world.features, online_world.vocab, tmp_path / "stored")
+    a, b = read_metrics(tmp_path / "stored" / METRICS_FILE), read_metrics(tmp_path / "mixed" / METRICS_FILE)
+    assert len(a) == len(b) == online["steps"]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4, abs=1e-5)
+    assert online["store"]["ready"] == 0
+    (counts,) = online["producers"].values()  # shard 0's rows (14 a epoch) read, shard 1's (10) captured
+    assert (counts["samples_read"], counts["samples_captured"]) == (14 * 2, 10 * 2)
