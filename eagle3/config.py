@@ -143,6 +143,23 @@ class TrainConfig(StrictModel):
     keep_last: int = Field(default=3, gt=0)
     log_every: int = Field(default=10, gt=0)
     draft_intermediate_size: int | None = Field(default=None, gt=0)
+    # Nights that build on the champion (issue 49, ``eagle3.train.continual``). At their defaults these keys are not
+    # part of the draft fingerprint (``eagle3.train.trainer.draft_fingerprint``): existing drafts keep their dirs.
+    init: Literal["scratch", "champion"] = Field(
+        default="scratch",
+        description="scratch: a fresh draft on every row so far; champion: start from the promoted draft's weights "
+        "(no optimizer state) and train on the rows it has not seen plus a replay sample of earlier rows.",
+    )
+    replay: float = Field(
+        default=0.5, ge=0, lt=1,
+        description="init=champion: share of tonight's training rows drawn (seeded, by sample id) from rows the "
+        "champion already trained on; the rest are the new rows. 0: new rows only.",
+    )
+    champion_lr_scale: float = Field(
+        default=0.5, gt=0, le=1,
+        description="init=champion: peak lr = train.lr x this (same warmup ratio and cosine decay, over the "
+        "shorter run): a fine-tune, not a retrain.",
+    )
 
 
 class ExportConfig(StrictModel):
