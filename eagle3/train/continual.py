@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.config import PipelineConfig
+from eagle3.layout import CHAMPION_POINTER
 from eagle3.model.export_format import CONFIG_FILE, WEIGHTS_FILE, draft_config_from_export, validate_export
 from eagle3.runroot import Manifest, atomic_path, atomic_write_json
 
@@ -104,10 +105,8 @@ def planned_start_line(config: PipelineConfig) -> str:
     """The plan's line before regen: which init tonight asks for and the champion it would build on."""
     if config.train.init == "scratch":
         return "- training: `train.init=scratch` (a fresh draft on every row so far)"
-    from eagle3.bench.registry import Registry
-
-    champion = Registry(config.root_path).champion()
-    on = f"champion `{champion.draft_id}`" if champion else "no champion yet (this night trains from scratch)"
+    champion = read_champion(config.root_path)
+    on = f"champion `{champion['draft_id']}`" if champion else "no champion yet (this night trains from scratch)"
     return (f"- training: `train.init=champion` on {on}, replay share {config.train.replay:g}, "
             f"lr x {config.train.champion_lr_scale:g}")  # fmt: skip
 
@@ -135,21 +134,26 @@ def plan_start(config: PipelineConfig, features_dir: Path) -> Start:
     start it."""
     if config.train.init == "scratch":
         return Start()
-    from eagle3.bench.registry import Registry
-
-    try:
-        champion = Registry(config.root_path).champion()
-    except FileNotFoundError as exc:
-        raise ChampionError(f"train.init=champion: {exc} ({SCRATCH_FIX})") from None
+    champion = read_champion(config.root_path)
     if champion is None:
         return Start(note="train.init=champion, but no draft has been promoted yet")
-    export = Path(champion.draft_dir)
-    cfg = check_champion(config, export, champion.draft_id)
+    export, champion_id = Path(champion["draft_dir"]), champion["draft_id"]
+    if not export.exists():
+        raise ChampionError(f"train.init=champion: {config.root_path / CHAMPION_POINTER} points at {export}, which "
+                            f"is gone: restore it or promote another draft ({SCRATCH_FIX})")  # fmt: skip
+    cfg = check_champion(config, export, champion_id)
     if cfg["draft_vocab_size"] != config.vocab.draft_vocab_size:
         return Start(note=f"a new vocab mapping is needed: vocab.draft_vocab_size={config.vocab.draft_vocab_size}, "
                           f"the champion's is {cfg['draft_vocab_size']}")  # fmt: skip
-    seen = _seen(config, export, champion.source_dir, champion.draft_id)
-    return _replay_plan(config, Path(features_dir), seen, champion.draft_id, str(export))
+    seen = _seen(config, export, champion.get("source_dir", ""), champion_id)
+    return _replay_plan(config, Path(features_dir), seen, champion_id, str(export))
+
+
+def read_champion(root: Path) -> dict[str, Any] | None:
+    """The champion pointer (``draft_id``, ``draft_dir``: the registry's copy, ``source_dir``), None before the
+    first promotion. Read here rather than through ``eagle3.bench.registry``, which sits above ``train``."""
+    path = Path(root) / CHAMPION_POINTER
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def check_champion(config: PipelineConfig, export: Path, champion_id: str) -> dict[str, Any]:
@@ -193,7 +197,7 @@ def _check_architecture(config: PipelineConfig, export: Path, cfg: dict[str, Any
 
 def _seen(config: PipelineConfig, export: Path, source_dir: str, champion_id: str) -> dict[str, str]:
     """The champion's ``trained_on.json`` shards (its registry copy, else its training run's draft dir)."""
-    for path in (export / TRAINED_ON, Path(source_dir).parent / TRAINED_ON):
+    for path in (export / TRAINED_ON, *([Path(source_dir).parent / TRAINED_ON] if source_dir else [])):
         if path.exists():
             record = json.loads(path.read_text())
             if record["target"] != _target_id(config):
@@ -218,22 +222,21 @@ def _replay_plan(config: PipelineConfig, features_dir: Path, seen: dict[str, str
         raise ChampionError(f"train.init=champion: the champion {champion_id} has trained on every row of "
                             f"{features_dir}: add prompts tonight (--scale) {SCRATCH_FIX}")  # fmt: skip
     ids = {name: _sample_ids(features_dir / shards[name].path) for name in old}
-    replay = config.train.replay
-    wanted = round(new_rows * replay / (1 - replay))
-    keyed = sorted((_replay_key(config.train.seed, sid), name, row) for name in old for row, sid in
-                   enumerate(ids[name]))  # fmt: skip
-    chosen = keyed[:wanted]
+    where = {sid: (name, row) for name in old for row, sid in enumerate(ids[name])}
+    chosen = replay_sample(list(where), new_rows, config.train.replay, seed=config.train.seed)
     rows = {name: list(range(shards[name].rows)) for name in new}
-    for _, name, row in sorted(chosen, key=lambda c: (c[1], c[2])):
+    for name, row in sorted(where[sid] for sid in chosen):
         rows.setdefault(name, []).append(row)
-    return Start(mode="champion", champion_id=champion_id, champion_dir=champion_dir, replay=replay,
-                 lr_scale=config.train.champion_lr_scale, new_rows=new_rows,
-                 old_rows=sum(len(v) for v in ids.values()), rows=rows,
-                 replay_ids=sorted(ids[name][row] for _, name, row in chosen))  # fmt: skip
+    return Start(mode="champion", champion_id=champion_id, champion_dir=champion_dir, replay=config.train.replay,
+                 lr_scale=config.train.champion_lr_scale, new_rows=new_rows, old_rows=len(where), rows=rows,
+                 replay_ids=sorted(chosen))  # fmt: skip
 
 
-def _replay_key(seed: int, sample_id: str) -> str:
-    return hashlib.sha256(f"{seed}:{sample_id}".encode()).hexdigest()
+def replay_sample(old_ids: list[str], new_rows: int, replay: float, *, seed: int) -> list[str]:
+    """The earlier rows a night replays: ``round(new_rows x replay / (1 - replay))`` of ``old_ids`` (all, when
+    fewer), those with the smallest ``sha256(seed:sample_id)`` (independent of file order)."""
+    wanted = round(new_rows * replay / (1 - replay))
+    return sorted(old_ids, key=lambda sid: hashlib.sha256(f"{seed}:{sid}".encode()).hexdigest())[:wanted]
 
 
 def _sample_ids(shard: Path) -> list[str]:

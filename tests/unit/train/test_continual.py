@@ -155,6 +155,15 @@ def test_champion_night_is_reproducible_and_its_fingerprint_names_the_champion(n
         Path(f.path).name for f in nights["files"]}
 
 
+def test_train_reads_the_champion_pointer_where_the_registry_writes_it(nights):
+    from eagle3.layout import CHAMPION_POINTER
+    from eagle3.train.continual import read_champion
+
+    registry = Registry(nights["root"])
+    assert registry.pointer == nights["root"] / CHAMPION_POINTER
+    assert read_champion(nights["root"])["draft_id"] == registry.champion().draft_id
+
+
 def _refused(config, nights, match: str) -> None:
     with pytest.raises(ChampionError, match=match):
         TrainStage().plan(config, features_dir=nights["features"], vocab=nights["plan1"].vocab)
@@ -192,3 +201,15 @@ def test_champion_night_without_new_rows_is_refused_and_a_new_vocab_size_trains_
     plan = TrainStage().plan(resized, features_dir=nights["features"], vocab=nights["plan1"].vocab)
     assert plan.start["mode"] == "scratch" and "new vocab mapping" in plan.start["note"]
     assert plan.fingerprint == draft_fingerprint(resized, nights["features"].name, nights["plan1"].vocab.parent.name)
+
+
+def test_night_plan_and_summary_lines_show_init_champion_and_replay_share(nights):
+    from eagle3.train.continual import planned_start_line, start_line
+
+    champion_id = Registry(nights["root"]).champion().draft_id
+    assert champion_id in planned_start_line(nights["config"]) and "replay share 0.2" in \
+        planned_start_line(nights["config"])
+    assert "train.init=scratch" in planned_start_line(nights["base"])
+    line = start_line(Start(**nights["plan2"].start).summary())
+    assert champion_id in line and "32 new rows + 8 replayed (replay share 0.2)" in line
+    assert start_line(Start(note="no draft has been promoted yet").summary()).startswith("- training: from scratch")
