@@ -2,6 +2,7 @@
 
     python benchmarks/continual_nights.py [--quick] [--seeds 0,1,2] [--nights 4] [--start 96] [--new 24]
                                           [--replay 0.5] [--lr-scale 0.5] [--out result.json] [--resume DIR]
+                                          [--threads 2]
 
 The world: the tiny world's target (``eagle3.dev.world``), its chat/math/code prompts (``generate_conversations``)
 and their greedy answers (regen, once per seed: both arms read the same rows). Per seed (new prompts, a new held-out
@@ -182,25 +183,26 @@ def summarize(results: list[dict[str, Any]], nights: int) -> list[dict[str, Any]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 seeds, 3 nights, smaller sets")
+    parser.add_argument("--quick", action="store_true", help="3 nights, smaller sets, 2 epochs")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--nights", type=int, default=None)
     parser.add_argument("--start", type=int, default=None, help="rows of night 0 (shared)")
     parser.add_argument("--new", type=int, default=None, help="new rows per night")
     parser.add_argument("--eval", type=int, default=None, help="held-out eval prompts")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--replay", type=float, default=0.5, help="train.replay of the continual arm")
     parser.add_argument("--lr-scale", dest="lr_scale", type=float, default=0.5, help="train.champion_lr_scale")
     parser.add_argument("--max-new", dest="max_new", type=int, default=40, help="answer and eval tokens")
     parser.add_argument("--out", type=Path, default=None, help="write the full result JSON here")
     parser.add_argument("--resume", type=Path, default=None, help="keep finished seeds here; reuse them")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (one per seed process: 1)")
     args = parser.parse_args()
-    quick = dict(nights=3, start=64, new=16, eval=12)
-    full = dict(nights=4, start=96, new=24, eval=16)
+    quick = dict(nights=3, start=64, new=16, eval=10, epochs=2)
+    full = dict(nights=4, start=96, new=24, eval=16, epochs=3)
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     from eagle3.recipes import eagle3_home
 
     world, _ = build_tiny_world(eagle3_home() / "cache")
