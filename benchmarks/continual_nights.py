@@ -2,11 +2,12 @@
 
     python benchmarks/continual_nights.py [--quick] [--seeds 0,1,2] [--nights 4] [--start 96] [--new 24]
                                           [--replay 0.5] [--lr-scale 0.5] [--out result.json] [--resume DIR]
-                                          [--threads 2]
+                                          [--threads 2] [--world tiny|domains]
 
-The world: the tiny world's target (``eagle3.dev.world``), its chat/math/code prompts (``generate_conversations``)
-and their greedy answers (regen, once per seed: both arms read the same rows). Per seed (new prompts, a new held-out
-eval set, a new training seed):
+The world: the tiny world's target (``eagle3.dev.world``), its chat/math/code prompts (``generate_conversations``),
+or with ``--world domains`` the domains world (``eagle3.dev.domains_world``: four domains interleaved, equal
+shares; the eval set mixes them alike), and their greedy answers (regen, once per seed: both arms read the same
+rows). Per seed (new prompts, a new held-out eval set, a new training seed):
 
 * night 0, shared: a draft trained from scratch on the first ``--start`` rows (its own draft vocab); it is the
   first champion of the continual arm;
@@ -61,17 +62,29 @@ STEPS = 3
 class World:
     """One seed's rows (prompt ids, answer ids) in order, keyed ``row-<k>``, and its held-out eval prompts."""
 
-    def __init__(self, model_dir: Path, *, seed: int, rows: int, held_out: int, max_new: int) -> None:
+    def __init__(self, model_dir: Path, *, seed: int, rows: int, held_out: int, max_new: int, kind: str) -> None:
         self.model_dir, self.seed, self.max_new = model_dir, seed, max_new
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        convs = generate_conversations(rows + held_out, seed=2000 + seed)
-        prompts = [render_prompt(self.tokenizer, [c[0]] if c[0]["role"] == "user" else c[:2]) for c in convs]
+        if kind == "domains":
+            self.eos, prompts = self.tokenizer.eos_token_id, self._domain_prompts(rows + held_out)
+        else:
+            self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            convs = generate_conversations(rows + held_out, seed=2000 + seed)
+            prompts = [render_prompt(self.tokenizer, [c[0]] if c[0]["role"] == "user" else c[:2]) for c in convs]
         self.eval = prompts[:held_out]
         answers = greedy_answers(self.target, prompts[held_out:], max_new_tokens=max_new, eos_id=self.eos,
                                  pad_id=self.tokenizer.pad_token_id)  # fmt: skip
         self.rows = {f"row-{k}": pair for k, pair in enumerate(zip(prompts[held_out:], answers, strict=True))}
+
+    def _domain_prompts(self, n: int) -> list[list[int]]:
+        """The domains world's four domains interleaved (equal shares; eval prompts are the first ``held_out``)."""
+        from eagle3.dev.domains_world import DOMAINS, domain_prompts
+
+        per = -(-n // len(DOMAINS))
+        by_domain = [[render_prompt(self.tokenizer, [c[0]]) for c in domain_prompts(d, per, seed=1000 + self.seed)]
+                     for d in DOMAINS]  # fmt: skip
+        return [p for row in zip(*by_domain, strict=True) for p in row][:n]
 
     def config(self, work: Path, epochs: int, lr_scale: float) -> PipelineConfig:
         hf = self.target.config
@@ -115,7 +128,7 @@ class World:
 def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     total = args.start + args.nights * args.new
-    world = World(model_dir, seed=seed, rows=total, held_out=args.eval, max_new=args.max_new)
+    world = World(model_dir, seed=seed, rows=total, held_out=args.eval, max_new=args.max_new, kind=args.world)
     order = list(world.rows)
     work = Path(tempfile.mkdtemp(prefix=f"eagle3-continual-{seed}-"))
     first = world.train(order[: args.start], work / "night-0", args, champion=None)
@@ -137,7 +150,8 @@ def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, 
 
 def cached_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """``run_seed``, kept in ``--resume`` (keyed by the arguments that change results) and reused from there."""
-    key = {k: getattr(args, k) for k in ("nights", "start", "new", "eval", "epochs", "replay", "lr_scale", "max_new")}
+    names = ("world", "nights", "start", "new", "eval", "epochs", "replay", "lr_scale", "max_new")
+    key = {k: getattr(args, k) for k in names}
     path = None if args.resume is None else args.resume / f"seed-{seed}.json"
     if path is not None and path.exists() and json.loads(path.read_text())["key"] == key:
         print(f"seed {seed}: reused {path}", flush=True)
@@ -195,6 +209,8 @@ def main() -> None:
     parser.add_argument("--max-new", dest="max_new", type=int, default=40, help="answer and eval tokens")
     parser.add_argument("--out", type=Path, default=None, help="write the full result JSON here")
     parser.add_argument("--resume", type=Path, default=None, help="keep finished seeds here; reuse them")
+    parser.add_argument("--world", choices=("tiny", "domains"), default="tiny",
+                        help="tiny: the tiny world's chat/math/code; domains: eagle3.dev.domains_world, 4 domains")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one per seed process: 1)")
     args = parser.parse_args()
     quick = dict(nights=3, start=64, new=16, eval=10, epochs=2)
@@ -205,9 +221,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from eagle3.recipes import eagle3_home
 
-    world, _ = build_tiny_world(eagle3_home() / "cache")
+    if args.world == "domains":
+        from eagle3.dev.domains_world import build_domains_world
+
+        model_dir = build_domains_world(eagle3_home() / "cache")
+    else:
+        model_dir = Path(build_tiny_world(eagle3_home() / "cache")[0].model_dir)
     started = time.monotonic()
-    results = [cached_seed(Path(world.model_dir), int(s), args) for s in str(args.seeds).split(",")]
+    results = [cached_seed(model_dir, int(s), args) for s in str(args.seeds).split(",")]
     summary = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "wall_s": round(time.monotonic() - started, 1), "per_night": summarize(results, args.nights),
                "night_0_accept": spread([r["nights"]["scratch"][0]["accept"] for r in results])}  # fmt: skip
