@@ -165,7 +165,7 @@ def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, 
     if budget is None:  # no --scale: everything left
         unit, budget = "prompts", max(sum(s.pool_left for s in states if not s.free), 1)
     plan = allocate(states, budget, unit=unit, floor=config.scaling.floor,
-                    ceiling=config.speculative.num_steps + 1)  # fmt: skip
+                    ceiling=config.speculative.num_steps + 1, max_share=config.scaling.max_domain_share)  # fmt: skip
     selection = write_night(config, pool, night=night, rows=plan.rows(), budget=plan.budget, unit=plan.unit,
                             plan=plan.table(), champion=champion) if write else None  # fmt: skip
     logger.info("night %d (aimed): %s", night, plan.rows())
