@@ -27,6 +27,13 @@ data the domain already has (diminishing returns). A prompt is worth that times 
   value is concave in ``x``, so greedy is the optimum of the model. Prompts budgets are spent exactly (or the pools
   run out); a tokens budget is spent until no domain's next row fits.
 * Pre-tokenized rows need no regeneration: they are taken whole, outside the budget.
+* Aimed v2 (issue 49). A fresh retrain moves a domain's accept length by about as much as a night's gain, so a
+  slope over few nights is mostly noise. The planner estimates that noise itself: the pooled residual standard
+  deviation of accept length around each domain's fit, over domains with three or more nights (``noise_estimate``;
+  none before). Each slope is then shrunk by its standard error ``se = noise / sqrt(Sxx)``:
+  ``slope x slope^2 / (slope^2 + se^2)`` (a slope within its noise counts for little). ``scaling.max_domain_share``
+  caps any domain's part of the budget (floor included). Each line says which rule bound it (``bound``: floor,
+  pool, cap, gain, share).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class Allocation:
     accept: float | None
     gain: float  # accept length per e-fold of the domain's tokens, as the rule used it
     why: str
+    bound: str = "gain"  # the rule that bound this allocation: floor, pool, cap, gain, share, free
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ class AimedPlan:
     def table(self) -> list[dict[str, object]]:
         return [{"domain": a.domain, "pool_left": a.pool_left,
                  "current_accept": None if a.accept is None else round(a.accept, 3), "traffic_share": round(a.share, 3),
-                 "allocation": a.rows, "cost": round(a.cost, 1), "why": a.why} for a in self.allocations]  # fmt: skip
+                 "allocation": a.rows, "cost": round(a.cost, 1), "bound": a.bound, "why": a.why}
+                for a in self.allocations]  # fmt: skip
 
     def markdown(self) -> str:
         return plan_markdown(self.table(), budget=self.budget, unit=self.unit, notes=self.notes)
@@ -93,13 +102,13 @@ class AimedPlan:
 
 def plan_markdown(table: Sequence[dict[str, object]], *, budget: float, unit: str, notes: Sequence[str] = ()) -> str:
     """The plan table in Markdown (from ``AimedPlan.table`` rows, as the selection ledger records them)."""
-    lines = ["| domain | pool left | current accept | traffic share | allocation | why |",
-             "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| domain | pool left | current accept | traffic share | allocation | bound by | why |",
+             "|---|---:|---:|---:|---:|---|---|"]  # fmt: skip
     for row in table:
         accept = "-" if row["current_accept"] is None else f"{row['current_accept']:.3f}"
         cost = "" if unit == "prompts" else f" (~{row['cost']:,.0f} tokens)"
         lines.append(f"| {row['domain']} | {row['pool_left']:,} | {accept} | {row['traffic_share']:.2f} | "
-                     f"{row['allocation']:,} rows{cost} | {row['why']} |")  # fmt: skip
+                     f"{row['allocation']:,} rows{cost} | {row.get('bound', '-')} | {row['why']} |")  # fmt: skip
     spent = sum(float(row["cost"]) for row in table)  # type: ignore[arg-type]
     head = f"Budget {budget:,.0f} {unit}, spent {spent:,.0f}."
     return "\n".join([head, "", *lines, *(f"\n{n}" for n in notes)]) + "\n"
@@ -109,20 +118,47 @@ def headroom(state: DomainState, ceiling: float) -> float | None:
     return None if state.accept is None else max(ceiling - state.accept, 0.0)
 
 
-def domain_gain(state: DomainState, *, ceiling: float) -> tuple[float | None, str]:
-    """Accept length per e-fold of tokens from the domain's own points (None: fewer than two), and its source."""
-    usable = [(math.log(t), a) for t, a in state.points if t > 0]
+def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, int] | None:
+    """Least squares of accept length on ln tokens: (slope, Sxx, residual sum of squares, points); None: < 2 x."""
+    usable = [(math.log(t), a) for t, a in points if t > 0]
     if len({x for x, _ in usable}) < 2:
-        return None, ""
+        return None
     mean_x, mean_y = statistics.fmean(x for x, _ in usable), statistics.fmean(y for _, y in usable)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in usable) / sum((x - mean_x) ** 2 for x, _ in usable)
+    sxx = sum((x - mean_x) ** 2 for x, _ in usable)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in usable) / sxx
+    ssr = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in usable)
+    return slope, sxx, ssr, len(usable)
+
+
+def noise_estimate(domains: Sequence[DomainState]) -> tuple[float, int] | None:
+    """The planner's noise: pooled residual standard deviation of accept length around the domains' fits, and its
+    degrees of freedom (domains with three or more nights); None before any has three."""
+    ssr, dof = 0.0, 0
+    for d in domains:
+        fit = _fit(d.points)
+        if fit is not None and fit[3] >= 3:
+            ssr, dof = ssr + fit[2], dof + fit[3] - 2
+    return (math.sqrt(ssr / dof), dof) if dof else None
+
+
+def domain_gain(state: DomainState, *, ceiling: float, noise: float | None = None) -> tuple[float | None, str]:
+    """Accept length per e-fold of tokens from the domain's own points (None: fewer than two), and its source;
+    with a ``noise`` estimate, shrunk by the slope's standard error (module docstring)."""
+    fit = _fit(state.points)
+    if fit is None:
+        return None, ""
+    slope, sxx, _, n = fit
+    source = f"measured {slope:+.3f}/e-fold over {n} nights"
+    if noise:
+        se = noise / math.sqrt(sxx)
+        slope = slope * slope**2 / (slope**2 + se**2) if slope else 0.0
+        source += f" +-{se:.3f}, shrunk to {slope:+.3f}"
     room = headroom(state, ceiling)
-    bounded = max(0.0, slope if room is None else min(slope, room))
-    return bounded, f"measured {slope:+.3f}/e-fold over {len(usable)} nights"
+    return max(0.0, slope if room is None else min(slope, room)), source
 
 
-def _gains(domains: Sequence[DomainState], *, ceiling: float) -> dict[str, tuple[float, str]]:
-    found = {d.name: domain_gain(d, ceiling=ceiling) for d in domains}
+def _gains(domains: Sequence[DomainState], *, ceiling: float, noise: float | None) -> dict[str, tuple[float, str]]:
+    found = {d.name: domain_gain(d, ceiling=ceiling, noise=noise) for d in domains}
     measured = [g for g, _ in found.values() if g is not None]
     fill = statistics.median(measured) if measured else 1.0
     why = "not measured: median gain of the measured" if measured else "nothing measured yet: rows by traffic share"
@@ -149,54 +185,85 @@ def _value(state: DomainState, gain: float | None, rows: int, unit: str) -> floa
     return state.share * gain * state.tokens_per_row / tokens / _cost(state, unit)
 
 
-def allocate(domains: Sequence[DomainState], budget: float, *, unit: str, floor: float, ceiling: float) -> AimedPlan:
-    """Tonight's rows per domain (see the module docstring); ``budget`` in ``unit`` (prompts or tokens)."""
+def allocate(domains: Sequence[DomainState], budget: float, *, unit: str, floor: float, ceiling: float,
+             max_share: float = 1.0) -> AimedPlan:  # fmt: skip
+    """Tonight's rows per domain (see the module docstring); ``budget`` in ``unit`` (prompts or tokens); no domain
+    gets more than ``max_share`` of the budget."""
     if budget <= 0:
         raise ValueError(f"budget={budget}: give the night a positive budget (--scale)")
     ordered = sorted(domains, key=lambda d: d.name)
     live = [d for d in ordered if d.pool_left > 0 and not d.free]
-    gains = _gains(live, ceiling=ceiling)
+    noise = noise_estimate(live)
+    gains = _gains(live, ceiling=ceiling, noise=noise[0] if noise else None)
+    caps = {d.name: min(d.pool_left, int(max_share * budget / _cost(d, unit))) for d in live}
     rows = {d.name: 0 for d in ordered}
     floor_rows, left = {}, budget
     for d in live:  # at least one row each while the budget allows: a share below one row's cost is still a point
         share_rows = max(1 if floor > 0 else 0, int(floor * budget / len(live) / _cost(d, unit)))
-        floor_rows[d.name] = rows[d.name] = min(d.pool_left, share_rows, int(left // _cost(d, unit)))
+        floor_rows[d.name] = rows[d.name] = min(caps[d.name], share_rows, int(left // _cost(d, unit)))
         left -= rows[d.name] * _cost(d, unit)
     aim = any(not source.startswith("nothing measured") for _, source in gains.values())
-    left = _greedy(live, gains if aim else dict.fromkeys(gains), rows, left, budget, unit)
+    left = _greedy(live, gains if aim else dict.fromkeys(gains), rows, left, budget, unit, caps)
     allocations = []
     for d in ordered:
         gain, source = gains.get(d.name, (0.0, ""))
+        bound = _bound(d, rows[d.name], floor_rows.get(d.name, 0), caps.get(d.name, 0), aim)
         why = _why(d, rows[d.name], floor_rows.get(d.name, 0), gain, source, budget, unit)
+        why += f" (capped: scaling.max_domain_share={max_share:g})" if bound == "cap" else ""
         taken = d.pool_left if d.free else rows[d.name]
         cost = 0.0 if d.free else taken * _cost(d, unit)
-        allocations.append(Allocation(d.name, taken, cost, d.pool_left, d.share, d.accept, gain, why))
+        allocations.append(Allocation(d.name, taken, cost, d.pool_left, d.share, d.accept, gain, why, bound))
     ran_out = all(rows[d.name] == d.pool_left for d in live) and left > 0
     notes = (f"Every domain's pool ran out: {left:,.0f} {unit} of the budget unspent.",) if ran_out else ()
+    capped = [a.domain for a in allocations if a.bound == "cap"]
+    if capped and not ran_out and left >= min(_cost(d, unit) for d in live):
+        notes += (f"{left:,.0f} {unit} of the budget unspent: {', '.join(capped)} at scaling.max_domain_share, "
+                  "no other domain's next row fits or has rows left.",)  # fmt: skip
+    notes += (_noise_note(noise),) if aim else ()
     return AimedPlan(budget=budget, unit=unit, allocations=tuple(allocations), notes=notes)
+
+
+def _noise_note(noise: tuple[float, int] | None) -> str:
+    if noise is None:
+        return "No noise estimate yet (a domain needs three nights): slopes are used as measured."
+    return (f"Planner noise: accept length scatters +-{noise[0]:.3f} around the domains' fits ({noise[1]} degrees of "
+            "freedom); each slope is shrunk by its standard error.")  # fmt: skip
+
+
+def _bound(d: DomainState, rows: int, floor_rows: int, cap: int, aim: bool) -> str:
+    """Which rule set this domain's rows: free, pool, cap, floor, gain (or share, when nothing is measured)."""
+    if d.free:
+        return "free"
+    if d.pool_left == 0 or rows == d.pool_left:
+        return "pool"
+    if rows >= cap:
+        return "cap"
+    if rows <= floor_rows:
+        return "floor"
+    return "gain" if aim else "share"
 
 
 def _greedy(
     live: Sequence[DomainState], gains: dict[str, tuple[float, str] | None], rows: dict[str, int], left: float,
-    budget: float, unit: str,
+    budget: float, unit: str, caps: dict[str, int],
 ) -> float:  # fmt: skip
     """Hand out ``left`` budget units in chunks to the domain whose next row is worth most; returns what is left.
     A ``None`` gain: nothing is measured, rows go by traffic share one at a time."""
     by_name = {d.name: d for d in live}
     gain = {name: None if g is None else g[0] for name, g in gains.items()}
-    heap = [(-_value(d, gain[d.name], rows[d.name], unit), d.name) for d in live if rows[d.name] < d.pool_left]
+    heap = [(-_value(d, gain[d.name], rows[d.name], unit), d.name) for d in live if rows[d.name] < caps[d.name]]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
         d = by_name[name]
         cost = _cost(d, unit)
-        affordable = min(d.pool_left - rows[name], int(left // cost))
+        affordable = min(caps[name] - rows[name], int(left // cost))
         if affordable <= 0:
             continue  # this domain's next row does not fit; a cheaper domain's may
         take = 1 if gain[name] is None else min(affordable, max(1, int(budget / cost / CHUNKS)))
         rows[name] += take
         left -= take * cost
-        if rows[name] < d.pool_left:
+        if rows[name] < caps[name]:
             heapq.heappush(heap, (-_value(d, gain[name], rows[name], unit), name))
     return left
 

@@ -172,6 +172,24 @@ class TrainConfig(StrictModel):
     )
     online: OnlineConfig = Field(default_factory=lambda: OnlineConfig())
 
+    # Nights that build on the champion (issue 49, ``eagle3.train.continual``). At their defaults these keys are not
+    # part of the draft fingerprint (``eagle3.train.trainer.draft_fingerprint``): existing drafts keep their dirs.
+    init: Literal["scratch", "champion"] = Field(
+        default="scratch",
+        description="scratch: a fresh draft on every row so far; champion: start from the promoted draft's weights "
+        "(no optimizer state) and train on the rows it has not seen plus a replay sample of earlier rows.",
+    )
+    replay: float = Field(
+        default=0.5, ge=0, lt=1,
+        description="init=champion: share of tonight's training rows drawn (seeded, by sample id) from rows the "
+        "champion already trained on; the rest are the new rows. 0: new rows only.",
+    )
+    champion_lr_scale: float = Field(
+        default=0.5, gt=0, le=1,
+        description="init=champion: peak lr = train.lr x this (same warmup ratio and cosine decay, over the "
+        "shorter run): a fine-tune, not a retrain.",
+    )
+
     @model_validator(mode="after")
     def _lk_weights_need_lk_lambda(self) -> TrainConfig:
         fields = type(self).model_fields
@@ -179,6 +197,14 @@ class TrainConfig(StrictModel):
         if changed and self.loss != "lk_lambda":
             raise ValueError(f"train.{changed[0]} weighs KL inside train.loss=lk_lambda only, but train.loss is "
                              f"{self.loss!r}: set train.loss=lk_lambda or drop train.{changed[0]}")
+        return self
+
+    @model_validator(mode="after")
+    def _champion_nights_read_stored_features(self) -> TrainConfig:
+        if self.init == "champion" and self.features != "stored":
+            raise ValueError(f"train.init=champion builds on the feature shards the champion trained on (its "
+                             f"trained_on.json), which train.features={self.features} does not keep: set "
+                             f"train.features=stored or train.init=scratch")
         return self
 
 

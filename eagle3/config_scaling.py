@@ -46,6 +46,13 @@ class ScalingConfig(StrictModel):
         description="Serving-traffic share per domain (weights, normalized over the pool's domains; a domain "
         "left out has share 0 and gets only the floor). Empty: every domain weighs the same.",
     )
+    max_domain_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="aimed: no domain gets more than this fraction of a night's budget (floor included); 1: no "
+        "cap. The plan table's 'bound by' column says cap where it bound.",
+    )
     eval_per_domain: int = Field(
         default=16,
         gt=0,

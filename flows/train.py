@@ -18,13 +18,15 @@ from flows.stage import run_stage
 @flow(name="train", log_prints=False)
 def train_flow(config: PipelineConfig, features_dir: str | None = None, vocab: str | None = None) -> dict[str, Any]:
     """Train an EAGLE-3 draft on finished features and a vocab (default: the ones this config names), then export
-    it; returns the draft's fingerprint, directory, vocab file, training-sample count, export path and summary."""
+    it; returns the draft's fingerprint, directory, vocab file, training-sample count, export path, summary and start
+    (scratch or built on the champion: ``eagle3.train.continual``)."""
     train = run_stage(TrainStage(), config, features_dir=features_dir, vocab=vocab)
     plan = train.summary
     export = run_stage(ExportStage(), config, draft_dir=train.out_dir, vocab=plan["vocab"],
                        features_dir=plan["features_dir"])  # fmt: skip
     return {"fingerprint": train.fingerprint, "out_dir": str(train.out_dir), "vocab": plan["vocab"],
-            "train_samples": plan["train_samples"], "export": export.summary["export"], "summary": train.summary}
+            "train_samples": plan["train_samples"], "export": export.summary["export"], "summary": train.summary,
+            "start": plan.get("start", {})}
 
 
 @flow(name="train-online", log_prints=False)

@@ -60,6 +60,8 @@ def plan_night_task(
 @task(name="night-summary", cache_policy=NO_CACHE)
 def publish_summary_task(summary: dict[str, Any]) -> str:
     """The night in a few Markdown lines (artifact ``data-scaling-summary``); returns the Markdown."""
+    from eagle3.train.continual import start_line
+
     night, gate, curve = summary["night"], summary["gate"], summary["curve"]
     verdicts = {"pass": "PASS (promoted)", "inconclusive": "INCONCLUSIVE (nothing promoted)"}
     verdict = verdicts.get(gate["verdict"], "REFUSED")
@@ -71,6 +73,7 @@ def publish_summary_task(summary: dict[str, Any]) -> str:
             f"- prompts: {night['total_prompts']:,} in shards {night['shard_ids']} "
             f"({len(night['new_shard_ids'])} new){exhausted}",
             f"- draft: `{summary['draft']['export']}`",
+            start_line(summary["draft"].get("start", {})),
             f"- gate: **{verdict}**, report `{gate['markdown']}`",
             *serving_lines(gate),
             f"- scaling curve: {curve['points']} nights, {curve['verdict']} (`{curve['png']}`)",

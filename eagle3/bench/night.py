@@ -165,7 +165,7 @@ def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, 
     if budget is None:  # no --scale: everything left
         unit, budget = "prompts", max(sum(s.pool_left for s in states if not s.free), 1)
     plan = allocate(states, budget, unit=unit, floor=config.scaling.floor,
-                    ceiling=config.speculative.num_steps + 1)  # fmt: skip
+                    ceiling=config.speculative.num_steps + 1, max_share=config.scaling.max_domain_share)  # fmt: skip
     selection = write_night(config, pool, night=night, rows=plan.rows(), budget=plan.budget, unit=plan.unit,
                             plan=plan.table(), champion=champion) if write else None  # fmt: skip
     logger.info("night %d (aimed): %s", night, plan.rows())
@@ -227,9 +227,14 @@ def explicit_night(config: PipelineConfig, prompts_dir: Path, shard_ids: list[in
 def plan_tonight(config: PipelineConfig, prompts_dir: Path, scale: int | None, shard_ids: list[int] | None = None,
                  *, write: bool = True) -> dict[str, Any]:  # fmt: skip
     """Tonight's prompts by ``scaling.policy`` (``write`` False: plan only, select nothing): the regen input
-    directory, its shard ids, the plan table and its Markdown."""
+    directory, its shard ids, the plan table and its Markdown (ending with how the draft will start:
+    ``train.init``, the champion, the replay share)."""
+    from eagle3.train.continual import planned_start_line
+
     if config.scaling.policy == "uniform":
-        return uniform_night(config, prompts_dir, scale, shard_ids)
-    if shard_ids is not None:
-        return explicit_night(config, prompts_dir, shard_ids)
-    return plan_aimed(config, Path(prompts_dir), scale, write=write).summary()
+        night = uniform_night(config, prompts_dir, scale, shard_ids)
+    elif shard_ids is not None:
+        night = explicit_night(config, prompts_dir, shard_ids)
+    else:
+        night = plan_aimed(config, Path(prompts_dir), scale, write=write).summary()
+    return night | {"plan_markdown": night["plan_markdown"] + "\n" + planned_start_line(config) + "\n"}

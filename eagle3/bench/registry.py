@@ -31,7 +31,7 @@ from eagle3.runroot import atomic_write_json, fingerprint, fsync_dir, sha256_fil
 
 logger = logging.getLogger(__name__)
 
-POINTER = "promoted.json"
+POINTER = "promoted.json"  # = eagle3.layout.CHAMPION_POINTER under the run root (train reads it there)
 HISTORY = "history.jsonl"
 
 

@@ -75,6 +75,11 @@ class RowGroup:
     shard: int
     row_group: int
     lengths: tuple[int, ...]
+    keep: tuple[int, ...] | None = None  # the rows (inside the group) trained on, when ``rows`` filters; None: all
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths) if self.keep is None else len(self.keep)
 
 
 def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -105,7 +110,9 @@ class FeatureDataset(IterableDataset):
     ``shards`` is a finished features directory (its manifest lists the shards) or shard paths. ``hidden_dtype``
     None keeps the stored dtype (footer ``dtype``); batches come out on ``device``. ``prefetch``: batches a
     collating thread prepares ahead of the consumer; 0 collates on the consumer's thread when it asks. None: 0 for
-    a CPU consumer (its step keeps every core busy), 2 for a GPU one (module docstring)."""
+    a CPU consumer (its step keeps every core busy), 2 for a GPU one (module docstring). ``rows``: the rows to
+    train on, as shard file name -> row indices in that file (a night that builds on the champion,
+    ``eagle3.train.continual``); shards it does not name are skipped. None: every row."""
 
     def __init__(
         self,
@@ -121,6 +128,7 @@ class FeatureDataset(IterableDataset):
         hidden_dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
         prefetch: int | None = None,
+        rows: dict[str, Sequence[int]] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -132,6 +140,7 @@ class FeatureDataset(IterableDataset):
         verify_files(self.paths, rebuild="eagle3 capture", share=_verify_share(rank, world_size), pages_checked=True)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.max_seq_len, self.seed, self.shuffle, self.pack = max_seq_len, seed, shuffle, pack
+        self.rows = None if rows is None else {name: frozenset(ids) for name, ids in rows.items()}
         self._files: list[FeatureFile] = []
         self.groups: list[RowGroup] = []
         self.dtype, self.hidden_size, (self.aux_codec, self.last_codec) = self._scan()
@@ -150,7 +159,8 @@ class FeatureDataset(IterableDataset):
         self._next_read = 0
         self._last: Batch = []  # the batch yielded last, for ``origin``
         self._plan_fp = fingerprint([str(p) for p in self.paths], [g.lengths for g in self.groups], seed, shuffle,
-                                    rank, world_size, batch_size, pack, max_seq_len)
+                                    rank, world_size, batch_size, pack, max_seq_len,
+                                    *([] if rows is None else [sorted((k, sorted(v)) for k, v in rows.items())]))
 
     def _scan(self) -> tuple[str, int, tuple[ColumnCodec, FinalCodec]]:
         """Open every shard (footer + schema validated), read row counts and lengths per row group."""
@@ -167,8 +177,9 @@ class FeatureDataset(IterableDataset):
             start = 0
             for rg in range(file.num_row_groups):
                 rows = file.metadata.row_group(rg).num_rows
-                if rows:
-                    self.groups.append(RowGroup(s, rg, tuple(lengths[start : start + rows])))
+                keep = self._kept(path, start, rows)
+                if rows and (keep is None or keep):
+                    self.groups.append(RowGroup(s, rg, tuple(lengths[start : start + rows]), keep))
                 start += rows
         if len(dtypes) > 1 or len(hidden) > 1 or len(codecs) > 1:
             raise ValueError(f"feature shards mix dtypes {sorted(dtypes)} / hidden sizes {sorted(hidden)} / "
@@ -176,6 +187,13 @@ class FeatureDataset(IterableDataset):
         if not self.groups:
             raise ValueError(f"no rows in feature shards {[str(p) for p in self.paths]}")
         return dtypes.pop(), hidden.pop(), codecs.pop()
+
+    def _kept(self, path: Path, start: int, rows: int) -> tuple[int, ...] | None:
+        """The rows of a row group starting at file row ``start`` that ``rows`` keeps (None: no filter)."""
+        if self.rows is None:
+            return None
+        wanted = self.rows.get(path.name, frozenset())
+        return tuple(r for r in range(rows) if start + r in wanted)
 
     # ---- the plan -------------------------------------------------------------------------------------------
 
@@ -189,15 +207,16 @@ class FeatureDataset(IterableDataset):
         for g in order:
             r = min(range(self.world_size), key=lambda i: (rows[i], i))
             ranks[r].append(g)
-            rows[r] += len(self.groups[g].lengths)
+            rows[r] += self.groups[g].n
         return ranks
 
     def _rank_batches(self, epoch: int, groups: list[int]) -> list[Batch]:
         items: list[Item] = []
         for g in groups:
-            n = len(self.groups[g].lengths)
-            rows = np.random.default_rng([self.seed, epoch, g]).permutation(n).tolist() if self.shuffle else range(n)
-            items += [(g, r) for r in rows]
+            group = self.groups[g]
+            rows = np.random.default_rng([self.seed, epoch, g]).permutation(group.n).tolist() if self.shuffle \
+                else range(group.n)
+            items += [(g, r if group.keep is None else group.keep[r]) for r in rows]
         seqs = self._packs(items) if self.pack else [[item] for item in items]
         return [seqs[i : i + self.batch_size] for i in range(0, len(seqs), self.batch_size)]
 

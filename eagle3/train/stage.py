@@ -21,8 +21,11 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
+
+from pydantic import Field
 
 from eagle3.config import PipelineConfig
 from eagle3.errors import DATA_ERROR_PREFIX, DataError
@@ -31,6 +34,14 @@ from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
 from eagle3.runroot import Manifest, atomic_write_text, fingerprint
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 from eagle3.train.checkpoint import latest_checkpoint
+from eagle3.train.continual import (
+    CHAMPION_VOCAB,
+    TRAINED_ON,
+    Start,
+    plan_start,
+    record_trained_on,
+    write_champion_vocab,
+)
 from eagle3.train.distributed import run_workers, worker_command
 from eagle3.train.export import export_draft
 from eagle3.train.metrics import read_metrics
@@ -47,9 +58,10 @@ def vocab_file(vocab: Path | str) -> Path:
 
 class TrainPlan(Plan):
     features_dir: Path
-    vocab: Path  # the vocab.safetensors file
+    vocab: Path  # the vocab.safetensors file (a night built on the champion: the champion's, in the draft dir)
     train_samples: int  # rows of the features manifest
     planned_steps: int  # train.max_steps, else an estimate until the trainer's first metrics record gives its count
+    start: dict[str, Any] = Field(default_factory=dict)  # ``eagle3.train.continual.Start``: the champion, the rows
 
 
 class TrainStage(Stage[TrainPlan]):
@@ -62,14 +74,19 @@ class TrainStage(Stage[TrainPlan]):
 
     def plan(self, config: PipelineConfig, *, features_dir: Path, vocab: Path) -> TrainPlan:
         features, vocab_path = Path(features_dir), vocab_file(vocab)
-        fp = draft_fingerprint(config, features.name, vocab_path.parent.name)
+        start = plan_start(config, features)  # a champion that cannot start the draft is refused here
+        fp = draft_fingerprint(config, features.name, vocab_path.parent.name, start.identity())
+        out_dir = stage_dir(config.root_path, "train", fp)
         manifest = Manifest.read(features)
         samples = manifest.rows if manifest else 0
+        if start.champion:
+            samples, vocab_path = start.new_rows + len(start.replay_ids), out_dir / CHAMPION_VOCAB
+        if start.note:
+            logger.warning("train: %s; this night trains from scratch", start.note)
         per_step = config.train.batch_size * config.train.nproc
         planned = config.train.max_steps or config.train.epochs * max(math.ceil(samples / per_step), 1)
-        return TrainPlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "train", fp),
-                         features_dir=features, vocab=vocab_path, train_samples=samples,
-                         planned_steps=planned)  # fmt: skip
+        return TrainPlan(stage=self.name, fingerprint=fp, out_dir=out_dir, features_dir=features, vocab=vocab_path,
+                         train_samples=samples, planned_steps=planned, start=asdict(start))  # fmt: skip
 
     def run_unit(
         self, config: PipelineConfig, plan: TrainPlan, unit: Unit, *, env: Any = None,
@@ -78,9 +95,7 @@ class TrainStage(Stage[TrainPlan]):
         if _trained(plan.out_dir):
             logger.info("draft %s is already trained (%s)", plan.fingerprint, plan.out_dir / CKPT_DIR)
             return UnitReport(unit=unit, skipped=True, rows=plan.train_samples)
-        plan.out_dir.mkdir(parents=True, exist_ok=True)
-        config_yaml = plan.out_dir / CONFIG_FILE
-        atomic_write_text(config_yaml, config.to_yaml())
+        config_yaml = prepare_draft_dir(config, plan)
         command = worker_command(config_yaml, plan.features_dir, plan.vocab, plan.out_dir, nproc=config.train.nproc)
         logger.info("starting: %s", " ".join(command))
         data_errors: list[str] = []
@@ -117,12 +132,26 @@ class TrainStage(Stage[TrainPlan]):
         last = _last_metrics(plan.out_dir)
         summary = {"out_dir": str(plan.out_dir), "steps": last.get("step"), "final": last,
                    "features_dir": str(plan.features_dir), "vocab": str(plan.vocab),
-                   "train_samples": plan.train_samples}  # fmt: skip
+                   "train_samples": plan.train_samples, "start": Start(**plan.start).summary()}  # fmt: skip
         if failed:
             return self.failed_result(plan, failed, summary=summary)
         write_failed_shards(plan.out_dir, [])
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
                            summary=summary)  # fmt: skip
+
+
+def prepare_draft_dir(config: PipelineConfig, plan: TrainPlan) -> Path:
+    """What the workers read besides the features: the start (``start.json``; a champion night also gets the
+    champion's vocab maps), the data record ``trained_on.json`` and the resolved config; returns the config path."""
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    start = Start(**plan.start)
+    if start.champion:
+        write_champion_vocab(start, plan.vocab)
+    start.write(plan.out_dir)
+    record_trained_on(config, plan.features_dir, plan.out_dir)
+    config_yaml = plan.out_dir / CONFIG_FILE
+    atomic_write_text(config_yaml, config.to_yaml())
+    return config_yaml
 
 
 def _last_metrics(out_dir: Path) -> dict[str, Any]:
@@ -175,6 +204,8 @@ class ExportStage(Stage[ExportPlan]):
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
         export = export_draft(config, plan.out_dir, plan.vocab, plan.features_dir, plan.export_dir)
+        if (plan.out_dir / TRAINED_ON).exists():  # the data record travels with the export into the registry
+            atomic_write_text(export / TRAINED_ON, (plan.out_dir / TRAINED_ON).read_text())
         logger.info("draft exported to %s", export)
         return UnitReport(unit=unit, detail={"export": str(export)})
 

@@ -39,6 +39,8 @@ _OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every", "feat
 # Keys added after drafts were first fingerprinted: left out while at their default, so every draft trained before
 # them (and every recipe that does not set them) keeps its fingerprint and its finished stage directory.
 _ADDED_KEYS = ("architecture", "loss", "lk_kl_scale", "lk_kl_decay")
+# In the fingerprint only through a champion night's start (``eagle3.train.continual.Start.identity``).
+_CONTINUAL = {"init", "replay", "champion_lr_scale"}
 
 
 class BatchSource(Protocol):
@@ -108,20 +110,26 @@ class DraftInputs:
                        d2t=self.d2t.to(device))
 
 
-def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str) -> str:
-    """Stage fingerprint of a draft: features, vocab, the result-relevant train config, target and export size."""
-    train_cfg = config.train.model_dump(mode="json", exclude=_OPERATIONAL)
+def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str,
+                      start: dict[str, Any] | None = None) -> str:  # fmt: skip
+    """Stage fingerprint of a draft: features, vocab, the result-relevant train config, target and export size,
+    and, for a night built on the champion, its start (``Start.identity``: the champion's id, replay, lr scale)."""
+    train_cfg = config.train.model_dump(mode="json", exclude=_OPERATIONAL | _CONTINUAL)
     defaults = TrainConfig().model_dump(mode="json")
     train_cfg = {k: v for k, v in train_cfg.items() if k not in _ADDED_KEYS or v != defaults[k]}
-    return fingerprint("draft", features_fp, vocab_fp, train_cfg, config.target.model_dump(mode="json"))
+    parts = ("draft", features_fp, vocab_fp, train_cfg, config.target.model_dump(mode="json"))
+    return fingerprint(*parts, start) if start else fingerprint(*parts)
 
 
-def build_draft(inputs: DraftInputs, seed: int) -> DraftModel:
-    """A fresh draft (seeded init) whose ``lm_head`` starts from the target's rows for the draft vocab."""
+def build_draft(inputs: DraftInputs, seed: int, init: dict[str, torch.Tensor] | None = None) -> DraftModel:
+    """A fresh draft (seeded init) whose ``lm_head`` starts from the target's rows for the draft vocab; ``init``
+    (the champion's weights) replaces every tensor when given."""
     torch.manual_seed(seed)
     draft = DraftModel(inputs.draft_config)
     with torch.no_grad():
         draft.lm_head.weight.copy_(inputs.head.lm_head[inputs.draft_ids].float())
+    if init is not None:
+        draft.load_state_dict(init, strict=True)
     return draft
 
 
@@ -302,16 +310,19 @@ def _loop(run: _Run, config: PipelineConfig, out_dir: Path, source: BatchSource,
 
 
 def train_on_source(
-    config: PipelineConfig, source: BatchSource, inputs: DraftInputs, out_dir: Path, info: DistInfo
-) -> dict[str, Any]:
-    """Train (or resume, or find finished) a draft on ``source``; returns a small summary dict."""
+    config: PipelineConfig, source: BatchSource, inputs: DraftInputs, out_dir: Path, info: DistInfo,
+    *, init: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Train (or resume, or find finished) a draft on ``source``; returns a small summary dict. ``init``: start
+    from these weights (the champion's) with the fine-tuning peak lr ``train.lr x train.champion_lr_scale``."""
     out_dir = Path(out_dir)
     inputs = inputs.to(info.device)
-    draft = build_draft(inputs, config.train.seed).to(info.device)
+    draft = build_draft(inputs, config.train.seed, init).to(info.device)
+    lr = config.train.lr * (config.train.champion_lr_scale if init is not None else 1.0)
     objective = objective_for(config, draft)
     bf16 = info.device.type == "cuda" and config.train.precision == "bf16"
     model = wrap_for_training(objective, parallel=config.train.parallel, info=info, bf16=bf16)
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=config.train.weight_decay)
     total = config.train.max_steps or config.train.epochs * len(source)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total, config.train.warmup_ratio))
     sharded = info.distributed and config.train.parallel == "fsdp"
@@ -329,21 +340,30 @@ def train_on_source(
 
 def load_inputs(config: PipelineConfig, vocab_path: Path) -> DraftInputs:
     """Draft architecture from the target's HF config, the frozen target tensors and the draft vocab."""
+    vocab = load_file(str(vocab_path))
+    hf_config = hf_target_config(config)
+    draft_config = draft_config_for(config, hf_config, draft_vocab_size=len(vocab["d2t"]))
+    return DraftInputs(draft_config=draft_config, head=target_head(config, hf_config), d2t=vocab["d2t"].long())
+
+
+def hf_target_config(config: PipelineConfig) -> Any:
+    """The target's HF config (``AutoConfig``)."""
     from transformers import AutoConfig
 
-    vocab = load_file(str(vocab_path))
     target = config.target
-    hf_config = AutoConfig.from_pretrained(
-        target.model_path, revision=target.revision, trust_remote_code=target.trust_remote_code
-    )
-    draft_config = DraftConfig.from_target_config(
+    return AutoConfig.from_pretrained(target.model_path, revision=target.revision,
+                                      trust_remote_code=target.trust_remote_code)  # fmt: skip
+
+
+def draft_config_for(config: PipelineConfig, hf_config: Any, *, draft_vocab_size: int) -> DraftConfig:
+    """The draft architecture this config trains for the target ``hf_config`` describes."""
+    return DraftConfig.from_target_config(
         hf_config,
-        draft_vocab_size=len(vocab["d2t"]),
-        max_position_embeddings=max(target.context_length, config.export.max_position_embeddings or 0),
+        draft_vocab_size=draft_vocab_size,
+        max_position_embeddings=max(config.target.context_length, config.export.max_position_embeddings or 0),
         intermediate_size=config.train.draft_intermediate_size,
         **config.train.architecture.model_dump(),
     )
-    return DraftInputs(draft_config=draft_config, head=target_head(config, hf_config), d2t=vocab["d2t"].long())
 
 
 def target_head(config: PipelineConfig, hf_config: Any) -> TargetHead:
@@ -376,12 +396,14 @@ def accept_on_features(config: PipelineConfig, export_dir: Path, shard: Path, *,
     return accept_length((stats[:, 1] / stats[:, 2].clamp(min=1.0)).tolist())
 
 
-def feature_source(config: PipelineConfig, features_dir: Path, info: DistInfo) -> BatchSource:
-    """The Parquet feature loader for this rank."""
+def feature_source(config: PipelineConfig, features_dir: Path, info: DistInfo,
+                   rows: dict[str, list[int]] | None = None) -> BatchSource:  # fmt: skip
+    """The Parquet feature loader for this rank (``rows``: only those, shard file name -> row indices)."""
     from eagle3.train.data import FeatureDataset
 
     return FeatureDataset(
         features_dir,
+        rows=rows,
         batch_size=config.train.batch_size,
         max_seq_len=config.train.max_seq_len,
         seed=config.train.seed,
@@ -392,15 +414,21 @@ def feature_source(config: PipelineConfig, features_dir: Path, info: DistInfo) -
 
 
 def train(config: PipelineConfig, features_dir: Path, vocab_path: Path, out_dir: Path) -> dict[str, Any]:
-    """Train a draft from feature shards and a vocab into ``out_dir`` (single process or a torchrun worker)."""
+    """Train a draft from feature shards and a vocab into ``out_dir`` (single process or a torchrun worker); a
+    ``start.json`` there (``eagle3.train.continual``, written by the train stage) starts it from the champion on
+    the rows it names."""
     import torch.distributed as dist
+
+    from eagle3.train.continual import Start, champion_weights
 
     owns_group = not dist.is_initialized()
     info = init_distributed(config.train.device)
+    start = Start.read(Path(out_dir))
     try:
         inputs = load_inputs(config, Path(vocab_path))
-        source = feature_source(config, Path(features_dir), info)
-        return train_on_source(config, source, inputs, Path(out_dir), info)
+        source = feature_source(config, Path(features_dir), info, start.rows if start.champion else None)
+        init = champion_weights(start) if start.champion else None
+        return train_on_source(config, source, inputs, Path(out_dir), info, init=init)
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()

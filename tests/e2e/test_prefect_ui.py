@@ -189,7 +189,7 @@ def test_the_nightly_page_shows_tonights_aimed_plan_table(prefect_server: Prefec
     (artifact,) = prefect_server.post("/artifacts/filter", {"artifacts": {"key": {"any_": ["night-plan"]}},
                                                            "sort": "CREATED_DESC", "limit": 1})  # fmt: skip
     assert artifact["flow_run_id"] == night["id"] and artifact["type"] == "markdown"
-    header = "| domain | pool left | current accept | traffic share | allocation | why |"
+    header = "| domain | pool left | current accept | traffic share | allocation | bound by | why |"
     assert header in artifact["data"] and "| sharegpt |" in artifact["data"], artifact["data"]
     browser = Browser()
     try:

@@ -135,3 +135,38 @@ def test_the_floor_gives_a_domain_of_long_answers_a_row_even_when_its_share_cost
     rows = allocate(domains, 1_000, unit="tokens", floor=0.1, ceiling=4.0).rows()  # floor: 50 tokens a domain
     assert rows["long"] == 1 and rows["short"] > 50
     assert allocate(domains, 300, unit="tokens", floor=0.1, ceiling=4.0).rows()["long"] == 0  # a row over budget
+
+
+def test_a_domain_gets_no_more_than_max_domain_share_and_the_table_says_the_cap_bound_it():
+    domains = [  # one domain's gain dwarfs the other's: uncapped it takes nearly the whole night
+        DomainState("flat", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
+                    points=((2000, 2.0), (4000, 2.05)), trained_tokens=4000),
+        DomainState("rising", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
+                    points=((2000, 1.6), (4000, 2.0)), trained_tokens=4000),
+    ]  # fmt: skip
+    free = allocate(domains, 400, unit="prompts", **RULE)
+    capped = allocate(domains, 400, unit="prompts", max_share=0.6, **RULE)
+    assert free.rows()["rising"] > 240 and capped.rows() == {"flat": 160, "rising": 240}
+    bound = {row["domain"]: row["bound"] for row in capped.table()}
+    assert bound == {"flat": "gain", "rising": "cap"} and "max_domain_share=0.6" in capped.allocations[1].why
+    assert "| bound by |" in capped.markdown() and "| cap |" in capped.markdown()
+
+
+def test_slopes_are_shrunk_by_their_standard_error_under_the_planners_noise_estimate():
+    from eagle3.aim import noise_estimate
+
+    two = DomainState("two", 100, 10, 0.5, accept=2.0, points=((1000, 1.6), (4000, 2.0)))
+    assert noise_estimate([two]) is None  # two points fit exactly: no residual, no estimate
+    assert domain_gain(two, ceiling=4.0) == domain_gain(two, ceiling=4.0, noise=None)
+    noisy = DomainState("noisy", 100, 10, 0.5, accept=2.0, points=((1000, 1.7), (2000, 1.5), (4000, 1.9)))
+    sigma, dof = noise_estimate([two, noisy])
+    assert dof == 1 and sigma > 0
+    raw, _ = domain_gain(noisy, ceiling=4.0)
+    shrunk, why = domain_gain(noisy, ceiling=4.0, noise=sigma)
+    assert 0 < shrunk < raw and "shrunk to" in why
+    # the same slope over a wider span of data is known better, so it is shrunk less
+    wide = DomainState("wide", 100, 10, 0.5, accept=2.0, points=((1000, 1.6), (16000, 1.6 + raw * math.log(16))))
+    assert domain_gain(wide, ceiling=4.0, noise=sigma)[0] > shrunk
+    plan = allocate([two, noisy], 100, unit="prompts", **RULE)
+    assert any("Planner noise" in note and "1 degrees of freedom" in note for note in plan.notes)
+    assert any("No noise estimate yet" in n for n in allocate([two], 100, unit="prompts", **RULE).notes)

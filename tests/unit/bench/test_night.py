@@ -45,7 +45,8 @@ def test_the_first_aimed_night_splits_the_budget_evenly_and_selects_the_rows(tmp
     assert {row["domain"]: row["allocation"] for row in night["plan"]} == {"chat": 10, "code": 10, "math": 10, FREE: 4}
     assert all("nothing measured yet" in row["why"] for row in night["plan"] if row["domain"] != FREE)
     assert night["total_prompts"] == 34 and night["new_shard_ids"] == night["shard_ids"] == [0, 1, 2, 3]
-    assert "| domain | pool left | current accept | traffic share | allocation | why |" in night["plan_markdown"]
+    header = "| domain | pool left | current accept | traffic share | allocation | bound by | why |"
+    assert header in night["plan_markdown"] and "| share |" in night["plan_markdown"]  # nothing measured: by share
     preview = plan_tonight(config, prompts, 30, write=False)  # what `eagle3 plan` prints: the same, nothing written
     assert preview["plan"] == night["plan"] and len(read_nights(Path(night["prompts_dir"]))) == 1
 
