@@ -14,6 +14,8 @@ The broker is detached (it outlives a killed trainer) and is killed by ``close_b
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from typing import Any
 
@@ -25,14 +27,24 @@ NAMESPACE = "eagle3-online"
 
 
 def connect(address: str | None) -> None:
-    """Join the Ray cluster at ``address`` (``auto``: the local one), once per process."""
+    """Join the Ray cluster at ``address`` (``auto``: the local one), once per process. The process keeps its own
+    SIGTERM handler: a Ray driver replaces it with ``sys.exit(15)``, which would skip what the pipeline's handlers do
+    on SIGTERM (regen flushes its journals and exits 128 + 15, Prefect cancels its run)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False,
-                 configure_logging=False) if address else ray.init(
-            namespace=NAMESPACE, log_to_driver=False, include_dashboard=False, configure_logging=False,
-            num_cpus=4, object_store_memory=256 * 2**20)
+    if ray.is_initialized():
+        return
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        if address:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False,
+                     configure_logging=False)  # fmt: skip
+        else:
+            ray.init(namespace=NAMESPACE, log_to_driver=False, include_dashboard=False, configure_logging=False,
+                     num_cpus=4, object_store_memory=256 * 2**20)  # fmt: skip
+    finally:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def open_broker(name: str, **kwargs: Any) -> Any:

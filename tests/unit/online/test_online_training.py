@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,23 @@ def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_ne
     assert online["store"]["ready"] == 0
     (counts,) = online["producers"].values()  # shard 0's rows (14 a epoch) read, shard 1's (10) captured
     assert (counts["samples_read"], counts["samples_captured"]) == (14 * 2, 10 * 2)
+
+
+def test_joining_ray_keeps_the_process_sigterm_handler():
+    """A Ray driver installs ``sys.exit(15)`` for SIGTERM; the pipeline's process keeps its own (regen's journal
+    flush and exit 128 + 15, Prefect's cancellation), whichever test or stage joined Ray first."""
+    import ray
+
+    from eagle3.online.transport import connect
+
+    def ours(signum, frame):  # pragma: no cover - never delivered
+        raise AssertionError
+
+    before = signal.signal(signal.SIGTERM, ours)
+    ray.shutdown()
+    try:
+        connect(None)
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        ray.shutdown()
+        signal.signal(signal.SIGTERM, before)
