@@ -67,13 +67,18 @@ def test_the_same_inputs_give_the_same_plan_whatever_their_order():
     assert first == again and first.markdown() == again.markdown()
 
 
-def test_the_budget_goes_where_traffic_share_times_measured_gain_is_highest():
-    domains = [  # equal share, equal data; one domain's accept length stopped moving, the other's still rises
-        DomainState("flat", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
-                    points=((2000, 2.0), (4000, 2.0)), trained_tokens=4000),
-        DomainState("rising", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
-                    points=((2000, 1.6), (4000, 2.0)), trained_tokens=4000),
+def _flat_and_rising(flat_last: float) -> list[DomainState]:
+    """Two domains of equal share and data after two nights: "flat" ends at ``flat_last`` from 2.0, "rising" went
+    from 1.6 to 2.0."""
+    return [
+        DomainState(name, pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
+                    points=((2000, first), (4000, last)), trained_tokens=4000)
+        for name, first, last in (("flat", 2.0, flat_last), ("rising", 1.6, 2.0))
     ]  # fmt: skip
+
+
+def test_the_budget_goes_where_traffic_share_times_measured_gain_is_highest():
+    domains = _flat_and_rising(flat_last=2.0)  # one domain's accept length stopped moving, the other's rises
     plan = allocate(domains, 400, unit="prompts", **RULE)
     assert plan.rows() == {"flat": 20, "rising": 380}  # flat: the floor (10% of 400 over 2 domains) and no more
     rising = next(a for a in plan.allocations if a.domain == "rising")
@@ -138,12 +143,7 @@ def test_the_floor_gives_a_domain_of_long_answers_a_row_even_when_its_share_cost
 
 
 def test_a_domain_gets_no_more_than_max_domain_share_and_the_table_says_the_cap_bound_it():
-    domains = [  # one domain's gain dwarfs the other's: uncapped it takes nearly the whole night
-        DomainState("flat", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
-                    points=((2000, 2.0), (4000, 2.05)), trained_tokens=4000),
-        DomainState("rising", pool_left=1000, tokens_per_row=100, share=0.5, accept=2.0,
-                    points=((2000, 1.6), (4000, 2.0)), trained_tokens=4000),
-    ]  # fmt: skip
+    domains = _flat_and_rising(flat_last=2.05)  # one gain dwarfs the other: uncapped it takes nearly all
     free = allocate(domains, 400, unit="prompts", **RULE)
     capped = allocate(domains, 400, unit="prompts", max_share=0.6, **RULE)
     assert free.rows()["rising"] > 240 and capped.rows() == {"flat": 160, "rising": 240}
