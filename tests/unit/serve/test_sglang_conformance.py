@@ -126,13 +126,19 @@ def test_a_rid_in_flight_is_refused_and_free_again_once_done(servers):
 
 
 async def _flush_while_busy(url: str) -> tuple[tuple[int, str], tuple[int, str]]:
-    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
-    async with aiohttp.ClientSession() as session:
-        running = asyncio.ensure_future(session.post(f"{url}/generate", json=body))
-        await asyncio.sleep(0.5)
+    """Flushes once the first streamed token proves the request runs; the rest of the context is still to generate.
+
+    The request fills the context (ignore_eos), so the flush, sent the moment the first token arrives, lands about a
+    thousand decode steps before the request can end, on however fast a machine; a fixed sleep did not (the reference
+    server finished 300 tokens within it on a fast CI machine)."""
+    body = {"input_ids": PROMPT, "stream": True,
+            "sampling_params": {"max_new_tokens": CONTEXT - len(PROMPT), "ignore_eos": True}}  # fmt: skip
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/generate", json=body) as resp:
+        while not (await resp.content.readline()).startswith(b"data: {"):
+            pass
         busy = await asyncio.to_thread(_request, url, "/flush_cache")
-        async with await running as resp:
-            return busy, (resp.status, await resp.text())
+        await resp.read()
+        return busy, (resp.status, "")
 
 
 def test_flush_cache_is_refused_while_busy_and_done_when_idle_with_sglangs_texts(servers):
