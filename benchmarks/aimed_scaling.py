@@ -3,7 +3,7 @@ token budget per night; after each night the serving-mix accept length on the sa
 
     python benchmarks/aimed_scaling.py [--quick] [--seeds 0,1,2] [--nights 4] [--budget 1600] [--out result.json]
 
-The world (``eagle3.dev.domains_world``): a tiny target trained on four domains whose answers a draft learns in
+The world (``eagle3.worlds.domains_world``): a tiny target trained on four domains whose answers a draft learns in
 different ways (memorized passages that saturate fast, copying that keeps improving with data, high-entropy codes no
 draft predicts, templated chat), each domain an equal share of the serving traffic. Per seed (new prompts, a new
 held-out eval set, a new training seed):
@@ -13,7 +13,7 @@ held-out eval set, a new training seed):
 * night 0, the start both policies share: the first ``--start`` rows of the pool's interleaved order;
 * nights 1..N, each ``--budget`` regenerated tokens: ``uniform`` takes the next rows of the pool's interleaved order
   (the pipeline's uniform rule, which walks the prompts stage's interleaved shards) while they fit; ``aimed`` asks the
-  pipeline's rule (``eagle3.aim.allocate``, the ``scaling`` default floor 0.1) with what the pipeline
+  pipeline's rule (``eagle3.scaling.allocation.allocate``, the ``scaling`` default floor 0.1) with what the pipeline
   would know: rows left per domain, tokens per row of the rows regenerated so far, the current draft's accept length
   per domain, and the per-domain (tokens, accept length) points of the earlier nights;
 * each night a fresh draft is trained on every row selected so far (the project's trainer, fixed epochs, the night's
@@ -40,16 +40,18 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.aim import DomainState, allocate
-from eagle3.bench.specdec import evaluate_acceptance
-from eagle3.config import PipelineConfig, ScalingConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.scaling import ScalingConfig
+from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
-from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
-from eagle3.dev.domains_world import DOMAINS, build_domains_world, domain_prompts
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.gate.offline_accept import evaluate_acceptance
+from eagle3.scaling.allocation import DomainState, allocate
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
+from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.worlds.domains_world import DOMAINS, build_domains_world, domain_prompts
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 POLICIES = ("uniform", "aimed")

@@ -39,10 +39,10 @@ from eagle3.capture.hf import load_hf_backend
 from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import footer_codecs
 from eagle3.capture.sglang.backend import SGLangBackend
-from eagle3.config import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.data.parquet import shard_metadata
 from eagle3.recipes import load_recipe
-from eagle3.runroot import wait_removals
+from eagle3.rundir.runroot import wait_removals
 
 
 def timed(config: PipelineConfig, regen: Path, out_dir: Path, backend) -> tuple[float, Path]:

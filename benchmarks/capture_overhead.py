@@ -28,16 +28,17 @@ from common import add_target_options, benchmark_parser, start_torch
 
 from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard, plan_batches
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.regen.schema import REGEN_SCHEMA
-from eagle3.runroot import wait_removals
+from eagle3.rundir.runroot import wait_removals
 
 
 def build_target(out: Path, *, hidden: int, layers: int) -> Path:
     """A random Llama of the given size + the tiny byte-level BPE tokenizer, saved under ``out``."""
-    from eagle3.dev.samples import generate_conversations
-    from eagle3.dev.tiny_target import build_model, build_tokenizer
+    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.tiny_target import build_model, build_tokenizer
 
     tokenizer = build_tokenizer([m["content"] for c in generate_conversations(200) for m in c])
     model = build_model(tokenizer, num_layers=layers, hidden_size=hidden, num_heads=max(hidden // 64, 2),

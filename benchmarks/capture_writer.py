@@ -7,7 +7,8 @@ nothing else runs, for a target's hidden size and the chosen encoding and codec.
 A GPU forward hands the writer its states as fast as the GPU makes them, so this rate bounds a GPU capture: a
 capture can run at most at ``writer tok/s / bare forward tok/s`` of the forward (``capture_overhead.py --device
 cuda`` measures the forward). The batches are random states in their stored form on the host, as
-``eagle3.transfer.HostCopy`` leaves them (8 samples of 1,024 tokens each); they are built before the clock starts.
+``eagle3.runtime.transfer.HostCopy`` leaves them (8 samples of 1,024 tokens each); they are built before the clock
+starts.
 Rounds write to a fresh directory under ``--dir`` (default: a temporary one; put it on the features disk).
 ``tail_s`` is the part after the last batch was handed over (the last batches, the shard's footer and sync, the
 parts renamed aside): the forward waits for it at the end of every shard.
@@ -28,10 +29,11 @@ from capture_overhead import spread
 
 from eagle3.capture.encoding import ENCODINGS, column_codecs
 from eagle3.capture.writer import Batch, PartWriter
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
-from eagle3.layout import parts_dir_name
-from eagle3.runroot import wait_removals
-from eagle3.transfer import HostCopy
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
+from eagle3.rundir.layout import parts_dir_name
+from eagle3.rundir.runroot import wait_removals
+from eagle3.runtime.transfer import HostCopy
 
 SAMPLES, TOKENS, TOPK, VOCAB = 8, 1024, 256, 163_840
 

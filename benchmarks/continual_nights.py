@@ -4,8 +4,8 @@
                                           [--replay 0.5] [--lr-scale 0.5] [--out result.json] [--resume DIR]
                                           [--threads 2] [--world tiny|domains]
 
-The world: the tiny world's target (``eagle3.dev.world``), its chat/math/code prompts (``generate_conversations``),
-or with ``--world domains`` the domains world (``eagle3.dev.domains_world``: four domains interleaved, equal
+The world: the tiny world's target (``eagle3.worlds.world``), its chat/math/code prompts (``generate_conversations``),
+or with ``--world domains`` the domains world (``eagle3.worlds.domains_world``: four domains interleaved, equal
 shares; the eval set mixes them alike), and their greedy answers (regen, once per seed: both arms read the same
 rows). Per seed (new prompts, a new held-out eval set, a new training seed):
 
@@ -39,20 +39,21 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.bench.specdec import evaluate_acceptance
-from eagle3.bench.stats import t_quantile
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
-from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
-from eagle3.dev.samples import generate_conversations
-from eagle3.dev.world import build_tiny_world
-from eagle3.layout import METRICS_FILE
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.gate.offline_accept import evaluate_acceptance
+from eagle3.gate.stats import t_quantile
+from eagle3.rundir.layout import METRICS_FILE
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.continual import replay_sample
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.metrics import read_metrics
 from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
+from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.worlds.samples import generate_conversations
+from eagle3.worlds.world import build_tiny_world
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 ARMS = ("scratch", "continual")
@@ -79,7 +80,7 @@ class World:
 
     def _domain_prompts(self, n: int) -> list[list[int]]:
         """The domains world's four domains interleaved (equal shares; eval prompts are the first ``held_out``)."""
-        from eagle3.dev.domains_world import DOMAINS, domain_prompts
+        from eagle3.worlds.domains_world import DOMAINS, domain_prompts
 
         per = -(-n // len(DOMAINS))
         by_domain = [[render_prompt(self.tokenizer, [c[0]]) for c in domain_prompts(d, per, seed=1000 + self.seed)]
@@ -210,7 +211,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the full result JSON here")
     parser.add_argument("--resume", type=Path, default=None, help="keep finished seeds here; reuse them")
     parser.add_argument("--world", choices=("tiny", "domains"), default="tiny",
-                        help="tiny: the tiny world's chat/math/code; domains: eagle3.dev.domains_world, 4 domains")
+                        help="tiny: the tiny world's chat/math/code; domains: eagle3.worlds.domains_world, 4 domains")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one per seed process: 1)")
     args = parser.parse_args()
     quick = dict(nights=3, start=64, new=16, eval=10, epochs=2)
@@ -222,7 +223,7 @@ def main() -> None:
     from eagle3.recipes import eagle3_home
 
     if args.world == "domains":
-        from eagle3.dev.domains_world import build_domains_world
+        from eagle3.worlds.domains_world import build_domains_world
 
         model_dir = build_domains_world(eagle3_home() / "cache")
     else:

@@ -3,7 +3,7 @@ on each engine, side by side in one run, and the reference server's scaling besi
 
 Four servers from one config through the one launcher (``build_launch``): a baseline and an EAGLE-3 arm on the
 reference engine and on SGLang (SGLang's two arms share ``SGLANG_MEMORY`` as the gate's do). The gate's interleaved
-rounds measure all four (``eagle3.bench.rounds.measure_rounds``: per round and level, every arm gets the gate
+rounds measure all four (``eagle3.gate.rounds.measure_rounds``: per round and level, every arm gets the gate
 prompts once after a warm-up and a cache flush, in arm order on even rounds and reversed on odd ones). A speedup is
 the median over rounds of the per-round ratio spec tok/s / baseline tok/s of one engine (min and max beside it);
 scaling is the median per-round ratio of an arm's tok/s at concurrency c to its own at the first level.
@@ -22,13 +22,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from eagle3.bench.gate import SGLANG_MEMORY
-from eagle3.bench.prompts import load_gate_prompts
-from eagle3.bench.report import ArmResult
-from eagle3.bench.rounds import measure_rounds
-from eagle3.config import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.gate.gate import SGLANG_MEMORY
+from eagle3.gate.prompts import load_gate_prompts
+from eagle3.gate.report import ArmResult
+from eagle3.gate.rounds import measure_rounds
 from eagle3.recipes import resolve
-from eagle3.serve.commands import build_launch
+from eagle3.serve.launch_commands import build_launch
 
 ENGINES = ("reference", "sglang")
 

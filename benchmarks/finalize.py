@@ -6,7 +6,7 @@ side in one run, and the loader's build after each.
 
 The shards are written through ``PartWriter`` as a capture writes them (raw bf16, uncompressed: 65,536 tokens a
 shard at the defaults, ~540 MB each at H 1,024). Without the writers' hashes finalize hashes every file whole and
-lists it without a footer hash, so the loader's build then hashes every shard whole too (``eagle3.integrity``);
+lists it without a footer hash, so the loader's build then hashes every shard whole too (``eagle3.rundir.integrity``);
 with them neither reads a shard. Both arms run on a warm page cache; a night of Kimi-K2.5 features (~3 TB) does not
 fit one, so its cost there is the bytes hashed at the disk's rate.
 """
@@ -24,12 +24,12 @@ from capture_writer import make_batches, writer_config
 
 from eagle3.capture.run import finalize_features, shard_footer
 from eagle3.capture.writer import PartWriter
-from eagle3.config import PipelineConfig
-from eagle3.dev.world import TinyWorldSpec, build_tiny_world
-from eagle3.layout import SHARD_GLOB, hashes_file_name, parts_dir_name
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import world_cache
-from eagle3.runroot import MANIFEST, Manifest, wait_removals
+from eagle3.rundir.layout import SHARD_GLOB, hashes_file_name, parts_dir_name
+from eagle3.rundir.runroot import MANIFEST, Manifest, wait_removals
 from eagle3.train.data import FeatureDataset
+from eagle3.worlds.world import TinyWorldSpec, build_tiny_world
 
 
 def write_night(config: PipelineConfig, out: Path, shards: int, batches: int) -> int:

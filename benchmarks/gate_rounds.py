@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle3.bench.gate import run_gate
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.gate.gate import run_gate
 from eagle3.recipes import resolve
 
 

@@ -31,23 +31,25 @@ import pyarrow as pa
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.bench.specdec import evaluate_acceptance
 from eagle3.capture.encoding import TopKCodec, bytes_per_token, column_codecs, dequantize
 from eagle3.capture.head import target_topk
-from eagle3.config import CaptureConfig, PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.capture import CaptureConfig
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
-from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
-from eagle3.dev.samples import generate_conversations
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.gate.offline_accept import evaluate_acceptance
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, batches_from_target, build_draft, load_inputs, train_on_source
+from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.worlds.samples import generate_conversations
 
 
 def _default_model_dir() -> Path:
-    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
     from eagle3.recipes import world_cache
+    from eagle3.worlds.world import TinyWorldSpec, build_tiny_world
 
     world, _ = build_tiny_world(world_cache(), TinyWorldSpec())
     return Path(world.model_dir)

@@ -14,7 +14,8 @@ decoded there, and the in-memory arm holds its batches on that GPU already. ``fp
 default) stores random top-``--topk`` ids and descending probabilities instead of the final state, and the step's
 loss becomes a soft cross-entropy of a k-way projection against them. The shards have a manifest listing their
 footer hashes, as capture writes it, so the loader checks their sizes and footers when it is built and each page's
-CRC32 as it reads it (``eagle3.integrity``): both are timed with the loader's epoch. Reported alone, side by side:
+CRC32 as it reads it (``eagle3.rundir.integrity``): both are timed with the loader's epoch. Reported alone, side by
+side:
 the footer check, the page checks (an epoch's reads with and without them), and the whole-file sha256 pass the
 loader made before (and still makes for shards listed without footer hashes).
 """
@@ -37,10 +38,10 @@ from torch import nn
 from eagle3.capture.encoding import ENCODINGS, TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.capture.writer import feature_compression
-from eagle3.config import CaptureConfig
+from eagle3.config.capture import CaptureConfig
 from eagle3.data.parquet import ShardWriter
-from eagle3.integrity import damaged_files
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.integrity import damaged_files
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.data import FeatureDataset
 
 

@@ -40,7 +40,7 @@ def write_source(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def build_tokenizer(out: Path) -> None:
-    from eagle3.dev.tiny_target import build_tokenizer as build
+    from eagle3.worlds.tiny_target import build_tokenizer as build
 
     rng = random.Random(1)
     build((" ".join(rng.choices(WORDS, k=30)) for _ in range(2000)), vocab_size=1024).save_pretrained(out)
@@ -64,7 +64,9 @@ def normalize_stage(config: object) -> object:
 
 def child(mode: str, work: Path, rows: int) -> None:
     """Runs in a subprocess: normalize one size and print a JSON line with rows/s and peak RSS."""
-    from eagle3.config import PipelineConfig, SourceConfig, TargetConfig, with_overrides
+    from eagle3.config.data import SourceConfig
+    from eagle3.config.pipeline import PipelineConfig, with_overrides
+    from eagle3.config.target import TargetConfig
     from eagle3.data.stage import DiscoverStage, NormalizeStage
     from eagle3.stage import run_stage
 

@@ -28,16 +28,17 @@ import torch
 from learning import _default_model_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.bench.specdec import evaluate_acceptance
-from eagle3.bench.stats import t_quantile
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
-from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
-from eagle3.dev.samples import generate_conversations
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.gate.offline_accept import evaluate_acceptance
+from eagle3.gate.stats import t_quantile
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
+from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.worlds.samples import generate_conversations
 
 ARCHITECTURES = {"eagle3": [], "eagle3.1": ["train.architecture.fc_norm=true", "train.architecture.norm_output=true"]}
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

@@ -45,13 +45,14 @@ def _ray_workers_rss_mib() -> float:
 def _world(root: Path, rows: int, epochs: int, batch_size: int):
     from transformers import AutoConfig, AutoTokenizer
 
-    from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+    from eagle3.config.pipeline import PipelineConfig, with_overrides
+    from eagle3.config.target import TargetConfig
     from eagle3.data.parquet import ShardWriter
     from eagle3.data.template import render_conversation
-    from eagle3.dev.samples import generate_conversations
-    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
     from eagle3.recipes import eagle3_home
     from eagle3.regen.schema import REGEN_SCHEMA
+    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.world import TinyWorldSpec, build_tiny_world
 
     world, _ = build_tiny_world(eagle3_home() / "cache", TinyWorldSpec())
     model_dir = Path(world.model_dir)
@@ -86,9 +87,9 @@ def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
     import torch
 
     from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features, read_regen_shard
-    from eagle3.dev.distil import write_draft_vocab
     from eagle3.online.run import train_in_process
     from eagle3.train.trainer import train
+    from eagle3.worlds.distil import write_draft_vocab
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,14 +48,16 @@ import aiohttp
 import psutil
 from common import benchmark_parser
 
-from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.regen import RegenConfig
+from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.data.template import render_prompt
 from eagle3.regen.plan import regen_dir_for
 from eagle3.regen.shard import load_tokenizer
 from eagle3.regen.stage import RegenStage
-from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import reference_server
 from eagle3.stage import run_stage
 
@@ -66,7 +68,7 @@ TIMELINE = ("first_s", "idle_between_shards_s", "after_last_s")  # what ``Timeli
 
 
 def build_target(out: Path) -> Path:
-    from eagle3.dev.tiny_target import build_model, build_tokenizer
+    from eagle3.worlds.tiny_target import build_model, build_tokenizer
 
     corpus = [f"user asks question {i} about topic {i % 11} and the assistant answers" for i in range(2000)]
     tokenizer = build_tokenizer(corpus, vocab_size=1024)
@@ -168,7 +170,7 @@ def cpu_seconds() -> dict[str, float]:
             times, argv = child.cpu_times(), child.cmdline()
         except psutil.NoSuchProcess:
             continue
-        used["server" if "eagle3.serve" in argv else "prefect"] += times.user + times.system
+        used["server" if "eagle3.serve.reference" in argv else "prefect"] += times.user + times.system
     return used
 
 

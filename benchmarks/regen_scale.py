@@ -31,7 +31,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.regen import RegenConfig
+from eagle3.config.target import TargetConfig
 from eagle3.serve.launch import reference_server
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -39,7 +41,7 @@ from regen_overhead import running_prefect, write_prompts
 
 
 def build_tokenizer_dir(out: Path) -> Path:
-    from eagle3.dev.tiny_target import build_tokenizer
+    from eagle3.worlds.tiny_target import build_tokenizer
 
     build_tokenizer([f"question {i} about topic {i % 11}" for i in range(500)], vocab_size=512).save_pretrained(out)
     return out

@@ -50,7 +50,7 @@ from eagle3.capture.hf import HFBackend
 from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table
 from eagle3.capture.writer import feature_compression
-from eagle3.config import CaptureConfig
+from eagle3.config.capture import CaptureConfig
 from eagle3.data.parquet import ShardWriter, shard_metadata
 from eagle3.train.shards import iter_row_groups, open_features
 

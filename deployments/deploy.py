@@ -22,7 +22,7 @@ Design choices:
   per configured regen server (1 slot: one shard at a time per server across the nightly run and re-triggers, so
   ``regen.concurrency_per_server`` is the server's real in-flight bound) are created if missing, so ``apply`` is
   idempotent and safe to re-run after every upgrade.
-* **Shared storage.** ``apply`` claims the run root (``eagle3.runroot``: created with its id marker at first use;
+* **Shared storage.** ``apply`` claims the run root (``eagle3.rundir.runroot``: created with its id marker at first use;
   run ``apply`` where the shared filesystem is mounted) and adds ``root_id=<id>`` to the deployments' overrides: a
   worker that does not see that root fails at flow start with the shared-storage message. Pooled flow runs store
   Prefect's persisted task results under ``<root>/.prefect-results`` (the job's environment), so a unit cached on
@@ -178,7 +178,7 @@ def claim_shared_root(spec: DeploySpec) -> tuple[DeploySpec, dict[str, str]]:
     """The spec with ``root_id=<the run root's id>`` among its overrides (the root is claimed here unless the
     overrides name an id already) and the pooled runs' environment that puts Prefect results under the root."""
     from eagle3.recipes import resolve
-    from eagle3.runroot import RESULTS_DIR, check_run_root
+    from eagle3.rundir.runroot import RESULTS_DIR, check_run_root
 
     config = resolve(spec.recipe, spec.overrides)
     root_id = check_run_root(config.root_path, config.root_id)

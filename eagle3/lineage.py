@@ -3,7 +3,8 @@
 Every stage directory is ``<root>/<stage dir>/<fingerprint>``, and each fingerprint is a function of the resolved
 config and the upstream stage's fingerprint (catalog -> prompts -> regen -> features -> vocab -> draft). A command
 that is not told where its input is asks :class:`Lineage` for the directory the config names, and
-:func:`eagle3.layout.find_input` applies the one input rule (explicit path wins; else the matching directory, which
+:func:`eagle3.rundir.layout.find_input` applies the one input rule (explicit path wins; else the matching directory,
+which
 must be finished; else an error listing what exists). Two configs in one run root therefore never read each
 other's stages, and nothing is picked by modification time.
 
@@ -11,7 +12,7 @@ The vocab and draft fingerprints depend on the *content* of the finished feature
 one features directory), so they are computed from that directory, found first.
 
 What regen reads depends on ``scaling.policy``: the prompts stage's shards (uniform), or the shards the aimed nights
-selected from it (``select``, ``eagle3.data.selection``). Regen's input is named ``REGEN_INPUT``, resolved here, so
+selected from it (``select``, ``eagle3.scaling.selection``). Regen's input is named ``REGEN_INPUT``, resolved here, so
 a re-trigger of regen shards (``eagle3 regen``, the regen deployment's ``shard_ids``) reads what the night read.
 """
 
@@ -22,13 +23,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint
 from eagle3.data.normalize import prompts_fingerprint
-from eagle3.data.selection import select_fingerprint
-from eagle3.layout import PLAN_FILE, REGEN_INPUT, VOCAB_FILE, find_input, stage_dir
 from eagle3.regen.plan import regen_fingerprint
-from eagle3.scaling import feature_set_fingerprint
+from eagle3.rundir.layout import PLAN_FILE, REGEN_INPUT, VOCAB_FILE, feature_set_fingerprint, find_input, stage_dir
+from eagle3.scaling.selection import select_fingerprint
 
 # stage -> (the option that points at another directory, the command that produces it)
 _HINTS: dict[str, tuple[str, str]] = {
@@ -96,7 +96,7 @@ class Lineage:
         return out
 
     def input(self, stage: str, explicit: Path | None = None, *, features_dir: Path | None = None) -> Path:
-        """The directory of ``stage`` that a downstream command reads (the input rule of ``eagle3.layout``).
+        """The directory of ``stage`` that a downstream command reads (the input rule of ``eagle3.rundir.layout``).
 
         A regen stage counts once it is planned (``plan.json``; capture takes the shards that are ready); the
         others must be finished. The vocab's fingerprint needs the finished features directory (``features_dir``).

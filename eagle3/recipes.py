@@ -16,17 +16,12 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.config import (
-    ConfigError,
-    DevConfig,
-    GateConfig,
-    MixConfig,
-    PipelineConfig,
-    SourceConfig,
-    TargetConfig,
-    load_yaml,
-    with_overrides,
-)
+from eagle3.config.base import ConfigError
+from eagle3.config.data import MixConfig, SourceConfig
+from eagle3.config.dev import DevConfig
+from eagle3.config.gate import GateConfig
+from eagle3.config.pipeline import PipelineConfig, load_yaml, with_overrides
+from eagle3.config.target import TargetConfig
 
 
 def eagle3_home() -> Path:
@@ -88,7 +83,7 @@ def _tiny_sources(data: Path) -> list[SourceConfig]:
 def tiny() -> PipelineConfig:
     """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server
     (``--set server.engine=sglang``: SGLang itself on this CPU)."""
-    from eagle3.dev.world import TinyWorldSpec, world_dir_for
+    from eagle3.worlds.world import TinyWorldSpec, world_dir_for
 
     cache = world_cache()
     world = world_dir_for(cache, TinyWorldSpec())
@@ -152,12 +147,12 @@ def tiny() -> PipelineConfig:
 
 
 def tiny_think() -> PipelineConfig:
-    """The tiny recipe on the thinking world (``eagle3.dev.think_world``): agentic sources (OpenAI tool messages,
+    """The tiny recipe on the thinking world (``eagle3.worlds.think_world``): agentic sources (OpenAI tool messages,
     ShareGPT with function calls, CoderForge and SWE-agent trajectories), a tiny target that thinks and calls tools
     in Kimi-K2.5's format, regen with its reasoning and tool-call parsers and thinking on, gate sets for thinking and
     tool use."""
-    from eagle3.dev.think_world import ThinkWorldSpec
-    from eagle3.dev.world import world_dir_for
+    from eagle3.worlds.think_world import ThinkWorldSpec
+    from eagle3.worlds.world import world_dir_for
 
     cache = world_cache()
     world = world_dir_for(cache, ThinkWorldSpec())
@@ -239,7 +234,7 @@ def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
 def kimi_k2_5() -> PipelineConfig:
     """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8.
 
-    A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config``).
+    A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config.pipeline``).
     Captured with ``capture.backend=sglang`` (``SGLANG_CAPTURE``): SGLang's model runner on the node's 8 GPUs, one
     rank each, the INT4 experts kept packed as SGLang serves them: ~74 GB of weights per GPU plus ~1 GB of capture
     buffers (``eagle3 config show`` prints the plan; capture refuses before loading when a GPU has less free). The

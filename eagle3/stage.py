@@ -42,10 +42,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError
-from eagle3.layout import FAILED_SHARDS_FILE, stage_result_file, write_failed_shards
-from eagle3.runroot import MANIFEST, atomic_path, fingerprint
+from eagle3.rundir.layout import FAILED_SHARDS_FILE, stage_result_file, write_failed_shards
+from eagle3.rundir.runroot import MANIFEST, atomic_path, fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from prefect import flow
 
 from eagle3.capture.stage import CaptureStage
-from eagle3.config import PipelineConfig
-from eagle3.layout import VOCAB_FILE
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.rundir.layout import VOCAB_FILE
 from eagle3.train.vocab import VocabStage
 from flows.stage import run_stage
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.stage import DiscoverStage
 from flows.stage import run_stage
 

@@ -1,5 +1,5 @@
 """The gate flow (drafts benchmarked against the baseline and the champion) and the scaling flow (tonight's gate
-result added to the scaling curve): the one stage wiring (``flows.stage.run_stage``) over ``eagle3.bench.stage``.
+result added to the scaling curve): the one stage wiring (``flows.stage.run_stage``) over ``eagle3.gate.stage``.
 
 Their artifacts have fixed keys (``gate-report``, ``scaling-curve``, ``scaling-curve-summary``; the stages'
 ``summary_key``/``table_key``): the UI and the README point at "the latest" of each.
@@ -11,9 +11,10 @@ from typing import Any
 
 from prefect import flow
 
-from eagle3.bench.stage import GateStage, ScalingStage
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.gate.stage import GateStage
 from eagle3.recipes import ConfigRef
+from eagle3.scaling.stage import ScalingStage
 from flows.stage import run_stage
 from tasks.common import resolve_config_task
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.stage import NormalizeStage
 from flows.discover import discover_flow
 from flows.stage import run_stage

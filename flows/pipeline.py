@@ -7,7 +7,7 @@ Design choices:
 * Every stage is its own subflow, so the UI shows one run per stage with its artifacts, and each stage skips
   itself when its manifest (or its per-shard outputs) already exist: a re-run, a resume after ``kill -9`` and a
   nightly run over a grown prompt set all redo only what is missing.
-* The night's selection is a task over the run root (``eagle3.bench.night``), by ``scaling.policy``: uniform takes
+* The night's selection is a task over the run root (``eagle3.scaling.night``), by ``scaling.policy``: uniform takes
   the first whole prompt shards covering ``previous total + scale``; aimed spends ``scale`` across domains by
   expected gain and writes the rows it chose as the shards regen reads (the ``night-plan`` artifact shows why);
   explicit ``shard_ids`` override either (re-triggers, tests).

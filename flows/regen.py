@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import ConfigRef
 from eagle3.regen.stage import RegenStage
 from flows.stage import run_stage

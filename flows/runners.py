@@ -21,7 +21,10 @@ from typing import Any, Literal
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from eagle3.config import DEVICE_MAP_STRATEGIES, ConfigError, OrchestrationConfig, PipelineConfig
+from eagle3.config.base import ConfigError
+from eagle3.config.capture import DEVICE_MAP_STRATEGIES
+from eagle3.config.orchestration import OrchestrationConfig
+from eagle3.config.pipeline import PipelineConfig
 
 ShardStage = Literal["regen", "capture"]
 RAY_INSTALL_HINT = "install the extra: pip install 'eagle3-pipeline[ray]' (prefect-ray and ray)"

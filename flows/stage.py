@@ -21,7 +21,7 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.futures import PrefectFuture, as_completed
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import (
     Plan,
     Progress,

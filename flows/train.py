@@ -10,7 +10,7 @@ from typing import Any
 
 from prefect import flow
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.train.stage import ExportStage, TrainStage
 from flows.stage import run_stage
 
@@ -33,8 +33,8 @@ def train_flow(config: PipelineConfig, features_dir: str | None = None, vocab: s
 def online_train_flow(config: PipelineConfig, regen_dir: str, vocab: str | None = None) -> dict[str, Any]:
     """``train_flow`` for ``train.features=online`` (issue 48): the draft vocab over the regen shards' planned samples,
     online training (capture producers feeding the trainer, no feature shard), then the export; the same return."""
-    from eagle3.layout import VOCAB_FILE
     from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
+    from eagle3.rundir.layout import VOCAB_FILE
 
     if vocab is None:
         vocab = str(run_stage(OnlineVocabStage(), config, regen_dir=regen_dir).out_dir / VOCAB_FILE)

@@ -18,9 +18,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import ConfigRef
-from eagle3.runroot import check_run_root
+from eagle3.rundir.runroot import check_run_root
 from tasks.secrets import load_secret_blocks
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.online.costs import choose_features
 
 

@@ -1,7 +1,7 @@
 """Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, plan tonight's
 prompts, publish the night's summary and plots (the scaling curve is a stage: ``flows.gate.scaling_flow``).
 
-Thin wrappers over ``eagle3.bench.night`` (tonight's plan under either policy), the config loader and the tiny-world
+Thin wrappers over ``eagle3.scaling.night`` (tonight's plan under either policy), the config loader and the tiny-world
 builder. No Prefect result cache on any of them: each reads the run root, which is the truth (the curve tells
 tonight's total; a cached plan could not see a night recorded since).
 """
@@ -14,8 +14,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.bench.report_md import serving_lines
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.gate.report_md import serving_lines
 from eagle3.recipes import world_cache
 from tasks.common import publish_markdown, publish_plots
 
@@ -26,7 +26,7 @@ def tiny_world_task(config: PipelineConfig) -> str | None:
     on a fresh worker; returns its directory (None for real targets)."""
     if not config.dev.tiny_world:
         return None
-    from eagle3.dev.world import world_builders
+    from eagle3.worlds.world import world_builders
 
     cache = Path(config.dev.cache_dir) if config.dev.cache_dir else world_cache()
     world, hit = world_builders()[config.dev.world](cache)
@@ -39,9 +39,9 @@ def plan_night_task(
     config: PipelineConfig, prompts_dir: str, scale: int | None, shard_ids: list[int] | None = None
 ) -> dict[str, Any]:
     """Tonight's prompts by ``scaling.policy``: explicit ``shard_ids`` win; uniform takes the curve's last total +
-    ``scale`` (whole shards); aimed selects rows per domain (``eagle3.bench.night``). The plan is the ``night-plan``
+    ``scale`` (whole shards); aimed selects rows per domain (``eagle3.scaling.night``). The plan is the ``night-plan``
     Markdown artifact on the nightly run (and in its summary)."""
-    from eagle3.bench.night import plan_tonight  # torch: only the aimed plan measures a draft
+    from eagle3.scaling.night import plan_tonight  # torch: only the aimed plan measures a draft
 
     night = plan_tonight(config, Path(prompts_dir), scale, shard_ids)
     get_run_logger().info(
@@ -89,7 +89,7 @@ def publish_summary_task(summary: dict[str, Any]) -> str:
 def night_plots_task(draft_dir: str, gate_report: str, curve_png: str) -> str | None:
     """The night's plots as images in the UI (artifact ``night-plots`` on the nightly run): the training curves,
     the gate's throughput-vs-concurrency and accept-length plots (beside its report) and the scaling curve."""
-    from eagle3.bench.report import ACCEPT_PNG, THROUGHPUT_PNG
+    from eagle3.gate.report import ACCEPT_PNG, THROUGHPUT_PNG
     from eagle3.train.metrics import PLOT_FILE
 
     report_dir = Path(gate_report).parent

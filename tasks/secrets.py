@@ -1,4 +1,4 @@
-"""Secret blocks into the run's environment (``eagle3.secrets`` documents the order and the rule).
+"""Secret blocks into the run's environment (``eagle3.runtime.secrets`` documents the order and the rule).
 
 A flow run calls ``load_secret_blocks`` once, when it resolves its config: each secret the config names that the
 environment does not hold is read from its Prefect Secret block, if one exists, and exported to this process (and
@@ -13,8 +13,8 @@ import os
 from prefect import get_run_logger
 from prefect.blocks.system import Secret
 
-from eagle3.config import PipelineConfig
-from eagle3.secrets import block_name, secret_names
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.runtime.secrets import block_name, secret_names
 
 
 def secret_from_block(env_name: str) -> str | None:

@@ -26,7 +26,7 @@ from prefect.exceptions import MissingContextError, ObjectNotFound
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError, Stopped
 from eagle3.lineage import Lineage
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitFailure, UnitReport, record_result

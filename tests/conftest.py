@@ -27,7 +27,7 @@ def _cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_world():
     """The default tiny world (sample data, tokenizer, trained tiny Llama), built once and cached on disk."""
-    from eagle3.dev.world import TinyWorldSpec, build_tiny_world
+    from eagle3.worlds.world import TinyWorldSpec, build_tiny_world
 
     world, _hit = build_tiny_world(_cache_dir(), TinyWorldSpec())
     return world
@@ -36,8 +36,8 @@ def tiny_world():
 @pytest.fixture(scope="session")
 def think_world():
     """The thinking world (agentic sample data, a tiny target that thinks and calls tools in Kimi-K2.5's format),
-    built once and cached like the tiny world (``eagle3.dev.think_world``)."""
-    from eagle3.dev.think_world import build_think_world
+    built once and cached like the tiny world (``eagle3.worlds.think_world``)."""
+    from eagle3.worlds.think_world import build_think_world
 
     world, _hit = build_think_world(_cache_dir())
     return world
@@ -65,7 +65,7 @@ def sglang_python() -> Path:
     """The SGLang 0.5.23 CPU runtime's interpreter (``infra/dev.sh sglang``). Missing, a ``sglang`` test is skipped,
     except under ``infra/dev.sh test`` (CI), which installs the runtime and sets ``EAGLE3_REQUIRE_SGLANG``: there it
     fails instead, so no real-SGLang test can silently stop running."""
-    from eagle3.serve.commands import EngineUnavailable, check_sglang_runtime, sglang_runtime_python
+    from eagle3.serve.launch_commands import EngineUnavailable, check_sglang_runtime, sglang_runtime_python
 
     python = sglang_runtime_python()
     try:
@@ -94,11 +94,11 @@ def write_regen_stage(tiny_tokenizer):
 
     from eagle3.data.parquet import ShardWriter
     from eagle3.data.template import render_conversation
-    from eagle3.dev.samples import generate_conversations
-    from eagle3.layout import PLAN_FILE
     from eagle3.regen.plan import RegenPlan
     from eagle3.regen.schema import REGEN_SCHEMA
-    from eagle3.runroot import atomic_write_text
+    from eagle3.rundir.layout import PLAN_FILE
+    from eagle3.rundir.runroot import atomic_write_text
+    from eagle3.worlds.samples import generate_conversations
 
     def write(regen_dir: Path, *, shards: int = 2, rows: int = 5, seed: int = 3) -> Path:
         convs = generate_conversations(shards * rows, seed=seed)
@@ -127,7 +127,7 @@ def write_prompts_stage():
 
     from eagle3.data.parquet import ShardWriter
     from eagle3.data.schema import PROMPT_SCHEMA
-    from eagle3.runroot import FileEntry, Manifest, fingerprint
+    from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 
     def write(root: Path, shards: list[list[dict]]) -> Path:
         fp = fingerprint("test-prompts", shards)
@@ -166,7 +166,7 @@ def write_prompt_pool():
 
     from eagle3.data.parquet import ShardWriter
     from eagle3.data.schema import PROMPT_SCHEMA
-    from eagle3.runroot import FileEntry, Manifest
+    from eagle3.rundir.runroot import FileEntry, Manifest
 
     def row(domain: str, i: int, *, free: bool = False) -> dict:
         text = f"{domain} question number {i}: what is {i} plus {i + 1}?"
@@ -192,7 +192,8 @@ def write_prompt_pool():
 @pytest.fixture
 def record_hashes(monkeypatch):
     """``record_hashes(module)``: the paths ``module.sha256_file`` hashes from now on (it still hashes them), to
-    check what was read back to be hashed (``eagle3.runroot`` for manifest entries, ``eagle3.integrity`` for the
+    check what was read back to be hashed (``eagle3.rundir.runroot`` for manifest entries, ``eagle3.rundir.integrity``
+    for the
     checks against them)."""
 
     def record(module) -> list[Path]:

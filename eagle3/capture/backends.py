@@ -16,7 +16,7 @@ from eagle3.capture.encoding import FinalCodec, TopKCodec
 from eagle3.capture.head import target_topk
 
 if TYPE_CHECKING:
-    from eagle3.config import PipelineConfig
+    from eagle3.config.pipeline import PipelineConfig
 
 
 class TopK(NamedTuple):

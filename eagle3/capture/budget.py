@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from eagle3.capture.encoding import ENCODINGS, bytes_per_token
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 
 logger = logging.getLogger(__name__)
 

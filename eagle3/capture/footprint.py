@@ -44,8 +44,8 @@ from safetensors import safe_open
 
 from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import TORCH_DTYPES
-from eagle3.config import DEVICE_MAP_STRATEGIES, PipelineConfig
-from eagle3.config_capture import sglang_ranks
+from eagle3.config.capture import DEVICE_MAP_STRATEGIES, sglang_ranks
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.target_weights import INDEX, SINGLE
 
 logger = logging.getLogger(__name__)

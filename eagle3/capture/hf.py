@@ -25,10 +25,10 @@ from eagle3.capture.backends import register_backend
 from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import TORCH_DTYPES
 from eagle3.capture.footprint import capture_footprint, check_fits, free_bytes
-from eagle3.config import DEVICE_MAP_STRATEGIES
+from eagle3.config.capture import DEVICE_MAP_STRATEGIES
 
 if TYPE_CHECKING:
-    from eagle3.config import PipelineConfig
+    from eagle3.config.pipeline import PipelineConfig
 
 logger = logging.getLogger(__name__)
 

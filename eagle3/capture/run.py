@@ -49,12 +49,12 @@ from eagle3.capture.schema import (
     footer_metadata,
 )
 from eagle3.capture.writer import Batch, PartWriter, record_hashes
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardInfo, open_shard, shard_metadata
-from eagle3.integrity import verify_files
-from eagle3.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
-from eagle3.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
-from eagle3.transfer import HostCopy
+from eagle3.rundir.integrity import verify_files
+from eagle3.rundir.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
+from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
+from eagle3.runtime.transfer import HostCopy
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ def _capture_batch(
     codecs: tuple[ColumnCodec, FinalCodec],
 ) -> Batch:
     """Forward one batch and queue its states' stored form (and their finiteness) to the host: nothing here waits
-    for a GPU, so the next forward is queued while the writer waits for these copies (``eagle3.transfer``)."""
+    for a GPU, so the next forward is queued while the writer waits for these copies (``eagle3.runtime.transfer``)."""
     aux_codec, last_codec = codecs
     to_host, states, finite = HostCopy(), [], ([], [])
     outputs = backend.forward([s.input_ids for s in batch])
@@ -404,7 +404,7 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
     (a run killed before this stage finished, a re-trigger's earlier night); a file only the previous manifest lists
     at its size keeps that entry. Either way a shard damaged since it was written is not blessed with its damaged
     bytes' sha256. Only the rest (a kill between a shard and its hashes, a directory from before them) is hashed
-    here, without a footer hash, so the loader checks all of it first (``eagle3.integrity``)."""
+    here, without a footer hash, so the loader checks all of it first (``eagle3.rundir.integrity``)."""
     out_dir = Path(out_dir)
     indices = set(shard_ids)
     indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}

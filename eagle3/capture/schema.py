@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from eagle3.capture.encoding import ENCODINGS, TOPK_ENCODING, TORCH_DTYPES, ColumnCodec, FinalCodec, column_codecs
-from eagle3.runroot import versions
+from eagle3.rundir.runroot import versions
 
 FEATURE_SCHEMA = pa.schema(
     [

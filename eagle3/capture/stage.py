@@ -24,10 +24,10 @@ from eagle3.capture.run import (
     output_paths,
     shard_index_of,
 )
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import ShardError, open_shard, shard_is_valid
-from eagle3.layout import SHARD_GLOB, stage_dir, write_failed_shards
-from eagle3.runroot import sweep_removed
+from eagle3.rundir.layout import SHARD_GLOB, stage_dir, write_failed_shards
+from eagle3.rundir.runroot import sweep_removed
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)

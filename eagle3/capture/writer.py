@@ -2,12 +2,12 @@
 
 The forward (``eagle3.capture.run``) hands each batch's states in their stored form to ``PartWriter`` and goes on
 with the next batch. Two background threads do the rest, so a batch's compression overlaps the next one's part file:
-* the parts thread waits for a GPU's copies to the host (``eagle3.transfer.HostCopy``), quarantines non-finite
+* the parts thread waits for a GPU's copies to the host (``eagle3.runtime.transfer.HostCopy``), quarantines non-finite
   samples, builds the Arrow table over the states' own buffers (no copy) and writes and syncs the part file (what a
   resume keeps);
 * the shard thread compresses the tables, in part order, into the final shard.
 On a CPU target they share the cores with the forward, so both run at the lowest CPU priority
-(``eagle3.procs.yield_cpu``): they use what the forward's threads leave idle instead of slowing all of them, and
+(``eagle3.runtime.procs.yield_cpu``): they use what the forward's threads leave idle instead of slowing all of them, and
 when they fall ``WRITE_AHEAD`` batches behind, the forward waits and frees the cores. On a GPU target they use the
 CPU the forward leaves idle at normal priority. What one writer sustains alone bounds a GPU capture: BENCHMARKS.md.
 """
@@ -27,12 +27,12 @@ import torch
 
 from eagle3.capture.encoding import host_buffer
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA, REASON_NON_FINITE, feature_table
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import ShardInfo, ShardWriter, parquet_writer, write_table
-from eagle3.layout import hashes_file_name, parts_dir_name, shard_name
-from eagle3.procs import yield_cpu
-from eagle3.runroot import atomic_path, atomic_write_json, remove_in_background
-from eagle3.transfer import HostCopy
+from eagle3.rundir.layout import hashes_file_name, parts_dir_name, shard_name
+from eagle3.rundir.runroot import atomic_path, atomic_write_json, remove_in_background
+from eagle3.runtime.procs import yield_cpu
+from eagle3.runtime.transfer import HostCopy
 
 
 def feature_compression(hidden: str) -> dict[str, str]:

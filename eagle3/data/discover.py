@@ -21,13 +21,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig, SourceConfig
+from eagle3.config.data import SourceConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import TURN_LIST_KEYS
 from eagle3.data.readers import DATA_SUFFIXES, RawRow, count_rows, file_problem, iter_rows
 from eagle3.errors import DataError
-from eagle3.layout import CATALOG_FILE
-from eagle3.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
+from eagle3.rundir.layout import CATALOG_FILE
+from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import SourceConfig
+from eagle3.config.data import SourceConfig
 from eagle3.data.catalog import DatasetEntry
 from eagle3.data.readers import DATA_SUFFIXES
 

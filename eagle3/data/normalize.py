@@ -35,7 +35,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import NormalizeConfig, PipelineConfig, SourceConfig
+from eagle3.config.data import NormalizeConfig, SourceConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import Converted, Message, RowError, convert_row
 from eagle3.data.decontam import Decontaminator, load_prompt_sets
@@ -56,7 +57,7 @@ from eagle3.data.schema import (
 )
 from eagle3.data.template import load_local_tokenizer
 from eagle3.data.toolcalls import ToolCallError, link_tool_calls
-from eagle3.runroot import Manifest, atomic_write_json, fingerprint
+from eagle3.rundir.runroot import Manifest, atomic_write_json, fingerprint
 
 logger = logging.getLogger(__name__)
 

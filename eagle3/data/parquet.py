@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3.layout import shard_name
-from eagle3.runroot import atomic_path, footer_sha256, fsync_dir, sha256_file
+from eagle3.rundir.layout import shard_name
+from eagle3.rundir.runroot import atomic_path, footer_sha256, fsync_dir, sha256_file
 
 
 def value_columns(schema: pa.Schema) -> list[str]:

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.dedup import Deduper
 from eagle3.data.normalize import ROW_GROUP_BYTES
 from eagle3.data.parquet import ShardWriter, iter_batches, open_shard, write_table
 from eagle3.data.readers import truncate_raw
 from eagle3.data.schema import PROMPT_SCHEMA, QUARANTINE_SCHEMA
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.runroot import FileEntry, Manifest
 
 logger = logging.getLogger(__name__)
 

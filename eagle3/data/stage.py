@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint, check_sources, load_catalog, write_catalog
 from eagle3.data.normalize import mix_lines, normalize_source, prompts_fingerprint, source_counts, spill_counts_path
 from eagle3.data.shard import build_prompt_shards, summary_markdown
 from eagle3.data.template import tokenizer_imports
-from eagle3.layout import find_input, stage_dir, write_failed_shards
-from eagle3.runroot import MANIFEST, Manifest
+from eagle3.rundir.layout import find_input, stage_dir, write_failed_shards
+from eagle3.rundir.runroot import MANIFEST, Manifest
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.draft import DraftConfig, DraftModel
 
 CONFIG_FILE = "config.json"

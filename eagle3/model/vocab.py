@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.layout import VOCAB_FILE
 from eagle3.model.export_format import target_ids, vocab_problems
-from eagle3.runroot import atomic_path
+from eagle3.rundir.layout import VOCAB_FILE
+from eagle3.rundir.runroot import atomic_path
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from eagle3.config import load_yaml
+from eagle3.config.pipeline import load_yaml
 from eagle3.errors import DATA_ERROR_EXIT, DATA_ERROR_PREFIX, DataError
 
 

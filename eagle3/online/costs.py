@@ -26,7 +26,7 @@ from typing import Any
 
 from eagle3.capture.budget import MEAN_TOKENS_PER_SAMPLE, human_bytes, shards_at_once
 from eagle3.capture.encoding import bytes_per_token
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ import pyarrow as pa
 
 from eagle3.capture.encoding import column_codecs
 from eagle3.capture.run import Sample, admit, features_fingerprint, plan_batches, read_regen_shard, shard_index_of
-from eagle3.config import PipelineConfig
-from eagle3.runroot import fingerprint
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.rundir.runroot import fingerprint
 from eagle3.train.data import FeatureDataset, RowGroup
 
 Key = tuple[int, int, int, tuple[str, ...]]  # (epoch, step, rank, sample ids)
@@ -80,7 +80,7 @@ def predicted_row_groups(config: PipelineConfig, parts: Sequence[Sequence[Sample
 
 def regen_shards(regen_dir: Path) -> list[Path]:
     """The ready regen shards of a regen stage directory, in shard order (what capture would capture)."""
-    from eagle3.layout import SHARD_GLOB
+    from eagle3.rundir.layout import SHARD_GLOB
 
     return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
 
@@ -147,8 +147,8 @@ class OnlinePlan:
         """The plan every party of an online run builds (trainer ranks, producers, vocab): the feature shards a
         finished features stage of this config already holds (earlier stored nights) are read, the rest captured."""
         from eagle3.capture.run import feature_shards
-        from eagle3.layout import shard_index, stage_dir
-        from eagle3.runroot import Manifest
+        from eagle3.rundir.layout import shard_index, stage_dir
+        from eagle3.rundir.runroot import Manifest
 
         features = stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
         stored = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.capture.encoding import column_codecs
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.online.batch import Stored, make_message, states_of
 from eagle3.online.broker import DONE, WAIT
 from eagle3.online.plan import OnlinePlan

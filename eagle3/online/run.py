@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.online.plan import OnlinePlan
 from eagle3.online.producer import ProducerActor
 from eagle3.online.transport import close_broker, connect, get_broker, open_broker
@@ -133,7 +133,7 @@ class StatusReporter:
     def report(self) -> dict[str, Any]:
         import ray
 
-        from eagle3.runroot import atomic_write_json
+        from eagle3.rundir.runroot import atomic_write_json
 
         s = ray.get(get_broker(self.name).status.remote())
         left = s["total"] - s["consumed"]

@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from eagle3.capture.run import features_fingerprint
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DATA_ERROR_PREFIX, DataError
-from eagle3.layout import CKPT_DIR, CONFIG_FILE, VOCAB_FILE, stage_dir
 from eagle3.model.vocab import save_vocab
 from eagle3.online.costs import choose_features
 from eagle3.online.plan import OnlinePlan, regen_shards
-from eagle3.runroot import FileEntry, Manifest, atomic_write_text, fingerprint
+from eagle3.rundir.layout import CKPT_DIR, CONFIG_FILE, VOCAB_FILE, stage_dir
+from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_text, fingerprint
 from eagle3.stage import OnProgress, Plan, StageResult, Unit, UnitReport
 from eagle3.train.export import export_draft
 from eagle3.train.stage import (

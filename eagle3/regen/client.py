@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from eagle3.config import RegenConfig
+from eagle3.config.regen import RegenConfig
 from eagle3.regen.pool import ServerPool
 
 

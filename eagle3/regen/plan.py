@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig, RegenConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.regen import RegenConfig
 from eagle3.data.dialect import reasoning_format
-from eagle3.layout import CONFIG_FILE, PLAN_FILE, shard_index, shard_name, stage_dir
-from eagle3.runroot import Manifest, atomic_write_text, fingerprint
+from eagle3.rundir.layout import CONFIG_FILE, PLAN_FILE, shard_index, shard_name, stage_dir
+from eagle3.rundir.runroot import Manifest, atomic_write_text, fingerprint
 from eagle3.stage import Plan
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from eagle3.config import RegenConfig
+from eagle3.config.regen import RegenConfig
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.dialect import reasoning_format, tool_call_format
 from eagle3.data.parquet import (
     ShardWriter,
@@ -33,8 +33,6 @@ from eagle3.data.parquet import (
     write_table,
 )
 from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
-from eagle3.integrity import verify_files
-from eagle3.layout import shard_name
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan, template_kwargs
@@ -42,7 +40,9 @@ from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
 from eagle3.regen.sample import SampleContext, failed_row, regenerate
 from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
 from eagle3.regen.stop import running_shard
-from eagle3.runroot import MANIFEST, atomic_write_text
+from eagle3.rundir.integrity import verify_files
+from eagle3.rundir.layout import shard_name
+from eagle3.rundir.runroot import MANIFEST, atomic_write_text
 
 logger = logging.getLogger(__name__)
 

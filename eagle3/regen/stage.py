@@ -21,10 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eagle3.config import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.data.parquet import shard_is_valid
 from eagle3.data.template import tokenizer_imports
-from eagle3.layout import REGEN_INPUT, shard_name, write_failed_shards
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
@@ -32,7 +31,8 @@ from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import DROPPED, FAILED, ShardReport, regen_shard, report_from_shard
 from eagle3.regen.status import regen_status
 from eagle3.regen.stop import stop_shards_on_signals
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.layout import REGEN_INPUT, shard_name, write_failed_shards
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
 
 REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "completion_tokens", "round_trip_failures",
@@ -52,7 +52,7 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
         yield list(config.regen.servers)
         return
     if config.server.engine == "sglang":
-        from eagle3.serve.commands import build_launch
+        from eagle3.serve.launch_commands import build_launch
 
         served = with_overrides(config, [f"server.max_running_requests={config.regen.concurrency_per_server}"])
         command = build_launch(served, "baseline", port=0)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.parquet import shard_is_valid
-from eagle3.layout import PLAN_FILE, find_input, read_failed_shards, shard_name
 from eagle3.regen.journal import journal_name
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import journal_progress, read_waiting, report_from_shard, waiting_name
-from eagle3.runroot import MANIFEST
+from eagle3.rundir.layout import PLAN_FILE, find_input, read_failed_shards, shard_name
+from eagle3.rundir.runroot import MANIFEST
 from eagle3.stage import Progress
 
 

@@ -2,12 +2,13 @@
 
 The reference server (regen, tests, benchmarks) and both SGLang arms of the gate start through ``ServerProcess``, so
 there is one health poll, one error and one way to stop a server. It lives in ``serve``, the lower layer; the bench
-only builds the SGLang launch commands (``eagle3.serve.commands``).
+only builds the SGLang launch commands (``eagle3.serve.launch_commands``).
 
 Design choices:
-- The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both ``eagle3.serve`` and
+- The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both
+``eagle3.serve.reference`` and
   ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage never choose one.
-- The child dies with its parent (``eagle3.procs.die_with_parent``) and runs in its own process group, which is
+- The child dies with its parent (``eagle3.runtime.procs.die_with_parent``) and runs in its own process group, which is
   stopped as a whole (SIGTERM, then SIGKILL) on exit or error: no server, nor a worker it spawned, outlives the
   command that started it.
 - Output goes to a log file, never a pipe, so a chatty server cannot block on a full pipe; a server that exits or
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from eagle3.procs import die_with_parent, free_port
+from eagle3.runtime.procs import die_with_parent, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +160,11 @@ def reference_server(
     log_path: Path | None = None,
     health_timeout_s: float = 300.0,
 ) -> ServerProcess:
-    """The project's reference server (``python -m eagle3.serve`` in this interpreter) on a free local port.
+    """The project's reference server (``python -m eagle3.serve.reference`` in this interpreter) on a free local port.
 
     ``model_path`` None is for ``--synthetic-tokens`` (no model) in ``extra_args``.
     """
-    argv = [sys.executable, "-m", "eagle3.serve"]
+    argv = [sys.executable, "-m", "eagle3.serve.reference"]
     if model_path is not None:
         argv += ["--model", str(model_path)]
     return ServerProcess(

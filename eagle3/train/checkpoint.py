@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.runroot import atomic_write_json, atomic_write_text, fsync_dir
+from eagle3.rundir.runroot import atomic_write_json, atomic_write_text, fsync_dir
 
 logger = logging.getLogger(__name__)
 

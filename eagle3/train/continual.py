@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.config import PipelineConfig
-from eagle3.layout import CHAMPION_POINTER
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.export_format import CONFIG_FILE, WEIGHTS_FILE, draft_config_from_export, validate_export
-from eagle3.runroot import Manifest, atomic_path, atomic_write_json
+from eagle3.rundir.layout import CHAMPION_POINTER
+from eagle3.rundir.runroot import Manifest, atomic_path, atomic_write_json
 
 START_FILE = "start.json"  # in a draft dir: how the draft starts and which rows it trains on (before training)
 TRAINED_ON = "trained_on.json"  # in a draft dir and its export: the feature shards the draft has seen
@@ -151,7 +151,7 @@ def plan_start(config: PipelineConfig, features_dir: Path) -> Start:
 
 def read_champion(root: Path) -> dict[str, Any] | None:
     """The champion pointer (``draft_id``, ``draft_dir``: the registry's copy, ``source_dir``), None before the
-    first promotion. Read here rather than through ``eagle3.bench.registry``, which sits above ``train``."""
+    first promotion. Read here rather than through ``eagle3.gate.registry``, which sits above ``train``."""
     path = Path(root) / CHAMPION_POINTER
     return json.loads(path.read_text()) if path.exists() else None
 

@@ -24,7 +24,8 @@ Design choices:
   consumer's stream waits for that work when it takes the batch. When the consumer computes on this CPU
   (``device="cpu"``) the reading threads run at the lowest CPU priority and Arrow decodes on them rather than on its
   own pool, so they fill the gaps of a step that keeps every core busy instead of preempting its intra-op threads
-  (``eagle3.procs.yield_cpu``); and the batch is collated on the consumer's own thread when it asks for it: the copies
+  (``eagle3.runtime.procs.yield_cpu``); and the batch is collated on the consumer's own thread when it asks for it: the
+  copies
   then run on torch's intra-op threads, where a collating thread took a core from one of them and left the other
   waiting (BENCHMARKS.md, issue 15).
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
@@ -57,11 +58,11 @@ from eagle3.capture.encoding import (
     dequantize,
 )
 from eagle3.capture.schema import check_footer, footer_codecs
-from eagle3.integrity import ALONE, Share, verify_files
-from eagle3.runroot import fingerprint
+from eagle3.rundir.integrity import ALONE, Share, verify_files
+from eagle3.rundir.runroot import fingerprint
+from eagle3.runtime.transfer import DeviceTransfer, Moved
 from eagle3.train.distributed import gather_lines
 from eagle3.train.shards import Decoded, FeatureFile, iter_row_groups, open_features, read_row_group, run_ahead
-from eagle3.transfer import DeviceTransfer, Moved
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class FeatureDataset(IterableDataset):
         if pack and max_seq_len is None:
             raise ValueError("pack=True needs max_seq_len (the packed sequence length)")
         self.paths = _resolve(shards)
-        # before any byte is trained on (eagle3.integrity): sizes and footers here (the ranks of a process group
+        # before any byte is trained on (eagle3.rundir.integrity): sizes and footers here (the ranks of a process group
         # split them), each page as it is read (``FeatureFile.read``)
         verify_files(self.paths, rebuild="eagle3 capture", share=_verify_share(rank, world_size), pages_checked=True)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
@@ -304,7 +305,7 @@ class FeatureDataset(IterableDataset):
         return self._transfer.moved(lambda: self._on_device(out, (aux, aux_scale), (last, last_scale)))
 
     def _on_device(self, out: dict[str, torch.Tensor], aux: Staged, last: Staged) -> dict[str, torch.Tensor]:
-        """The staged batch copied to ``device`` in its stored form and decoded there (``eagle3.transfer``)."""
+        """The staged batch copied to ``device`` in its stored form and decoded there (``eagle3.runtime.transfer``)."""
         copy = self._transfer.copy
         batch = {k: copy(v) for k, v in out.items()}
         batch["aux_hidden"] = self._decode(*aux)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from eagle3.procs import die_with_parent
+from eagle3.runtime.procs import die_with_parent
 
 logger = logging.getLogger(__name__)
 

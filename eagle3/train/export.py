@@ -1,12 +1,13 @@
 """The export stage: a training checkpoint -> the SGLang ``LlamaForCausalLMEagle3`` directory, plus a model card
-(with the Hub's metadata; ``eagle3 push`` publishes the gated champion, ``eagle3.bench.hub``).
+(with the Hub's metadata; ``eagle3 push`` publishes the gated champion, ``eagle3.gate.publish``).
 
 The format itself (file names, exact key set and shapes, the vocab maps, validation) is
 ``eagle3.model.export_format``; this module only fills it. The export is written into ``<dir>.tmp``, validated
 there, and renamed, so a broken export is never left where SGLang or the gate could pick it up.
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` is in the ``output_of_layer`` convention, taken from the capture
 manifest and checked against the config, whose validation has already refused any set SGLang would map back to other
-layers on this target family (``eagle3.layers.served_layer_ids``), so training and serving read the same layers.
+layers on this target family (``eagle3.config.aux_layers.served_layer_ids``), so training and serving read the same
+layers.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.config import ConfigError, PipelineConfig
+from eagle3.config.aux_layers import to_export_ids
+from eagle3.config.base import ConfigError
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError
-from eagle3.layers import to_export_ids
-from eagle3.layout import CKPT_DIR, METRICS_FILE
 from eagle3.model.draft import DraftConfig
 from eagle3.model.export_format import (
     ARCHITECTURE,
@@ -36,7 +37,8 @@ from eagle3.model.export_format import (
     served_flags,
     validate_export,
 )
-from eagle3.runroot import Manifest
+from eagle3.rundir.layout import CKPT_DIR, METRICS_FILE
+from eagle3.rundir.runroot import Manifest
 from eagle3.train.checkpoint import LATEST, latest_checkpoint
 from eagle3.train.metrics import read_metrics
 

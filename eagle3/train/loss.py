@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle3.capture.head import head_logits
-from eagle3.config import LossKind
+from eagle3.config.train import LossKind
 from eagle3.model.draft import DraftModel, TTTCache
 from eagle3.train.objectives import position_loss
 

@@ -24,8 +24,8 @@ import torch
 from eagle3.capture.encoding import ColumnCodec, Encoded, FinalCodec
 from eagle3.capture.schema import FEATURE_SCHEMA
 from eagle3.data.parquet import open_shard
-from eagle3.integrity import checked_read
-from eagle3.procs import yield_cpu
+from eagle3.rundir.integrity import checked_read
+from eagle3.runtime.procs import yield_cpu
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -66,7 +66,7 @@ class FeatureFile:
         row group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
         uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
         place, so a mapping stays valid while training. Every page is checked against its CRC32 as it is read (the
-        loader's ``verify_files`` checked sizes and footers only: ``eagle3.integrity``); one that fails, or does
+        loader's ``verify_files`` checked sizes and footers only: ``eagle3.rundir.integrity``); one that fails, or does
         not decode, raises ``DataError`` naming the file, the row group and the command that rebuilds it."""
         handle = pq.ParquetFile(self.path, metadata=self.metadata, memory_map=True, pre_buffer=True,
                                 page_checksum_verification=True)

@@ -27,11 +27,19 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DATA_ERROR_PREFIX, DataError
-from eagle3.layout import CKPT_DIR, CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, stage_dir, write_failed_shards
 from eagle3.model.export_format import CARD_FILE, WEIGHTS_FILE
-from eagle3.runroot import Manifest, atomic_write_text, fingerprint
+from eagle3.rundir.layout import (
+    CKPT_DIR,
+    CONFIG_FILE,
+    EXPORT_DIR,
+    METRICS_FILE,
+    VOCAB_FILE,
+    stage_dir,
+    write_failed_shards,
+)
+from eagle3.rundir.runroot import Manifest, atomic_write_text, fingerprint
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.continual import (

@@ -22,12 +22,13 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file
 
-from eagle3.config import PipelineConfig, TrainConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.train import TrainConfig
 from eagle3.errors import DataError
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import target_ids
 from eagle3.model.target_weights import TargetHead, load_target_head
-from eagle3.runroot import fingerprint
+from eagle3.rundir.runroot import fingerprint
 from eagle3.train import checkpoint as ckpt
 from eagle3.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, wrap_for_training
 from eagle3.train.loss import TTTObjective, accept_length, batch_target, step_masks

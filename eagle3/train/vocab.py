@@ -22,14 +22,13 @@ import pyarrow.compute as pc
 import torch
 
 from eagle3.capture.run import feature_shards
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import open_shard
-from eagle3.integrity import checked_read
-from eagle3.layout import VOCAB_FILE, stage_dir
 from eagle3.model.export_format import vocab_maps
 from eagle3.model.vocab import DraftVocab, save_vocab
-from eagle3.runroot import FileEntry, Manifest, fingerprint
-from eagle3.scaling import feature_set_fingerprint
+from eagle3.rundir.integrity import checked_read
+from eagle3.rundir.layout import VOCAB_FILE, feature_set_fingerprint, stage_dir
+from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) 
 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
     """The token columns of a feature shard, each page checked against its checksum as it is read: these columns
-    are a sliver of a shard's bytes, so the shards are not hashed whole first (``eagle3.integrity``)."""
+    are a sliver of a shard's bytes, so the shards are not hashed whole first (``eagle3.rundir.integrity``)."""
     with checked_read(path, rebuild="eagle3 capture"):
         yield from open_shard(path, schema=_COUNT_SCHEMA).iter_batches(columns=_COUNT_SCHEMA.names)
 

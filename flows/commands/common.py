@@ -7,7 +7,8 @@ plans and status lines go to stderr (``console``).
 Every command that runs a flow does so inside :func:`prefect_api`, the one Prefect start-up policy: the server
 ``PREFECT_API_URL`` names when one is configured (reused, nothing started), else a temporary local API server that
 this command starts, waits for up to ``PREFECT_STARTUP_TIMEOUT_S`` (a busy 2-core machine needs more than Prefect's
-own 20 s) and stops on exit, and that dies with the command even on ``kill -9`` (``eagle3.procs.die_with_parent``,
+own 20 s) and stops on exit, and that dies with the command even on ``kill -9``
+(``eagle3.runtime.procs.die_with_parent``,
 as the reference server and the training workers do).
 
 A command that runs a long flow shows a progress bar (:func:`watch_progress`) polled from a library status function
@@ -58,9 +59,9 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from typer.core import TyperGroup
 
-from eagle3.config import PipelineConfig
-from eagle3.procs import die_with_parent, free_port
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import resolve
+from eagle3.runtime.procs import die_with_parent, free_port
 from eagle3.serve.launch import is_healthy
 from eagle3.stage import Progress as StageProgress
 from eagle3.stage import RateWindow
@@ -94,12 +95,12 @@ class CliError(Exception):
 
 # The exit-code table of the library's expected exceptions: (module, class name, exit code), checked in order.
 EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
-    ("eagle3.config", "ConfigError", EXIT_USAGE),
-    ("builtins", "FileNotFoundError", EXIT_USAGE),  # includes eagle3.layout.StageInputError: a missing input dir
+    ("eagle3.config.pipeline", "ConfigError", EXIT_USAGE),
+    ("builtins", "FileNotFoundError", EXIT_USAGE),  # includes eagle3.rundir.layout.StageInputError: a missing input dir
     ("eagle3.data.catalog", "CatalogError", EXIT_USAGE),  # an unknown dataset adapter in the config's sources
     ("eagle3.regen.plan", "RegenInputError", EXIT_USAGE),
     ("eagle3.data.hub", "HubError", EXIT_FAILED),
-    ("eagle3.serve.commands", "EngineUnavailable", EXIT_USAGE),  # server.engine=sglang without its runtime
+    ("eagle3.serve.launch_commands", "EngineUnavailable", EXIT_USAGE),  # server.engine=sglang without its runtime
     ("eagle3.serve.launch", "LaunchError", EXIT_FAILED),
     ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
     ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors

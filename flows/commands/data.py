@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         """Normalize, dedup and decontaminate the sources into prompt shards (prints the mix plan first)."""
         cfg = resolve_config(recipe, config, set_)
         _print_plan(cfg)
-        from eagle3.runroot import Manifest
+        from eagle3.rundir.runroot import Manifest
 
         with prefect_api(meanwhile=lambda: importlib.import_module("flows.normalize")), _spinner("normalize"):
             from flows.normalize import prompts_flow

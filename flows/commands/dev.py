@@ -18,8 +18,8 @@ def register(app: typer.Typer) -> None:
         world_name: str = typer.Option("tiny", "--world", help="tiny (chat) or think (thinking, tool-calling)."),
     ) -> None:
         """Build the tiny world (sample datasets, BPE tokenizer, tiny Llama target); a second call is a cache hit."""
-        from eagle3.dev.world import world_builders
         from eagle3.recipes import world_cache
+        from eagle3.worlds.world import world_builders
 
         builders = world_builders()
         if world_name not in builders:

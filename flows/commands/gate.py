@@ -22,9 +22,9 @@ from flows.commands.common import (
     results,
 )
 
-if TYPE_CHECKING:  # eagle3.bench.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
-    from eagle3.bench.preflight import Check
-    from eagle3.config import PipelineConfig
+if TYPE_CHECKING:  # eagle3.gate.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
+    from eagle3.config.pipeline import PipelineConfig
+    from eagle3.gate.preflight import Check
 
 DraftOption = typer.Option(None, "--draft", "-d", help="Draft export dir (config.json + model.safetensors).")
 EngineOption = typer.Option("sglang", "--engine", help="sglang (SGLang: on GPUs, or this CPU's runtime when "
@@ -32,7 +32,7 @@ EngineOption = typer.Option("sglang", "--engine", help="sglang (SGLang: on GPUs,
 
 
 def _default_draft(root: Path) -> Path | None:
-    from eagle3.bench.registry import Registry
+    from eagle3.gate.registry import Registry
 
     champion = Registry(root).champion()
     return Path(champion.draft_dir) if champion else None
@@ -53,8 +53,8 @@ def launch_sglang(
     set_: list[str] | None = SetOption,
 ) -> None:
     """Print (or run) the launch command of one arm, generated from config for the pinned SGLang."""
-    from eagle3.serve.commands import build_launch, check_engine
     from eagle3.serve.launch import LaunchError
+    from eagle3.serve.launch_commands import build_launch, check_engine
 
     cfg = resolve_config(recipe, config, set_)
     if run:
@@ -95,8 +95,8 @@ def preflight(
 ) -> None:
     """Static checks of a draft and both launch commands; with --features, an offline acceptance smoke on a few
     captured rows (CPU); with --url, runtime checks too. Exit 1 on any failure."""
-    from eagle3.bench import preflight as pf
-    from eagle3.serve.commands import build_launch
+    from eagle3.gate import preflight as pf
+    from eagle3.serve.launch_commands import build_launch
 
     cfg = resolve_config(recipe, config, set_)
     port = cfg.server.port or 30000
@@ -123,8 +123,8 @@ def preflight(
 def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float) -> list[Check]:
     from transformers import AutoTokenizer
 
-    from eagle3.bench import preflight as pf
-    from eagle3.bench.prompts import load_gate_prompts
+    from eagle3.gate import preflight as pf
+    from eagle3.gate.prompts import load_gate_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.target.model_path, revision=cfg.target.revision)
     prompts = load_gate_prompts(cfg.gate.prompt_sets, tokenizer, per_set=max(1, n))[:n]
@@ -148,7 +148,7 @@ def gate(
     exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
     cfg = resolve_config(recipe, config, set_)
     if not baseline_url:  # the arms are launched on server.engine
-        from eagle3.serve.commands import check_engine
+        from eagle3.serve.launch_commands import check_engine
 
         check_engine(cfg)
     with prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")), \

@@ -1,4 +1,4 @@
-"""``eagle3 push``: publish the run root's champion draft on the Hugging Face Hub (``eagle3.bench.hub``).
+"""``eagle3 push``: publish the run root's champion draft on the Hugging Face Hub (``eagle3.gate.publish``).
 
 The card carries the Hub metadata, the numbers of the gate that promoted the draft and the SGLang command that
 serves it; ``--dry-run`` writes the card and lists the files without uploading. Token order: ``HF_TOKEN``, then the
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Push the champion draft (the last one a gate promoted) to the Hub with its model card."""
-        from eagle3.bench.hub import champion_upload, push
+        from eagle3.gate.publish import champion_upload, push
 
         cfg = resolve_config(recipe, config, set_)
         upload = champion_upload(cfg, repo)
@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"dry run: card written to {upload.card}; nothing uploaded")
             return
         if not os.environ.get("HF_TOKEN") and os.environ.get("PREFECT_API_URL"):
-            from eagle3.secrets import HF_TOKEN
+            from eagle3.runtime.secrets import HF_TOKEN
             from tasks.secrets import secret_from_block
 
             token = secret_from_block(HF_TOKEN)

@@ -3,7 +3,7 @@
 ``regen status`` reads only the stage's files (journals, shard footers, plan.json), so it works from another
 terminal while a 50-hour job runs. ``retry-shards --failed`` reruns the shards listed in ``failed_shards.json``
 with the config saved in the stage's ``config.yaml`` (``--set`` can point it at other servers). ``serve`` passes
-its arguments to ``python -m eagle3.serve`` (argparse lives in the library; see ``eagle3 serve --help``).
+its arguments to ``python -m eagle3.serve.reference`` (argparse lives in the library; see ``eagle3 serve --help``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import Progress
 from flows.commands.common import (
     ConfigOption,
@@ -34,8 +34,8 @@ RunOption = typer.Option(..., "--run", help="A regen stage dir (<root>/regen/<fp
 
 def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
     """``regen_status`` of this run's shards for :func:`watch_progress`."""
-    from eagle3.layout import StageInputError
     from eagle3.regen.status import regen_status
+    from eagle3.rundir.layout import StageInputError
 
     def poll() -> tuple[Progress, str] | None:
         try:
@@ -63,9 +63,9 @@ def _warm_up(config: PipelineConfig) -> None:
 
 def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
     """Run the regen flow with a CLI progress bar; exit 1 when shards failed."""
-    from eagle3.layout import REGEN_INPUT
     from eagle3.lineage import Lineage
     from eagle3.regen.plan import regen_dir_for
+    from eagle3.rundir.layout import REGEN_INPUT
 
     prompts_dir = Lineage(config).input(REGEN_INPUT, prompts)
     with prefect_api(meanwhile=lambda: _warm_up(config)), \
@@ -128,9 +128,9 @@ def register(app: typer.Typer) -> None:
         set_: list[str] | None = SetOption,
     ) -> None:
         """Rerun failed (or given) regen shards with the stage's saved config."""
-        from eagle3.layout import CONFIG_FILE, PLAN_FILE, find_input, read_failed_shards
         from eagle3.recipes import resolve
         from eagle3.regen.plan import read_plan
+        from eagle3.rundir.layout import CONFIG_FILE, PLAN_FILE, find_input, read_failed_shards
 
         regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
                                marker=PLAN_FILE)  # fmt: skip
@@ -150,6 +150,6 @@ def register(app: typer.Typer) -> None:
     )
     def serve(ctx: typer.Context) -> None:
         """The reference server (SGLang HTTP subset): eagle3 serve --model PATH --port P [...]; --help for flags."""
-        from eagle3.serve.cli import main
+        from eagle3.serve.reference.cli import main
 
         main(list(ctx.args))

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         """Run the pipeline (discover -> ... -> gate); with the tiny recipe its first task builds (or reuses) the
         tiny world."""
         cfg = resolve_config(recipe, config, set_)  # a config error exits 2 here, before Prefect starts
-        from eagle3.serve.commands import check_engine
+        from eagle3.serve.launch_commands import check_engine
 
         check_engine(cfg)  # so is server.engine=sglang on a CPU without the SGLang runtime
         console.print(f"run root: {cfg.root_path}")
@@ -82,8 +82,8 @@ def plan(
     anything. Needs the prompts stage (`eagle3 normalize`). Under scaling.policy=aimed: the table of domains (pool
     left, the champion's accept length on each domain's eval prompts, traffic share, allocation, why)."""
     cfg = resolve_config(recipe, config, set_)
-    from eagle3.bench.night import plan_tonight
     from eagle3.lineage import Lineage
+    from eagle3.scaling.night import plan_tonight
 
     prompts = Lineage(cfg).input("normalize", prompts)
     with bad_input(ValueError), console.status("planning tonight (aimed: measuring the champion per domain, CPU)"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import Progress
 from flows.commands.common import (
     ConfigOption,
@@ -101,9 +101,9 @@ def evaluate(
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.bench.specdec import evaluate_acceptance, load_prompt_file
+    from eagle3.gate.offline_accept import evaluate_acceptance, load_prompt_file
     from eagle3.model.export_format import validate_export
-    from eagle3.serve.specdec import SpeculativeDecoder
+    from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
     problems = validate_export(draft)  # before loading the target: a broken export fails in a second
     if problems:

@@ -25,12 +25,12 @@ import pytest
 
 from eagle3.capture.run import capture_shard, finalize_features
 from eagle3.capture.schema import FEATURE_SCHEMA
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
-from eagle3.layout import shard_name
-from eagle3.procs import free_port
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.layout import shard_name
+from eagle3.rundir.runroot import FileEntry, Manifest
+from eagle3.runtime.procs import free_port
 from eagle3.train.vocab import build_vocab_stage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

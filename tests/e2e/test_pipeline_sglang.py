@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from e2e_support import BIN, FAST_TINY, REPO, base_env
 
-from eagle3.bench.accept import ACCEPT_LENGTH_FIELD
-from eagle3.serve.commands import CPU_LAUNCHER
+from eagle3.gate.accept import ACCEPT_LENGTH_FIELD
+from eagle3.serve.launch_commands import CPU_LAUNCHER
 
 # The night runs in the module's fixture, inside its first test's time: ~15 min on a 2-core box loaded by other work.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.sglang, pytest.mark.timeout(2700)]
@@ -78,10 +78,10 @@ def _reference_accepts(root: Path, arms: dict[str, Any]) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.bench.prompts import load_gate_prompts
-    from eagle3.bench.specdec import evaluate_acceptance
+    from eagle3.gate.offline_accept import evaluate_acceptance
+    from eagle3.gate.prompts import load_gate_prompts
     from eagle3.recipes import load_recipe
-    from eagle3.serve.specdec import SpeculativeDecoder
+    from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
     config = load_recipe("tiny", [f"root={root}", *FAST_TINY])
     tokenizer = AutoTokenizer.from_pretrained(config.target.model_path)

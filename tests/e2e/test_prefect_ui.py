@@ -281,8 +281,8 @@ def _alerts_for(webhook: WebhookReceiver, run_name: str, *, timeout_s: float) ->
 def failing_server(prefect_server: PrefectServer, tiny_world: Any) -> Iterator[str]:
     """A reference server on the tiny model whose every generation request fails (the server's fault flag)."""
     port = free_port()
-    args = [str(BIN / "python"), "-m", "eagle3.serve", "--model", str(tiny_world.model_dir), "--port", str(port),
-            "--fault-fail-rate", "1.0"]  # fmt: skip
+    args = [str(BIN / "python"), "-m", "eagle3.serve.reference", "--model", str(tiny_world.model_dir),
+            "--port", str(port), "--fault-fail-rate", "1.0"]  # fmt: skip
     proc = _start(args, prefect_server.env, prefect_server.home / "failing-server.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -24,7 +24,7 @@ from e2e_support import REPO, PrefectServer
 
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
-from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import ServerProcess, reference_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 from eagle3.stage import Progress
 
 
 def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, prefect_harness):
     from eagle3.capture.stage import capture_progress, features_dir_for
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
     from flows.capture import capture_flow, vocab_flow
     from flows.cli import app
 

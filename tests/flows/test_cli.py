@@ -17,9 +17,9 @@ import yaml
 from click.testing import Result
 from typer.testing import CliRunner
 
-from eagle3.config import ConfigError
+from eagle3.config.base import ConfigError
 from eagle3.data.catalog import entries
-from eagle3.layout import StageInputError
+from eagle3.rundir.layout import StageInputError
 from flows.cli import app
 from flows.commands.common import EXIT_FAILED, EXIT_USAGE, EXPECTED_ERRORS, CliError, exit_code_for
 

@@ -13,8 +13,9 @@ from prefect.artifacts import Artifact
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from eagle3.bench.report import Decision, GateReport, write_report
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
+from eagle3.gate.report import Decision, GateReport, write_report
 from flows.cli import app
 from flows.commands.common import EXIT_FAILED, EXIT_INCONCLUSIVE
 from flows.gate import gate_flow, scaling_flow

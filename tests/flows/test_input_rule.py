@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle3.capture.stage import CaptureStage
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
 from eagle3.lineage import Lineage
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 from eagle3.stage import run_stage
 
 OVERRIDES = ["vocab.draft_vocab_size=64"]
@@ -67,7 +67,7 @@ def test_without_a_matching_stage_the_error_lists_what_exists(two_features):
 
 
 def test_an_explicit_path_wins_and_must_be_finished(two_features, tiny_config, tmp_path):
-    from eagle3.layout import StageInputError
+    from eagle3.rundir.layout import StageInputError
 
     root, _mine, other = two_features
     lineage = Lineage(with_overrides(tiny_config, [f"root={root}", *OVERRIDES]))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.config import PipelineConfig, SourceConfig, TargetConfig
-from eagle3.runroot import Manifest
+from eagle3.config.data import SourceConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.target import TargetConfig
+from eagle3.rundir.runroot import Manifest
 
 
 def _config(root: Path) -> dict:
-    from eagle3.dev.samples import FILE_NAMES, generate_conversations, write_samples
-    from eagle3.dev.tiny_target import build_tokenizer
+    from eagle3.worlds.samples import FILE_NAMES, generate_conversations, write_samples
+    from eagle3.worlds.tiny_target import build_tokenizer
 
     write_samples(root / "data", rows_per_source=40)
     corpus = [m["content"] for conv in generate_conversations(100, seed=1) for m in conv]

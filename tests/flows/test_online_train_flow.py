@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
 from eagle3.model.export_format import validate_export
 from tests.unit.online.conftest import online_world  # noqa: F401  (the session fixture)
 

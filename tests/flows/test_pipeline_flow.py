@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prefect.logging import disable_run_logger
 
-from eagle3.bench.report import Decision, GateReport, write_report
-from eagle3.bench.stage import ScalingStage
+from eagle3.gate.report import Decision, GateReport, write_report
 from eagle3.recipes import ConfigRef
-from eagle3.runroot import FileEntry, Manifest
-from eagle3.scaling import read_curve
+from eagle3.rundir.runroot import FileEntry, Manifest
+from eagle3.scaling.curve import read_curve
+from eagle3.scaling.stage import ScalingStage
 from tasks.common import resolve_config_task
 from tasks.pipeline import plan_night_task
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task

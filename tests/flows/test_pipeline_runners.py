@@ -9,7 +9,9 @@ import pytest
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from eagle3.config import ConfigError, OrchestrationConfig, PipelineConfig
+from eagle3.config.base import ConfigError
+from eagle3.config.orchestration import OrchestrationConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import load_recipe
 from flows.runners import build_task_runner, shard_placement, shard_resources, shard_runner
 

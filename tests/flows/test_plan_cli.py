@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from eagle3.data.selection import NIGHTS_FILE
+from eagle3.scaling.selection import NIGHTS_FILE
 from flows.cli import app
 
 

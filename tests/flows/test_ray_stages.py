@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.config import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.serve.launch import reference_server
 
 

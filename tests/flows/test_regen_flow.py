@@ -8,16 +8,18 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.regen import RegenConfig
+from eagle3.config.target import TargetConfig
 from eagle3.serve.launch import reference_server
 
 
 @pytest.fixture(scope="module")
 def model_dir(request, tmp_path_factory) -> Path:
     try:
-        import eagle3.dev.world  # noqa: F401
+        import eagle3.worlds.world  # noqa: F401
     except ImportError:
-        from eagle3.dev.tiny_target import build_model, build_tokenizer
+        from eagle3.worlds.tiny_target import build_model, build_tokenizer
 
         out = tmp_path_factory.mktemp("tiny-target")
         tokenizer = build_tokenizer([f"question {i} about topic {i % 5}" for i in range(300)], vocab_size=400)

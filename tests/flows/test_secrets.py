@@ -13,7 +13,7 @@ import pytest
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.recipes import ConfigRef
-from eagle3.runroot import FileEntry, Manifest, fingerprint
+from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import reference_server
 
 HF_SECRET = "hf_LeakCanary0123456789abcdefXYZ"
@@ -83,7 +83,7 @@ def test_secret_missing_from_the_environment_comes_from_its_prefect_secret_block
     from prefect import flow
     from prefect.blocks.system import Secret
 
-    from eagle3.secrets import block_name
+    from eagle3.runtime.secrets import block_name
     from tasks.common import resolve_config_task
 
     monkeypatch.delenv("EAGLE3_BLOCK_KEY", raising=False)

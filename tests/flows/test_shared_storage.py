@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.recipes import ConfigRef
-from eagle3.runroot import RESULTS_DIR, claim_run_root
+from eagle3.rundir.runroot import RESULTS_DIR, claim_run_root
 
 
 def test_deployments_carry_the_root_id_and_keep_results_under_the_root(tiny_world: Any, tmp_path: Path):

@@ -15,7 +15,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogWorker
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport
 
 UNITS = (0, 1, 2)

@@ -14,7 +14,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-from eagle3.config import PipelineConfig
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import Plan, Progress, Stage, StageResult, Unit, UnitReport
 
 SEEN: dict[str, Any] = {}

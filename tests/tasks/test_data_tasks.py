@@ -8,10 +8,12 @@ import json
 import pytest
 from prefect.logging import disable_run_logger
 
-from eagle3.config import PipelineConfig, SourceConfig, TargetConfig
+from eagle3.config.data import SourceConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.target import TargetConfig
 from eagle3.data.stage import DiscoverStage, NormalizeStage
-from eagle3.layout import FAILED_SHARDS_FILE, StageInputError
-from eagle3.runroot import Manifest
+from eagle3.rundir.layout import FAILED_SHARDS_FILE, StageInputError
+from eagle3.rundir.runroot import Manifest
 from eagle3.stage import UnitsFailed
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
@@ -19,8 +21,8 @@ from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 @pytest.fixture(scope="module")
 def data_config(tmp_path_factory) -> PipelineConfig:
     """Two sample sources (ShareGPT JSON, local Q/A JSONL) and a tiny tokenizer, no tiny world needed."""
-    from eagle3.dev.samples import FILE_NAMES, generate_conversations, write_samples
-    from eagle3.dev.tiny_target import build_tokenizer
+    from eagle3.worlds.samples import FILE_NAMES, generate_conversations, write_samples
+    from eagle3.worlds.tiny_target import build_tokenizer
 
     root = tmp_path_factory.mktemp("data-tasks")
     write_samples(root / "data", rows_per_source=40)

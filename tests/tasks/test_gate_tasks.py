@@ -11,9 +11,10 @@ import torch
 from prefect.logging import disable_run_logger
 from safetensors.torch import save_file
 
-from eagle3.bench.stage import GateStage
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
-from eagle3.runroot import Manifest
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
+from eagle3.gate.stage import GateStage
+from eagle3.rundir.runroot import Manifest
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 

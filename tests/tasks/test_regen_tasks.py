@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
-from eagle3.layout import shard_name
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.regen import RegenConfig
+from eagle3.config.target import TargetConfig
 from eagle3.regen.plan import RegenPlan
 from eagle3.regen.stage import RegenStage, server_limit_names
+from eagle3.rundir.layout import shard_name
 from eagle3.serve.launch import reference_server
 from eagle3.stage import UnitsFailed
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
@@ -32,7 +34,7 @@ def test_shard_task_cache_key_ignores_servers_and_is_none_until_the_shard_exists
 
 
 def test_plan_shard_finalize_tasks(prefect_harness, tmp_path, write_prompts_stage):
-    from eagle3.dev.tiny_target import build_model, build_tokenizer
+    from eagle3.worlds.tiny_target import build_model, build_tokenizer
 
     model_dir = tmp_path / "model"
     tokenizer = build_tokenizer([f"q {i} text" for i in range(200)], vocab_size=300)

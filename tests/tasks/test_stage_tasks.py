@@ -12,9 +12,9 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from eagle3.capture.stage import CaptureStage
-from eagle3.config import with_overrides
-from eagle3.layout import VOCAB_FILE, read_failed_shards
-from eagle3.runroot import Manifest
+from eagle3.config.pipeline import with_overrides
+from eagle3.rundir.layout import VOCAB_FILE, read_failed_shards
+from eagle3.rundir.runroot import Manifest
 from eagle3.stage import Plan, Stage, StageResult, UnitReport, UnitsFailed, recorded_result, run_stage
 from eagle3.train.vocab import VocabStage
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
@@ -33,7 +33,7 @@ def _run(stage, config, inputs, *, failed=()):
 
 
 def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_harness, record_hashes):
-    import eagle3.runroot as runroot
+    import eagle3.rundir.runroot as runroot
 
     config, regen = capture_setup
     hashed = record_hashes(runroot)

@@ -12,7 +12,7 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from eagle3.capture.run import capture_shard, finalize_features
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
 from eagle3.model.export_format import validate_export
 from eagle3.stage import Progress
 from eagle3.train.stage import ExportPlan, ExportStage, TrainPlan, TrainStage

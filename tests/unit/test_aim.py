@@ -1,4 +1,5 @@
-"""The aimed night's allocation rule (``eagle3.aim``): budget, floor, empty pools, determinism, and where it aims."""
+"""The aimed night's allocation rule (``eagle3.scaling.allocation``): budget, floor, empty pools, determinism, and
+where it aims."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from eagle3.aim import DomainState, allocate, domain_gain
+from eagle3.scaling.allocation import DomainState, allocate, domain_gain
 
 RULE = {"floor": 0.1, "ceiling": 4.0}
 
@@ -153,7 +154,7 @@ def test_a_domain_gets_no_more_than_max_domain_share_and_the_table_says_the_cap_
 
 
 def test_slopes_are_shrunk_by_their_standard_error_under_the_planners_noise_estimate():
-    from eagle3.aim import noise_estimate
+    from eagle3.scaling.allocation import noise_estimate
 
     two = DomainState("two", 100, 10, 0.5, accept=2.0, points=((1000, 1.6), (4000, 2.0)))
     assert noise_estimate([two]) is None  # two points fit exactly: no residual, no estimate

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import ConfigError, load_yaml, validate
+from eagle3.config.base import ConfigError
+from eagle3.config.pipeline import load_yaml, validate
 from eagle3.recipes import load_recipe
 
 

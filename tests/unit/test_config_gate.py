@@ -1,4 +1,4 @@
-"""The gate's config section (``eagle3.config_gate``): the traffic profile, and the removed keys refused at load with
+"""The gate's config section (``eagle3.config.gate``): the traffic profile, and the removed keys refused at load with
 the ``gate.traffic`` that replaces them."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import ConfigError, load_yaml
+from eagle3.config.base import ConfigError
+from eagle3.config.pipeline import load_yaml
 from eagle3.recipes import load_recipe
 
 

@@ -65,22 +65,19 @@ def test_importing_the_library_does_not_load_prefect():
 # above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
 # placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
-    {"config_base"},  # StrictModel: the base of every config section
-    {"layers", "config_gate", "config_regen", "config_scaling"},  # the SGLang layer-id contract; config sections
-    {"config_capture"},  # the config's capture section (config.py re-exports it), which checks layer conventions
-    {"config", "procs", "errors", "transfer"},  # errors: DataError (exit 2); transfer: host <-> GPU moves
-    {"runroot", "secrets"},  # secrets: where a token comes from (eagle3.secrets)
-    {"layout", "integrity"},  # integrity: files checked against their manifest before use
+    {"config", "errors"},  # config: StrictModel, one module per section, PipelineConfig, the SGLang layer-id
+    # contract (config.aux_layers); errors: DataError (exit 2), Stopped
+    {"rundir", "runtime"},  # rundir: the run root, its layout, integrity checks; runtime: processes, secrets, transfer
     {"stage"},  # the stage contract
-    {"data", "model", "scaling", "aim"},  # model: the draft architecture, the export format, the vocab mapping type;
-    # aim: the aimed night's allocation rule (pure)
-    {"serve"},  # the reference server and the one server launcher
+    {"data", "model"},  # model: the draft architecture, the export format, the vocab mapping type
+    {"serve"},  # the one server launcher, its commands, the SGLang pin; serve.reference: the reference server
     {"regen", "capture"},
     {"train"},  # training, the vocab and export writers
     {"online"},  # online training (issue 48): capture producers feed the trainer through Ray's object store
-    {"bench"},  # the gate: launches servers, measures, decides
-    {"dev"},  # the tiny world
-    {"recipes", "lineage"},  # configs by name; which stage directory a config names
+    {"gate"},  # the release gate: launches servers, measures, decides, promotes, publishes
+    {"scaling"},  # the night: the curve, uniform and aimed planning, the selection, domain eval, its stages
+    {"worlds"},  # the offline worlds (tiny, think, domains)
+    {"recipes", "lineage"},  # configs by name (they name the worlds); which stage directory a config names
 ))  # fmt: skip
 
 
@@ -116,7 +113,8 @@ def test_the_regen_command_path_never_imports_torch(tiny_world):
     stage and the warm-up that loads the tokenizer while Prefect's server starts stay free of it."""
     code = (
         "import sys\n"
-        "from eagle3.config import PipelineConfig, TargetConfig\n"
+        "from eagle3.config.pipeline import PipelineConfig\n"
+        "from eagle3.config.target import TargetConfig\n"
         "from flows.commands.regen import _warm_up\n"
         "import flows.cli, flows.regen, eagle3.regen.stage\n"
         f"_warm_up(PipelineConfig(name='t', root='/tmp', target=TargetConfig(model_path={str(tiny_world.model_dir)!r},"

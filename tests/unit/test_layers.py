@@ -1,8 +1,8 @@
-"""The SGLang layer-id contract (``eagle3.layers``): conventions and the per-family rule."""
+"""The SGLang layer-id contract (``eagle3.config.aux_layers``): conventions and the per-family rule."""
 
 from __future__ import annotations
 
-from eagle3.layers import default_aux_layers, served_layer_ids, to_export_ids, to_sglang_ids
+from eagle3.config.aux_layers import default_aux_layers, served_layer_ids, to_export_ids, to_sglang_ids
 
 
 def test_conventions_convert_both_ways():

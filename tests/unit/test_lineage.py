@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from eagle3.bench.night import plan_tonight
-from eagle3.config import with_overrides
-from eagle3.layout import REGEN_INPUT
+from eagle3.config.pipeline import with_overrides
 from eagle3.lineage import Lineage
 from eagle3.regen.plan import regen_dir_for
 from eagle3.regen.stage import RegenStage
+from eagle3.rundir.layout import REGEN_INPUT
+from eagle3.scaling.night import plan_tonight
 
 
 def test_a_regen_retrigger_reads_what_the_night_read_under_either_policy(tiny_config, tmp_path, write_prompt_pool):

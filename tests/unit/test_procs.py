@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from eagle3.procs import free_port
+from eagle3.runtime.procs import free_port
 
 PARENT = """
 import subprocess, sys, time
-from eagle3.procs import die_with_parent
+from eagle3.runtime.procs import die_with_parent
 kwargs = {"preexec_fn": die_with_parent} if sys.argv[1] == "guarded" else {}
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], **kwargs)
 print(child.pid, flush=True)
@@ -63,7 +63,7 @@ def test_free_port_is_bindable():
 def test_yield_cpu_lowers_only_the_calling_thread():
     import threading
 
-    from eagle3.procs import yield_cpu
+    from eagle3.runtime.procs import yield_cpu
 
     mine, seen = os.getpriority(os.PRIO_PROCESS, 0), []
 

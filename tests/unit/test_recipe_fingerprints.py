@@ -34,12 +34,12 @@ def _placeholder(stage: str) -> str:
 def recipe_record(name: str) -> dict[str, Any]:
     """The resolved config of recipe ``name`` (JSON), what ``config show`` derives from it, and each stage's
     fingerprint, each computed from the config and its upstream stage's fingerprint as in ``eagle3.lineage``."""
-    from eagle3.bench.gate import gate_fingerprint
     from eagle3.capture.budget import night_estimate
     from eagle3.capture.run import features_fingerprint
     from eagle3.data import normalize
-    from eagle3.data.selection import select_fingerprint
+    from eagle3.gate.gate import gate_fingerprint
     from eagle3.regen.plan import regen_fingerprint
+    from eagle3.scaling.selection import select_fingerprint
     from eagle3.train.trainer import draft_fingerprint
     from eagle3.train.vocab import vocab_fingerprint
 
@@ -72,9 +72,9 @@ def recipe_record(name: str) -> dict[str, Any]:
 
 def world_dirs() -> dict[str, str]:
     """The directory names of the dev worlds' default specs (their fingerprints, which name every cached world)."""
-    from eagle3.dev.domains_world import DomainsWorldSpec
-    from eagle3.dev.think_world import ThinkWorldSpec
-    from eagle3.dev.world import TinyWorldSpec, world_dir_for
+    from eagle3.worlds.domains_world import DomainsWorldSpec
+    from eagle3.worlds.think_world import ThinkWorldSpec
+    from eagle3.worlds.world import TinyWorldSpec, world_dir_for
 
     return {
         "tiny": world_dir_for(Path(HOME), TinyWorldSpec()).name,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config import ConfigError
+from eagle3.config.base import ConfigError
 from eagle3.recipes import RECIPES, load_recipe
 
 
@@ -65,8 +65,8 @@ def test_kimi_refuses_aux_layers_sglang_would_serve_verbatim():
 
 
 def test_tiny_think_is_the_tiny_recipe_on_the_thinking_world(monkeypatch, tmp_path):
-    from eagle3.dev.think_world import ThinkWorldSpec
-    from eagle3.dev.world import world_dir_for
+    from eagle3.worlds.think_world import ThinkWorldSpec
+    from eagle3.worlds.world import world_dir_for
 
     monkeypatch.setenv("EAGLE3_HOME", str(tmp_path))
     cfg, tiny = load_recipe("tiny_think"), load_recipe("tiny")

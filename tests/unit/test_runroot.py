@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.layout import stage_dir
-from eagle3.runroot import (
+from eagle3.rundir.layout import stage_dir
+from eagle3.rundir.runroot import (
     ROOT_MARKER,
     FileEntry,
     Manifest,

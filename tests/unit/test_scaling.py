@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.runroot import FileEntry
-from eagle3.scaling import (
+from eagle3.rundir.runroot import FileEntry
+from eagle3.scaling.curve import (
     ScalingPoint,
     curve_markdown,
     curve_path,
@@ -120,8 +120,8 @@ def test_an_aimed_night_keeps_its_policy_and_per_domain_points_and_older_lines_r
 
 
 def test_feature_set_fingerprint_follows_the_listed_shards_not_the_directory(tmp_path):
-    from eagle3.runroot import Manifest
-    from eagle3.scaling import feature_set_fingerprint
+    from eagle3.rundir.layout import feature_set_fingerprint
+    from eagle3.rundir.runroot import Manifest
 
     features = tmp_path / "features" / "abc"
     features.mkdir(parents=True)

@@ -33,8 +33,8 @@ def test_rate_counts_only_this_runs_work_over_the_window():
 
 
 def test_regen_status_counts_the_shards_the_run_planned_not_the_whole_pool(tmp_path, write_regen_stage):
-    from eagle3.layout import PLAN_FILE
     from eagle3.regen.status import regen_status
+    from eagle3.rundir.layout import PLAN_FILE
 
     regen = write_regen_stage(tmp_path / "root" / "regen" / "fp", shards=3, rows=4)
     plan = json.loads((regen / PLAN_FILE).read_text())
@@ -52,12 +52,12 @@ def test_while_no_server_is_healthy_the_progress_says_waiting_for_servers_and_sh
 
     import pyarrow.parquet as pq
 
-    from eagle3.layout import shard_name
     from eagle3.regen.journal import Journal, journal_name
     from eagle3.regen.sample import pretokenized_row
     from eagle3.regen.shard import waiting_name
     from eagle3.regen.status import regen_status
-    from eagle3.runroot import atomic_write_text
+    from eagle3.rundir.layout import shard_name
+    from eagle3.rundir.runroot import atomic_write_text
 
     regen = write_regen_stage(tmp_path / "root" / "regen" / "fp", shards=1, rows=40)
     rows = pq.read_table(regen / shard_name(0)).to_pylist()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.transfer import DeviceTransfer, HostCopy
+from eagle3.runtime.transfer import DeviceTransfer, HostCopy
 
 
 def test_a_cpu_consumer_gets_its_batch_where_it_was_built_with_no_event():

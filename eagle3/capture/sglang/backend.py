@@ -4,7 +4,8 @@ states as views of the batch's shared-memory file (``eagle3.capture.sglang.chann
 
 Design choices:
 - **Workers, not SGLang in this process.** The capture task runs where Prefect, pyarrow and the writer live; SGLang
-  runs where its runtime lives (on this CPU, a venv of its own: ``eagle3.serve.commands.sglang_runtime_python``; on
+  runs where its runtime lives (on this CPU, a venv of its own: ``eagle3.serve.launch_commands.sglang_runtime_python``;
+  on
   a GPU node, this interpreter when the ``sglang`` extra is installed, or ``EAGLE3_SGLANG_PYTHON``). A rank per
   process is how SGLang runs tensor parallelism anyway (its scheduler processes), and it keeps a CUDA context, a
   ``torch.distributed`` group and SGLang's process-global state out of a process that runs other stages' threads.
@@ -44,13 +45,13 @@ from eagle3.capture.backends import TopK, register_backend
 from eagle3.capture.encoding import encoding_topk
 from eagle3.capture.footprint import check_served_fits, free_gpu_bytes, served_plan
 from eagle3.capture.sglang.channel import ChannelClosed, LineReader, read_tensors, send, shm_root
-from eagle3.config_capture import sglang_ranks
-from eagle3.procs import die_with_parent, free_port
-from eagle3.serve.commands import check_sglang_runtime, sglang_runtime_python
+from eagle3.config.capture import sglang_ranks
+from eagle3.runtime.procs import die_with_parent, free_port
+from eagle3.serve.launch_commands import check_sglang_runtime, sglang_runtime_python
 from eagle3.serve.sglang import CPU_FLAGS
 
 if TYPE_CHECKING:
-    from eagle3.config import PipelineConfig
+    from eagle3.config.pipeline import PipelineConfig
 
 logger = logging.getLogger(__name__)
 WORKER = "eagle3.capture.sglang.worker"

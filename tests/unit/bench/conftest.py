@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3.config import PipelineConfig, TargetConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.target import TargetConfig
 from eagle3.model.export_format import expected_shapes
 
 H, VOCAB, DRAFT_VOCAB, LAYERS = 128, 2048, 512, 8
@@ -104,7 +105,7 @@ def _target_dir(request: pytest.FixtureRequest) -> Path:
 
 def _bench_sets(out: Path) -> dict[str, str]:
     """Bench prompt files (``{"id", "prompt"}`` JSONL) of user prompts the draft never trained on."""
-    from eagle3.dev.samples import generate_conversations
+    from eagle3.worlds.samples import generate_conversations
 
     convs = generate_conversations(3 * BENCH_PER_SET * 3, seed=1234)
     sets = {}
@@ -123,11 +124,11 @@ def _bench_sets(out: Path) -> dict[str, str]:
 def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path) -> Path:
     """Distil a draft on the target's own greedy answers with the project's trainer, then export it."""
     from eagle3.data.template import render_prompt
-    from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
-    from eagle3.dev.samples import generate_conversations
     from eagle3.train.distributed import DistInfo
     from eagle3.train.export import export_draft
     from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
+    from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+    from eagle3.worlds.samples import generate_conversations
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     convs = [c for c in generate_conversations(TRAIN_PROMPTS * 2, seed=11) if c[0]["role"] == "user"][:TRAIN_PROMPTS]
@@ -148,7 +149,7 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
 def _cached_draft(config: PipelineConfig, target: Any, tokenizer: Any, scratch: Path) -> Path:
     """The trained export, cached under EAGLE3_HOME by the target's weights hash (training takes a minute here)."""
     from eagle3.recipes import eagle3_home
-    from eagle3.runroot import fingerprint, sha256_file
+    from eagle3.rundir.runroot import fingerprint, sha256_file
 
     key = fingerprint("bench-draft-v1", sha256_file(Path(config.target.model_path) / "model.safetensors"))
     cached = eagle3_home() / "cache" / f"bench-draft-{key}"
@@ -167,7 +168,7 @@ def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
 
     torch.set_num_threads(1)
     model_dir = _target_dir(request)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.bench.accept import ACCEPT_LENGTH_FIELD, COMPUTED, SpecCounts, pool
-from eagle3.bench.prompts import RequestResult
-from eagle3.bench.report import ArmResult, LevelStats
+from eagle3.gate.accept import ACCEPT_LENGTH_FIELD, COMPUTED, SpecCounts, pool
+from eagle3.gate.prompts import RequestResult
+from eagle3.gate.report import ArmResult, LevelStats
 
 
 def _meta_0_5_23(completion: int, verify: int, correct: int, hist: list[int]) -> dict:

@@ -9,11 +9,12 @@ import urllib.request
 
 import pytest
 
-from eagle3.bench.gate import serving_config
-from eagle3.bench.prompts import load_gate_prompts, send_prompts
-from eagle3.bench.serving import StepResult, adaptive_tiers
-from eagle3.config import SpeculativeConfig, with_overrides
-from eagle3.serve.commands import build_launch, split_speculative
+from eagle3.config.gate import SpeculativeConfig
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate.gate import serving_config
+from eagle3.gate.prompts import load_gate_prompts, send_prompts
+from eagle3.gate.serving import StepResult, adaptive_tiers
+from eagle3.serve.launch_commands import build_launch, split_speculative
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 

@@ -23,7 +23,7 @@ def test_launch_sglang_prints_both_arms_from_config(bench_config, make_export, t
     assert spec.stdout.startswith(base.stdout.strip())  # the speculative arm only appends its flags
     assert "--speculative-algorithm EAGLE3" in spec.stdout
     ref = runner.invoke(app, ["launch-sglang", "--arm", "baseline", "--engine", "reference", "--config", cfg])
-    assert ref.stdout.startswith("python -m eagle3.serve --model-path")
+    assert ref.stdout.startswith("python -m eagle3.serve.reference --model-path")
 
 
 def test_launch_sglang_eagle3_without_any_draft_exits_2(bench_config, tmp_path):

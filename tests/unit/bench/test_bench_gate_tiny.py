@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.bench import preflight
-from eagle3.bench.gate import run_gate
-from eagle3.bench.prompts import load_gate_prompts
-from eagle3.bench.registry import Registry, draft_id
-from eagle3.bench.report import FAIL, PASS
-from eagle3.bench.rounds import flush_cache
-from eagle3.bench.verdict import decide
-from eagle3.config import with_overrides
-from eagle3.serve.commands import build_launch
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate import preflight
+from eagle3.gate.gate import run_gate
+from eagle3.gate.prompts import load_gate_prompts
+from eagle3.gate.registry import Registry, draft_id
+from eagle3.gate.report import FAIL, PASS
+from eagle3.gate.rounds import flush_cache
+from eagle3.gate.verdict import decide
 from eagle3.serve.launch import reference_server
+from eagle3.serve.launch_commands import build_launch
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champio
     assert {c["name"] for c in cand.preflight} >= {"server_algorithm", "server_draft", "smoke_accept"}
     assert "--speculative-algorithm EAGLE3" in report.best["launch_sglang"]
     assert report.best["launch_sglang"].startswith("python -m sglang.launch_server")
-    assert "eagle3.serve" in report.best["launch_used"]
+    assert "eagle3.serve.reference" in report.best["launch_used"]
     for name in ("report.json", "report.md", "throughput.png", "accept_length.png", "manifest.json"):
         assert (result.out_dir / name).exists()
     champion = Registry(cfg.root_path).champion()

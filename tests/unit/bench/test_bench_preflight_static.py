@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from eagle3.bench.preflight import Check, failed, run_static
-from eagle3.config import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.data.parquet import write_table
-from eagle3.serve.commands import LaunchCommand, build_launch
+from eagle3.gate.preflight import Check, failed, run_static
+from eagle3.serve.launch_commands import LaunchCommand, build_launch
 
 
 def _static(config: PipelineConfig, export: Path, *, features: Path | None = None, spec_config=None) -> list[Check]:

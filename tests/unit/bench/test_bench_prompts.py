@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eagle3.bench.prompts import load_gate_prompts, load_prompt_set
+from eagle3.gate.prompts import load_gate_prompts, load_prompt_set
 
 
 def _jsonl(path, rows):

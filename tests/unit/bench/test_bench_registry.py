@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eagle3.bench.registry import Registry, draft_id
+from eagle3.gate.registry import Registry, draft_id
 
 
 def test_no_champion_before_the_first_promotion(tmp_path):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.bench.accept import SpecCounts
-from eagle3.bench.prompts import RequestResult
-from eagle3.bench.report import FAIL, ArmResult, GateReport, LevelStats, read_report, write_report
-from eagle3.bench.verdict import decide
-from eagle3.config import GateConfig
+from eagle3.config.gate import GateConfig
+from eagle3.gate.accept import SpecCounts
+from eagle3.gate.prompts import RequestResult
+from eagle3.gate.report import FAIL, ArmResult, GateReport, LevelStats, read_report, write_report
+from eagle3.gate.verdict import decide
 
 
 def test_accept_length_is_total_tokens_over_total_verify_passes():

@@ -1,11 +1,11 @@
-"""What the per-level measurement says about serving (``eagle3.bench.serving``): the crossover, interpolated on log
+"""What the per-level measurement says about serving (``eagle3.gate.serving``): the crossover, interpolated on log
 concurrency, and SGLang's adaptive tiers picked per level across the sweep's step counts."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle3.bench.serving import StepResult, Tier, adaptive_tiers, crossover, initial_steps, sglang_config
+from eagle3.gate.serving import StepResult, Tier, adaptive_tiers, crossover, initial_steps, sglang_config
 
 
 def test_the_crossover_is_interpolated_on_log_concurrency_and_marked_so():

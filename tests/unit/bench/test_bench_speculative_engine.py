@@ -8,8 +8,8 @@ import argparse
 import pytest
 import torch
 
-from eagle3.serve.engine import HFEngine, SamplingParams, Sequence
-from eagle3.serve.speculative import build_speculative_engine, check_speculative_args
+from eagle3.serve.reference.hf_engine import HFEngine, SamplingParams, Sequence
+from eagle3.serve.reference.spec_engine import build_speculative_engine, check_speculative_args
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def _drive(engine, seqs: list[Sequence], *, joins_per_step: int = 3) -> list[Seq
 
 
 def test_speculative_engine_reproduces_target_greedy_with_fewer_passes(gate_world):
-    from eagle3.bench.prompts import load_gate_prompts
+    from eagle3.gate.prompts import load_gate_prompts
 
     target = _target(gate_world)
     engine = build_speculative_engine(target, gate_world.tokenizer, _args(gate_world), context_length=1024)
@@ -94,7 +94,7 @@ def mixed_requests(gate_world):
     Some requests end on EOS mid-batch (one token of a plain answer is made an extra EOS id), some on a stop string
     (the text a plain answer reaches after 6 tokens), some on ``max_new_tokens``; ``ignore_eos`` ones run on. The
     answers come from the plain engine decoding one request at a time, so everything compared is computed here."""
-    from eagle3.bench.prompts import load_gate_prompts
+    from eagle3.gate.prompts import load_gate_prompts
 
     target, tokenizer = _target(gate_world), gate_world.tokenizer
     rendered = [list(p.input_ids) for p in load_gate_prompts(gate_world.config.gate.prompt_sets, tokenizer, per_set=4)]

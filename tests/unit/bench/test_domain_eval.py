@@ -1,11 +1,11 @@
-"""The planner's per-domain reader (``eagle3.bench.domain_eval.read_by_set``) against the gate report's ``by_set``."""
+"""The planner's per-domain reader (``eagle3.scaling.domain_eval.read_by_set``) against the gate report's ``by_set``."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle3.bench.accept import SpecCounts, set_row
-from eagle3.bench.domain_eval import read_by_set
+from eagle3.gate.accept import SpecCounts, set_row
+from eagle3.scaling.domain_eval import read_by_set
 
 
 def test_the_gate_reports_by_set_entries_are_what_the_planner_reads():

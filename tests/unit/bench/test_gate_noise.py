@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from eagle3.bench.gate import run_gate
-from eagle3.bench.registry import Registry
-from eagle3.bench.report import INCONCLUSIVE
-from eagle3.config import with_overrides
-from eagle3.serve.commands import build_launch
-from eagle3.serve.faults import slow_schedule
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate.gate import run_gate
+from eagle3.gate.registry import Registry
+from eagle3.gate.report import INCONCLUSIVE
+from eagle3.serve.launch_commands import build_launch
+from eagle3.serve.reference.faults import slow_schedule
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,8 @@ config's."""
 
 from __future__ import annotations
 
-from eagle3.bench.gate import _plan
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate.gate import _plan
 
 
 def test_sglang_arms_up_together_split_the_device_memory_but_ship_the_configured_line(bench_config, make_export):

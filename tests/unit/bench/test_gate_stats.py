@@ -1,4 +1,4 @@
-"""The gate's statistic (``eagle3.bench.stats``): Student-t quantiles against table values, and the interval of
+"""The gate's statistic (``eagle3.gate.stats``): Student-t quantiles against table values, and the interval of
 paired ratios on the log scale."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from eagle3.bench.stats import ratio_interval, t_cdf, t_quantile, weighted_interval, weighted_log_ratios
+from eagle3.gate.stats import ratio_interval, t_cdf, t_quantile, weighted_interval, weighted_log_ratios
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""The gate's verdict from measured rounds (``eagle3.bench.verdict``), fed synthetic rounds: noise that slows one arm
+"""The gate's verdict from measured rounds (``eagle3.gate.verdict``), fed synthetic rounds: noise that slows one arm
 for part of the measurement never promotes a slow draft, symmetric noise does not stop a fast one, a speedup the
 accept length cannot explain is never a PASS, and on a traffic profile a draft that pays at concurrency 1 but loses
 at 4 passes only when the profile is weighted toward 1 (with a warning), the report naming the crossover.
 
-Rounds are revealed one at a time and the measurement stops the way ``eagle3.bench.rounds`` stops it
+Rounds are revealed one at a time and the measurement stops the way ``eagle3.gate.rounds`` stops it
 (``undecided``), so early stopping is part of what is tested.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from eagle3.bench.report import FAIL, INCONCLUSIVE, PASS, ArmResult, GateReport, LevelStats, read_report, write_report
-from eagle3.bench.verdict import decide, overall, undecided
-from eagle3.config import GateConfig
+from eagle3.config.gate import GateConfig
+from eagle3.gate.report import FAIL, INCONCLUSIVE, PASS, ArmResult, GateReport, LevelStats, read_report, write_report
+from eagle3.gate.verdict import decide, overall, undecided
 
 GATE = GateConfig(min_speedup=1.05, min_accept=1.5, min_rounds=3, max_rounds=8, traffic={1: 1.0})
 BASE_TOK_S, TOKENS, ACCEPT, JITTER = 100.0, 1200, 2.5, 0.02

@@ -8,10 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3.bench.hub import champion_upload, push
-from eagle3.bench.registry import Registry
-from eagle3.bench.report import ArmResult, Decision, GateReport, LevelStats, write_report
-from eagle3.config import ConfigError, ExportConfig, GateConfig, PipelineConfig, TargetConfig
+from eagle3.config.base import ConfigError
+from eagle3.config.gate import GateConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.target import TargetConfig
+from eagle3.config.train import ExportConfig
+from eagle3.gate.publish import champion_upload, push
+from eagle3.gate.registry import Registry
+from eagle3.gate.report import ArmResult, Decision, GateReport, LevelStats, write_report
 
 SPEC = {"algorithm": "EAGLE3", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
 
@@ -98,7 +102,7 @@ def test_push_without_any_token_names_the_three_sources(tmp_path: Path, monkeypa
 def test_token_saved_by_hf_auth_login_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from huggingface_hub import constants
 
-    from eagle3.secrets import hf_token
+    from eagle3.runtime.secrets import hf_token
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     (tmp_path / "token").write_text("hf_saved_by_login")

@@ -1,4 +1,4 @@
-"""Tonight's plan end to end (``eagle3.bench.night``): the aimed night over a prompts stage, with and without a
+"""Tonight's plan end to end (``eagle3.scaling.night``): the aimed night over a prompts stage, with and without a
 champion measured per domain, explicit shard ids, and the per-domain point an aimed night leaves on the curve."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.bench import domain_eval
-from eagle3.bench.night import plan_tonight
-from eagle3.bench.registry import Registry
-from eagle3.bench.report import Decision, GateReport, write_report
-from eagle3.bench.stage import ScalingStage
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
-from eagle3.data.selection import FREE, read_nights, read_pool
-from eagle3.scaling import ScalingPoint, read_curve, record_point
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
+from eagle3.gate.registry import Registry
+from eagle3.gate.report import Decision, GateReport, write_report
+from eagle3.scaling import domain_eval
+from eagle3.scaling.curve import ScalingPoint, read_curve, record_point
+from eagle3.scaling.night import plan_tonight
+from eagle3.scaling.selection import FREE, read_nights, read_pool
+from eagle3.scaling.stage import ScalingStage
 from eagle3.stage import run_stage
 
 DOMAINS = {"chat": 40, "code": 40, "math": 40}

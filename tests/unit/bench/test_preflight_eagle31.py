@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from eagle3.bench.preflight import Check, failed, run_static
-from eagle3.config import PipelineConfig
-from eagle3.serve.commands import build_launch
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.gate.preflight import Check, failed, run_static
+from eagle3.serve.launch_commands import build_launch
 
 EAGLE31 = {"fc_norm": True, "norm_output": True}
 

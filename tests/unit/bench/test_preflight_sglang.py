@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.bench import preflight
-from eagle3.bench.prompts import load_gate_prompts
-from eagle3.config import with_overrides
-from eagle3.serve.commands import build_launch
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate import preflight
+from eagle3.gate.prompts import load_gate_prompts
+from eagle3.serve.launch_commands import build_launch
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

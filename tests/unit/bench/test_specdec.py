@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3.bench.specdec import evaluate_acceptance
+from eagle3.gate.offline_accept import evaluate_acceptance
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import export_config, validate_export
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
 V, VD, EOS = 256, 128, 3
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.template import render_conversation
 from eagle3.regen.schema import REGEN_SCHEMA
@@ -63,7 +64,7 @@ def make_config(capture_model_dir, tmp_path) -> Callable[..., PipelineConfig]:
 
 
 def regen_rows(tokenizer, n: int, *, seed: int = 0) -> list[dict]:
-    from eagle3.dev.samples import generate_conversations
+    from eagle3.worlds.samples import generate_conversations
 
     rows = []
     for conv in generate_conversations(n, seed=seed):

@@ -13,10 +13,10 @@ import torch
 from eagle3.capture.budget import DiskBudgetError, capture_estimate, night_estimate, regen_tokens
 from eagle3.capture.encoding import TopKCodec, bytes_per_token, column_codecs, dequantize, quantize
 from eagle3.capture.stage import CaptureStage, features_dir_for
-from eagle3.config import ConfigError
+from eagle3.config.base import ConfigError
 from eagle3.data.parquet import shard_metadata
 from eagle3.recipes import load_recipe
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 from eagle3.stage import run_stage
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config import ConfigError, PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.base import ConfigError
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 
 
 def _config(*overrides: str) -> PipelineConfig:

@@ -44,7 +44,7 @@ _CHILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     from eagle3.capture.run import capture_shard
-    from eagle3.config import load_yaml
+    from eagle3.config.pipeline import load_yaml
 
     def kill_after_two(done, total, tokens, calls=[0]):
         calls[0] += 1

@@ -32,7 +32,7 @@ from eagle3.capture.sglang.backend import SGLangBackend, worker_args
 from eagle3.capture.stage import CaptureStage
 from eagle3.data.parquet import shard_metadata
 from eagle3.recipes import load_recipe
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.stage import UnitsFailed, run_stage
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -61,7 +61,8 @@ def sglang_backend(sglang_python, capture_model_dir, tmp_path_factory):
 def _config(model_dir, root, *overrides: str):
     from transformers import AutoConfig
 
-    from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+    from eagle3.config.pipeline import PipelineConfig, with_overrides
+    from eagle3.config.target import TargetConfig
 
     hf = AutoConfig.from_pretrained(model_dir)
     base = PipelineConfig(
@@ -147,7 +148,7 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     import torch
     from eagle3.capture.run import capture_shard
-    from eagle3.config import load_yaml
+    from eagle3.config.pipeline import load_yaml
 
     def kill_after(done, total, tokens, calls=[0]):
         calls[0] += 1

@@ -14,7 +14,7 @@ from eagle3.capture.footprint import CaptureMemoryError, check_served_fits, serv
 from eagle3.capture.run import features_fingerprint
 from eagle3.capture.sglang.backend import sweep_stale_dirs, worker_args, worker_env
 from eagle3.capture.sglang.channel import ChannelClosed, LineReader, read_tensors, send, write_tensors
-from eagle3.config import ConfigError
+from eagle3.config.base import ConfigError
 from eagle3.recipes import load_recipe
 
 
@@ -70,7 +70,7 @@ def test_kimi_workers_get_its_served_flags_and_the_drafts_layer_ids():
 
 
 def test_cpu_workers_get_the_cpu_flags_a_pool_for_the_largest_batch_and_one_core_set_per_rank(tiny_config):
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
 
     config = with_overrides(tiny_config, ["capture.backend=sglang", "capture.sglang.tp=2", "capture.batch_tokens=900",
                                           "capture.max_seq_len=1000"])  # fmt: skip
@@ -90,7 +90,7 @@ def test_a_sglang_capture_needs_one_gpu_per_rank_and_a_single_device_name():
 
 
 def test_the_backend_is_part_of_the_features_fingerprint_and_hf_keeps_its_own(tiny_config):
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
 
     hf = features_fingerprint(tiny_config, "regen-fp")
     sglang = features_fingerprint(with_overrides(tiny_config, ["capture.backend=sglang"]), "regen-fp")
@@ -131,7 +131,7 @@ def test_an_unreachable_hub_falls_back_to_the_recipes_published_size(monkeypatch
 
 def test_a_sglang_capture_that_cannot_fit_is_refused_before_any_worker_starts(tiny_config, monkeypatch):
     from eagle3.capture.sglang.backend import SGLangBackend
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
 
     def never(*_args, **_kwargs):
         raise AssertionError("an SGLang worker was started")

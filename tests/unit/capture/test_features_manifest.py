@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import eagle3.integrity as integrity
-import eagle3.runroot as runroot
+import eagle3.rundir.integrity as integrity
+import eagle3.rundir.runroot as runroot
 from eagle3.capture.run import capture_shard, finalize_features, output_paths, shard_index_of
 from eagle3.capture.schema import FEATURE_SCHEMA
 from eagle3.capture.stage import CaptureStage
 from eagle3.errors import DataError
-from eagle3.integrity import verify_files
-from eagle3.layout import hashes_file_name
-from eagle3.runroot import FileEntry, Manifest, footer_sha256
+from eagle3.rundir.integrity import verify_files
+from eagle3.rundir.layout import hashes_file_name
+from eagle3.rundir.runroot import FileEntry, Manifest, footer_sha256
 from eagle3.stage import UnitsFailed, run_stage
 from eagle3.train.data import FeatureDataset
 

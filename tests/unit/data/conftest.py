@@ -1,4 +1,4 @@
-"""Fixtures of the data-stage tests: sample files in every format (``eagle3.dev.samples``), a tiny target tokenizer
+"""Fixtures of the data-stage tests: sample files in every format (``eagle3.worlds.samples``), a tiny target tokenizer
 and a pretokenized file, plus a config builder pointing the tiny recipe's sources at them."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from data_stage_helpers import VOCAB, make_config, normalize, write_pretokenized
 
-from eagle3.config import PipelineConfig
-from eagle3.dev.samples import generate_conversations, write_samples
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.worlds.samples import generate_conversations, write_samples
 
 
 @pytest.fixture(scope="session")
 def data_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Sample files, bench sets and ``bad_rows.json`` (200 rows per source) + a tiny tokenizer directory."""
-    from eagle3.dev.tiny_target import build_tokenizer
+    from eagle3.worlds.tiny_target import build_tokenizer
 
     root = tmp_path_factory.mktemp("data-world")
     paths = write_samples(root / "data", seed=0, rows_per_source=200)
@@ -43,11 +43,12 @@ def normalized_run(data_world: dict[str, Path], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="session")
 def think_tokenizer():
-    """The thinking world's tokenizer and chat template (``eagle3.dev.think_target``), trained on a few hundred of its
+    """The thinking world's tokenizer and chat template (``eagle3.worlds.think_target``), trained on a few hundred of
+    its
     conversations: no model, so it builds in a second."""
-    from eagle3.dev.agentic import AgenticFactory
-    from eagle3.dev.think_target import build_think_tokenizer
-    from eagle3.dev.think_world import tokenizer_corpus
+    from eagle3.worlds.agentic import AgenticFactory
+    from eagle3.worlds.think_target import build_think_tokenizer
+    from eagle3.worlds.think_world import tokenizer_corpus
 
     factory = AgenticFactory(1)
     return build_think_tokenizer(tokenizer_corpus([factory.make() for _ in range(300)]))

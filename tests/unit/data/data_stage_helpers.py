@@ -9,10 +9,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3.config import GateConfig, PipelineConfig, SourceConfig, TargetConfig, with_overrides
+from eagle3.config.data import SourceConfig
+from eagle3.config.gate import GateConfig
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.stage import DiscoverStage, NormalizeStage
-from eagle3.dev.samples import FILE_NAMES, generate_conversations
 from eagle3.stage import run_stage
+from eagle3.worlds.samples import FILE_NAMES, generate_conversations
 
 VOCAB = 2048
 # Pretokenized rows: index -> expected quarantine reason (None = kept).

@@ -8,7 +8,7 @@ import json
 import pytest
 from data_stage_helpers import normalize
 
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 
 GOOD = {"conversations": [{"from": "human", "value": "Name a cat."}, {"from": "gpt", "value": "Tom."}]}
 

@@ -12,7 +12,7 @@ from data_stage_helpers import discover, normalize
 
 from eagle3.data.discover import DiscoveryError, split_files
 from eagle3.data.hub import HubError, rank_candidates
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from data_stage_helpers import normalize
 
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 
 GOOD = {
     "conversations": [{"from": "human", "value": "What is a good name for a cat?"}, {"from": "gpt", "value": "Tom."}]

@@ -21,8 +21,8 @@ from data_stage_helpers import VOCAB, normalize
 
 from eagle3.data.schema import REASONS
 from eagle3.data.shard import QUARANTINE_FILE
-from eagle3.layout import shard_files
-from eagle3.runroot import Manifest
+from eagle3.rundir.layout import shard_files
+from eagle3.rundir.runroot import Manifest
 
 _WORDS = ("amber", "basil", "cedar", "delta", "ember", "fjord", "gravel", "harbor", "iris", "juniper", "kelp",
           "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven", "sable", "tundra")  # fmt: skip

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from data_stage_helpers import make_config, normalize
 
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 KEPT = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config import NormalizeConfig
+from eagle3.config.data import NormalizeConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import RowError, convert_row
 from eagle3.data.normalize import normalize_messages, sample_id

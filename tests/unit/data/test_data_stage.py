@@ -14,7 +14,7 @@ from eagle3.data.dedup import shingles
 from eagle3.data.normalize import prompts_fingerprint
 from eagle3.data.parquet import open_shard
 from eagle3.data.schema import PROMPT_SCHEMA, QUARANTINE_SCHEMA, REASONS
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 
 
 def _bench_prompts(data: Path) -> list[str]:

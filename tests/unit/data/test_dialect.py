@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config_regen import ReasoningParser, ToolCallParser
+from eagle3.config.regen import ReasoningParser, ToolCallParser
 from eagle3.data.dialect import (
     REASONING_FORMATS,
     TOOL_CALL_FORMATS,

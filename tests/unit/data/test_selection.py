@@ -1,4 +1,4 @@
-"""The aimed nights' selection (``eagle3.data.selection``): the held-out eval set, the rows each night writes, the
+"""The aimed nights' selection (``eagle3.scaling.selection``): the held-out eval set, the rows each night writes, the
 ledger, and what regen reads."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
-from eagle3.data.selection import (
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
+from eagle3.rundir.runroot import Manifest
+from eagle3.scaling.selection import (
     FREE,
     SelectionError,
     build_pool,
@@ -19,7 +21,6 @@ from eagle3.data.selection import (
     select_dir_for,
     write_night,
 )
-from eagle3.runroot import Manifest
 
 DOMAINS = {"chat": 40, "code": 24, "math": 12}
 

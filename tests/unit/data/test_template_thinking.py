@@ -14,7 +14,7 @@ from eagle3.data.template import (
     render_text,
     template_messages,
 )
-from eagle3.dev.agentic import TOOLS
+from eagle3.worlds.agentic import TOOLS
 
 WEATHER = [TOOLS["get_weather"]]
 

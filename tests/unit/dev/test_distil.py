@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.data.template import render_prompt
-from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
 from eagle3.model.vocab import load_vocab
+from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
 
 
 def test_greedy_answers_stop_at_eos_and_batching_keeps_prompt_order(tiny_world):

@@ -1,11 +1,11 @@
-"""The domains world's conversations (``eagle3.dev.domains_world``): distinct prompts, deterministic for a seed, and
+"""The domains world's conversations (``eagle3.worlds.domains_world``): distinct prompts, deterministic for a seed, and
 answers whose predictability differs by domain by construction (the target is trained by the benchmark's build)."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle3.dev.domains_world import DOMAINS, DomainsWorldSpec, domain_prompts
+from eagle3.worlds.domains_world import DOMAINS, DomainsWorldSpec, domain_prompts
 
 
 def test_prompts_are_distinct_per_domain_and_the_same_for_a_seed():

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.dev.samples import (
+from eagle3.worlds.samples import (
     ADAPTERS,
     BAD_ROWS_FILE,
     BENCH_PER_SET,

@@ -13,11 +13,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle3.data.dialect import reasoning_format, tool_call_format
 from eagle3.data.stage import DiscoverStage, NormalizeStage
 from eagle3.data.template import ChatOptions, render_prompt
-from eagle3.dev.think_world import ThinkWorldSpec, build_think_world
-from eagle3.dev.world import TinyWorldSpec, world_dir_for
 from eagle3.recipes import eagle3_home, load_recipe
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 from eagle3.stage import run_stage
+from eagle3.worlds.think_world import ThinkWorldSpec, build_think_world
+from eagle3.worlds.world import TinyWorldSpec, world_dir_for
 
 CALLS = tool_call_format("kimi_k2")
 THINK_END = reasoning_format("kimi_k2").think_end

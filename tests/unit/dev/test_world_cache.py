@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import get_args
 
-from eagle3.config import DevConfig
-from eagle3.dev.domains_world import DomainsWorldSpec, build_domains_world
-from eagle3.dev.world import WORLD_FILE, build_cached, world_builders
+from eagle3.config.dev import DevConfig
+from eagle3.worlds.domains_world import DomainsWorldSpec, build_domains_world
+from eagle3.worlds.world import WORLD_FILE, build_cached, world_builders
 
 
 def test_every_world_a_config_can_name_has_a_builder_and_no_other():

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import WEIGHTS_FILE, expected_shapes, load_draft, served_flags, validate_export
 from eagle3.train.checkpoint import save_checkpoint

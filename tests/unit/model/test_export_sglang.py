@@ -11,11 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import WEIGHTS_FILE, expected_shapes, load_draft, validate_export
 from eagle3.model.target_weights import load_target_head
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.export import export_draft
 

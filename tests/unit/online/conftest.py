@@ -9,12 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 
 
 def _regen_rows(tokenizer, n: int, *, seed: int) -> list[dict]:
     from eagle3.data.template import render_conversation
-    from eagle3.dev.samples import generate_conversations
+    from eagle3.worlds.samples import generate_conversations
 
     rows = []
     for conv in generate_conversations(n, seed=seed):
@@ -47,8 +48,8 @@ def online_world(tiny_world, tiny_tokenizer, tmp_path_factory):
 
     from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features, read_regen_shard
     from eagle3.data.parquet import ShardWriter
-    from eagle3.dev.distil import write_draft_vocab
     from eagle3.regen.schema import REGEN_SCHEMA
+    from eagle3.worlds.distil import write_draft_vocab
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("online-root")
@@ -57,9 +58,9 @@ def online_world(tiny_world, tiny_tokenizer, tmp_path_factory):
     for index, (n, seed) in enumerate([(14, 21), (10, 22)]):
         with ShardWriter(regen, REGEN_SCHEMA, start_index=index) as writer:
             writer.write_rows(_regen_rows(tiny_tokenizer, n, seed=seed))
-    from eagle3.layout import PLAN_FILE
     from eagle3.regen.plan import RegenPlan
-    from eagle3.runroot import atomic_write_text
+    from eagle3.rundir.layout import PLAN_FILE
+    from eagle3.rundir.runroot import atomic_write_text
 
     plan = RegenPlan(stage="regen", fingerprint=regen.name, out_dir=regen, units=(0, 1), prompts_dir=regen,
                      prompts_fingerprint="", shards={0: 14, 1: 10})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config import ConfigError, with_overrides
+from eagle3.config.base import ConfigError
+from eagle3.config.pipeline import with_overrides
 from eagle3.online.costs import choose_features, cost_table, night_costs
 from eagle3.recipes import load_recipe
 from eagle3.train.trainer import draft_fingerprint

@@ -70,7 +70,7 @@ def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_
 
 @pytest.mark.parametrize("producer_too", [False, True], ids=["trainer", "trainer-and-producer"])
 def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_local, tmp_path, producer_too):
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
     from eagle3.online.run import finish_run, open_run, start_producers, worker_command
     from eagle3.train.checkpoint import latest_checkpoint
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.config import with_overrides
-from eagle3.layout import METRICS_FILE
+from eagle3.config.pipeline import with_overrides
+from eagle3.rundir.layout import METRICS_FILE
 from eagle3.train.metrics import read_metrics
 from tests.unit.online.test_online_training import _weights, trained_samples
 

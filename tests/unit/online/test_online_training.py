@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.layout import METRICS_FILE
+from eagle3.rundir.layout import METRICS_FILE
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.metrics import read_metrics
 
@@ -69,7 +69,7 @@ def test_online_training_follows_stored_training_step_by_step(online_world, ray_
 def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the_stored_vocab(
     online_world, ray_local, tmp_path
 ):
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
     from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
     from eagle3.train.stage import TrainStage
@@ -98,7 +98,7 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
 def test_two_trainer_ranks_take_disjoint_batches_that_cover_each_epoch_as_stored_ranks_do(
     online_world, ray_local, tmp_path
 ):
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
     from eagle3.online.plan import OnlinePlan
     from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
@@ -120,7 +120,7 @@ def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_ne
     """Night 1 was stored (shard 0's features are in this root's features stage); night 2 trains online on both
     regen shards: shard 0's rows are read from its feature shard, shard 1's captured, the curve is stored training's."""
     from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features
-    from eagle3.config import with_overrides
+    from eagle3.config.pipeline import with_overrides
     from eagle3.online.plan import OnlinePlan
     from eagle3.online.run import train_in_process
     from eagle3.train.trainer import train

@@ -25,7 +25,9 @@ def chat(sample_id: str, *turns: str, system: str | None = None) -> dict:
 def regen_config(root: Path, model_dir: Path, servers: list[str], *, context_length: int = 256, **regen: object):
     """A pipeline config for these tests: the tiny target (or another of its size), small generations, fast
     backoff."""
-    from eagle3.config import PipelineConfig, RegenConfig, TargetConfig
+    from eagle3.config.pipeline import PipelineConfig
+    from eagle3.config.regen import RegenConfig
+    from eagle3.config.target import TargetConfig
 
     defaults = {
         "max_new_tokens": 6,
@@ -57,7 +59,7 @@ def agentic_rows(n_weather: int = 3, *, seed: int = 4242) -> list[dict]:
     user turns, a tool call and its result each), a coding agent (three calls in a row), a plain thinking answer."""
     import json
 
-    from eagle3.dev.agentic import AgenticFactory
+    from eagle3.worlds.agentic import AgenticFactory
 
     factory = AgenticFactory(seed)
     convs = []

@@ -14,15 +14,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.layout import StageInputError
-from eagle3.procs import free_port
 from eagle3.regen.client import attempt_rid, classify
 from eagle3.regen.journal import read_journal
 from eagle3.regen.plan import regen_dir_for
 from eagle3.regen.shard import waiting_name
 from eagle3.regen.stage import RegenStage
 from eagle3.regen.status import regen_status
-from eagle3.runroot import Manifest
+from eagle3.rundir.layout import StageInputError
+from eagle3.rundir.runroot import Manifest
+from eagle3.runtime.procs import free_port
 from eagle3.serve.launch import ServerProcess, reference_server
 from eagle3.stage import UnitsFailed, run_stage
 
@@ -135,7 +135,7 @@ def test_a_server_back_within_no_server_timeout_resumes_the_shard_without_spendi
     """One retry a sample: the request cut by the crash spends it, every other waits the outage out in the pool."""
     rows = [regen_helpers.chat(f"q{i}", f"question {i}") for i in range(8)]
     prompts = regen_helpers.write_prompts(tmp_path, [rows])
-    argv = [sys.executable, "-m", "eagle3.serve", *SYNTH]
+    argv = [sys.executable, "-m", "eagle3.serve.reference", *SYNTH]
     port = free_port()
     regen = {"concurrency_per_server": 2, "max_retries": 1, "eject_after_failures": 1, "no_server_timeout_s": 300}
     config = regen_helpers.config(tmp_path, regen_model_dir, [f"http://127.0.0.1:{port}"], **regen)

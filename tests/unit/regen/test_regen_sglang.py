@@ -13,13 +13,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.procs import free_port
 from eagle3.recipes import load_recipe
 from eagle3.regen.journal import read_journal
 from eagle3.regen.plan import regen_dir_for
 from eagle3.regen.shard import waiting_name
 from eagle3.regen.stage import RegenStage
-from eagle3.serve.commands import build_launch
+from eagle3.runtime.procs import free_port
+from eagle3.serve.launch_commands import build_launch
 from eagle3.stage import run_stage
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

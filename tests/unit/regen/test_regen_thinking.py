@@ -21,7 +21,7 @@ from eagle3.data.dialect import reasoning_format, tool_call_format
 from eagle3.data.template import ChatOptions, render_prompt
 from eagle3.regen.plan import regen_fingerprint, sampling_fields
 from eagle3.regen.stage import RegenStage
-from eagle3.runroot import Manifest
+from eagle3.rundir.runroot import Manifest
 from eagle3.serve.launch import reference_server
 from eagle3.stage import run_stage
 

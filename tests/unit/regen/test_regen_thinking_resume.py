@@ -15,10 +15,10 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.layout import stage_dir
 from eagle3.regen.journal import scan_journal
 from eagle3.regen.plan import regen_fingerprint
-from eagle3.runroot import Manifest
+from eagle3.rundir.layout import stage_dir
+from eagle3.rundir.runroot import Manifest
 from eagle3.serve.launch import reference_server
 
 CONCURRENCY = 3

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from eagle3.recipes import load_recipe
 from eagle3.regen.stage import RegenStage
-from eagle3.serve.commands import build_launch
+from eagle3.serve.launch_commands import build_launch
 from eagle3.stage import run_stage
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.config import PipelineConfig, ServerLaunchConfig, TargetConfig
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.server import ServerLaunchConfig
+from eagle3.config.target import TargetConfig
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.bench.gate import serving_config
-from eagle3.bench.serving import StepResult, adaptive_tiers
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate.gate import serving_config
+from eagle3.gate.serving import StepResult, adaptive_tiers
 from eagle3.recipes import load_recipe
-from eagle3.serve.commands import (
+from eagle3.serve.launch_commands import (
     ADAPTIVE_FLAGS,
     CPU_ENV,
     CPU_FLAGS,
@@ -87,18 +87,18 @@ def test_port_zero_picks_a_free_port(launch_config):
 def test_the_launcher_runs_the_command_with_this_interpreter_and_its_address_last(launch_config, tmp_path):
     cmd = build_launch(launch_config, "baseline", engine="reference", port=31000)
     server = cmd.server(log_path=tmp_path / "s.log")
-    assert server.argv[:3] == [sys.executable, "-m", "eagle3.serve"]
+    assert server.argv[:3] == [sys.executable, "-m", "eagle3.serve.reference"]
     assert server.argv[3:] == [*without_address(cmd.server_args()), "--host", cmd.host, "--port", "31000"]
     assert server.url == cmd.url
 
 
 def test_reference_engine_parses_with_the_reference_server_parser(launch_config, tmp_path):
-    from eagle3.serve.args import parse_args
+    from eagle3.serve.reference.args import parse_args
 
     cfg = with_overrides(launch_config, GPU_SETTINGS)
     spec = build_launch(cfg, "eagle3", engine="reference", draft=tmp_path, port=31000)
     base = build_launch(cfg, "baseline", engine="reference", port=31000)
-    assert spec.argv[:3] == ["python", "-m", "eagle3.serve"]
+    assert spec.argv[:3] == ["python", "-m", "eagle3.serve.reference"]
     assert split_speculative(spec.server_args())[0] == base.server_args()
     args = parse_args(spec.server_args())
     assert args.speculative_algorithm == "EAGLE3"
@@ -196,7 +196,7 @@ def test_both_arms_of_every_recipe_parse_with_sglang_and_share_every_other_argum
 def test_the_recommended_adaptive_command_parses_with_sglang_and_routes_each_tier_to_its_steps(
     recipe, parsed_by_sglang
 ):
-    """The gate's recommended command (``eagle3.bench.gate.serving_config``) parses in SGLang 0.5.23 with adaptive
+    """The gate's recommended command (``eagle3.gate.gate.serving_config``) parses in SGLang 0.5.23 with adaptive
     speculation on and the written config, differs from the baseline only in speculation, and SGLang's own
     ``AdaptiveSpeculativeParams`` (srt/speculative/adaptive_spec_params.py) reads the config and runs, at each
     tier's first batch size, the tier's largest step count (its only one, or the one kept until drafts stop being

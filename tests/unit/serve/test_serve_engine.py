@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.serve.engine import HFEngine
-from eagle3.serve.protocol import SamplingParams, Sequence
+from eagle3.serve.reference.hf_engine import HFEngine
+from eagle3.serve.reference.protocol import SamplingParams, Sequence
 
 PROMPTS = [
     "hello there, how are you",

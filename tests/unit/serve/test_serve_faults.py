@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from eagle3.serve import faults
-from eagle3.serve.args import parse_args
-from eagle3.serve.faults import FaultInjector, slow_schedule
+from eagle3.serve.reference import faults
+from eagle3.serve.reference.args import parse_args
+from eagle3.serve.reference.faults import FaultInjector, slow_schedule
 
 
 def _slept(argv: list[str], requests: int, monkeypatch: pytest.MonkeyPatch) -> list[float]:

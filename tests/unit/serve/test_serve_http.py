@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from eagle3.serve.app import meta_info
-from eagle3.serve.args import parse_args, server_info
 from eagle3.serve.launch import reference_server
-from eagle3.serve.protocol import Completion
+from eagle3.serve.reference.app import meta_info
+from eagle3.serve.reference.args import parse_args, server_info
+from eagle3.serve.reference.protocol import Completion
 
 SERVER_ARGS = ["--num-threads", "1", "--max-running-requests", "8", "--context-length", "256"]
 

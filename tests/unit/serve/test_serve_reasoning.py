@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from eagle3.data.template import ChatOptions, render_prompt, template_messages
-from eagle3.dev.agentic import AgenticFactory
 from eagle3.serve.launch import reference_server
+from eagle3.worlds.agentic import AgenticFactory
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from eagle3.data.template import render_prompt
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import export_config, validate_export
 from eagle3.recipes import load_recipe
-from eagle3.serve.commands import build_launch
+from eagle3.serve.launch_commands import build_launch
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 
 DRAFT_VOCAB = 512
 TRAIN_PROMPTS, HELD_OUT = 64, 20
@@ -20,9 +21,9 @@ def draft_world(tiny_world, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.data.template import render_prompt
-    from eagle3.dev.distil import answer_sequences, greedy_answers, write_draft_vocab
-    from eagle3.dev.samples import generate_conversations
     from eagle3.train.trainer import batches_from_target
+    from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+    from eagle3.worlds.samples import generate_conversations
 
     model_dir = Path(tiny_world.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

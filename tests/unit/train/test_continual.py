@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3.bench.registry import Registry
 from eagle3.capture.encoding import column_codecs
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
-from eagle3.config import with_overrides
+from eagle3.config.pipeline import with_overrides
 from eagle3.data.parquet import ShardWriter
-from eagle3.layout import CKPT_DIR, METRICS_FILE
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.gate.registry import Registry
+from eagle3.rundir.layout import CKPT_DIR, METRICS_FILE
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.continual import TRAINED_ON, ChampionError, Start, champion_weights
 from eagle3.train.data import FeatureDataset
@@ -156,7 +156,7 @@ def test_champion_night_is_reproducible_and_its_fingerprint_names_the_champion(n
 
 
 def test_train_reads_the_champion_pointer_where_the_registry_writes_it(nights):
-    from eagle3.layout import CHAMPION_POINTER
+    from eagle3.rundir.layout import CHAMPION_POINTER
     from eagle3.train.continual import read_champion
 
     registry = Registry(nights["root"])

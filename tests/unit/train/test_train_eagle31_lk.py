@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.bench.prompts import send_prompts
-from eagle3.config import with_overrides
-from eagle3.dev.distil import greedy_answers
+from eagle3.config.pipeline import with_overrides
+from eagle3.gate.prompts import send_prompts
 from eagle3.model.export_format import served_flags, validate_export
-from eagle3.serve.commands import build_launch
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.serve.launch_commands import build_launch
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, load_inputs, train_on_source
+from eagle3.worlds.distil import greedy_answers
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 MAX_NEW = 24

@@ -19,7 +19,7 @@ from eagle3.capture.encoding import column_codecs
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
 from eagle3.errors import DATA_ERROR_EXIT, DATA_ERROR_PREFIX, DataError
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.data import FeatureDataset
 from eagle3.train.distributed import DistInfo
@@ -70,7 +70,7 @@ def test_a_damaged_page_is_refused_as_it_is_read_naming_the_shard_and_no_batch_h
 ):
     """At Kimi-K2.5's scale a whole-file pass before training reads ~3 TB: the loader hashes only footers, then
     checks each page as it reads it. The shards before the damaged one train; none of its rows reach a batch."""
-    import eagle3.integrity as integrity
+    import eagle3.rundir.integrity as integrity
 
     first = _features(tmp_path / "features" / "fp", rows=8, rows_per_shard=2)
     damaged = sorted(first.parent.glob("shard-*.parquet"))[2]
@@ -117,7 +117,7 @@ def _verifying_rank(rank: int, world: int, port: int, features: str, out: str) -
 
     import torch.distributed as dist
 
-    import eagle3.integrity as integrity
+    import eagle3.rundir.integrity as integrity
     from eagle3.train.distributed import cleanup_distributed, init_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -165,7 +165,7 @@ def test_the_ranks_of_a_process_group_each_hash_a_share_of_the_shards_and_all_re
 
 
 def test_a_loader_outside_a_process_group_hashes_every_shard_whatever_rank_it_plays(tmp_path, record_hashes):
-    import eagle3.integrity as integrity
+    import eagle3.rundir.integrity as integrity
 
     first = _features(tmp_path / "features" / "fp", rows=9, rows_per_shard=2, footers=False)
     hashed = record_hashes(integrity)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from eagle3.config import with_overrides
-from eagle3.dev.distil import greedy_answers
-from eagle3.serve.specdec import SpeculativeDecoder
+from eagle3.config.pipeline import with_overrides
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, build_draft, load_inputs, train_on_source
+from eagle3.worlds.distil import greedy_answers
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 MAX_NEW = 40
@@ -73,8 +73,8 @@ def _held_out_features(draft_world, out_dir, rows: int = 4, *, encoding: str = "
     from eagle3.capture.head import target_topk
     from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
     from eagle3.data.parquet import ShardWriter
-    from eagle3.dev.distil import answer_sequences
     from eagle3.train.trainer import batches_from_target
+    from eagle3.worlds.distil import answer_sequences
 
     prompts = draft_world.held_out[:rows]
     answers = greedy_answers(draft_world.target, prompts, max_new_tokens=MAX_NEW, eos_id=draft_world.eos,
@@ -119,7 +119,7 @@ def _overwrite_tensor_bytes(export_dir, key: str, garbage: bytes) -> None:
 def test_preflight_offline_smoke_passes_the_trained_draft_and_fails_a_damaged_one(draft_world, trained, tmp_path):
     import shutil
 
-    from eagle3.bench.preflight import run_offline
+    from eagle3.gate.preflight import run_offline
 
     _, _, exports = trained
     features = _held_out_features(draft_world, tmp_path / "features" / "fp")

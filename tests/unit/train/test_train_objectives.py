@@ -133,7 +133,7 @@ def test_unroll_keeps_per_step_weights_and_global_normalisation_and_a_full_topk_
 
 
 def test_lk_mixing_weights_without_lk_lambda_are_refused_with_the_fix():
-    from eagle3.config import ConfigError
+    from eagle3.config.base import ConfigError
     from eagle3.recipes import load_recipe
 
     with pytest.raises(ConfigError, match=r"set train\.loss=lk_lambda or drop train\.lk_kl_decay"):

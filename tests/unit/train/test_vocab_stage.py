@@ -6,10 +6,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.model.vocab import load_vocab
-from eagle3.runroot import FileEntry, Manifest
+from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.vocab import build_vocab, build_vocab_stage, count_tokens, coverage
 
 SCHEMA = pa.schema([("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())),

@@ -11,7 +11,8 @@ import torch
 from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.head import target_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
-from eagle3.config import PipelineConfig, TargetConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.model.draft import DraftConfig
 from eagle3.model.target_weights import TargetHead

@@ -1,0 +1,18 @@
+"""``StrictModel``, the base of every config section: unknown keys are errors, assignments are validated; and
+``ConfigError``, what a configuration that cannot run raises.
+
+A module of its own, below every config module (one per section, and ``eagle3.config.pipeline``, the whole), so
+each section inherits the one rule instead of repeating it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says how to fix it."""

@@ -1,0 +1,45 @@
+"""Bench-level helpers around the reference speculative decoder (``eagle3.serve.reference.spec_decoder``): offline
+acceptance over
+a prompt set, and prompt files rendered with the project's chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+
+
+def evaluate_acceptance(
+    decoder: SpeculativeDecoder,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    on_prompt: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Offline acceptance over prompts: total generated tokens / total verify passes.
+
+    ``on_prompt`` is called after each prompt is decoded, so a caller (the CLI) can draw progress without
+    re-implementing this loop."""
+    tokens = passes = 0
+    for ids in prompts:
+        output, verify, _ = decoder.generate(ids, max_new_tokens, eos_ids)
+        tokens += len(output)
+        passes += verify
+        if on_prompt is not None:
+            on_prompt()
+    return {"prompts": len(prompts), "tokens": tokens, "verify_passes": passes,
+            "accept_length": tokens / passes if passes else float("nan"), "aux_mode": decoder.aux_mode}
+
+
+def load_prompt_file(path: Path, tokenizer: Any, *, limit: int | None = None) -> list[list[int]]:
+    """Prompt ids from a JSONL of ``{"id", "prompt"}`` rows, rendered with the project's chat renderer."""
+    from eagle3.data.template import render_prompt
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = rows[:limit] if limit else rows
+    return [render_prompt(tokenizer, [{"role": "user", "content": row["prompt"]}]) for row in rows]

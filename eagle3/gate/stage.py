@@ -1,0 +1,92 @@
+"""The gate as a stage (``eagle3.stage``), one unit.
+
+The plan is the gate's identity (``gate_identity``: drafts, champion, config, URLs -> fingerprint and
+directory), computed without measuring; the unit is ``run_gate``; finalize reads the report back, so a gate read
+back from its manifest and one measured now end the same way. Its summary carries the verdict (pass, fail or
+inconclusive) and the reasons, so the nightly flow can end in a state named after it, and what the gate says about
+serving (``GateReport.serving_summary``: levels, crossover, adaptive config and command). No Prefect cache
+(``unit_output`` is None): reading a finished gate's report is as cheap as a cache hit, a cached unit could not say
+whether this run measured (``reused``), and ``force`` must measure again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.gate.gate import gate_identity, run_gate
+from eagle3.gate.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
+from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
+
+
+class GatePlan(Plan):
+    drafts: tuple[Path, ...]
+    baseline_url: str | None = None
+    spec_url: str | None = None
+    champion_url: str | None = None
+    features_dir: Path | None = None
+    promote: bool = True
+    force: bool = False
+
+
+class GateStage(Stage[GatePlan]):
+    """The benchmark gate as one unit: measure (or read back), decide, report, promote."""
+
+    name = "gate"
+    summary_key = "gate-report"  # the latest verdict, whatever the fingerprint
+    retries = 0  # a failed arm is recorded in the report, not raised; what does raise would fail again the same way
+
+    def plan(
+        self, config: PipelineConfig, *, drafts: Sequence[Path | str], baseline_url: str | None = None,
+        spec_url: str | None = None, champion_url: str | None = None,
+        features_dir: Path | str | None = None, promote: bool = True, force: bool = False,
+    ) -> GatePlan:  # fmt: skip
+        gate = gate_identity(config, list(drafts), baseline_url=baseline_url, spec_url=spec_url,
+                             champion_url=champion_url)  # fmt: skip
+        return GatePlan(stage=self.name, fingerprint=gate.fingerprint, out_dir=gate.out_dir, drafts=tuple(gate.drafts),
+                        baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url,
+                        features_dir=Path(features_dir) if features_dir else None, promote=promote,
+                        force=force)  # fmt: skip
+
+    def run_unit(
+        self, config: PipelineConfig, plan: GatePlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        result = run_gate(config, list(plan.drafts), baseline_url=plan.baseline_url, spec_url=plan.spec_url,
+                          champion_url=plan.champion_url, features_dir=plan.features_dir,
+                          promote=plan.promote, force=plan.force)  # fmt: skip
+        if result.out_dir != plan.out_dir:  # the champion changed between plan and run: another gate
+            raise RuntimeError(f"the champion changed since the gate was planned ({plan.out_dir} is now "
+                               f"{result.out_dir}); run the gate again")  # fmt: skip
+        return UnitReport(unit=unit, skipped=result.reused, detail={"passed": result.passed, "verdict": result.verdict})
+
+    def reuse_recorded(self, plan: GatePlan) -> bool:
+        return not plan.force  # ``force`` measures again
+
+    def retrigger(self, plan: GatePlan, failed: Sequence[Unit]) -> str:
+        urls = {"baseline": plan.baseline_url, "spec": plan.spec_url, "champion": plan.champion_url}
+        options = [f"--draft {d}" for d in plan.drafts] + [f"--{k}-url {url}" for k, url in urls.items() if url]
+        return " ".join(["eagle3 gate", *options])
+
+    def finalize(
+        self, config: PipelineConfig, plan: GatePlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        if failed:
+            return self.failed_result(plan, failed)
+        report = read_report(plan.out_dir)
+        summary = {
+            "out_dir": str(plan.out_dir),
+            "report": str(plan.out_dir / REPORT_JSON),
+            "markdown": str(plan.out_dir / REPORT_MD),
+            "passed": report.passed,
+            "verdict": report.verdict,
+            "reasons": [r for d in report.decisions for r in d.reasons],
+            "promotion": report.promotion,
+            "reused": all(r.skipped for r in reports),
+            **report.serving_summary(),
+        }
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
+                           summary=summary, markdown=to_markdown(report),
+                           description=f"gate {plan.fingerprint}: {str(report.verdict).upper()}")  # fmt: skip

@@ -1,0 +1,345 @@
+"""The HTTP layer: SGLang's endpoint subset (DESIGN §5) on aiohttp.web, as strict as SGLang 0.5.23 where a client
+can tell the difference.
+
+Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are ``{"error": {"message"}}``
+(a sampling parameter that does not decode: ``{"error": "<message>"}``, as SGLang's decoder answers) with status 400
+(bad input, or a rid still in flight), 500 (injected or engine failure) or 503 (queue full, only with
+``--max-queued-requests``). Request checks and their messages are SGLang's (``eagle3.serve.reference.requests``); the
+conformance test (``tests/unit/serve/test_sglang_conformance.py``) holds both servers to the same answers, and
+docs/ARCHITECTURE.md ("The engines") lists where they still differ and why it does not matter. Streaming uses
+server-sent events, one ``data: {...}`` per step with the cumulative text and output ids, then ``data: [DONE]``.
+
+What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
+* A rid that is still in flight is refused with 400 and ``Duplicate request ID detected: <rid>``
+  (``managers/tokenizer_manager.py``, ``TokenizerManager`` registering the request state; the ``ValueError`` becomes a
+  400 in ``entrypoints/http_server.py`` ``generate_request`` via ``_create_error_response``). A client that resends a
+  timed-out request under the same rid meets exactly this answer (``eagle3.regen.client``).
+* ``/server_info`` and ``/model_info`` are the canonical info routes; ``/get_server_info`` and ``/get_model_info`` are
+  SGLang's deprecated aliases with the same payloads (``entrypoints/http_server.py``), served because external tools
+  still call them. Project code calls the canonical routes only.
+* ``/flush_cache`` answers 400 while requests are running or waiting and 200 when idle (``http_server.flush_cache``).
+* ``meta_info`` carries the speculative counters (``spec_verify_ct``, ``spec_accept_length``, ``spec_accept_rate``,
+  ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram``) only on a speculative
+  server, only on the final chunk, and only when the request had verify passes (``TokenizerManager`` adds them from
+  the batch output).
+* With ``--reasoning-parser``, a chat reply's thinking is split off into ``message.reasoning_content`` (SGLang's
+  ``ReasoningParser.parse_non_stream`` in ``entrypoints/openai/serving_chat.py``, ``separate_reasoning`` on by
+  default): forced on for a template whose switch is on, so ``reasoning</think>answer`` splits at ``</think>``.
+* ``cached_tokens`` is always 0: the reference server has no prefix (radix) cache, so no prompt token is ever served
+  from cache; reporting anything else would be a lie that benchmark reports would repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from eagle3.data.dialect import reasoning_format
+from eagle3.serve.reference.args import server_info
+from eagle3.serve.reference.faults import FaultInjector
+from eagle3.serve.reference.protocol import DEFAULT_NUM_STEPS, Completion
+from eagle3.serve.reference.requests import BadRequest, GenerateRequest, parse_chat, parse_generate
+
+logger = logging.getLogger(__name__)
+
+BACKEND = web.AppKey("backend", object)
+ARGS = web.AppKey("args", argparse.Namespace)
+FAULTS = web.AppKey("faults", FaultInjector)
+IN_FLIGHT = web.AppKey("in_flight", set)
+
+
+def error_response(status: int, message: str, *, plain: bool = False) -> web.Response:
+    return web.json_response({"error": message if plain else {"message": message}}, status=status)
+
+
+def meta_info(c: Completion, prompt_tokens: int, *, drafts_per_pass: int | None) -> dict[str, Any]:
+    """The final ``meta_info`` with SGLang 0.5.23's keys; speculative counters only where SGLang reports them (see
+    the module docstring). One weight version, no retractions, no reasoning parser, no data parallelism."""
+    n = len(c.output_ids)
+    meta: dict[str, Any] = {
+        "id": c.rid,
+        "finish_reason": c.finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": n,
+        "cached_tokens": 0,  # no prefix cache
+        "weight_versions": [{"version": "default", "start": 0, "end": n}],
+        "cached_tokens_details": None,
+        "dp_rank": None,
+        "e2e_latency": c.e2e_latency,
+        "response_sent_to_client_ts": time.time(),
+    }
+    if drafts_per_pass and c.verify_ct > 0:  # as SGLang's TokenizerManager._calculate_spec_decoding_metrics
+        proposed, correct = c.verify_ct * drafts_per_pass, sum(c.accepted_drafts)
+        histogram = [0] * (drafts_per_pass + 1)
+        for accepted in c.accepted_drafts:
+            histogram[accepted] += 1
+        meta |= {"spec_accept_rate": correct / proposed, "spec_accept_length": n / c.verify_ct,
+                 "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
+                 "spec_verify_ct": c.verify_ct, "spec_correct_drafts_histogram": histogram}  # fmt: skip
+    return meta
+
+
+def _drafts_per_pass(request: web.Request) -> int | None:
+    """Draft tokens a verify pass checks on a speculative server (its chain of ``num_steps``), else None."""
+    args = request.app[ARGS]
+    return (args.speculative_num_steps or DEFAULT_NUM_STEPS) if args.speculative_algorithm else None
+
+
+def _register(request: web.Request, rid: str) -> None:
+    """Mark ``rid`` in flight, or refuse it as SGLang's ``TokenizerManager`` does when it already is."""
+    in_flight = request.app[IN_FLIGHT]
+    if rid in in_flight:
+        raise BadRequest(f"Duplicate request ID detected: {rid}")
+    in_flight.add(rid)
+
+
+def _text(backend: Any, c: Completion) -> str:
+    text = backend.decode(c.output_ids)
+    matched = c.finish_reason.get("matched")
+    if isinstance(matched, str) and matched and matched in text:
+        text = text[: text.rindex(matched)]  # SGLang drops the matched stop string from the text
+    return text
+
+
+async def _admission(request: web.Request) -> web.Response | None:
+    """Faults and the queue cap, checked before a request is queued."""
+    fault = await request.app[FAULTS].before()
+    if fault is not None:
+        return error_response(fault.status, fault.message)
+    cap = request.app[ARGS].max_queued_requests
+    if cap is not None and request.app[BACKEND].num_waiting >= cap:
+        return error_response(503, f"queue full ({cap} waiting requests); retry later")
+    return None
+
+
+def _completed(request: web.Request, rid: str) -> None:
+    path = request.app[ARGS].request_log
+    if path:
+        with open(path, "a") as fh:
+            fh.write(rid + "\n")
+    request.app[FAULTS].after_completion()
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+
+
+async def _in_flight(
+    request: web.Request,
+    parse: Callable[[Any, Any], GenerateRequest],
+    handle: Callable[[web.Request, GenerateRequest], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is SGLang's 400)."""
+    try:
+        req = parse(await _read_json(request), request.app[BACKEND])
+        _register(request, req.rid)
+    except BadRequest as exc:
+        return error_response(400, str(exc), plain=exc.plain)
+    try:
+        return await handle(request, req)
+    finally:
+        request.app[IN_FLIGHT].discard(req.rid)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _in_flight(request, parse_generate, _generate)
+
+
+async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
+    """``/generate`` once its rid is registered: admission, then a JSON reply or an SSE stream."""
+    backend = request.app[BACKEND]
+    refused = await _admission(request)
+    if refused is not None:
+        return refused
+    if req.stream:
+        return await _generate_stream(request, req)
+    try:
+        c = await backend.generate(req.rid, req.input_ids, req.params)
+    except RuntimeError as exc:
+        return error_response(500, f"generation failed: {exc}")
+    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
+    body = {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta}
+    response = web.json_response(body)
+    await response.prepare(request)
+    await response.write_eof()
+    _completed(request, req.rid)
+    return response
+
+
+async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
+    """SSE: one event per engine step with the cumulative output, the final one with ``finish_reason``."""
+    backend = request.app[BACKEND]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    steps: asyncio.Queue[list[int]] = asyncio.Queue()
+    task = asyncio.ensure_future(backend.generate(req.rid, req.input_ids, req.params, on_tokens=steps.put_nowait))
+    start = time.monotonic()
+    try:
+        while not task.done():
+            getter = asyncio.ensure_future(steps.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            ids = getter.result()
+            meta = {
+                "id": req.rid,
+                "finish_reason": None,
+                "prompt_tokens": len(req.input_ids),
+                "completion_tokens": len(ids),
+                "cached_tokens": 0,
+                "e2e_latency": time.monotonic() - start,
+            }
+            await _sse(response, {"text": backend.decode(ids), "output_ids": ids, "meta_info": meta})
+        c = task.result()
+    except RuntimeError as exc:
+        await _sse(response, {"error": {"message": f"generation failed: {exc}", "code": 500}})
+        await response.write_eof()
+        return response
+    finally:
+        task.cancel()
+    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
+    await _sse(response, {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta})
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    _completed(request, req.rid)
+    return response
+
+
+async def _sse(response: web.StreamResponse, obj: Any) -> None:
+    await response.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _in_flight(request, parse_chat, _chat_completions)
+
+
+async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.Response:
+    """``/v1/chat/completions`` once its rid is registered."""
+    backend = request.app[BACKEND]
+    refused = await _admission(request)
+    if refused is not None:
+        return refused
+    try:
+        c = await backend.generate(req.rid, req.input_ids, req.params)
+    except RuntimeError as exc:
+        return error_response(500, f"generation failed: {exc}")
+    body = {
+        "id": req.rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.app[ARGS].model_path or "synthetic",
+        "choices": [
+            {
+                "index": 0,
+                "message": _chat_message(request.app[ARGS], req, _text(backend, c)),
+                "finish_reason": c.finish_reason["type"],
+                "matched_stop": c.finish_reason.get("matched"),
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(c.output_ids),
+            "total_tokens": len(req.input_ids) + len(c.output_ids),
+        },
+    }
+    response = web.json_response(body)
+    await response.prepare(request)
+    await response.write_eof()
+    _completed(request, req.rid)
+    return response
+
+
+def _chat_message(args: argparse.Namespace, req: GenerateRequest, text: str) -> dict[str, Any]:
+    """The reply message; with ``--reasoning-parser``, the thinking apart in ``reasoning_content`` (None when
+    there is none) as SGLang's ``serving_chat`` returns it, its parser forced on unless the request turned the
+    template's thinking switch off."""
+    if not args.reasoning_parser or not req.separate_reasoning:
+        return {"role": "assistant", "content": text}
+    dialect = reasoning_format(args.reasoning_parser)
+    reasoning, content = dialect.split(text, forced=dialect.is_on(req.chat_template_kwargs))
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    from eagle3.serve.reference.protocol import SamplingParams
+
+    backend = request.app[BACKEND]
+    ids = backend.encode("health") or [0]
+    await backend.generate(f"health-{uuid.uuid4().hex}", ids, SamplingParams(max_new_tokens=1, temperature=0.0))
+    return web.Response(text="")
+
+
+async def model_info(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    args = request.app[ARGS]
+    info = {
+        "model_path": args.model_path or "synthetic",
+        "tokenizer_path": args.tokenizer_path or args.model_path,
+        "is_generation": True,
+        "architectures": backend.architectures,
+        "synthetic": backend.synthetic,
+        "server": "eagle3-reference",
+    }
+    if backend.synthetic:
+        info["note"] = "synthetic load mode for the client-scaling benchmark: no model, outputs are meaningless"
+    return web.json_response(info)
+
+
+async def server_info_route(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    info = server_info(request.app[ARGS])
+    info["context_length"] = backend.context_length
+    info["internal_states"] = [backend.counters()]
+    info["version"] = "eagle3-reference"
+    return web.json_response(info)
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """200 when idle, 400 while requests run or wait: SGLang refuses to flush under load, so callers must retry."""
+    if request.app[IN_FLIGHT]:  # every /generate and chat request, queued or running
+        return web.Response(status=400, text="Flush cache failed.\n")
+    return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                        "waiting requests, the operation will not be performed.)\n")  # fmt: skip
+
+
+def build_app(args: argparse.Namespace, backend: Any) -> web.Application:
+    app = web.Application(client_max_size=64 * 2**20)
+    app[ARGS] = args
+    app[BACKEND] = backend
+    app[FAULTS] = FaultInjector(args)
+    app[IN_FLIGHT] = set()
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health_generate)
+    for path in ("/model_info", "/get_model_info"):  # canonical, then SGLang's deprecated alias
+        app.router.add_get(path, model_info)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info_route)
+    app.router.add_post("/flush_cache", flush_cache)
+    app.router.add_get("/flush_cache", flush_cache)
+
+    async def _close(app: web.Application) -> None:
+        app[BACKEND].close()
+
+    app.on_cleanup.append(_close)
+    return app

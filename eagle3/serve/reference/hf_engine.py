@@ -1,0 +1,210 @@
+"""Decoding engines behind the reference server.
+
+An ``Engine`` owns the model and the running batch; the scheduler (``scheduler.py``) owns the waiting queue and
+calls ``admit`` and ``step`` from one worker thread. Keeping the engine behind this small protocol is what lets a
+speculative engine (EAGLE-3 draft + chain verification) slot in later: it implements the same two calls and
+reports more than one token per step and the true number of target forward passes (``verify_ct``).
+
+``HFEngine`` design (continuous batching with a per-sequence KV cache):
+
+* A ``DynamicCache`` holds the running batch, left padded: row ``b`` of every layer's keys is sequence ``b``'s
+  keys, with zeros in padding columns that the 2-D attention mask hides. Position ids are explicit (count of real
+  tokens so far), so RoPE is applied per sequence no matter where it sits in the padded cache.
+* ``step`` either prefills newly admitted sequences (one left-padded forward over their prompts) and merges their
+  cache into the running one (pad both on the left to a common length, concatenate on the batch axis), or runs
+  one batched decode forward for every running sequence. Finished rows are removed with ``batch_select_indices``
+  and leading all-padding columns are trimmed.
+* Greedy decoding of a sequence therefore gives the same tokens alone or in any batch (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+
+from eagle3.serve.reference.protocol import SamplingParams, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class FinishChecker:
+    """EOS, stop strings, max_new_tokens and the context length; sets ``seq.finish_reason`` SGLang-style."""
+
+    def __init__(self, tokenizer: Any, eos_ids: set[int], context_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.context_length = context_length
+
+    def check(self, seq: Sequence) -> None:
+        token = seq.output_ids[-1]
+        if not seq.params.ignore_eos and token in self.eos_ids:
+            seq.finish_reason = {"type": "stop", "matched": token}
+            return
+        if seq.params.stop:
+            tail = self.tokenizer.decode(seq.output_ids[-32:], skip_special_tokens=True)
+            for stop in seq.params.stop:
+                if stop and tail.endswith(stop):
+                    seq.finish_reason = {"type": "stop", "matched": stop}
+                    return
+        if (
+            len(seq.output_ids) >= seq.params.max_new_tokens
+            or len(seq.prompt_ids) + len(seq.output_ids) >= self.context_length
+        ):
+            seq.finish_reason = {"type": "length", "length": len(seq.output_ids)}
+
+
+def sample_next(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator) -> list[int]:
+    """One token per row of ``logits`` [B, V]: argmax for greedy rows, temperature/top-k/top-p sampling otherwise."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out = []
+    for b, p in enumerate(params):
+        if p.temperature <= 1e-6 or p.top_k == 1:
+            out.append(int(greedy[b]))
+            continue
+        row = logits[b].float() / p.temperature
+        if 0 < p.top_k < row.numel():
+            kth = torch.topk(row, p.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < p.top_p  # always keeps the top token
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        out.append(int(torch.multinomial(probs, 1, generator=generator).item()))
+    return out
+
+
+def cache_keyword(model: Any) -> str:
+    """transformers renamed ``past_key_values`` to ``cache`` during 5.x: the keyword this model's forward takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class HFEngine:
+    """A transformers causal LM decoding a continuously batched set of sequences (see module docstring)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_running: int, context_length: int, seed: int = 0) -> None:
+        from transformers import DynamicCache  # local: keeps `import eagle3.serve.reference` light for synthetic mode
+
+        self._cache_cls = DynamicCache
+        self._cache_kw = cache_keyword(model)
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.max_running = max_running
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(int(tokenizer.eos_token_id))
+        self.finish = FinishChecker(tokenizer, eos_ids, context_length)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._pending: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None  # [B, S] 1 on real tokens, 0 on left padding
+
+    def num_running(self) -> int:
+        return len(self._running) + len(self._pending)
+
+    def admit(self, seqs: list[Sequence]) -> None:
+        self._pending.extend(seqs)
+
+    def reset(self) -> None:
+        self._pending, self._running, self._cache, self._mask = [], [], None, None
+
+    @torch.inference_mode()
+    def step(self) -> tuple[list[Sequence], list[Sequence]]:
+        if self._pending:
+            stepped = self._prefill(self._pending)
+            self._pending = []
+        elif self._running:
+            stepped = self._decode()
+        else:
+            return [], []
+        done = [s for s in stepped if s.finished]
+        if done:
+            self._drop_finished()
+        return stepped, done
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            **{self._cache_kw: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float().cpu()  # [B, V]
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        for seq, token in zip(seqs, sample_next(logits, [s.params for s in seqs], self.generator), strict=True):
+            seq.output_ids.append(token)
+            seq.verify_ct += 1
+            self.finish.check(seq)
+
+    def _prefill(self, seqs: list[Sequence]) -> list[Sequence]:
+        width = max(len(s.prompt_ids) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+            mask[b, width - len(s.prompt_ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, S]
+        cache = self._cache_cls()
+        logits = self._forward(ids, mask, positions, cache)
+        self._advance(seqs, logits)
+        self._merge(cache, mask)
+        self._running.extend(seqs)
+        return seqs
+
+    def _merge(self, cache: Any, mask: torch.Tensor) -> None:
+        if self._cache is None or self._mask is None:
+            self._cache, self._mask = cache, mask
+            return
+        width = max(self._mask.shape[1], mask.shape[1])
+        merged = []
+        for (k0, v0, _), (k1, v1, _) in zip(self._cache, cache, strict=True):  # [B, heads, S, D] per layer
+            merged.append(
+                (
+                    torch.cat([left_pad(k0, width, 2), left_pad(k1, width, 2)], dim=0),
+                    torch.cat([left_pad(v0, width, 2), left_pad(v1, width, 2)], dim=0),
+                )
+            )
+        self._cache = self._cache_cls(ddp_cache_data=merged)
+        self._mask = torch.cat([left_pad(self._mask, width, 1), left_pad(mask, width, 1)], dim=0)
+
+    def _decode(self) -> list[Sequence]:
+        assert self._mask is not None
+        ids = torch.tensor([[s.output_ids[-1]] for s in self._running], dtype=torch.long)  # [B, 1]
+        positions = self._mask.sum(-1, keepdim=True)  # [B, 1]: real tokens so far = next position
+        self._mask = torch.cat([self._mask, torch.ones(len(self._running), 1, dtype=torch.long)], dim=1)
+        logits = self._forward(ids, self._mask, positions, self._cache)
+        self._advance(self._running, logits)
+        return list(self._running)
+
+    def _drop_finished(self) -> None:
+        assert self._mask is not None
+        keep = [i for i, s in enumerate(self._running) if not s.finished]
+        self._running = [self._running[i] for i in keep]
+        if not keep:
+            self._cache, self._mask = None, None
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        cache_index = index.to(self.device)
+        mask = self._mask[index]
+        first = int((mask.sum(0) > 0).nonzero()[0].item())  # leading columns that are padding in every row
+        self._mask = mask[:, first:]
+        self._cache = self._cache_cls(
+            ddp_cache_data=[(k[cache_index, :, first:], v[cache_index, :, first:]) for k, v, _ in self._cache]
+        )

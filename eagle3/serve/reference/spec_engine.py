@@ -1,0 +1,145 @@
+"""Speculative engine of the reference server: ``--speculative-algorithm EAGLE3|EAGLE`` with a draft attached.
+
+It implements the scheduler's ``Engine`` protocol (``admit``/``step``/``num_running``/``reset``) on top of
+``eagle3.serve.reference.spec_batch.ChainBatch`` (real greedy chain speculative decoding of the whole running batch:
+the output
+is the target's greedy decoding, ``verify_ct`` is the true number of target verify passes of each request).
+
+Design choices:
+- Algorithms behave as in SGLang: ``EAGLE3`` feeds the draft the 3 concatenated aux layers named by the draft's
+  ``eagle_config``; ``EAGLE`` feeds it the target's last (post-norm) hidden state only, which is H wide, so the
+  draft's ``fc`` is skipped and an EAGLE-3 draft accepts ~1 token per pass. The reference server reproduces this
+  misconfiguration on purpose, so preflight's runtime check can be tested against a real server.
+- Batched, as SGLang: a ``step`` either prefills the requests admitted since the last step (they join the batch) or
+  runs one draft-verify cycle for every running request, one batched target forward verifying all their drafts.
+  Finished requests leave after the step that finished them, as in the plain engine (``engine.HFEngine``).
+  ``verify_forwards`` counts those target forwards and ``verify_passes`` the per-request passes they served
+  (``/server_info``'s ``internal_states``): more passes than forwards means forwards were shared.
+- Greedy only: a request with ``temperature > 0`` is decoded greedily (logged once). EOS, stop strings,
+  ``max_new_tokens`` and the context length are applied by the plain engine's ``FinishChecker`` token by token, so
+  both engines finish requests by the same rules; tokens a cycle produced past the finish are dropped.
+- Chain only: ``--speculative-eagle-topk`` above 1 (tree drafts) is run as a chain of ``num_steps`` (logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from eagle3.serve.reference.hf_engine import FinishChecker, Sequence
+from eagle3.serve.reference.protocol import DEFAULT_NUM_STEPS
+from eagle3.serve.reference.spec_batch import ChainBatch
+from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+
+logger = logging.getLogger(__name__)
+
+AUX_MODES: dict[str, str] = {"EAGLE3": "eagle3", "EAGLE": "last_hidden_only"}
+
+
+class SpeculativeEngine:
+    """The ``Engine`` protocol over a ``ChainBatch`` (see module docstring)."""
+
+    def __init__(self, decoder: SpeculativeDecoder, finish: FinishChecker, *, max_running: int) -> None:
+        self.batch = ChainBatch(decoder)
+        self.finish = finish
+        self.max_running = max_running
+        self.verify_forwards = 0  # batched target verify forwards
+        self.verify_passes = 0  # per-request verify passes they served (the sum of every request's verify_ct)
+        self._pending: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._warned_sampling = False
+
+    def admit(self, seqs: list[Sequence]) -> None:
+        self._pending.extend(seqs)
+
+    def num_running(self) -> int:
+        return len(self._running) + len(self._pending)
+
+    def reset(self) -> None:
+        self._pending, self._running = [], []
+        self.batch.reset()
+
+    def step(self) -> tuple[list[Sequence], list[Sequence]]:
+        if self._pending:
+            stepped, self._pending = self._prefill(self._pending), []
+        elif self._running:
+            stepped = self._verify()
+        else:
+            return [], []
+        done = [s for s in stepped if s.finished]
+        if done:
+            keep = [i for i, s in enumerate(self._running) if not s.finished]
+            self._running = [self._running[i] for i in keep]
+            self.batch.select(keep)
+        return stepped, done
+
+    def _prefill(self, seqs: list[Sequence]) -> list[Sequence]:
+        if any(s.params.temperature > 1e-6 for s in seqs) and not self._warned_sampling:
+            logger.warning("speculative engine decodes greedily: temperature > 0 is ignored")
+            self._warned_sampling = True
+        firsts = self.batch.prefill([s.prompt_ids for s in seqs])
+        for seq, token in zip(seqs, firsts, strict=True):
+            self._emit(seq, [token])
+        self._running.extend(seqs)
+        return seqs
+
+    def _verify(self) -> list[Sequence]:
+        tokens, accepted = self.batch.cycle()
+        self.verify_forwards += 1
+        self.verify_passes += len(self._running)
+        for seq, new, drafts in zip(self._running, tokens, accepted, strict=True):
+            seq.verify_ct += 1
+            seq.accepted_drafts.append(drafts)
+            self._emit(seq, new)
+        return list(self._running)
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append tokens by the plain engine's finish rules; what follows a finish is dropped."""
+        for token in tokens:
+            seq.output_ids.append(int(token))
+            self.finish.check(seq)
+            if seq.finished:
+                return
+
+
+def check_speculative_args(args: argparse.Namespace) -> str:
+    """The decoder's aux mode for the requested algorithm; ``ValueError`` naming the fix otherwise."""
+    algorithm = args.speculative_algorithm
+    if algorithm not in AUX_MODES:
+        raise ValueError(
+            f"--speculative-algorithm {algorithm!r} is not served here: use EAGLE3 (or EAGLE to reproduce serving an "
+            "EAGLE-3 draft without its aux layers)"
+        )
+    if not args.speculative_draft_model_path:
+        raise ValueError("--speculative-algorithm needs --speculative-draft-model-path <export dir>")
+    if not Path(args.speculative_draft_model_path).is_dir():
+        raise ValueError(f"--speculative-draft-model-path {args.speculative_draft_model_path} is not a directory")
+    if (args.speculative_eagle_topk or 1) > 1:
+        logger.warning(
+            "--speculative-eagle-topk %s: the reference server drafts a chain (topk 1)", args.speculative_eagle_topk
+        )
+    return AUX_MODES[algorithm]
+
+
+def build_speculative_engine(
+    model: Any, tokenizer: Any, args: argparse.Namespace, *, context_length: int
+) -> SpeculativeEngine:
+    """The engine ``ModelBackend`` uses when ``--speculative-algorithm`` is given."""
+    aux_mode = check_speculative_args(args)
+    steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
+    decoder = SpeculativeDecoder(model, tokenizer, Path(args.speculative_draft_model_path), steps, aux_mode)
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        eos_ids.add(int(tokenizer.eos_token_id))
+    logger.info(
+        "speculative engine: %s (aux %s), draft %s, %d steps",
+        args.speculative_algorithm,
+        aux_mode,
+        args.speculative_draft_model_path,
+        steps,
+    )
+    finish = FinishChecker(tokenizer, eos_ids, context_length)
+    return SpeculativeEngine(decoder, finish, max_running=args.max_running_requests)
