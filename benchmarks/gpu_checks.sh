@@ -59,7 +59,7 @@ step() {  # step NAME SECONDS COMMAND...
 pyarrow.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"; nproc; } >"$OUT/node.txt" 2>&1
 cat "$OUT/node.txt"
 step gpu-tests 165 $PY -m pytest -q -m gpu -p no:cacheprovider tests/unit/train/test_loader.py \
-    tests/unit/test_transfer.py tests/unit/train/test_train_learning.py tests/unit/capture/test_capture_hf_device_map.py
+    tests/unit/runtime/test_transfer.py tests/unit/train/test_train_learning.py tests/unit/capture/test_capture_hf_device_map.py
 step loader-raw-zstd 110 $PY benchmarks/loader.py --device "$DEVICE" "${SIZE_LOADER[@]}"
 step loader-fp8topk-lz4 110 $PY benchmarks/loader.py --device "$DEVICE" --encoding fp8_topk --codec lz4 \
     "${SIZE_LOADER[@]}"

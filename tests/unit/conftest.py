@@ -1,98 +1,21 @@
-"""Fixtures of the bench tests: a small pipeline config and a factory of programmatic draft exports."""
+"""Fixtures shared by the gate and scaling tests: the tiny gate world, a tiny target, bench prompt files, and a
+draft trained with the project's trainer (cached under ``EAGLE3_HOME``, keyed by the target's weights)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.config.target import TargetConfig
-from eagle3.model.export_format import expected_shapes
 
-H, VOCAB, DRAFT_VOCAB, LAYERS = 128, 2048, 512, 8
-
-
-def draft_config(**overrides: Any) -> dict[str, Any]:
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": H,
-        "intermediate_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 1,
-        "vocab_size": VOCAB,
-        "draft_vocab_size": DRAFT_VOCAB,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "hidden_act": "silu",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True},
-    }
-    cfg.update(overrides)
-    return cfg
-
-
-def export_tensors(cfg: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {k: torch.randn(shape, generator=gen) * 0.02 for k, shape in expected_shapes(cfg).items()}
-    targets = torch.randperm(cfg["vocab_size"], generator=gen)[: cfg["draft_vocab_size"]].sort().values
-    tensors["d2t"] = targets - torch.arange(cfg["draft_vocab_size"])
-    t2d = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
-    t2d[targets] = True
-    tensors["t2d"] = t2d
-    return tensors
-
-
-def write_export(out: Path, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    return out
-
-
-@pytest.fixture
-def make_export(tmp_path: Path) -> Callable[..., Path]:
-    """``make_export(name, mutate=fn(cfg, tensors), **config_overrides)`` writes an export dir and returns it."""
-
-    def make(name: str = "export", mutate: Callable[[dict, dict], None] | None = None, **overrides: Any) -> Path:
-        cfg = draft_config(**overrides)
-        tensors = export_tensors(cfg)
-        if mutate is not None:
-            mutate(cfg, tensors)
-        return write_export(tmp_path / name, cfg, tensors)
-
-    return make
-
-
-@pytest.fixture
-def bench_config(tmp_path: Path) -> PipelineConfig:
-    """A pipeline config whose target matches the programmatic exports (L=8, H=128, vocab 2048)."""
-    model = tmp_path / "target"
-    model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": H, "vocab_size": VOCAB})
-    )
-    return PipelineConfig(
-        name="bench-test",
-        root=str(tmp_path / "root"),
-        target=TargetConfig(
-            model_path=str(model), num_layers=LAYERS, hidden_size=H, vocab_size=VOCAB, context_length=1024
-        ),
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The tiny gate world: tiny target, bench prompt files, and a draft trained with the project's trainer
+GATE_DRAFT_VOCAB = 512
 # ---------------------------------------------------------------------------------------------------------------
 
 TRAIN_PROMPTS, ANSWER_TOKENS, BENCH_PER_SET = 64, 40, 4
@@ -138,7 +61,8 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
     )
     sequences = answer_sequences(prompts, answers)
     vocab_size = config.target.vocab_size
-    write_draft_vocab(sequences, vocab_size=vocab_size, draft_vocab_size=DRAFT_VOCAB, path=root / "vocab.safetensors")
+    write_draft_vocab(sequences, vocab_size=vocab_size, draft_vocab_size=GATE_DRAFT_VOCAB,
+                      path=root / "vocab.safetensors")
     batches = batches_from_target(target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     inputs = load_inputs(config, root / "vocab.safetensors")
@@ -192,7 +116,7 @@ def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     config = with_overrides(
         base,
         [
-            f"vocab.draft_vocab_size={DRAFT_VOCAB}",
+            f"vocab.draft_vocab_size={GATE_DRAFT_VOCAB}",
             "train.precision=fp32",
             "train.device=cpu",
             "train.lr=3e-3",
