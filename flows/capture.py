@@ -1,10 +1,10 @@
-"""The capture and vocab flows: regen shards -> feature shards (one task per shard), then the draft vocab.
+"""The capture flow: regen shards -> feature shards (one task per shard).
 
-Both are the one stage wiring (``flows.stage.run_stage``) over their library stage: plan, units, finalize. A capture
-shard task asks Ray for one GPU when ``capture.device`` is CUDA (``flows.runners``) and carries the ``capture`` tag
-for Prefect concurrency limits (``prefect concurrency-limit create capture <n GPUs>``); on the thread runner the
-shard tasks of one process share one loaded model. A failed shard does not stop the others; the stage then fails
-with the re-trigger command.
+It is the one stage wiring (``flows.stage.run_stage``) over the library stage (``eagle3.capture.stage``): plan,
+units, finalize. A capture shard task asks Ray for one GPU when ``capture.device`` is CUDA (``flows.runners``) and
+carries the ``capture`` tag for Prefect concurrency limits (``prefect concurrency-limit create capture <n GPUs>``);
+on the thread runner the shard tasks of one process share one loaded model. A failed shard does not stop the
+others; the stage then fails with the re-trigger command.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from prefect import flow
 
 from eagle3.capture.stage import CaptureStage
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.rundir.layout import VOCAB_FILE
-from eagle3.train.vocab import VocabStage
 from flows.stage import run_stage
 
 
@@ -23,10 +21,3 @@ def capture_flow(config: PipelineConfig, shard_ids: list[int] | None = None, reg
     """Capture hidden states for the ready shards of ``regen_dir`` (default: the regen stage this config names);
     returns the features directory."""
     return str(run_stage(CaptureStage(), config, regen_dir=regen_dir, shard_ids=shard_ids).out_dir)
-
-
-@flow(name="vocab", log_prints=False)
-def vocab_flow(config: PipelineConfig, features_dir: str | None = None) -> str:
-    """Build the draft vocab of ``features_dir`` (default: the features stage this config names); returns the
-    vocab.safetensors path."""
-    return str(run_stage(VocabStage(), config, features_dir=features_dir).out_dir / VOCAB_FILE)

@@ -24,9 +24,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flows.commands.run",
     "flows.commands.gate",
     "flows.commands.capture",
+    "flows.commands.vocab",
     "flows.commands.train",
     "flows.commands.data",
     "flows.commands.regen",
+    "flows.commands.serve",
     "flows.commands.push",
 )
 

@@ -30,12 +30,13 @@ from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
 from eagle3.recipes import ConfigRef
-from flows.capture import capture_flow, vocab_flow
+from flows.capture import capture_flow
 from flows.discover import discover_flow
 from flows.gate import gate_flow, scaling_flow
 from flows.normalize import normalize_flow
 from flows.regen import regen_flow
 from flows.train import online_train_flow, train_flow
+from flows.vocab import vocab_flow
 from tasks.common import resolve_config_task
 from tasks.online import features_mode_task
 from tasks.pipeline import (

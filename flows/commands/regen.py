@@ -1,9 +1,8 @@
-"""``eagle3 regen`` (the regen flow), ``eagle3 regen status``, ``eagle3 retry-shards`` and ``eagle3 serve``.
+"""``eagle3 regen`` (the regen flow), ``eagle3 regen status`` and ``eagle3 retry-shards``.
 
 ``regen status`` reads only the stage's files (journals, shard footers, plan.json), so it works from another
 terminal while a 50-hour job runs. ``retry-shards --failed`` reruns the shards listed in ``failed_shards.json``
-with the config saved in the stage's ``config.yaml`` (``--set`` can point it at other servers). ``serve`` passes
-its arguments to ``python -m eagle3.serve.reference`` (argparse lives in the library; see ``eagle3 serve --help``).
+with the config saved in the stage's ``config.yaml`` (``--set`` can point it at other servers).
 """
 
 from __future__ import annotations
@@ -142,14 +141,3 @@ def register(app: typer.Typer) -> None:
             return
         prompts = read_plan(regen_dir).prompts_dir
         run_flow(resolve(regen_dir / CONFIG_FILE, list(set_ or [])), sorted(set(ids)), prompts)
-
-    @app.command(
-        "serve",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-        add_help_option=False,
-    )
-    def serve(ctx: typer.Context) -> None:
-        """The reference server (SGLang HTTP subset): eagle3 serve --model PATH --port P [...]; --help for flags."""
-        from eagle3.serve.reference.cli import main
-
-        main(list(ctx.args))

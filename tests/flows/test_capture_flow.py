@@ -14,8 +14,9 @@ from eagle3.stage import Progress
 def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, prefect_harness):
     from eagle3.capture.stage import capture_progress, features_dir_for
     from eagle3.config.pipeline import with_overrides
-    from flows.capture import capture_flow, vocab_flow
+    from flows.capture import capture_flow
     from flows.cli import app
+    from flows.vocab import vocab_flow
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
     regen = write_regen_stage(config.root_path / "regen" / "flowfp", rows=4, seed=5)
