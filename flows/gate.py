@@ -7,14 +7,12 @@ Their artifacts have fixed keys (``gate-report``, ``scaling-curve``, ``scaling-c
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.stage import GateStage
+from eagle3.gate.stage import GateOutcome, GateStage
 from eagle3.recipes import ConfigRef
-from eagle3.scaling.stage import ScalingStage
+from eagle3.scaling.stage import Curve, ScalingStage
 from flows.stage import run_stage
 from tasks.common import resolve_config_task
 
@@ -29,21 +27,21 @@ def gate_flow(
     features_dir: str | None = None,
     promote: bool = True,
     force: bool = False,
-) -> dict[str, Any]:
+) -> GateOutcome:
     """Run the benchmark gate; the Markdown report is a Prefect artifact (key ``gate-report``). ``config`` is a
-    resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker. Returns the report paths, the
-    ``verdict`` (pass, fail or inconclusive) with its ``reasons``, ``passed`` (promotable), the promotion and whether
-    a finished gate was read back (``reused``)."""
+    resolved config, or a ``ConfigRef`` (a deployment's) resolved on the worker. Returns the ``GateOutcome``: the
+    report paths, the ``verdict`` (pass, fail or inconclusive) with its ``reasons``, ``passed`` (promotable), the
+    promotion and whether a finished gate was read back (``reused``)."""
     result = run_stage(GateStage(), resolve_config_task(config), drafts=drafts, baseline_url=baseline_url,
                        spec_url=spec_url, champion_url=champion_url, features_dir=features_dir,
                        promote=promote, force=force)  # fmt: skip
-    return result.summary
+    return GateOutcome.of(result)
 
 
 @flow(name="scaling", log_prints=False)
 def scaling_flow(
     config: PipelineConfig,
-    gate: dict[str, Any],
+    gate_dir: str,
     total_prompts: int,
     train_samples: int,
     draft_fingerprint: str,
@@ -51,12 +49,12 @@ def scaling_flow(
     policy: str = "uniform",
     select_dir: str | None = None,
     draft_dir: str | None = None,
-) -> dict[str, Any]:
-    """Add tonight's point (from ``gate``, what ``gate_flow`` returned) to ``<root>/scaling/curve.jsonl`` and publish
+) -> Curve:
+    """Add tonight's point (from the gate report in ``gate_dir``) to ``<root>/scaling/curve.jsonl`` and publish
     the curve (``scaling-curve`` table, ``scaling-curve-summary`` Markdown with the verdict, ``curve.png``). An aimed
     night (``select_dir``) also measures ``draft_dir`` per domain on the selection's eval set. Returns the number of
-    nights, the verdict and the curve and plot paths."""
-    result = run_stage(ScalingStage(), config, gate_dir=gate["out_dir"], total_prompts=total_prompts,
+    nights, the verdict and the curve and plot paths (``Curve``)."""
+    result = run_stage(ScalingStage(), config, gate_dir=gate_dir, total_prompts=total_prompts,
                        train_samples=train_samples, draft_fingerprint=draft_fingerprint, label=label, policy=policy,
                        select_dir=select_dir, draft_dir=draft_dir)  # fmt: skip
-    return result.summary
+    return Curve.of(result)

@@ -7,7 +7,8 @@ Design choices:
 * Every stage is its own subflow, so the UI shows one run per stage with its artifacts, and each stage skips
   itself when its manifest (or its per-shard outputs) already exist: a re-run, a resume after ``kill -9`` and a
   nightly run over a grown prompt set all redo only what is missing.
-* The night's selection is a task over the run root (``eagle3.scaling.night``), by ``scaling.policy``: uniform takes
+* The night's selection is a stage over the run root (``eagle3.scaling.stage.PlanNightStage``, run here on the
+  nightly run so its ``night-plan`` artifact is this run's), by ``scaling.policy``: uniform takes
   the first whole prompt shards covering ``previous total + scale``; aimed spends ``scale`` across domains by
   expected gain and writes the rows it chose as the shards regen reads (the ``night-plan`` artifact shows why);
   explicit ``shard_ids`` override either (re-triggers, tests).
@@ -17,6 +18,8 @@ Design choices:
   failed sanity check, nothing promoted) in a Failed-type state named **Inconclusive**, with the reasons and the
   report path; the report is also the ``gate-report`` markdown artifact, and the night's point is on the scaling
   curve either way.
+* Stages hand on typed results (``StageResult``, ``Night``, ``TrainedDraft``, ``GateOutcome``, ``Curve``); the
+  run returns the ``NightSummary`` of them all.
 * What a person watches on this run's page: ``data-scaling-status`` (the running stage's percent, rates, ETA,
   failed shards with their re-trigger commands, server health; ``tasks.monitor``) and ``night-plots`` (training
   curves, gate plots, scaling curve as images).
@@ -24,24 +27,24 @@ Design choices:
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
 from eagle3.recipes import ConfigRef
+from eagle3.scaling.night import Night
+from eagle3.scaling.stage import NightSummary, PlanNightStage
 from flows.capture import capture_flow
 from flows.discover import discover_flow
 from flows.gate import gate_flow, scaling_flow
 from flows.normalize import normalize_flow
 from flows.regen import regen_flow
+from flows.stage import run_stage
 from flows.train import online_train_flow, train_flow
 from flows.vocab import vocab_flow
 from tasks.common import resolve_config_task
 from tasks.online import features_mode_task
 from tasks.pipeline import (
     night_plots_task,
-    plan_night_task,
     publish_summary_task,
     tiny_world_task,
 )
@@ -53,7 +56,7 @@ def data_scaling(
     overrides: list[str] | None = None,
     scale: int | None = None,
     shard_ids: list[int] | None = None,
-) -> dict[str, Any] | State:
+) -> NightSummary | State:
     """Grow the training set by ``scale`` prompts (all prompts when unset), train a draft on everything so far,
     gate it against the baseline and the champion, and add the night to the scaling curve.
 
@@ -63,34 +66,26 @@ def data_scaling(
     tiny_world_task(config)
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)
-    night = plan_night_task(config, prompts, scale, shard_ids)
-    regen = regen_flow(config, shard_ids=night["shard_ids"], prompts_dir=night["prompts_dir"])
+    night = Night.of(run_stage(PlanNightStage(), config, prompts_dir=prompts, scale=scale, shard_ids=shard_ids))
+    regen = regen_flow(config, shard_ids=night.shard_ids, prompts_dir=night.prompts_dir)
     if features_mode_task(config) == "online":  # issue 48: no feature shards; producers feed the trainer
         features = None
-        draft = online_train_flow(config, regen["regen_dir"])
+        draft = online_train_flow(config, str(regen.out_dir))
     else:
-        features = capture_flow(config, shard_ids=night["shard_ids"], regen_dir=regen["regen_dir"])
-        vocab = vocab_flow(config, features)
-        draft = train_flow(config, features, vocab)
-    gate = gate_flow(config, [draft["export"]], features_dir=features)
-    curve = scaling_flow(
-        config,
-        gate=gate,
-        total_prompts=night["total_prompts"],
-        train_samples=draft["train_samples"],
-        draft_fingerprint=draft["fingerprint"],
-        label=f"{len(night['shard_ids'])} shards",
-        policy=night["policy"],
-        select_dir=night["select_dir"],
-        draft_dir=draft["export"],
-    )
-    summary = {"night": night, "regen": regen, "draft": draft, "gate": gate, "curve": curve}
+        features = capture_flow(config, shard_ids=night.shard_ids, regen_dir=str(regen.out_dir))
+        draft = train_flow(config, features, vocab_flow(config, features))
+    gate = gate_flow(config, [draft.export], features_dir=features)
+    curve = scaling_flow(config, gate_dir=gate.out_dir, total_prompts=night.total_prompts,
+                         train_samples=draft.train_samples, draft_fingerprint=draft.fingerprint,
+                         label=f"{len(night.shard_ids)} shards", policy=night.policy, select_dir=night.select_dir,
+                         draft_dir=draft.export)  # fmt: skip
+    summary = NightSummary(night=night, regen=regen, draft=draft, gate=gate, curve=curve)
     publish_summary_task(summary)
-    night_plots_task(draft["out_dir"], gate["markdown"], curve["png"])
-    get_run_logger().info("gate report: %s", gate["markdown"])
-    if gate["verdict"] == "inconclusive":
-        return Failed(name="Inconclusive", data=summary, message=f"gate inconclusive for {draft['export']}, nothing "
-                      f"promoted ({'; '.join(gate['reasons'])}): report {gate['markdown']}")  # fmt: skip
-    if not gate["passed"]:
-        return Failed(message=f"gate refused the draft {draft['export']}: report {gate['markdown']}", data=summary)
+    night_plots_task(draft.out_dir, gate.markdown, curve.png)
+    get_run_logger().info("gate report: %s", gate.markdown)
+    if gate.verdict == "inconclusive":
+        return Failed(name="Inconclusive", data=summary, message=f"gate inconclusive for {draft.export}, nothing "
+                      f"promoted ({'; '.join(gate.reasons)}): report {gate.markdown}")  # fmt: skip
+    if not gate.passed:
+        return Failed(message=f"gate refused the draft {draft.export}: report {gate.markdown}", data=summary)
     return summary

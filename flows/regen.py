@@ -9,14 +9,13 @@ here on the worker at run time.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import ConfigRef
 from eagle3.regen.stage import RegenStage
+from eagle3.stage import StageResult
 from flows.stage import run_stage
 from tasks.common import resolve_config_task
 
@@ -24,8 +23,8 @@ from tasks.common import resolve_config_task
 @flow(name="regen", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
 def regen_flow(
     config: PipelineConfig | ConfigRef, shard_ids: list[int] | None = None, prompts_dir: str | None = None
-) -> dict[str, Any]:
-    """Regenerate the prompts stage's conversations with the target; returns the stage summary. ``prompts_dir``
+) -> StageResult:
+    """Regenerate the prompts stage's conversations with the target; returns the stage result. ``prompts_dir``
     defaults to the prompts stage the config names."""
     resolved = resolve_config_task(config)
-    return run_stage(RegenStage(), resolved, prompts_dir=prompts_dir, shard_ids=shard_ids).summary
+    return run_stage(RegenStage(), resolved, prompts_dir=prompts_dir, shard_ids=shard_ids)

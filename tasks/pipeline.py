@@ -1,15 +1,13 @@
-"""Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, plan tonight's
-prompts, publish the night's summary and plots (the scaling curve is a stage: ``flows.gate.scaling_flow``).
+"""Prefect tasks of the data-scaling pipeline: make sure the tiny world exists, publish the night's summary and
+plots (tonight's plan and the scaling curve are stages: ``eagle3.scaling.stage``).
 
-Thin wrappers over ``eagle3.scaling.night`` (tonight's plan under either policy), the config loader and the tiny-world
-builder. No Prefect result cache on any of them: each reads the run root, which is the truth (the curve tells
-tonight's total; a cached plan could not see a night recorded since).
+Thin wrappers over the tiny-world builder and the night's typed results (``eagle3.scaling.stage.NightSummary``). No
+Prefect result cache on any of them: each reads the run root, which is the truth.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -17,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.report_md import serving_lines
 from eagle3.recipes import world_cache
+from eagle3.scaling.stage import NightSummary
 from tasks.common import publish_markdown, publish_plots
 
 
@@ -34,51 +33,28 @@ def tiny_world_task(config: PipelineConfig) -> str | None:
     return str(world.root)
 
 
-@task(name="plan-night", cache_policy=NO_CACHE)
-def plan_night_task(
-    config: PipelineConfig, prompts_dir: str, scale: int | None, shard_ids: list[int] | None = None
-) -> dict[str, Any]:
-    """Tonight's prompts by ``scaling.policy``: explicit ``shard_ids`` win; uniform takes the curve's last total +
-    ``scale`` (whole shards); aimed selects rows per domain (``eagle3.scaling.night``). The plan is the ``night-plan``
-    Markdown artifact on the nightly run (and in its summary)."""
-    from eagle3.scaling.night import plan_tonight  # torch: only the aimed plan measures a draft
-
-    night = plan_tonight(config, Path(prompts_dir), scale, shard_ids)
-    get_run_logger().info(
-        "tonight (%s): %d prompts in shards %s (%d new), pool %d%s",
-        night["policy"],
-        night["total_prompts"],
-        night["shard_ids"],
-        len(night["new_shard_ids"]),
-        night["pool_prompts"],
-        ", pool exhausted" if night["exhausted"] else "",
-    )
-    publish_markdown("night-plan", night["plan_markdown"], description=f"tonight: {night['policy']}")
-    return night
-
-
 @task(name="night-summary", cache_policy=NO_CACHE)
-def publish_summary_task(summary: dict[str, Any]) -> str:
+def publish_summary_task(summary: NightSummary) -> str:
     """The night in a few Markdown lines (artifact ``data-scaling-summary``); returns the Markdown."""
     from eagle3.train.continual import start_line
 
-    night, gate, curve = summary["night"], summary["gate"], summary["curve"]
+    night, gate, curve = summary.night, summary.gate, summary.curve
     verdicts = {"pass": "PASS (promoted)", "inconclusive": "INCONCLUSIVE (nothing promoted)"}
-    verdict = verdicts.get(gate["verdict"], "REFUSED")
-    exhausted = " - pool exhausted" if night["exhausted"] else ""
+    verdict = verdicts.get(gate.verdict, "REFUSED")
+    exhausted = " - pool exhausted" if night.exhausted else ""
     markdown = "\n".join(
         [
             "# Data-scaling night",
             "",
-            f"- prompts: {night['total_prompts']:,} in shards {night['shard_ids']} "
-            f"({len(night['new_shard_ids'])} new){exhausted}",
-            f"- draft: `{summary['draft']['export']}`",
-            start_line(summary["draft"].get("start", {})),
-            f"- gate: **{verdict}**, report `{gate['markdown']}`",
-            *serving_lines(gate),
-            f"- scaling curve: {curve['points']} nights, {curve['verdict']} (`{curve['png']}`)",
+            f"- prompts: {night.total_prompts:,} in shards {night.shard_ids} "
+            f"({len(night.new_shard_ids)} new){exhausted}",
+            f"- draft: `{summary.draft.export}`",
+            start_line(summary.draft.start),
+            f"- gate: **{verdict}**, report `{gate.markdown}`",
+            *serving_lines(gate.serving()),
+            f"- scaling curve: {curve.points} nights, {curve.verdict} (`{curve.png}`)",
             "",
-            night["plan_markdown"],
+            night.plan_markdown,
         ]
     )
     publish_markdown("data-scaling-summary", markdown, description=f"gate {verdict}")

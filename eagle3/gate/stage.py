@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.gate import gate_identity, run_gate
 from eagle3.gate.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
-from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
+from eagle3.stage import Frozen, OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 
 class GatePlan(Plan):
@@ -90,3 +92,30 @@ class GateStage(Stage[GatePlan]):
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
                            summary=summary, markdown=to_markdown(report),
                            description=f"gate {plan.fingerprint}: {str(report.verdict).upper()}")  # fmt: skip
+
+
+class GateOutcome(Frozen):
+    """The gate stage's result as the flows pass it on: where the report is, the verdict with its reasons, the
+    promotion, and what the gate says about serving (``GateReport.serving_summary``)."""
+
+    out_dir: str
+    report: str
+    markdown: str
+    passed: bool
+    verdict: str
+    reasons: list[str]
+    promotion: dict[str, Any] | None = None
+    reused: bool = False
+    levels: list[dict[str, Any]] = Field(default_factory=list)
+    crossover: dict[str, Any] | None = None
+    warnings: list[str] = Field(default_factory=list)
+    adaptive_config: str | None = None
+    adaptive_launch: str | None = None
+
+    @classmethod
+    def of(cls, result: StageResult) -> GateOutcome:
+        return cls.model_validate(result.summary)
+
+    def serving(self) -> dict[str, Any]:
+        """The serving part, in the shape ``GateReport.serving_summary`` gives (``report_md.serving_lines``)."""
+        return self.model_dump(include={"levels", "crossover", "warnings", "adaptive_config", "adaptive_launch"})

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.registry import Registry
 from eagle3.regen.plan import regen_dir_for
@@ -39,8 +41,31 @@ from eagle3.scaling.selection import (
     taken,
     write_night,
 )
+from eagle3.stage import Frozen, StageResult
 
 logger = logging.getLogger(__name__)
+
+
+class Night(Frozen):
+    """Tonight's plan, what the nightly flow passes on: regen's input directory and shard ids, the totals, and the
+    plan table with its Markdown (the ``night-plan`` artifact)."""
+
+    policy: str
+    prompts_dir: str  # regen's input: the prompts stage (uniform) or the selection (aimed)
+    select_dir: str | None = None  # aimed: the selection, whose eval set measures tonight's draft per domain
+    night: int | None = None  # aimed: the night's number in the selection's ledger
+    shard_ids: list[int]
+    new_shard_ids: list[int]
+    total_prompts: int
+    pool_prompts: int
+    exhausted: bool
+    plan: list[dict[str, Any]] = Field(default_factory=list)
+    plan_markdown: str
+
+    @classmethod
+    def of(cls, result: StageResult) -> Night:
+        """The night a plan-night stage result carries (``eagle3.scaling.stage.PlanNightStage``)."""
+        return cls.model_validate(result.summary)
 
 
 @dataclass(frozen=True)
@@ -60,15 +85,15 @@ class AimedNight:
         head = f"## Night {self.night}: aimed plan\n\nChampion measured: `{self.champion or 'none yet'}`. "
         return head + plan_markdown(self.table, budget=self.budget, unit=self.unit, notes=self.notes)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Night:
         """What the nightly flow passes on (regen's shards and input directory) and shows."""
         nights = [n for n in read_nights(self.select_dir) if n.night <= self.night]
         left, selected = sum(pool_left(read_pool(self.select_dir), nights).values()), sum(taken(nights).values())
-        return {"policy": "aimed", "night": self.night, "prompts_dir": str(self.select_dir),
-                "select_dir": str(self.select_dir), "shard_ids": sorted(i for n in nights for i in n.shards),
-                "new_shard_ids": sorted(self.selection.shards) if self.selection else [], "total_prompts": selected,
-                "pool_prompts": left + selected, "exhausted": left == 0, "plan": self.table,
-                "plan_markdown": self.markdown()}  # fmt: skip
+        return Night(policy="aimed", night=self.night, prompts_dir=str(self.select_dir),
+                     select_dir=str(self.select_dir), shard_ids=sorted(i for n in nights for i in n.shards),
+                     new_shard_ids=sorted(self.selection.shards) if self.selection else [], total_prompts=selected,
+                     pool_prompts=left + selected, exhausted=left == 0, plan=self.table,
+                     plan_markdown=self.markdown())  # fmt: skip
 
 
 def _regen_stats(config: PipelineConfig, select_dir: Path, nights: list[NightSelection]) -> dict[str, list[int]]:
@@ -185,7 +210,7 @@ def night_domains(config: PipelineConfig, select_dir: Path, draft_dir: Path) -> 
 
 
 def uniform_night(config: PipelineConfig, prompts_dir: Path, scale: int | None,
-                  shard_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+                  shard_ids: list[int] | None = None) -> Night:  # fmt: skip
     """Tonight under ``uniform`` (the original rule): the curve's last total + ``scale``, whole prompt shards;
     explicit ``shard_ids`` win (re-triggers, tests)."""
     manifest = Manifest.read(Path(prompts_dir))
@@ -201,12 +226,12 @@ def uniform_night(config: PipelineConfig, prompts_dir: Path, scale: int | None,
     exhausted = " - pool exhausted" if plan.exhausted else ""
     markdown = (f"## Tonight: uniform\n\nPrompt shards {selected} ({len(new)} new), {total:,} prompts of the "
                 f"pool's {plan.pool_prompts:,}{exhausted}.\n")  # fmt: skip
-    return {"policy": "uniform", "prompts_dir": str(prompts_dir), "select_dir": None, "shard_ids": selected,
-            "total_prompts": total, "new_shard_ids": new, "pool_prompts": plan.pool_prompts,
-            "exhausted": plan.exhausted, "plan": [], "plan_markdown": markdown}  # fmt: skip
+    return Night(policy="uniform", prompts_dir=str(prompts_dir), shard_ids=selected, total_prompts=total,
+                 new_shard_ids=new, pool_prompts=plan.pool_prompts, exhausted=plan.exhausted,
+                 plan_markdown=markdown)  # fmt: skip
 
 
-def explicit_night(config: PipelineConfig, prompts_dir: Path, shard_ids: list[int]) -> dict[str, Any]:
+def explicit_night(config: PipelineConfig, prompts_dir: Path, shard_ids: list[int]) -> Night:
     """Under ``aimed``, explicit ``shard_ids`` name shards of the selection (a re-run of chosen shards): no new
     rows are selected."""
     select_dir = select_dir_for(config, Path(prompts_dir))
@@ -219,14 +244,14 @@ def explicit_night(config: PipelineConfig, prompts_dir: Path, shard_ids: list[in
     selected = sorted(set(shard_ids))
     rows = {e.path: e.rows for e in (Manifest.read(select_dir) or Manifest("select", "")).files}
     left = sum(pool_left(read_pool(select_dir), nights).values())
-    return {"policy": "aimed", "prompts_dir": str(select_dir), "select_dir": str(select_dir), "shard_ids": selected,
-            "total_prompts": sum(rows.get(shard_name(i), 0) for i in selected), "new_shard_ids": selected,
-            "pool_prompts": left + sum(taken(nights).values()), "exhausted": left == 0, "plan": [],
-            "plan_markdown": f"## Tonight: aimed, explicit shards {selected}\n\nNo new rows selected.\n"}  # fmt: skip
+    return Night(policy="aimed", prompts_dir=str(select_dir), select_dir=str(select_dir), shard_ids=selected,
+                 total_prompts=sum(rows.get(shard_name(i), 0) for i in selected), new_shard_ids=selected,
+                 pool_prompts=left + sum(taken(nights).values()), exhausted=left == 0,
+                 plan_markdown=f"## Tonight: aimed, explicit shards {selected}\n\nNo new rows selected.\n")  # fmt: skip
 
 
 def plan_tonight(config: PipelineConfig, prompts_dir: Path, scale: int | None, shard_ids: list[int] | None = None,
-                 *, write: bool = True) -> dict[str, Any]:  # fmt: skip
+                 *, write: bool = True) -> Night:  # fmt: skip
     """Tonight's prompts by ``scaling.policy`` (``write`` False: plan only, select nothing): the regen input
     directory, its shard ids, the plan table and its Markdown (ending with how the draft will start:
     ``train.init``, the champion, the replay share)."""
@@ -238,4 +263,4 @@ def plan_tonight(config: PipelineConfig, prompts_dir: Path, scale: int | None, s
         night = explicit_night(config, prompts_dir, shard_ids)
     else:
         night = plan_aimed(config, Path(prompts_dir), scale, write=write).summary()
-    return night | {"plan_markdown": night["plan_markdown"] + "\n" + planned_start_line(config) + "\n"}
+    return night.model_copy(update={"plan_markdown": night.plan_markdown + "\n" + planned_start_line(config) + "\n"})

@@ -1,6 +1,12 @@
-"""The scaling step as a stage (``eagle3.stage``), one unit: tonight's point on the curve.
+"""The night's two stages (``eagle3.stage``), one unit each: plan-night (tonight's prompts, before regen) and
+scaling (tonight's point on the curve, after the gate); and the typed results the nightly flow passes on.
 
-The unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling.curve``);
+Plan-night: the unit is ``plan_tonight`` (by ``scaling.policy``; an aimed night writes its selection under
+``selection/<fp>/``); its result is the ``Night`` (``Night.of``), its Markdown the ``night-plan`` artifact. It reads
+the run root (the curve's last total, the selection's ledger), so no recorded result stands in for it: a night
+recorded since would not be seen. Its directory is the run root's ``scaling/``, the ledger it plans from.
+
+Scaling: The unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling.curve``);
 an aimed night's point also measures tonight's draft on each domain's held-out eval prompts (offline, CPU:
 ``eagle3.scaling.night.night_domains``); finalize renders the curve. No Prefect cache: the curve is one
 ledger for every night, so no file marks one night done, and recording a point is quick and idempotent (a
@@ -9,12 +15,14 @@ night's point replaces its earlier one; the per-domain measurement is cached per
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.report import REPORT_JSON, read_report
+from eagle3.gate.stage import GateOutcome
 from eagle3.rundir.layout import stage_root
 from eagle3.rundir.runroot import fingerprint
 from eagle3.scaling.curve import (
@@ -27,10 +35,61 @@ from eagle3.scaling.curve import (
     read_curve,
     record_point,
 )
-from eagle3.scaling.night import night_domains
-from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
+from eagle3.scaling.night import Night, night_domains, plan_tonight
+from eagle3.stage import Frozen, OnProgress, Plan, Stage, StageResult, Unit, UnitReport
+from eagle3.train.stage import TrainedDraft
 
 CURVE_PNG = "curve.png"
+
+logger = logging.getLogger(__name__)
+
+
+class PlanNightPlan(Plan):
+    prompts_dir: Path
+    scale: int | None = None
+    shard_ids: list[int] | None = None
+
+
+class PlanNightStage(Stage[PlanNightPlan]):
+    """Tonight's prompts by ``scaling.policy`` as one unit; the result's summary is the ``Night``."""
+
+    name = "plan-night"
+    summary_key = "night-plan"  # the latest plan, whatever the fingerprint
+    retries = 0  # a plan that fails (unknown shard ids, no finished prompts stage) fails the same way again
+
+    def plan(
+        self, config: PipelineConfig, *, prompts_dir: Path | str, scale: int | None = None,
+        shard_ids: list[int] | None = None,
+    ) -> PlanNightPlan:  # fmt: skip
+        fp = fingerprint("plan-night", str(prompts_dir), scale, shard_ids, config.scaling.policy)
+        return PlanNightPlan(stage=self.name, fingerprint=fp, out_dir=stage_root(config.root_path, "scaling"),
+                             prompts_dir=Path(prompts_dir), scale=scale, shard_ids=shard_ids)  # fmt: skip
+
+    def run_unit(
+        self, config: PipelineConfig, plan: PlanNightPlan, unit: Unit, *, env: Any = None,
+        on_progress: OnProgress | None = None,
+    ) -> UnitReport:  # fmt: skip
+        night = plan_tonight(config, plan.prompts_dir, plan.scale, plan.shard_ids)
+        logger.info("tonight (%s): %d prompts in shards %s (%d new), pool %d%s", night.policy, night.total_prompts,
+                    night.shard_ids, len(night.new_shard_ids), night.pool_prompts,
+                    ", pool exhausted" if night.exhausted else "")  # fmt: skip
+        return UnitReport(unit=unit, rows=night.total_prompts, detail=night.model_dump(mode="json"))
+
+    def reuse_recorded(self, plan: PlanNightPlan) -> bool:
+        return False  # the plan reads the run root's ledgers, which change between nights
+
+    def retrigger(self, plan: PlanNightPlan, failed: Sequence[Unit]) -> str:
+        return "eagle3 plan (shows tonight's plan, or why there is none), then eagle3 run"
+
+    def finalize(
+        self, config: PipelineConfig, plan: PlanNightPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+    ) -> StageResult:
+        if failed:
+            return self.failed_result(plan, failed)
+        night = Night.model_validate(reports[0].detail)
+        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
+                           summary=night.model_dump(mode="json"), markdown=night.plan_markdown,
+                           description=f"tonight: {night.policy}")  # fmt: skip
 
 
 class ScalingPlan(Plan):
@@ -102,3 +161,26 @@ class ScalingStage(Stage[ScalingPlan]):
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
                            summary=summary, table=curve_table(points), markdown=curve_markdown(points, png=png),
                            description=summary["verdict"])  # fmt: skip
+
+
+class Curve(Frozen):
+    """The scaling stage's result: how many nights the curve holds, its verdict, the ledger and its plot."""
+
+    points: int
+    verdict: str
+    png: str
+    curve: str
+
+    @classmethod
+    def of(cls, result: StageResult) -> Curve:
+        return cls.model_validate(result.summary)
+
+
+class NightSummary(Frozen):
+    """A whole night, what ``data-scaling`` returns and its summary artifact shows."""
+
+    night: Night
+    regen: StageResult
+    draft: TrainedDraft
+    gate: GateOutcome
+    curve: Curve

@@ -40,7 +40,7 @@ from eagle3.rundir.layout import (
     write_failed_shards,
 )
 from eagle3.rundir.runroot import Manifest, atomic_write_text, fingerprint
-from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
+from eagle3.stage import Frozen, OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.continual import (
     CHAMPION_VOCAB,
@@ -233,3 +233,29 @@ class ExportStage(Stage[ExportPlan]):
         return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
                            summary={"export": str(plan.export_dir)},
                            markdown=(plan.export_dir / CARD_FILE).read_text())  # fmt: skip
+
+
+class TrainedDraft(Frozen):
+    """A trained and exported draft, what the train flows return: its fingerprint and directory, the vocab and
+    features it trained on, the training-sample count, the export directory, how it started (scratch or built on
+    the champion: ``eagle3.train.continual``) and the train stage's summary."""
+
+    fingerprint: str
+    out_dir: str
+    vocab: str
+    features_dir: str | None = None
+    train_samples: int
+    start: dict[str, Any] = Field(default_factory=dict)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    export: str | None = None  # set once exported (``exported``)
+
+    @classmethod
+    def of(cls, train: StageResult) -> TrainedDraft:
+        """The draft a finished train stage result describes (not yet exported)."""
+        s = train.summary
+        return cls(fingerprint=train.fingerprint, out_dir=str(train.out_dir), vocab=s["vocab"],
+                   features_dir=s.get("features_dir"), train_samples=s["train_samples"], start=s.get("start", {}),
+                   summary=s)  # fmt: skip
+
+    def exported(self, export: StageResult) -> TrainedDraft:
+        return self.model_copy(update={"export": export.summary["export"]})

@@ -165,13 +165,13 @@ def gate(
             promote=promote,
             force=force,
         )
-    typer.echo(Path(result["markdown"]).read_text())
-    typer.echo(f"report: {result['out_dir']}")
-    if result["verdict"] == "inconclusive":
-        raise CliError(f"the gate was inconclusive, nothing promoted (report: {result['out_dir']})",
+    typer.echo(Path(result.markdown).read_text())
+    typer.echo(f"report: {result.out_dir}")
+    if result.verdict == "inconclusive":
+        raise CliError(f"the gate was inconclusive, nothing promoted (report: {result.out_dir})",
                        code=EXIT_INCONCLUSIVE)  # fmt: skip
-    if not result["passed"]:
-        raise CliError(f"the gate passed no draft (report: {result['out_dir']})", code=EXIT_FAILED)
+    if not result.passed:
+        raise CliError(f"the gate passed no draft (report: {result.out_dir})", code=EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

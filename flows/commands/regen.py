@@ -8,12 +8,11 @@ with the config saved in the stage's ``config.yaml`` (``--set`` can point it at 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.stage import Progress
+from eagle3.stage import Progress, StageResult
 from flows.commands.common import (
     ConfigOption,
     JsonOption,
@@ -60,7 +59,7 @@ def _warm_up(config: PipelineConfig) -> None:
         load_tokenizer(config.target.model_path)
 
 
-def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> dict[str, Any]:
+def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> StageResult:
     """Run the regen flow with a CLI progress bar; exit 1 when shards failed."""
     from eagle3.lineage import Lineage
     from eagle3.regen.plan import regen_dir_for
@@ -72,9 +71,9 @@ def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path 
         from flows.regen import regen_flow
 
         state = regen_flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True)
-    summary = flow_result(state)  # failed shards: their list and the re-trigger command
-    typer.echo(f"regen stage: {summary['regen_dir']} (done: {summary['done']})")
-    return summary
+    result = flow_result(state)  # failed shards: their list and the re-trigger command
+    typer.echo(f"regen stage: {result.out_dir} (done: {result.done})")
+    return result
 
 
 def _status(

@@ -88,7 +88,7 @@ def plan(
     prompts = Lineage(cfg).input("normalize", prompts)
     with bad_input(ValueError), console.status("planning tonight (aimed: measuring the champion per domain, CPU)"):
         night = plan_tonight(cfg, prompts, scale, write=False)
-    typer.echo(night["plan_markdown"])
+    typer.echo(night.plan_markdown)
 
 
 def _report(state: object) -> None:
@@ -100,5 +100,5 @@ def _report(state: object) -> None:
     if state.name == "Inconclusive":
         raise CliError(f"{state.name}: {state.message}", code=EXIT_INCONCLUSIVE)
     summary = flow_result(state)  # a refused draft or a failed stage: exit 1, damaged input 2
-    results.print(f"[green]gate passed[/green]: report {summary['gate']['markdown']}")
-    results.print(f"scaling curve: {summary['curve']['curve']} ({summary['curve']['verdict']})")
+    results.print(f"[green]gate passed[/green]: report {summary.gate.markdown}")
+    results.print(f"scaling curve: {summary.curve.curve} ({summary.curve.verdict})")

@@ -48,7 +48,7 @@ def train(
         from flows.train import train_flow
 
         result = train_flow(cfg, str(features), str(vocab))
-    results.print(f"[green]draft exported[/green]: {result['export']}")
+    results.print(f"[green]draft exported[/green]: {result.export}")
 
 
 def _train_poll(cfg: PipelineConfig, features: Path, vocab: Path) -> Poll:

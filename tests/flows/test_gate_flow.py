@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.config.target import TargetConfig
 from eagle3.gate.report import Decision, GateReport, write_report
+from eagle3.gate.stage import GateOutcome
 from flows.cli import app
 from flows.commands.common import EXIT_FAILED, EXIT_INCONCLUSIVE
 from flows.gate import gate_flow, scaling_flow
@@ -33,9 +34,9 @@ def test_gate_flow_publishes_the_refusal_as_a_markdown_artifact(tmp_path, prefec
     )
     config = with_overrides(base, ["speculative.algorithm=EAGLE"])
     out = gate_flow(config, [str(export)])
-    assert out["passed"] is False and out["verdict"] == "fail"
-    assert any("--speculative-algorithm is 'EAGLE'" in r for r in out["reasons"])
-    assert Path(out["out_dir"], "manifest.json").exists()
+    assert out.passed is False and out.verdict == "fail"
+    assert any("--speculative-algorithm is 'EAGLE'" in r for r in out.reasons)
+    assert Path(out.out_dir, "manifest.json").exists()
     artifact = Artifact.get("gate-report")
     assert artifact is not None and "# EAGLE-3 gate: FAIL" in str(artifact.data)
     assert "--speculative-algorithm is 'EAGLE'" in str(artifact.data)
@@ -52,12 +53,12 @@ def test_scaling_flow_publishes_the_curve_under_its_fixed_keys(tmp_path, prefect
     decision = Decision("d", True, "spec", 1.2, 1.7, None)
     thresholds = {"traffic": {"1": 1.0}, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0}
     write_report(GateReport("g", "tiny", thresholds, {}, [], [decision], passed=True), gate_dir)
-    out = scaling_flow(config, gate={"out_dir": str(gate_dir)}, total_prompts=10, train_samples=9,
+    out = scaling_flow(config, gate_dir=str(gate_dir), total_prompts=10, train_samples=9,
                        draft_fingerprint="d", label="night 1")  # fmt: skip
-    assert out["points"] == 1 and Path(out["png"]).is_file()
+    assert out.points == 1 and Path(out.png).is_file()
     table, summary = Artifact.get("scaling-curve"), Artifact.get("scaling-curve-summary")
-    assert table is not None and table.description == out["verdict"] and "1.7" in str(table.data)
-    assert summary is not None and out["verdict"] in str(summary.data)
+    assert table is not None and table.description == out.verdict and "1.7" in str(table.data)
+    assert summary is not None and out.verdict in str(summary.data)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,8 @@ def test_the_gate_command_exits_with_its_verdicts_own_code(tmp_path, monkeypatch
     """The command maps the flow's verdict to the exit code; the flow itself is stubbed (measuring is tested apart)."""
     markdown = tmp_path / "report.md"
     markdown.write_text(f"# EAGLE-3 gate: {verdict.upper()}\n")
-    summary = {"verdict": verdict, "passed": passed, "markdown": str(markdown), "out_dir": str(tmp_path)}
+    summary = GateOutcome(verdict=verdict, passed=passed, markdown=str(markdown), out_dir=str(tmp_path),
+                          report=str(tmp_path / "report.json"), reasons=[])
     monkeypatch.setattr("flows.gate.gate_flow", lambda *args, **kwargs: summary)
     result = CliRunner().invoke(app, ["gate", "--draft", str(tmp_path), "--set", f"root={tmp_path}"])
     assert result.exit_code == code, result.output

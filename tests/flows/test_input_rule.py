@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -53,7 +54,7 @@ def test_train_and_vocab_read_the_features_stage_their_config_names(two_features
 
     calls = []
     monkeypatch.setattr("flows.train.train_flow", lambda config, features, vocab: calls.append((features, vocab))
-                        or {"export": "x"})  # fmt: skip
+                        or SimpleNamespace(export="x"))  # fmt: skip
     result = _cli("train", *sets)
     assert result.exit_code == 0, result.output
     assert calls == [(str(mine), str(vocab))]

@@ -26,8 +26,8 @@ def test_online_train_flow_trains_and_exports_a_valid_draft_without_features(onl
         result = online_train_flow(config, str(online_world.regen))
     finally:
         ray.shutdown()
-    assert validate_export(Path(result["export"])) == []
-    summary = result["summary"]
+    assert validate_export(Path(result.export)) == []
+    summary = result.summary
     assert summary["features"] == "online" and summary["features_decision"] == "train.features=online"
     assert summary["store"]["ready"] == 0 and summary["steps"] == summary["store"]["consumed"]
     assert not (root / "features").exists()

@@ -12,9 +12,9 @@ from eagle3.gate.report import Decision, GateReport, write_report
 from eagle3.recipes import ConfigRef
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.scaling.curve import read_curve
-from eagle3.scaling.stage import ScalingStage
+from eagle3.scaling.night import Night
+from eagle3.scaling.stage import PlanNightStage, ScalingStage
 from tasks.common import resolve_config_task
-from tasks.pipeline import plan_night_task
 from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 
@@ -48,6 +48,14 @@ def _gate(tmp_path: Path, *, accept: float, speedup: float, passed: bool) -> Pat
     return out
 
 
+def _plan_night(config, prompts: str, scale: int | None, shard_ids: list[int] | None = None) -> Night:
+    """Tonight's plan through the generic stage tasks (what ``flows.pipeline.data_scaling`` runs)."""
+    stage = PlanNightStage()
+    plan = plan_task.fn(stage, config, {"prompts_dir": prompts, "scale": scale, "shard_ids": shard_ids})
+    reports = [unit_task.fn(stage, config, plan, unit) for unit in plan.units]
+    return Night.of(finalize_task.fn(stage, config, plan, reports, []))
+
+
 def _record(config, gate_dir: Path, **inputs):
     """Tonight's scaling point through the generic stage tasks (what ``flows.gate.scaling_flow`` runs)."""
     stage = ScalingStage()
@@ -67,15 +75,15 @@ def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
 def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harness):
     config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=[f"root={tmp_path}"]))
     prompts = _prompts(tmp_path, [10, 10, 10, 4])
-    night1 = plan_night_task.fn(config, str(prompts), 15)
-    assert night1["shard_ids"] == [0, 1] and night1["total_prompts"] == 20
+    night1 = _plan_night(config, str(prompts), 15)
+    assert night1.shard_ids == [0, 1] and night1.total_prompts == 20
     _record(config, _gate(tmp_path, accept=1.4, speedup=1.01, passed=False), total_prompts=20, train_samples=19,
             draft_fingerprint="a", label="night 1")  # fmt: skip
-    night2 = plan_night_task.fn(config, str(prompts), 15)
-    assert night2["shard_ids"] == [0, 1, 2, 3] and night2["new_shard_ids"] == [2, 3] and night2["exhausted"]
-    assert plan_night_task.fn(config, str(prompts), None, [3, 1])["shard_ids"] == [1, 3]
+    night2 = _plan_night(config, str(prompts), 15)
+    assert night2.shard_ids == [0, 1, 2, 3] and night2.new_shard_ids == [2, 3] and night2.exhausted
+    assert _plan_night(config, str(prompts), None, [3, 1]).shard_ids == [1, 3]
     with pytest.raises(ValueError, match=r"shards 0\.\.3"):
-        plan_night_task.fn(config, str(prompts), None, [7])
+        _plan_night(config, str(prompts), None, [7])
 
 
 def test_an_aimed_night_selects_rows_for_regen_and_publishes_its_plan_table(tmp_path, prefect_harness,
@@ -85,13 +93,13 @@ def test_an_aimed_night_selects_rows_for_regen_and_publishes_its_plan_table(tmp_
     overrides = [f"root={tmp_path}", "scaling.policy=aimed", "scaling.eval_per_domain=2", "normalize.shard_size=8"]
     config = resolve_config_task.fn(ConfigRef(recipe="kimi_k2_5", overrides=overrides))
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", {"chat": 20, "math": 20})
-    night = plan_night_task.fn(config, str(prompts), 20)
-    assert night["prompts_dir"] == night["select_dir"] != str(prompts) and night["total_prompts"] == 20
-    assert night["shard_ids"] == [0, 1, 2, 3]  # 10 rows per domain, shards of at most 8, one domain each
+    night = _plan_night(config, str(prompts), 20)
+    assert night.prompts_dir == night.select_dir != str(prompts) and night.total_prompts == 20
+    assert night.shard_ids == [0, 1, 2, 3]  # 10 rows per domain, shards of at most 8, one domain each
     table = Artifact.get("night-plan")
     assert table.type == "markdown" and "| chat | 18 | - | 0.50 | 10 rows |" in table.data
-    assert plan_night_task.fn(config, str(prompts), 20)["shard_ids"] == [0, 1, 2, 3], "a night run again re-selected"
-    assert plan_night_task.fn(config, str(prompts), None, [3])["shard_ids"] == [3]
+    assert _plan_night(config, str(prompts), 20).shard_ids == [0, 1, 2, 3], "a night run again re-selected"
+    assert _plan_night(config, str(prompts), None, [3]).shard_ids == [3]
 
 
 def test_scaling_point_comes_from_the_gate_report_and_is_published(tmp_path, prefect_harness):

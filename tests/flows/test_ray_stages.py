@@ -25,8 +25,8 @@ def _regen_then_capture(config: PipelineConfig, prompts: str) -> tuple[Path, Pat
     from flows.regen import regen_flow
 
     regen = regen_flow(config, prompts_dir=prompts)
-    assert regen["done"], regen
-    return Path(regen["regen_dir"]), Path(capture_flow(config, regen_dir=regen["regen_dir"]))
+    assert regen.done, regen
+    return regen.out_dir, Path(capture_flow(config, regen_dir=str(regen.out_dir)))
 
 
 @pytest.mark.slow

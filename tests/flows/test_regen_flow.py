@@ -56,12 +56,13 @@ def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(pref
             regen=RegenConfig(servers=[server.url], concurrency_per_server=4, max_new_tokens=3),
         )
         first = regen_flow(config, shard_ids=[1], prompts_dir=str(prompts))
-        out = Path(first["regen_dir"])
-        assert first["shards_pending"] == [0] and not first["done"]
+        out = first.out_dir
+        assert first.summary["shards_pending"] == [0] and not first.done
         assert not (out / "shard-00000.parquet").exists() and (out / "shard-00001.parquet").exists()
         state = regen_flow(config, prompts_dir=str(prompts), return_state=True)
-    summary = state.result()
-    assert summary["done"] and summary["ok"] + summary["truncated"] == 12
+    result = state.result()
+    summary = result.summary
+    assert result.done and summary["ok"] + summary["truncated"] == 12
     artifacts = _artifacts(state.state_details.flow_run_id)
     progress = [a for a in artifacts if a.type == "progress"]
     assert progress and progress[-1].data == 100.0

@@ -64,7 +64,7 @@ def test_regen_run_with_tokens_set_leaves_them_nowhere(
                      "regen.max_new_tokens=3"]  # fmt: skip
         state = regen_flow(ConfigRef(recipe="tiny", overrides=overrides), prompts_dir=str(prompts), return_state=True)
     assert state.is_completed(), state.message
-    assert state.result()["ok"] + state.result()["truncated"] == 6
+    assert state.result().summary["ok"] + state.result().summary["truncated"] == 6
     settings = get_current_settings()
     database = Path(settings.server.database.connection_url.get_secret_value().split("///", 1)[1])
     places = [root, database.parent, Path(settings.home), Path(settings.results.local_storage_path)]

@@ -21,10 +21,10 @@ def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, write_regen_st
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
     features, vocab = train_stage_inputs(config, write_regen_stage)
     result = train_flow(config, features, str(Path(vocab).parent))
-    assert result["train_samples"] == 8
-    assert Path(result["export"]) == Path(result["out_dir"]) / "export"
-    assert validate_export(Path(result["export"])) == []
-    assert result["summary"]["steps"] == 4
+    assert result.train_samples == 8
+    assert Path(result.export) == Path(result.out_dir) / "export"
+    assert validate_export(Path(result.export)) == []
+    assert result.summary["steps"] == 4
 
 
 @pytest.mark.slow

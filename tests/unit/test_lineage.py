@@ -19,11 +19,11 @@ def test_a_regen_retrigger_reads_what_the_night_read_under_either_policy(tiny_co
     night = plan_tonight(aimed, prompts, 24)
 
     assert Lineage(uniform).input(REGEN_INPUT) == prompts
-    assert str(Lineage(aimed).input(REGEN_INPUT)) == night["select_dir"]
+    assert str(Lineage(aimed).input(REGEN_INPUT)) == night.select_dir
     assert Lineage(aimed).stage_dir("regen") == regen_dir_for(aimed, Lineage(aimed).input(REGEN_INPUT))
     assert Lineage(aimed).stage_dir("regen") != Lineage(uniform).stage_dir("regen")
 
     stage = RegenStage()  # what the regen deployment's `shard_ids` re-trigger plans (tasks.stage.plan_task)
     plan = stage.plan(aimed, **Lineage(aimed).resolve_inputs(stage.inputs, {"shard_ids": [1]}))
-    assert str(plan.prompts_dir) == night["select_dir"] and plan.units == (1,)
-    assert plan.out_dir == Lineage(aimed).stage_dir("regen") and sorted(plan.shards) == night["shard_ids"]
+    assert str(plan.prompts_dir) == night.select_dir and plan.units == (1,)
+    assert plan.out_dir == Lineage(aimed).stage_dir("regen") and sorted(plan.shards) == night.shard_ids

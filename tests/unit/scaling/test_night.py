@@ -42,14 +42,14 @@ def test_the_first_aimed_night_splits_the_budget_evenly_and_selects_the_rows(tmp
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS, free=4)
     config = _config(tmp_path)
     night = plan_tonight(config, prompts, 30)
-    assert night["policy"] == "aimed" and Path(night["prompts_dir"]).parent.name == "selection"
-    assert {row["domain"]: row["allocation"] for row in night["plan"]} == {"chat": 10, "code": 10, "math": 10, FREE: 4}
-    assert all("nothing measured yet" in row["why"] for row in night["plan"] if row["domain"] != FREE)
-    assert night["total_prompts"] == 34 and night["new_shard_ids"] == night["shard_ids"] == [0, 1, 2, 3]
+    assert night.policy == "aimed" and Path(night.prompts_dir).parent.name == "selection"
+    assert {row["domain"]: row["allocation"] for row in night.plan} == {"chat": 10, "code": 10, "math": 10, FREE: 4}
+    assert all("nothing measured yet" in row["why"] for row in night.plan if row["domain"] != FREE)
+    assert night.total_prompts == 34 and night.new_shard_ids == night.shard_ids == [0, 1, 2, 3]
     header = "| domain | pool left | current accept | traffic share | allocation | bound by | why |"
-    assert header in night["plan_markdown"] and "| share |" in night["plan_markdown"]  # nothing measured: by share
+    assert header in night.plan_markdown and "| share |" in night.plan_markdown  # nothing measured: by share
     preview = plan_tonight(config, prompts, 30, write=False)  # what `eagle3 plan` prints: the same, nothing written
-    assert preview["plan"] == night["plan"] and len(read_nights(Path(night["prompts_dir"]))) == 1
+    assert preview.plan == night.plan and len(read_nights(Path(night.prompts_dir))) == 1
 
 
 def test_without_a_champion_the_plan_uses_the_last_aimed_nights_measurements(tmp_path, write_prompt_pool):
@@ -62,17 +62,17 @@ def test_without_a_champion_the_plan_uses_the_last_aimed_nights_measurements(tmp
                                         domains={d: {"rows": 10, "tokens": 300, "accept": a}
                                                  for d, a in measured.items()}))  # fmt: skip
     night = plan_tonight(config, prompts, 30)  # night 2: the gate refused night 1, nothing was promoted
-    assert {row["domain"]: row["current_accept"] for row in night["plan"]} == measured
-    allocation = {row["domain"]: row["allocation"] for row in night["plan"]}
+    assert {row["domain"]: row["current_accept"] for row in night.plan} == measured
+    allocation = {row["domain"]: row["allocation"] for row in night.plan}
     assert allocation == {"chat": 10, "code": 10, "math": 10}  # one point each, no slope yet: rows by share
-    assert "no champion yet: the draft of r1" in night["plan_markdown"]
+    assert "no champion yet: the draft of r1" in night.plan_markdown
 
 
 def test_uniform_keeps_the_prompt_shards_and_their_order(tmp_path, write_prompt_pool):
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS)
     night = plan_tonight(_config(tmp_path, "scaling.policy=uniform"), prompts, 30)
-    assert night["prompts_dir"] == str(prompts) and night["select_dir"] is None
-    assert night["shard_ids"] == [0, 1] and night["total_prompts"] == 32  # whole shards of 16, as before
+    assert night.prompts_dir == str(prompts) and night.select_dir is None
+    assert night.shard_ids == [0, 1] and night.total_prompts == 32  # whole shards of 16, as before
     assert not (tmp_path / "selection").exists()
 
 
@@ -83,9 +83,9 @@ def test_explicit_shard_ids_name_the_selections_shards_and_select_nothing_new(tm
         plan_tonight(config, prompts, None, [0])
     first = plan_tonight(config, prompts, 30)
     again = plan_tonight(config, prompts, None, [2, 0])
-    assert again["shard_ids"] == [0, 2] and again["total_prompts"] == 20
-    assert again["prompts_dir"] == first["prompts_dir"]
-    assert len(read_nights(Path(first["prompts_dir"]))) == 1
+    assert again.shard_ids == [0, 2] and again.total_prompts == 20
+    assert again.prompts_dir == first.prompts_dir
+    assert len(read_nights(Path(first.prompts_dir))) == 1
     with pytest.raises(ValueError, match=r"\[9\] do not exist.*shards 0\.\.2"):
         plan_tonight(config, prompts, None, [9])
 
@@ -102,14 +102,14 @@ def champion_world(tmp_path, write_prompt_pool, gate_world):
 def test_the_plan_measures_the_champion_per_domain_once_and_shows_it(champion_world, monkeypatch):
     config, prompts = champion_world
     night = plan_tonight(config, prompts, 24, write=False)
-    accepts = {row["domain"]: row["current_accept"] for row in night["plan"]}
+    accepts = {row["domain"]: row["current_accept"] for row in night.plan}
     assert set(accepts) == set(DOMAINS) and all(1.0 <= a <= 4.0 for a in accepts.values()), accepts
-    assert all("nothing measured yet" in row["why"] for row in night["plan"])  # one point each: no slope yet
-    (cache,) = (Path(night["prompts_dir"]) / "eval").glob("*.json")
+    assert all("nothing measured yet" in row["why"] for row in night.plan)  # one point each: no slope yet
+    (cache,) = (Path(night.prompts_dir) / "eval").glob("*.json")
     by_set = json.loads(cache.read_text())["by_set"]
     assert {d: s["prompts"] for d, s in by_set.items()} == {"chat": 2, "code": 2, "math": 2}
     monkeypatch.setattr(domain_eval, "measure_offline", lambda *a: pytest.fail("measured the same draft twice"))
-    assert plan_tonight(config, prompts, 24, write=False)["plan"] == night["plan"]
+    assert plan_tonight(config, prompts, 24, write=False).plan == night.plan
 
 
 def test_an_aimed_nights_point_keeps_its_policy_and_per_domain_rows_and_accept(champion_world):
@@ -124,15 +124,15 @@ def test_an_aimed_nights_point_keeps_its_policy_and_per_domain_rows_and_accept(c
         train_samples=24,
         draft_fingerprint="d1",
         policy="aimed",
-        select_dir=night["select_dir"],
+        select_dir=night.select_dir,
         draft_dir=champion.draft_dir,
     )
     (point,) = read_curve(config.root_path)
     assert point.policy == "aimed" and set(point.domains) == set(DOMAINS)
     assert sum(row["rows"] for row in point.domains.values()) == 24
     assert all(row["accept"] == pytest.approx(r["current_accept"], abs=1e-3)
-               for r in night["plan"] for d, row in point.domains.items() if d == r["domain"])  # fmt: skip
-    eval_ids = read_pool(Path(night["select_dir"])).eval_ids
-    selected = [sid for p in Path(night["select_dir"]).glob("shard-*.parquet")
+               for r in night.plan for d, row in point.domains.items() if d == r["domain"])  # fmt: skip
+    eval_ids = read_pool(Path(night.select_dir)).eval_ids
+    selected = [sid for p in Path(night.select_dir).glob("shard-*.parquet")
                 for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()]  # fmt: skip
     assert len(selected) == 24 and not eval_ids & set(selected)
