@@ -8,10 +8,9 @@ A GPU forward hands the writer its states as fast as the GPU makes them, so this
 capture can run at most at ``writer tok/s / bare forward tok/s`` of the forward (``capture_overhead.py --device
 cuda`` measures the forward). The batches are random states in their stored form on the host, as
 ``eagle3.runtime.transfer.HostCopy`` leaves them (8 samples of 1,024 tokens each); they are built before the clock
-starts.
-Rounds write to a fresh directory under ``--dir`` (default: a temporary one; put it on the features disk).
-``tail_s`` is the part after the last batch was handed over (the last batches, the shard's footer and sync, the
-parts renamed aside): the forward waits for it at the end of every shard.
+starts. Rounds write to a fresh directory under ``--dir`` (default: a temporary one; put it on the features disk).
+``tail_s`` is the part after the last batch was handed over (the last batches, the shard's footer and sync, the parts
+renamed aside): the forward waits for it at the end of every shard.
 """
 
 from __future__ import annotations

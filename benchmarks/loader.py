@@ -15,8 +15,7 @@ default) stores random top-``--topk`` ids and descending probabilities instead o
 loss becomes a soft cross-entropy of a k-way projection against them. The shards have a manifest listing their
 footer hashes, as capture writes it, so the loader checks their sizes and footers when it is built and each page's
 CRC32 as it reads it (``eagle3.rundir.integrity``): both are timed with the loader's epoch. Reported alone, side by
-side:
-the footer check, the page checks (an epoch's reads with and without them), and the whole-file sha256 pass the
+side: the footer check, the page checks (an epoch's reads with and without them), and the whole-file sha256 pass the
 loader made before (and still makes for shards listed without footer hashes).
 """
 

@@ -4,8 +4,7 @@ Every stage directory is ``<root>/<stage dir>/<fingerprint>``, and each fingerpr
 config and the upstream stage's fingerprint (catalog -> prompts -> regen -> features -> vocab -> draft). A command
 that is not told where its input is asks :class:`Lineage` for the directory the config names, and
 :func:`eagle3.rundir.layout.find_input` applies the one input rule (explicit path wins; else the matching directory,
-which
-must be finished; else an error listing what exists). Two configs in one run root therefore never read each
+which must be finished; else an error listing what exists). Two configs in one run root therefore never read each
 other's stages, and nothing is picked by modification time.
 
 The vocab and draft fingerprints depend on the *content* of the finished features stage (nightly runs add shards to

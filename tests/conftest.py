@@ -193,8 +193,7 @@ def write_prompt_pool():
 def record_hashes(monkeypatch):
     """``record_hashes(module)``: the paths ``module.sha256_file`` hashes from now on (it still hashes them), to
     check what was read back to be hashed (``eagle3.rundir.runroot`` for manifest entries, ``eagle3.rundir.integrity``
-    for the
-    checks against them)."""
+    for the checks against them)."""
 
     def record(module) -> list[Path]:
         hashed: list[Path] = []

@@ -1,6 +1,4 @@
-"""The ``capture`` section of the pipeline config (re-exported by ``eagle3.config.pipeline``; a module of its own to
-keep that
-one under its size limit).
+"""The ``capture`` section of the pipeline config.
 
 Two backends (``capture.backend``, ``eagle3.capture.backends``): ``hf`` loads the target with transformers in
 ``capture.dtype`` (on ``capture.device``: one device, or a ``device_map`` strategy over every visible GPU); ``sglang``

@@ -1,4 +1,4 @@
-"""The ``speculative`` and ``gate`` sections of the pipeline config (``eagle3.config.pipeline`` re-exports them).
+"""The ``speculative`` and ``gate`` sections of the pipeline config.
 
 ``gate.traffic`` is the served-load profile the verdict is decided on: concurrency levels and the share of the
 served load each carries (DESIGN §6, §10; the statistic is ``eagle3.gate.stats``, the rules ``eagle3.gate.verdict``).

@@ -1,4 +1,4 @@
-"""The whole pipeline config (``PipelineConfig``): every section (one module each in ``eagle3.config.pipeline``), the
+"""The whole pipeline config (``PipelineConfig``): every section (one module each in ``eagle3.config``), the
 checks that span sections, and the one way in: YAML or a dict, plus ``--set a.b=c`` overrides.
 
 One pydantic model per component, unknown keys rejected everywhere (``extra="forbid"``), validated once at load.

@@ -1,6 +1,4 @@
-"""The ``regen`` section of the pipeline config (re-exported by ``eagle3.config.pipeline``; a module of its own to keep
-that
-one under its size limit).
+"""The ``regen`` section of the pipeline config (``eagle3.config.pipeline.PipelineConfig.regen``).
 
 ``ReasoningParser`` and ``ToolCallParser`` are the dialects ``eagle3.data.dialect`` registers (a test keeps them
 equal), spelled as SGLang spells its parser flags.

@@ -1,5 +1,4 @@
-"""The ``scaling`` section of the pipeline config: how a night picks what to regenerate (``eagle3.config.pipeline``
-re-exports it).
+"""The ``scaling`` section of the pipeline config: how a night picks what to regenerate.
 
 ``uniform`` is the original rule (the next whole prompt shards, in the pool's interleaved order). ``aimed`` holds a
 fixed eval set out of every domain, measures the champion's accept length per domain on it and spends the night's

@@ -1,6 +1,5 @@
-"""Bench-level helpers around the reference speculative decoder (``eagle3.serve.reference.spec_decoder``): offline
-acceptance over
-a prompt set, and prompt files rendered with the project's chat template.
+"""Offline acceptance of a draft (``eagle3 eval``, the aimed nights' domain eval) with the reference speculative
+decoder (``eagle3.serve.reference.spec_decoder``), and prompt files rendered with the project's chat template.
 """
 
 from __future__ import annotations

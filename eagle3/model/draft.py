@@ -38,9 +38,8 @@ holds ``(hidden_t, token_{t+1})`` at RoPE position ``t`` and attends causally to
 positions ``<= t`` (its real context) plus its *own* diagonal entries from steps ``1..k`` (its earlier speculative
 tokens), with RoPE position ``t + k``. This is exactly what a chain of ``k`` draft tokens sees at inference after a
 prefix ending at ``t`` (SGLang and ``eagle3.serve.reference.spec_decoder``). The softmax over the union is computed
-exactly by
-merging the step-0 attention (output + log-sum-exp) with the ``k`` diagonal scores, so memory stays ``O(T^2)`` per
-step instead of ``O(k T^2)``.
+exactly by merging the step-0 attention (output + log-sum-exp) with the ``k`` diagonal scores, so memory stays
+``O(T^2)`` per step instead of ``O(k T^2)``.
 """
 
 from __future__ import annotations

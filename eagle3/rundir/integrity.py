@@ -1,10 +1,9 @@
 """Verify what a stage reads against the manifest its producer wrote, before the data is used.
 
 Every finished stage directory lists its files with size and sha256 (``eagle3.rundir.runroot.Manifest``). A Parquet
-footer
-only proves the file ends well: bytes overwritten inside a column chunk still decode, into wrong numbers (a NaN
-draft from one damaged hidden-state page). So a reader verifies the files it is about to use against the manifest
-first, and refuses, naming each damaged file and the command that rebuilds it, instead of training on them.
+footer only proves the file ends well: bytes overwritten inside a column chunk still decode, into wrong numbers (a NaN
+draft from one damaged hidden-state page). So a reader verifies the files it is about to use against the manifest first,
+and refuses, naming each damaged file and the command that rebuilds it, instead of training on them.
 
 Two ways, by what the reader reads:
 * **whole files, first** (the default): one sequential sha256 pass over the files, on threads (``hashlib`` releases

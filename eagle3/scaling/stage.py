@@ -6,7 +6,7 @@ Plan-night: the unit is ``plan_tonight`` (by ``scaling.policy``; an aimed night 
 the run root (the curve's last total, the selection's ledger), so no recorded result stands in for it: a night
 recorded since would not be seen. Its directory is the run root's ``scaling/``, the ledger it plans from.
 
-Scaling: The unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling.curve``);
+Scaling: the unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling.curve``);
 an aimed night's point also measures tonight's draft on each domain's held-out eval prompts (offline, CPU:
 ``eagle3.scaling.night.night_domains``); finalize renders the curve. No Prefect cache: the curve is one
 ledger for every night, so no file marks one night done, and recording a point is quick and idempotent (a

@@ -2,8 +2,7 @@
 module that replaces ``sglang.launch_server`` on this CPU, and the flags SGLang needs to serve on a CPU.
 
 The command builder (``eagle3.serve.launch_commands``) and the shim (``eagle3.serve.sglang_cpu``, which refuses any
-other
-release) both read the pin here, so nothing but the launcher and the capture worker imports the shim. Standard
+other release) both read the pin here, so nothing but the launcher and the capture worker imports the shim. Standard
 library only: it is imported in SGLang's interpreter too.
 """
 

@@ -95,7 +95,7 @@ class CliError(Exception):
 
 # The exit-code table of the library's expected exceptions: (module, class name, exit code), checked in order.
 EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
-    ("eagle3.config.pipeline", "ConfigError", EXIT_USAGE),
+    ("eagle3.config.base", "ConfigError", EXIT_USAGE),
     ("builtins", "FileNotFoundError", EXIT_USAGE),  # includes eagle3.rundir.layout.StageInputError: a missing input dir
     ("eagle3.data.catalog", "CatalogError", EXIT_USAGE),  # an unknown dataset adapter in the config's sources
     ("eagle3.regen.plan", "RegenInputError", EXIT_USAGE),

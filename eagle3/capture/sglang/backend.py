@@ -5,8 +5,7 @@ states as views of the batch's shared-memory file (``eagle3.capture.sglang.chann
 Design choices:
 - **Workers, not SGLang in this process.** The capture task runs where Prefect, pyarrow and the writer live; SGLang
   runs where its runtime lives (on this CPU, a venv of its own: ``eagle3.serve.launch_commands.sglang_runtime_python``;
-  on
-  a GPU node, this interpreter when the ``sglang`` extra is installed, or ``EAGLE3_SGLANG_PYTHON``). A rank per
+  on a GPU node, this interpreter when the ``sglang`` extra is installed, or ``EAGLE3_SGLANG_PYTHON``). A rank per
   process is how SGLang runs tensor parallelism anyway (its scheduler processes), and it keeps a CUDA context, a
   ``torch.distributed`` group and SGLang's process-global state out of a process that runs other stages' threads.
 - **Every rank gets every batch from here.** Each rank reads the same ids on its stdin and answers on its own pipe,

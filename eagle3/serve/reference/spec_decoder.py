@@ -18,10 +18,9 @@ SGLang hands EAGLE) instead of the 3-layer fusion, and because that is already `
 accept length collapses towards 1.0, the signature preflight looks for.
 
 It lives in ``serve`` because the reference server's batched speculative engine (``eagle3.serve.reference.spec_batch``)
-runs
-its loaded draft through ``draft_input`` and ``draft_step``, and this one-sequence loop is the reference the batched
-one is tested against; the bench's offline acceptance (``eagle3.gate.offline_accept``) builds on it from the layer
-above.
+runs its loaded draft through ``draft_input`` and ``draft_step``, and this one-sequence loop is the reference the
+batched one is tested against; the bench's offline acceptance (``eagle3.gate.offline_accept``) builds on it from the
+layer above.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 It implements the scheduler's ``Engine`` protocol (``admit``/``step``/``num_running``/``reset``) on top of
 ``eagle3.serve.reference.spec_batch.ChainBatch`` (real greedy chain speculative decoding of the whole running batch:
-the output
-is the target's greedy decoding, ``verify_ct`` is the true number of target verify passes of each request).
+the output is the target's greedy decoding, ``verify_ct`` is the true number of target verify passes of each request).
 
 Design choices:
 - Algorithms behave as in SGLang: ``EAGLE3`` feeds the draft the 3 concatenated aux layers named by the draft's

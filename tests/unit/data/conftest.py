@@ -44,8 +44,7 @@ def normalized_run(data_world: dict[str, Path], tmp_path_factory: pytest.TempPat
 @pytest.fixture(scope="session")
 def think_tokenizer():
     """The thinking world's tokenizer and chat template (``eagle3.worlds.think_target``), trained on a few hundred of
-    its
-    conversations: no model, so it builds in a second."""
+    its conversations: no model, so it builds in a second."""
     from eagle3.worlds.agentic import AgenticFactory
     from eagle3.worlds.think_target import build_think_tokenizer
     from eagle3.worlds.think_world import tokenizer_corpus

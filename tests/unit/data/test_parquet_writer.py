@@ -137,8 +137,7 @@ def _flipped_reads(data: bytes, table: pa.Table, end: int, *, checked: bool) -> 
 def test_every_byte_a_read_uses_is_checked_by_a_page_checksum_or_the_footer_hash(tmp_path: Path):
     """The loader hashes only footers before training and lets Arrow check each page's CRC32 as it reads it
     (``eagle3.rundir.integrity``). That is only as strong as a whole-file sha256 if no damage can get past both: every
-    byte
-    before the footer, flipped, is refused by a checked read or reads back unchanged (a page statistic, padding),
+    byte before the footer, flipped, is refused by a checked read or reads back unchanged (a page statistic, padding),
     while an unchecked read of the same file decodes some flips into wrong rows; every byte of the footer, flipped,
     changes ``footer_sha256``."""
     from eagle3.rundir.runroot import footer_sha256
