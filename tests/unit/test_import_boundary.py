@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,25 @@ def test_only_the_launchers_and_the_capture_worker_import_the_sglang_cpu_shim():
         if p not in allowed and inside not in p.parents and _imports_of(p, SHIM)
     }
     assert offenders == {}, "import the SGLang pin and CPU flags from eagle3.serve.sglang, not the shim"
+
+
+def _architecture_map() -> dict[str, int]:
+    """docs/ARCHITECTURE.md's module map: every module it lists, with the layer (1 = lowest) of the row it is in."""
+    layers, layer = {}, 0
+    for row in (REPO / "docs" / "ARCHITECTURE.md").read_text().splitlines():
+        match = re.match(r"\| (\d*) \| [^|]* \| `(eagle3/[\w/]+\.py)` \|", row)
+        if match:
+            layer = int(match.group(1) or layer)
+            layers[match.group(2)] = layer
+    return layers
+
+
+def test_the_architecture_map_lists_every_library_module_in_its_layer():
+    listed = _architecture_map()
+    files = {str(p.relative_to(REPO)) for p in (REPO / "eagle3").rglob("*.py") if p.name != "__init__.py"}
+    assert files - set(listed) == set(), "add each new module to docs/ARCHITECTURE.md's module map"
+    assert set(listed) - files == set(), "docs/ARCHITECTURE.md's module map names modules that no longer exist"
+    rank = {name: i + 1 for i, row in enumerate(LAYERS) for name in row}
+    misplaced = {path: layer for path, layer in listed.items()
+                 if rank[Path(path).parts[1].removesuffix(".py")] != layer}  # fmt: skip
+    assert misplaced == {}, "the map's layer of each module is its package's row in LAYERS"
