@@ -2,8 +2,9 @@
 curve's per-domain points, the allocation (``eagle3.scaling.allocation``), and the rows it selects
 (``eagle3.scaling.selection``).
 
-It lives in ``bench`` because it measures a draft (``eagle3.scaling.domain_eval``) and reads the regen stage's
-shards for each domain's regenerated tokens; the rule itself is ``eagle3.scaling.allocation`` (pure, no I/O).
+It sits above the gate because it measures a draft (``eagle3.scaling.domain_eval``, the registry's champion) and
+reads the regen stage's shards for each domain's regenerated tokens; the rule itself is ``eagle3.scaling.allocation``
+(pure, no I/O).
 
 Each domain's tokens per row come from its rows regenerated on earlier nights (the regen shards' footers), else
 from its eval prompts' decoded tokens, else the mean of the other domains, else ``regen.max_new_tokens``.

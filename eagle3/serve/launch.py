@@ -1,8 +1,8 @@
 """Start a server as a child process for the length of a ``with`` block: the one launcher of the project.
 
 The reference server (regen, tests, benchmarks) and both SGLang arms of the gate start through ``ServerProcess``, so
-there is one health poll, one error and one way to stop a server. It lives in ``serve``, the lower layer; the bench
-only builds the SGLang launch commands (``eagle3.serve.launch_commands``).
+there is one health poll, one error and one way to stop a server. It lives in ``serve``, below the gate and regen;
+the commands it launches are built by ``eagle3.serve.launch_commands``.
 
 Design choices:
 - The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both

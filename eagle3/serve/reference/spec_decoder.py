@@ -19,7 +19,7 @@ accept length collapses towards 1.0, the signature preflight looks for.
 
 It lives in ``serve`` because the reference server's batched speculative engine (``eagle3.serve.reference.spec_batch``)
 runs its loaded draft through ``draft_input`` and ``draft_step``, and this one-sequence loop is the reference the
-batched one is tested against; the bench's offline acceptance (``eagle3.gate.offline_accept``) builds on it from the
+batched one is tested against; the gate's offline acceptance (``eagle3.gate.offline_accept``) builds on it from the
 layer above.
 """
 
