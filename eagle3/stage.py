@@ -253,6 +253,9 @@ class Stage(ABC, Generic[P]):
     # ``<stage>-summary-<fp>``); a fixed key is "the latest" one (the gate report, the scaling curve)
     table_key: ClassVar[str | None] = None
     summary_key: ClassVar[str | None] = None
+    # whether a successful run records its result for ``recorded_result``; False for a stage whose result is never
+    # read back (``reuse_recorded`` always False: plan-night), so running it writes nothing of its own
+    records_result: ClassVar[bool] = True
 
     @abstractmethod
     def plan(self, config: PipelineConfig, **inputs: Any) -> P: ...
@@ -318,10 +321,10 @@ def result_path(plan: Plan) -> Path:
     return plan.out_dir / stage_result_file(plan.stage, fingerprint(plan.model_dump(mode="json")))
 
 
-def record_result(plan: Plan, result: StageResult) -> None:
+def record_result(stage: Stage[P], plan: P, result: StageResult) -> None:
     """Record a successful run's result (written last, after every output it rests on; always rewritten, even when
-    identical, so the record stays newer than the outputs this run wrote)."""
-    if not result.failed:
+    identical, so the record stays newer than the outputs this run wrote), unless the stage records none."""
+    if stage.records_result and not result.failed:
         with atomic_path(result_path(plan)) as tmp:
             tmp.write_text(result.model_dump_json(indent=2))
 
@@ -384,5 +387,5 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
                 failed.append(futures[future])
                 causes[str(futures[future])] = unit_failure(exc)
     result = stage.finalize(config, plan, reports, failed)
-    record_result(plan, result)
+    record_result(stage, plan, result)
     return result.raise_for_failed(causes)

@@ -129,7 +129,7 @@ def finalize_task(
     the unit table and the summary, then apply the failure policy (``causes``: the failed units' errors, which end its
     message)."""
     result = stage.finalize(config, plan, reports, failed)
-    record_result(plan, result)
+    record_result(stage, plan, result)
     if result.table:
         key = stage.table_key or artifact_key(stage.name, f"{stage.unit_name}s", plan.fingerprint)
         publish_table(key, result.table, description=result.description or f"{stage.name} {stage.unit_name} states")

@@ -3,8 +3,9 @@ scaling (tonight's point on the curve, after the gate); and the typed results th
 
 Plan-night: the unit is ``plan_tonight`` (by ``scaling.policy``; an aimed night writes its selection under
 ``selection/<fp>/``); its result is the ``Night`` (``Night.of``), its Markdown the ``night-plan`` artifact. It reads
-the run root (the curve's last total, the selection's ledger), so no recorded result stands in for it: a night
-recorded since would not be seen. Its directory is the run root's ``scaling/``, the ledger it plans from.
+the run root (the curve's last total, the selection's ledger), so no recorded result stands in for it (a night
+recorded since would not be seen) and it records none. Its directory is the run root's ``scaling/``, the ledger
+it plans from.
 
 Scaling: the unit adds tonight's point, read from the gate report, to the run root's curve (``eagle3.scaling.curve``);
 an aimed night's point also measures tonight's draft on each domain's held-out eval prompts (offline, CPU:
@@ -56,6 +57,7 @@ class PlanNightStage(Stage[PlanNightPlan]):
     name = "plan-night"
     summary_key = "night-plan"  # the latest plan, whatever the fingerprint
     retries = 0  # a plan that fails (unknown shard ids, no finished prompts stage) fails the same way again
+    records_result = False  # never read back (``reuse_recorded``): a night run again writes nothing here
 
     def plan(
         self, config: PipelineConfig, *, prompts_dir: Path | str, scale: int | None = None,
