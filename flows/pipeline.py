@@ -64,7 +64,8 @@ def data_scaling(
     prompts = normalize_flow(config, catalog)
     night = plan_night_task(config, prompts, scale, shard_ids)
     regen = regen_flow(config, shard_ids=night["shard_ids"], prompts_dir=night["prompts_dir"])
-    if features_mode_task(config) == "online":  # issue 48: no feature shards; producers feed the trainer
+    features_mode = features_mode_task(config, regen["regen_dir"])
+    if features_mode.mode == "online":  # issue 48: no feature shards; producers feed the trainer
         features = None
         draft = online_train_flow(config, regen["regen_dir"])
     else:
@@ -83,7 +84,8 @@ def data_scaling(
         select_dir=night["select_dir"],
         draft_dir=draft["export"],
     )
-    summary = {"night": night, "regen": regen, "draft": draft, "gate": gate, "curve": curve}
+    summary = {"night": night, "regen": regen, "draft": draft, "gate": gate, "curve": curve,
+               "features_mode": features_mode.why}
     publish_summary_task(summary)
     night_plots_task(draft["out_dir"], gate["markdown"], curve["png"])
     get_run_logger().info("gate report: %s", gate["markdown"])

@@ -73,6 +73,7 @@ def publish_summary_task(summary: dict[str, Any]) -> str:
             f"- prompts: {night['total_prompts']:,} in shards {night['shard_ids']} "
             f"({len(night['new_shard_ids'])} new){exhausted}",
             f"- draft: `{summary['draft']['export']}`",
+            f"- features: {summary.get('features_mode') or 'train.features=stored'}",
             start_line(summary["draft"].get("start", {})),
             f"- gate: **{verdict}**, report `{gate['markdown']}`",
             *serving_lines(gate),

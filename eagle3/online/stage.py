@@ -104,7 +104,7 @@ class OnlineTrainStage(TrainStage):
         regen, vocab_path = Path(regen_dir), vocab_file(vocab)
         features_fp = features_fingerprint(config, regen.name)
         fp = draft_fingerprint(config, features_fp, vocab_path.parent.name)
-        _, why = choose_features(config)
+        why = choose_features(config, regen_dir=regen).why
         online = OnlinePlan.for_night(config, regen, world_size=config.train.nproc)
         samples = sum(len(g) for g in online.groups)
         planned = config.train.max_steps or config.train.epochs * max(online.steps_per_epoch, 1)
