@@ -79,6 +79,8 @@ def read_online_status(out_dir: Path) -> dict[str, Any] | None:
 
 
 def eta_text(status: dict[str, Any]) -> str:
+    if status["consumed"] >= status["total"]:
+        return "done"
     return "unknown" if status.get("eta_s") is None else human_duration(status["eta_s"])
 
 
