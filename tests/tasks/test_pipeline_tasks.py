@@ -1,0 +1,27 @@
+"""The night's summary task (``tasks.pipeline``): what a person reads on the nightly run's page."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3.config import with_overrides
+from eagle3.online.costs import choose_features
+from eagle3.recipes import load_recipe
+
+
+@pytest.mark.filterwarnings("ignore:Artifact creation outside of a flow:FutureWarning")  # task.fn: no run
+def test_the_night_summary_says_how_train_features_was_decided(prefect_harness):
+    from tasks.pipeline import publish_summary_task
+
+    config = with_overrides(load_recipe("kimi_k2_5"), ["train.features=auto", "train.online.disk_budget_bytes=1"])
+    decision = choose_features(config)  # before regen: estimated
+    summary = {"night": {"total_prompts": 88088, "shard_ids": [0, 1], "new_shard_ids": [1], "exhausted": False,
+                         "plan_markdown": ""},
+               "draft": {"export": "/runs/drafts/fp/export"}, "gate": {"verdict": "pass", "markdown": "/r.md"},
+               "curve": {"points": 2, "verdict": "still data-limited", "png": "/c.png"},
+               "features_mode": decision.why}
+    markdown = publish_summary_task.fn(summary)
+    assert f"- features: {decision.why}" in markdown
+    assert "auto -> online" in markdown and "estimated: mix.total x 1500 tokens/sample" in markdown
+    del summary["features_mode"]  # a summary from before the decision was recorded
+    assert "- features: train.features=stored" in publish_summary_task.fn(summary)
