@@ -132,9 +132,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not rows:
         return []
     keys = list(rows[0])
-    cell = lambda value: str(value).replace("|", "/")  # noqa: E731
     return [f"| {' | '.join(keys)} |", f"|{'---|' * len(keys)}",
-            *(f"| {' | '.join(cell(row.get(k, '')) for k in keys)} |" for row in rows)]  # fmt: skip
+            *(f"| {' | '.join(str(row.get(k, '')).replace('|', '/') for k in keys)} |" for row in rows)]  # fmt: skip
 
 
 def status_line(stage: str, progress: Progress, board: UnitBoard | None, health: Sequence[Mapping[str, Any]]) -> str:
