@@ -50,11 +50,11 @@ def _latest(key: str):
     return found[0] if found else None
 
 
-def _wait_for(predicate, what, timeout=600):
+def _wait_for(predicate, what, timeout=600, poll_s=0.05):
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(poll_s)
 
 
 def _this_runs_producers() -> list[psutil.Process]:
@@ -78,6 +78,16 @@ def _kill_producer_once_it_holds_a_batch(killed: dict) -> None:
     (producer,) = _this_runs_producers()
     killed["pid"] = producer.pid
     producer.send_signal(signal.SIGKILL)
+    key = f"train-producers-live-{brokers()[0].removeprefix('broker-')}"  # the broker is named for the draft
+
+    def restart_shown_mid_run() -> bool:
+        table = _latest(key)
+        rows = {row["worker"]: row for row in json.loads(table.data)} if table is not None else {}
+        if rows.get("p0", {}).get("restarts") == 1 and rows["trainer"]["state"] == "training":
+            killed["mid_run"] = (rows, table.description)
+        return "mid_run" in killed or status()["consumed"] >= status()["total"]
+
+    _wait_for(restart_shown_mid_run, "the live table to show the restart, or the run's end", poll_s=0.5)
 
 
 @pytest.mark.slow
@@ -100,6 +110,9 @@ def test_online_train_flow_shows_producers_trainer_backlog_eta_and_a_killed_prod
         ray.shutdown()
     killer.join(1)
     assert killed, "the producer was not killed mid-run"
+    assert "mid_run" in killed, "the live table never showed the restart while the trainer was still training"
+    rows, description = killed["mid_run"]
+    assert rows["p0"]["last_error"].startswith(("batch ", "between batches")) and "restarted: p0 x1" in description
     fp, store = result["fingerprint"], result["summary"]["store"]
     assert store["ready"] == 0 and store["consumed"] == store["total"] and store["reclaimed"] >= 1
 
