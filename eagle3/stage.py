@@ -117,6 +117,9 @@ class Progress(Frozen):
     # what the work waits for while nothing is served ("waiting for servers for 9s (fails at 300s)"): no rate and no
     # ETA meanwhile, whatever ``done`` does (regen's pre-tokenized samples need no server and still count)
     waiting: str | None = None
+    # what else a person watching needs beside the bar, short (the online train stage: the store's backlog, the
+    # trainer's samples/s, the producers and their restarts); shown after the ETA on the card and in the log line
+    note: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -155,7 +158,14 @@ class Progress(Frozen):
         rate = "rate unknown" if self.per_s is None else f"{self.per_s:,.2f} {self.unit}/s"
         if self.tokens_per_s:
             rate += f", {self.tokens_per_s:,.0f} tok/s"
-        return f"{head} - {rate} - ETA {self.eta}"
+        return f"{head} - {rate} - ETA {self.eta}" + (f" - {self.note}" if self.note else "")
+
+
+class LiveTable(Frozen):
+    """A table a person watches while a stage runs (``Stage.live_tables``), refreshed with its progress."""
+
+    rows: list[dict[str, Any]]
+    description: str
 
 
 def human_duration(seconds: float) -> str:
@@ -287,6 +297,11 @@ class Stage(ABC, Generic[P]):
 
     def progress(self, plan: P) -> Progress | None:
         return None
+
+    def live_tables(self, plan: P) -> dict[str, LiveTable]:
+        """Tables besides the unit board that the stage's watchers see while it runs, by name, read from the stage's
+        files like ``progress`` (the online train stage: its producers, trainer and store); default: none."""
+        return {}
 
     def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
         """The state of the stage's resources while it runs, one dict per server (``url``, ``healthy``,

@@ -68,7 +68,8 @@ def data_scaling(
     prompts = normalize_flow(config, catalog)
     night = Night.of(run_stage(PlanNightStage(), config, prompts_dir=prompts, scale=scale, shard_ids=shard_ids))
     regen = regen_flow(config, shard_ids=night.shard_ids, prompts_dir=night.prompts_dir)
-    if features_mode_task(config) == "online":  # issue 48: no feature shards; producers feed the trainer
+    features_mode = features_mode_task(config, str(regen.out_dir))
+    if features_mode.mode == "online":  # issue 48: no feature shards; producers feed the trainer
         features = None
         draft = online_train_flow(config, str(regen.out_dir))
     else:
@@ -79,7 +80,8 @@ def data_scaling(
                          train_samples=draft.train_samples, draft_fingerprint=draft.fingerprint,
                          label=f"{len(night.shard_ids)} shards", policy=night.policy, select_dir=night.select_dir,
                          draft_dir=draft.export)  # fmt: skip
-    summary = NightSummary(night=night, regen=regen, draft=draft, gate=gate, curve=curve)
+    summary = NightSummary(night=night, regen=regen, draft=draft, gate=gate, curve=curve,
+                           features_mode=features_mode.why)
     publish_summary_task(summary)
     night_plots_task(draft.out_dir, gate.markdown, curve.png)
     get_run_logger().info("gate report: %s", gate.markdown)

@@ -111,7 +111,8 @@ class Watch:
         progress = self.read()
         if state == "done":
             progress = progress.complete()  # every unit finished: the plan is done, whatever a file lags behind
-        self.monitor.update(progress, health=self.stage.health(self.config, self.env), state=state)
+        self.monitor.update(progress, health=self.stage.health(self.config, self.env), state=state,
+                            tables=self.stage.live_tables(self.plan))  # fmt: skip
 
     def started(self, unit: Unit) -> None:
         """Mark ``unit`` running (called before its submit: a refresh due now shows it before the unit can look)."""

@@ -13,6 +13,10 @@ Where each number shows (a 40-hour regen is watched from the nightly run's page,
 * ``<stage>-<unit>s-live-<fp>``: a table artifact on the stage run, one row per unit, refreshed every
   ``orchestration.progress_every_s`` and at once when a unit fails (with the reason), so a shard that failed in
   hour 3 is visible in hour 3 (``flows.stage.Watch`` decides when).
+* ``<stage>-<name>-live-<fp>``: the tables a stage adds beside its units (``Stage.live_tables``: the online train
+  stage's ``train-producers-live-<fp>``, one row per capture producer with its state, batches, rate, restarts and
+  last error, then the trainer's rate and the store's backlog), refreshed with the progress; the stage's
+  ``Progress.note`` (there: backlog, samples/s, restarts) follows the ETA on the progress card and the status.
 * A log line every ``monitor.log_every_s`` on the stage run's logger, copied into the top-level run's logs: the
   tab the nightly run's page opens on reads the running stage's numbers without a click.
 
@@ -39,7 +43,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 
-from eagle3.stage import Progress, RateWindow, Unit
+from eagle3.stage import LiveTable, Progress, RateWindow, Unit
 from tasks.common import artifact_key
 
 logger = logging.getLogger(__name__)
@@ -97,11 +101,16 @@ class UnitBoard:
 
 
 def status_markdown(
-    stage: str, progress: Progress, board: UnitBoard | None, health: Sequence[Mapping[str, Any]], *, state: str
+    stage: str, progress: Progress, board: UnitBoard | None, health: Sequence[Mapping[str, Any]], *, state: str,
+    tables: Mapping[str, LiveTable] | None = None,
 ) -> str:
     """The at-a-glance status of the running stage (the Markdown artifact on the top-level run)."""
     lines = [f"# {stage} {state}: {progress.percent:.1f}% - ETA {progress.eta}", "",
              f"**{progress.done:,} / {progress.total:,} {progress.unit}** - {_rates(progress)}"]  # fmt: skip
+    if progress.note:
+        lines += ["", progress.note]
+    for name, table in (tables or {}).items():
+        lines += ["", f"**{name}**", "", *markdown_table(table.rows)]
     if board is not None:
         failed = board.failed
         lines += ["", f"**Failed {board.unit_name}s so far: {len(failed)}**" + (f" {failed}" if failed else "")]
@@ -116,6 +125,15 @@ def status_markdown(
             lines.append(f"| {server['url']} | {'healthy' if server['healthy'] else '**ejected**'} | "
                          f"{server['completed']:,} | {server['errors']:,} | {rate} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``rows`` (dicts with the same keys) as the lines of a Markdown table."""
+    if not rows:
+        return []
+    keys = list(rows[0])
+    return [f"| {' | '.join(keys)} |", f"|{'---|' * len(keys)}",
+            *(f"| {' | '.join(str(row.get(k, '')).replace('|', '/') for k in keys)} |" for row in rows)]  # fmt: skip
 
 
 def status_line(stage: str, progress: Progress, board: UnitBoard | None, health: Sequence[Mapping[str, Any]]) -> str:
@@ -139,8 +157,11 @@ def _rates(progress: Progress) -> str:
 
 
 def card_description(progress: Progress) -> str:
-    """A progress card's description: the ETA first (the UI card cuts the end)."""
-    return f"ETA {progress.eta} - {progress.done:,}/{progress.total:,} {progress.unit}"
+    """A progress card's description: the ETA first (the UI card cuts the end), then the rate and the stage's note."""
+    text = f"ETA {progress.eta} - {progress.done:,}/{progress.total:,} {progress.unit}"
+    if progress.tokens_per_s:
+        text += f" - {progress.tokens_per_s:,.0f} tok/s"
+    return text + (f" - {progress.note}" if progress.note else "")
 
 
 class StageMonitor:
@@ -158,6 +179,8 @@ class StageMonitor:
         self.rates = RateWindow(window_s)
         self.progress = self.rates.observe(first)
         self.health: Sequence[Mapping[str, Any]] = ()
+        self.fingerprint, self.tables = fingerprint, dict[str, LiveTable]()
+        self._live: dict[str, tuple[UUID, LiveTable]] = {}  # name -> (artifact id, what it shows)
         self._logged = time.monotonic()
         self._progress_id: UUID = create_progress_artifact(
             progress=self.progress.percent, key=artifact_key(stage, "progress", fingerprint),
@@ -170,9 +193,11 @@ class StageMonitor:
         self.say(status_line(stage, self.progress, board, ()))
         self.publish(state="running")
 
-    def update(self, progress: Progress, *, health: Sequence[Mapping[str, Any]] = (), state: str = "running") -> None:
-        """A new reading: refresh the artifacts, and log the status line when ``log_every_s`` has passed."""
-        self.progress, self.health = self.rates.observe(progress), health
+    def update(self, progress: Progress, *, health: Sequence[Mapping[str, Any]] = (), state: str = "running",
+               tables: Mapping[str, LiveTable] | None = None) -> None:
+        """A new reading (``tables``: the stage's live tables): refresh the artifacts, and log the status line when
+        ``log_every_s`` has passed."""
+        self.progress, self.health, self.tables = self.rates.observe(progress), health, dict(tables or {})
         self.publish(state=state, bar=True)
         if state != "running" or time.monotonic() - self._logged >= self.log_every_s:
             self._logged = time.monotonic()
@@ -201,6 +226,7 @@ class StageMonitor:
                 update_progress_artifact(artifact_id=self._progress_id, progress=self.progress.percent,
                                          description=card_description(self.progress))  # fmt: skip
             self._publish_table()
+            self._publish_live_tables()
             self._publish_status(state)
         except httpx.HTTPError as exc:
             self.log.warning("could not refresh the %s status artifacts (retried at the next refresh): %s",
@@ -220,10 +246,26 @@ class StageMonitor:
         with get_client(sync_client=True) as client:
             client.update_artifact(self._table_id, ArtifactUpdate(data=json.dumps(rows), description=description))
 
+    def _publish_live_tables(self) -> None:
+        """Each of the stage's live tables as ``<stage>-<name>-live-<fp>``, written only when it changed."""
+        for name, table in self.tables.items():
+            earlier = self._live.get(name)
+            if earlier is not None and earlier[1] == table:
+                continue
+            if earlier is None:
+                artifact_id = create_table_artifact(table=table.rows, key=artifact_key(self.stage, f"{name}-live",
+                                                    self.fingerprint), description=table.description)  # fmt: skip
+                self._live[name] = (artifact_id, table)  # type: ignore[assignment]
+                continue
+            with get_client(sync_client=True) as client:
+                client.update_artifact(earlier[0], ArtifactUpdate(data=json.dumps(table.rows),
+                                                                  description=table.description))  # fmt: skip
+            self._live[name] = (earlier[0], table)
+
     def _publish_status(self, state: str) -> None:
         if self.root is None:
             return
-        markdown = status_markdown(self.stage, self.progress, self.board, self.health, state=state)
+        markdown = status_markdown(self.stage, self.progress, self.board, self.health, state=state, tables=self.tables)
         failed = f" - {len(self.board.failed)} failed" if self.board is not None and self.board.failed else ""
         description = f"{self.stage} {state} {self.progress.percent:.1f}% - ETA {self.progress.eta}{failed}"
         with get_client(sync_client=True) as client:

@@ -49,6 +49,7 @@ def publish_summary_task(summary: NightSummary) -> str:
             f"- prompts: {night.total_prompts:,} in shards {night.shard_ids} "
             f"({len(night.new_shard_ids)} new){exhausted}",
             f"- draft: `{summary.draft.export}`",
+            f"- features: {summary.features_mode or 'train.features=stored'}",
             start_line(summary.draft.start),
             f"- gate: **{verdict}**, report `{gate.markdown}`",
             *serving_lines(gate.serving()),

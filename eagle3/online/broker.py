@@ -41,7 +41,10 @@ class BrokerStats:
     consumed: int = 0
     duplicates: int = 0
     reclaimed: int = 0
+    consumed_samples: int = 0
     per_producer: dict[str, int] = field(default_factory=dict)
+    released: dict[str, list[int]] = field(default_factory=dict)  # per producer: what its last restart released
+    registrations: dict[str, int] = field(default_factory=dict)  # per producer: loops started (1 + restarts)
 
 
 def _put(message: Any) -> Any:
@@ -79,6 +82,9 @@ class Broker:
             for i in mine:
                 del self._claims[i]
             self.stats.reclaimed += len(mine)
+            self.stats.registrations[producer] = self.stats.registrations.get(producer, 0) + 1
+            if mine:
+                self.stats.released[producer] = sorted(mine)
             self._cond.notify_all()
             return len(mine)
 
@@ -149,6 +155,9 @@ class Broker:
             self._next[rank] = index + self.world_size
             self._consumed = {i for i in self._consumed if i >= self.low}
             self.stats.consumed += 1
+            key = entry[0]
+            if isinstance(key, (tuple, list)):  # (epoch, step, rank, sample ids)
+                self.stats.consumed_samples += len(key[-1])
             self._cond.notify_all()
             return entry
 
@@ -169,8 +178,12 @@ class Broker:
                     "claims": {i: c.producer for i, c in self._claims.items()},
                     "delivered": self.stats.delivered, "consumed": self.stats.consumed,
                     "duplicates": self.stats.duplicates, "reclaimed": self.stats.reclaimed,
-                    "per_producer": dict(self.stats.per_producer),
-                    "delivered_per_s": self.stats.delivered / elapsed, "consumed_per_s": self.stats.consumed / elapsed}
+                    "per_producer": dict(self.stats.per_producer), "released": dict(self.stats.released),
+                    "registrations": dict(self.stats.registrations),
+                    "consumed_samples": self.stats.consumed_samples, "max_inflight": self.max_inflight,
+                    "elapsed_s": elapsed, "delivered_per_s": self.stats.delivered / elapsed,
+                    "consumed_per_s": self.stats.consumed / elapsed,
+                    "samples_per_s": self.stats.consumed_samples / elapsed}
 
     def clear(self) -> int:
         """Drop every batch still held (a run that ends early); returns how many."""

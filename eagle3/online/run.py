@@ -20,12 +20,10 @@ from typing import Any
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.online.plan import OnlinePlan
 from eagle3.online.producer import ProducerActor
+from eagle3.online.status import STATUS_FILE, ProducerRecord, online_status, status_line
 from eagle3.online.transport import close_broker, connect, get_broker, open_broker
 
 logger = logging.getLogger(__name__)
-
-
-STATUS_FILE = "online-status.json"
 
 
 def broker_name(out_dir: Path) -> str:
@@ -34,38 +32,87 @@ def broker_name(out_dir: Path) -> str:
 
 @dataclass
 class Producers:
-    """The run's producer actors and the thread that restarts their loops when an actor's process dies."""
+    """The run's producer actors and the thread that supervises their loops: an actor whose process died is
+    restarted by Ray (``train.online.producer_restarts``) and its loop submitted again; a loop that raised is
+    retried the same way, up to the same count, unless it raised a ``DataError`` (the same batch would fail again).
+    ``records`` say, per producer, its state, its restarts and the last error with the batch it held (the UI's
+    producer table, ``eagle3.online.status``)."""
 
     config: PipelineConfig
     actors: list[Any]
+    broker: str = ""
     slow_s: float = 0.0
     results: dict[int, dict] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    records: dict[str, ProducerRecord] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
+        self.records.update({f"p{i}": ProducerRecord() for i in range(len(self.actors))})
         self._thread = threading.Thread(target=self._supervise, name="online-producers", daemon=True)
         self._thread.start()
+
+    def _submit(self, i: int) -> Any:
+        record = self.records[f"p{i}"]
+        if record.state != "restarting":  # a restarting one runs again once its loop registers (status.py)
+            record.state = "running"
+        return self.actors[i].run.remote(self.slow_s)
 
     def _supervise(self) -> None:
         import ray
 
-        runs = {actor.run.remote(self.slow_s): i for i, actor in enumerate(self.actors)}
+        runs = {self._submit(i): i for i in range(len(self.actors))}
         while runs and not self._stop.is_set():
             done, _ = ray.wait(list(runs), timeout=1.0)
             for ref in done:
                 i = runs.pop(ref)
                 try:
                     self.results[i] = ray.get(ref)
+                    self.records[f"p{i}"].state = "done"
                 except ray.exceptions.ActorUnavailableError as exc:  # its process died; Ray is restarting it
-                    logger.warning("producer p%d is restarting (%s); its loop resumes when it is back", i,
-                                   type(exc).__name__)
+                    self._restart(i, exc, "its process died; Ray restarts it")
                     time.sleep(1.0)  # the call retried at once finds it still restarting
-                    runs[self.actors[i].run.remote(self.slow_s)] = i
+                    runs[self._submit(i)] = i
                 except ray.exceptions.RayActorError as exc:  # out of restarts (train.online.producer_restarts)
-                    self.errors.append(f"producer p{i} died for good: {exc}")
-                except ray.exceptions.RayTaskError as exc:
-                    self.errors.append(f"producer p{i} failed: {exc}")
+                    self._fail(i, exc, f"producer p{i} died for good: {exc}")
+                except ray.exceptions.RayTaskError as exc:  # its loop raised: retried like a unit
+                    if self._retryable(i, exc):
+                        self._restart(i, exc, "its loop raised; retried")
+                        runs[self._submit(i)] = i
+                    else:
+                        self._fail(i, exc, f"producer p{i} failed: {exc}")
+
+    def _held(self, i: int) -> tuple[int | None, bool]:
+        """(the batch producer ``i`` holds, claimed and not delivered; whether its current loop had started, i.e.
+        registered with the broker since its last restart), asked of the broker."""
+        if not self.broker:
+            return None, True
+        status = get_broker_status(self.broker)
+        name = f"p{i}"
+        held = min((int(b) for b, p in status.get("claims", {}).items() if p == name), default=None)
+        return held, status.get("registrations", {}).get(name, 0) > self.records[name].restarts
+
+    def _restart(self, i: int, exc: BaseException, what: str) -> None:
+        """Count a restart of producer ``i``, unless its loop never started again since the last one (a call that
+        found the actor still restarting is the same restart)."""
+        record = self.records[f"p{i}"]
+        held, started = self._held(i)
+        if not started:
+            logger.info("producer p%d is still restarting (%s)", i, type(exc).__name__)
+            return
+        record.failed_on(held, exc, state="restarting")
+        record.restarts += 1
+        logger.warning("producer p%d restart %d (%s): %s", i, record.restarts, what, record.last_error)
+
+    def _retryable(self, i: int, exc: BaseException) -> bool:
+        from eagle3.errors import DataError
+
+        restarts_left = self.records[f"p{i}"].restarts < self.config.train.online.producer_restarts
+        return restarts_left and not isinstance(getattr(exc, "cause", None), DataError)
+
+    def _fail(self, i: int, exc: BaseException, message: str) -> None:
+        self.records[f"p{i}"].failed_on(self._held(i)[0], exc, state="failed")
+        self.errors.append(message)
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for the loops to return (they do once the broker says every batch is taken)."""
@@ -84,6 +131,12 @@ class Producers:
             ray.kill(actor)
 
 
+def get_broker_status(name: str) -> dict[str, Any]:
+    import ray
+
+    return ray.get(get_broker(name).status.remote())
+
+
 def start_producers(config: PipelineConfig, regen_dir: Path, world_size: int, name: str, *,
                     slow_s: float = 0.0) -> Producers:
     import ray
@@ -93,7 +146,7 @@ def start_producers(config: PipelineConfig, regen_dir: Path, world_size: int, na
                                               namespace="eagle3-online")
     actors = [actor.remote(config.to_yaml(), str(regen_dir), world_size, name, f"p{i}")
               for i in range(online.producers)]
-    producers = Producers(config, actors, slow_s=slow_s)
+    producers = Producers(config, actors, broker=name, slow_s=slow_s)
     producers.start()
     return producers
 
@@ -114,11 +167,16 @@ def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_si
 
 
 class StatusReporter:
-    """Every ``every_s`` seconds: the producers' and the trainer's rates, the store's backlog and the ETA, as one log
-    line (which a Prefect run shows in its logs) and ``online-status.json`` in the draft directory."""
+    """Every ``every_s`` seconds (``orchestration.progress_every_s``) ``online-status.json`` in the draft directory:
+    each producer's state, batches, rate, restarts and last error, the trainer's rate, the store's backlog and the
+    ETA (``eagle3.online.status``), which the train stage's progress and live table read; the same numbers as one
+    log line every ``log_every_s`` (``monitor.log_every_s``) and at the end."""
 
-    def __init__(self, name: str, out_dir: Path, *, every_s: float, max_inflight: int) -> None:
-        self.name, self.path, self.every_s, self.max_inflight = name, Path(out_dir) / STATUS_FILE, every_s, max_inflight
+    def __init__(self, name: str, out_dir: Path, *, every_s: float, log_every_s: float,
+                 producers: Producers | None = None) -> None:
+        self.name, self.path, self.every_s, self.log_every_s = name, Path(out_dir) / STATUS_FILE, every_s, log_every_s
+        self.producers = producers
+        self._logged = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="online-status", daemon=True)
 
@@ -130,28 +188,30 @@ class StatusReporter:
         self._stop.set()
         self._thread.join()
 
-    def report(self) -> dict[str, Any]:
-        import ray
-
+    def report(self, *, log: bool = True) -> dict[str, Any]:
+        """Write the status now (and log it when ``log``); returns it."""
         from eagle3.rundir.runroot import atomic_write_json
 
-        s = ray.get(get_broker(self.name).status.remote())
-        left = s["total"] - s["consumed"]
-        eta = left / s["consumed_per_s"] if s["consumed_per_s"] > 0 else None
-        s = {k: v for k, v in s.items() if k != "claims"} | {"eta_s": eta}
-        atomic_write_json(self.path, s)
-        logger.info("online: producers %.2f batches/s %s, trainer %.2f batches/s, store %d/%d batches waiting, "
-                    "%d/%d trained, %d duplicates dropped, %d re-captured, ETA %s", s["delivered_per_s"],
-                    s["per_producer"], s["consumed_per_s"], s["ready"], self.max_inflight, s["consumed"],
-                    s["total"], s["duplicates"], s["reclaimed"], "unknown" if eta is None else f"{eta:.0f} s")
-        return s
+        records = dict(self.producers.records) if self.producers is not None else {}
+        status = online_status(get_broker_status(self.name), records)
+        atomic_write_json(self.path, status)
+        if log:
+            self._logged = time.monotonic()
+            logger.info("%s", status_line(status))
+        return status
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                self.report()
-            except Exception as exc:  # a status line must never stop training; say why it is missing
+                self.report(log=time.monotonic() - self._logged >= self.log_every_s)
+            except Exception as exc:  # a status must never stop training; say why it is missing
                 logger.warning("online status unavailable: %s", exc)
+
+
+def status_reporter(config: PipelineConfig, name: str, out_dir: Path, producers: Producers) -> StatusReporter:
+    """The run's reporter at the config's periods (``orchestration.progress_every_s``, ``monitor.log_every_s``)."""
+    return StatusReporter(name, out_dir, every_s=config.orchestration.progress_every_s,
+                          log_every_s=config.monitor.log_every_s, producers=producers)
 
 
 def finish_run(name: str) -> dict[str, Any]:
@@ -184,11 +244,14 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
         producers = _producer_thread(config, plan, name, backend)
     if on_producers is not None:
         on_producers(producers)
+    reporter = status_reporter(config, name, out_dir, producers)
     try:
-        info = init_distributed(config.train.device)
-        source = OnlineBatchSource(plan, get_broker(name), rank=info.rank, log_dir=out_dir, stop=producers.failed)
-        summary = train_on_source(config, source, load_inputs(config, Path(vocab_path)), out_dir, info)
-        producers.join(10.0)  # their counts: they return at their next claim
+        with reporter:
+            info = init_distributed(config.train.device)
+            source = OnlineBatchSource(plan, get_broker(name), rank=info.rank, log_dir=out_dir, stop=producers.failed)
+            summary = train_on_source(config, source, load_inputs(config, Path(vocab_path)), out_dir, info)
+            producers.join(10.0)  # their counts: they return at their next claim
+        reporter.report()
     finally:
         producers.stop()
         status = finish_run(name)
@@ -199,13 +262,15 @@ def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backen
     """One producer on a thread of this process, over ``backend``."""
     from eagle3.online.producer import produce
 
-    producers = Producers(config, [])
+    producers = Producers(config, [], records={"p0": ProducerRecord(state="running")})
 
     def run() -> None:
         try:
             producers.results[0] = produce(config, plan, get_broker(name), "p0", backend=backend,
                                            stop=producers._stop.is_set)
+            producers.records["p0"].state = "done"
         except Exception as exc:  # handed to the trainer through failed(), which stops it waiting
+            producers.records["p0"].failed_on(None, exc, state="failed")
             producers.errors.append(f"producer p0 failed: {exc!r}")
             raise
 

@@ -29,9 +29,10 @@ from eagle3.errors import DATA_ERROR_PREFIX, DataError
 from eagle3.model.vocab import save_vocab
 from eagle3.online.costs import choose_features
 from eagle3.online.plan import OnlinePlan, regen_shards
+from eagle3.online.status import producer_table, read_online_status, status_note
 from eagle3.rundir.layout import CKPT_DIR, CONFIG_FILE, VOCAB_FILE, stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_text, fingerprint
-from eagle3.stage import OnProgress, Plan, StageResult, Unit, UnitReport
+from eagle3.stage import LiveTable, OnProgress, Plan, Progress, StageResult, Unit, UnitReport
 from eagle3.train.export import export_draft
 from eagle3.train.stage import (
     ExportPlan,
@@ -104,7 +105,7 @@ class OnlineTrainStage(TrainStage):
         regen, vocab_path = Path(regen_dir), vocab_file(vocab)
         features_fp = features_fingerprint(config, regen.name)
         fp = draft_fingerprint(config, features_fp, vocab_path.parent.name)
-        _, why = choose_features(config)
+        why = choose_features(config, regen_dir=regen).why
         online = OnlinePlan.for_night(config, regen, world_size=config.train.nproc)
         samples = sum(len(g) for g in online.groups)
         planned = config.train.max_steps or config.train.epochs * max(online.steps_per_epoch, 1)
@@ -114,7 +115,7 @@ class OnlineTrainStage(TrainStage):
 
     def run_unit(self, config: PipelineConfig, plan: OnlineTrainPlan, unit: Unit, *,  # type: ignore[override]
                  env: Any = None, on_progress: OnProgress | None = None) -> UnitReport:
-        from eagle3.online.run import StatusReporter, finish_run, open_run, start_producers, worker_command
+        from eagle3.online.run import finish_run, open_run, start_producers, status_reporter, worker_command
         from eagle3.train.distributed import run_workers
 
         if _trained(plan.out_dir):
@@ -139,8 +140,7 @@ class OnlineTrainStage(TrainStage):
             if DATA_ERROR_PREFIX in line:
                 data_errors.append(line.split(DATA_ERROR_PREFIX, 1)[1])
 
-        reporter = StatusReporter(name, plan.out_dir, every_s=config.monitor.log_every_s,
-                                  max_inflight=config.train.online.max_inflight)
+        reporter = status_reporter(config, name, plan.out_dir, producers)
         try:
             with reporter:
                 code = run_workers(command, on_line)
@@ -156,6 +156,18 @@ class OnlineTrainStage(TrainStage):
         logger.info("online store at the end: %s", {k: store[k] for k in ("delivered", "consumed", "duplicates",
                                                                           "reclaimed", "ready")})
         return UnitReport(unit=unit, rows=plan.train_samples, detail={"store": store, "features": "online"})
+
+    def progress(self, plan: OnlineTrainPlan) -> Progress:  # type: ignore[override]
+        """The trainer's steps (``TrainStage.progress``: steps and tokens, so the card shows tokens/s), noted with
+        the store's backlog, the trainer's samples/s and the producers from the run's ``online-status.json``."""
+        status = read_online_status(plan.out_dir)
+        progress = super().progress(plan)
+        return progress if status is None else progress.model_copy(update={"note": status_note(status)})
+
+    def live_tables(self, plan: OnlineTrainPlan) -> dict[str, LiveTable]:  # type: ignore[override]
+        """``producers``: one row per producer (state, batches, rate, restarts, last error), the trainer, the store."""
+        status = read_online_status(plan.out_dir)
+        return {} if status is None else {"producers": producer_table(status)}
 
     def retrigger(self, plan: OnlineTrainPlan, failed: Sequence[Unit]) -> str:  # type: ignore[override]
         return f"eagle3 train --set train.features=online  # regen {plan.regen_dir}, vocab {plan.vocab}"

@@ -44,3 +44,38 @@ def test_auto_stores_what_fits_the_disk_budget_and_streams_what_does_not():
     mode, why = choose_features(tight)
     assert mode == "online" and "auto -> online" in why and "available" in why
     assert choose_features(with_overrides(config, ["train.features=online"]))[0] == "online"
+
+
+def test_auto_decides_from_the_regen_shards_real_tokens_and_estimates_only_before_regen_has_run(
+        tiny_config, write_regen_stage, tmp_path):
+    import pyarrow.parquet as pq
+
+    from eagle3.capture.encoding import bytes_per_token
+    from eagle3.capture.run import features_fingerprint
+    from eagle3.rundir.layout import stage_dir
+
+    base = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "train.features=auto", "mix.total=100000",
+                                        "capture.disk_reserve_bytes=0"])
+    regen = write_regen_stage(base.root_path / "regen" / "regenfp", shards=2, rows=5, seed=3)
+    shards = sorted(regen.glob("shard-*.parquet"))
+    tokens = [sum(len(ids) for ids in pq.read_table(s, columns=["input_ids"]).column(0).to_pylist()) for s in shards]
+    c = base.capture
+    per_token = bytes_per_token(c.encoding, c.dtype, base.target.hidden_size, topk=c.topk)
+    assert sum(tokens) * per_token * 10 < night_costs(base).stored_disk_bytes  # the estimate is far off here
+    config = with_overrides(base, [f"train.online.disk_budget_bytes={sum(tokens) * per_token}"])  # counted: fits
+
+    counted = choose_features(config, regen_dir=regen)
+    assert counted.mode == "stored"
+    assert f"counted: {sum(tokens):,} tokens in 2 regen shards" in counted.why
+    estimated = choose_features(config)  # before regen: mix.total x the mean sample
+    assert estimated.mode == "online" and "estimated: mix.total x" in estimated.why
+
+    features = stage_dir(config.root_path, "capture", features_fingerprint(config, regen.name))
+    features.mkdir(parents=True)
+    (features / shards[0].name).write_bytes(b"")  # shard 0's features exist: their disk is already spent
+    tight = with_overrides(config, [f"train.online.disk_budget_bytes={tokens[1] * per_token}"])
+    again = choose_features(tight, regen_dir=regen)
+    assert again.mode == "stored"
+    assert f"counted: {tokens[1]:,} tokens in 2 regen shards, 1 already captured" in again.why
+    tighter = with_overrides(tight, ["train.online.disk_budget_bytes=1"])
+    assert choose_features(tighter, regen_dir=regen).mode == "online"

@@ -41,6 +41,7 @@ def _wait_for(predicate, what, timeout=300):
 
 def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_world, ray_local, tmp_path):
     from eagle3.online.run import train_in_process
+    from eagle3.online.status import read_online_status
     from eagle3.online.transport import get_broker
 
     config = online_world.config
@@ -66,6 +67,9 @@ def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_
     assert store["delivered"] == store["total"] and store["duplicates"] == 0  # nothing delivered was redone
     assert store["reclaimed"] >= 1  # the batch in the dead producer's hands was
     _exactly_once(online_world, out, config.train.epochs)
+    (p0,) = read_online_status(out)["producers"]  # what the UI's producer table shows: which batch, and why
+    assert p0["restarts"] == 1 and p0["state"] == "done" and len(p0["released"]) == 1
+    assert p0["last_error"].startswith(f"batch {p0['released'][0]}: ActorUnavailableError: ")
 
 
 @pytest.mark.parametrize("producer_too", [False, True], ids=["trainer", "trainer-and-producer"])
