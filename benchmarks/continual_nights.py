@@ -2,7 +2,7 @@
 
     python benchmarks/continual_nights.py [--quick] [--seeds 0,1,2] [--nights 4] [--start 96] [--new 24]
                                           [--replay 0.5] [--lr-scale 0.5] [--out result.json] [--resume DIR]
-                                          [--threads 2] [--world tiny|domains]
+                                          [--threads 2] [--world tiny|domains] [--architecture-after eagle3.1]
 
 The world: the tiny world's target (``eagle3.worlds.world``), its chat/math/code prompts (``generate_conversations``),
 or with ``--world domains`` the domains world (``eagle3.worlds.domains_world``: four domains interleaved, equal
@@ -18,6 +18,10 @@ rows). Per seed (new prompts, a new held-out eval set, a new training seed):
   (``train_on_source``), ``--epochs`` epochs, batch 4, lr 3e-3 (the tiny benchmarks' setting);
 * after each night: accept length on the held-out eval prompts (the reference speculative decoder, greedy, 3
   steps), training tokens (the trainer's count) and training CPU-seconds (``time.process_time``).
+
+``--architecture-after eagle3.1``: night 0 trains an EAGLE-3 draft and every later night of both arms an EAGLE 3.1 one
+(``fc_norm`` + ``norm_output``): scratch from a fresh 3.1 draft, continual from the EAGLE-3 champion's weights with
+the new norms at ones (``eagle3.train.continual``).
 
 Reported: per night, mean over seeds of each arm's accept length, the paired difference continual - scratch with a
 95% t interval over seeds, and continual / scratch training tokens and CPU-seconds (mean [min, max]). The goal:
@@ -58,6 +62,7 @@ from eagle3.worlds.world import build_tiny_world
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 ARMS = ("scratch", "continual")
 STEPS = 3
+ARCHITECTURES = {"eagle3": [], "eagle3.1": ["train.architecture.fc_norm=true", "train.architecture.norm_output=true"]}
 
 
 class World:
@@ -87,7 +92,7 @@ class World:
                      for d in DOMAINS]  # fmt: skip
         return [p for row in zip(*by_domain, strict=True) for p in row][:n]
 
-    def config(self, work: Path, epochs: int, lr_scale: float) -> PipelineConfig:
+    def config(self, work: Path, epochs: int, lr_scale: float, flags: list[str]) -> PipelineConfig:
         hf = self.target.config
         return with_overrides(
             PipelineConfig(name="continual-bench", root=str(work), target=TargetConfig(
@@ -95,11 +100,12 @@ class World:
                 vocab_size=hf.vocab_size, context_length=1024, dtype="float32")),
             ["train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.batch_size=4",
              f"train.epochs={epochs}", f"train.seed={self.seed}", "train.log_every=100000",
-             "train.save_every=100000", f"train.champion_lr_scale={lr_scale}"])  # fmt: skip
+             "train.save_every=100000", f"train.champion_lr_scale={lr_scale}", *flags])  # fmt: skip
 
-    def train(self, ids: list[str], work: Path, args: argparse.Namespace, *, champion: Path | None) -> dict:
+    def train(self, ids: list[str], work: Path, args: argparse.Namespace, *, champion: Path | None,
+              flags: list[str] = ()) -> dict:  # fmt: skip
         """A draft on rows ``ids`` (from ``champion``'s export and vocab when given), exported and measured."""
-        config = self.config(work, args.epochs, args.lr_scale)
+        config = self.config(work, args.epochs, args.lr_scale, list(flags))
         rows = [self.rows[i] for i in ids]
         random.Random(self.seed).shuffle(rows)
         sequences = answer_sequences([p for p, _ in rows], [a for _, a in rows])
@@ -135,12 +141,13 @@ def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, 
     first = world.train(order[: args.start], work / "night-0", args, champion=None)
     nights: dict[str, list[dict]] = {arm: [first] for arm in ARMS}
     print(f"seed {seed} night 0: {first['rows']} rows, accept {first['accept']:.3f}", flush=True)
+    flags = ARCHITECTURES[args.architecture_after]
     for n in range(1, args.nights + 1):
         seen, new = order[: args.start + (n - 1) * args.new], order[args.start + (n - 1) * args.new :][: args.new]
-        scratch = world.train(seen + new, work / f"scratch-{n}", args, champion=None)
+        scratch = world.train(seen + new, work / f"scratch-{n}", args, champion=None, flags=flags)
         replayed = replay_sample(seen, len(new), args.replay, seed=seed)
         continual = world.train(new + replayed, work / f"continual-{n}", args,
-                                champion=Path(nights["continual"][-1]["export"]))  # fmt: skip
+                                champion=Path(nights["continual"][-1]["export"]), flags=flags)  # fmt: skip
         nights["scratch"].append(scratch)
         nights["continual"].append(continual)
         print(f"seed {seed} night {n}: scratch {scratch['rows']} rows {scratch['tokens']} tok accept "
@@ -151,7 +158,8 @@ def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, 
 
 def cached_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """``run_seed``, kept in ``--resume`` (keyed by the arguments that change results) and reused from there."""
-    names = ("world", "nights", "start", "new", "eval", "epochs", "replay", "lr_scale", "max_new")
+    names = ("world", "nights", "start", "new", "eval", "epochs", "replay", "lr_scale", "max_new",
+             "architecture_after")  # fmt: skip
     key = {k: getattr(args, k) for k in names}
     path = None if args.resume is None else args.resume / f"seed-{seed}.json"
     if path is not None and path.exists() and json.loads(path.read_text())["key"] == key:
@@ -212,6 +220,8 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, default=None, help="keep finished seeds here; reuse them")
     parser.add_argument("--world", choices=("tiny", "domains"), default="tiny",
                         help="tiny: the tiny world's chat/math/code; domains: eagle3.worlds.domains_world, 4 domains")
+    parser.add_argument("--architecture-after", dest="architecture_after", choices=tuple(ARCHITECTURES),
+                        default="eagle3", help="the draft architecture of nights 1..N (night 0 is EAGLE-3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one per seed process: 1)")
     args = parser.parse_args()
     quick = dict(nights=3, start=64, new=16, eval=10, epochs=2)

@@ -115,8 +115,7 @@ class OnlineTrainStage(TrainStage):
 
     def run_unit(self, config: PipelineConfig, plan: OnlineTrainPlan, unit: Unit, *,  # type: ignore[override]
                  env: Any = None, on_progress: OnProgress | None = None) -> UnitReport:
-        from eagle3.online.run import finish_run, open_run, start_producers, status_reporter, worker_command
-        from eagle3.train.distributed import run_workers
+        from eagle3.online.transport import ray_session
 
         if _trained(plan.out_dir):
             logger.info("draft %s is already trained (%s)", plan.fingerprint, plan.out_dir / CKPT_DIR)
@@ -125,34 +124,13 @@ class OnlineTrainStage(TrainStage):
         plan.out_dir.mkdir(parents=True, exist_ok=True)
         config_yaml = plan.out_dir / CONFIG_FILE
         atomic_write_text(config_yaml, config.to_yaml())
-        _, name = open_run(config, plan.regen_dir, plan.out_dir, world_size=config.train.nproc,
-                           ray_address=config.orchestration.ray_address)
-        import ray
-
-        producers = start_producers(config, plan.regen_dir, config.train.nproc, name)
-        command = worker_command(config_yaml, plan.regen_dir, plan.vocab, plan.out_dir,
-                                 address=ray.get_runtime_context().gcs_address, broker=name,
-                                 nproc=config.train.nproc)
-        data_errors: list[str] = []
-
-        def on_line(line: str) -> None:
-            logger.info("%s", line)
-            if DATA_ERROR_PREFIX in line:
-                data_errors.append(line.split(DATA_ERROR_PREFIX, 1)[1])
-
-        reporter = status_reporter(config, name, plan.out_dir, producers)
-        try:
-            with reporter:
-                code = run_workers(command, on_line)
-            reporter.report()
-        finally:
-            producers.stop()
-            store = finish_run(name)
+        with ray_session(config.orchestration.ray_address):
+            code, store, data_errors, producer_errors = _train_online(config, plan, config_yaml)
         if code != 0 and data_errors:
             raise DataError(data_errors[0])
         if code != 0:
             raise RuntimeError(f"online training exited with code {code}; a retry resumes from "
-                               f"{plan.out_dir / CKPT_DIR}; producers: {producers.errors or 'ok'}")
+                               f"{plan.out_dir / CKPT_DIR}; producers: {producer_errors or 'ok'}")
         logger.info("online store at the end: %s", {k: store[k] for k in ("delivered", "consumed", "duplicates",
                                                                           "reclaimed", "ready")})
         return UnitReport(unit=unit, rows=plan.train_samples, detail={"store": store, "features": "online"})
@@ -180,6 +158,38 @@ class OnlineTrainStage(TrainStage):
                    "regen_dir": str(plan.regen_dir), "store": store}
         return result.model_copy(update={"summary": summary})
 
+
+def _train_online(config: PipelineConfig, plan: OnlineTrainPlan,
+                  config_yaml: Path) -> tuple[int, dict[str, Any], list[str], list[str]]:
+    """The trainer workers and the producers over the run's broker, inside the unit's Ray session: the workers'
+    exit code, the store at the end, the data errors the workers reported and the producers' errors."""
+    from eagle3.online.run import finish_run, open_run, start_producers, status_reporter, worker_command
+    from eagle3.train.distributed import run_workers
+
+    _, name = open_run(config, plan.regen_dir, plan.out_dir, world_size=config.train.nproc,
+                       ray_address=config.orchestration.ray_address)
+    import ray
+
+    producers = start_producers(config, plan.regen_dir, config.train.nproc, name)
+    command = worker_command(config_yaml, plan.regen_dir, plan.vocab, plan.out_dir,
+                             address=ray.get_runtime_context().gcs_address, broker=name,
+                             nproc=config.train.nproc)
+    data_errors: list[str] = []
+
+    def on_line(line: str) -> None:
+        logger.info("%s", line)
+        if DATA_ERROR_PREFIX in line:
+            data_errors.append(line.split(DATA_ERROR_PREFIX, 1)[1])
+
+    reporter = status_reporter(config, name, plan.out_dir, producers)
+    try:
+        with reporter:
+            code = run_workers(command, on_line)
+        reporter.report()
+    finally:
+        producers.stop()
+        store = finish_run(name)
+    return code, store, data_errors, producers.errors
 
 
 class OnlineExportPlan(ExportPlan):

@@ -17,6 +17,8 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from eagle3.online.broker import Broker
@@ -45,6 +47,24 @@ def connect(address: str | None) -> None:
     finally:
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
+
+
+@contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """Ray for the length of a block (an online train unit): joins ``address``, or starts a local cluster, and shuts
+    down at the end what this block started. A local cluster must not outlive the block: Ray ties its GCS and raylet
+    to the *thread* that started them (``PR_SET_PDEATHSIG``, per thread on Linux), so when a Prefect task thread ends
+    they are SIGKILLed, the process still believes it is connected, and Ray's client ends the process 60 s later
+    with exit 1 (a tiny online night did, after a PASSing gate)."""
+    import ray
+
+    started = not ray.is_initialized()
+    connect(address)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def open_broker(name: str, **kwargs: Any) -> Any:

@@ -15,6 +15,11 @@ Design choices:
 * **The vocab stays the champion's.** The champion's ``d2t``/``t2d`` are the draft's maps tonight (its ``lm_head``
   rows mean those ids). When the config asks for another draft vocab size, a new mapping is needed: the night says so
   and trains from scratch. With no champion yet, likewise.
+* **EAGLE-3 -> EAGLE 3.1.** A 3.0 champion starts a 3.1 draft (``train.architecture``): every tensor it has keeps
+  its role, and the norms 3.1 adds (``fc_norm.*``, ``input_norm``) start as a fresh draft's do, at ones. That is not
+  the champion's forward (a per-token RMS cannot be folded into ``fc``), so the night says so in its start line;
+  ``benchmarks/continual_nights.py --architecture-after eagle3.1`` measures it against a 3.1 draft from scratch. The
+  reverse (a 3.1 champion, a 3.0 night) would drop trained norms and is refused.
 * **Refused before training.** A champion that cannot start the draft (pointer to a missing copy, an invalid
   export, another target, another architecture or layer ids, no record of its data, nothing new to train on) raises
   ``ChampionError`` at plan time, one line naming the fix.
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,7 @@ START_FILE = "start.json"  # in a draft dir: how the draft starts and which rows
 TRAINED_ON = "trained_on.json"  # in a draft dir and its export: the feature shards the draft has seen
 CHAMPION_VOCAB = "vocab.safetensors"  # in a champion-started draft dir: the champion's maps
 SCRATCH_FIX = "or set train.init=scratch for tonight"
+NEW_NORMS = ("fc_norm.", "input_norm.")  # the tensors EAGLE 3.1 adds to an EAGLE-3 draft (eagle3.model.draft)
 
 
 class ChampionError(ValueError):
@@ -98,7 +104,7 @@ def start_line(start: dict[str, Any]) -> str:
     if start.get("init") != "champion":
         return f"- training: from scratch on every row so far{note}"
     return (f"- training: built on champion `{start['champion']}`: {start['new_rows']:,} new rows + "
-            f"{start['replay_rows']:,} replayed (replay share {start['replay']:g})")  # fmt: skip
+            f"{start['replay_rows']:,} replayed (replay share {start['replay']:g}){note}")  # fmt: skip
 
 
 def planned_start_line(config: PipelineConfig) -> str:
@@ -146,7 +152,12 @@ def plan_start(config: PipelineConfig, features_dir: Path) -> Start:
         return Start(note=f"a new vocab mapping is needed: vocab.draft_vocab_size={config.vocab.draft_vocab_size}, "
                           f"the champion's is {cfg['draft_vocab_size']}")  # fmt: skip
     seen = _seen(config, export, champion.get("source_dir", ""), champion_id)
-    return _replay_plan(config, Path(features_dir), seen, champion_id, str(export))
+    start = _replay_plan(config, Path(features_dir), seen, champion_id, str(export))
+    added = _added_norms(config, export, cfg)
+    if not added:
+        return start
+    return replace(start, note=f"an EAGLE-3 champion starting an EAGLE 3.1 draft: its {len(added)} new norm "
+                              f"tensors start at ones, so step 0 is not the champion's forward")  # fmt: skip
 
 
 def read_champion(root: Path) -> dict[str, Any] | None:
@@ -176,8 +187,8 @@ def check_champion(config: PipelineConfig, export: Path, champion_id: str) -> di
     return cfg
 
 
-def _check_architecture(config: PipelineConfig, export: Path, cfg: dict[str, Any], where: str) -> None:
-    """The champion's tensors are exactly the ones tonight's draft has (names and shapes)."""
+def _tensor_shapes(config: PipelineConfig, export: Path, cfg: dict[str, Any]) -> tuple[dict, dict]:
+    """(the champion's tensors, tonight's draft's tensors) as name -> shape, vocab maps left out."""
     from safetensors import safe_open
 
     from eagle3.model.draft import DraftModel
@@ -189,10 +200,25 @@ def _check_architecture(config: PipelineConfig, export: Path, cfg: dict[str, Any
     with safe_open(str(export / WEIGHTS_FILE), framework="pt") as fh:
         names = [k for k in list(fh.keys()) if k not in ("d2t", "t2d")]
         have = {k: tuple(fh.get_slice(k).get_shape()) for k in names}
-    if have != want:
-        diff = sorted(set(have.items()) ^ set(want.items()))[:3]
-        raise ChampionError(f"{where} has another draft architecture (differing tensors {diff}; champion "
-                            f"{draft_config_from_export(cfg)}): {SCRATCH_FIX}")  # fmt: skip
+    return have, want
+
+
+def _added_norms(config: PipelineConfig, export: Path, cfg: dict[str, Any]) -> list[str]:
+    """The EAGLE 3.1 norms tonight's draft has and the (EAGLE-3) champion has not."""
+    have, want = _tensor_shapes(config, export, cfg)
+    return sorted(want.keys() - have.keys())
+
+
+def _check_architecture(config: PipelineConfig, export: Path, cfg: dict[str, Any], where: str) -> None:
+    """The champion's tensors are the ones tonight's draft has (names and shapes), or all of them but the norms
+    EAGLE 3.1 adds (an EAGLE-3 champion starting a 3.1 draft)."""
+    have, want = _tensor_shapes(config, export, cfg)
+    added = want.keys() - have.keys()
+    if have.items() <= want.items() and all(k.startswith(NEW_NORMS) for k in added):
+        return
+    diff = sorted(set(have.items()) ^ set(want.items()))[:3]
+    raise ChampionError(f"{where} has another draft architecture (differing tensors {diff}; champion "
+                        f"{draft_config_from_export(cfg)}): {SCRATCH_FIX}")  # fmt: skip
 
 
 def _seen(config: PipelineConfig, export: Path, source_dir: str, champion_id: str) -> dict[str, str]:

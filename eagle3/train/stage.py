@@ -90,7 +90,7 @@ class TrainStage(Stage[TrainPlan]):
         if start.champion:
             samples, vocab_path = start.new_rows + len(start.replay_ids), out_dir / CHAMPION_VOCAB
         if start.note:
-            logger.warning("train: %s; this night trains from scratch", start.note)
+            logger.warning("train: %s%s", start.note, "" if start.champion else "; this night trains from scratch")
         per_step = config.train.batch_size * config.train.nproc
         planned = config.train.max_steps or config.train.epochs * max(math.ceil(samples / per_step), 1)
         return TrainPlan(stage=self.name, fingerprint=fp, out_dir=out_dir, features_dir=features, vocab=vocab_path,

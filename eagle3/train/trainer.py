@@ -124,13 +124,17 @@ def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str,
 
 def build_draft(inputs: DraftInputs, seed: int, init: dict[str, torch.Tensor] | None = None) -> DraftModel:
     """A fresh draft (seeded init) whose ``lm_head`` starts from the target's rows for the draft vocab; ``init``
-    (the champion's weights) replaces every tensor when given."""
+    (the champion's weights) replaces every tensor when given, except the EAGLE 3.1 norms an EAGLE-3 champion lacks,
+    which keep their fresh init (ones; ``eagle3.train.continual``)."""
+    from eagle3.train.continual import NEW_NORMS
+
     torch.manual_seed(seed)
     draft = DraftModel(inputs.draft_config)
     with torch.no_grad():
         draft.lm_head.weight.copy_(inputs.head.lm_head[inputs.draft_ids].float())
     if init is not None:
-        draft.load_state_dict(init, strict=True)
+        fresh = {k: v for k, v in draft.state_dict().items() if k.startswith(NEW_NORMS) and k not in init}
+        draft.load_state_dict({**init, **fresh}, strict=True)
     return draft
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,36 @@ def test_joining_ray_keeps_the_process_sigterm_handler():
     finally:
         ray.shutdown()
         signal.signal(signal.SIGTERM, before)
+
+
+_SESSIONS_IN_TASK_THREADS = """
+import threading
+
+import ray
+
+from eagle3.online.transport import ray_session
+
+answers = []
+
+
+def unit():  # a Prefect task thread running an online train unit
+    with ray_session(None):
+        answers.append(ray.get(ray.put(len(answers)), timeout=120))
+
+
+for _ in range(2):
+    thread = threading.Thread(target=unit)
+    thread.start()
+    thread.join()
+print(answers, ray.is_initialized())
+"""
+
+
+def test_online_units_in_successive_task_threads_each_get_a_live_ray_and_leave_none_behind():
+    """Ray SIGKILLs the local cluster it started when the starting *thread* ends (PR_SET_PDEATHSIG): a session that
+    outlived its task thread left the process connected to a dead GCS (the next unit hung, and the night exited 1
+    60 s after its gate). Each unit's session now ends inside its thread."""
+    done = subprocess.run([sys.executable, "-c", _SESSIONS_IN_TASK_THREADS], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[0, 1] False"

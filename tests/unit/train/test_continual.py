@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from eagle3.capture.encoding import column_codecs
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
@@ -22,7 +22,7 @@ from eagle3.gate.registry import Registry
 from eagle3.rundir.layout import CKPT_DIR, METRICS_FILE
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.checkpoint import latest_checkpoint
-from eagle3.train.continual import TRAINED_ON, ChampionError, Start, champion_weights
+from eagle3.train.continual import TRAINED_ON, ChampionError, Start, champion_weights, start_line
 from eagle3.train.data import FeatureDataset
 from eagle3.train.metrics import read_metrics
 from eagle3.train.stage import ExportStage, TrainStage, prepare_draft_dir
@@ -213,3 +213,34 @@ def test_night_plan_and_summary_lines_show_init_champion_and_replay_share(nights
     line = start_line(Start(**nights["plan2"].start).summary())
     assert champion_id in line and "32 new rows + 8 replayed (replay share 0.2)" in line
     assert start_line(Start(note="no draft has been promoted yet").summary()).startswith("- training: from scratch")
+
+
+EAGLE31 = ["train.architecture.fc_norm=true", "train.architecture.norm_output=true"]
+
+
+def test_eagle3_champion_starts_an_eagle31_night_with_its_weights_and_the_new_norms_at_ones(nights):
+    config = with_overrides(nights["config"], EAGLE31)
+    plan = TrainStage().plan(config, features_dir=nights["features"], vocab=nights["plan1"].vocab)
+    start = Start(**plan.start)
+    assert start.champion and "EAGLE-3 champion starting an EAGLE 3.1 draft" in start.note
+    assert "3 new norm tensors start at ones" in start_line(start.summary())
+    champion = champion_weights(start)
+    draft = build_draft(load_inputs(config, nights["plan1"].vocab), config.train.seed, champion).state_dict()
+    added = sorted(draft.keys() - champion.keys())
+    assert added == ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"]
+    assert all(torch.equal(draft[k], torch.ones_like(draft[k])) for k in added)
+    assert all(torch.equal(draft[k], champion[k]) for k in champion)
+
+
+def test_eagle31_champion_is_refused_for_an_eagle3_night_whose_draft_would_drop_its_norms(nights, tmp_path):
+    export = shutil.copytree(nights["export1"], tmp_path / "eagle31")
+    tensors = load_file(str(export / "model.safetensors"))
+    width = tensors["fc.weight"].shape[1] // 3
+    save_file({**tensors, **{f"fc_norm.{i}.weight": torch.ones(width) for i in range(3)}},
+              str(export / "model.safetensors"))
+    cfg = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**cfg, "fc_norm": True}))
+    root = tmp_path / "root"
+    Registry(root).dir.mkdir(parents=True)
+    Registry(root).promote(export, report="a 3.1 champion")
+    _refused(with_overrides(nights["config"], [f"root={root}"]), nights, "another draft architecture.*fc_norm")
