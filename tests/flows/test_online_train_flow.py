@@ -113,7 +113,7 @@ def test_online_train_flow_shows_producers_trainer_backlog_eta_and_a_killed_prod
     assert "mid_run" in killed, "the live table never showed the restart while the trainer was still training"
     rows, description = killed["mid_run"]
     assert rows["p0"]["last_error"].startswith(("batch ", "between batches")) and "restarted: p0 x1" in description
-    fp, store = result["fingerprint"], result["summary"]["store"]
+    fp, store = result.fingerprint, result.summary["store"]
     assert store["ready"] == 0 and store["consumed"] == store["total"] and store["reclaimed"] >= 1
 
     table = _latest(f"train-producers-live-{fp}")
