@@ -2,6 +2,7 @@
 token budget per night; after each night the serving-mix accept length on the same held-out eval set; several seeds.
 
     python benchmarks/aimed_scaling.py [--quick] [--seeds 0,1,2] [--nights 4] [--budget 1600] [--out result.json]
+                                       [--init scratch|champion] [--replay 0.5] [--lr-scale 0.5] [--max-share 1]
 
 The world (``eagle3.worlds.domains_world``): a tiny target trained on four domains whose answers a draft learns in
 different ways (memorized passages that saturate fast, copying that keeps improving with data, high-entropy codes no
@@ -17,11 +18,16 @@ held-out eval set, a new training seed):
   would know: rows left per domain, tokens per row of the rows regenerated so far, the current draft's accept length
   per domain, and the per-domain (tokens, accept length) points of the earlier nights;
 * each night a fresh draft is trained on every row selected so far (the project's trainer, fixed epochs, the night's
-  draft vocab), then measured per domain on the eval set (the reference speculative decoder, greedy, 3 steps).
+  draft vocab), then measured per domain on the eval set (the reference speculative decoder, greedy, 3 steps);
+* with ``--init champion`` (aimed v2's setting, issue 49) a night instead starts from the policy's previous draft
+  (every night's draft taken as promoted) with its vocab, on the night's new rows plus the replay share of the rows
+  before (``eagle3.train.continual.replay_sample`` over ``domain:row`` ids), peak lr x ``--lr-scale``; aimed passes
+  ``--max-share`` as ``scaling.max_domain_share``.
 
 Reported per seed and as mean [min, max] over seeds: the regenerated tokens (after the start) aimed needs to reach
 uniform's final serving-mix accept length, relative to uniform's (goal <= 0.7; linear between nights, "not reached"
-if aimed never gets there), and the accept lengths at equal tokens (both policies after the last night).
+if aimed never gets there), and the accept lengths at equal tokens (both policies after the last night: each
+policy's mean and the paired difference aimed - uniform with 95% t intervals over seeds).
 """
 
 from __future__ import annotations
@@ -45,8 +51,10 @@ from eagle3.config.scaling import ScalingConfig
 from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
 from eagle3.gate.offline_accept import evaluate_acceptance
+from eagle3.gate.stats import t_quantile
 from eagle3.scaling.allocation import DomainState, allocate
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+from eagle3.train.continual import Start, champion_weights, replay_sample, write_champion_vocab
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
@@ -102,6 +110,7 @@ class Run:
         self.world, self.policy, self.work, self.args = world, policy, work, args
         self.taken = dict(start)
         self.nights: list[dict[str, Any]] = []
+        self.export: Path | None = None  # the last night's draft (--init champion: tonight's start)
         self.cursor = sum(start.values())  # uniform: the next position in the interleaved order
 
     def domain_tokens(self) -> dict[str, int]:
@@ -128,13 +137,23 @@ class Run:
                               accept=last[d], trained_tokens=tokens[d],
                               points=tuple((n["tokens_by_domain"][d], n["by_domain"][d]) for n in self.nights))
                   for d in DOMAINS]  # fmt: skip
-        plan = allocate(states, budget, unit="tokens", floor=scaling.floor, ceiling=self.args.steps + 1)
+        plan = allocate(states, budget, unit="tokens", floor=scaling.floor, ceiling=self.args.steps + 1,
+                        max_share=self.args.max_share)  # fmt: skip
         return plan.rows()
 
     def night(self, index: int, added: dict[str, int]) -> dict[str, Any]:
+        before = dict(self.taken)
         for domain, n in added.items():
             self.taken[domain] += n
-        by_domain = train_and_measure(self.world, self.taken, self.work / f"{self.policy}-{index}", self.args)
+        ids = [(d, r) for d in DOMAINS for r in range(self.taken[d])]
+        champion = self.export if self.args.init == "champion" else None
+        if champion is not None:
+            new = [(d, r) for d in DOMAINS for r in range(before[d], self.taken[d])]
+            seen = [f"{d}:{r}" for d in DOMAINS for r in range(before[d])]
+            replayed = replay_sample(seen, len(new), self.args.replay, seed=self.world.seed)
+            ids = new + [(sid.split(":")[0], int(sid.split(":")[1])) for sid in replayed]
+        work = self.work / f"{self.policy}-{index}"
+        by_domain, self.export = train_and_measure(self.world, ids, work, self.args, champion=champion)
         tokens = self.domain_tokens()
         record = {"night": index, "rows": dict(self.taken), "added": added, "tokens_by_domain": tokens,
                   "tokens": sum(tokens.values()), "by_domain": by_domain,
@@ -146,8 +165,10 @@ class Run:
         return record
 
 
-def train_and_measure(world: World, taken: dict[str, int], work: Path, args: argparse.Namespace) -> dict[str, float]:
-    """A fresh draft on the rows selected so far (its own draft vocab), then its accept length per domain."""
+def train_and_measure(world: World, ids: list[tuple[str, int]], work: Path, args: argparse.Namespace, *,
+                      champion: Path | None = None) -> tuple[dict[str, float], Path]:  # fmt: skip
+    """A draft on rows ``ids`` (domain, row): fresh with its own draft vocab, or from ``champion``'s export and
+    vocab; then its accept length per domain, and its export."""
     hf = world.target.config
     config = with_overrides(
         PipelineConfig(name="aimed-bench", root=str(work), target=TargetConfig(
@@ -155,17 +176,24 @@ def train_and_measure(world: World, taken: dict[str, int], work: Path, args: arg
             vocab_size=hf.vocab_size, context_length=1024, dtype="float32")),
         ["train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.batch_size=4",
          f"train.epochs={args.epochs}", f"train.seed={world.seed}", "train.log_every=1000", "train.save_every=100000",
-         f"speculative.num_steps={args.steps}", f"speculative.num_draft_tokens={args.steps + 1}"])  # fmt: skip
-    rows = [world.rows[d][r] for d in DOMAINS for r in range(taken[d])]
+         f"speculative.num_steps={args.steps}", f"speculative.num_draft_tokens={args.steps + 1}",
+         f"train.champion_lr_scale={args.lr_scale}"])  # fmt: skip
+    rows = [world.rows[d][r] for d, r in ids]
     random.Random(world.seed).shuffle(rows)
     sequences = answer_sequences([p for p, _ in rows], [a for _, a in rows])
-    write_draft_vocab(sequences, vocab_size=hf.vocab_size, draft_vocab_size=512, path=work / "vocab.safetensors")
+    vocab, init = work / "vocab.safetensors", None
+    if champion is None:
+        write_draft_vocab(sequences, vocab_size=hf.vocab_size, draft_vocab_size=512, path=vocab)
+    else:
+        start = Start(mode="champion", champion_dir=str(champion))
+        write_champion_vocab(start, vocab)
+        init = champion_weights(start)
     batches = batches_from_target(world.target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
-    train_on_source(config, ListBatchSource(batches), load_inputs(config, work / "vocab.safetensors"), work / "d", CPU)
-    export = export_draft(config, work / "d", work / "vocab.safetensors", None, work / "export")
+    train_on_source(config, ListBatchSource(batches), load_inputs(config, vocab), work / "d", CPU, init=init)
+    export = export_draft(config, work / "d", vocab, None, work / "export")
     decoder = SpeculativeDecoder(world.target, world.tokenizer, export, args.steps)
     return {d: evaluate_acceptance(decoder, world.eval[d], max_new_tokens=world.max_new,
-                                   eos_ids=[world.eos])["accept_length"] for d in DOMAINS}  # fmt: skip
+                                   eos_ids=[world.eos])["accept_length"] for d in DOMAINS}, export  # fmt: skip
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], goal: float) -> float | None:
@@ -191,6 +219,7 @@ def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, 
     print(f"seed {seed}: start {start}", flush=True)
     first = runs["uniform"].night(0, dict.fromkeys(DOMAINS, 0))
     runs["aimed"].nights.append(first)  # the same start: one draft, measured once
+    runs["aimed"].export = runs["uniform"].export
     for index in range(1, args.nights + 1):
         for run in runs.values():
             run.night(index, run.select(args.budget))
@@ -207,6 +236,32 @@ def spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} [{min(values):.3f}, {max(values):.3f}]" if values else "n/a"
 
 
+def interval(values: list[float], *, sign: str = "+") -> str:
+    """Mean and 95% t interval over seeds (``sign="+"``: a paired difference; ``""``: a level)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean:{sign}.3f} (one seed)"
+    half = t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return f"{mean:{sign}.3f} [{mean - half:{sign}.3f}, {mean + half:{sign}.3f}]"
+
+
+def cached_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``run_seed``, kept in ``--resume`` (keyed by the arguments that change results) and reused from there."""
+    names = ("nights", "pool", "eval", "start", "budget", "epochs", "max_new", "init", "replay", "lr_scale",
+             "max_share")  # fmt: skip
+    key = {k: getattr(args, k) for k in names}
+    path = None if args.resume is None else args.resume / f"seed-{seed}.json"
+    if path is not None and path.exists() and json.loads(path.read_text())["key"] == key:
+        print(f"seed {seed}: reused {path}", flush=True)
+        return json.loads(path.read_text())["result"]
+    result = run_seed(model_dir, seed, args)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".tmp").write_text(json.dumps({"key": key, "result": result}))
+        path.with_suffix(".tmp").replace(path)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, 3 nights, smaller sets (~1/4 of the time)")
@@ -219,6 +274,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="training epochs of every night's draft")
     parser.add_argument("--max-new", dest="max_new", type=int, default=None, help="answer and eval tokens")
     parser.add_argument("--out", type=Path, default=None, help="write the full result JSON here")
+    parser.add_argument("--resume", type=Path, default=None, help="keep finished seeds here; reuse them")
+    parser.add_argument("--init", choices=("scratch", "champion"), default="scratch",
+                        help="scratch: a fresh draft each night; champion: from the policy's last draft")  # fmt: skip
+    parser.add_argument("--replay", type=float, default=0.5, help="--init champion: train.replay")
+    parser.add_argument("--lr-scale", dest="lr_scale", type=float, default=0.5, help="train.champion_lr_scale")
+    parser.add_argument("--max-share", dest="max_share", type=float, default=1.0, help="scaling.max_domain_share")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (one per seed process: 1)")
     args = parser.parse_args()
     quick = dict(seeds="0,1", nights=3, pool=160, eval=8, start=32, budget=1200, epochs=3, max_new=48)
     full = dict(seeds="0,1,2", nights=4, pool=240, eval=12, start=48, budget=1600, epochs=3, max_new=48)
@@ -226,23 +288,24 @@ def main() -> None:
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.steps = 3
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     from eagle3.recipes import world_cache
 
     model_dir = build_domains_world(world_cache())
     started = time.monotonic()
-    results = [run_seed(model_dir, int(s), args) for s in str(args.seeds).split(",")]
+    results = [cached_seed(model_dir, int(s), args) for s in str(args.seeds).split(",")]
     ratios = [r["ratio"] for r in results if r["ratio"] is not None]
     summary = {
-        "args": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out) if args.out else None},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "wall_s": round(time.monotonic() - started, 1),
         "ratio_tokens_to_reach_uniform_final": spread(ratios),
         "not_reached": [r["seed"] for r in results if r["ratio"] is None],
-        "uniform_final_accept": spread([r["uniform_final_accept"] for r in results]),
-        "aimed_final_accept": spread([r["aimed_final_accept"] for r in results]),
-        "aimed_minus_uniform_at_equal_tokens": spread(
+        "uniform_final_accept": interval([r["uniform_final_accept"] for r in results], sign=""),
+        "aimed_final_accept": interval([r["aimed_final_accept"] for r in results], sign=""),
+        "aimed_minus_uniform_at_equal_tokens": interval(
             [r["aimed_final_accept"] - r["uniform_final_accept"] for r in results]
         ),
+        "aimed_over_uniform_tokens": spread([r["aimed_tokens"] / r["uniform_tokens"] for r in results]),
         "per_seed": [{k: r[k] for k in PER_SEED} for r in results],
     }
     if args.out:

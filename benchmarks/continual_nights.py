@@ -3,6 +3,7 @@
     python benchmarks/continual_nights.py [--quick] [--seeds 0,1,2] [--nights 4] [--start 96] [--new 24]
                                           [--replay 0.5] [--lr-scale 0.5] [--out result.json] [--resume DIR]
                                           [--threads 2] [--world tiny|domains] [--architecture-after eagle3.1]
+                                          [--promote-all]
 
 The world: the tiny world's target (``eagle3.worlds.world``), its chat/math/code prompts (``generate_conversations``),
 or with ``--world domains`` the domains world (``eagle3.worlds.domains_world``: four domains interleaved, equal
@@ -12,20 +13,28 @@ rows). Per seed (new prompts, a new held-out eval set, a new training seed):
 * night 0, shared: a draft trained from scratch on the first ``--start`` rows (its own draft vocab); it is the
   first champion of the continual arm;
 * nights 1..N each add ``--new`` rows. ``scratch`` trains a fresh draft on every row so far (a new vocab each night,
-  as the pipeline's vocab stage does); ``continual`` starts from the last continual draft (assumed promoted: the
-  gate is not run here) with its vocab, on the new rows plus the replay share of earlier rows
-  (``eagle3.train.continual.replay_sample``), peak lr x ``--lr-scale``. Both: the project's trainer
-  (``train_on_source``), ``--epochs`` epochs, batch 4, lr 3e-3 (the tiny benchmarks' setting);
+  as the pipeline's vocab stage does); ``continual`` starts from its arm's champion with its vocab, on the rows the
+  champion never saw plus the replay share of the rows it did (``eagle3.train.continual.replay_sample``), peak lr x
+  ``--lr-scale``. Both: the project's trainer (``train_on_source``), ``--epochs`` epochs, batch 4, lr 3e-3 (the tiny
+  benchmarks' setting);
 * after each night: accept length on the held-out eval prompts (the reference speculative decoder, greedy, 3
-  steps), training tokens (the trainer's count) and training CPU-seconds (``time.process_time``).
+  steps), training tokens (the trainer's count) and training CPU-seconds (``time.process_time``);
+* the gate's champion rule on that held-out measure (``promote``): a night's draft becomes its arm's champion only
+  if its accept length is at least ``gate.min_accept`` and the lower bound of the ``gate.confidence`` t interval
+  of its gain over the champion, the geometric mean over eval prompts of the paired per-prompt accept-length ratio,
+  is at least ``gate.min_gain_over_champion`` (``GateConfig`` defaults: 1.5, 0.9, 1.0), its estimate above 1 (a
+  draft that ties the champion on every prompt does not beat it). The gate measures the gain
+  as paired tok/s over rounds; accept length is its driver at concurrency 1, and per prompt is the pairing this
+  benchmark has. ``--promote-all`` takes every night's draft as promoted (the earlier protocol).
 
 ``--architecture-after eagle3.1``: night 0 trains an EAGLE-3 draft and every later night of both arms an EAGLE 3.1 one
 (``fc_norm`` + ``norm_output``): scratch from a fresh 3.1 draft, continual from the EAGLE-3 champion's weights with
 the new norms at ones (``eagle3.train.continual``).
 
-Reported: per night, mean over seeds of each arm's accept length, the paired difference continual - scratch with a
-95% t interval over seeds, and continual / scratch training tokens and CPU-seconds (mean [min, max]). The goal:
-the same accept length (the interval covers 0, or is above it) at <= 0.5x the training tokens per night.
+Reported: per night, mean over seeds of each arm's accept length (the night's draft and the arm's champion after
+the gate), the paired difference continual - scratch with a 95% t interval over seeds, nights promoted per arm, and
+continual / scratch training tokens and CPU-seconds (mean [min, max]). The goal: the same accept length (the
+interval covers 0, or is above it) at <= 0.5x the training tokens per night.
 ``--resume DIR`` keeps each finished seed there (``seed-<s>.json``) and reuses it when run again with the same args.
 """
 
@@ -43,11 +52,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eagle3.config.gate import GateConfig
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
-from eagle3.gate.offline_accept import evaluate_acceptance
-from eagle3.gate.stats import t_quantile
+from eagle3.gate.stats import ratio_interval, t_quantile
 from eagle3.rundir.layout import METRICS_FILE
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.continual import replay_sample
@@ -127,9 +136,13 @@ class World:
         export = export_draft(config, work / "d", vocab, None, work / "export")
         decoder = SpeculativeDecoder(self.target, self.tokenizer, export, STEPS)
         wall = time.monotonic()
-        accept = evaluate_acceptance(decoder, self.eval, max_new_tokens=self.max_new, eos_ids=[self.eos])
-        return {"rows": len(ids), "tokens": tokens, "cpu_s": round(cpu, 2), "accept": accept["accept_length"],
-                "eval_s": round(time.monotonic() - wall, 1), "export": str(export)}
+        per_prompt = []  # (tokens, verify passes) per eval prompt: what evaluate_acceptance sums, kept for the gate
+        for prompt in self.eval:
+            output, passes, _ = decoder.generate(prompt, self.max_new, [self.eos])
+            per_prompt.append((len(output), passes))
+        accept = sum(t for t, _ in per_prompt) / sum(p for _, p in per_prompt)
+        return {"rows": len(ids), "tokens": tokens, "cpu_s": round(cpu, 2), "accept": accept, "per_prompt": per_prompt,
+                "eval_s": round(time.monotonic() - wall, 1), "export": str(export)}  # fmt: skip
 
 
 def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -139,26 +152,46 @@ def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, 
     order = list(world.rows)
     work = Path(tempfile.mkdtemp(prefix=f"eagle3-continual-{seed}-"))
     first = world.train(order[: args.start], work / "night-0", args, champion=None)
+    first |= {"seen": args.start, "promoted": True, "champion_accept": first["accept"]}
     nights: dict[str, list[dict]] = {arm: [first] for arm in ARMS}
+    champions = dict.fromkeys(ARMS, first)  # each arm's champion: what it serves, and where continual starts
     print(f"seed {seed} night 0: {first['rows']} rows, accept {first['accept']:.3f}", flush=True)
     flags = ARCHITECTURES[args.architecture_after]
     for n in range(1, args.nights + 1):
-        seen, new = order[: args.start + (n - 1) * args.new], order[args.start + (n - 1) * args.new :][: args.new]
-        scratch = world.train(seen + new, work / f"scratch-{n}", args, champion=None, flags=flags)
+        total = args.start + n * args.new
+        scratch = world.train(order[:total], work / f"scratch-{n}", args, champion=None, flags=flags)
+        seen, new = order[: champions["continual"]["seen"]], order[champions["continual"]["seen"] : total]
         replayed = replay_sample(seen, len(new), args.replay, seed=seed)
         continual = world.train(new + replayed, work / f"continual-{n}", args,
-                                champion=Path(nights["continual"][-1]["export"]), flags=flags)  # fmt: skip
-        nights["scratch"].append(scratch)
-        nights["continual"].append(continual)
-        print(f"seed {seed} night {n}: scratch {scratch['rows']} rows {scratch['tokens']} tok accept "
-              f"{scratch['accept']:.3f} | continual {continual['rows']} rows {continual['tokens']} tok accept "
-              f"{continual['accept']:.3f}", flush=True)  # fmt: skip
+                                champion=Path(champions["continual"]["export"]), flags=flags)  # fmt: skip
+        for arm, draft in (("scratch", scratch), ("continual", continual)):
+            draft["seen"], draft["gate"] = total, promote(draft, champions[arm], args.promote_all)
+            draft["promoted"] = draft["gate"]["promoted"]
+            champions[arm] = draft if draft["promoted"] else champions[arm]
+            draft["champion_accept"] = champions[arm]["accept"]
+            nights[arm].append(draft)
+        print(f"seed {seed} night {n}: " + " | ".join(
+            f"{arm} {d['rows']} rows {d['tokens']} tok accept {d['accept']:.3f} gain {d['gate']['gain']} "
+            f"{'PROMOTED' if d['promoted'] else 'kept champion'} {d['champion_accept']:.3f}"
+            for arm, d in (("scratch", scratch), ("continual", continual))), flush=True)  # fmt: skip
     return {"seed": seed, "wall_s": round(time.monotonic() - started, 1), "nights": nights}
+
+
+def promote(draft: dict[str, Any], champion: dict[str, Any], promote_all: bool) -> dict[str, Any]:
+    """The gate's champion rule on the held-out measure (module docstring): promoted, and the gain interval."""
+    gate = GateConfig()
+    pairs = zip(draft["per_prompt"], champion["per_prompt"], strict=True)
+    ratios = [(t / p) / (ct / cp) for (t, p), (ct, cp) in pairs if t and p and ct and cp]
+    iv = ratio_interval(ratios, gate.confidence)
+    passed = (iv is not None and iv.lo >= gate.min_gain_over_champion and iv.estimate > 1.0  # a tie does not beat it
+              and draft["accept"] >= gate.min_accept)  # fmt: skip
+    gain = None if iv is None else f"{iv.estimate:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]"
+    return {"promoted": promote_all or passed, "gate_pass": passed, "gain": gain}
 
 
 def cached_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """``run_seed``, kept in ``--resume`` (keyed by the arguments that change results) and reused from there."""
-    names = ("world", "nights", "start", "new", "eval", "epochs", "replay", "lr_scale", "max_new",
+    names = ("world", "nights", "start", "new", "eval", "epochs", "replay", "lr_scale", "max_new", "promote_all",
              "architecture_after")  # fmt: skip
     key = {k: getattr(args, k) for k in names}
     path = None if args.resume is None else args.resume / f"seed-{seed}.json"
@@ -196,6 +229,12 @@ def summarize(results: list[dict[str, Any]], nights: int) -> list[dict[str, Any]
             "scratch_accept": spread([x["accept"] for x in s]),
             "continual_accept": spread([x["accept"] for x in c]),
             "continual_minus_scratch_accept": interval([b["accept"] - a["accept"] for a, b in zip(s, c, strict=True)]),
+            "scratch_champion_accept": spread([x["champion_accept"] for x in s]),
+            "continual_champion_accept": spread([x["champion_accept"] for x in c]),
+            "champion_continual_minus_scratch": interval(
+                [b["champion_accept"] - a["champion_accept"] for a, b in zip(s, c, strict=True)]),
+            "promoted": {"scratch": sum(x["promoted"] for x in s), "continual": sum(x["promoted"] for x in c),
+                         "of": len(s)},
             "tokens_ratio": spread([b["tokens"] / a["tokens"] for a, b in zip(s, c, strict=True)]),
             "cpu_ratio": spread([b["cpu_s"] / a["cpu_s"] for a, b in zip(s, c, strict=True)]),
             "scratch_tokens": statistics.fmean(x["tokens"] for x in s),
@@ -223,6 +262,8 @@ def main() -> None:
     parser.add_argument("--architecture-after", dest="architecture_after", choices=tuple(ARCHITECTURES),
                         default="eagle3", help="the draft architecture of nights 1..N (night 0 is EAGLE-3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (one per seed process: 1)")
+    parser.add_argument("--promote-all", dest="promote_all", action="store_true",
+                        help="take every night's draft as promoted (no gate; the protocol before the gate model)")
     args = parser.parse_args()
     quick = dict(nights=3, start=64, new=16, eval=10, epochs=2)
     full = dict(nights=4, start=96, new=24, eval=16, epochs=3)

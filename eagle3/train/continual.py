@@ -22,7 +22,10 @@ Design choices:
   reverse (a 3.1 champion, a 3.0 night) would drop trained norms and is refused.
 * **Refused before training.** A champion that cannot start the draft (pointer to a missing copy, an invalid
   export, another target, another architecture or layer ids, no record of its data, nothing new to train on) raises
-  ``ChampionError`` at plan time, one line naming the fix.
+  ``ChampionError`` at plan time, one line naming the fix. A re-run of the night whose own draft was promoted (a
+  night killed after its gate, or re-triggered) is not "nothing new": the champion trained on exactly tonight's
+  shards, and its recorded start puts tonight's plan in its own draft dir, so the plan takes that start and finds
+  the draft done.
 * **Reproducible.** The start (champion id, replay share, lr scale) enters the draft fingerprint; the rows follow
   from the feature set (in the vocab's fingerprint), the champion's record and the seed. A scratch night adds
   nothing, so existing drafts keep their fingerprints.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,8 @@ TRAINED_ON = "trained_on.json"  # in a draft dir and its export: the feature sha
 CHAMPION_VOCAB = "vocab.safetensors"  # in a champion-started draft dir: the champion's maps
 SCRATCH_FIX = "or set train.init=scratch for tonight"
 NEW_NORMS = ("fc_norm.", "input_norm.")  # the tensors EAGLE 3.1 adds to an EAGLE-3 draft (eagle3.model.draft)
+
+logger = logging.getLogger(__name__)
 
 
 class ChampionError(ValueError):
@@ -135,9 +141,10 @@ def _target_id(config: PipelineConfig) -> dict[str, Any]:
     return {"model_path": config.target.model_path, "revision": config.target.revision}
 
 
-def plan_start(config: PipelineConfig, features_dir: Path) -> Start:
+def plan_start(config: PipelineConfig, features_dir: Path, *, vocab_name: str = "") -> Start:
     """Tonight's start by ``train.init``; raises ``ChampionError`` (before any training) when the champion cannot
-    start it."""
+    start it. ``vocab_name``: the vocab stage dir's name (the draft fingerprint's), to recognise a re-run of the
+    night whose own draft is the champion."""
     if config.train.init == "scratch":
         return Start()
     champion = read_champion(config.root_path)
@@ -152,12 +159,32 @@ def plan_start(config: PipelineConfig, features_dir: Path) -> Start:
         return Start(note=f"a new vocab mapping is needed: vocab.draft_vocab_size={config.vocab.draft_vocab_size}, "
                           f"the champion's is {cfg['draft_vocab_size']}")  # fmt: skip
     seen = _seen(config, export, champion.get("source_dir", ""), champion_id)
+    own = _own_start(config, Path(features_dir), vocab_name, champion.get("source_dir", ""), seen)
+    if own is not None:
+        return own
     start = _replay_plan(config, Path(features_dir), seen, champion_id, str(export))
     added = _added_norms(config, export, cfg)
     if not added:
         return start
     return replace(start, note=f"an EAGLE-3 champion starting an EAGLE 3.1 draft: its {len(added)} new norm "
                               f"tensors start at ones, so step 0 is not the champion's forward")  # fmt: skip
+
+
+def _own_start(config: PipelineConfig, features_dir: Path, vocab_name: str, source_dir: str,
+               seen: dict[str, str]) -> Start | None:  # fmt: skip
+    """The champion's recorded start when the champion is tonight's own draft (a re-run of the night that promoted
+    it): it trained on exactly tonight's shards, and that start puts tonight's draft fingerprint in its draft dir."""
+    if not source_dir or seen != trained_on(features_dir):
+        return None
+    from eagle3.rundir.layout import stage_dir
+    from eagle3.train.trainer import draft_fingerprint
+
+    draft_dir, start = Path(source_dir).parent, Start.read(Path(source_dir).parent)
+    fp = draft_fingerprint(config, features_dir.name, vocab_name, start.identity())
+    if stage_dir(config.root_path, "train", fp).resolve() != draft_dir.resolve():
+        return None
+    logger.info("train.init=champion: the champion is this night's own draft %s (a re-run): reusing it", fp)
+    return start
 
 
 def read_champion(root: Path) -> dict[str, Any] | None:

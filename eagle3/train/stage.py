@@ -82,7 +82,7 @@ class TrainStage(Stage[TrainPlan]):
 
     def plan(self, config: PipelineConfig, *, features_dir: Path, vocab: Path) -> TrainPlan:
         features, vocab_path = Path(features_dir), vocab_file(vocab)
-        start = plan_start(config, features)  # a champion that cannot start the draft is refused here
+        start = plan_start(config, features, vocab_name=vocab_path.parent.name)  # a bad champion is refused here
         fp = draft_fingerprint(config, features.name, vocab_path.parent.name, start.identity())
         out_dir = stage_dir(config.root_path, "train", fp)
         manifest = Manifest.read(features)

@@ -196,11 +196,28 @@ def test_champion_night_without_new_rows_is_refused_and_a_new_vocab_size_trains_
     shutil.copytree(nights["root"] / "registry", root / "registry")
     config = with_overrides(nights["config"], [f"root={root}"])
     Registry(root).promote(nights["export2"], report="night-2")  # the night-2 draft has seen all four shards
+    # ... and it is not this root's own night (its draft dir is under another root): nothing new, refused
     _refused(config, nights, "has trained on every row.*--scale.*train.init=scratch")
     resized = with_overrides(config, ["vocab.draft_vocab_size=256"])
     plan = TrainStage().plan(resized, features_dir=nights["features"], vocab=nights["plan1"].vocab)
     assert plan.start["mode"] == "scratch" and "new vocab mapping" in plan.start["note"]
     assert plan.fingerprint == draft_fingerprint(resized, nights["features"].name, nights["plan1"].vocab.parent.name)
+
+
+def test_rerun_of_a_night_whose_own_draft_was_promoted_reuses_that_draft(nights):
+    """A night killed after its gate promoted its draft (or re-triggered) plans again: the champion has seen every
+    row because it is tonight's own draft, so the plan finds that draft done instead of refusing 'nothing new'."""
+    registry = Registry(nights["root"])
+    pointer = registry.pointer.read_text()
+    registry.promote(nights["export2"], report="night-2")
+    try:
+        plan = TrainStage().plan(nights["config"], features_dir=nights["features"], vocab=nights["plan1"].vocab)
+        report = TrainStage().run_unit(nights["config"], plan, 0)
+    finally:
+        registry.pointer.write_text(pointer)
+    assert (plan.fingerprint, plan.out_dir) == (nights["plan2"].fingerprint, nights["plan2"].out_dir)
+    assert plan.start == nights["plan2"].start and report.skipped  # its own start, no worker started
+    assert json.loads(pointer)["draft_id"] == registry.champion().draft_id  # night 1 is the champion again
 
 
 def test_night_plan_and_summary_lines_show_init_champion_and_replay_share(nights):
