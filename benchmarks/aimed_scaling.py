@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import resumable
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.config.pipeline import PipelineConfig, with_overrides
@@ -249,17 +250,8 @@ def cached_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[st
     """``run_seed``, kept in ``--resume`` (keyed by the arguments that change results) and reused from there."""
     names = ("nights", "pool", "eval", "start", "budget", "epochs", "max_new", "init", "replay", "lr_scale",
              "max_share")  # fmt: skip
-    key = {k: getattr(args, k) for k in names}
     path = None if args.resume is None else args.resume / f"seed-{seed}.json"
-    if path is not None and path.exists() and json.loads(path.read_text())["key"] == key:
-        print(f"seed {seed}: reused {path}", flush=True)
-        return json.loads(path.read_text())["result"]
-    result = run_seed(model_dir, seed, args)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".tmp").write_text(json.dumps({"key": key, "result": result}))
-        path.with_suffix(".tmp").replace(path)
-    return result
+    return resumable(path, {k: getattr(args, k) for k in names}, lambda: run_seed(model_dir, seed, args))
 
 
 def main() -> None:

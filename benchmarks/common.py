@@ -4,6 +4,9 @@ this folder on its path). Standard library only; torch is imported when a script
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -40,3 +43,17 @@ def start_torch(args: Any, *, quick: tuple[int, int, int]) -> None:
     if args.quick:
         args.hidden, args.layers, args.samples = quick
     torch.manual_seed(0)
+
+
+def resumable(path: Path | None, key: dict[str, Any], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s result, kept at ``path`` (``--resume``) under ``key`` (the arguments that change results) and
+    reused from there while the key is the same."""
+    if path is not None and path.exists() and json.loads(path.read_text())["key"] == key:
+        print(f"reused {path}", flush=True)
+        return json.loads(path.read_text())["result"]
+    result = run()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".tmp").write_text(json.dumps({"key": key, "result": result}))
+        path.with_suffix(".tmp").replace(path)
+    return result
