@@ -36,9 +36,9 @@ from common import add_target_options, benchmark_parser, start_torch
 from eagle3.capture.encoding import dequantize
 from eagle3.capture.footprint import served_plan
 from eagle3.capture.hf import load_hf_backend
-from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import footer_codecs
 from eagle3.capture.sglang.backend import SGLangBackend
+from eagle3.capture.shard import capture_shard
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.data.parquet import shard_metadata
 from eagle3.recipes import load_recipe

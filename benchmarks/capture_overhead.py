@@ -27,7 +27,7 @@ import torch
 from common import add_target_options, benchmark_parser, start_torch
 
 from eagle3.capture.hf import HFBackend
-from eagle3.capture.run import capture_shard, plan_batches
+from eagle3.capture.shard import capture_shard, plan_batches
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter

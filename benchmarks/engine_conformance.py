@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from eagle3.config.pipeline import PipelineConfig, with_overrides
-from eagle3.gate.gate import SGLANG_MEMORY
 from eagle3.gate.prompts import load_gate_prompts
+from eagle3.gate.release import SGLANG_MEMORY
 from eagle3.gate.report import ArmResult
 from eagle3.gate.rounds import measure_rounds
 from eagle3.recipes import resolve

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from capture_writer import make_batches, writer_config
 
-from eagle3.capture.run import finalize_features, shard_footer
+from eagle3.capture.shard import finalize_features, shard_footer
 from eagle3.capture.writer import PartWriter
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import world_cache

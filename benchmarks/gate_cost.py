@@ -24,7 +24,7 @@ from pathlib import Path
 
 RUN = """
 import json, sys, time
-from eagle3.gate.gate import run_gate
+from eagle3.gate.release import run_gate
 from eagle3.recipes import resolve
 job = json.loads(sys.argv[1])
 config = resolve(job["recipe"], job["overrides"])

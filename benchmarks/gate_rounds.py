@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.gate import run_gate
+from eagle3.gate.release import run_gate
 from eagle3.recipes import resolve
 
 

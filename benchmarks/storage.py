@@ -47,12 +47,12 @@ from eagle3.capture.encoding import (
 )
 from eagle3.capture.head import target_topk
 from eagle3.capture.hf import HFBackend
-from eagle3.capture.run import capture_shard
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table
+from eagle3.capture.shard import capture_shard
 from eagle3.capture.writer import feature_compression
 from eagle3.config.capture import CaptureConfig
 from eagle3.data.parquet import ShardWriter, shard_metadata
-from eagle3.train.shards import iter_row_groups, open_features
+from eagle3.train.feature_reader import iter_row_groups, open_features
 
 KIMI_H = 7168
 CODECS = ("none", "lz4", "zstd")

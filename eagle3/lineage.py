@@ -68,7 +68,7 @@ class Lineage:
 
     @cached_property
     def features_fp(self) -> str:
-        from eagle3.capture.run import features_fingerprint  # capture and vocab import torch: only when asked
+        from eagle3.capture.shard import features_fingerprint  # capture and vocab import torch: only when asked
 
         return features_fingerprint(self.config, self.regen_fp)
 

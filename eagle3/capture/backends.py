@@ -2,7 +2,7 @@
 serves it, in SGLang's own model runner: ``eagle3.capture.sglang``).
 
 A backend turns batches of token ids into per-sample hidden states. Everything else (bucketing, quarantine,
-encoding, Parquet, resume) lives in ``eagle3.capture.run`` and is shared by every backend.
+encoding, Parquet, resume) lives in ``eagle3.capture.shard`` and is shared by every backend.
 """
 
 from __future__ import annotations

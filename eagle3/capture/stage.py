@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from eagle3.capture.budget import capture_estimate, check_disk_budget
-from eagle3.capture.run import (
+from eagle3.capture.shard import (
     REGEN_INPUT_SCHEMA,
     capture_shard,
     features_fingerprint,

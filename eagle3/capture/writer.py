@@ -1,6 +1,6 @@
 """The capture's writer threads: part files and the streamed final shard.
 
-The forward (``eagle3.capture.run``) hands each batch's states in their stored form to ``PartWriter`` and goes on
+The forward (``eagle3.capture.shard``) hands each batch's states in their stored form to ``PartWriter`` and goes on
 with the next batch. Two background threads do the rest, so a batch's compression overlaps the next one's part file:
 * the parts thread waits for a GPU's copies to the host (``eagle3.runtime.transfer.HostCopy``), quarantines non-finite
   samples, builds the Arrow table over the states' own buffers (no copy) and writes and syncs the part file (what a
@@ -82,7 +82,7 @@ class PartWriter:
     The final shard is first fed the parts already on disk (a resumed run), in part order, so resumed and
     uninterrupted runs write the same rows in the same order. ``finish`` writes the quarantine file, then renames
     the shard, then writes both files' sizes and hashes (``hashes-NNNNN.json``, what ``finalize_features`` lists
-    without reading the shard back), then removes the parts (the order ``eagle3.capture.run._finished`` relies on).
+    without reading the shard back), then removes the parts (the order ``eagle3.capture.shard._finished`` relies on).
     A build first records that nothing is known of its files (``{}``), so a shard is never listed with another
     build's hashes, even from the previous manifest.
     ``submit`` blocks while ``WRITE_AHEAD`` batches wait (backpressure) and raises the writer's error, if any."""
@@ -176,7 +176,7 @@ class PartWriter:
         second, their writers' hashes third, parts last (renamed aside and deleted in the background:
         ``remove_in_background``). A kill between the shard and its hashes leaves a finished shard whose hashes are
         not known (``{}``): the next capture of the shard checks its pages and records them
-        (``eagle3.capture.run``)."""
+        (``eagle3.capture.shard``)."""
         self._stop()
         if self._error is not None:
             self._shard.abort()

@@ -19,7 +19,7 @@ from typing import Any
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint, check_sources, load_catalog, write_catalog
 from eagle3.data.normalize import mix_lines, normalize_source, prompts_fingerprint, source_counts, spill_counts_path
-from eagle3.data.shard import build_prompt_shards, summary_markdown
+from eagle3.data.prompt_shards import build_prompt_shards, summary_markdown
 from eagle3.data.template import tokenizer_imports
 from eagle3.rundir.layout import find_input, stage_dir, write_failed_shards
 from eagle3.rundir.runroot import MANIFEST, Manifest

@@ -14,7 +14,7 @@ Design choices:
   profile (``gate.traffic``): its ``speedup`` is the weighted one, ``levels`` holds each level's own verdict
   (``LevelVerdict``), ``crossover`` where speculation stops paying (``eagle3.gate.serving.Crossover`` as a dict),
   ``warnings`` the levels slower than the baseline that did not block a PASS.
-- ``GateReport.adaptive``: the SGLang adaptive configuration emitted from the levels (``eagle3.gate.gate``):
+- ``GateReport.adaptive``: the SGLang adaptive configuration emitted from the levels (``eagle3.gate.release``):
   ``{"draft", "tiers": [{batch_size, concurrency, candidate_steps, reason}], "config": <the JSON SGLang reads, or
   None>, "config_path", "launch_sglang", "summary"}``. ``GateReport.cost``: what the measurement took
   (``{"rounds", "levels", "arms", "batches", "measure_s"}``).

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.gate import gate_identity, run_gate
+from eagle3.gate.release import gate_identity, run_gate
 from eagle3.gate.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
 from eagle3.stage import Frozen, OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 

@@ -20,7 +20,7 @@ import torch
 
 from eagle3.capture.backends import TopK, check_shapes, stored_final
 from eagle3.capture.encoding import TORCH_DTYPES, ColumnCodec, FinalCodec, TopKCodec, dequantize
-from eagle3.capture.run import Sample
+from eagle3.capture.shard import Sample
 from eagle3.errors import DataError
 
 Wire = tuple[np.ndarray, str, tuple[int, ...]]  # (bytes as uint8, torch dtype name, shape)

@@ -5,7 +5,7 @@ order, as the stored path would on the shards capture writes from the same regen
 draft"). The stored loader (``eagle3.train.data.FeatureDataset``) plans an epoch over Parquet row groups: shuffled
 from ``seed + epoch``, dealt to ranks, rows shuffled inside each. So this module predicts those row groups:
 
-* capture keeps the admitted rows of a regen shard (``eagle3.capture.run.admit``) in the order of its forward
+* capture keeps the admitted rows of a regen shard (``eagle3.capture.shard.admit``) in the order of its forward
   batches (``plan_batches``: longest first), one part table per batch;
 * the shard writer (``eagle3.data.parquet.ShardWriter``) closes a row group after the part whose table brings its
   buffer to ``capture.row_group_bytes`` (Arrow ``nbytes``, uncompressed), so row groups end on part boundaries;
@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from eagle3.capture.encoding import column_codecs
-from eagle3.capture.run import Sample, admit, features_fingerprint, plan_batches, read_regen_shard, shard_index_of
+from eagle3.capture.shard import Sample, admit, features_fingerprint, plan_batches, read_regen_shard, shard_index_of
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.rundir.runroot import fingerprint
 from eagle3.train.data import FeatureDataset, RowGroup
@@ -146,7 +146,7 @@ class OnlinePlan:
     def for_night(cls, config: PipelineConfig, regen_dir: Path, *, world_size: int) -> OnlinePlan:
         """The plan every party of an online run builds (trainer ranks, producers, vocab): the feature shards a
         finished features stage of this config already holds (earlier stored nights) are read, the rest captured."""
-        from eagle3.capture.run import feature_shards
+        from eagle3.capture.shard import feature_shards
         from eagle3.rundir.layout import shard_index, stage_dir
         from eagle3.rundir.runroot import Manifest
 

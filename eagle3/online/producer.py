@@ -21,7 +21,7 @@ from eagle3.online.batch import Stored, make_message, states_of
 from eagle3.online.broker import DONE, WAIT
 from eagle3.online.plan import OnlinePlan
 from eagle3.online.transport import deliver
-from eagle3.train.shards import open_features, read_row_group
+from eagle3.train.feature_reader import open_features, read_row_group
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
     import ray
 
     if backend is None:
-        from eagle3.capture.run import shared_backend
+        from eagle3.capture.shard import shared_backend
 
         backend = shared_backend(config)
     capture = config.capture

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from eagle3.capture.run import features_fingerprint
+from eagle3.capture.shard import features_fingerprint
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DATA_ERROR_PREFIX, DataError
 from eagle3.model.vocab import save_vocab

@@ -34,10 +34,10 @@ from eagle3.data.parquet import (
 )
 from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
 from eagle3.regen.client import Client, RetriesExhausted
+from eagle3.regen.conversation import SampleContext, failed_row, regenerate
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan, template_kwargs
 from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
-from eagle3.regen.sample import SampleContext, failed_row, regenerate
 from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
 from eagle3.regen.stop import running_shard
 from eagle3.rundir.integrity import verify_files

@@ -12,8 +12,8 @@ Two ways, by what the reader reads:
   them wait for: a night of Kimi-K2.5 features is ~3 TB, and a first pass reads all of it from disk before training
   starts (at every resume too) on top of the epoch's own read. Every page a ``ShardWriter`` writes carries a CRC32
   and the manifest records the shard's footer sha256 (``FileEntry.footer_sha256``); here only the footers are
-  hashed, and the reader reads with Arrow's page checksum verification (``eagle3.train.shards``) and refuses a row
-  group whose page fails it (``checked_read``). A file listed without a footer hash (written before pages had
+  hashed, and the reader reads with Arrow's page checksum verification (``eagle3.train.feature_reader``) and refuses a
+  row group whose page fails it (``checked_read``). A file listed without a footer hash (written before pages had
   checksums) gets the whole-file pass. ``benchmarks/loader.py`` measures both ways against an epoch (BENCHMARKS.md).
 
 Processes that read the same files (the ranks of one training run) split the checks instead of each paying them:

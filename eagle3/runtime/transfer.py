@@ -6,7 +6,7 @@ from pageable memory is a synchronous bounce through a driver buffer, and any co
 the step queued before it and holds back the one queued after it. The consumer's stream waits for that work's event
 when it takes the batch (``handed_out``).
 
-``HostCopy`` (capture, ``eagle3.capture.run``): a GPU target's states come back into pinned memory, queued on the
+``HostCopy`` (capture, ``eagle3.capture.shard``): a GPU target's states come back into pinned memory, queued on the
 current stream behind the forward that made them, so the capture thread goes on to queue the next forward at once;
 the writer thread waits for the copies (``wait``) and does the host work while the GPU computes. Reading a state
 (``.cpu()``, ``bool(...)``) on the capture thread waited for the forward and left the GPU idle during the host work.

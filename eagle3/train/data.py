@@ -61,7 +61,7 @@ from eagle3.rundir.integrity import ALONE, Share, verify_files
 from eagle3.rundir.runroot import fingerprint
 from eagle3.runtime.transfer import DeviceTransfer, Moved
 from eagle3.train.distributed import gather_lines
-from eagle3.train.shards import Decoded, FeatureFile, iter_row_groups, open_features, read_row_group, run_ahead
+from eagle3.train.feature_reader import Decoded, FeatureFile, iter_row_groups, open_features, read_row_group, run_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class RowGroup:
 
 def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
     if isinstance(shards, (str, Path)) and Path(shards).is_dir():
-        from eagle3.capture.run import feature_shards
+        from eagle3.capture.shard import feature_shards
 
         return feature_shards(Path(shards))
     if isinstance(shards, (str, Path)):

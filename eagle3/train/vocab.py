@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from eagle3.capture.run import feature_shards
+from eagle3.capture.shard import feature_shards
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import open_shard
 from eagle3.model.export_format import vocab_maps

@@ -55,7 +55,7 @@ from typing import Any
 import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -226,6 +226,14 @@ def print_json(data: Any) -> None:
 # A stage's progress now (``eagle3.stage.Progress``) and extra text for the bar (loss, accept length), or None
 # while the stage has nothing to report yet.
 Poll = Callable[[], tuple[StageProgress, str] | None]
+
+
+@contextmanager
+def spinner(text: str) -> Iterator[None]:
+    """A transient spinner with the elapsed time on stderr while a quick step with no progress of its own runs."""
+    with Progress(SpinnerColumn(), TextColumn(text), TimeElapsedColumn(), console=console, transient=True) as bar:
+        bar.add_task(text, total=None)
+        yield
 
 
 @contextmanager

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.capture.run import capture_shard, finalize_features
 from eagle3.capture.schema import FEATURE_SCHEMA
+from eagle3.capture.shard import capture_shard, finalize_features
 from eagle3.config.pipeline import with_overrides
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
@@ -233,7 +233,7 @@ def test_serve_on_a_port_in_use_is_bad_usage(command_env: dict[str, str]):
 # A bug in a unit (not an expected failure): injected before the command runs
 _WITH_A_BUG = """
 import sys
-import eagle3.capture.run as run
+import eagle3.capture.shard as run
 
 def read_regen_shard(path):
     raise RuntimeError("injected bug")

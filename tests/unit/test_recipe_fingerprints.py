@@ -35,9 +35,9 @@ def recipe_record(name: str) -> dict[str, Any]:
     """The resolved config of recipe ``name`` (JSON), what ``config show`` derives from it, and each stage's
     fingerprint, each computed from the config and its upstream stage's fingerprint as in ``eagle3.lineage``."""
     from eagle3.capture.budget import night_estimate
-    from eagle3.capture.run import features_fingerprint
+    from eagle3.capture.shard import features_fingerprint
     from eagle3.data import normalize
-    from eagle3.gate.gate import gate_fingerprint
+    from eagle3.gate.release import gate_fingerprint
     from eagle3.regen.plan import regen_fingerprint
     from eagle3.scaling.selection import select_fingerprint
     from eagle3.train.trainer import draft_fingerprint

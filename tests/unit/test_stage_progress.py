@@ -52,8 +52,8 @@ def test_while_no_server_is_healthy_the_progress_says_waiting_for_servers_and_sh
 
     import pyarrow.parquet as pq
 
+    from eagle3.regen.conversation import pretokenized_row
     from eagle3.regen.journal import Journal, journal_name
-    from eagle3.regen.sample import pretokenized_row
     from eagle3.regen.shard import waiting_name
     from eagle3.regen.status import regen_status
     from eagle3.rundir.layout import shard_name

@@ -50,7 +50,7 @@ from eagle3.serve.reference.requests import BadRequest, GenerateRequest, parse_c
 
 logger = logging.getLogger(__name__)
 
-BACKEND = web.AppKey("backend", object)
+GENERATOR = web.AppKey("generator", object)
 ARGS = web.AppKey("args", argparse.Namespace)
 FAULTS = web.AppKey("faults", FaultInjector)
 IN_FLIGHT = web.AppKey("in_flight", set)
@@ -104,8 +104,8 @@ def _register(request: web.Request, rid: str) -> None:
     in_flight.add(rid)
 
 
-def _text(backend: Any, c: Completion) -> str:
-    text = backend.decode(c.output_ids)
+def _text(generator: Any, c: Completion) -> str:
+    text = generator.decode(c.output_ids)
     matched = c.finish_reason.get("matched")
     if isinstance(matched, str) and matched and matched in text:
         text = text[: text.rindex(matched)]  # SGLang drops the matched stop string from the text
@@ -118,7 +118,7 @@ async def _admission(request: web.Request) -> web.Response | None:
     if fault is not None:
         return error_response(fault.status, fault.message)
     cap = request.app[ARGS].max_queued_requests
-    if cap is not None and request.app[BACKEND].num_waiting >= cap:
+    if cap is not None and request.app[GENERATOR].num_waiting >= cap:
         return error_response(503, f"queue full ({cap} waiting requests); retry later")
     return None
 
@@ -145,7 +145,7 @@ async def _in_flight(
 ) -> web.StreamResponse:
     """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is SGLang's 400)."""
     try:
-        req = parse(await _read_json(request), request.app[BACKEND])
+        req = parse(await _read_json(request), request.app[GENERATOR])
         _register(request, req.rid)
     except BadRequest as exc:
         return error_response(400, str(exc), plain=exc.plain)
@@ -161,18 +161,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
     """``/generate`` once its rid is registered: admission, then a JSON reply or an SSE stream."""
-    backend = request.app[BACKEND]
+    generator = request.app[GENERATOR]
     refused = await _admission(request)
     if refused is not None:
         return refused
     if req.stream:
         return await _generate_stream(request, req)
     try:
-        c = await backend.generate(req.rid, req.input_ids, req.params)
+        c = await generator.generate(req.rid, req.input_ids, req.params)
     except RuntimeError as exc:
         return error_response(500, f"generation failed: {exc}")
     meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    body = {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta}
+    body = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
     response = web.json_response(body)
     await response.prepare(request)
     await response.write_eof()
@@ -182,11 +182,11 @@ async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamRes
 
 async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
     """SSE: one event per engine step with the cumulative output, the final one with ``finish_reason``."""
-    backend = request.app[BACKEND]
+    generator = request.app[GENERATOR]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     steps: asyncio.Queue[list[int]] = asyncio.Queue()
-    task = asyncio.ensure_future(backend.generate(req.rid, req.input_ids, req.params, on_tokens=steps.put_nowait))
+    task = asyncio.ensure_future(generator.generate(req.rid, req.input_ids, req.params, on_tokens=steps.put_nowait))
     start = time.monotonic()
     try:
         while not task.done():
@@ -204,7 +204,7 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
                 "cached_tokens": 0,
                 "e2e_latency": time.monotonic() - start,
             }
-            await _sse(response, {"text": backend.decode(ids), "output_ids": ids, "meta_info": meta})
+            await _sse(response, {"text": generator.decode(ids), "output_ids": ids, "meta_info": meta})
         c = task.result()
     except RuntimeError as exc:
         await _sse(response, {"error": {"message": f"generation failed: {exc}", "code": 500}})
@@ -213,7 +213,7 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
     finally:
         task.cancel()
     meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    await _sse(response, {"text": _text(backend, c), "output_ids": c.output_ids, "meta_info": meta})
+    await _sse(response, {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     _completed(request, req.rid)
@@ -230,12 +230,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.Response:
     """``/v1/chat/completions`` once its rid is registered."""
-    backend = request.app[BACKEND]
+    generator = request.app[GENERATOR]
     refused = await _admission(request)
     if refused is not None:
         return refused
     try:
-        c = await backend.generate(req.rid, req.input_ids, req.params)
+        c = await generator.generate(req.rid, req.input_ids, req.params)
     except RuntimeError as exc:
         return error_response(500, f"generation failed: {exc}")
     body = {
@@ -246,7 +246,7 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
         "choices": [
             {
                 "index": 0,
-                "message": _chat_message(request.app[ARGS], req, _text(backend, c)),
+                "message": _chat_message(request.app[ARGS], req, _text(generator, c)),
                 "finish_reason": c.finish_reason["type"],
                 "matched_stop": c.finish_reason.get("matched"),
             }
@@ -282,33 +282,33 @@ async def health(request: web.Request) -> web.Response:
 async def health_generate(request: web.Request) -> web.Response:
     from eagle3.serve.reference.protocol import SamplingParams
 
-    backend = request.app[BACKEND]
-    ids = backend.encode("health") or [0]
-    await backend.generate(f"health-{uuid.uuid4().hex}", ids, SamplingParams(max_new_tokens=1, temperature=0.0))
+    generator = request.app[GENERATOR]
+    ids = generator.encode("health") or [0]
+    await generator.generate(f"health-{uuid.uuid4().hex}", ids, SamplingParams(max_new_tokens=1, temperature=0.0))
     return web.Response(text="")
 
 
 async def model_info(request: web.Request) -> web.Response:
-    backend = request.app[BACKEND]
+    generator = request.app[GENERATOR]
     args = request.app[ARGS]
     info = {
         "model_path": args.model_path or "synthetic",
         "tokenizer_path": args.tokenizer_path or args.model_path,
         "is_generation": True,
-        "architectures": backend.architectures,
-        "synthetic": backend.synthetic,
+        "architectures": generator.architectures,
+        "synthetic": generator.synthetic,
         "server": "eagle3-reference",
     }
-    if backend.synthetic:
+    if generator.synthetic:
         info["note"] = "synthetic load mode for the client-scaling benchmark: no model, outputs are meaningless"
     return web.json_response(info)
 
 
 async def server_info_route(request: web.Request) -> web.Response:
-    backend = request.app[BACKEND]
+    generator = request.app[GENERATOR]
     info = server_info(request.app[ARGS])
-    info["context_length"] = backend.context_length
-    info["internal_states"] = [backend.counters()]
+    info["context_length"] = generator.context_length
+    info["internal_states"] = [generator.counters()]
     info["version"] = "eagle3-reference"
     return web.json_response(info)
 
@@ -321,10 +321,10 @@ async def flush_cache(request: web.Request) -> web.Response:
                         "waiting requests, the operation will not be performed.)\n")  # fmt: skip
 
 
-def build_app(args: argparse.Namespace, backend: Any) -> web.Application:
+def build_app(args: argparse.Namespace, generator: Any) -> web.Application:
     app = web.Application(client_max_size=64 * 2**20)
     app[ARGS] = args
-    app[BACKEND] = backend
+    app[GENERATOR] = generator
     app[FAULTS] = FaultInjector(args)
     app[IN_FLIGHT] = set()
     app.router.add_post("/generate", generate)
@@ -339,7 +339,7 @@ def build_app(args: argparse.Namespace, backend: Any) -> web.Application:
     app.router.add_get("/flush_cache", flush_cache)
 
     async def _close(app: web.Application) -> None:
-        app[BACKEND].close()
+        app[GENERATOR].close()
 
     app.on_cleanup.append(_close)
     return app

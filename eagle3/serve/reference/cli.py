@@ -1,4 +1,4 @@
-"""``python -m eagle3.serve.reference`` / ``eagle3 serve``: parse flags, load the backend, serve until killed."""
+"""``python -m eagle3.serve.reference`` / ``eagle3 serve``: parse flags, load the generator, serve until killed."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ logger = logging.getLogger(__name__)
 USAGE_EXIT = 2  # argparse's code for bad usage; a taken port is one too
 
 
-def make_backend(args: argparse.Namespace) -> object:
+def make_generator(args: argparse.Namespace) -> object:
     if args.synthetic_tokens is not None:
-        from eagle3.serve.reference.backend import SyntheticBackend
+        from eagle3.serve.reference.generator import SyntheticGenerator
 
-        return SyntheticBackend(args)
-    from eagle3.serve.reference.backend import ModelBackend
+        return SyntheticGenerator(args)
+    from eagle3.serve.reference.generator import ModelGenerator
 
-    return ModelBackend(args)
+    return ModelGenerator(args)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -49,8 +49,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     _check_port_free(args.host, args.port)  # before the model loads: a taken port fails in a second, in one line
-    backend = make_backend(args)
+    generator = make_generator(args)
     logger.info("eagle3 reference server on http://%s:%d", args.host, args.port)
     web.run_app(
-        build_app(args, backend), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=2.0
+        build_app(args, generator), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=2.0
     )

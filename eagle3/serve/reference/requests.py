@@ -126,7 +126,7 @@ def parse_sampling(raw: Any, *, default_max_new_tokens: int = 128) -> SamplingPa
     return p
 
 
-def check_ids(ids: Any, backend: Any) -> list[int]:
+def check_ids(ids: Any, generator: Any) -> list[int]:
     if not isinstance(ids, list):
         raise BadRequest("input_ids must be a list of token ids")
     if not ids:
@@ -135,9 +135,9 @@ def check_ids(ids: Any, backend: Any) -> list[int]:
         raise BadRequest("batched input_ids are not served by the reference server: send one prompt per request")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise BadRequest("input_ids must contain integers only")
-    bad = [i for i in ids if not 0 <= i < backend.vocab_size]
+    bad = [i for i in ids if not 0 <= i < generator.vocab_size]
     if bad:  # SGLang 0.5.23 has no such check: its scheduler dies on the embedding lookup (docs/ARCHITECTURE.md)
-        raise BadRequest(f"input_ids has {len(bad)} ids outside the vocabulary [0, {backend.vocab_size}): {bad[:5]}")
+        raise BadRequest(f"input_ids has {len(bad)} ids outside the vocabulary [0, {generator.vocab_size}): {bad[:5]}")
     return ids
 
 
@@ -172,7 +172,7 @@ def _body(body: Any) -> dict[str, Any]:
     return body
 
 
-def parse_generate(body: Any, backend: Any) -> GenerateRequest:
+def parse_generate(body: Any, generator: Any) -> GenerateRequest:
     body = _body(body)
     _duplicate_rids(body)
     if body.get("input_ids") is None and body.get("text") is None:
@@ -182,9 +182,9 @@ def parse_generate(body: Any, backend: Any) -> GenerateRequest:
     if body.get("text") is not None:
         if not isinstance(body["text"], str) or not body["text"]:  # SGLang's CPU scheduler dies on "" (ARCHITECTURE)
             raise BadRequest("text must be a non-empty string (batched text is not served by the reference server)")
-        ids = check_ids(backend.encode(body["text"]), backend)
+        ids = check_ids(generator.encode(body["text"]), generator)
     else:
-        ids = check_ids(body["input_ids"], backend)
+        ids = check_ids(body["input_ids"], generator)
     rid = body.get("rid") or uuid.uuid4().hex
     if not isinstance(rid, str):
         raise BadRequest("rid must be a string")
@@ -192,7 +192,7 @@ def parse_generate(body: Any, backend: Any) -> GenerateRequest:
     if not isinstance(stream, bool):
         raise BadRequest(f"invalid type: {_serde_type(stream)}, expected a boolean", plain=True)
     params = parse_sampling(body.get("sampling_params"))
-    check_length(len(ids), params, body.get("sampling_params"), backend.context_length)
+    check_length(len(ids), params, body.get("sampling_params"), generator.context_length)
     return GenerateRequest(rid, ids, params, stream)
 
 
@@ -234,7 +234,7 @@ def _chat_options(body: dict[str, Any]) -> tuple[list[Any] | None, dict[str, Any
     return tools, kwargs, separate
 
 
-def parse_chat(body: Any, backend: Any) -> GenerateRequest:
+def parse_chat(body: Any, generator: Any) -> GenerateRequest:
     """An OpenAI chat request, rendered with the tokenizer's chat template (with the request's ``tools`` and
     ``chat_template_kwargs``). Only ``n=1``, no streaming."""
     body = _body(body)
@@ -256,11 +256,11 @@ def parse_chat(body: Any, backend: Any) -> GenerateRequest:
         "ignore_eos": body.get("ignore_eos"),
     }
     try:
-        rendered = backend.chat_ids(messages, tools=tools, kwargs=kwargs)
+        rendered = generator.chat_ids(messages, tools=tools, kwargs=kwargs)
     except (TypeError, ValueError, TemplateError) as exc:  # the template refused the messages: 400, as in SGLang
         raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
-    ids = check_ids(rendered, backend)
+    ids = check_ids(rendered, generator)
     rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"
     params = parse_sampling({k: v for k, v in raw.items() if v is not None})
-    check_length(len(ids), params, raw, backend.context_length)
+    check_length(len(ids), params, raw, generator.context_length)
     return GenerateRequest(str(rid), ids, params, False, kwargs, separate)

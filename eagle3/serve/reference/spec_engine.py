@@ -125,7 +125,7 @@ def check_speculative_args(args: argparse.Namespace) -> str:
 def build_speculative_engine(
     model: Any, tokenizer: Any, args: argparse.Namespace, *, context_length: int
 ) -> SpeculativeEngine:
-    """The engine ``ModelBackend`` uses when ``--speculative-algorithm`` is given."""
+    """The engine ``ModelGenerator`` uses when ``--speculative-algorithm`` is given."""
     aux_mode = check_speculative_args(args)
     steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
     decoder = SpeculativeDecoder(model, tokenizer, Path(args.speculative_draft_model_path), steps, aux_mode)

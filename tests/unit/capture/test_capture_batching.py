@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from eagle3.capture.run import Sample, admit, plan_batches
+from eagle3.capture.shard import Sample, admit, plan_batches
 
 
 def test_batches_cover_each_sample_once_within_the_token_budget():

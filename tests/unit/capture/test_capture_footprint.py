@@ -12,7 +12,7 @@ from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import column_codecs
 from eagle3.capture.footprint import CaptureMemoryError, capture_footprint, check_fits
 from eagle3.capture.hf import load_hf_backend
-from eagle3.capture.run import capture_shard
+from eagle3.capture.shard import capture_shard
 from eagle3.model.target_weights import load_target_head
 
 

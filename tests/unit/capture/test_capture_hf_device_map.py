@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eagle3.capture.hf import HFBackend, load_hf_backend
-from eagle3.capture.run import capture_shard
+from eagle3.capture.shard import capture_shard
 
 
 def _states(path) -> dict[str, tuple[bytes, bytes]]:

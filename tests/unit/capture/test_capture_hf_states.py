@@ -8,8 +8,8 @@ import torch
 
 from eagle3.capture.encoding import column_codecs
 from eagle3.capture.hf import HFBackend
-from eagle3.capture.run import capture_shard, read_regen_shard
 from eagle3.capture.schema import FEATURE_SCHEMA
+from eagle3.capture.shard import capture_shard, read_regen_shard
 from eagle3.data.parquet import open_shard, shard_metadata
 
 

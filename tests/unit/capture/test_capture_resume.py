@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from eagle3.capture.hf import HFBackend
-from eagle3.capture.run import capture_shard, output_paths, read_regen_shard
 from eagle3.capture.schema import CAPTURE_QUARANTINE_SCHEMA, FEATURE_SCHEMA
+from eagle3.capture.shard import capture_shard, output_paths, read_regen_shard
 from eagle3.data.parquet import shard_is_valid, shard_metadata
 
 
@@ -43,7 +43,7 @@ _CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from eagle3.capture.run import capture_shard
+    from eagle3.capture.shard import capture_shard
     from eagle3.config.pipeline import load_yaml
 
     def kill_after_two(done, total, tokens, calls=[0]):
@@ -163,7 +163,7 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     make_config, regen_shard, hf_backend, tmp_path, monkeypatch
 ):
     from eagle3.capture import writer
-    from eagle3.capture.run import finalize_features
+    from eagle3.capture.shard import finalize_features
 
     config = make_config("capture.aux_layers=[2,4,5]")
     out_dir = tmp_path / "features" / "fp"

@@ -26,9 +26,9 @@ import pytest
 import torch
 
 from eagle3.capture.backends import TopK
-from eagle3.capture.run import capture_shard, output_paths, plan_batches, read_regen_shard
 from eagle3.capture.schema import footer_codecs
 from eagle3.capture.sglang.backend import SGLangBackend, worker_args
+from eagle3.capture.shard import capture_shard, output_paths, plan_batches, read_regen_shard
 from eagle3.capture.stage import CaptureStage
 from eagle3.data.parquet import shard_metadata
 from eagle3.recipes import load_recipe
@@ -147,7 +147,7 @@ _CHILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import torch
-    from eagle3.capture.run import capture_shard
+    from eagle3.capture.shard import capture_shard
     from eagle3.config.pipeline import load_yaml
 
     def kill_after(done, total, tokens, calls=[0]):

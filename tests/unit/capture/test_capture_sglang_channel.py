@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from eagle3.capture.footprint import CaptureMemoryError, check_served_fits, served_plan
-from eagle3.capture.run import features_fingerprint
 from eagle3.capture.sglang.backend import sweep_stale_dirs, worker_args, worker_env
 from eagle3.capture.sglang.channel import ChannelClosed, LineReader, read_tensors, send, write_tensors
+from eagle3.capture.shard import features_fingerprint
 from eagle3.config.base import ConfigError
 from eagle3.recipes import load_recipe
 

@@ -18,7 +18,7 @@ class _Killed(BaseException):
 
 
 def test_kill_between_prompts_manifest_and_spill_delete_recovers_on_rerun(config_factory, tmp_path, monkeypatch):
-    from eagle3.data import shard
+    from eagle3.data import prompt_shards
 
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(GOOD) + "\n")
@@ -27,7 +27,7 @@ def test_kill_between_prompts_manifest_and_spill_delete_recovers_on_rerun(config
     def killed(target, *args, **kwargs):
         raise _Killed
 
-    monkeypatch.setattr(shard.shutil, "rmtree", killed)
+    monkeypatch.setattr(prompt_shards.shutil, "rmtree", killed)
     with pytest.raises(_Killed):
         normalize(config)
     out = next((tmp_path / "run" / "prompts").iterdir())

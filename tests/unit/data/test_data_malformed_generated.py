@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from data_stage_helpers import VOCAB, normalize
 
+from eagle3.data.prompt_shards import QUARANTINE_FILE
 from eagle3.data.schema import REASONS
-from eagle3.data.shard import QUARANTINE_FILE
 from eagle3.rundir.layout import shard_files
 from eagle3.rundir.runroot import Manifest
 

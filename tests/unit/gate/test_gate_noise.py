@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from eagle3.config.pipeline import with_overrides
-from eagle3.gate.gate import run_gate
 from eagle3.gate.registry import Registry
+from eagle3.gate.release import run_gate
 from eagle3.gate.report import INCONCLUSIVE
 from eagle3.serve.launch_commands import build_launch
 from eagle3.serve.reference.faults import slow_schedule

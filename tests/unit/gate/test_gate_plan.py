@@ -4,7 +4,7 @@ config's."""
 from __future__ import annotations
 
 from eagle3.config.pipeline import with_overrides
-from eagle3.gate.gate import _plan
+from eagle3.gate.release import _plan
 
 
 def test_sglang_arms_up_together_split_the_device_memory_but_ship_the_configured_line(bench_config, make_export):

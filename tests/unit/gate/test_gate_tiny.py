@@ -13,9 +13,9 @@ import pytest
 
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate import preflight
-from eagle3.gate.gate import run_gate
 from eagle3.gate.prompts import load_gate_prompts
 from eagle3.gate.registry import Registry, draft_id
+from eagle3.gate.release import run_gate
 from eagle3.gate.report import FAIL, PASS
 from eagle3.gate.rounds import flush_cache
 from eagle3.gate.verdict import decide

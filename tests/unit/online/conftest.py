@@ -46,7 +46,7 @@ def online_world(tiny_world, tiny_tokenizer, tmp_path_factory):
     """Two regen shards (14 and 10 conversations), their features captured by hf (the stored path), a vocab."""
     import torch
 
-    from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features, read_regen_shard
+    from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features, read_regen_shard
     from eagle3.data.parquet import ShardWriter
     from eagle3.regen.schema import REGEN_SCHEMA
     from eagle3.worlds.distil import write_draft_vocab

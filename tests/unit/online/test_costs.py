@@ -51,7 +51,7 @@ def test_auto_decides_from_the_regen_shards_real_tokens_and_estimates_only_befor
     import pyarrow.parquet as pq
 
     from eagle3.capture.encoding import bytes_per_token
-    from eagle3.capture.run import features_fingerprint
+    from eagle3.capture.shard import features_fingerprint
     from eagle3.rundir.layout import stage_dir
 
     base = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "train.features=auto", "mix.total=100000",

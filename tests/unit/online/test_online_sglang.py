@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.filterwarnings("
 def test_online_training_from_sglang_capture_follows_stored_training(sglang_python, online_world, tmp_path):
     import ray
 
-    from eagle3.capture.run import capture_shard, features_fingerprint, finalize_features
     from eagle3.capture.sglang.backend import SGLangBackend
+    from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
     from eagle3.online.run import train_in_process
     from eagle3.train.trainer import train
 

@@ -13,8 +13,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3.data.template import render_conversation, render_prompt
+from eagle3.regen.conversation import round_trips
 from eagle3.regen.plan import regen_fingerprint
-from eagle3.regen.sample import round_trips
 from eagle3.regen.stage import RegenStage
 from eagle3.rundir.runroot import Manifest
 from eagle3.serve.launch import is_healthy, reference_server

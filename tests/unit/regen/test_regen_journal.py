@@ -10,9 +10,9 @@ import pytest
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.config.target import TargetConfig
+from eagle3.regen.conversation import failed_row, pretokenized_row
 from eagle3.regen.journal import TURN_KEY, Journal, read_journal, rejects_path
 from eagle3.regen.plan import plan_regen
-from eagle3.regen.sample import failed_row, pretokenized_row
 from eagle3.regen.shard import compact_shard, regen_shard
 
 

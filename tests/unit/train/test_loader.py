@@ -16,7 +16,7 @@ from eagle3.capture.encoding import TopKCodec, column_codecs, encoding_topk
 from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
 from eagle3.data.parquet import ShardWriter
 from eagle3.train.data import FeatureDataset
-from eagle3.train.shards import iter_row_groups, open_features, read_row_group
+from eagle3.train.feature_reader import iter_row_groups, open_features, read_row_group
 
 H = 8
 K = 4  # k of the fp8_topk shards
@@ -244,7 +244,7 @@ def test_a_cpu_consumer_gets_reads_from_lowest_priority_threads_and_collates_on_
     """A CPU training step keeps every core busy: the loader's reading threads must yield to it (nice 19, Arrow
     decoding on them, not on its own pool), and its batches are collated on its own thread, at its priority (the
     copies then run on torch's intra-op threads instead of taking a core from one of them)."""
-    import eagle3.train.shards as shards
+    import eagle3.train.feature_reader as shards
 
     seen: list[tuple[int, bool, str, int]] = []
     read, collate = shards.read_row_group, FeatureDataset._collate

@@ -1,7 +1,7 @@
 """What the HTTP layer generates with: a model (tokenizer + scheduler + engine) or the synthetic load generator.
 
-``ModelBackend`` loads a transformers causal LM and its tokenizer and runs them through the scheduler.
-``SyntheticBackend`` has no model at all: every request sleeps ``--synthetic-delay`` seconds and returns
+``ModelGenerator`` loads a transformers causal LM and its tokenizer and runs them through the scheduler.
+``SyntheticGenerator`` has no model at all: every request sleeps ``--synthetic-delay`` seconds and returns
 ``--synthetic-tokens`` ids cycling through a fixed range. It exists only so the client-scaling benchmark can push a
 million requests through a real HTTP server; ``/model_info`` and the log say so.
 """
@@ -23,7 +23,7 @@ SYNTHETIC_FIRST_ID = 5  # byte-level BPE vocabularies hold ids 5..260 (specials,
 SYNTHETIC_CYCLE = 256
 
 
-class ModelBackend:
+class ModelGenerator:
     """A transformers model behind the scheduler (see ``engine.HFEngine``)."""
 
     synthetic = False
@@ -113,7 +113,7 @@ class ModelBackend:
         self.scheduler.close()
 
 
-class SyntheticBackend:
+class SyntheticGenerator:
     """No model: fixed delay, fixed number of cycling token ids. For the client-scaling benchmark only."""
 
     synthetic = True
