@@ -1,14 +1,15 @@
 """Named recipes: functions that return full, validated pipeline configs, and ``resolve``, the one way from what a
 user typed (a recipe name or a YAML path, plus ``a.b=value`` overrides) to a validated config.
 
-A variant overrides a base in a few lines. Every recipe is loaded by a test, so none can rot.
+Recipes are typed the whole way: each builds its sections as config objects, and a variant is its base with typed
+changes (``StrictModel.replace``); ``a.b=value`` strings are only what a user types. Every recipe is loaded by a
+test (and its fingerprints compared with the golden file), so none can rot.
 Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``, the tiny worlds
 under ``cache/``. Nothing resolves from the working directory.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +18,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.config.base import ConfigError
-from eagle3.config.data import MixConfig, SourceConfig
+from eagle3.config.capture import CaptureConfig
+from eagle3.config.data import MixConfig, NormalizeConfig, SourceConfig
 from eagle3.config.dev import DevConfig
 from eagle3.config.gate import GateConfig
 from eagle3.config.pipeline import PipelineConfig, load_yaml, with_overrides
+from eagle3.config.regen import RegenConfig
+from eagle3.config.server import ServerLaunchConfig
 from eagle3.config.target import TargetConfig
+from eagle3.config.train import TrainConfig, VocabConfig
 
 
 def eagle3_home() -> Path:
@@ -88,7 +93,7 @@ def tiny() -> PipelineConfig:
     cache = world_cache()
     world = world_dir_for(cache, TinyWorldSpec())
     data = world / "data"
-    config = PipelineConfig(
+    return PipelineConfig(
         name="tiny",
         root=_run_root("tiny"),
         target=TargetConfig(
@@ -113,36 +118,18 @@ def tiny() -> PipelineConfig:
             max_rounds=3,
             max_baseline_drift=0.5,  # rounds of ~1 s on shared 2-core CI boxes: 32% seen idle with one thread
         ),
+        normalize=NormalizeConfig(max_prompt_tokens=512, shard_size=200),
+        regen=RegenConfig(
+            concurrency_per_server=16, max_new_tokens=64, max_retries=3, backoff_base_s=0.05, backoff_max_s=1.0
+        ),
+        capture=CaptureConfig(dtype="float32", batch_tokens=4096, max_seq_len=1024, row_group_bytes=4 << 20),
+        vocab=VocabConfig(draft_vocab_size=512),
+        train=TrainConfig(
+            precision="fp32", device="cpu", lr=3e-3, epochs=2, batch_size=4, max_seq_len=1024, save_every=50,
+            log_every=5,
+        ),
+        server=ServerLaunchConfig(context_length=1024, port=0, device="cpu", mem_fraction_static=0.05),
         dev=DevConfig(tiny_world=True, cache_dir=str(cache)),
-    )
-    return with_overrides(
-        config,
-        [
-            "normalize.max_prompt_tokens=512",
-            "normalize.shard_size=200",
-            "regen.concurrency_per_server=16",
-            "regen.max_new_tokens=64",
-            "regen.max_retries=3",
-            "regen.backoff_base_s=0.05",
-            "regen.backoff_max_s=1.0",
-            "capture.dtype=float32",
-            "capture.batch_tokens=4096",
-            "capture.max_seq_len=1024",
-            "capture.row_group_bytes=4194304",
-            "vocab.draft_vocab_size=512",
-            "train.precision=fp32",
-            "train.device=cpu",
-            "train.lr=3e-3",
-            "train.epochs=2",
-            "train.batch_size=4",
-            "train.max_seq_len=1024",
-            "train.save_every=50",
-            "train.log_every=5",
-            "server.context_length=1024",
-            "server.port=0",
-            "server.device=cpu",
-            "server.mem_fraction_static=0.05",
-        ],
     )
 
 
@@ -158,19 +145,26 @@ def tiny_think() -> PipelineConfig:
     world = world_dir_for(cache, ThinkWorldSpec())
     data = world / "data"
     sources = [
-        {"adapter": "jsonl", "name": "openai_tools", "path": str(data / "openai_tools.jsonl")},
-        {"adapter": "sharegpt", "name": "sharegpt_tools", "path": str(data / "sharegpt_tools.json"),
-         "columns": {"system": "system", "tools": "tools"}},
-        {"adapter": "coderforge", "path": str(data / "coderforge.parquet")},
-        {"adapter": "swe_agent", "path": str(data / "swe_agent.parquet")},
+        SourceConfig(adapter="jsonl", name="openai_tools", path=str(data / "openai_tools.jsonl")),
+        SourceConfig(adapter="sharegpt", name="sharegpt_tools", path=str(data / "sharegpt_tools.json"),
+                     columns={"system": "system", "tools": "tools"}),
+        SourceConfig(adapter="coderforge", path=str(data / "coderforge.parquet")),
+        SourceConfig(adapter="swe_agent", path=str(data / "swe_agent.parquet")),
     ]  # fmt: skip
     sets = {name: str(data / "bench" / f"{name}.jsonl") for name in ("think", "tools")}
-    return with_overrides(tiny(), [
-        "name=tiny_think", f"root={_run_root('tiny_think')}", f"target.model_path={world / 'model'}",
-        f"sources={json.dumps(sources)}", f"gate.prompt_sets={json.dumps(sets)}", "mix.total=160",
-        "regen.reasoning_parser=kimi_k2", "regen.tool_call_parser=kimi_k2", "regen.thinking=true",
-        "regen.max_new_tokens=96", "dev.world=think",
-    ])  # fmt: skip
+    base = tiny()
+    return base.replace(
+        name="tiny_think",
+        root=_run_root("tiny_think"),
+        target=base.target.replace(model_path=str(world / "model")),
+        sources=sources,
+        mix=base.mix.replace(total=160),
+        gate=base.gate.replace(prompt_sets=sets),
+        regen=base.regen.replace(
+            reasoning_parser="kimi_k2", tool_call_parser="kimi_k2", thinking=True, max_new_tokens=96
+        ),
+        dev=base.dev.replace(world="think"),
+    )
 
 
 # The large recipes store features as fp8_topk (issue 15): fp8 aux states plus the target's top-256 next-token
@@ -180,12 +174,12 @@ def tiny_think() -> PipelineConfig:
 # per-sample torch.save layout (1.14x at H 512, where the top-k column weighs as much as the aux states; fp8 states
 # with lz4 read 2.0-2.3x), while zstd reads 0.60x of it: at ~400 MB/s per core over ~23 KB per token that is about
 # 17K tokens/s per core at Kimi's H, a rate one GPU rank's training step may outrun (not measured: no GPU here).
-LARGE_FEATURES = ["capture.encoding=fp8_topk", "capture.topk=256", "capture.hidden_compression=lz4"]
+LARGE_FEATURES = {"encoding": "fp8_topk", "topk": 256, "hidden_compression": "lz4"}
 
 
 def llama3_8b() -> PipelineConfig:
     """Llama-3.1-8B-Instruct target (32 layers, H 4096, vocab 128256) on one 8-GPU node; features in fp8_topk."""
-    config = PipelineConfig(
+    return PipelineConfig(
         name="llama3_8b",
         root=_run_root("llama3_8b"),
         target=TargetConfig(
@@ -197,37 +191,30 @@ def llama3_8b() -> PipelineConfig:
         ),
         sources=_hub_sources(),
         mix=MixConfig(total=100_000),
+        capture=CaptureConfig(**LARGE_FEATURES),
+        server=ServerLaunchConfig(engine="sglang"),
         gate=GateConfig(prompt_sets=_gate_sets()),
     )
-    return with_overrides(config, ["server.engine=sglang", *LARGE_FEATURES])
 
 
 # What the large recipes' capture needs from SGLang: its model runner with the target as served (packed INT4 or
 # NVFP4 experts, tensor parallel over the node's GPUs), rank r on GPU r, and a capture task holding all of them.
-SGLANG_CAPTURE = ["capture.backend=sglang", "capture.device=cuda", "capture.gpus=8"]
+SGLANG_CAPTURE = {"backend": "sglang", "device": "cuda", "gpus": 8}
 
 
 def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
     """A large MoE target served and captured with SGLang on one 8-GPU node (tp 8, FSDP training over its 8 GPUs),
     the Hub mix and gate sets, features in fp8_topk: the Kimi-K2.5 and GLM-5 recipes, which differ only in target."""
-    config = PipelineConfig(
+    return PipelineConfig(
         name=name,
         root=_run_root(name),
         target=target,
         sources=_hub_sources(),
         mix=MixConfig(total=88_088),
+        capture=CaptureConfig(**SGLANG_CAPTURE, **LARGE_FEATURES),
+        train=TrainConfig(nproc=8, parallel="fsdp"),
+        server=ServerLaunchConfig(engine="sglang", tp=8),
         gate=GateConfig(prompt_sets=_gate_sets()),
-    )
-    return with_overrides(
-        config,
-        [
-            "server.engine=sglang",
-            "server.tp=8",
-            *SGLANG_CAPTURE,
-            "train.nproc=8",
-            "train.parallel=fsdp",
-            *LARGE_FEATURES,
-        ],
     )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from eagle3.config.base import ConfigError
 from eagle3.config.gate import SpeculativeConfig
-from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.registry import Registry
 from eagle3.gate.report import GateReport, read_report
 from eagle3.gate.report_md import profile_line
@@ -57,7 +57,7 @@ def launch_line(config: PipelineConfig, repo_id: str, speculative: dict[str, Any
     (a recipe run on this CPU would otherwise print the command of the project's local runtime)."""
     spec = SpeculativeConfig(**speculative) if speculative else config.speculative
     port = config.server.port or SERVE_PORT
-    served = with_overrides(config, ["server.device=cuda"])
+    served = config.replace(server=config.server.replace(device="cuda"))
     return build_launch(served, "eagle3", engine="sglang", draft=repo_id, speculative=spec, port=port).shell()
 
 

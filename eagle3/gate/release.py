@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config.gate import SpeculativeConfig
-from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate import preflight
 from eagle3.gate.prompts import BenchPrompt, load_gate_prompts
 from eagle3.gate.registry import Promotion, Registry, draft_id
@@ -129,7 +129,7 @@ def _side_by_side(config: PipelineConfig, arms: int) -> PipelineConfig:
     """The config of the launched arms: SGLang arms up together share the device (see the module docstring)."""
     if config.server.engine != "sglang" or config.server.mem_fraction_static is not None:
         return config
-    return with_overrides(config, [f"server.mem_fraction_static={round(SGLANG_MEMORY / arms, 3)}"])
+    return config.replace(server=config.server.replace(mem_fraction_static=round(SGLANG_MEMORY / arms, 3)))
 
 
 def _plan(

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
 from eagle3.data.template import tokenizer_imports
 from eagle3.regen.client import sampling_params
@@ -54,7 +54,7 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
     if config.server.engine == "sglang":
         from eagle3.serve.launch_commands import build_launch
 
-        served = with_overrides(config, [f"server.max_running_requests={config.regen.concurrency_per_server}"])
+        served = config.replace(server=config.server.replace(max_running_requests=config.regen.concurrency_per_server))
         command = build_launch(served, "baseline", port=0)
         with command.server(log_path=(log_dir / "sglang-server.log") if log_dir else None) as sglang:
             yield [sglang.url]

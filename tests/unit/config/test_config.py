@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from eagle3.config.base import ConfigError
 from eagle3.config.pipeline import load_yaml, validate
@@ -90,6 +91,19 @@ def test_override_of_missing_section_names_it():
 def test_override_with_bad_value_fails_like_a_bad_file():
     with pytest.raises(ConfigError, match=r"train\.lr"):
         load_recipe("tiny", ["train.lr=-1"])
+
+
+def test_a_typed_replace_is_validated_like_an_override_and_leaves_the_original_alone():
+    cfg = load_recipe("kimi_k2_5")
+    served = cfg.replace(server=cfg.server.replace(tp=4), capture=cfg.capture.replace(gpus=4))
+    assert (served.server.tp, served.capture.gpus) == (4, 4) and (cfg.server.tp, cfg.capture.gpus) == (8, 8)
+    assert served.model_dump(exclude={"server", "capture"}) == cfg.model_dump(exclude={"server", "capture"})
+    with pytest.raises(ValidationError, match="capture.gpus"):  # a cross-section rule holds for code too
+        cfg.replace(capture=cfg.capture.replace(gpus=4))  # 8 tensor-parallel ranks need 8
+    with pytest.raises(ValidationError, match="lr"):
+        cfg.train.replace(lr=-1)
+    with pytest.raises(ValidationError, match="trian"):
+        cfg.replace(trian={})
 
 
 def test_deepseek_target_refuses_layers_sglang_would_serve_shifted():
