@@ -98,7 +98,7 @@ def test_a_typed_replace_is_validated_like_an_override_and_leaves_the_original_a
     served = cfg.replace(server=cfg.server.replace(tp=4), capture=cfg.capture.replace(gpus=4))
     assert (served.server.tp, served.capture.gpus) == (4, 4) and (cfg.server.tp, cfg.capture.gpus) == (8, 8)
     assert served.model_dump(exclude={"server", "capture"}) == cfg.model_dump(exclude={"server", "capture"})
-    with pytest.raises(ValidationError, match="capture.gpus"):  # a cross-section rule holds for code too
+    with pytest.raises(ValidationError, match=r"capture\.gpus"):  # a cross-section rule holds for code too
         cfg.replace(capture=cfg.capture.replace(gpus=4))  # 8 tensor-parallel ranks need 8
     with pytest.raises(ValidationError, match="lr"):
         cfg.train.replace(lr=-1)

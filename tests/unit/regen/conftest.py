@@ -1,7 +1,14 @@
-"""Fixtures of the regen tests: a tiny target model directory."""
+"""Fixtures of the regen tests: a tiny target model directory, prompts rows, configs, a kill-and-resume run."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -72,10 +79,46 @@ def agentic_rows(n_weather: int = 3, *, seed: int = 4242) -> list[dict]:
             for i, c in enumerate(convs)]  # fmt: skip
 
 
+@dataclass
+class KilledRun:
+    out: Path  # the regen stage directory
+    journal: Path  # shard 0's journal, gone once the resumed run finished the shard
+    at_kill: object  # scan_journal(journal) right after the kill
+
+
+def kill_and_resume(tmp_path: Path, config, prompts: Path, ready: Callable[[Path], bool], waiting: str) -> KilledRun:
+    """``python -m eagle3.regen`` on one shard, kill -9 once ``ready(journal)`` holds, then the same command again
+    to the end (exit 0). ``waiting`` says what never happened when the first client makes no progress."""
+    from eagle3.regen.journal import scan_journal
+    from eagle3.regen.plan import regen_fingerprint
+    from eagle3.rundir.layout import stage_dir
+    from eagle3.rundir.runroot import Manifest
+
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(config.to_yaml())
+    out = stage_dir(tmp_path, "regen", regen_fingerprint(Manifest.read(prompts).fingerprint, config))
+    journal = out / "shard-00000.journal.jsonl"
+    cmd = [sys.executable, "-m", "eagle3.regen", "--config", str(config_path), "--prompts", str(prompts)]
+    with open(tmp_path / "client1.log", "wb") as log:
+        first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while not ready(journal):
+        assert first.poll() is None, (tmp_path / "client1.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, waiting
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    at_kill = scan_journal(journal)
+    second = subprocess.run(cmd, capture_output=True, timeout=600)
+    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    return KilledRun(out, journal, at_kill)
+
+
 @pytest.fixture(scope="session")
 def regen_helpers(write_prompts_stage):
     """The helpers above and the suite's prompts-stage writer, as a fixture (test files cannot import a conftest
     module by name)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(write_prompts=write_prompts_stage, chat=chat, config=regen_config, agentic_rows=agentic_rows)
+    return SimpleNamespace(write_prompts=write_prompts_stage, chat=chat, config=regen_config, agentic_rows=agentic_rows,
+                           kill_and_resume=kill_and_resume)  # fmt: skip
