@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +50,12 @@ from eagle3.capture.schema import (
 from eagle3.capture.writer import Batch, PartWriter, record_hashes
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardInfo, open_shard, shard_metadata
+from eagle3.data.template import template_hash
 from eagle3.rundir.integrity import verify_files
 from eagle3.rundir.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
 from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
 from eagle3.runtime.transfer import HostCopy
+from eagle3.target_io import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -115,15 +116,6 @@ def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
     )
 
 
-@lru_cache(maxsize=8)
-def _template_hash(model_path: str, revision: str | None) -> str:
-    from transformers import AutoTokenizer
-
-    from eagle3.data.template import template_hash
-
-    return template_hash(AutoTokenizer.from_pretrained(model_path, revision=revision))
-
-
 def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
     target = config.target
     return footer_metadata(
@@ -134,7 +126,7 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
         layer_ids=config.sglang_layer_ids,
         dtype=config.capture.dtype,
         encoding=config.capture.encoding,
-        chat_template_hash=_template_hash(target.model_path, target.revision),
+        chat_template_hash=template_hash(load_tokenizer(target)),
         system_prompt_policy=config.normalize.system_prompt_policy,
         truncation=config.capture.truncation,
         max_seq_len=config.capture.max_seq_len,

@@ -29,6 +29,7 @@ from eagle3.data.parquet import ShardError, open_shard, shard_is_valid
 from eagle3.rundir.layout import SHARD_GLOB, stage_dir, write_failed_shards
 from eagle3.rundir.runroot import sweep_removed
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
+from eagle3.target_io import tokenizer_imports
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +109,9 @@ class CaptureStage(Stage[CapturePlan]):
         return config.capture.shards_in_flight
 
     def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
-        """Each shard's footer hashes the chat template of AutoTokenizer's tokenizer; the hf backend loads the
-        model (once, shared)."""
-        return "transformers:AutoTokenizer", "transformers:AutoModelForCausalLM"
+        """Each shard's footer hashes the target tokenizer's chat template; the hf backend loads
+        the model (once, shared)."""
+        return *tokenizer_imports(config.target), "transformers:AutoModelForCausalLM"
 
     def run_unit(
         self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,

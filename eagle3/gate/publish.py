@@ -26,10 +26,10 @@ from typing import Any
 from eagle3.config.base import ConfigError
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.registry import Registry
 from eagle3.gate.report import GateReport, read_report
 from eagle3.gate.report_md import profile_line
 from eagle3.model.export_format import CARD_FILE, CONFIG_FILE, HUB_ID, WEIGHTS_FILE, front_matter
+from eagle3.registry import Registry
 from eagle3.rundir.runroot import atomic_write_text
 from eagle3.runtime.secrets import hf_token
 from eagle3.serve.launch_commands import build_launch

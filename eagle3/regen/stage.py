@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
-from eagle3.data.template import tokenizer_imports
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
@@ -34,6 +33,7 @@ from eagle3.regen.stop import stop_shards_on_signals
 from eagle3.rundir.layout import REGEN_INPUT, shard_name, write_failed_shards
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
+from eagle3.target_io import tokenizer_imports
 
 REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "completion_tokens", "round_trip_failures",
                  "mask_fallbacks", "history_rewritten", "tool_replay_stops")  # fmt: skip
@@ -93,7 +93,7 @@ class RegenStage(Stage[RegenPlan]):
         return config.regen.shards_in_flight
 
     def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
-        return tokenizer_imports(config.target.model_path)  # each shard renders with the target's tokenizer
+        return tokenizer_imports(config.target)  # each shard renders with the target's tokenizer
 
     def concurrency_limits(self, config: PipelineConfig) -> list[str]:
         return server_limit_names(config.regen.servers)

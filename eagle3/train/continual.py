@@ -45,8 +45,9 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.export_format import CONFIG_FILE, WEIGHTS_FILE, draft_config_from_export, validate_export
-from eagle3.rundir.layout import CHAMPION_POINTER
+from eagle3.registry import Registry
 from eagle3.rundir.runroot import Manifest, atomic_path, atomic_write_json
+from eagle3.target_io import load_hf_config
 
 START_FILE = "start.json"  # in a draft dir: how the draft starts and which rows it trains on (before training)
 TRAINED_ON = "trained_on.json"  # in a draft dir and its export: the feature shards the draft has seen
@@ -117,8 +118,9 @@ def planned_start_line(config: PipelineConfig) -> str:
     """The plan's line before regen: which init tonight asks for and the champion it would build on."""
     if config.train.init == "scratch":
         return "- training: `train.init=scratch` (a fresh draft on every row so far)"
-    champion = read_champion(config.root_path)
-    on = f"champion `{champion['draft_id']}`" if champion else "no champion yet (this night trains from scratch)"
+    champion = Registry(config.root_path).read_pointer()
+    none = "no champion yet (this night trains from scratch)"
+    on = f"champion `{champion.draft_id}`" if champion else none
     return (f"- training: `train.init=champion` on {on}, replay share {config.train.replay:g}, "
             f"lr x {config.train.champion_lr_scale:g}")  # fmt: skip
 
@@ -147,19 +149,20 @@ def plan_start(config: PipelineConfig, features_dir: Path, *, vocab_name: str = 
     night whose own draft is the champion."""
     if config.train.init == "scratch":
         return Start()
-    champion = read_champion(config.root_path)
+    registry = Registry(config.root_path)
+    champion = registry.read_pointer()
     if champion is None:
         return Start(note="train.init=champion, but no draft has been promoted yet")
-    export, champion_id = Path(champion["draft_dir"]), champion["draft_id"]
+    export, champion_id = Path(champion.draft_dir), champion.draft_id
     if not export.exists():
-        raise ChampionError(f"train.init=champion: {config.root_path / CHAMPION_POINTER} points at {export}, which "
+        raise ChampionError(f"train.init=champion: {registry.pointer} points at {export}, which "
                             f"is gone: restore it or promote another draft ({SCRATCH_FIX})")  # fmt: skip
     cfg = check_champion(config, export, champion_id)
     if cfg["draft_vocab_size"] != config.vocab.draft_vocab_size:
         return Start(note=f"a new vocab mapping is needed: vocab.draft_vocab_size={config.vocab.draft_vocab_size}, "
                           f"the champion's is {cfg['draft_vocab_size']}")  # fmt: skip
-    seen = _seen(config, export, champion.get("source_dir", ""), champion_id)
-    own = _own_start(config, Path(features_dir), vocab_name, champion.get("source_dir", ""), seen)
+    seen = _seen(config, export, champion.source_dir, champion_id)
+    own = _own_start(config, Path(features_dir), vocab_name, champion.source_dir, seen)
     if own is not None:
         return own
     start = _replay_plan(config, Path(features_dir), seen, champion_id, str(export))
@@ -187,13 +190,6 @@ def _own_start(config: PipelineConfig, features_dir: Path, vocab_name: str, sour
     return start
 
 
-def read_champion(root: Path) -> dict[str, Any] | None:
-    """The champion pointer (``draft_id``, ``draft_dir``: the registry's copy, ``source_dir``), None before the
-    first promotion. Read here rather than through ``eagle3.gate.registry``, which sits above ``train``."""
-    path = Path(root) / CHAMPION_POINTER
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def check_champion(config: PipelineConfig, export: Path, champion_id: str) -> dict[str, Any]:
     """The champion's ``config.json`` once it is a valid export of this target's draft architecture and layers."""
     where = f"train.init=champion: the champion {champion_id} ({export})"
@@ -219,9 +215,10 @@ def _tensor_shapes(config: PipelineConfig, export: Path, cfg: dict[str, Any]) ->
     from safetensors import safe_open
 
     from eagle3.model.draft import DraftModel
-    from eagle3.train.trainer import draft_config_for, hf_target_config
+    from eagle3.train.trainer import draft_config_for
 
-    ours = draft_config_for(config, hf_target_config(config), draft_vocab_size=cfg["draft_vocab_size"])
+    hf_config = load_hf_config(config.target)
+    ours = draft_config_for(config, hf_config, draft_vocab_size=cfg["draft_vocab_size"])
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in DraftModel(ours).state_dict().items()}
     with safe_open(str(export / WEIGHTS_FILE), framework="pt") as fh:

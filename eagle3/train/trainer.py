@@ -29,6 +29,7 @@ from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import target_ids
 from eagle3.model.target_weights import TargetHead, load_target_head
 from eagle3.rundir.runroot import fingerprint
+from eagle3.target_io import load_hf_config
 from eagle3.train import checkpoint as ckpt
 from eagle3.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, wrap_for_training
 from eagle3.train.loss import TTTObjective, accept_length, batch_target, step_masks
@@ -346,18 +347,9 @@ def train_on_source(
 def load_inputs(config: PipelineConfig, vocab_path: Path) -> DraftInputs:
     """Draft architecture from the target's HF config, the frozen target tensors and the draft vocab."""
     vocab = load_file(str(vocab_path))
-    hf_config = hf_target_config(config)
+    hf_config = load_hf_config(config.target)
     draft_config = draft_config_for(config, hf_config, draft_vocab_size=len(vocab["d2t"]))
     return DraftInputs(draft_config=draft_config, head=target_head(config, hf_config), d2t=vocab["d2t"].long())
-
-
-def hf_target_config(config: PipelineConfig) -> Any:
-    """The target's HF config (``AutoConfig``)."""
-    from transformers import AutoConfig
-
-    target = config.target
-    return AutoConfig.from_pretrained(target.model_path, revision=target.revision,
-                                      trust_remote_code=target.trust_remote_code)  # fmt: skip
 
 
 def draft_config_for(config: PipelineConfig, hf_config: Any, *, draft_vocab_size: int) -> DraftConfig:
@@ -383,14 +375,11 @@ def accept_on_features(config: PipelineConfig, export_dir: Path, shard: Path, *,
     """Simulated accept length (``accept_length`` of the per-step accuracies, as ``metrics.jsonl`` reports it) of
     an exported draft on the first ``rows`` rows of one feature shard, on CPU: the target is not run, its captured
     states are; a draft whose weights were damaged after training falls to ~1."""
-    from transformers import AutoConfig
-
     from eagle3.model.export_format import load_draft
     from eagle3.train.data import FeatureDataset
 
     draft, d2t, _, _ = load_draft(export_dir)
-    hf_config = AutoConfig.from_pretrained(config.target.model_path, revision=config.target.revision,
-                                           trust_remote_code=config.target.trust_remote_code)
+    hf_config = load_hf_config(config.target)
     inputs = DraftInputs(draft_config=draft.config, head=target_head(config, hf_config), d2t=d2t.long())
     loader = FeatureDataset([shard], batch_size=rows, shuffle=False, max_seq_len=config.train.max_seq_len,
                             hidden_dtype=torch.float32)

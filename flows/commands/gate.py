@@ -32,7 +32,7 @@ EngineOption = typer.Option("sglang", "--engine", help="sglang (SGLang: on GPUs,
 
 
 def _default_draft(root: Path) -> Path | None:
-    from eagle3.gate.registry import Registry
+    from eagle3.registry import Registry
 
     champion = Registry(root).champion()
     return Path(champion.draft_dir) if champion else None
@@ -121,13 +121,10 @@ def preflight(
 
 
 def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float) -> list[Check]:
-    from transformers import AutoTokenizer
-
     from eagle3.gate import preflight as pf
-    from eagle3.gate.prompts import load_gate_prompts
+    from eagle3.gate.release import gate_prompts
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target.model_path, revision=cfg.target.revision)
-    prompts = load_gate_prompts(cfg.gate.prompt_sets, tokenizer, per_set=max(1, n))[:n]
+    prompts = gate_prompts(cfg, per_set=max(1, n))[:n]
     with console.status(f"runtime preflight against {url}"):
         return pf.run_runtime(url, [list(p.input_ids) for p in prompts], export_dir=draft, min_accept=min_accept)
 

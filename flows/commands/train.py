@@ -99,21 +99,19 @@ def evaluate(
     """Offline acceptance: greedy chain speculation with the HF target; prints accept length."""
     import torch
     from rich.progress import Progress
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.gate.offline_accept import evaluate_acceptance, load_prompt_file
     from eagle3.model.export_format import validate_export
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+    from eagle3.target_io import load_causal_lm, load_tokenizer
 
     problems = validate_export(draft)  # before loading the target: a broken export fails in a second
     if problems:
         console.print(f"[red]error:[/red] {draft} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
         raise typer.Exit(1)
     cfg = resolve_config(recipe, config, set_)
-    target_path = cfg.target.model_path
-    tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.target.revision)
-    target = AutoModelForCausalLM.from_pretrained(target_path, revision=cfg.target.revision,
-                                                  dtype=getattr(torch, cfg.target.dtype))
+    tokenizer = load_tokenizer(cfg.target)
+    target = load_causal_lm(cfg.target, dtype=getattr(torch, cfg.target.dtype))
     decoder = SpeculativeDecoder(target, tokenizer, draft, cfg.speculative.num_steps, aux)  # type: ignore[arg-type]
     prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

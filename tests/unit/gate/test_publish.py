@@ -14,8 +14,8 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.config.target import TargetConfig
 from eagle3.config.train import ExportConfig
 from eagle3.gate.publish import champion_upload, push
-from eagle3.gate.registry import Registry
 from eagle3.gate.report import ArmResult, Decision, GateReport, LevelStats, write_report
+from eagle3.registry import Registry
 
 SPEC = {"algorithm": "EAGLE3", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
 
