@@ -7,7 +7,8 @@ parts where the MLA draft differs.
   (SGLang registers it as DeepSeek-V3's config class), the MLA sizes (``q_lora_rank`` is required:
   SGLang refuses the layer without it), ``rope_interleave: true`` (the RoPE layout
   ``eagle3.model.mla`` trains, the DeepSeek default both engines use), a ``rope_scaling`` that is
-  YaRN or null (both engines read any scaling as DeepSeek-YaRN), and the aux layer ids twice:
+  always YaRN (both engines read any scaling as DeepSeek-YaRN; plain RoPE is written as YaRN with
+  factor 1, the same rotation, ``plain_rope_as_yarn``), and the aux layer ids twice:
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` in ``output_of_layer`` (SGLang maps them by the
   target family's rule, ``eagle3.config.aux_layers``) and a top-level
   ``eagle_aux_hidden_state_layer_ids`` in ``input_of_layer``, vLLM's convention: vLLM reads only the
@@ -64,9 +65,18 @@ def mla_config_fields(draft: DraftConfig, layer_ids: list[int]) -> dict[str, Any
         "model_type": MLA_MODEL_TYPE,
         **{k: getattr(draft, k) for k in MLA_SIZES},
         "num_key_value_heads": draft.num_attention_heads,
+        "rope_scaling": draft.rope_scaling or plain_rope_as_yarn(draft.max_position_embeddings),
         "rope_interleave": True,
         VLLM_AUX_IDS: [j + 1 for j in layer_ids],
     }
+
+
+def plain_rope_as_yarn(max_position_embeddings: int) -> dict[str, Any]:
+    """Plain RoPE written as DeepSeek-YaRN with factor 1: the same rotation (no interpolation,
+    mscale 1), and the one form SGLang 0.5.23 builds an MLA layer's RoPE from on CPU
+    (``get_rope_cpu`` asserts a ``rope_scaling``)."""
+    return {"rope_type": "yarn", "factor": 1.0,
+            "original_max_position_embeddings": max_position_embeddings}
 
 
 def mla_attention_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -19,8 +19,8 @@ hidden_norm(hidden)]``:
   mscale_all_dim)`` and the softmax scale ``qk_head_dim^-0.5`` is multiplied by ``mscale(factor,
   mscale_all_dim)^2``, as SGLang's ``deepseek_yarn`` RoPE and ``compute_mla_mscale_scaling`` do.
   SGLang reads any ``rope_scaling`` as DeepSeek-YaRN, so another scaling of the target (linear,
-  llama3) is not carried over: the draft uses plain RoPE and the export writes ``rope_scaling:
-  null``.
+  llama3) is not carried over: the draft uses plain RoPE (which the export writes as YaRN with
+  factor 1, ``eagle3.model.export_mla``).
 * ``o_proj`` from ``heads x v_head_dim`` back to ``H``.
 
 Caching. Serving engines cache the latent (``c`` and ``k_pe``) and absorb ``kv_b_proj`` into the

@@ -183,7 +183,9 @@ def test_mla_on_a_llama_target_derives_its_sizes_and_plain_rope(tmp_path):
         cfg["qk_rope_head_dim"],
         cfg["v_head_dim"],
     ) == (16, 8, 4, 8)
-    assert cfg["rope_scaling"] is None and validate_export(export) == []
+    plain = {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 256}
+    assert cfg["rope_scaling"] == plain  # plain RoPE, in the form SGLang's CPU path builds
+    assert validate_export(export) == []
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4] and cfg[
         VLLM_AUX_IDS
     ] == [2, 4, 5]
