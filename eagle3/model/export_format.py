@@ -150,6 +150,18 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     } | {(EXPORT_LAYER if mla else MODEL_LAYER) + k: shape for k, shape in layer.items()}
 
 
+def attention_summary(cfg: dict[str, Any]) -> str:
+    """An export's attention and vocab in one line (its cards): MLA with its sizes, or MHA."""
+    vocab = f"draft vocab {cfg['draft_vocab_size']}"
+    vocab = "full target vocab (no d2t)" if full_vocab(cfg) else vocab
+    if is_mla(cfg):
+        sizes = ", ".join(f"{k} {cfg[k]}" for k in MLA_SIZES)
+        heads = f"{cfg['num_attention_heads']} heads"
+        return f"MLA (`{cfg['architectures'][0]}`, {heads}, {sizes}); {vocab}"
+    heads = f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} kv heads"
+    return f"MHA (`{cfg['architectures'][0]}`, {heads}); {vocab}"
+
+
 def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfloat16") -> dict[str, Any]:
     """The ``config.json`` of an export: LlamaConfig fields of the draft plus the EAGLE-3 fields
     (the MLA draft: its DeepSeek fields instead, ``export_mla.mla_config_fields``)."""

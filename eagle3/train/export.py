@@ -32,13 +32,14 @@ from eagle3.model.export_format import (
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,
+    attention_summary,
     export_config,
     front_matter,
     full_vocab,
     served_flags,
     validate_export,
 )
-from eagle3.model.export_mla import MLA_SIZES, is_mla, rename_layer
+from eagle3.model.export_mla import is_mla, rename_layer
 from eagle3.rundir.layout import CKPT_DIR, METRICS_FILE
 from eagle3.rundir.runroot import Manifest
 from eagle3.train.checkpoint import LATEST, latest_checkpoint
@@ -113,18 +114,6 @@ def _model_card(config: PipelineConfig, cfg: dict[str, Any], summary: dict[str, 
         "",
     ]
     return "\n".join(lines)
-
-
-def attention_summary(cfg: dict[str, Any]) -> str:
-    """The draft's attention and vocab as a card line: MLA with its sizes, or the Llama head's."""
-    vocab = f"draft vocab {cfg['draft_vocab_size']}"
-    vocab = "full target vocab (no d2t)" if full_vocab(cfg) else vocab
-    if is_mla(cfg):
-        sizes = ", ".join(f"{k} {cfg[k]}" for k in MLA_SIZES)
-        heads = f"{cfg['num_attention_heads']} heads"
-        return f"MLA (`{cfg['architectures'][0]}`, {heads}, {sizes}); {vocab}"
-    heads = f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} kv heads"
-    return f"MHA (`{cfg['architectures'][0]}`, {heads}); {vocab}"
 
 
 def _variant(cfg: dict[str, Any]) -> str:
