@@ -11,10 +11,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_draft_head import _ttt_unroll
 from transformers import DeepseekV3Config, LlamaConfig
 
 from eagle3.config.train import DraftArchitectureConfig
-from eagle3.model.draft import DraftConfig, DraftKVCache, DraftModel, TTTCache
+from eagle3.model.draft import DraftConfig, DraftKVCache, DraftModel
 from eagle3.model.mla import mla_shape
 
 H, V, VD, HEADS = 32, 50, 20, 4
@@ -170,18 +171,6 @@ def test_yarn_changes_the_step_so_the_scaling_is_really_applied():
             _model(YARN)(embeds, aux, positions)[0],
         )
     assert not torch.allclose(plain, yarn, atol=1e-4)
-
-
-def _ttt_unroll(model, ids, aux, embed, steps):
-    b, t = ids.shape
-    positions = torch.arange(t).expand(b, t)
-    cache, hidden, outs = TTTCache(), aux, []
-    for k in range(steps):
-        shifted = torch.zeros_like(ids)
-        shifted[:, : t - 1 - k] = ids[:, 1 + k :]
-        logits, hidden = model(F.embedding(shifted, embed), hidden, positions + k, cache)
-        outs.append(logits)
-    return outs
 
 
 @pytest.mark.parametrize("t", [0, 4, 7])

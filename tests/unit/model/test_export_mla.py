@@ -10,19 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from test_export_eagle31 import GOLDEN, LAYERS, VD, H, V, _export
 from transformers import DeepseekV3Config, LlamaConfig
 
-from eagle3.config.pipeline import PipelineConfig, with_overrides
-from eagle3.config.target import TargetConfig
-from eagle3.model.draft import DraftConfig, DraftModel
+from eagle3.model.draft import DraftModel
 from eagle3.model.export_format import WEIGHTS_FILE, expected_shapes, load_draft, validate_export
 from eagle3.model.export_mla import MLA_ARCHITECTURE, VLLM_AUX_IDS
-from eagle3.train.checkpoint import save_checkpoint
-from eagle3.train.export import export_draft
 
-GOLDEN = Path(__file__).parent / "golden"
-H, V, VD, LAYERS = 32, 64, 16, 8
 YARN = {
     "rope_type": "yarn",
     "factor": 4.0,
@@ -53,56 +48,13 @@ def mla_target(rope: dict | None = None) -> DeepseekV3Config:
 
 
 def mla_export(
-    tmp_path: Path,
-    *,
-    target=None,
-    full: bool = False,
-    family: str = "deepseek",
-    overrides: list[str] = (),
-    **flags,
+    tmp_path: Path, *, target=None, full: bool = False, family: str = "deepseek", **flags
 ) -> tuple[Path, DraftModel]:
     """An MLA draft with random weights (norms off 1), checkpointed and exported through
-    ``export_draft``."""
-    draft_vocab = V if full else VD
-    draft_cfg = DraftConfig.from_target_config(
-        target or mla_target(YARN), draft_vocab_size=draft_vocab, attention="mla", **flags
-    )
-    torch.manual_seed(0)
-    draft = DraftModel(draft_cfg)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if "norm" in name:
-                p.copy_(torch.rand_like(p) + 0.5)
-    out = tmp_path / "draft"
-    save_checkpoint(
-        out / "ckpt",
-        5,
-        model=draft.state_dict(),
-        optimizer={},
-        trainer={"draft_config": draft_cfg.to_dict()},
-        rank_state={},
-    )
-    targets = torch.arange(draft_vocab) if full else torch.arange(0, 2 * VD, 2)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[targets] = True
-    vocab = tmp_path / "vocab.safetensors"
-    save_file({"d2t": targets - torch.arange(draft_vocab), "t2d": t2d}, str(vocab))
-    config = with_overrides(
-        PipelineConfig(
-            name="t",
-            root=str(tmp_path),
-            target=TargetConfig(
-                model_path="unused",
-                num_layers=LAYERS,
-                hidden_size=H,
-                vocab_size=V,
-                context_length=256,
-                family=family,
-            ),
-        ),
-        ["train.precision=fp32", "train.architecture.attention=mla", *overrides],
-    )
-    return export_draft(config, out, vocab, None, tmp_path / "export"), draft
+    ``export_draft``; ``full``: the full vocab."""
+    return _export(tmp_path, target=target or mla_target(YARN), draft_vocab=V if full else VD,
+                   family=family, overrides=["train.architecture.attention=mla"], attention="mla",
+                   **flags)
 
 
 def test_mla_export_is_the_deepseek_config_and_the_layer_names_sglang_loads(tmp_path):
