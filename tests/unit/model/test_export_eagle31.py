@@ -25,8 +25,8 @@ FLAGS = {"fc_norm": True, "norm_output": True, "norm_before_fc": True}
 
 def _export(tmp_path: Path, *, target=None, draft_vocab: int = VD, family: str = "llama",
             overrides: list[str] = (), **flags) -> tuple[Path, DraftModel]:
-    """A draft with random weights (norms off 1) for ``target`` (a Llama one by default), checkpointed
-    and exported through ``export_draft``; ``draft_vocab`` ``V`` is the full vocab."""
+    """A draft with random weights (norms off 1) for ``target`` (a Llama one by default),
+    checkpointed and exported through ``export_draft``; ``draft_vocab`` ``V`` is the full vocab."""
     target = target or LlamaConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4,
                                    num_key_value_heads=2, vocab_size=V, num_hidden_layers=LAYERS,
                                    max_position_embeddings=128)
