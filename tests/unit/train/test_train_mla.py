@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate.preflight import failed, run_static
@@ -117,3 +118,27 @@ def test_the_batched_engine_serves_the_mla_draft_exactly_greedy(draft_world, tra
         )
         assert seq.output_ids == ref[0, len(prompt) :].tolist()
     assert sum(s.verify_ct for s in done) < sum(len(s.output_ids) for s in done)
+
+
+def test_an_mla_full_vocab_champion_starts_the_next_night(trained_mla, tmp_path):
+    """A continual night from an MLA champion: its export's ``layers.0.`` tensors are tonight's
+    draft's, they load into it as its start, and its vocab (no maps) is the identity."""
+    from eagle3.model.export_format import load_draft
+    from eagle3.train.continual import (
+        Start,
+        champion_weights,
+        check_champion,
+        write_champion_vocab,
+    )
+    from eagle3.train.trainer import build_draft, load_inputs
+
+    _, export, config = trained_mla
+    cfg = check_champion(config, export, "mla-champion")
+    start = Start(mode="champion", champion_id="mla-champion", champion_dir=str(export))
+    vocab = load_file(str(write_champion_vocab(start, tmp_path / "vocab.safetensors")))
+    assert cfg["draft_vocab_size"] == vocab["d2t"].numel() and not vocab["d2t"].any()
+    inputs = load_inputs(config, tmp_path / "vocab.safetensors")
+    draft = build_draft(inputs, 0, champion_weights(start))
+    exported, *_ = load_draft(export)
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(draft.state_dict()[name], tensor), name
