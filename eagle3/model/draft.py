@@ -24,6 +24,10 @@ Design choices (DESIGN §4, matching SGLang's ``LlamaForCausalLMEagle3``):
   ``H_t`` aux chunk (low|mid|high), then ``fc``, in that order when both are on (both act only where ``fc`` does).
   ``norm_output``: the hidden handed to the next step (TTT unroll, chain) is the post-norm ``norm(r2)``, the
   "attention drift" fix of EAGLE 3.1, instead of the pre-norm ``r2``; the logits are the same either way.
+* ``attention=mla`` (``DraftConfig.attention``) puts DeepSeek's multi-head latent attention in the
+  layer instead (``eagle3.model.mla``, SGLang's ``Eagle3DeepseekV2ForCausalLM``); both attentions
+  hand ``attend`` per-head keys and values, whose widths may differ (MLA), so every cache below
+  serves both.
 * Token embeddings come from the frozen target ``embed_tokens`` and are passed in by the caller (``input_embeds``),
   so the (possibly huge) embedding table is never part of the trained, sharded or exported module.
 * RoPE follows the target's rope settings (``default``, ``linear`` and ``llama3`` scaling are implemented; other
@@ -221,7 +225,8 @@ class RMSNorm(nn.Module):
 
 
 class DraftKVCache:
-    """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D]`` each.
+    """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D_k]``
+    and ``[B, kv_heads, S, D_v]`` (equal widths but for MLA).
 
     ``key_mask`` (``[B, S]`` bool over every key, including those the next forward appends) lets a batch hold rows of
     different lengths: a batched caller sets it before each forward and False keys (left padding) are never attended.
