@@ -305,7 +305,8 @@ def write_champion_vocab(start: Start, path: Path) -> Path:
     tensors = load_file(str(Path(start.champion_dir) / WEIGHTS_FILE))
     if "d2t" not in tensors:  # a full-vocab champion: the identity maps
         vocab = json.loads((Path(start.champion_dir) / CONFIG_FILE).read_text())["vocab_size"]
-        tensors = {"d2t": torch.zeros(vocab, dtype=torch.int64), "t2d": torch.ones(vocab, dtype=torch.bool)}
+        tensors = {"d2t": torch.zeros(vocab, dtype=torch.int64),
+                   "t2d": torch.ones(vocab, dtype=torch.bool)}
     with atomic_path(Path(path)) as tmp:
         save_file({"d2t": tensors["d2t"].long(), "t2d": tensors["t2d"].bool()}, str(tmp))
     return Path(path)

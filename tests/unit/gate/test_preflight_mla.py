@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import LAYERS, VOCAB, H
+import torch
 
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.gate.preflight import Check, failed, run_static
@@ -42,8 +42,8 @@ def _fails(config: PipelineConfig, export: Path) -> dict[str, str]:
 
 def _full_vocab(cfg: dict, tensors: dict) -> None:
     del tensors["d2t"], tensors["t2d"]
-    cfg["draft_vocab_size"] = VOCAB
-    tensors["lm_head.weight"] = tensors["lm_head.weight"].new_zeros(VOCAB, H)
+    cfg["draft_vocab_size"] = cfg["vocab_size"]
+    tensors["lm_head.weight"] = torch.zeros(cfg["vocab_size"], cfg["hidden_size"])
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
@@ -108,8 +108,8 @@ def test_vllm_top_level_ids_in_the_wrong_convention_are_refused(bench_config, ma
     export = make_export(
         "absent", mutate=lambda cfg, t: cfg.pop("eagle_aux_hidden_state_layer_ids"), **MLA
     )
+    assert bench_config.target.num_layers == 8
     assert "mla_vllm_layer_ids" not in _fails(bench_config, export)
-    assert LAYERS == 8
 
 
 def test_an_mla_draft_served_as_plain_eagle_is_refused(bench_config, make_export):
