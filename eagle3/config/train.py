@@ -13,14 +13,46 @@ class VocabConfig(StrictModel):
     draft_vocab_size: int = Field(default=32_000, gt=0)
 
 
+MLA_SHAPE = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 class DraftArchitectureConfig(StrictModel):
     """The draft head's variant (``eagle3.model.draft``): all off is EAGLE-3; ``fc_norm`` + ``norm_output`` is
     EAGLE 3.1 (arXiv 2605.09992); ``norm_before_fc`` is SGLang's third variant (one norm over the concatenated aux
-    states). Each is written to the export's ``config.json`` as SGLang 0.5.23 reads it."""
+    states). Each is written to the export's ``config.json`` as SGLang 0.5.23 reads it.
+
+    ``attention``: ``mha`` is the Llama-style head (``LlamaForCausalLMEagle3``); ``mla`` the
+    DeepSeek multi-head latent attention head (``Eagle3DeepseekV2ForCausalLM``,
+    ``eagle3.model.mla``), the Kimi/DeepSeek drafts' layout. Its sizes (``q_lora_rank``...
+    ``v_head_dim``) default to the target's own MLA sizes, or, on a target without MLA, to ones
+    derived from its attention (``eagle3.model.mla.mla_shape``); set them to match a parameter
+    budget."""
 
     fc_norm: bool = False
     norm_output: bool = False
     norm_before_fc: bool = False
+    attention: Literal["mha", "mla"] = "mha"
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    qk_nope_head_dim: int | None = Field(default=None, gt=0)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    v_head_dim: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _mla_sizes_need_mla(self) -> DraftArchitectureConfig:
+        set_sizes = [k for k in MLA_SHAPE if getattr(self, k) is not None]
+        if set_sizes and self.attention != "mla":
+            raise ValueError(
+                f"train.architecture.{set_sizes[0]} sizes the MLA attention, but "
+                f"train.architecture.attention is {self.attention!r}: set "
+                "train.architecture.attention=mla or drop it"
+            )
+        if self.qk_rope_head_dim is not None and self.qk_rope_head_dim % 2:
+            raise ValueError(
+                f"train.architecture.qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE "
+                "rotates pairs): set an even size"
+            )
+        return self
 
 
 LossKind = Literal["kl", "lk_alpha", "lk_lambda"]

@@ -45,6 +45,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.export_format import CONFIG_FILE, WEIGHTS_FILE, draft_config_from_export, validate_export
+from eagle3.model.export_mla import rename_layer
 from eagle3.registry import Registry
 from eagle3.rundir.runroot import Manifest, atomic_path, atomic_write_json
 from eagle3.target_io import load_hf_config
@@ -223,7 +224,7 @@ def _tensor_shapes(config: PipelineConfig, export: Path, cfg: dict[str, Any]) ->
         want = {k: tuple(v.shape) for k, v in DraftModel(ours).state_dict().items()}
     with safe_open(str(export / WEIGHTS_FILE), framework="pt") as fh:
         names = [k for k in list(fh.keys()) if k not in ("d2t", "t2d")]
-        have = {k: tuple(fh.get_slice(k).get_shape()) for k in names}
+        have = rename_layer({k: tuple(fh.get_slice(k).get_shape()) for k in names}, to_export=False)
     return have, want
 
 
@@ -299,6 +300,10 @@ def write_champion_vocab(start: Start, path: Path) -> Path:
     """The champion's ``d2t``/``t2d`` as tonight's vocab file (what the trainer and export read)."""
     assert start.champion_dir is not None
     tensors = load_file(str(Path(start.champion_dir) / WEIGHTS_FILE))
+    if "d2t" not in tensors:  # a full-vocab champion: the identity maps
+        vocab = json.loads((Path(start.champion_dir) / CONFIG_FILE).read_text())["vocab_size"]
+        tensors = {"d2t": torch.zeros(vocab, dtype=torch.int64),
+                   "t2d": torch.ones(vocab, dtype=torch.bool)}
     with atomic_path(Path(path)) as tmp:
         save_file({"d2t": tensors["d2t"].long(), "t2d": tensors["t2d"].bool()}, str(tmp))
     return Path(path)
@@ -307,5 +312,5 @@ def write_champion_vocab(start: Start, path: Path) -> Path:
 def champion_weights(start: Start) -> dict[str, torch.Tensor]:
     """The champion's draft weights (float32, no vocab maps): tonight's step-0 weights."""
     assert start.champion_dir is not None
-    tensors = load_file(str(Path(start.champion_dir) / WEIGHTS_FILE))
+    tensors = rename_layer(load_file(str(Path(start.champion_dir) / WEIGHTS_FILE)), to_export=False)
     return {k: v.float() for k, v in tensors.items() if k not in ("d2t", "t2d")}

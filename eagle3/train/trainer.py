@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.config.train import TrainConfig
+from eagle3.config.train import MLA_SHAPE, TrainConfig
 from eagle3.errors import DataError
 from eagle3.model.draft import DraftConfig, DraftModel
 from eagle3.model.export_format import target_ids
@@ -41,6 +41,7 @@ _OPERATIONAL = {"nproc", "device", "save_every", "keep_last", "log_every", "feat
 # Keys added after drafts were first fingerprinted: left out while at their default, so every draft trained before
 # them (and every recipe that does not set them) keeps its fingerprint and its finished stage directory.
 _ADDED_KEYS = ("architecture", "loss", "lk_kl_scale", "lk_kl_decay")
+_ADDED_ARCHITECTURE_KEYS = ("attention", *MLA_SHAPE)  # likewise inside train.architecture
 # In the fingerprint only through a champion night's start (``eagle3.train.continual.Start.identity``).
 _CONTINUAL = {"init", "replay", "champion_lr_scale"}
 
@@ -118,6 +119,11 @@ def draft_fingerprint(config: PipelineConfig, features_fp: str, vocab_fp: str,
     and, for a night built on the champion, its start (``Start.identity``: the champion's id, replay, lr scale)."""
     train_cfg = config.train.model_dump(mode="json", exclude=_OPERATIONAL | _CONTINUAL)
     defaults = TrainConfig().model_dump(mode="json")
+    arch_defaults = defaults["architecture"]
+    for cfg in (train_cfg, defaults):
+        arch = cfg["architecture"].items()
+        added = _ADDED_ARCHITECTURE_KEYS
+        cfg["architecture"] = {k: v for k, v in arch if k not in added or v != arch_defaults[k]}
     train_cfg = {k: v for k, v in train_cfg.items() if k not in _ADDED_KEYS or v != defaults[k]}
     parts = ("draft", features_fp, vocab_fp, train_cfg, config.target.model_dump(mode="json"))
     return fingerprint(*parts, start) if start else fingerprint(*parts)

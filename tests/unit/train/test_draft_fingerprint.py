@@ -14,7 +14,16 @@ BEFORE = {"kimi_k2_5": "b227be279cf0d20b", "llama3_8b": "7f54937a808cff34", "glm
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_recipes_keep_their_draft_fingerprint_with_the_new_keys_at_default(name):
-    assert draft_fingerprint(load_recipe(name), "f", "v") == BEFORE[name]
+    assert draft_fingerprint(load_recipe(name, OWN_DRAFT.get(name, [])), "f", "v") == BEFORE[name]
+
+
+# kimi_k2_5's draft is MLA over the full vocab (eagle3.recipes.KIMI_DRAFT): its fingerprint moved by
+# that choice alone; with the Llama head (and 32000 draft ids) it is the one above.
+OWN_DRAFT = {"kimi_k2_5": ["train.architecture.attention=mha", "vocab.draft_vocab_size=32000"]}
+
+
+def test_the_kimi_recipes_mla_draft_is_another_draft():
+    assert draft_fingerprint(load_recipe("kimi_k2_5"), "f", "v") != BEFORE["kimi_k2_5"]
 
 
 @pytest.mark.parametrize("override", ["train.architecture.fc_norm=true", "train.architecture.norm_output=true",
@@ -22,3 +31,20 @@ def test_recipes_keep_their_draft_fingerprint_with_the_new_keys_at_default(name)
                                       "train.loss=lk_lambda"])
 def test_setting_a_new_key_makes_another_draft(override):
     assert draft_fingerprint(load_recipe("kimi_k2_5", [override]), "f", "v") != BEFORE["kimi_k2_5"]
+
+
+# An EAGLE 3.1 draft, computed before train.architecture.attention and the MLA sizes existed (main
+# at 25ffde5).
+EAGLE31 = ["train.architecture.fc_norm=true", "train.architecture.norm_output=true"]
+EAGLE31_BEFORE = "a034fc7329cd9c61"
+MLA = "train.architecture.attention=mla"
+
+
+def test_an_eagle31_draft_keeps_its_fingerprint_with_the_attention_keys_at_default():
+    assert draft_fingerprint(load_recipe("llama3_8b", EAGLE31), "f", "v") == EAGLE31_BEFORE
+
+
+def test_an_mla_draft_and_each_of_its_sizes_make_another_draft():
+    overrides = ([], [MLA], [MLA, "train.architecture.kv_lora_rank=64"])
+    fps = [draft_fingerprint(load_recipe("llama3_8b", o), "f", "v") for o in overrides]
+    assert len(set(fps)) == 3
