@@ -22,6 +22,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config.pipeline import PipelineConfig
+from eagle3.runtime.stop import raise_pending_stop, stop_on_signals
 from eagle3.stage import (
     Plan,
     Progress,
@@ -44,8 +45,10 @@ POLL_S = 1.0  # how often the flow looks at unfinished units (and, every progres
 
 def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Plan, run every unit (a failed one never stops the others), finalize; raises ``UnitsFailed`` after
-    finalizing when units failed. A plan an earlier run finished (``recorded_result``: decided from the plan and the
-    files alone) ends here with that run's result: no resources, unit or finalize task, no file written."""
+    finalizing when units failed. SIGINT or SIGTERM stops the units and the stage's children at once;
+    Prefect's handler (the flow run Crashed) follows where the flow polls its units
+    (``eagle3.runtime.stop``). A plan an earlier run finished (``recorded_result``: decided from the plan and
+    the files alone) ends here with that run's result: no resources, unit or finalize task, no file written."""
     plan_task, unit_task, finalize_task = stage_tasks(stage)
     plan: Plan = plan_task(stage, config, inputs)
     recorded = recorded_result(stage, plan)
@@ -55,7 +58,8 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
         return recorded
     limits = existing_limits(stage.concurrency_limits(config))
     import_for_units(stage, config)  # here, not in units that start together: lazy imports race (eagle3.stage)
-    with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
+    with stop_on_signals(deferred=True), stage.resources(config, plan) as env, \
+            _submitter(stage, config, unit_task) as submit:
         watch = Watch(stage, plan, config, env)
         reports, failed, causes = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,
                                                                   "unit": unit, "env": env, "limits": limits}),
@@ -168,8 +172,10 @@ def _run_units(
         try:
             future = next(iter(as_completed(list(running), timeout=POLL_S)))
         except TimeoutError:
+            raise_pending_stop()
             watch.poll()
             continue
+        raise_pending_stop()
         unit = running.pop(future)
         value = future.result(raise_on_failure=False)  # a failed unit's exception, logged by its task run
         if future.state.is_completed():

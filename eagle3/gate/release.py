@@ -49,6 +49,7 @@ from eagle3.gate.serving import StepResult, Tier, adaptive_tiers, initial_steps,
 from eagle3.gate.verdict import decide, level_verdicts, overall, undecided
 from eagle3.rundir.layout import stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
+from eagle3.runtime.stop import raise_if_stopped
 from eagle3.serve.launch import LaunchError
 from eagle3.serve.launch_commands import LaunchCommand, build_launch
 
@@ -420,6 +421,7 @@ def run_gate(
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
     measured = _Measured(plan.arms, decide(plan.arms, config.gate, refused), prompts, measure_s)
+    raise_if_stopped("the gate")  # a stopped gate writes no report, manifest or promotion: a re-run measures
     report = _report(config, fp, measured, gate.champion, out_dir)
     if promote:
         report.promotion = _promote(Registry(config.root_path), report, out_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from flows.commands.common import (
     prefect_api,
     resolve_config,
     results,
+    stopping,
 )
 
 if TYPE_CHECKING:  # eagle3.gate.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
@@ -36,10 +36,6 @@ def _default_draft(root: Path) -> Path | None:
 
     champion = Registry(root).champion()
     return Path(champion.draft_dir) if champion else None
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def launch_sglang(
@@ -69,17 +65,13 @@ def launch_sglang(
     if not run:
         typer.echo(command.shell())
         return
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
     try:
-        with command.server() as server:
+        with stopping(resumable=False), command.server() as server:  # Ctrl-C or `kill` stops the server, then exits 130 / 143
             console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
             code = server.wait()
     except LaunchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        console.print("stopped")
-        return
     raise typer.Exit(code)
 
 
