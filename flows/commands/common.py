@@ -120,6 +120,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
     ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors
     ("eagle3.regen.shard", "ShardFailed", EXIT_FAILED),  # no server answered (a unit's error: its stage fails)
+    ("eagle3.errors", "Stopped", EXIT_FAILED),  # a unit stopped by the run's stop (the command exits 130 / 143)
 )
 
 
@@ -208,9 +209,18 @@ def bad_input(*kinds: type[Exception]) -> Iterator[None]:
         raise CliError(str(exc)) from exc
 
 
-def resolve_config(recipe: str, config: Path | None, overrides: list[str] | None) -> PipelineConfig:
-    """The config of ``--config`` (a YAML file) or else ``--recipe``, with the ``--set`` overrides."""
-    return resolve(config if config is not None else recipe, overrides)
+def resolve_config(
+    recipe: str, config: Path | None, overrides: list[str] | None, *, stages: Sequence[str] = ()
+) -> PipelineConfig:
+    """The config of ``--config`` (a YAML file) or else ``--recipe``, with the ``--set`` overrides. ``stages``:
+    the stages the command runs, whose packages are checked now (``eagle3.requirements``): a missing extra
+    exits 2 in one line before anything starts."""
+    resolved = resolve(config if config is not None else recipe, overrides)
+    if stages:
+        from eagle3.requirements import check_requirements
+
+        check_requirements(resolved, stages)
+    return resolved
 
 
 def print_table(title: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -360,7 +370,7 @@ def stopping(*, resumable: bool = True) -> Iterator[None]:
             if resumable:
                 line += (": no unit started and nothing was promoted after the signal. Finished work is kept; "
                          f"the same command resumes: {resume_command()}")
-            console.print(line)
+            console.print(line, soft_wrap=True)
             raise typer.Exit(request.exit_code) from None
 
 
@@ -426,11 +436,12 @@ def _exit_if_lost(server: subprocess.Popen[bytes], watching: threading.Event) ->
     if code < 0:
         cause = f"was killed by {signal.Signals(-code).name}"
         cause += " (out of memory, or kill -9)" if -code == signal.SIGKILL else ""
-    request_stop(f"the loss of Prefect's temporary API server ({cause})")
+    request_stop("the loss of Prefect's temporary API server")
     reap()
     console.print(
         f"[red]error:[/red] Prefect's temporary API server (pid {server.pid}) {cause}, and the run cannot record its "
-        f"progress without it: stopped. Finished work is kept; the same command resumes: {resume_command()}"
+        f"progress without it: stopped. Finished work is kept; the same command resumes: {resume_command()}",
+        soft_wrap=True,
     )
     os._exit(EXIT_FAILED)
 

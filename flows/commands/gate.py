@@ -138,11 +138,7 @@ def gate(
 ) -> None:
     """Benchmark drafts against the baseline (and the champion) in interleaved rounds; PASS promotes (exit 0), FAIL
     exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
-    cfg = resolve_config(recipe, config, set_)
-    if not baseline_url:  # the arms are launched on server.engine
-        from eagle3.serve.launch_commands import check_engine
-
-        check_engine(cfg)
+    cfg = resolve_config(recipe, config, set_, stages=() if baseline_url else ("gate",))  # launches its arms
     with prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")), \
             console.status("running the gate (see the Prefect UI for progress)"):  # fmt: skip
         from flows.gate import gate_flow

@@ -113,7 +113,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the regen flow (without a subcommand)."""
         if ctx.invoked_subcommand is None:
-            run_flow(resolve_config(recipe, config, set_), list(shard) if shard else None, prompts)
+            cfg = resolve_config(recipe, config, set_, stages=("regen",))
+            run_flow(cfg, list(shard) if shard else None, prompts)
 
     group.command("status")(_status)
     app.add_typer(group, name="regen")
