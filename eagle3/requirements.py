@@ -192,7 +192,8 @@ def _accelerate(config: PipelineConfig) -> str | None:
 def _compressed_tensors(config: PipelineConfig) -> str | None:
     if installed("compressed_tensors"):
         return None
-    from eagle3.capture.footprint import quantization_config  # imports torch: only when it is missing
+    # imports torch: only when compressed-tensors is missing
+    from eagle3.capture.footprint import quantization_config
 
     try:
         quant = quantization_config(config.target.model_path, config.target.revision)

@@ -379,17 +379,19 @@ def import_for_units(stage: Stage[Any], config: PipelineConfig) -> None:
             getattr(imported, attribute)
 
 
-def run_unit(stage: Stage[P], config: PipelineConfig, plan: P, unit: Unit, *, env: Any = None) -> UnitReport:
-    """``stage.run_unit``, unless the run is stopping (``eagle3.runtime.stop``): then no unit starts."""
+def run_unit(
+    stage: Stage[P], config: PipelineConfig, plan: P, unit: Unit, *, env: Any = None
+) -> UnitReport:
+    """``stage.run_unit``, unless the run is stopping (``eagle3.runtime.stop``): no unit starts."""
     raise_if_stopped(f"{stage.name} {stage.unit_name} {unit}")
     return stage.run_unit(config, plan, unit, env=env)
 
 
 def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Run a stage in this process without Prefect (``python -m``, benchmarks, tests): the same contract the flows
-    drive, ``stage.max_in_flight`` units at a time on threads (one otherwise), stopped by SIGINT or SIGTERM
-    (``eagle3.runtime.stop``). Inputs are explicit paths; a plan already done (``recorded_result``) is read back,
-    not run."""
+    drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths; a plan
+    already done (``recorded_result``) is read back, not run. SIGINT or SIGTERM stops it
+    (``eagle3.runtime.stop``)."""
     plan = stage.plan(config, **inputs)
     recorded = recorded_result(stage, plan)
     if recorded is not None:
@@ -402,7 +404,7 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
     import_for_units(stage, config)
     pool = ThreadPoolExecutor(stage.max_in_flight(config) or 1)
     with stop_on_signals(deferred=True), stage.resources(config, plan) as env, pool:
-        futures = {pool.submit(run_unit, stage, config, plan, unit, env=env): unit for unit in plan.units}
+        futures = {pool.submit(run_unit, stage, config, plan, u, env=env): u for u in plan.units}
         running = set(futures)
         while running:
             finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -410,10 +412,11 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
             for future in finished:
                 try:
                     reports.append(future.result())
-                except Exception as exc:  # the failure policy: the other units go on; finalize records it
-                    logger.exception("%s %s %s failed", stage.name, stage.unit_name, futures[future])
-                    failed.append(futures[future])
-                    causes[str(futures[future])] = unit_failure(exc)
+                except Exception as exc:  # the failure policy: the others go on; finalize records
+                    unit = futures[future]
+                    logger.exception("%s %s %s failed", stage.name, stage.unit_name, unit)
+                    failed.append(unit)
+                    causes[str(unit)] = unit_failure(exc)
     result = stage.finalize(config, plan, reports, failed)
     record_result(stage, plan, result)
     return result.raise_for_failed(causes)

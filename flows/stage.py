@@ -45,10 +45,8 @@ POLL_S = 1.0  # how often the flow looks at unfinished units (and, every progres
 
 def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Plan, run every unit (a failed one never stops the others), finalize; raises ``UnitsFailed`` after
-    finalizing when units failed. SIGINT or SIGTERM stops the units and the stage's children at once;
-    Prefect's handler (the flow run Crashed) follows where the flow polls its units
-    (``eagle3.runtime.stop``). A plan an earlier run finished (``recorded_result``: decided from the plan and
-    the files alone) ends here with that run's result: no resources, unit or finalize task, no file written."""
+    finalizing when units failed. A plan an earlier run finished (``recorded_result``: decided from the plan and the
+    files alone) ends here with that run's result: no resources, unit or finalize task, no file written."""
     plan_task, unit_task, finalize_task = stage_tasks(stage)
     plan: Plan = plan_task(stage, config, inputs)
     recorded = recorded_result(stage, plan)
@@ -58,6 +56,8 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
         return recorded
     limits = existing_limits(stage.concurrency_limits(config))
     import_for_units(stage, config)  # here, not in units that start together: lazy imports race (eagle3.stage)
+    # SIGINT or SIGTERM stops the units and the stage's children at once; Prefect's handler (the
+    # flow run Crashed) follows where _run_units polls them (eagle3.runtime.stop)
     with stop_on_signals(deferred=True), stage.resources(config, plan) as env, \
             _submitter(stage, config, unit_task) as submit:
         watch = Watch(stage, plan, config, env)

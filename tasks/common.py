@@ -83,6 +83,7 @@ def resolve_config_task(config: PipelineConfig | ConfigRef) -> PipelineConfig:
 
 @task(name="check-requirements", cache_policy=NO_CACHE)
 def check_requirements_task(config: PipelineConfig) -> None:
-    """Refuse, before any stage runs, a night whose modes need a package this worker lacks (one line naming the
-    extra, ``eagle3.requirements``): a deployment's night fails in seconds instead of at its train stage."""
+    """Refuse, before any stage runs, a night whose modes need a package this worker lacks (one
+    line naming the extra, ``eagle3.requirements``): a deployment's night fails in seconds, not at
+    its train stage."""
     check_requirements(config)

@@ -30,7 +30,16 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError, Stopped
 from eagle3.lineage import Lineage
 from eagle3.runtime.stop import stop_requested
-from eagle3.stage import Plan, Stage, StageResult, Unit, UnitFailure, UnitReport, record_result, run_unit
+from eagle3.stage import (
+    Plan,
+    Stage,
+    StageResult,
+    Unit,
+    UnitFailure,
+    UnitReport,
+    record_result,
+    run_unit,
+)
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
 
 
@@ -87,11 +96,12 @@ def unit_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str |
 
 def retry_unless_data_error_or_stopped(task: Any, task_run: Any, state: State) -> bool:
     """Prefect's retry condition of unit tasks: retries are for infrastructure; a ``DataError`` fails at once (the
-    same data fails the same way), so its message is not buried under the retries' tracebacks, and so does an
-    ``ImportError`` (a missing package stays missing). A ``Stopped`` unit (SIGTERM, Ctrl-C), or any unit that
-    fails once the run is stopping (``eagle3.runtime.stop``), stays stopped instead of being retried after the
-    delay."""
-    return stop_requested() is None and not isinstance(state.data, (DataError, Stopped, ImportError))
+    same data fails the same way), so its message is not buried under the retries' tracebacks.
+    So does an ``ImportError`` (a missing package stays missing). A ``Stopped`` unit (SIGTERM,
+    Ctrl-C), or any unit that fails once the run is stopping (``eagle3.runtime.stop``), stays
+    stopped instead of being retried after the delay."""
+    final = (DataError, Stopped, ImportError)
+    return stop_requested() is None and not isinstance(state.data, final)
 
 
 def existing_limits(names: Sequence[str]) -> list[str]:

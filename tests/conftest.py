@@ -226,8 +226,9 @@ def held_rmtree(monkeypatch):
 
 @pytest.fixture
 def hide_modules(monkeypatch):
-    """``hide_modules("ray", ...)``: those packages cannot be imported or found for the test, as on a machine
-    installed without their extra (their loaded modules are set aside and a finder refuses them)."""
+    """``hide_modules("ray", ...)``: those packages cannot be imported or found for the test, as on
+    a machine installed without their extra (their loaded modules are set aside and a finder refuses
+    them)."""
     import importlib.abc
     import sys
 

@@ -120,8 +120,9 @@ class Registry:
         metrics: dict[str, Any] | None = None,
         speculative: dict[str, Any] | None = None,
     ) -> Promotion:
-        """Make ``export_dir`` the champion: copy it in, record it in the history, then swap the pointer. Once the
-        run is stopping (``eagle3.runtime.stop``) nothing is recorded: ``Stopped`` is raised before the history."""
+        """Make ``export_dir`` the champion: copy it in, record it in the history, then swap the
+        pointer. Once the run is stopping (``eagle3.runtime.stop``) nothing is recorded: ``Stopped``
+        is raised before the history."""
         did = draft_id(export_dir)
         dest = self._copy(Path(export_dir), did)
         promotion = Promotion(

@@ -421,7 +421,8 @@ def run_gate(
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
     measured = _Measured(plan.arms, decide(plan.arms, config.gate, refused), prompts, measure_s)
-    raise_if_stopped("the gate")  # a stopped gate writes no report, manifest or promotion: a re-run measures
+    # a stopped gate writes no report, manifest or promotion: a re-run measures again
+    raise_if_stopped("the gate")
     report = _report(config, fp, measured, gate.champion, out_dir)
     if promote:
         report.promotion = _promote(Registry(config.root_path), report, out_dir)

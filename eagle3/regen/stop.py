@@ -1,11 +1,13 @@
-"""Stop running regen shards within seconds when the run stops (SIGTERM, Ctrl-C), their journals flushed.
+"""Stop running regen shards within seconds when the run stops (SIGTERM, Ctrl-C), their journals
+flushed.
 
-Shards run on worker threads, each in its own event loop, and a signal reaches only the main thread, which then
-waits for the workers' thread pool to finish every running shard (minutes to hours against a dead server) unless
-the shards stop themselves. ``shards_stop_with_the_run`` (entered by the regen stage's ``resources``) registers
-``stop_running_shards`` with the run's stop (``eagle3.runtime.stop``): it cancels every running shard's task
-(``running_shard`` registers it); a cancelled shard cancels its requests, closes its journal (fsync) and raises
-``ShardStopped``; a shard that starts after the stop fails at once the same way.
+Shards run on worker threads, each in its own event loop, and a signal reaches only the main thread,
+which then waits for the workers' thread pool to finish every running shard (minutes to hours
+against a dead server) unless the shards stop themselves. ``shards_stop_with_the_run`` (entered by
+the regen stage's ``resources``) registers ``stop_running_shards`` with the run's stop
+(``eagle3.runtime.stop``): it cancels every running shard's task (``running_shard`` registers it); a
+cancelled shard cancels its requests, closes its journal (fsync) and raises ``ShardStopped``; a
+shard that starts after the stop fails at once the same way.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def stop_running_shards(request: StopRequest) -> None:
 
 @contextmanager
 def running_shard(index: int) -> Iterator[None]:
-    """Register the current task as shard ``index`` for the block; a stop turns its cancellation into
-    ``ShardStopped``."""
+    """Register the current task as shard ``index`` for the block; a stop turns its cancellation
+    into ``ShardStopped``."""
     task = asyncio.current_task()
     assert task is not None, "running_shard needs a running task"
     with _lock:
@@ -62,7 +64,8 @@ def running_shard(index: int) -> Iterator[None]:
         if request is None:
             raise
         raise ShardStopped(
-            f"regen shard {index} stopped by {request.reason}; its journal is flushed and a re-run resumes it"
+            f"regen shard {index} stopped by {request.reason}; its journal is flushed and a re-run "
+            "resumes it"
         ) from None
     finally:
         with _lock:

@@ -1,30 +1,34 @@
-"""Stopping a run: one process-wide stop state, the child processes the library starts, and a reaper that leaves no
-descendant behind.
+"""Stopping a run: one process-wide stop state, the child processes the library starts, and a reaper
+that leaves no descendant behind.
 
-A terminal's Ctrl-C sends SIGINT to its whole foreground process group; systemd, Kubernetes, Slurm and Prefect's
-workers stop a job by signalling its group (SIGTERM). How the pipeline stops:
+A terminal's Ctrl-C sends SIGINT to its whole foreground process group; systemd, Kubernetes, Slurm
+and Prefect's workers stop a job by signalling its group (SIGTERM). How the pipeline stops:
 
 - ``stop_on_signals`` installs one handler for SIGINT and SIGTERM (main thread only). A signal calls
-  ``request_stop``: the stop is recorded (``stop_requested``), the callbacks registered with ``on_stop`` run (regen
-  cancels its running shards, which flush their journals) and every child started with ``spawn`` gets SIGTERM on
-  its whole process group. Then the handler hands the signal on to the handler it replaced (Prefect's, which marks
-  the flow run Crashed; ``KeyboardInterrupt`` for SIGINT; ``SystemExit(128 + signal)`` for SIGTERM), which unwinds
-  the main thread.
-- Work on other threads stops at its next check: ``raise_if_stopped`` (a unit about to start, a gate level, a
-  capture batch, a server or worker about to start, the gate's promotion) raises ``Stopped``, which is never
-  retried. A unit waiting for a child sees it exit and raises ``Stopped`` as well, not a failure to retry.
-- Children started by ``spawn`` lead a process group of their own: a signal to the pipeline's group reaches only the
-  pipeline's process, which records the stop before it stops them (a training worker killed first would look like a
-  crash to retry). They also die with the pipeline's process on ``kill -9`` (``die_with_parent``).
-- ``reap`` ends whatever else descends from the process (Ray's daemons, a server's own workers, a process whose
-  parent died: after ``adopt_orphans`` they are re-parented to this process, so they stay in its tree): SIGTERM,
-  then SIGKILL after ``CHILD_GRACE_S``.
-- With ``exit_within_s`` the process is sure to end: a second SIGINT (Ctrl-C twice), or that many seconds after the
-  first signal, every descendant gets SIGKILL and the process exits ``128 + signal`` at once. The pipeline's files
-  survive ``kill -9`` (journals, part files, checkpoints; manifests are written last), so nothing finished is lost.
+  ``request_stop``: the stop is recorded (``stop_requested``), the callbacks registered with
+  ``on_stop`` run (regen cancels its running shards, which flush their journals) and every child
+  started with ``spawn`` gets SIGTERM on its whole process group. Then the handler hands the signal
+  on to the handler it replaced (Prefect's, which marks the flow run Crashed; ``KeyboardInterrupt``
+  for SIGINT; ``SystemExit(128 + signal)`` for SIGTERM), which unwinds the main thread: at once, or,
+  inside a ``deferred`` block (a stage waiting for its units), where the block next polls.
+- Work on other threads stops at its next check: ``raise_if_stopped`` (a unit about to start, a gate
+  level, a capture batch, a server or worker about to start, the gate's promotion) raises
+  ``Stopped``, which is never retried. A unit waiting for a child sees it exit and raises
+  ``Stopped`` as well, not a failure to retry.
+- Children started by ``spawn`` lead a process group of their own: a signal to the pipeline's group
+  reaches only the pipeline's process, which records the stop before it stops them (a training
+  worker killed first would look like a crash to retry). They also die with the pipeline's process
+  on ``kill -9`` (``die_with_parent``).
+- ``reap`` ends whatever else descends from the process (Ray's daemons, a server's own workers, a
+  process whose parent died: after ``adopt_orphans`` they are re-parented to this process, so they
+  stay in its tree): SIGTERM, then SIGKILL after ``CHILD_GRACE_S``.
+- With ``exit_within_s`` the process is sure to end: a second SIGINT (Ctrl-C twice), or that many
+  seconds after the first signal, every descendant gets SIGKILL and the process exits ``128 +
+  signal`` at once. The pipeline's files survive ``kill -9`` (journals, part files, checkpoints;
+  manifests are written last), so nothing finished is lost.
 
-The state is cleared when the outermost ``stop_on_signals`` block ends, so a process that runs several flows (a
-Prefect worker, the tests) starts each one unstopped.
+The state is cleared when the outermost ``stop_on_signals`` block ends, so a process that runs
+several flows (a Prefect worker, the tests) starts each one unstopped.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ CHILD_GRACE_S = 10.0  # a child's time to exit on SIGTERM before SIGKILL
 
 @dataclass(frozen=True)
 class StopRequest:
-    """Why the run stops: ``reason`` ("SIGINT", "SIGTERM", or what failed), the signal, when (monotonic)."""
+    """Why the run stops (``reason``: "SIGINT", "SIGTERM" or what failed), its signal, and when."""
 
     reason: str
     signum: int | None = None
@@ -64,7 +68,7 @@ class StopRequest:
 
     @property
     def exit_code(self) -> int:
-        """``128 + signal`` (130 for SIGINT, 143 for SIGTERM), 1 for a stop that no signal asked for."""
+        """``128 + signal`` (130 for SIGINT, 143 for SIGTERM); 1 for a stop no signal asked for."""
         return 128 + self.signum if self.signum else 1
 
 
@@ -93,8 +97,9 @@ def raise_if_stopped(what: str) -> None:
 
 
 def request_stop(reason: str, signum: int | None = None) -> StopRequest:
-    """Record the stop (the first request wins; later ones return it), run the ``on_stop`` callbacks and SIGTERM
-    every running child of ``spawn`` on its process group. Never blocks: callable from a signal handler."""
+    """Record the stop (the first request wins; later ones return it), run the ``on_stop`` callbacks
+    and SIGTERM every running child of ``spawn`` on its process group. Never blocks: callable from a
+    signal handler."""
     global _request
     with _lock:
         if _request is not None:
@@ -124,8 +129,8 @@ def request_stop(reason: str, signum: int | None = None) -> StopRequest:
 
 @contextmanager
 def on_stop(callback: Callable[[StopRequest], None]) -> Iterator[None]:
-    """Call ``callback`` (quick, non-blocking) when a stop is requested during the block; at once if one already
-    was."""
+    """Call ``callback`` (quick, non-blocking) when a stop is requested during the block; at once if
+    one already was."""
     with _lock:
         _callbacks.append(callback)
         request = _request
@@ -139,9 +144,10 @@ def on_stop(callback: Callable[[StopRequest], None]) -> Iterator[None]:
 
 
 def spawn(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen(argv, **popen_kwargs)`` for a child the stop owns: it leads its own process group, dies with
-    the thread that spawns it (spawn from one that outlives it) and gets SIGTERM on its group when a stop is
-    requested. Raises ``Stopped`` instead of starting once a stop was requested."""
+    """``subprocess.Popen(argv, **popen_kwargs)`` for a child the stop owns: it leads its own
+    process group, dies with the thread that spawns it (spawn from one that outlives it) and gets
+    SIGTERM on its group when a stop is requested. Raises ``Stopped`` instead of starting once a
+    stop was requested."""
     raise_if_stopped(f"starting {Path(argv[0]).name}")
     proc = subprocess.Popen(
         list(argv), start_new_session=True, preexec_fn=die_with_parent, **popen_kwargs
@@ -159,7 +165,7 @@ def spawn(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
 
 
 def signal_group(proc: subprocess.Popen[Any], sig: int) -> None:
-    """Send ``sig`` to the process group ``proc`` leads (``spawn``'s children), or to ``proc`` alone otherwise."""
+    """Send ``sig`` to the process group ``proc`` leads (``spawn``'s children), else to ``proc``."""
     try:
         if os.getpgid(proc.pid) == proc.pid:
             os.killpg(proc.pid, sig)
@@ -172,7 +178,8 @@ def signal_group(proc: subprocess.Popen[Any], sig: int) -> None:
 def stop_child(
     proc: subprocess.Popen[Any], *, grace_s: float = CHILD_GRACE_S, name: str = ""
 ) -> None:
-    """Stop ``proc`` and its process group: SIGTERM, then SIGKILL after ``grace_s``; returns once it exited."""
+    """Stop ``proc`` and its process group: SIGTERM, then SIGKILL after ``grace_s``; returns once it
+    exited."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             return
@@ -187,8 +194,8 @@ def stop_child(
 
 
 def reap(grace_s: float = CHILD_GRACE_S) -> list[str]:
-    """End every descendant of this process (SIGTERM, SIGKILL after ``grace_s``; 0: SIGKILL at once) and collect
-    them; returns their names, e.g. ``["raylet (4242)"]``, for a log line."""
+    """End every descendant of this process (SIGTERM, SIGKILL after ``grace_s``; 0: SIGKILL at once)
+    and collect them; returns their names, e.g. ``["raylet (4242)"]``, for a log line."""
     try:
         procs = psutil.Process().children(recursive=True)
     except psutil.Error:
@@ -220,22 +227,28 @@ def _describe(proc: psutil.Process) -> str:
 
 
 @contextmanager
-def stop_on_signals(*, exit_within_s: float | None = None, deferred: bool = False) -> Iterator[None]:
-    """SIGINT and SIGTERM stop the run (``request_stop``), then go on to the handlers they replaced, for the block
-    (main thread only; elsewhere the block runs without it). A signal whose handler is already this one is left
-    as it is, so nested blocks stop once. ``exit_within_s`` (a command's outermost block) makes the exit certain:
-    a second SIGINT, or that many seconds after the stop, SIGKILLs every descendant and exits ``128 + signal``.
+def stop_on_signals(
+    *, exit_within_s: float | None = None, deferred: bool = False
+) -> Iterator[None]:
+    """SIGINT and SIGTERM stop the run (``request_stop``), then go on to the handlers they replaced,
+    for the block (main thread only; elsewhere the block runs without it). A signal whose handler is
+    already this one is left as it is, so nested blocks stop once. ``exit_within_s`` (a command's
+    outermost block) makes the exit certain: a second SIGINT, or that many seconds after the stop,
+    SIGKILLs every descendant and exits ``128 + signal``.
 
     ``deferred``: inside the block a signal only requests the stop; the replaced handler's exception
-    (``KeyboardInterrupt``, Prefect's ``TerminationSignal``) is raised by ``raise_pending_stop``, which the block
-    calls where it polls, or when the block ends. An exception raised by a handler lands wherever the main thread
-    is, and inside ``threading.Condition.wait`` (a future's result, a Prefect API call) it leaves the condition's
-    lock released ("RuntimeError: release unlocked lock"): the flow run then fails instead of crashing."""
+    (``KeyboardInterrupt``, Prefect's ``TerminationSignal``) is raised by ``raise_pending_stop``,
+    which the block calls where it polls, or when the block ends. An exception raised by a handler
+    lands wherever the main thread is, and inside ``threading.Condition.wait`` (a future's result, a
+    Prefect API call) it leaves the condition's lock released ("RuntimeError: release unlocked
+    lock"): the flow run then fails instead of crashing."""
     global _installed, _deadline_s, _request, _sigints, _deferring, _pending
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    replaced = {sig: signal.getsignal(sig) for sig in SIGNALS if not _is_ours(signal.getsignal(sig))}
+    replaced = {
+        sig: signal.getsignal(sig) for sig in SIGNALS if not _is_ours(signal.getsignal(sig))
+    }
 
     def handler(signum: int, frame: FrameType | None) -> None:
         global _sigints, _pending
@@ -272,13 +285,15 @@ def stop_on_signals(*, exit_within_s: float | None = None, deferred: bool = Fals
                 _pending = None
             if _installed == 0:
                 _request, _deadline_s, _sigints = None, None, 0
-        if pending is not None:  # even while an error propagates: the signal's exception says why it stopped
+        if (
+            pending is not None
+        ):  # even while an error propagates: the signal's exception says why it stopped
             _hand_on(pending[0], pending[1], None)
 
 
 def raise_pending_stop() -> None:
-    """Raise what a signal deferred by ``stop_on_signals(deferred=True)`` would have raised (nothing when none
-    came): call it from the main thread where it polls, outside any lock."""
+    """Raise what a signal deferred by ``stop_on_signals(deferred=True)`` would have raised (nothing
+    when none came): call it from the main thread where it polls, outside any lock."""
     global _pending
     pending, _pending = _pending, None
     if pending is not None:
@@ -290,8 +305,9 @@ def _is_ours(handler: object) -> bool:
 
 
 def _hand_on(before: Any, signum: int, frame: FrameType | None) -> None:
-    """What the replaced handler does: call it; for the default action, ``KeyboardInterrupt`` on SIGINT and
-    ``SystemExit(128 + signal)`` otherwise, so ``finally`` blocks run (the default would end the process at once)."""
+    """What the replaced handler does: call it; for the default action, ``KeyboardInterrupt`` on
+    SIGINT and ``SystemExit(128 + signal)`` otherwise, so ``finally`` blocks run (the default would
+    end the process at once)."""
     if callable(before):
         before(signum, frame)
     elif before == signal.SIG_DFL or before is None:
@@ -306,7 +322,8 @@ def _exit_after(request: StopRequest, deadline_s: float) -> None:
 
 
 def _exit_now(request: StopRequest, why: str) -> None:
-    """SIGKILL every descendant and exit ``request.exit_code`` now, without unwinding (``kill -9`` safe)."""
+    """SIGKILL every descendant and exit ``request.exit_code`` now, without unwinding (safe: the
+    pipeline's files survive ``kill -9``)."""
     killed = reap(grace_s=0)
     sys.stderr.write(
         f"{why}: exiting now ({request.reason}); killed {', '.join(killed) or 'no process'}\n"

@@ -8,9 +8,10 @@ Design choices:
 - The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both
 ``eagle3.serve.reference`` and
   ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage never choose one.
-- The child is started by ``eagle3.runtime.stop.spawn``: it dies with its parent and runs in its own process group,
-  which is stopped as a whole (SIGTERM, then SIGKILL) on exit, on error and as soon as the run is stopped (Ctrl-C,
-  SIGTERM): no server, nor a worker it spawned, outlives the command that started it.
+- The child is started by ``eagle3.runtime.stop.spawn``: it dies with its parent and runs in its own
+  process group, which is stopped as a whole (SIGTERM, then SIGKILL) on exit, on error and as soon
+  as the run is stopped (Ctrl-C, SIGTERM): no server, nor a worker it spawned, outlives the command
+  that started it.
 - Output goes to a log file, never a pipe, so a chatty server cannot block on a full pipe; a server that exits or
   stays unhealthy during start-up raises ``LaunchError`` naming the log and quoting its tail.
 """

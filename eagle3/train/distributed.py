@@ -128,8 +128,9 @@ def run_workers(command: list[str], on_line: Callable[[str], None], *, env: dict
     """Run the training command, handing every output line (stdout and stderr merged) to ``on_line``.
 
     Returns the exit code; the caller decides whether a non-zero code is a failure to retry (a retry resumes from
-    the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps). Raises ``Stopped`` when the run was
-    stopped (``eagle3.runtime.stop``: the workers got SIGTERM), which is never retried.
+    the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps).
+    Raises ``Stopped`` when the run was stopped (``eagle3.runtime.stop``: the workers got SIGTERM),
+    which is never retried.
     """
     with spawn(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                env={**os.environ, **(env or {})}) as proc:

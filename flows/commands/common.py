@@ -9,14 +9,16 @@ Every command that runs a flow does so inside :func:`prefect_api`, the one Prefe
 this command starts, waits for up to ``PREFECT_STARTUP_TIMEOUT_S`` (a busy 2-core machine needs more than Prefect's
 own 20 s) and stops on exit, and that dies with the command even on ``kill -9``
 (``eagle3.runtime.procs.die_with_parent``,
-as the reference server and the training workers do). It runs in a process group of its own, so a Ctrl-C or a
-SIGTERM to the command's group leaves it up until the flow runs are marked Crashed; if it dies anyway (an OOM kill),
-the command ends at once with one line naming the cause and the command that resumes, instead of minutes of
+as the reference server and the training workers do).
+The server runs in a process group of its own, so a Ctrl-C or a SIGTERM to the command's group
+leaves it up until the flow runs are marked Crashed; if it dies anyway (an OOM kill), the command
+ends at once with one line naming the cause and the command that resumes, instead of minutes of
 Prefect's client retries against a server that will not come back.
 
-:func:`prefect_api` also makes the command stoppable (``stopping``): SIGINT or SIGTERM, to the process or its
-group, stops the run (``eagle3.runtime.stop``: no new unit, no promotion after the signal, every child process
-gone) and exits 130 or 143 within ``EXIT_WITHIN_S``, with one line saying how to resume.
+:func:`prefect_api` also makes the command stoppable (``stopping``): SIGINT or SIGTERM, to the
+process or its group, stops the run (``eagle3.runtime.stop``: no new unit, no promotion after the
+signal, every child process gone) and exits 130 or 143 within ``EXIT_WITHIN_S``, with one line
+saying how to resume.
 
 A command that runs a long flow shows a progress bar (:func:`watch_progress`) polled from a library status function
 that reads the stage's files, so the flow needs no hook for it and the bar matches ``<stage> status`` output and the
@@ -82,9 +84,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
 
-# The longest a stopped command takes to exit (Ctrl-C, SIGTERM): its children get SIGTERM at once and SIGKILL after
-# ``eagle3.runtime.stop.CHILD_GRACE_S``; past this, or on a second Ctrl-C, every descendant is SIGKILLed and the
-# command exits at once (everything the pipeline writes survives ``kill -9``).
+# The longest a stopped command takes to exit (Ctrl-C, SIGTERM): its children get SIGTERM at once
+# and SIGKILL after ``eagle3.runtime.stop.CHILD_GRACE_S``; past this, or on a second Ctrl-C, every
+# descendant is SIGKILLed and the command exits at once (what the pipeline writes survives kill -9).
 EXIT_WITHIN_S = 30.0
 
 # Seconds a temporary Prefect API server may take to answer (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
@@ -120,7 +122,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
     ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors
     ("eagle3.regen.shard", "ShardFailed", EXIT_FAILED),  # no server answered (a unit's error: its stage fails)
-    ("eagle3.errors", "Stopped", EXIT_FAILED),  # a unit stopped by the run's stop (the command exits 130 / 143)
+    ("eagle3.errors", "Stopped", EXIT_FAILED),  # a stopped unit (the command exits 130 / 143)
 )
 
 
@@ -212,9 +214,9 @@ def bad_input(*kinds: type[Exception]) -> Iterator[None]:
 def resolve_config(
     recipe: str, config: Path | None, overrides: list[str] | None, *, stages: Sequence[str] = ()
 ) -> PipelineConfig:
-    """The config of ``--config`` (a YAML file) or else ``--recipe``, with the ``--set`` overrides. ``stages``:
-    the stages the command runs, whose packages are checked now (``eagle3.requirements``): a missing extra
-    exits 2 in one line before anything starts."""
+    """The config of ``--config`` (a YAML file) or else ``--recipe``, with the ``--set`` overrides.
+    ``stages``: the stages the command runs, whose packages are checked now
+    (``eagle3.requirements``): a missing extra exits 2 in one line before anything starts."""
     resolved = resolve(config if config is not None else recipe, overrides)
     if stages:
         from eagle3.requirements import check_requirements
@@ -340,8 +342,10 @@ def prefect_api(*, meanwhile: Callable[[], object] | None = None) -> Iterator[No
         updates: dict[Any, Any] = {}
         if "heartbeat_frequency" not in get_current_settings().flows.model_fields_set:
             updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
-        with _temporary_server(meanwhile) as api_url, temporary_settings({PREFECT_API_URL: api_url, **updates}):
-            yield
+        with _temporary_server(meanwhile) as api_url:
+            updates[PREFECT_API_URL] = api_url
+            with temporary_settings(updates):
+                yield
 
 
 def resume_command() -> str:
@@ -351,9 +355,10 @@ def resume_command() -> str:
 
 @contextmanager
 def stopping(*, resumable: bool = True) -> Iterator[None]:
-    """SIGINT or SIGTERM stops the block (``eagle3.runtime.stop``); once the flow runs are marked Crashed and the
-    block has unwound, what is left of the command's descendants is reaped and the command exits ``128 + signal``
-    with one line saying how long the stop took and how to resume. The exit is certain within ``EXIT_WITHIN_S``."""
+    """SIGINT or SIGTERM stops the block (``eagle3.runtime.stop``); once the flow runs are marked
+    Crashed and the block has unwound, what is left of the command's descendants is reaped and the
+    command exits ``128 + signal`` with one line saying how long the stop took and how to resume.
+    The exit is certain within ``EXIT_WITHIN_S``."""
     from eagle3.runtime.stop import reap, stop_on_signals, stop_requested
 
     with stop_on_signals(exit_within_s=EXIT_WITHIN_S):
@@ -368,8 +373,8 @@ def stopping(*, resumable: bool = True) -> Iterator[None]:
             line = f"stopped by {request.reason} in {took:.1f} s"
             line += f"; reaped {', '.join(left)}" if left else ""
             if resumable:
-                line += (": no unit started and nothing was promoted after the signal. Finished work is kept; "
-                         f"the same command resumes: {resume_command()}")
+                line += (": no unit started and nothing was promoted after the signal. Finished "
+                         f"work is kept; the same command resumes: {resume_command()}")
             console.print(line, soft_wrap=True)
             raise typer.Exit(request.exit_code) from None
 
@@ -406,7 +411,7 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
                                "running server", code=EXIT_FAILED)  # fmt: skip
             time.sleep(0.2)
         watching.set()
-        watch = threading.Thread(target=_exit_if_lost, args=(server, watching), name="api-watch", daemon=True)
+        watch = threading.Thread(target=_exit_if_lost, args=(server, watching), daemon=True)
         watch.start()
         yield api_url
     finally:
@@ -421,10 +426,10 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
 
 
 def _exit_if_lost(server: subprocess.Popen[bytes], watching: threading.Event) -> None:
-    """While ``watching`` is set, check every half second that the temporary API server is up; if it died (an OOM
-    kill, a ``kill``), stop the run, reap its processes and exit 1 with one line naming the cause and the command
-    that resumes: every flow and task run would otherwise retry each call against it for minutes
-    (``PREFECT_CLIENT_MAX_RETRIES``) before crashing."""
+    """While ``watching`` is set, check every half second that the temporary API server is up; if it
+    died (an OOM kill, a ``kill``), stop the run, reap its processes and exit 1 with one line naming
+    the cause and the command that resumes: every flow and task run would otherwise retry each call
+    against it for minutes (``PREFECT_CLIENT_MAX_RETRIES``) before crashing."""
     from eagle3.runtime.stop import reap, request_stop
 
     while watching.is_set() and server.poll() is None:
@@ -439,8 +444,9 @@ def _exit_if_lost(server: subprocess.Popen[bytes], watching: threading.Event) ->
     request_stop("the loss of Prefect's temporary API server")
     reap()
     console.print(
-        f"[red]error:[/red] Prefect's temporary API server (pid {server.pid}) {cause}, and the run cannot record its "
-        f"progress without it: stopped. Finished work is kept; the same command resumes: {resume_command()}",
+        f"[red]error:[/red] Prefect's temporary API server (pid {server.pid}) {cause}, and the run "
+        "cannot record its progress without it: stopped. Finished work is kept; the same command "
+        f"resumes: {resume_command()}",
         soft_wrap=True,
     )
     os._exit(EXIT_FAILED)

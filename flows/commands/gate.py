@@ -66,7 +66,8 @@ def launch_sglang(
         typer.echo(command.shell())
         return
     try:
-        with stopping(resumable=False), command.server() as server:  # Ctrl-C or `kill` stops the server, then exits 130 / 143
+        # Ctrl-C or `kill` stops the server, then exits 130 / 143
+        with stopping(resumable=False), command.server() as server:
             console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
             code = server.wait()
     except LaunchError as exc:
@@ -138,7 +139,8 @@ def gate(
 ) -> None:
     """Benchmark drafts against the baseline (and the champion) in interleaved rounds; PASS promotes (exit 0), FAIL
     exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
-    cfg = resolve_config(recipe, config, set_, stages=() if baseline_url else ("gate",))  # launches its arms
+    launches = () if baseline_url else ("gate",)  # the arms are launched on server.engine
+    cfg = resolve_config(recipe, config, set_, stages=launches)
     with prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")), \
             console.status("running the gate (see the Prefect UI for progress)"):  # fmt: skip
         from flows.gate import gate_flow

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         tiny world."""
         from eagle3.requirements import STAGES
 
-        # a config error exits 2 here, before Prefect starts; so does a mode whose extra is not installed
+        # a config error exits 2 here, before Prefect starts; so does a mode whose extra is missing
         cfg = resolve_config(recipe, config, set_, stages=STAGES)
         console.print(f"run root: {cfg.root_path}")
         if cfg.dev.tiny_world:

@@ -315,9 +315,9 @@ def test_sglang_on_a_cpu_without_its_runtime_exits_2_in_one_line_before_any_work
 
 @pytest.fixture
 def int4_target(tiny_world, tmp_path: Path) -> Path:
-    """A checkpoint directory whose config.json says compressed-tensors, as Kimi-K2.5's INT4 one does."""
+    """A checkpoint directory whose config.json says compressed-tensors, as Kimi-K2.5's INT4 one."""
     config = json.loads((tiny_world.model_dir / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
     target = tmp_path / "int4-target"
     target.mkdir()
     (target / "config.json").write_text(json.dumps(config))
@@ -329,8 +329,12 @@ MODES = {
     "online-training": (["train.features=online"], ["ray"], "ray"),
     "auto-features": (["train.features=auto"], ["ray"], "ray"),
     "ray-task-runner": (["orchestration.task_runner=ray"], ["prefect_ray"], "ray"),
-    "sglang-servers-on-gpus": (["server.engine=sglang", "server.device=cuda"], ["sglang"], "sglang"),
-    "sglang-capture-on-gpus": (["capture.backend=sglang", "capture.device=cuda"], ["sglang"], "sglang"),
+    "sglang-servers-on-gpus": (
+        ["server.engine=sglang", "server.device=cuda"], ["sglang"], "sglang"
+    ),
+    "sglang-capture-on-gpus": (
+        ["capture.backend=sglang", "capture.device=cuda"], ["sglang"], "sglang"
+    ),
     "target-spread-over-gpus": (["capture.device=auto"], ["accelerate"], "multigpu"),
     "int4-target": (["target.model_path={int4}"], ["compressed_tensors"], "quantized"),
 }
@@ -350,7 +354,7 @@ def test_a_night_whose_mode_lacks_its_extra_is_refused_before_any_stage_in_one_l
     assert not (tmp_path / "run").exists()  # nothing ran: not even Prefect's server was started
 
 
-@pytest.mark.parametrize("mode", [m for m in MODES if "sglang" not in m])  # SGLang is a separate runtime here
+@pytest.mark.parametrize("mode", [m for m in MODES if "sglang" not in m])  # not in this venv
 def test_the_same_modes_with_their_extras_installed_are_not_refused(mode, int4_target):
     from eagle3.recipes import resolve
     from eagle3.requirements import installed, missing

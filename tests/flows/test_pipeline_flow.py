@@ -73,8 +73,9 @@ def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
     assert from_recipe.root == str(tmp_path) and from_file.train.lr == 0.5
 
 
-def test_a_deployed_night_whose_mode_lacks_its_extra_fails_before_any_stage(tmp_path, prefect_harness,
-                                                                             hide_modules):
+def test_a_deployed_night_whose_mode_lacks_its_extra_fails_before_any_stage(
+    tmp_path, prefect_harness, hide_modules
+):
     from flows.pipeline import data_scaling
 
     hide_modules("ray")

@@ -75,7 +75,7 @@ def test_a_unit_on_damaged_input_fails_the_stage_as_a_data_error_whose_fix_comes
     assert message.endswith("toy 0: /data/shard-00000.parquet: sha256 differs from the manifest. Fix: rebuild it")
 
 
-def test_infrastructure_errors_are_still_retried_but_data_errors_missing_packages_and_stops_are_not():
+def test_infrastructure_errors_are_retried_but_data_errors_missing_packages_and_stops_are_not():
     assert retry_unless_data_error_or_stopped(None, None, Failed(data=ConnectionError("server went away")))
     assert not retry_unless_data_error_or_stopped(None, None, Failed(data=DataError("damaged")))
     assert not retry_unless_data_error_or_stopped(None, None, Failed(data=ShardStopped("stopped by SIGTERM")))

@@ -127,7 +127,8 @@ class _Rank:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         with open(log, "ab") as sink:
-            self.proc = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink, env=env, text=True)
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": sink}
+            self.proc = spawn(argv, **pipes, env=env, text=True)
         self.replies = LineReader(self.proc.stdout.fileno())
 
     def alive(self) -> bool:

@@ -34,7 +34,7 @@ def test_nothing_is_promoted_once_the_run_is_stopping(tmp_path, make_export):
     reg.promote(first, report="1")
     with stop_on_signals():
         request_stop("SIGTERM")
-        with pytest.raises(Stopped, match="promotion .* stopped by SIGTERM"):
+        with pytest.raises(Stopped, match=r"promotion .* stopped by SIGTERM"):
             reg.promote(second, report="2")
     assert reg.champion().draft_id == draft_id(first) and [p.report for p in reg.history()] == ["1"]
 
