@@ -232,9 +232,9 @@ def stop_on_signals(
 ) -> Iterator[None]:
     """SIGINT and SIGTERM stop the run (``request_stop``), then go on to the handlers they replaced,
     for the block (main thread only; elsewhere the block runs without it). A signal whose handler is
-    already this one is left as it is, so nested blocks stop once. ``exit_within_s`` (a command's
-    outermost block) makes the exit certain: a second SIGINT, or that many seconds after the stop,
-    SIGKILLs every descendant and exits ``128 + signal``.
+    already this one is left as it is, so nested blocks stop once; so is an ignored one.
+    ``exit_within_s`` (a command's outermost block) makes the exit certain: a second SIGINT, or that
+    many seconds after the stop, SIGKILLs every descendant and exits ``128 + signal``.
 
     ``deferred``: inside the block a signal only requests the stop; the replaced handler's exception
     (``KeyboardInterrupt``, Prefect's ``TerminationSignal``) is raised by ``raise_pending_stop``,
@@ -246,9 +246,10 @@ def stop_on_signals(
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    replaced = {
-        sig: signal.getsignal(sig) for sig in SIGNALS if not _is_ours(signal.getsignal(sig))
-    }
+    # a signal ignored at the start stays ignored (``cmd &`` in a script: the terminal's Ctrl-C is
+    # not for it), and one already handled here is left as it is
+    current = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    replaced = {sig: h for sig, h in current.items() if h != signal.SIG_IGN and not _is_ours(h)}
 
     def handler(signum: int, frame: FrameType | None) -> None:
         global _sigints, _pending

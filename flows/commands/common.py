@@ -371,7 +371,7 @@ def stopping(*, resumable: bool = True) -> Iterator[None]:
             left = reap()
             took = time.monotonic() - request.at
             line = f"stopped by {request.reason} in {took:.1f} s"
-            line += f"; reaped {', '.join(left)}" if left else ""
+            line += f" (also ended: {', '.join(left)})" if left else ""
             if resumable:
                 line += (": no unit started and nothing was promoted after the signal. Finished "
                          f"work is kept; the same command resumes: {resume_command()}")

@@ -72,10 +72,13 @@ print(reap(grace_s=5), flush=True)
 """
 
 
-def _start(script: str, *args: str) -> subprocess.Popen[str]:
+def _start(script: str, *args: str, sigint: object = signal.SIG_DFL) -> subprocess.Popen[str]:
+    """``script`` in a process group of its own, SIGINT's action set to ``sigint`` (the default one
+    unless asked: tests running as a script's background job start with SIGINT ignored)."""
     argv = [sys.executable, "-c", script, *args]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
-    return subprocess.Popen(argv, **pipes, text=True, cwd=REPO, start_new_session=True)
+    return subprocess.Popen(argv, **pipes, text=True, cwd=REPO, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def _gone(pid: int) -> bool:
@@ -97,6 +100,16 @@ def test_a_group_signal_stops_the_children_first_and_raises_where_the_run_polls(
     # stopped by the run itself, and seen before the run raised
     assert f"child {-signal.SIGTERM} stop SIGTERM" in out
     assert _gone(child)
+
+
+def test_a_run_started_with_sigint_ignored_ignores_ctrl_c_and_still_stops_on_sigterm():
+    run = _start(POLLING, sigint=signal.SIG_IGN)  # as `eagle3 run &` in a script starts it
+    assert run.stdout is not None
+    child = int(run.stdout.readline())
+    os.killpg(run.pid, signal.SIGINT)
+    os.killpg(run.pid, signal.SIGTERM)
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGTERM and "stop SIGTERM" in out and _gone(child)
 
 
 def test_a_second_ctrl_c_kills_what_is_left_and_exits_at_once():
