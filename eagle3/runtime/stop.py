@@ -114,9 +114,7 @@ def request_stop(reason: str, signum: int | None = None) -> StopRequest:
     for callback in callbacks:
         try:
             callback(request)
-        except (
-            Exception
-        ):  # a failing callback must not keep the others, or the children, from stopping
+        except Exception:  # a failing callback must not spare the others, nor the children
             logger.exception("a stop callback failed")
     for proc in children:
         signal_group(proc, signal.SIGTERM)
@@ -156,9 +154,7 @@ def spawn(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
         _children.difference_update([child for child in _children if child.poll() is not None])
         _children.add(proc)
         request = _request
-    if (
-        request is not None
-    ):  # the stop came as it started, after request_stop looked at the children
+    if request is not None:  # it started as request_stop looked at the children: it missed them
         signal_group(proc, signal.SIGTERM)
         raise Stopped(f"{Path(argv[0]).name} stopped by {request.reason} as it started")
     return proc
@@ -233,8 +229,9 @@ def stop_on_signals(
     """SIGINT and SIGTERM stop the run (``request_stop``), then go on to the handlers they replaced,
     for the block (main thread only; elsewhere the block runs without it). A signal whose handler is
     already this one is left as it is, so nested blocks stop once; so is an ignored one.
-    ``exit_within_s`` (a command's outermost block) makes the exit certain: a second SIGINT, or that
-    many seconds after the stop, SIGKILLs every descendant and exits ``128 + signal``.
+    ``exit_within_s`` (a command's outermost block, the process ending after it) makes the exit
+    certain: a second SIGINT, or that many seconds after the stop (the deadline stays armed after
+    the block, for the process's own exit), SIGKILLs every descendant and exits ``128 + signal``.
 
     ``deferred``: inside the block a signal only requests the stop; the replaced handler's exception
     (``KeyboardInterrupt``, Prefect's ``TerminationSignal``) is raised by ``raise_pending_stop``,
@@ -286,9 +283,7 @@ def stop_on_signals(
                 _pending = None
             if _installed == 0:
                 _request, _deadline_s, _sigints = None, None, 0
-        if (
-            pending is not None
-        ):  # even while an error propagates: the signal's exception says why it stopped
+        if pending is not None:  # even while an error propagates: the signal says why it stopped
             _hand_on(pending[0], pending[1], None)
 
 

@@ -44,8 +44,8 @@ from flows.commands.common import EXIT_WITHIN_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-SHARD_SIZE = 20  # two regen shards of 20 prompts: a night of a couple of minutes
-SCALE = 40
+SHARD_SIZE = 10  # two regen shards of 10 prompts: a short night
+SCALE = 20
 RUN_TIMEOUT_S = 900
 CRASHED = {signal.SIGINT: "an interrupt signal", signal.SIGTERM: "a termination signal"}
 
