@@ -250,12 +250,11 @@ def stop_on_signals(
 
     def handler(signum: int, frame: FrameType | None) -> None:
         global _sigints, _pending
-        first = _request is None
+        # counted first: a second Ctrl-C can run this handler while the first one is still running
+        _sigints += signum == signal.SIGINT
         request = request_stop(signal.Signals(signum).name, signum)
-        if signum == signal.SIGINT:
-            _sigints += 1
-            if not first and _sigints > 1 and _deadline_s is not None:
-                _exit_now(request, "a second Ctrl-C")
+        if _sigints > 1 and _deadline_s is not None:
+            _exit_now(request, "a second Ctrl-C")
         before = replaced.get(signal.Signals(signum), signal.SIG_DFL)
         if _deferring:
             _pending = _pending or (before, signum)

@@ -49,10 +49,11 @@ with stop_on_signals(deferred=True):
 # A run whose main thread never polls (a long step in the main thread) and whose child ignores
 # SIGTERM.
 STUCK = """
-import sys, time
+import subprocess, sys, time
 from eagle3.runtime.stop import on_stop, spawn, stop_on_signals
 with stop_on_signals(exit_within_s=float(sys.argv[1]), deferred=True):
-    child = spawn(["sh", "-c", "trap '' TERM; sleep 120 & wait"])
+    child = spawn(["sh", "-c", "trap '' TERM; echo ready; exec sleep 120"], stdout=subprocess.PIPE)
+    child.stdout.readline()  # SIGTERM is ignored from now on
     print(child.pid, flush=True)
     with on_stop(lambda request: print("stopping", request.reason, flush=True)):
         time.sleep(120)
