@@ -32,6 +32,7 @@ from typing import Any
 
 from eagle3.model.export_format import EXPORT_FILES, missing_files
 from eagle3.rundir.runroot import atomic_write_json, fingerprint, fsync_dir, sha256_file
+from eagle3.runtime.stop import raise_if_stopped
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,9 @@ class Registry:
         metrics: dict[str, Any] | None = None,
         speculative: dict[str, Any] | None = None,
     ) -> Promotion:
-        """Make ``export_dir`` the champion: copy it in, record it in the history, then swap the pointer."""
+        """Make ``export_dir`` the champion: copy it in, record it in the history, then swap the
+        pointer. Once the run is stopping (``eagle3.runtime.stop``) nothing is recorded: ``Stopped``
+        is raised before the history."""
         did = draft_id(export_dir)
         dest = self._copy(Path(export_dir), did)
         promotion = Promotion(
@@ -142,6 +145,7 @@ class Registry:
             metrics=dict(metrics or {}),
             speculative=dict(speculative or {}),
         )
+        raise_if_stopped(f"the promotion of draft {did}")
         self._append_history(promotion)
         atomic_write_json(self.pointer, asdict(promotion))
         logger.info("promoted draft %s (%s) as champion", did, export_dir)

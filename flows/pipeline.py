@@ -41,7 +41,7 @@ from flows.regen import regen_flow
 from flows.stage import run_stage
 from flows.train import online_train_flow, train_flow
 from flows.vocab import vocab_flow
-from tasks.common import resolve_config_task
+from tasks.common import check_requirements_task, resolve_config_task
 from tasks.online import features_mode_task
 from tasks.pipeline import (
     night_plots_task,
@@ -63,6 +63,7 @@ def data_scaling(
     ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
     """
     config = resolve_config_task(ConfigRef(recipe=recipe, overrides=overrides or []))
+    check_requirements_task(config)  # a mode whose extra is missing here: refused before any stage
     tiny_world_task(config)
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)

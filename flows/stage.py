@@ -18,6 +18,7 @@ from typing import Any
 from prefect.futures import PrefectFuture, as_completed
 
 from eagle3.config.pipeline import PipelineConfig
+from eagle3.runtime.stop import raise_pending_stop, stop_on_signals
 from eagle3.stage import (
     Plan,
     Stage,
@@ -50,7 +51,10 @@ def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> Stage
         return recorded
     limits = existing_limits(stage.concurrency_limits(config))
     import_for_units(stage, config)  # here, not in units that start together: lazy imports race (eagle3.stage)
-    with stage.resources(config, plan) as env, _submitter(stage, config, unit_task) as submit:
+    # SIGINT or SIGTERM stops the units and the stage's children at once; Prefect's handler (the
+    # flow run Crashed) follows where _run_units polls them (eagle3.runtime.stop)
+    with stop_on_signals(deferred=True), stage.resources(config, plan) as env, \
+            _submitter(stage, config, unit_task) as submit:
         watch = Watch(stage, plan, config, env)
         reports, failed, causes = _run_units(lambda unit: submit({"stage": stage, "config": config, "plan": plan,
                                                                   "unit": unit, "env": env, "limits": limits}),
@@ -88,8 +92,10 @@ def _run_units(
         try:
             future = next(iter(as_completed(list(running), timeout=POLL_S)))
         except TimeoutError:
+            raise_pending_stop()
             watch.poll()
             continue
+        raise_pending_stop()
         unit = running.pop(future)
         value = future.result(raise_on_failure=False)  # a failed unit's exception, logged by its task run
         if future.state.is_completed():

@@ -54,6 +54,7 @@ from eagle3.data.template import template_hash
 from eagle3.rundir.integrity import verify_files
 from eagle3.rundir.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
 from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
+from eagle3.runtime.stop import raise_if_stopped
 from eagle3.runtime.transfer import HostCopy
 from eagle3.target_io import load_tokenizer
 
@@ -362,6 +363,7 @@ def _run_batches(
                            topk=config.capture.topk)
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
+        raise_if_stopped(f"capture shard {writer.index}")
         captured = _capture_batch(backend, [todo[i] for i in batch_idx], k, hidden_size=config.target.hidden_size,
                                   codecs=codecs)
         writer.submit(captured)

@@ -49,6 +49,7 @@ from eagle3.gate.verdict import decide, level_verdicts, overall, undecided
 from eagle3.registry import Promotion, Registry, draft_id
 from eagle3.rundir.layout import stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
+from eagle3.runtime.stop import raise_if_stopped
 from eagle3.serve.launch import LaunchError
 from eagle3.serve.launch_commands import LaunchCommand, build_launch
 from eagle3.stage import Frozen
@@ -436,6 +437,8 @@ def run_gate(config: PipelineConfig, request: GateRequest) -> GateResult:
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
     measured = _Measured(plan.arms, decide(plan.arms, config.gate, refused), prompts, measure_s)
+    # a stopped gate writes no report, manifest or promotion: a re-run measures again
+    raise_if_stopped("the gate")
     report = _report(config, fp, measured, gate.champion, out_dir)
     if request.promote:
         report.promotion = _promote(Registry(config.root_path), report, out_dir)

@@ -29,7 +29,7 @@ from eagle3.regen.pool import shared_pool
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import DROPPED, FAILED, ShardReport, regen_shard, report_from_shard
 from eagle3.regen.status import regen_status
-from eagle3.regen.stop import stop_shards_on_signals
+from eagle3.regen.stop import shards_stop_with_the_run
 from eagle3.rundir.layout import REGEN_INPUT, shard_name, write_failed_shards
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
@@ -86,7 +86,7 @@ class RegenStage(Stage[RegenPlan]):
 
     @contextmanager
     def resources(self, config: PipelineConfig, plan: RegenPlan) -> Iterator[list[str]]:
-        with regen_servers(config, log_dir=plan.out_dir) as servers, stop_shards_on_signals():
+        with regen_servers(config, log_dir=plan.out_dir) as servers, shards_stop_with_the_run():
             yield servers
 
     def max_in_flight(self, config: PipelineConfig) -> int:

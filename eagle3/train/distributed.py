@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from eagle3.runtime.procs import die_with_parent
+from eagle3.runtime.stop import raise_if_stopped, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -129,10 +129,14 @@ def run_workers(command: list[str], on_line: Callable[[str], None], *, env: dict
 
     Returns the exit code; the caller decides whether a non-zero code is a failure to retry (a retry resumes from
     the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps).
+    Raises ``Stopped`` when the run was stopped (``eagle3.runtime.stop``: the workers got SIGTERM),
+    which is never retried.
     """
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env={**os.environ, **(env or {})}, preexec_fn=die_with_parent) as proc:
+    with spawn(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+               env={**os.environ, **(env or {})}) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-        return proc.wait()
+        code = proc.wait()
+    raise_if_stopped("training")
+    return code

@@ -42,7 +42,7 @@ def capture(
     from eagle3.capture.stage import features_dir_for
     from eagle3.lineage import Lineage
 
-    cfg = resolve_config(recipe, config, set_)
+    cfg = resolve_config(recipe, config, set_, stages=("capture",))
     regen = Lineage(cfg).input("regen", regen_dir)
     features_dir = features_dir_for(cfg, regen)
     ids = list(shard_ids) if shard_ids else None

@@ -109,7 +109,8 @@ def regen(
 ) -> None:
     """Run the regen flow (without a subcommand)."""
     if ctx.invoked_subcommand is None:
-        run_flow(resolve_config(recipe, config, set_), list(shard) if shard else None, prompts)
+        cfg = resolve_config(recipe, config, set_, stages=("regen",))
+        run_flow(cfg, list(shard) if shard else None, prompts)
 
 
 def retry_shards(

@@ -46,10 +46,10 @@ def run(
 ) -> None:
     """Run the pipeline (discover -> ... -> gate); with the tiny recipe its first task builds (or reuses) the
     tiny world."""
-    cfg = resolve_config(recipe, config, set_)  # a config error exits 2 here, before Prefect starts
-    from eagle3.serve.launch_commands import check_engine
+    from eagle3.requirements import STAGES
 
-    check_engine(cfg)  # so is server.engine=sglang on a CPU without the SGLang runtime
+    # a config error exits 2 here, before Prefect starts; so does a mode whose extra is missing
+    cfg = resolve_config(recipe, config, set_, stages=STAGES)
     console.print(f"run root: {cfg.root_path}")
     if cfg.dev.tiny_world:
         console.print("tiny world: built (or reused) by the run's first task, which logs where")

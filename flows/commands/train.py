@@ -37,7 +37,7 @@ def train(
 ) -> None:
     """Train the draft (torchrun workers when --nproc > 1), then export it for SGLang; resumes automatically."""
     overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
-    cfg = resolve_config(recipe, config, overrides)
+    cfg = resolve_config(recipe, config, overrides, stages=("train", "export"))
     from eagle3.lineage import Lineage
 
     lineage = Lineage(cfg)

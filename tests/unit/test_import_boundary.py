@@ -82,7 +82,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
     {"gate"},  # the release gate: launches servers, measures, decides, promotes, publishes
     {"scaling"},  # the night: the curve, uniform and aimed planning, the selection, domain eval, its stages
     {"worlds"},  # the offline worlds (tiny, think, domains)
-    {"recipes", "lineage"},  # configs by name (they name the worlds); which stage directory a config names
+    # configs by name (they name the worlds); which stage directory a config names; what packages a
+    # config's modes need
+    {"recipes", "lineage", "requirements"},
 ))  # fmt: skip
 
 

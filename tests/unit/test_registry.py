@@ -11,7 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eagle3.errors import Stopped
 from eagle3.registry import Promotion, Registry, draft_id
+from eagle3.runtime.stop import request_stop, stop_on_signals
 
 
 @pytest.fixture
@@ -44,6 +46,17 @@ def test_promotion_copies_the_draft_and_points_at_the_copy(tmp_path, make_export
     assert champion.draft_dir != str(export) and champion.metrics == {"speedup": 1.2}
     assert json.loads((tmp_path / "root/registry/promoted.json").read_text())["report"] == "r.json"
     assert not list((tmp_path / "root/registry").glob("*.tmp*"))
+
+
+def test_nothing_is_promoted_once_the_run_is_stopping(tmp_path, make_export):
+    first, second = make_export("a"), make_export("b", max_position_embeddings=4096)
+    reg = Registry(tmp_path)
+    reg.promote(first, report="1")
+    with stop_on_signals():
+        request_stop("SIGTERM")
+        with pytest.raises(Stopped, match=r"promotion .* stopped by SIGTERM"):
+            reg.promote(second, report="2")
+    assert reg.champion().draft_id == draft_id(first) and [p.report for p in reg.history()] == ["1"]
 
 
 def test_second_promotion_replaces_the_pointer_and_extends_history(tmp_path, make_export):
