@@ -26,7 +26,7 @@ def train_flow(config: PipelineConfig, features_dir: str | None = None, vocab: s
 def online_train_flow(config: PipelineConfig, regen_dir: str, vocab: str | None = None) -> TrainedDraft:
     """``train_flow`` for ``train.features=online`` (issue 48): the draft vocab over the regen shards' planned samples,
     online training (capture producers feeding the trainer, no feature shard), then the export; the same return."""
-    from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
+    from eagle3.train.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
     from eagle3.rundir.layout import VOCAB_FILE
 
     if vocab is None:

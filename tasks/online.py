@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.online.costs import FeaturesChoice, choose_features
+from eagle3.capture.costs import FeaturesChoice, choose_features
 
 
 @task(name="features-mode")

@@ -27,7 +27,7 @@ LossKind = Literal["kl", "lk_alpha", "lk_lambda"]
 
 
 class OnlineConfig(StrictModel):
-    """Online training (``train.features=online``, ``eagle3.online``): producers capture the epoch's batches in its
+    """Online training (``train.features=online``, ``eagle3.train.online``): producers capture the epoch's batches in its
     planned order and hand them to the trainer through Ray's object store."""
 
     transport: Literal["ray"] = Field(default="ray", description="ray: Ray's object store (the Mooncake store's "
@@ -76,13 +76,13 @@ class TrainConfig(StrictModel):
     lk_kl_scale: float = Field(default=1.0, ge=0, le=1)
     lk_kl_decay: float = Field(default=3.0, ge=0)
 
-    # issue 48 (eagle3.online): where training's hidden states come from; operational (not in the draft's
+    # issue 48 (eagle3.train.online): where training's hidden states come from; operational (not in the draft's
     # fingerprint: the same regen shards and seed give the same draft either way)
     features: Literal["stored", "online", "auto"] = Field(
         default="stored",
         description="stored: train on feature shards (capture writes them first); online: capture workers hand "
         "feature batches to the trainer through train.online.transport, no feature shard is written; auto: online "
-        "when the night's stored features do not fit the disk (eagle3.online.costs says why).",
+        "when the night's stored features do not fit the disk (eagle3.capture.costs says why).",
     )
     online: OnlineConfig = Field(default_factory=lambda: OnlineConfig())
 

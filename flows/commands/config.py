@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         memory plan per GPU: served weights plus capture buffers)."""
         from eagle3.capture.budget import night_estimate
         from eagle3.capture.footprint import served_plan
-        from eagle3.online.costs import cost_table
+        from eagle3.capture.costs import cost_table
 
         cfg = resolve_config(recipe, config, set_)
         typer.echo(cfg.to_yaml(), nl=False)

@@ -66,7 +66,7 @@ def _this_runs_producers() -> list[psutil.Process]:
 def _kill_producer_once_it_holds_a_batch(killed: dict) -> None:
     import ray
 
-    from eagle3.online.transport import NAMESPACE, get_broker
+    from eagle3.train.online.transport import NAMESPACE, get_broker
 
     _wait_for(ray.is_initialized, "the run to start Ray")
     brokers = lambda: [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)  # noqa: E731

@@ -6,7 +6,7 @@ import pytest
 
 from eagle3.config.base import ConfigError
 from eagle3.config.pipeline import with_overrides
-from eagle3.online.costs import choose_features, cost_table, night_costs
+from eagle3.capture.costs import choose_features, cost_table, night_costs
 from eagle3.recipes import load_recipe
 from eagle3.train.trainer import draft_fingerprint
 

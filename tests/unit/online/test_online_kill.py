@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def ray_local():
     import ray
 
-    from eagle3.online.transport import connect
+    from eagle3.train.online.transport import connect
 
     connect(None)
     yield ray
@@ -40,9 +40,9 @@ def _wait_for(predicate, what, timeout=300):
 
 
 def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_world, ray_local, tmp_path):
-    from eagle3.online.run import train_in_process
-    from eagle3.online.status import read_online_status
-    from eagle3.online.transport import get_broker
+    from eagle3.train.online.run import train_in_process
+    from eagle3.train.online.status import read_online_status
+    from eagle3.train.online.transport import get_broker
 
     config = online_world.config
     out = tmp_path / "draft"
@@ -75,7 +75,7 @@ def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_
 @pytest.mark.parametrize("producer_too", [False, True], ids=["trainer", "trainer-and-producer"])
 def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_local, tmp_path, producer_too):
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.run import finish_run, open_run, start_producers, worker_command
+    from eagle3.train.online.run import finish_run, open_run, start_producers, worker_command
     from eagle3.train.checkpoint import latest_checkpoint
 
     config = with_overrides(online_world.config, ["train.save_every=3"])  # 6 steps an epoch: a checkpoint mid-epoch

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def ray_local():
     import ray
 
-    from eagle3.online.transport import connect
+    from eagle3.train.online.transport import connect
 
     connect(None)
     yield
@@ -46,7 +46,7 @@ def trained_samples(out_dir) -> list[list[str]]:
 
 
 def test_online_training_follows_stored_training_step_by_step(online_world, ray_local, tmp_path):
-    from eagle3.online.run import train_in_process
+    from eagle3.train.online.run import train_in_process
     from eagle3.train.trainer import train
 
     config = online_world.config
@@ -72,7 +72,7 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
     online_world, ray_local, tmp_path
 ):
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
+    from eagle3.train.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
     from eagle3.train.stage import TrainStage
     from eagle3.train.vocab import VocabStage
@@ -101,8 +101,8 @@ def test_two_trainer_ranks_take_disjoint_batches_that_cover_each_epoch_as_stored
     online_world, ray_local, tmp_path
 ):
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.plan import OnlinePlan
-    from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
+    from eagle3.train.online.plan import OnlinePlan
+    from eagle3.train.online.stage import OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
 
     config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1",
@@ -123,8 +123,8 @@ def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_ne
     regen shards: shard 0's rows are read from its feature shard, shard 1's captured, the curve is stored training's."""
     from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.plan import OnlinePlan
-    from eagle3.online.run import train_in_process
+    from eagle3.train.online.plan import OnlinePlan
+    from eagle3.train.online.run import train_in_process
     from eagle3.train.trainer import train
 
     config = with_overrides(online_world.config, [f"root={tmp_path / 'root'}"])
@@ -150,7 +150,7 @@ def test_joining_ray_keeps_the_process_sigterm_handler():
     flush and exit 128 + 15, Prefect's cancellation), whichever test or stage joined Ray first."""
     import ray
 
-    from eagle3.online.transport import connect
+    from eagle3.train.online.transport import connect
 
     def ours(signum, frame):  # pragma: no cover - never delivered
         raise AssertionError
@@ -170,7 +170,7 @@ import threading
 
 import ray
 
-from eagle3.online.transport import ray_session
+from eagle3.train.online.transport import ray_session
 
 answers = []
 

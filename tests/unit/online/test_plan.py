@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 
 from eagle3.capture.shard import feature_shards
-from eagle3.online.plan import OnlinePlan
+from eagle3.train.online.plan import OnlinePlan
 from eagle3.train.data import FeatureDataset
 
 

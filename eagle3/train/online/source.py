@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from eagle3.capture.encoding import column_codecs
-from eagle3.online.batch import check_message, collate
-from eagle3.online.plan import OnlinePlan
-from eagle3.online.transport import take
+from eagle3.train.online.batch import check_message, collate
+from eagle3.train.online.plan import OnlinePlan
+from eagle3.train.online.transport import take
 
 LOG_NAME = "trained-rank{rank}.jsonl"
 

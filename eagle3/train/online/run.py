@@ -1,7 +1,7 @@
 """Online training end to end: the broker, the producers (Ray actors, restarted when they die), the trainer.
 
 ``train_online`` is what the train stage runs for ``train.features=online``. The trainer runs as the stored path's
-does, in ``python -m eagle3.online`` workers (under torchrun for ``train.nproc > 1``), so a killed trainer is a
+does, in ``python -m eagle3.train.online`` workers (under torchrun for ``train.nproc > 1``), so a killed trainer is a
 killed subprocess whose retry resumes from ``ckpt/latest``; ``train_in_process`` runs it in this process instead
 (tests, benchmarks). The run ends with nothing in the store: the broker is asked, then killed.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.online.plan import OnlinePlan
-from eagle3.online.producer import ProducerActor
-from eagle3.online.status import STATUS_FILE, ProducerRecord, online_status, status_line
-from eagle3.online.transport import close_broker, connect, get_broker, open_broker
+from eagle3.train.online.plan import OnlinePlan
+from eagle3.train.online.producer import ProducerActor
+from eagle3.train.online.status import STATUS_FILE, ProducerRecord, online_status, status_line
+from eagle3.train.online.transport import close_broker, connect, get_broker, open_broker
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Producers:
     restarted by Ray (``train.online.producer_restarts``) and its loop submitted again; a loop that raised is
     retried the same way, up to the same count, unless it raised a ``DataError`` (the same batch would fail again).
     ``records`` say, per producer, its state, its restarts and the last error with the batch it held (the UI's
-    producer table, ``eagle3.online.status``)."""
+    producer table, ``eagle3.train.online.status``)."""
 
     config: PipelineConfig
     actors: list[Any]
@@ -169,7 +169,7 @@ def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_si
 class StatusReporter:
     """Every ``every_s`` seconds (``orchestration.progress_every_s``) ``online-status.json`` in the draft directory:
     each producer's state, batches, rate, restarts and last error, the trainer's rate, the store's backlog and the
-    ETA (``eagle3.online.status``), which the train stage's progress and live table read; the same numbers as one
+    ETA (``eagle3.train.online.status``), which the train stage's progress and live table read; the same numbers as one
     log line every ``log_every_s`` (``monitor.log_every_s``) and at the end."""
 
     def __init__(self, name: str, out_dir: Path, *, every_s: float, log_every_s: float,
@@ -231,7 +231,7 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
                      on_producers: Callable[[Producers], None] | None = None) -> dict[str, Any]:
     """Online training with the trainer in this process (one rank): tests and benchmarks. ``backend``: an already
     loaded capture backend, which one producer thread of this process uses instead of the producer actors."""
-    from eagle3.online.source import OnlineBatchSource
+    from eagle3.train.online.source import OnlineBatchSource
     from eagle3.train.distributed import init_distributed
     from eagle3.train.trainer import load_inputs, train_on_source
 
@@ -260,7 +260,7 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
 
 def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backend: Any) -> Producers:
     """One producer on a thread of this process, over ``backend``."""
-    from eagle3.online.producer import produce
+    from eagle3.train.online.producer import produce
 
     producers = Producers(config, [], records={"p0": ProducerRecord(state="running")})
 
@@ -283,7 +283,7 @@ def worker_command(config_yaml: Path, regen_dir: Path, vocab: Path, out_dir: Pat
                    broker: str, nproc: int = 1, master_port: int = 29500) -> list[str]:
     """The trainer workers of an online run: one process, or ``nproc`` ranks under torchrun (as the stored path's
     ``eagle3.train.distributed.worker_command``), each taking its own batches from the broker."""
-    worker = ["-m", "eagle3.online", "--config-yaml", str(config_yaml), "--regen", str(regen_dir), "--vocab",
+    worker = ["-m", "eagle3.train.online", "--config-yaml", str(config_yaml), "--regen", str(regen_dir), "--vocab",
               str(vocab), "--out", str(out_dir), "--ray-address", address, "--broker", broker]
     if nproc == 1:
         return [sys.executable, *worker]

@@ -31,7 +31,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from eagle3.capture.encoding import column_codecs
-from eagle3.capture.shard import Sample, admit, features_fingerprint, plan_batches, read_regen_shard, shard_index_of
+from eagle3.capture.shard import (
+    Sample,
+    admit,
+    features_fingerprint,
+    plan_batches,
+    read_regen_shard,
+    regen_shards,
+    shard_index_of,
+)
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.rundir.runroot import fingerprint
 from eagle3.train.data import FeatureDataset, RowGroup
@@ -76,13 +84,6 @@ def predicted_row_groups(config: PipelineConfig, parts: Sequence[Sequence[Sample
     if buffer:
         groups.append(buffer)
     return groups
-
-
-def regen_shards(regen_dir: Path) -> list[Path]:
-    """The ready regen shards of a regen stage directory, in shard order (what capture would capture)."""
-    from eagle3.rundir.layout import SHARD_GLOB
-
-    return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
 
 
 def _row_group_ids(feature_shard: Path) -> list[list[str]]:

@@ -1,5 +1,5 @@
-"""Online trainer worker: ``python -m eagle3.online --config-yaml P --regen DIR --vocab P --out DIR --ray-address A
---broker NAME``: one trainer rank taking its batches from the run's broker (``eagle3.online.run``)."""
+"""Online trainer worker: ``python -m eagle3.train.online --config-yaml P --regen DIR --vocab P --out DIR --ray-address A
+--broker NAME``: one trainer rank taking its batches from the run's broker (``eagle3.train.online.run``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from eagle3.errors import DATA_ERROR_EXIT, DATA_ERROR_PREFIX, DataError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle3.online", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eagle3.train.online", description=__doc__.splitlines()[0])
     for flag in ("--config-yaml", "--regen", "--vocab", "--out"):
         parser.add_argument(flag, type=Path, required=True)
     parser.add_argument("--ray-address", required=True)
@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    from eagle3.online.plan import OnlinePlan
-    from eagle3.online.source import OnlineBatchSource
-    from eagle3.online.transport import connect, get_broker
+    from eagle3.train.online.plan import OnlinePlan
+    from eagle3.train.online.source import OnlineBatchSource
+    from eagle3.train.online.transport import connect, get_broker
     from eagle3.train.distributed import cleanup_distributed, init_distributed
     from eagle3.train.trainer import load_inputs, train_on_source
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cleanup_distributed()
     if rank == 0:
-        logging.getLogger("eagle3.online").info("summary %s", json.dumps(summary))
+        logging.getLogger("eagle3.train.online").info("summary %s", json.dumps(summary))
     return 0
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from eagle3.online.broker import Broker
+from eagle3.train.online.broker import Broker
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ fingerprint covers the features fingerprint those shards give and the vocab, not
 trainer: given the same vocab file, online and stored training plan the same draft directory. (A night's vocab
 directories differ by path: the stored vocab is keyed by the feature shards' checksums, which an online night never
 has, so its vocab is keyed by the regen shards; the two hold the same ids, ``tests/unit/online``.) Its one unit
-runs ``eagle3.online.run``: the broker, the producer actors and the trainer workers (``python -m eagle3.online``,
+runs ``eagle3.train.online.run``: the broker, the producer actors and the trainer workers (``python -m eagle3.train.online``,
 under torchrun for ``train.nproc > 1``); a failed attempt is retried like the stored stage's and resumes from
 ``ckpt/latest``, the producers re-capturing only what that checkpoint does not hold.
 
@@ -27,9 +27,10 @@ from eagle3.capture.shard import features_fingerprint
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DATA_ERROR_PREFIX, DataError
 from eagle3.model.vocab import save_vocab
-from eagle3.online.costs import choose_features
-from eagle3.online.plan import OnlinePlan, regen_shards
-from eagle3.online.status import producer_table, read_online_status, status_note
+from eagle3.capture.costs import choose_features
+from eagle3.capture.shard import regen_shards
+from eagle3.train.online.plan import OnlinePlan
+from eagle3.train.online.status import producer_table, read_online_status, status_note
 from eagle3.rundir.layout import CKPT_DIR, CONFIG_FILE, VOCAB_FILE, stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_text, fingerprint
 from eagle3.stage import LiveTable, OnProgress, Plan, Progress, StageResult, Unit, UnitReport
@@ -115,7 +116,7 @@ class OnlineTrainStage(TrainStage):
 
     def run_unit(self, config: PipelineConfig, plan: OnlineTrainPlan, unit: Unit, *,  # type: ignore[override]
                  env: Any = None, on_progress: OnProgress | None = None) -> UnitReport:
-        from eagle3.online.transport import ray_session
+        from eagle3.train.online.transport import ray_session
 
         if _trained(plan.out_dir):
             logger.info("draft %s is already trained (%s)", plan.fingerprint, plan.out_dir / CKPT_DIR)
@@ -163,7 +164,7 @@ def _train_online(config: PipelineConfig, plan: OnlineTrainPlan,
                   config_yaml: Path) -> tuple[int, dict[str, Any], list[str], list[str]]:
     """The trainer workers and the producers over the run's broker, inside the unit's Ray session: the workers'
     exit code, the store at the end, the data errors the workers reported and the producers' errors."""
-    from eagle3.online.run import finish_run, open_run, start_producers, status_reporter, worker_command
+    from eagle3.train.online.run import finish_run, open_run, start_producers, status_reporter, worker_command
     from eagle3.train.distributed import run_workers
 
     _, name = open_run(config, plan.regen_dir, plan.out_dir, world_size=config.train.nproc,

@@ -5,7 +5,7 @@ batches: a producer hands its batch to ``deliver``, which puts it in Ray's objec
 so a batch a producer delivered outlives that producer (Ray frees an object when its owner dies; ``ray.put``'s
 ``_owner`` argument, which would have saved that copy, is gone from Ray 2.56).
 
-* **Order and memory bound.** Batches have global indices (``eagle3.online.plan``). A producer claims the lowest
+* **Order and memory bound.** Batches have global indices (``eagle3.train.online.plan``). A producer claims the lowest
   index that is neither delivered, consumed nor claimed, and only inside the window ``[low, low + max_inflight)``,
   ``low`` being the lowest index a trainer rank has yet to take: the store never holds more than ``max_inflight``
   batches, and the batch the trainer needs next is always claimable first (no deadlock on a full store).
@@ -119,7 +119,7 @@ class Broker:
 
     def deliver(self, producer: str, index: int, key: Any, message: Any) -> bool:
         """Hand over batch ``index``: the broker puts ``message`` in the object store itself, so the object is the
-        broker's and outlives the producer (``eagle3.online.transport``). False when it is a duplicate (already
+        broker's and outlives the producer (``eagle3.train.online.transport``). False when it is a duplicate (already
         delivered or consumed, or before the window): dropped, never stored."""
         with self._cond:
             self._claims.pop(index, None)
