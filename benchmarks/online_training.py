@@ -88,7 +88,7 @@ def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
 
     from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features, read_regen_shard
     from eagle3.train.online.run import train_in_process
-    from eagle3.train.trainer import train
+    from eagle3.train.workers import train
     from eagle3.worlds.distil import write_draft_vocab
 
     torch.set_num_threads(1)

@@ -6,6 +6,9 @@ drive them all (DESIGN §1, §3).
     plan(config, **inputs) -> Plan          what to do: fingerprint, output directory, units (quick; writes at most
                                             plan.json); ``inputs`` names the upstream directories it takes: the
                                             caller passes explicit paths or lets eagle3.lineage find the config's
+    idle(plan) -> StageResult | None        the result of a plan with nothing to run (capture of an
+                                            online night), returned without running anything;
+                                            default: None
     resources(config, plan)                 a context for the units' length (regen: the servers); default: none
     run_unit(config, plan, unit, env, on_progress) -> UnitReport
                                             one unit (a shard, a source, or the stage's single unit); resumable:
@@ -313,6 +316,12 @@ class Stage(ABC, Generic[P]):
         self, config: PipelineConfig, plan: P, reports: Sequence[UnitReport], failed: Sequence[Unit]
     ) -> StageResult: ...
 
+    def idle(self, plan: P) -> StageResult | None:
+        """The result of a plan with nothing to run (capture when the trainer captures its own
+        features online): the run ends with it, as with a recorded result: no resources, unit or
+        finalize, no file written. Default: None (run the plan)."""
+        return None
+
     def reuse_recorded(self, plan: P) -> bool:
         """Whether a recorded result of this exact plan may stand in for running it (``recorded_result``); a plan
         that asks for the work to be redone (the gate's ``force``) says no."""
@@ -383,6 +392,10 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
     drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths; a plan
     already done (``recorded_result``) is read back, not run."""
     plan = stage.plan(config, **inputs)
+    idle = stage.idle(plan)
+    if idle is not None:
+        logger.info("%s %s: nothing to run", stage.name, plan.fingerprint)
+        return idle
     recorded = recorded_result(stage, plan)
     if recorded is not None:
         logger.info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,

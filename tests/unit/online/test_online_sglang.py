@@ -22,7 +22,7 @@ def test_online_training_from_sglang_capture_follows_stored_training(sglang_pyth
     from eagle3.capture.sglang.backend import SGLangBackend
     from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
     from eagle3.train.online.run import train_in_process
-    from eagle3.train.trainer import train
+    from eagle3.train.workers import train
 
     torch.set_num_threads(1)
     config = with_overrides(online_world.config, ["capture.backend=sglang", f"root={tmp_path / 'root'}"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3.recipes import load_recipe
-from eagle3.train.trainer import draft_fingerprint
+from eagle3.train.identity import draft_fingerprint
 
 # Computed by the trainer before train.architecture / train.loss existed (main at abf29d8), features "f", vocab "v".
 BEFORE = {"kimi_k2_5": "b227be279cf0d20b", "llama3_8b": "7f54937a808cff34", "glm_5": "ad778bbf92bb857a"}
