@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(cfg.to_yaml(), nl=False)
         typer.echo("# derived (not read back):")
         derived = {**cfg.derived(), "capture_disk_per_night": night_estimate(cfg)}
-        derived["features_stored_vs_online"] = cost_table(cfg)  # issue 48: train.features
+        derived["features_stored_vs_online"] = cost_table(cfg)  # what train.features weighs
         if cfg.capture.backend == "sglang":
             derived["capture_memory_per_gpu"] = served_plan(cfg).describe()
         for line in yaml.safe_dump(derived, sort_keys=False, default_flow_style=None).splitlines():

@@ -1,1 +1,1 @@
-"""Online training (issue 48): capture producers feed the trainer through a store; no feature shard is written."""
+"""Online training: capture producers feed the trainer through a store; no feature shard is written."""
