@@ -377,9 +377,9 @@ def import_for_units(stage: Stage[Any], config: PipelineConfig) -> None:
 
     transformers resolves its names lazily, importing a submodule at a name's first use, and two threads doing that
     at once in a fresh process fail: one gets ``ImportError: cannot import name 'AutoTokenizer' from
-    'transformers'`` while the other still initialises the package (measured: 4 of 5 fresh two-shard captures, at
-    the template hash each shard starts with; a retry hid it unless the retry raced too). Once imported here, the
-    units find every name already resolved."""
+    'transformers'`` while the other still initialises the package (measured: 4 of 5 fresh two-shard
+    captures, at the template hash each shard starts with; a retry hid it unless the retry raced
+    too). Once imported here, the units find every name already resolved."""
     for name in stage.unit_imports(config):
         module, _, attribute = name.partition(":")
         imported = importlib.import_module(module)

@@ -106,7 +106,8 @@ def shard_index_of(path: Path) -> int:
 
 
 def regen_shards(regen_dir: Path) -> list[Path]:
-    """The ready regen shards of a regen stage directory, in shard order (what capture would capture)."""
+    """The ready regen shards of a regen stage directory, in shard order (what capture would
+    capture)."""
     return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
 
 

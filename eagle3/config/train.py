@@ -52,8 +52,8 @@ LossKind = Literal["kl", "lk_alpha", "lk_lambda"]
 
 
 class OnlineConfig(StrictModel):
-    """Online training (``train.features=online``, ``eagle3.train.online``): producers capture the epoch's
-    batches in its planned order and hand them to the trainer through Ray's object store."""
+    """Online training (``train.features=online``, ``eagle3.train.online``): producers capture the
+    epoch's batches in its planned order and hand them to the trainer through Ray's object store."""
 
     transport: Literal["ray"] = Field(default="ray", description="ray: Ray's object store (the Mooncake store's "
                                       "PyPI wheel needs libcuda and libibverbs: not on CPU hosts).")

@@ -149,7 +149,9 @@ def build_vocab_stage(config: PipelineConfig, features: FeatureSource) -> Path:
     origin = {"regen" if features.online else "features": str(where)}
     entry = FileEntry.of(path, rows=vocab.draft_vocab_size, base=out_dir)
     config_record = {"vocab": config.vocab.model_dump(), **origin}
-    manifest = Manifest(stage="vocab", fingerprint=fp, files=[entry], config=config_record, stats=stats)
+    manifest = Manifest(
+        stage="vocab", fingerprint=fp, files=[entry], config=config_record, stats=stats
+    )
     manifest.write(out_dir)
     logger.info("draft vocab: %d ids, coverage %.4f of loss tokens", vocab.draft_vocab_size, stats["coverage"])
     return path

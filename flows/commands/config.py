@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
         night of the mix needs per capture encoding before Parquet compression, and with capture.backend=sglang the
         memory plan per GPU: served weights plus capture buffers)."""
         from eagle3.capture.budget import night_estimate
-        from eagle3.capture.footprint import served_plan
         from eagle3.capture.costs import cost_table
+        from eagle3.capture.footprint import served_plan
 
         cfg = resolve_config(recipe, config, set_)
         typer.echo(cfg.to_yaml(), nl=False)

@@ -1,1 +1,2 @@
-"""Online training: capture producers feed the trainer through a store; no feature shard is written."""
+"""Online training: capture producers feed the trainer through a store; no feature shard is
+written."""

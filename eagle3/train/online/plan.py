@@ -1,9 +1,10 @@
 """The online epoch plan: which samples each training batch holds, decided up front from the regen shards alone.
 
-Online training (``train.features=online``) writes no feature shard, yet must train on the same batches, in the same
-order, as the stored path would on the shards capture writes from the same regen shards: the same draft either
-way. The stored loader (``eagle3.train.data.FeatureDataset``) plans an epoch over Parquet row groups: shuffled
-from ``seed + epoch``, dealt to ranks, rows shuffled inside each. So this module predicts those row groups:
+Online training (``train.features=online``) writes no feature shard, yet must train on the same
+batches, in the same order, as the stored path would on the shards capture writes from the same
+regen shards: the same draft either way. The stored loader (``eagle3.train.data.FeatureDataset``)
+plans an epoch over Parquet row groups: shuffled from ``seed + epoch``, dealt to ranks, rows
+shuffled inside each. So this module predicts those row groups:
 
 * capture keeps the admitted rows of a regen shard (``eagle3.capture.shard.admit``) in the order of its forward
   batches (``plan_batches``: longest first), one part table per batch;

@@ -176,10 +176,11 @@ def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_si
 
 
 class StatusReporter:
-    """Every ``every_s`` seconds (``orchestration.progress_every_s``) ``online-status.json`` in the draft directory:
-    each producer's state, batches, rate, restarts and last error, the trainer's rate, the store's backlog and the
-    ETA (``eagle3.train.online.status``), which the train stage's progress and live table read; the same numbers as one
-    log line every ``log_every_s`` (``monitor.log_every_s``) and at the end."""
+    """Every ``every_s`` seconds (``orchestration.progress_every_s``) ``online-status.json`` in the
+    draft directory: each producer's state, batches, rate, restarts and last error, the trainer's
+    rate, the store's backlog and the ETA (``eagle3.train.online.status``), which the train stage's
+    progress and live table read; the same numbers as one log line every ``log_every_s``
+    (``monitor.log_every_s``) and at the end."""
 
     def __init__(self, name: str, out_dir: Path, *, every_s: float, log_every_s: float,
                  producers: Producers | None = None) -> None:
