@@ -1,11 +1,10 @@
-"""Training worker entry: ``python -m eagle3.train --config-yaml PATH (--features DIR | --regen DIR
---ray-address A
---broker NAME) --vocab PATH --out DIR``.
+"""Training worker entry: ``python -m eagle3.train``, one rank on stored or online features.
 
-Started by the train stage (``eagle3.train.workers.worker_command``: torchrun for ``train.nproc >
-1``, or directly for one process) on stored features (``--features``) or online ones (``--regen``:
-this rank takes its batches from the run's broker). Parses, builds, runs one rank
-(``eagle3.train.workers``). Logs on rank 0 only.
+``python -m eagle3.train --config-yaml PATH (--features DIR | --regen DIR --ray-address A --broker
+NAME) --vocab PATH --out DIR``. Started by the train stage (``eagle3.train.workers.worker_command``:
+under torchrun for ``train.nproc > 1``, or directly for one process) on stored features
+(``--features``) or online ones (``--regen``: this rank takes its batches from the run's broker).
+Parses, builds, runs one rank (``eagle3.train.workers``). Logs on rank 0 only.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""How well an exported draft predicts on captured features, without running the target: the
-simulated accept length the training metrics report, on rows of one feature shard (the gate's
-offline preflight check)."""
+"""An exported draft's simulated accept length on captured features, without running the target.
+
+The accept length the training metrics report, on rows of one feature shard: the gate's offline
+preflight check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The draft's identity: the fingerprint that names its directory, and what defines a run besides
-its data.
+"""The draft's identity: the fingerprint naming its directory, and what defines a run besides data.
 
 * ``draft_fingerprint``: the features and the vocab it trains on, the ``train`` fields that change
   what is trained, the target and, for a night built on the champion, its start. Which ``train``

@@ -1,5 +1,6 @@
-"""The train and export stages (the stage contract of ``eagle3.stage``): one draft directory, one
-unit each, for stored and online features alike.
+"""The train and export stages (the stage contract of ``eagle3.stage``): one draft, one unit each.
+
+Both serve stored and online features alike.
 
 ``TrainStage`` plans with the night's ``FeatureSource`` (``train.features``, decided once by the
 capture stage's plan, with its reason): stored feature shards, or online, where producers capture

@@ -2,10 +2,9 @@
 
 * **The command.** The parent (the train stage's unit) starts ``python -m eagle3.train``: one
   process, or one per rank under torchrun (``train.nproc``; several nodes with ``nnodes``). Where
-  the batches come from is the only difference between the two ways of training: ``--features DIR``
-  (stored feature shards) or ``--regen DIR
-  --ray-address A --broker NAME`` (online: the run's broker hands out batches its producers
-  capture).
+  the batches come from is the only difference between the two ways of training: ``--features``
+  (stored feature shards) or ``--regen``, ``--ray-address`` and ``--broker`` (online: the run's
+  broker hands out the batches its producers capture).
 * **The worker.** Every rank runs ``train_rank``: the draft's inputs, the start (``start.json``: a
   champion night starts from the champion's weights on the rows it names), the batch source, then
   the one loop (``eagle3.train.trainer.train_on_source``); the process group is always cleaned up.
@@ -54,29 +53,13 @@ def worker_command(
     """The command that starts training: ``python -m eagle3.train ...`` for one process, else under
     torchrun. ``source_args`` say where the batches come from (``stored_args``, or the online
     feed's)."""
-    worker = [
-        "-m",
-        "eagle3.train",
-        "--config-yaml",
-        str(config_yaml),
-        *source_args,
-        "--vocab",
-        str(vocab),
-        "--out",
-        str(out_dir),
-    ]
+    worker = ["-m", "eagle3.train", "--config-yaml", str(config_yaml), *source_args]
+    worker += ["--vocab", str(vocab), "--out", str(out_dir)]
     if nproc == 1 and nnodes == 1:
         return [sys.executable, *worker]
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--nnodes={nnodes}",
-        f"--node-rank={node_rank}",
-        f"--master-addr={master_addr}",
-        f"--master-port={master_port}",
-    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    launcher += [f"--nnodes={nnodes}", f"--node-rank={node_rank}"]
+    launcher += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
     return [*launcher, *worker]
 
 
