@@ -38,7 +38,9 @@ from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.gate.offline_accept import evaluate_acceptance
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, load_inputs, train_on_source
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import ListBatchSource
 
 COMMON = [
     "train.precision=fp32",

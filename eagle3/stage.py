@@ -1,11 +1,14 @@
 """The stage contract: every stage of the pipeline has one shape, so one set of Prefect tasks and one library runner
-drive them all (DESIGN §1, §3).
+drive them all.
 
 ::
 
     plan(config, **inputs) -> Plan          what to do: fingerprint, output directory, units (quick; writes at most
                                             plan.json); ``inputs`` names the upstream directories it takes: the
                                             caller passes explicit paths or lets eagle3.lineage find the config's
+    idle(plan) -> StageResult | None        the result of a plan with nothing to run (capture of an
+                                            online night), returned without running anything;
+                                            default: None
     resources(config, plan)                 a context for the units' length (regen: the servers); default: none
     run_unit(config, plan, unit, env, on_progress) -> UnitReport
                                             one unit (a shard, a source, or the stage's single unit); resumable:
@@ -314,6 +317,12 @@ class Stage(ABC, Generic[P]):
         self, config: PipelineConfig, plan: P, reports: Sequence[UnitReport], failed: Sequence[Unit]
     ) -> StageResult: ...
 
+    def idle(self, plan: P) -> StageResult | None:
+        """The result of a plan with nothing to run (capture when the trainer captures its own
+        features online): the run ends with it, as with a recorded result: no resources, unit or
+        finalize, no file written. Default: None (run the plan)."""
+        return None
+
     def reuse_recorded(self, plan: P) -> bool:
         """Whether a recorded result of this exact plan may stand in for running it (``recorded_result``); a plan
         that asks for the work to be redone (the gate's ``force``) says no."""
@@ -369,9 +378,9 @@ def import_for_units(stage: Stage[Any], config: PipelineConfig) -> None:
 
     transformers resolves its names lazily, importing a submodule at a name's first use, and two threads doing that
     at once in a fresh process fail: one gets ``ImportError: cannot import name 'AutoTokenizer' from
-    'transformers'`` while the other still initialises the package (issue 41: 4 of 5 fresh two-shard captures, at
-    the template hash each shard starts with; a retry hid it unless the retry raced too). Once imported here, the
-    units find every name already resolved."""
+    'transformers'`` while the other still initialises the package (measured: 4 of 5 fresh two-shard
+    captures, at the template hash each shard starts with; a retry hid it unless the retry raced
+    too). Once imported here, the units find every name already resolved."""
     for name in stage.unit_imports(config):
         module, _, attribute = name.partition(":")
         imported = importlib.import_module(module)
@@ -393,6 +402,10 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
     already done (``recorded_result``) is read back, not run. SIGINT or SIGTERM stops it
     (``eagle3.runtime.stop``)."""
     plan = stage.plan(config, **inputs)
+    idle = stage.idle(plan)
+    if idle is not None:
+        logger.info("%s %s: nothing to run", stage.name, plan.fingerprint)
+        return idle
     recorded = recorded_result(stage, plan)
     if recorded is not None:
         logger.info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,

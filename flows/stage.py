@@ -39,11 +39,16 @@ POLL_S = 1.0  # how often the flow looks at unfinished units (and, every progres
 
 
 def run_stage(stage: Stage[Any], config: PipelineConfig, **inputs: Any) -> StageResult:
-    """Plan, run every unit (a failed one never stops the others), finalize; raises ``UnitsFailed`` after
-    finalizing when units failed. A plan an earlier run finished (``recorded_result``: decided from the plan and the
-    files alone) ends here with that run's result: no resources, unit or finalize task, no file written."""
+    """Plan, run every unit (a failed one never stops the others), finalize; raises ``UnitsFailed``
+    after finalizing when units failed. A plan an earlier run finished (``recorded_result``: decided
+    from the plan and the files alone) ends here with that run's result: no resources, unit or
+    finalize task, no file written; so does a plan with nothing to run (``Stage.idle``)."""
     plan_task, unit_task, finalize_task = stage_tasks(stage)
     plan: Plan = plan_task(stage, config, inputs)
+    idle = stage.idle(plan)
+    if idle is not None:
+        run_logger().info("%s %s: nothing to run", stage.name, plan.fingerprint)
+        return idle
     recorded = recorded_result(stage, plan)
     if recorded is not None:
         run_logger().info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,

@@ -107,6 +107,12 @@ def shard_index_of(path: Path) -> int:
     return index
 
 
+def regen_shards(regen_dir: Path) -> list[Path]:
+    """The ready regen shards of a regen stage directory, in shard order (what capture would
+    capture)."""
+    return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
+
+
 def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
     """(feature shard, quarantine file, parts directory) of shard ``index``."""
     out_dir = Path(out_dir)

@@ -335,7 +335,7 @@ def check_weights_finite(export: DraftExport) -> Check:
 def check_offline_accept(config: PipelineConfig, export: DraftExport, features_dir: Path) -> Check:
     """The draft's simulated accept length on a few captured rows (CPU, the target's states, no server), so a
     damaged draft fails before any GPU time is spent."""
-    from eagle3.train.trainer import accept_on_features
+    from eagle3.train.evaluate import accept_on_features
 
     shard = next(iter(shard_files(features_dir).values()), None)
     if shard is None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -108,20 +106,6 @@ def wrap_for_training(objective: nn.Module, *, parallel: str, info: DistInfo, bf
         fully_shard(objective.draft, **kwargs)
         return objective
     raise ValueError(f"train.parallel={parallel!r} is unknown: set it to 'ddp' or 'fsdp'")
-
-
-def worker_command(
-    config_yaml: Path, features: Path, vocab: Path, out_dir: Path, *, nproc: int = 1, nnodes: int = 1,
-    node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500,
-) -> list[str]:
-    """The command that starts training: ``torchrun ... -m eagle3.train ...``, or plain python for one process."""
-    worker = ["-m", "eagle3.train", "--config-yaml", str(config_yaml), "--features", str(features),
-              "--vocab", str(vocab), "--out", str(out_dir)]
-    if nproc == 1 and nnodes == 1:
-        return [sys.executable, *worker]
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
-                f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
-    return [*launcher, *worker]
 
 
 def run_workers(command: list[str], on_line: Callable[[str], None], *, env: dict[str, str] | None = None) -> int:

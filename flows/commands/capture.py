@@ -52,7 +52,8 @@ def capture(
         from flows.capture import capture_flow
 
         state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
-    typer.echo(f"features: {flow_result(state)}")  # failed shards: their list and the re-trigger command
+    source = flow_result(state)  # failed shards: their list and the re-trigger command
+    typer.echo(f"features: {source.shards_dir or 'none captured: ' + source.why}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,15 +1,19 @@
-"""``eagle3 train`` (runs the train flow: torchrun workers + export), ``eagle3 export`` and ``eagle3 eval``
-(quick, library only)."""
+"""``eagle3 train`` (runs the train flow: torchrun workers + export, on stored or online features),
+``eagle3 export`` and ``eagle3 eval`` (quick, library only)."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import Progress
+
+if TYPE_CHECKING:
+    from eagle3.capture.stage import FeatureSource
 from flows.commands.common import (
     ConfigOption,
     Poll,
@@ -41,24 +45,27 @@ def train(
     from eagle3.lineage import Lineage
 
     lineage = Lineage(cfg)
-    features = lineage.input("capture", features)
-    vocab = lineage.input("vocab", vocab, features_dir=features)
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.train")), \
-            watch_progress("train", _train_poll(cfg, features, vocab)):  # fmt: skip
+    # --features: those stored shards; else train.features decided
+    source = lineage.features(features)
+    vocab = lineage.input("vocab", vocab, features=source)
+    with (
+        prefect_api(meanwhile=lambda: importlib.import_module("flows.train")),
+        watch_progress("train", _train_poll(cfg, source, vocab)),
+    ):
         from flows.train import train_flow
 
-        result = train_flow(cfg, str(features), str(vocab))
+        result = train_flow(cfg, source, str(vocab))
     results.print(f"[green]draft exported[/green]: {result.export}")
 
 
-def _train_poll(cfg: PipelineConfig, features: Path, vocab: Path) -> Poll:
+def _train_poll(cfg: PipelineConfig, features: FeatureSource, vocab: Path) -> Poll:
     """Steps done / planned from the trainer's ``metrics.jsonl`` (the train stage's progress) with the last loss
     and accept-length estimate, for :func:`watch_progress`."""
     from eagle3.train.metrics import METRICS_FILE, describe_record, read_metrics
     from eagle3.train.stage import TrainStage
 
     stage = TrainStage()
-    plan = stage.plan(cfg, features_dir=features, vocab=vocab)
+    plan = stage.plan(cfg, features=features, vocab=vocab)
 
     def poll() -> tuple[Progress, str] | None:
         records = read_metrics(plan.out_dir / METRICS_FILE)

@@ -1,5 +1,7 @@
-"""``eagle3 vocab [--stats]``: the draft vocabulary of a features stage, built in this process (the library's
-``build_vocab_stage``: one quick unit; the nightly flow runs it as the vocab flow, ``flows/vocab.py``)."""
+"""``eagle3 vocab [--stats]``: the draft vocabulary of a features stage (or, for online training, of
+the samples the online plan takes from the regen stage), built in this process (the library's
+``build_vocab_stage``: one quick unit; the nightly flow runs it as the vocab flow,
+``flows/vocab.py``)."""
 
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ def vocab(
     from eagle3.train.vocab import build_vocab_stage
 
     cfg = resolve_config(recipe, config, set_)
-    features_dir = Lineage(cfg).input("capture", features)
+    # --features: those stored shards; else train.features decided
+    source = Lineage(cfg).features(features)
     with bad_input(ValueError):  # a malformed feature shard (ids out of range, lengths differ)
-        path = build_vocab_stage(cfg, features_dir)
+        path = build_vocab_stage(cfg, source)
     typer.echo(str(path))
     if stats:
         _print_stats(cfg.target, load_vocab(path), top)

@@ -77,8 +77,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
     # server; registry: the champion pointer and the promoted drafts (the gate writes, train reads)
     {"serve", "registry"},
     {"regen", "capture"},
-    {"train"},  # training, the vocab and export writers
-    {"online"},  # online training (issue 48): capture producers feed the trainer through Ray's object store
+    {"train"},  # training (stored or online features: capture producers feed the trainer through Ray's object
+    # store), the vocab and export writers
     {"gate"},  # the release gate: launches servers, measures, decides, promotes, publishes
     {"scaling"},  # the night: the curve, uniform and aimed planning, the selection, domain eval, its stages
     {"worlds"},  # the offline worlds (tiny, think, domains)

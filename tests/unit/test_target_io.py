@@ -224,7 +224,8 @@ def test_a_remote_code_target_reaches_every_stage_that_loads_it(night, tiny_toke
     from eagle3.regen.stage import RegenStage
     from eagle3.scaling.domain_eval import measure_offline
     from eagle3.stage import run_stage
-    from eagle3.train.trainer import accept_on_features, load_inputs
+    from eagle3.train.evaluate import accept_on_features
+    from eagle3.train.identity import load_inputs
 
     config, prompts, export = night
     assert tokenizer_identity(

@@ -23,8 +23,9 @@ from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.serve.reference.spec_engine import build_speculative_engine
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, load_inputs, train_on_source
-from eagle3.worlds.distil import greedy_answers, write_draft_vocab
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import ListBatchSource, greedy_answers, write_draft_vocab
 
 pytestmark = pytest.mark.slow
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -130,7 +131,8 @@ def test_an_mla_full_vocab_champion_starts_the_next_night(trained_mla, tmp_path)
         check_champion,
         write_champion_vocab,
     )
-    from eagle3.train.trainer import build_draft, load_inputs
+    from eagle3.train.identity import load_inputs
+    from eagle3.train.trainer import build_draft
 
     _, export, config = trained_mla
     cfg = check_champion(config, export, "mla-champion")
