@@ -26,7 +26,8 @@ def evaluate_acceptance(
     re-implementing this loop."""
     tokens = passes = 0
     for ids in prompts:
-        output, verify, _ = decoder.generate(ids, max_new_tokens, eos_ids)
+        decoded = decoder.generate(ids, max_new_tokens, eos_ids)
+        output, verify = decoded.tokens, decoded.passes
         tokens += len(output)
         passes += verify
         if on_prompt is not None:

@@ -70,7 +70,7 @@ def _greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
 def test_speculative_output_equals_plain_greedy_on_20_prompts(target, draft_dir, aux_mode):
     decoder = SpeculativeDecoder(target, None, draft_dir, num_steps=3, aux_mode=aux_mode)
     for prompt in _prompts(20):
-        output, passes, accepted = decoder.generate(prompt, 24, [EOS])
+        output, passes, accepted, _ = decoder.generate(prompt, 24, [EOS])
         assert output == _greedy(target, prompt, 24)
         assert len(output) >= 1 and passes <= len(output)
         assert len(accepted) == passes and all(0 <= a <= 3 for a in accepted)
