@@ -99,6 +99,8 @@ def measure(
                 if arm.role != "baseline" and arm.error is None:
                     arm.error = probe(arm, name)
         live = [(arm, arm.url) for arm in mine if arm.error is None]
+        if all(arm.role == "baseline" for arm, _ in live):
+            continue  # nothing to compare at this profile: its decisions say why
         at = gate.for_sampling(name)
 
         def keep_going(mine: list[ArmResult] = mine, at: GateConfig = at) -> bool:

@@ -43,6 +43,7 @@ Design choices:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -79,7 +80,8 @@ class LevelStats:
     proposed_drafts: int | None = None
     accept_histogram: list[int] | None = None
     by_set: dict[str, dict[str, Any]] = field(default_factory=dict)  # per prompt set (module docstring), if speculating
-    completion_tokens_sq: int = 0  # sum of each request's completion_tokens**2 (sampled spread)
+    completion_lengths: list[int] = field(default_factory=list)  # a round's, in prompt order
+    output_digest: str | None = None  # a round's output ids in prompt order, hashed (None pooled)
 
     @property
     def accept_rate(self) -> float | None:
@@ -102,10 +104,9 @@ class LevelStats:
         tpot_ms: float,
         spec: AcceptSummary,
         by_set: dict[str, dict[str, Any]],
-        tokens_sq: int,
     ) -> LevelStats:
         return cls(
-            by_set=by_set if spec.verify_ct else {}, completion_tokens_sq=tokens_sq,
+            by_set=by_set if spec.verify_ct else {},
             concurrency=concurrency, requests=requests, completion_tokens=tokens, spec_verify_ct=spec.verify_ct,
             duration_s=duration, output_tok_s=tokens / duration if duration > 0 else 0.0, tpot_ms=tpot_ms,
             accept_length=spec.accept_length, accept_source=spec.source, accept_fields=list(spec.fields),
@@ -126,9 +127,10 @@ class LevelStats:
             grouped[name].append(result.spec)
         by_set = {name: set_row(counts) for name, counts in sorted(grouped.items())}
         spec = pool([r.spec for r in results])
-        tokens_sq = sum(r.completion_tokens**2 for r in results)
-        n = len(results)
-        return cls._of(concurrency, n, tokens, duration_s, tpot_ms, spec, by_set, tokens_sq)
+        level = cls._of(concurrency, len(results), tokens, duration_s, tpot_ms, spec, by_set)
+        level.output_digest = output_digest([r.output_ids for r in results])
+        level.completion_lengths = [r.completion_tokens for r in results]
+        return level
 
     @classmethod
     def pooled(cls, rounds: list[LevelStats]) -> LevelStats:
@@ -143,8 +145,13 @@ class LevelStats:
             tpot_ms,
             pool([r.counts() for r in rounds]),
             pool_sets(rounds),
-            sum(r.completion_tokens_sq for r in rounds),
         )
+
+
+def output_digest(outputs: Sequence[Sequence[int]]) -> str:
+    """A short hash of output ids in order: two rounds with the same digest produced the same
+    tokens."""
+    return hashlib.sha256(json.dumps([list(o) for o in outputs]).encode()).hexdigest()[:16]
 
 
 def pool_sets(stats: Sequence[LevelStats]) -> dict[str, dict[str, Any]]:

@@ -39,6 +39,7 @@ INCONCLUSIVE even so: such a machine is too unstable to certify a draft on.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -82,19 +83,16 @@ def sampled_tokens(
     rounds: dict[int, LevelStats], base: dict[int, LevelStats], name: str, gate: GateConfig
 ) -> tuple[bool, str]:
     """Whether an arm's tokens over its rounds agree with the baseline's when both sample: within
-    ``gate.max_token_mismatch`` or 4 standard deviations of the difference of two independent draws
-    of the same lengths (each side's spread estimated from its requests' lengths, the prompts' own
-    differences included, which can only widen it)."""
+    ``gate.max_token_mismatch`` or 4 standard deviations of the difference of two independent draws.
+    Each prompt is answered once per round by each arm, so over R rounds the difference of the
+    totals has variance sum_i 2 R s_i^2, s_i^2 the variance of prompt i's lengths over both arms."""
     common = sorted(set(rounds) & set(base))
-    totals, spread = [], 0.0
-    for side in (rounds, base):
-        n = sum(side[r].requests for r in common)
-        tokens = sum(side[r].completion_tokens for r in common)
-        squares = sum(side[r].completion_tokens_sq for r in common)
-        spread += max(squares - tokens**2 / max(n, 1), 0.0)
-        totals.append(tokens)
+    totals = [sum(side[r].completion_tokens for r in common) for side in (rounds, base)]
+    answers = [side[r].completion_lengths for side in (rounds, base) for r in common]
+    per_prompt = zip(*answers, strict=True)
+    variance = sum(2 * len(common) * statistics.variance(lengths) for lengths in per_prompt)
     gap = abs(totals[0] - totals[1])
-    allowed = max(gate.max_token_mismatch * totals[1], 4 * math.sqrt(spread))
+    allowed = max(gate.max_token_mismatch * totals[1], 4 * math.sqrt(variance))
     message = (
         f"completion tokens over {len(common)} rounds {totals[0]} ({name}) vs {totals[1]} "
         f"(baseline): gap {gap}, allowed {allowed:.0f} (sampled: the larger of "

@@ -35,7 +35,8 @@ def test_the_removed_keys_fail_at_load_naming_the_traffic_that_replaces_them(ove
 
 def test_a_yaml_file_with_the_old_keys_fails_the_same_way(tmp_path: Path):
     path = tmp_path / "old.yaml"
-    path.write_text(load_recipe("tiny").to_yaml().replace("  traffic:\n", "  concurrency: [1, 4]\n  traffic:\n"))
+    yaml = load_recipe("tiny").to_yaml()
+    path.write_text(yaml.replace("\n  traffic:\n", "\n  concurrency: [1, 4]\n  traffic:\n"))
     with pytest.raises(ConfigError, match=r"gate\.concurrency was replaced by gate\.traffic"):
         load_yaml(path)
 
