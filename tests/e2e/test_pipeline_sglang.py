@@ -60,8 +60,9 @@ def test_the_gate_measured_real_sglang_arms_with_sglangs_own_accept_counters(nig
     report = json.loads((gate / "report.json").read_text())
     arms = {arm["role"]: arm for arm in report["arms"] if arm["sampling"] == "greedy"}
     assert {"baseline", "candidate"} <= set(arms)
-    # the recipe's sampled profile: SGLang verifies greedily on CPU, so the probe refuses it; greedy gates
-    sampled = next(a for a in report["arms"] if a["sampling"] == "sampled" and a["role"] == "candidate")
+    # the recipe's sampled profile: SGLang verifies greedily on CPU, refused; greedy gates
+    arm_roles = [(a["sampling"], a["role"]) for a in report["arms"]]
+    sampled = report["arms"][arm_roles.index(("sampled", "candidate"))]
     assert "ignores sampling" in sampled["error"] and not sampled["rounds"]
     assert all(CPU_LAUNCHER in arm["launch_used"] for arm in arms.values())
     levels = arms["candidate"]["levels"]
