@@ -12,8 +12,9 @@ the baseline. Count the answers that differ from the speculative arm's greedy on
 speculative arm's, ``b`` of the baseline's. An engine that samples draws both from the same
 distribution, so s and b are two Binomial(SEEDS, q) counts, q the chance a sample is not the greedy
 answer; the engine is refused when ``s == 0`` while ``b >= SEEDS / 2``. For a sampling engine that
-happens at most max_q (1 - q)^16 P(Bin(16, q) >= 8) < 1e-4 of the time; for a greedy engine it
-happens whenever the prompt leaves room to sample (q >= ~0.6 gives b >= 8 with probability >= 0.8).
+happens at most max_q (1 - q)^24 P(Bin(24, q) >= 12) = 7e-6 of the time per prompt (at q = 0.26);
+for a greedy engine it happens whenever the prompt leaves room to sample (q >= 0.6 gives b >= 12
+with probability >= 0.88; sampled text of 32 tokens is rarely the greedy text, q near 1).
 A prompt with too little room (b below half) cannot tell: the next is tried, up to ``PROMPTS``; when
 none can, the check passes and says so (a target that sure of itself looks greedy under any engine).
 Servers that ignore ``sampling_seed`` (SGLang without ``--enable-deterministic-inference``) sample
@@ -28,7 +29,7 @@ from eagle3.config.sampling import SamplingParams
 from eagle3.gate.preflight import Check
 from eagle3.gate.prompts import GREEDY, send_prompts
 
-SEEDS = 16
+SEEDS = 24
 PROMPTS = 3
 PROBE_TOKENS = 32
 
