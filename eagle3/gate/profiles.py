@@ -55,13 +55,17 @@ def expand(arms: list[ArmResult], gate: GateConfig) -> list[ArmResult]:
     first = primary(gate)
     for arm in arms:
         arm.sampling = first
-    fresh = {"levels": [], "rounds": [], "preflight": [], "flush_failures": []}
     copies = [
-        dataclasses.replace(arm, name=arm_name(arm.name, p, gate), sampling=p, **fresh)
+        dataclasses.replace(arm, name=arm_name(arm.name, p, gate), sampling=p, **_fresh())
         for p in order(gate)[1:]
         for arm in arms
     ]
     return [*arms, *copies]
+
+
+def _fresh() -> dict[str, list]:
+    """New empty lists for a copy's measurements (each copy its own)."""
+    return {"levels": [], "rounds": [], "preflight": [], "flush_failures": []}
 
 
 def of_profile(arms: list[ArmResult], profile: str) -> list[ArmResult]:

@@ -50,7 +50,9 @@ def test_a_greedy_and_a_sampled_profile_each_get_a_verdict_and_a_seeded_gate_rep
     names = [a.name for a in first.arms]
     assert names == ["baseline", "cand0:s3-k1-n4", "baseline@sampled", "cand0:s3-k1-n4@sampled"]
     assert [a.sampling for a in first.arms] == ["greedy", "greedy", "sampled", "sampled"]
-    assert all(a.error is None and sorted(a.rounds_at(1)) == [0, 1] for a in first.arms)
+    for arm in first.arms:  # each arm its own two rounds of 6 requests (2 prompts x 3 sets)
+        assert arm.error is None and [(r.round, r.requests) for r in arm.rounds] == [(0, 6), (1, 6)]
+        assert all((r.accept_length is None) == (arm.role == "baseline") for r in arm.rounds)
     (decision,) = first.decisions
     assert decision.sampling == "greedy" and [d.sampling for d in decision.profiles] == [
         "greedy",
