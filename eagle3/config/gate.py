@@ -174,6 +174,15 @@ class GateConfig(StrictModel):
                 )
         return self
 
+    def identity(self) -> dict[str, Any]:
+        """The fields a gate's fingerprint hashes: all of them, except ``sampling`` when it is the
+        default greedy profile alone (a gate that measures greedily, as every gate did before
+        profiles existed, keeps its fingerprint and with it its cached report)."""
+        data = self.model_dump(mode="json")
+        if self.sampling == _greedy():
+            del data["sampling"]
+        return data
+
     def for_sampling(self, name: str) -> GateConfig:
         """This config as one profile's verdict sees it: its levels (the profile's ``traffic`` when
         it has one)."""

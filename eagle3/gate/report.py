@@ -330,7 +330,8 @@ class GateReport:
             rows.append(
                 {
                     "name": d.sampling,
-                    "label": profile.get("label", d.sampling),
+                    # a report written before the gate had profiles measured greedily
+                    "label": profile.get("label", d.sampling or "greedy"),
                     "decides": profile.get("decides", True),
                     "verdict": d.verdict,
                     "speedup": d.speedup,

@@ -186,4 +186,5 @@ class NightSummary(Frozen):
     draft: TrainedDraft
     gate: GateOutcome
     curve: Curve
-    features_mode: str | None = None  # how train.features was decided (``eagle3.online.costs.choose_features``)
+    # how train.features was decided (``eagle3.capture.costs.choose_features``)
+    features_mode: str | None = None

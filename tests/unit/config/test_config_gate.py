@@ -67,6 +67,22 @@ def test_the_gate_samples_greedily_unless_told_and_overrides_add_a_sampled_profi
     assert profile.request() == {"temperature": 1.0, "top_p": 0.95, "top_k": -1}
 
 
+def test_a_greedy_gate_keeps_its_fingerprint_and_any_other_sampling_moves_it():
+    from eagle3.gate.release import gate_fingerprint
+
+    def fp(overrides):
+        return gate_fingerprint(load_recipe("llama3_8b", overrides), [], None, {})
+
+    greedy = load_recipe("llama3_8b").gate
+    assert "sampling" not in greedy.identity()  # the fields every gate hashed before profiles
+    assert fp([]) == fp(["gate.sampling={greedy: {}}"])
+    moved = [
+        ["gate.sampling={served: {temperature: 1.0}}"],
+        ["gate.sampling.served={temperature: 1.0, decides: false}"],
+    ]
+    assert len({fp([]), *(fp(o) for o in moved)}) == 1 + len(moved)
+
+
 def test_a_profiles_own_levels_decide_its_verdict():
     override = "gate.sampling.served={temperature: 0.7, traffic: {4: 1, 1: 3}}"
     gate = load_recipe("llama3_8b", [override]).gate

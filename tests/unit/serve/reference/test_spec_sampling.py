@@ -72,13 +72,10 @@ def micro(tmp_path_factory) -> SimpleNamespace:
         },
     }
     gen = torch.Generator().manual_seed(1)
+    # a full-vocab draft: its ids are the target's, no d2t/t2d
     tensors = {
         k: torch.randn(shape, generator=gen) * 0.5 for k, shape in expected_shapes(cfg).items()
     }
-    tensors["d2t"], tensors["t2d"] = (
-        torch.zeros(V, dtype=torch.long),
-        torch.ones(V, dtype=torch.bool),
-    )
     out = tmp_path_factory.mktemp("micro-draft")
     (out / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
