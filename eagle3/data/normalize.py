@@ -44,6 +44,7 @@ from eagle3.data.discover import load_catalog, source_record
 from eagle3.data.mix import MixLine, Selector, plan_mix
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.readers import RawRow, iter_rows, truncate_raw
+from eagle3.data.served import SERVED, ServedReader, served_tokenizer
 from eagle3.data.schema import (
     BAD_ENCODING,
     BAD_TOKENS,
@@ -327,24 +328,38 @@ def _stream(
     books: _Books,
     writer: ShardWriter,
     on_progress: Callable[[int], None] | None,
-) -> None:
+) -> dict[str, int] | None:
+    """Normalize the selected rows of one source; returns what its served filters dropped (served sources)."""
     entry = catalog.get(source.adapter)
     columns = {**entry.columns, **source.columns}
+    served = ServedReader.open(config, files, served_tokenizer(config)) if entry.row_format == SERVED else None
     batch: list[tuple[RawRow, Converted]] = []
-    for raw in iter_rows(files):
+    for raw in served.rows() if served else iter_rows(files):
         if not selector.take():
             continue
         books.taken += 1
         try:
-            batch.append((raw, _prepare(raw, entry, columns, config)))
+            conv = _prepare_served(served, raw, config) if served else _prepare(raw, entry, columns, config)
+            batch.append((raw, conv))
         except RowError as err:
-            books.reject(raw.index, err.reason, raw.value if raw.error is None else raw.raw)
+            books.reject(raw.index, err.reason, getattr(err, "raw", None) or (raw.value if raw.error is None
+                                                                               else raw.raw))  # fmt: skip
         if len(batch) >= BATCH:
             _flush(batch, books, writer, config)
             batch = []
             if on_progress:
                 on_progress(books.taken)
     _flush(batch, books, writer, config)
+    return dict(sorted(served.filters.items())) if served else None
+
+
+def _prepare_served(served: ServedReader, raw: RawRow, config: PipelineConfig) -> Converted:
+    """A served record's row (``eagle3.data.served``): its ids are fixed as served, so its turns are checked as
+    they are (the system-prompt policy cannot rewrite a prompt that was already answered)."""
+    conv = served.convert(raw)
+    _check_tokens(conv, config)
+    conv.messages = normalize_messages(conv.messages, config.normalize.replace(system_prompt_policy="keep"))
+    return conv
 
 
 def _run_source(
@@ -360,7 +375,7 @@ def _run_source(
     with ShardWriter(out, PROMPT_SCHEMA, prefix="spill", row_group_bytes=ROW_GROUP_BYTES) as writer:
         with ShardWriter(out, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=ROW_GROUP_BYTES) as qwriter:
             books = _Books(source.label, qwriter)
-            _stream(config, source, files, selector, books, writer, on_progress)
+            filters = _stream(config, source, files, selector, books, writer, on_progress)
             books.flush()
             quarantine = qwriter.close()
         spill = writer.close()
@@ -369,6 +384,7 @@ def _run_source(
             f"{source.label}: books do not balance ({books.taken} in, {books.kept} kept, {books.reasons})"
         )
     return {
+        **({"filters": filters} if filters is not None else {}),
         "source": source.label,
         "in": books.taken,
         "kept": books.kept,

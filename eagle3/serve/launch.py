@@ -17,6 +17,7 @@ Design choices:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from eagle3.rundir.runroot import atomic_write_json
 from eagle3.runtime.procs import die_with_parent, free_port
 
 logger = logging.getLogger(__name__)
@@ -104,10 +106,24 @@ class ServerProcess:
             )
         try:
             self._wait_healthy(self._proc)
+            self._record_server_info()
         except BaseException:
             self.stop()
             raise
         logger.info("%s healthy at %s", self.name, self.url)
+
+    def _record_server_info(self) -> None:
+        """A server that logs requests into directories (``--log-requests-target``) gets its ``/server_info``
+        written beside its logs, so its traffic says which model and revision answered it."""
+        from eagle3.data.served_log import SERVER_INFO_FILE, log_dirs
+
+        dirs = log_dirs(self.argv)
+        if not dirs:
+            return
+        with urllib.request.urlopen(f"{self.url}/server_info", timeout=30) as resp:
+            info = json.loads(resp.read())
+        for directory in dirs:
+            atomic_write_json(Path(directory) / SERVER_INFO_FILE, info)
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.health_timeout_s

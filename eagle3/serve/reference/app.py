@@ -45,7 +45,8 @@ from aiohttp import web
 from eagle3.data.dialect import reasoning_format
 from eagle3.serve.reference.args import server_info
 from eagle3.serve.reference.faults import FaultInjector
-from eagle3.serve.reference.protocol import DEFAULT_NUM_STEPS, Completion
+from eagle3.serve.reference.protocol import DEFAULT_NUM_STEPS, Completion, SamplingParams
+from eagle3.serve.reference.request_log import RequestLog
 from eagle3.serve.reference.requests import BadRequest, GenerateRequest, parse_chat, parse_generate
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ GENERATOR = web.AppKey("generator", object)
 ARGS = web.AppKey("args", argparse.Namespace)
 FAULTS = web.AppKey("faults", FaultInjector)
 IN_FLIGHT = web.AppKey("in_flight", set)
+REQUEST_LOG = web.AppKey("request_log", object)  # a RequestLog with --log-requests, else None
+BODY = "eagle3.body"  # the request's JSON body, kept on the aiohttp request for the request log
+CHAT_PATH = "/v1/chat/completions"
 
 
 def error_response(status: int, message: str, *, plain: bool = False) -> web.Response:
@@ -123,11 +127,16 @@ async def _admission(request: web.Request) -> web.Response | None:
     return None
 
 
-def _completed(request: web.Request, rid: str) -> None:
+def _completed(request: web.Request, req: GenerateRequest, out: dict[str, Any]) -> None:
+    """An answer sent: the rid file (``--request-log``), SGLang's request log (``--log-requests``), the faults."""
     path = request.app[ARGS].request_log
     if path:
         with open(path, "a") as fh:
-            fh.write(rid + "\n")
+            fh.write(req.rid + "\n")
+    if request.app[REQUEST_LOG] is not None:
+        tokenizer = getattr(request.app[GENERATOR], "tokenizer", None)
+        request.app[REQUEST_LOG].finished(request[BODY], req, out, request.headers, chat=request.path == CHAT_PATH,
+                                          tokenizer=tokenizer)  # fmt: skip
     request.app[FAULTS].after_completion()
 
 
@@ -145,10 +154,13 @@ async def _in_flight(
 ) -> web.StreamResponse:
     """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is SGLang's 400)."""
     try:
-        req = parse(await _read_json(request), request.app[GENERATOR])
+        request[BODY] = await _read_json(request)
+        req = parse(request[BODY], request.app[GENERATOR])
         _register(request, req.rid)
     except BadRequest as exc:
         return error_response(400, str(exc), plain=exc.plain)
+    if request.app[REQUEST_LOG] is not None:
+        request.app[REQUEST_LOG].received(request[BODY], req, request.headers, chat=request.path == CHAT_PATH)
     try:
         return await handle(request, req)
     finally:
@@ -176,7 +188,7 @@ async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamRes
     response = web.json_response(body)
     await response.prepare(request)
     await response.write_eof()
-    _completed(request, req.rid)
+    _completed(request, req, body)
     return response
 
 
@@ -213,10 +225,11 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
     finally:
         task.cancel()
     meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    await _sse(response, {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta})
+    final = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
+    await _sse(response, final)
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-    _completed(request, req.rid)
+    _completed(request, req, final)
     return response
 
 
@@ -260,7 +273,9 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
     response = web.json_response(body)
     await response.prepare(request)
     await response.write_eof()
-    _completed(request, req.rid)
+    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
+    _completed(request, req, {"text": body["choices"][0]["message"]["content"], "output_ids": c.output_ids,
+                              "meta_info": meta})  # fmt: skip
     return response
 
 
@@ -280,11 +295,17 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    from eagle3.serve.reference.protocol import SamplingParams
-
     generator = request.app[GENERATOR]
-    ids = generator.encode("health") or [0]
-    await generator.generate(f"health-{uuid.uuid4().hex}", ids, SamplingParams(max_new_tokens=1, temperature=0.0))
+    req = GenerateRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(max_new_tokens=1, temperature=0.0),
+                          False)  # SGLang's probe: its rid prefix, one token, greedy  # fmt: skip
+    body = {"input_ids": req.input_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    log = request.app[REQUEST_LOG]
+    if log is not None:  # SGLang logs its probes too (readers of served traffic drop them by rid)
+        log.received(body, req, request.headers, chat=False)
+    c = await generator.generate(req.rid, req.input_ids, req.params)
+    if log is not None:
+        out = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta_info(c, 1, drafts_per_pass=None)}
+        log.finished(body, req, out, request.headers, chat=False, tokenizer=getattr(generator, "tokenizer", None))
     return web.Response(text="")
 
 
@@ -327,8 +348,9 @@ def build_app(args: argparse.Namespace, generator: Any) -> web.Application:
     app[GENERATOR] = generator
     app[FAULTS] = FaultInjector(args)
     app[IN_FLIGHT] = set()
+    app[REQUEST_LOG] = RequestLog.from_args(args)
     app.router.add_post("/generate", generate)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
     for path in ("/model_info", "/get_model_info"):  # canonical, then SGLang's deprecated alias
