@@ -48,6 +48,7 @@ def publish_summary_task(summary: NightSummary) -> str:
             "",
             f"- prompts: {night.total_prompts:,} in shards {night.shard_ids} "
             f"({len(night.new_shard_ids)} new){exhausted}",
+            "- rows: " + ", ".join(f"{n:,} {kind}" for kind, n in summary.row_sources().items()),
             f"- draft: `{summary.draft.export}`",
             f"- features: {summary.features_mode or 'train.features=stored'}",
             start_line(summary.draft.start),

@@ -9,7 +9,7 @@ a config that still has either fails at load, naming the ``gate.traffic`` that r
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -53,6 +53,16 @@ class GateConfig(StrictModel):
         default_factory=lambda: {1: 1.0, 4: 1.0, 16: 1.0},
         description="The served load: {concurrency: weight}, each level's share of what is served (weights are "
         "normalized; 0 measures a level for the crossover and the adaptive config without weighing it).",
+    )
+    profile: Literal["config", "served"] = Field(
+        default="config",
+        description="Where the load profile comes from: this config (traffic, max_new_tokens, prompt_sets), or the "
+        "served sources' request logs (concurrency over time, completion lengths, and the held-out served "
+        "prompts as the 'served' set; eagle3.gate.served_profile).",
+    )
+    max_levels: int = Field(default=3, gt=0, description="The most concurrency levels a served profile keeps.")
+    profile_note: str = Field(
+        default="", description="How the served profile was built (written by it, printed in the report)."
     )
     level_weight_floor: float = Field(
         default=0.25,

@@ -44,7 +44,7 @@ from eagle3.data.discover import load_catalog, source_record
 from eagle3.data.mix import MixLine, Selector, plan_mix
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.readers import RawRow, iter_rows, truncate_raw
-from eagle3.data.served import SERVED, ServedReader, served_tokenizer
+from eagle3.data.served import SERVED, ServedReader, held_out_prompts, served_labels, served_tokenizer
 from eagle3.data.schema import (
     BAD_ENCODING,
     BAD_TOKENS,
@@ -212,17 +212,24 @@ def prompts_fingerprint(config: PipelineConfig, catalog_fp: str) -> str:
         tokenizer_identity(config),
         config.target.vocab_size,
         gate_sets,
+        *([config.served.model_dump(mode="json")] if served_labels(config) else []),  # what served rows may be
     )
 
 
-@lru_cache(maxsize=4)
-def _decontaminator(prompt_sets: tuple[tuple[str, str], ...], ngram: int, threshold: float) -> Decontaminator:
-    return Decontaminator(load_prompt_sets(dict(prompt_sets)), ngram=ngram, threshold=threshold)
+_DECONTAMINATORS: dict[str, Decontaminator] = {}
+_DECONTAM_LOCK = threading.Lock()
 
 
 def decontaminator(config: PipelineConfig) -> Decontaminator:
-    n = config.normalize
-    return _decontaminator(tuple(sorted(config.gate.prompt_sets.items())), n.decontam_ngram, n.decontam_threshold)
+    """The index of the gate's prompts (its local sets, and the held-out served requests,
+    ``eagle3.data.served.held_out_prompts``), built once per config."""
+    key = config.model_dump_json(include={"gate", "normalize", "sources", "served", "target"})
+    with _DECONTAM_LOCK:
+        if key not in _DECONTAMINATORS:
+            n = config.normalize
+            prompts = [*load_prompt_sets(config.gate.prompt_sets), *held_out_prompts(config)]
+            _DECONTAMINATORS[key] = Decontaminator(prompts, ngram=n.decontam_ngram, threshold=n.decontam_threshold)
+        return _DECONTAMINATORS[key]
 
 
 class _Books:
@@ -339,7 +346,11 @@ def _stream(
             continue
         books.taken += 1
         try:
-            conv = _prepare_served(served, raw, config) if served else _prepare(raw, entry, columns, config)
+            if served is not None:
+                conv = _prepare_served(served, raw, config)
+                raw = RawRow(raw.index, served.view(conv))  # what a later check's quarantine row keeps
+            else:
+                conv = _prepare(raw, entry, columns, config)
             batch.append((raw, conv))
         except RowError as err:
             books.reject(raw.index, err.reason, getattr(err, "raw", None) or (raw.value if raw.error is None

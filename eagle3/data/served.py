@@ -134,6 +134,12 @@ def _compact(req: ServedRequest, detail: str, **extra: Any) -> str:
     return truncate_raw({"rid": req.rid, "file": req.file, "line": req.line, "detail": detail, **extra})
 
 
+def _prompt_id(messages: list[dict[str, Any]]) -> str:
+    from eagle3.data.normalize import sample_id  # normalize reads served sources through this module
+
+    return sample_id(messages)
+
+
 def _ints(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return value
@@ -150,6 +156,7 @@ class ServedReader:
     glue: Glue | None = None
     hook: Hook | None = None
     filters: Counter[str] = field(default_factory=Counter)  # filter -> requests it dropped
+    _held: set[str] | None = None  # prompt ids of the held-out requests, read on first use
 
     @classmethod
     def open(cls, config: PipelineConfig, files: Sequence[Path], tokenizer: Any) -> ServedReader:
@@ -172,15 +179,51 @@ class ServedReader:
         if raw.error is not None:
             raise ServedRowError(raw.error, "unreadable log record", raw.raw)
         req: ServedRequest = raw.value
-        self._filter(req)
-        self._finished(req)
-        prompt, output = self._ids(req)
-        if held_out(req.key, self.config.served.held_out):
-            raise ServedRowError(HELD_OUT, "in the gate's served prompt set", _compact(req, "held out"))
-        messages = self._messages(req, prompt)
+        try:
+            prompt, output, messages = self.read(req)
+        except ServedRowError as err:
+            if err.reason == FILTERED:
+                self.filters[err.detail] += 1
+            raise
+        share = self.config.served.held_out
+        if held_out(req.key, share) or (share and _prompt_id(messages) in self._held_prompts()):
+            raise ServedRowError(HELD_OUT, "in the gate's served prompt set (or the same prompt as one)",
+                                 _compact(req, "held out"))  # fmt: skip
         answer = self.tokenizer.decode(output, skip_special_tokens=True)
         return Converted([*messages, {"role": "assistant", "content": answer}], meta=self._meta(req),
                          input_ids=prompt + output, loss_mask=[0] * len(prompt) + [1] * len(output))  # fmt: skip
+
+    def read(self, req: ServedRequest) -> tuple[list[int], list[int], list[dict[str, Any]]]:
+        """Prompt ids, output ids and the prompt's turns of a usable request (rules 2-4 and 6 of the module
+        docstring); raises ``ServedRowError``."""
+        self._filter(req)
+        self._finished(req)
+        prompt, output = self._ids(req)
+        return prompt, output, self._messages(req, prompt)
+
+    def held_out_requests(self) -> list[tuple[ServedRequest, list[dict[str, Any]]]]:
+        """The usable requests whose key falls in ``served.held_out``, with their prompt's turns: the gate's served
+        prompt set (``eagle3.gate.served_profile``)."""
+        out = []
+        for record in iter_log(self.files):
+            if isinstance(record, ServedRequest) and held_out(record.key, self.config.served.held_out):
+                try:
+                    out.append((record, self.read(record)[2]))
+                except ServedRowError:
+                    continue
+        return out
+
+    @staticmethod
+    def view(conv: Converted) -> dict[str, Any]:
+        """A row as a quarantine row keeps it: where it was logged and the head of its last user turn."""
+        served = conv.meta["served"]
+        user = next((m["content"] for m in reversed(conv.messages) if m["role"] == "user"), "")
+        return {k: served[k] for k in ("rid", "file", "line")} | {"prompt": user[:200]}
+
+    def _held_prompts(self) -> set[str]:
+        if self._held is None:
+            self._held = {_prompt_id(messages) for _req, messages in self.held_out_requests()}
+        return self._held
 
     def _texts(self, req: ServedRequest) -> list[str]:
         texts = []
@@ -198,7 +241,6 @@ class ServedReader:
             texts = self._texts(req)
             hit = next((f"pattern:{p}" for p in cfg.drop_patterns if any(re.search(p, t) for t in texts)), None)
         if hit is not None:
-            self.filters[hit] += 1
             raise ServedRowError(FILTERED, hit, truncate_raw({"rid": req.rid, "file": req.file, "line": req.line,
                                                               "filter": hit}))  # fmt: skip
 
@@ -257,3 +299,22 @@ class ServedReader:
             "e2e_latency": meta.get("e2e_latency"),
         } | {k: meta[k] for k in SPEC_KEYS if k in meta}
         return {"license": "served", "served": served}
+
+
+def held_out_prompts(config: PipelineConfig) -> list[tuple[str, str]]:
+    """``(id, user turn)`` of every held-out request of the config's local served sources: what normalization
+    decontaminates every source against, as it does the gate's prompt sets."""
+    if not config.served.held_out:
+        return []
+    from eagle3.data import catalog
+    from eagle3.data.served_log import log_files
+
+    out = []
+    for source in config.sources:
+        if catalog.get(source.adapter).row_format != SERVED or not source.path:
+            continue
+        reader = ServedReader.open(config, log_files(source.path), served_tokenizer(config))
+        for req, messages in reader.held_out_requests():
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            out += [(f"served/{req.rid}/{i}", text) for i, text in enumerate(users)]
+    return out

@@ -184,7 +184,7 @@ def _parse(text: str, file: str, number: int, last: bool) -> _Line | LogReject |
     body = text.rstrip("\r\n")
     if not body.strip():
         return None
-    raw = truncate_raw(body)
+    raw = truncate_raw(body, limit=1024)  # quarantined inside a row of its own (RAW_MAX_BYTES)
     if last and not ended:
         return LogReject(PARTIAL, "the file ends inside this line (copied or read while it was written)", raw,
                          file, number)  # fmt: skip

@@ -148,6 +148,8 @@ def _header(report: GateReport) -> list[str]:
         f"rounds {t.get('min_rounds')}..{t.get('max_rounds')}, {t.get('confidence')} t interval on the paired "
         "per-round speedups",
     ]
+    if t.get("profile_note"):
+        lines.append(f"traffic profile built {t['profile_note']}")
     if report.cost:
         c = report.cost
         lines.append(f"cost: {c['rounds']} rounds x {c['levels']} levels x {c['arms']} arms = {c['batches']} timed "

@@ -20,6 +20,7 @@ from pydantic import Field
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.release import gate_identity, run_gate
 from eagle3.gate.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
+from eagle3.gate.served_profile import with_served_profile
 from eagle3.stage import Frozen, OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 
@@ -45,6 +46,7 @@ class GateStage(Stage[GatePlan]):
         spec_url: str | None = None, champion_url: str | None = None,
         features_dir: Path | str | None = None, promote: bool = True, force: bool = False,
     ) -> GatePlan:  # fmt: skip
+        config = with_served_profile(config)  # gate.profile=served: the load the logs record
         gate = gate_identity(config, list(drafts), baseline_url=baseline_url, spec_url=spec_url,
                              champion_url=champion_url)  # fmt: skip
         return GatePlan(stage=self.name, fingerprint=gate.fingerprint, out_dir=gate.out_dir, drafts=tuple(gate.drafts),
@@ -56,6 +58,7 @@ class GateStage(Stage[GatePlan]):
         self, config: PipelineConfig, plan: GatePlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
+        config = with_served_profile(config)
         result = run_gate(config, list(plan.drafts), baseline_url=plan.baseline_url, spec_url=plan.spec_url,
                           champion_url=plan.champion_url, features_dir=plan.features_dir,
                           promote=plan.promote, force=plan.force)  # fmt: skip

@@ -187,3 +187,11 @@ class NightSummary(Frozen):
     gate: GateOutcome
     curve: Curve
     features_mode: str | None = None  # how train.features was decided (``eagle3.online.costs.choose_features``)
+
+    def row_sources(self) -> dict[str, int]:
+        """Tonight's training rows by where their answers came from: served traffic (as answered), regenerated
+        by the target tonight or earlier, or pre-tokenized rows of a dataset (the regen stage's counts)."""
+        s = self.regen.summary
+        served, pretokenized = int(s.get("served", 0)), int(s.get("pretokenized", 0))
+        rows = int(s.get("ok", 0)) + int(s.get("truncated", 0))
+        return {"served": served, "regenerated": rows - served - pretokenized, "pretokenized": pretokenized}
