@@ -39,10 +39,10 @@ class ServedTrafficSpec:
     """What the traffic depends on (with the tiny world it is sent to)."""
 
     DIR_PREFIX = "served-traffic"
-    requests: int = 120
+    requests: int = 160
     seed: int = 101
     phases: tuple[int, ...] = (2, 8, 4)  # concurrency of each consecutive phase
-    max_new_tokens: int = 48
+    max_new_tokens: int = 96
     generate_share: float = 0.25  # requests a client rendered itself and sent to /generate
     short_every: int = 20  # every Nth request asks for 4 tokens (cut at max_new_tokens)
     raw_text: int = 3  # completions of raw text, no chat template

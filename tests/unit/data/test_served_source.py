@@ -18,6 +18,7 @@ from eagle3.data.served_log import ServedRequest, iter_log, log_files
 from eagle3.errors import DataError
 from eagle3.recipes import load_recipe
 from eagle3.rundir.runroot import Manifest
+from eagle3.worlds.served_traffic import ServedTrafficSpec
 
 
 def _config(root: Path, logs: Path, *overrides: str):
@@ -70,7 +71,9 @@ def test_a_served_request_becomes_its_exact_ids_with_only_the_answer_trained(ser
         assert row["messages"][-1]["role"] == "assistant" and row["messages"][-2]["role"] == "user"
     stats = Manifest.read(prompts).stats["sources"]["served"]
     assert stats["in"] == len(list(iter_log(log_files(served_traffic.log_dir))))  # every record, one way or another
-    assert stats["quarantined"]["health_check"] == 4 and stats["quarantined"]["cut_short"] >= 6
+    spec = ServedTrafficSpec()
+    assert stats["quarantined"]["health_check"] == spec.requests // spec.health_every
+    assert stats["quarantined"]["cut_short"] >= spec.requests // spec.short_every
     assert stats["quarantined"]["held_out"] >= 1 and stats["kept"] == len(rows)
 
 
