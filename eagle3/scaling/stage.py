@@ -195,3 +195,6 @@ class NightSummary(Frozen):
         served, pretokenized = int(s.get("served", 0)), int(s.get("pretokenized", 0))
         rows = int(s.get("ok", 0)) + int(s.get("truncated", 0))
         return {"served": served, "regenerated": rows - served - pretokenized, "pretokenized": pretokenized}
+
+    def rows_line(self) -> str:
+        return ", ".join(f"{n:,} {kind}" for kind, n in self.row_sources().items())
