@@ -298,7 +298,8 @@ class ServedReader:
             "finish_reason": req.finish_type,
             "e2e_latency": meta.get("e2e_latency"),
         } | {k: meta[k] for k in SPEC_KEYS if k in meta}
-        return {"license": "served", "served": served}
+        route = req.headers.get(self.config.scaling.served_domain_header.lower())
+        return {"license": "served", "served": served, **({"route": route} if route else {})}
 
 
 def held_out_prompts(config: PipelineConfig) -> list[tuple[str, str]]:
