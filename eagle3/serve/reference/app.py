@@ -127,17 +127,23 @@ async def _admission(request: web.Request) -> web.Response | None:
     return None
 
 
-def _completed(request: web.Request, req: GenerateRequest, out: dict[str, Any]) -> None:
+def _completed(request: web.Request, req: GenerateRequest, c: Completion) -> None:
     """An answer sent: the rid file (``--request-log``), SGLang's request log (``--log-requests``), the faults."""
     path = request.app[ARGS].request_log
     if path:
         with open(path, "a") as fh:
             fh.write(req.rid + "\n")
-    if request.app[REQUEST_LOG] is not None:
-        tokenizer = getattr(request.app[GENERATOR], "tokenizer", None)
-        request.app[REQUEST_LOG].finished(request[BODY], req, out, request.headers, chat=request.path == CHAT_PATH,
-                                          tokenizer=tokenizer)  # fmt: skip
+    _log_finished(request, req, c, request[BODY], chat=request.path == CHAT_PATH)
     request.app[FAULTS].after_completion()
+
+
+def _log_finished(request: web.Request, req: GenerateRequest, c: Completion, body: Any, *, chat: bool) -> None:
+    """``request.finished`` in SGLang's request log, ``out`` as its tokenizer manager has it (not the chat reply)."""
+    log, generator = request.app[REQUEST_LOG], request.app[GENERATOR]
+    if log is not None:
+        meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
+        out = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
+        log.finished(body, req, out, request.headers, chat=chat, tokenizer=getattr(generator, "tokenizer", None))
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -188,7 +194,7 @@ async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamRes
     response = web.json_response(body)
     await response.prepare(request)
     await response.write_eof()
-    _completed(request, req, body)
+    _completed(request, req, c)
     return response
 
 
@@ -225,11 +231,10 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
     finally:
         task.cancel()
     meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    final = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
-    await _sse(response, final)
+    await _sse(response, {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-    _completed(request, req, final)
+    _completed(request, req, c)
     return response
 
 
@@ -273,9 +278,7 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
     response = web.json_response(body)
     await response.prepare(request)
     await response.write_eof()
-    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    _completed(request, req, {"text": body["choices"][0]["message"]["content"], "output_ids": c.output_ids,
-                              "meta_info": meta})  # fmt: skip
+    _completed(request, req, c)
     return response
 
 
@@ -299,13 +302,10 @@ async def health_generate(request: web.Request) -> web.Response:
     req = GenerateRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(max_new_tokens=1, temperature=0.0),
                           False)  # SGLang's probe: its rid prefix, one token, greedy  # fmt: skip
     body = {"input_ids": req.input_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
-    log = request.app[REQUEST_LOG]
-    if log is not None:  # SGLang logs its probes too (readers of served traffic drop them by rid)
-        log.received(body, req, request.headers, chat=False)
+    if request.app[REQUEST_LOG] is not None:  # SGLang logs its probes too (readers of served traffic drop them)
+        request.app[REQUEST_LOG].received(body, req, request.headers, chat=False)
     c = await generator.generate(req.rid, req.input_ids, req.params)
-    if log is not None:
-        out = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta_info(c, 1, drafts_per_pass=None)}
-        log.finished(body, req, out, request.headers, chat=False, tokenizer=getattr(generator, "tokenizer", None))
+    _log_finished(request, req, c, body, chat=False)
     return web.Response(text="")
 
 
