@@ -56,13 +56,17 @@ class GateConfig(StrictModel):
     )
     profile: Literal["config", "served"] = Field(
         default="config",
-        description="Where the load profile comes from: this config (traffic, max_new_tokens, prompt_sets), or the "
-        "served sources' request logs (concurrency over time, completion lengths, and the held-out served "
-        "prompts as the 'served' set; eagle3.gate.served_profile).",
+        description="Where the load profile comes from: this config (traffic, max_new_tokens, "
+        "prompt_sets), or the served sources' request logs (concurrency over time, completion "
+        "lengths, and the held-out served prompts as the 'served' set; "
+        "eagle3.gate.served_profile).",
     )
-    max_levels: int = Field(default=3, gt=0, description="The most concurrency levels a served profile keeps.")
+    max_levels: int = Field(
+        default=3, gt=0, description="The most concurrency levels a served profile keeps."
+    )
     profile_note: str = Field(
-        default="", description="How the served profile was built (written by it, printed in the report)."
+        default="",
+        description="How the served profile was built (written by it, printed in the report).",
     )
     level_weight_floor: float = Field(
         default=0.25,

@@ -25,15 +25,17 @@ class ScalingConfig(StrictModel):
     )
     aim: Literal["gain", "served"] = Field(
         default="gain",
-        description="What aimed nights aim by: 'gain', the champion's accept length per domain on the eval set and "
-        "the expected gain per token from the curve; 'served', the live draft's accept length per domain in the "
-        "served sources' request logs (kept at every log level), the budget split by traffic share x headroom "
+        description="What aimed nights aim by: 'gain', the champion's accept length per domain "
+        "on the eval set and the expected gain per token from the curve; 'served', the live "
+        "draft's accept length per domain in the served sources' request logs (kept at every "
+        "log level), the budget split by traffic share x headroom "
         "(eagle3.scaling.served_accept).",
     )
     served_domain_header: str = Field(
         default="x-smg-routing-key",
-        description="aim=served: the request header that names a served request's domain (SGLang logs "
-        "x-smg-routing-key and the headers in SGLANG_LOG_REQUEST_HEADERS); served rows record it as meta.route.",
+        description="aim=served: the request header that names a served request's domain "
+        "(SGLang logs x-smg-routing-key and the headers in SGLANG_LOG_REQUEST_HEADERS); served "
+        "rows record it as meta.route.",
     )
     domain_key: str = Field(
         default="source",

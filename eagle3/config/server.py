@@ -31,6 +31,7 @@ class ServerLaunchConfig(StrictModel):
     extra_args: list[str] = Field(default_factory=list)
     log_requests: str | None = Field(
         default=None,
-        description="A directory: every server the pipeline starts logs each request and its answer there, as "
-        "SGLang's --log-requests at level 3 in JSON writes them (the served source reads them back).",
+        description="A directory: every server the pipeline starts logs each request and its "
+        "answer there, as SGLang's --log-requests at level 3 in JSON writes them (the served "
+        "source reads them back).",
     )

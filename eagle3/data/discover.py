@@ -140,7 +140,7 @@ def _describe_files(label: str, files: list[Path], *, fix: str) -> list[dict[str
 
 
 def source_files(source: SourceConfig, entry: catalog.DatasetEntry) -> list[Path]:
-    """The data files of a local source: request logs for a served source, data files for the others."""
+    """The data files of a local source: request logs for a served source, else data files."""
     assert source.path is not None
     return log_files(source.path) if entry.row_format == SERVED else local_files(source.path)
 
@@ -150,47 +150,64 @@ def _probe(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
     fields = source.model_dump(mode="json", include=set(_FIELDS))
     if source.path:
         files = source_files(source, entry)
-        if entry.row_format == SERVED:
-            files += [f for f in [Path(source.path).expanduser() / SERVER_INFO_FILE] if f.is_file()]
+        info = Path(source.path).expanduser() / SERVER_INFO_FILE
+        files += [info] if entry.row_format == SERVED and info.is_file() else []
         return fields | {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
     from eagle3.data.hub import resolve_revision
 
     return fields | {"revision_sha": resolve_revision(source, entry)}
 
 
-def _served_record(config: PipelineConfig, source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
-    """A served source: its request-log files (local, or a Hub dataset of them), records counted by reading them
-    once (``served_log.count_records``), and the provenance ``server_info.json`` gives (``check_provenance``)."""
+def _served_record(
+    config: PipelineConfig, source: SourceConfig, entry: catalog.DatasetEntry
+) -> dict[str, Any]:
+    """A served source: its request-log files (local, or a Hub dataset of them), records counted
+    by reading them once (``count_records``: requests are joined across files), and the
+    provenance its ``server_info.json`` gives (``check_provenance``)."""
     label = source.label
     if source.path:
-        root, extra = Path(source.path).expanduser(), {"kind": "local", "id": source.path, "revision": None}
+        root = Path(source.path).expanduser()
+        extra = {"kind": "local", "id": source.path, "revision": None}
         files = _require_logs(label, log_files(root), fix=f"check sources path {source.path!r}")
     else:
         from eagle3.data.hub import resolve_hub
 
-        hub = resolve_hub(source, entry, is_data=lambda name: LOG_NAME.match(Path(name).name) is not None)
-        files = _require_logs(label, [Path(p) for p in hub.pop("files")], fix=f"check {hub['id']} holds *.log files")
+        hub = resolve_hub(source, entry, is_data=lambda name: LOG_NAME.match(name) is not None)
+        paths = [Path(p) for p in hub.pop("files")]
+        files = _require_logs(label, paths, fix=f"check that {hub['id']} holds *.log files")
         root, extra = files[0].parent, {"kind": "hub", **hub}
     described = [{"path": str(f), "bytes": f.stat().st_size} for f in files]
-    rows = count_records(files)  # requests are joined across files: a count of the whole source
     server = check_provenance(config, root)
-    base = {"name": label, "adapter": entry.name, "config": None, "split": source.split or entry.split,
-            "license": entry.license, "format": SERVED}  # fmt: skip
-    provenance = {k: server.get(k) for k in ("model_path", "revision", "chat_template")} if server else None
-    return base | extra | {"files": described, "rows": rows, "bytes": sum(f["bytes"] for f in described),
-                           "server": provenance}  # fmt: skip
+    keys = ("model_path", "revision", "chat_template")
+    return {
+        "name": label,
+        "adapter": entry.name,
+        "config": None,
+        "split": source.split or entry.split,
+        "license": entry.license,
+        "format": SERVED,
+        **extra,
+        "files": described,
+        "rows": count_records(files),
+        "bytes": sum(f["bytes"] for f in described),
+        "server": {k: server.get(k) for k in keys} if server else None,
+    }
 
 
 def _require_logs(label: str, files: list[Path], *, fix: str) -> list[Path]:
     if not files:
-        raise DiscoveryError(f"source {label!r}: no request logs (<host>_<rank>.log[.YYYY-mm-dd_HH]) found; {fix}")
+        raise DiscoveryError(
+            f"source {label!r}: no request logs (<host>_<rank>.log[.YYYY-mm-dd_HH]) found; {fix}"
+        )
     problems = [p for f in files if (p := sniff(f)) is not None]
     if problems:
         raise DiscoveryError(f"source {label!r}: " + "; ".join(problems))
     return files
 
 
-def _record(config: PipelineConfig, source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
+def _record(
+    config: PipelineConfig, source: SourceConfig, entry: catalog.DatasetEntry
+) -> dict[str, Any]:
     if entry.row_format == SERVED:
         return _served_record(config, source, entry)
     label = source.label

@@ -98,8 +98,9 @@ def _has_data_suffix(name: str) -> bool:
 def resolve_hub(
     source: SourceConfig, entry: DatasetEntry, *, is_data: Callable[[str], bool] = _has_data_suffix
 ) -> dict[str, Any]:
-    """id, revision sha, split, license and the local paths of the split's data files (downloaded if online);
-    ``is_data`` says which file names are data (request logs for a served source)."""
+    """id, revision sha, split, license and the local paths of the split's data files
+    (downloaded if online); ``is_data`` says which file names are data (request logs for a
+    served source)."""
     from eagle3.data.discover import split_files
 
     repo = _repo(source, entry)

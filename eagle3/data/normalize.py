@@ -44,7 +44,6 @@ from eagle3.data.discover import load_catalog, source_record
 from eagle3.data.mix import MixLine, Selector, plan_mix
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.readers import RawRow, iter_rows, truncate_raw
-from eagle3.data.served import SERVED, ServedReader, held_out_prompts, served_labels, served_tokenizer
 from eagle3.data.schema import (
     BAD_ENCODING,
     BAD_TOKENS,
@@ -55,6 +54,13 @@ from eagle3.data.schema import (
     PROMPT_SCHEMA,
     QUARANTINE_SCHEMA,
     TOO_LONG,
+)
+from eagle3.data.served import (
+    SERVED,
+    ServedReader,
+    held_out_prompts,
+    served_labels,
+    served_tokenizer,
 )
 from eagle3.data.template import load_local_tokenizer
 from eagle3.data.toolcalls import ToolCallError, link_tool_calls
@@ -212,7 +218,8 @@ def prompts_fingerprint(config: PipelineConfig, catalog_fp: str) -> str:
         tokenizer_identity(config),
         config.target.vocab_size,
         gate_sets,
-        *([config.served.model_dump(mode="json")] if served_labels(config) else []),  # what served rows may be
+        # what served rows may become; only with a served source (the others keep theirs)
+        *([config.served.model_dump(mode="json")] if served_labels(config) else []),
     )
 
 
@@ -228,7 +235,9 @@ def decontaminator(config: PipelineConfig) -> Decontaminator:
         if key not in _DECONTAMINATORS:
             n = config.normalize
             prompts = [*load_prompt_sets(config.gate.prompt_sets), *held_out_prompts(config)]
-            _DECONTAMINATORS[key] = Decontaminator(prompts, ngram=n.decontam_ngram, threshold=n.decontam_threshold)
+            _DECONTAMINATORS[key] = Decontaminator(
+                prompts, ngram=n.decontam_ngram, threshold=n.decontam_threshold
+            )
         return _DECONTAMINATORS[key]
 
 
@@ -336,10 +345,12 @@ def _stream(
     writer: ShardWriter,
     on_progress: Callable[[int], None] | None,
 ) -> dict[str, int] | None:
-    """Normalize the selected rows of one source; returns what its served filters dropped (served sources)."""
+    """Normalize the selected rows of one source; returns what a served source's filters dropped."""
     entry = catalog.get(source.adapter)
     columns = {**entry.columns, **source.columns}
-    served = ServedReader.open(config, files, served_tokenizer(config)) if entry.row_format == SERVED else None
+    served = None
+    if entry.row_format == SERVED:
+        served = ServedReader.open(config, files, served_tokenizer(config))
     batch: list[tuple[RawRow, Converted]] = []
     for raw in served.rows() if served else iter_rows(files):
         if not selector.take():
@@ -348,13 +359,13 @@ def _stream(
         try:
             if served is not None:
                 conv = _prepare_served(served, raw, config)
-                raw = RawRow(raw.index, served.view(conv))  # what a later check's quarantine row keeps
+                raw = RawRow(raw.index, served.view(conv))  # what a later quarantine row keeps
             else:
                 conv = _prepare(raw, entry, columns, config)
             batch.append((raw, conv))
         except RowError as err:
-            books.reject(raw.index, err.reason, getattr(err, "raw", None) or (raw.value if raw.error is None
-                                                                               else raw.raw))  # fmt: skip
+            kept = getattr(err, "raw", None) or (raw.value if raw.error is None else raw.raw)
+            books.reject(raw.index, err.reason, kept)
         if len(batch) >= BATCH:
             _flush(batch, books, writer, config)
             batch = []
@@ -365,11 +376,12 @@ def _stream(
 
 
 def _prepare_served(served: ServedReader, raw: RawRow, config: PipelineConfig) -> Converted:
-    """A served record's row (``eagle3.data.served``): its ids are fixed as served, so its turns are checked as
-    they are (the system-prompt policy cannot rewrite a prompt that was already answered)."""
+    """A served record's row (``eagle3.data.served``): its ids are fixed as served, so its turns
+    are checked as they are (no system-prompt policy rewrites a prompt already answered)."""
     conv = served.convert(raw)
     _check_tokens(conv, config)
-    conv.messages = normalize_messages(conv.messages, config.normalize.replace(system_prompt_policy="keep"))
+    as_served = config.normalize.replace(system_prompt_policy="keep")
+    conv.messages = normalize_messages(conv.messages, as_served)
     return conv
 
 

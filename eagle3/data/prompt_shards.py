@@ -66,9 +66,12 @@ def _dedup_turns(row: dict[str, Any]) -> list[str]:
     return [m["content"] for m in row["messages"] if m["role"] not in ("assistant", "system")]
 
 
-def _claim_first(spills: list[dict[str, Any]], first: Collection[int], deduper: Deduper) -> dict[tuple[int, str], str | None]:
-    """Dedup decisions for the rows of the ``first`` spills (served sources), taken before any other row is seen:
-    a served row already holds the target's answer, so it wins a tie with a row that would be regenerated."""
+def _claim_first(
+    spills: list[dict[str, Any]], first: Collection[int], deduper: Deduper
+) -> dict[tuple[int, str], str | None]:
+    """Dedup decisions for the rows of the ``first`` spills (served sources), taken before any
+    other row is seen: a served row holds the target's answer already, so it wins a tie with a
+    row that would be regenerated."""
     decided: dict[tuple[int, str], str | None] = {}
     for i in sorted(first):
         for row in _spill_rows(Path(spills[i]["spill"])) if spills[i]["spill"] else ():
@@ -77,7 +80,12 @@ def _claim_first(spills: list[dict[str, Any]], first: Collection[int], deduper: 
 
 
 def _dedup_spills(
-    spills: list[dict[str, Any]], deduper: Deduper, writer: ShardWriter, qwriter: ShardWriter, *, chunk: int = 256,
+    spills: list[dict[str, Any]],
+    deduper: Deduper,
+    writer: ShardWriter,
+    qwriter: ShardWriter,
+    *,
+    chunk: int = 256,
     first: Collection[int] = (),
 ) -> list[tuple[int, Counter[str]]]:
     counts: list[tuple[int, Counter[str]]] = [(0, Counter()) for _ in spills]
@@ -85,10 +93,8 @@ def _dedup_spills(
     rejects: list[dict[str, Any]] = []
     decided = _claim_first(spills, first, deduper)
     for i, row in _interleaved(spills):
-        if i in first:
-            reason = decided[(i, row["source_row"])]
-        else:
-            reason = deduper.check(row["sample_id"], _dedup_turns(row))
+        key, turns = (i, row["source_row"]), _dedup_turns(row)
+        reason = decided[key] if i in first else deduper.check(row["sample_id"], turns)
         kept, dropped = counts[i]
         if reason is None:
             rows.append(row)
@@ -149,7 +155,8 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     rg = ROW_GROUP_BYTES
     with ShardWriter(out_dir, PROMPT_SCHEMA, rows_per_shard=n.shard_size, row_group_bytes=rg, metadata=meta) as writer:
         with ShardWriter(out_dir, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=rg, metadata=meta) as qwriter:
-            first = {i for i, spill in enumerate(spills) if spill["source"] in served_labels(config)}
+            served = served_labels(config)
+            first = {i for i, spill in enumerate(spills) if spill["source"] in served}
             counted = _dedup_spills(spills, deduper, writer, qwriter, first=first)
             for spill, (kept, dropped) in zip(spills, counted, strict=True):
                 per_source[spill["source"]] = _balance(spill, kept, dropped)

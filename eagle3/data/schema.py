@@ -63,15 +63,15 @@ MALFORMED = "malformed"  # not parseable, wrong types, missing keys
 BAD_TOKENS = "bad_tokens"  # pre-tokenized row: ids outside the target vocab, or input_ids/loss_mask lengths differ
 BAD_TOOL_CALL = "bad_tool_call"  # arguments not a JSON object, a result answering no call, a call left unanswered
 # Served traffic (SGLang request logs, eagle3.data.served_log and eagle3.data.served)
-PARTIAL = "partial"  # a log line cut at the end of its file (copied or read while it was written)
+PARTIAL = "partial"  # a log line cut at the end of its file (copied or read while written)
 UNFINISHED = "unfinished"  # received, never finished in the files read
-UNMATCHED = "unmatched"  # finished, but its receipt is not in the files read (rotated out of the window)
+UNMATCHED = "unmatched"  # finished; its receipt is not in the files read (rotated out)
 HEALTH_CHECK = "health_check"  # the server's own /health_generate probes
-ABORTED = "aborted"  # finish_reason abort: the answer is cut where the client or the server stopped it
+ABORTED = "aborted"  # finish_reason abort: the client or the server stopped the answer
 CUT_SHORT = "cut_short"  # finish_reason length (kept with served.keep_truncated)
-NO_CONTENT = "no_content"  # ids dropped or cut by --log-requests-level < 3, or counts that disagree with meta_info
-TEMPLATE_MISMATCH = "template_mismatch"  # the prompt is not the target's chat template over some messages
-FILTERED = "filtered"  # dropped by served.drop_headers / drop_patterns / hook (raw keeps no content)
+NO_CONTENT = "no_content"  # ids dropped or cut by the log level, or counts off meta_info's
+TEMPLATE_MISMATCH = "template_mismatch"  # the prompt is not the target's chat template's
+FILTERED = "filtered"  # dropped by a served.* filter (the raw keeps no content)
 HELD_OUT = "held_out"  # set aside as the gate's served prompt set: never trained on
 
 REASONS: tuple[str, ...] = (

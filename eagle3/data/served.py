@@ -1,33 +1,38 @@
-"""Served traffic as a data source: SGLang request logs -> pre-tokenized prompt rows that skip regeneration.
+"""Served traffic as a data source: SGLang request logs -> pre-tokenized prompt rows that skip
+regeneration.
 
-A request the target answered is a prompt of the real mix with the target's own answer, at the sampling its user
-asked for: what regeneration produces, already produced. A ``served`` source (``eagle3 datasets list``) points at a
-log directory (``eagle3.data.served_log``); each finished request becomes one row whose ``input_ids`` are the
-prompt ids exactly as served followed by the output ids exactly as served, and whose ``loss_mask`` covers the
-output only (earlier assistant turns in a multi-turn prompt were the client's history, not this answer). Regen
-passes such rows through without a server, capture reads them as it reads any row.
+A request the target answered is a prompt of the real mix with the target's own answer, at the
+sampling its user asked for: what regeneration produces, already produced. A ``served`` source
+(``eagle3 datasets list``) points at a log directory (``eagle3.data.served_log``); each finished
+request becomes one row whose ``input_ids`` are the prompt ids exactly as served followed by the
+output ids exactly as served, and whose ``loss_mask`` covers the output only (earlier assistant
+turns in a multi-turn prompt were the client's history, not this answer). Regen passes such rows
+through without a server, capture reads them as it reads any row.
 
 Per request, in this order (the first rule that applies names the quarantine reason):
 
-1. the log record itself: ``malformed``, ``partial``, ``unfinished``, ``unmatched``, ``duplicate`` (``served_log``);
-2. the user's filters (``served.drop_headers``, ``served.hook``, ``served.drop_patterns``): ``filtered``, first, so
-   a request a filter drops never reaches the quarantine with its content (its ``raw`` is the rid, the file and
-   line and the filter);
-3. ``health_check`` (rid ``HEALTH_CHECK...``), ``aborted``, ``cut_short`` (``finish_reason: length`` unless
-   ``served.keep_truncated``);
-4. ``no_content``: ids dropped or cut by a log level below 3, or counts that disagree with ``meta_info``;
+1. the log record itself: ``malformed``, ``partial``, ``unfinished``, ``unmatched``, ``duplicate``
+   (``served_log``);
+2. the user's filters (``served.drop_headers``, ``served.hook``, ``served.drop_patterns``):
+   ``filtered``, first, so a request a filter drops never reaches the quarantine with its content
+   (its ``raw`` is the rid, the file and line and the filter);
+3. ``health_check`` (rid ``HEALTH_CHECK...``), ``aborted``, ``cut_short`` (``finish_reason: length``
+   unless ``served.keep_truncated``);
+4. ``no_content``: ids dropped or cut by a log level below 3, or counts that disagree with
+   ``meta_info``;
 5. ``held_out``: the request's key hashes below ``served.held_out`` (the gate's served prompt set);
 6. ``template_mismatch``: the prompt is not the target's chat template over some turns
    (``eagle3.data.template_inverse``), e.g. raw text, or traffic rendered for another model;
-7. then the normalizer's usual checks: ids outside the vocabulary, context length, decontamination against the
-   gate's prompts, exact and near duplicates against every other source (a served row wins a tie: it costs no
-   regeneration).
+7. then the normalizer's usual checks: ids outside the vocabulary, context length, decontamination
+   against the gate's prompts, exact and near duplicates against every other source (a served row
+   wins a tie: it costs no regeneration).
 
-Each row's ``meta`` records its provenance: ``served`` = the server (log file stem), the rid, the file and line,
-received and finished times, the sampling parameters the user sent, the finish reason, the latency and, from a
-speculative server, the accept length. A log directory may hold ``server_info.json`` (``/server_info`` of the
-server that wrote it; the project's launcher writes one): a model path or revision other than the target's refuses
-the whole source before any row is read (``check_provenance``).
+Each row's ``meta`` records its provenance: ``served`` = the server (log file stem), the rid, the
+file and line, received and finished times, the sampling parameters the user sent, the finish
+reason, the latency and, from a speculative server, the accept length. A log directory may hold
+``server_info.json`` (``/server_info`` of the server that wrote it; the project's launcher writes
+one): a model path or revision other than the target's refuses the whole source before any row is
+read (``check_provenance``).
 """
 
 from __future__ import annotations
@@ -81,8 +86,12 @@ def served_labels(config: PipelineConfig) -> set[str]:
 
 
 def held_out(key: str, share: float) -> bool:
-    """Whether a request key falls in the held-out share (a fixed hash of the key, so stable across nights)."""
-    return share > 0 and int(hashlib.sha256(f"held-out:{key}".encode()).hexdigest()[:8], 16) < share * 2**32
+    """Whether a request key falls in the held-out share (a fixed hash of the key, so stable across
+    nights)."""
+    return (
+        share > 0
+        and int(hashlib.sha256(f"held-out:{key}".encode()).hexdigest()[:8], 16) < share * 2**32
+    )
 
 
 def load_hook(spec: str | None) -> Hook | None:
@@ -92,32 +101,41 @@ def load_hook(spec: str | None) -> Hook | None:
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise DataError(f"served.hook {spec!r} cannot be loaded ({exc}); make the module importable") from exc
+        raise DataError(
+            f"served.hook {spec!r} cannot be loaded ({exc}); make the module importable"
+        ) from exc
     if not callable(fn):
         raise DataError(f"served.hook {spec!r} is not a function")
     return fn
 
 
 def check_provenance(config: PipelineConfig, log_dir: Path) -> dict[str, Any] | None:
-    """The ``server_info.json`` of a log directory (None when it has none); raises ``DataError`` naming both when it
-    was served by another model or revision than the target."""
+    """The ``server_info.json`` of a log directory (None when it has none); raises ``DataError``
+    naming both when it was served by another model or revision than the target."""
     path = log_dir / SERVER_INFO_FILE if log_dir.is_dir() else log_dir.parent / SERVER_INFO_FILE
     if not path.is_file():
         return None
     info = json.loads(path.read_text())
     target = config.target
     served = (str(info.get("model_path") or ""), info.get("revision"))
-    same_model = Path(served[0]).expanduser() == Path(target.model_path).expanduser() or served[0] == target.model_path
+    same_model = (
+        Path(served[0]).expanduser() == Path(target.model_path).expanduser()
+        or served[0] == target.model_path
+    )
     if not same_model or (served[1] or None) != (target.revision or None):
-        raise DataError(f"served logs {log_dir} were written by {served[0]}@{served[1] or 'default'}, the target is "
-                        f"{target.model_path}@{target.revision or 'default'}: rows answered by another model or "
-                        "revision are not the target's; point the source at the target's logs")  # fmt: skip
+        raise DataError(
+            f"served logs {log_dir} were written by {served[0]}@{served[1] or 'default'}, the "
+            "target is "
+            f"{target.model_path}@{target.revision or 'default'}: rows answered by another model "
+            "or "
+            "revision are not the target's; point the source at the target's logs"
+        )
     return info
 
 
 def served_tokenizer(config: PipelineConfig) -> Any:
-    """A tokenizer of the target for one served source alone: normalization runs sources on threads, and a fast
-    tokenizer used from two threads at once fails (``Already borrowed``)."""
+    """A tokenizer of the target for one served source alone: normalization runs sources on threads,
+    and a fast tokenizer used from two threads at once fails (``Already borrowed``)."""
     from eagle3.data.template import load_local_tokenizer
 
     target = config.target
@@ -126,29 +144,36 @@ def served_tokenizer(config: PipelineConfig) -> Any:
         return local
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(target.model_path, revision=target.revision,
-                                         trust_remote_code=target.trust_remote_code)  # fmt: skip
+    return AutoTokenizer.from_pretrained(
+        target.model_path, revision=target.revision, trust_remote_code=target.trust_remote_code
+    )
 
 
 def _compact(req: ServedRequest, detail: str, **extra: Any) -> str:
-    return truncate_raw({"rid": req.rid, "file": req.file, "line": req.line, "detail": detail, **extra})
+    return truncate_raw(
+        {"rid": req.rid, "file": req.file, "line": req.line, "detail": detail, **extra}
+    )
 
 
 def _prompt_id(messages: list[dict[str, Any]]) -> str:
-    from eagle3.data.normalize import sample_id  # normalize reads served sources through this module
+    # normalize reads served sources through this module
+    from eagle3.data.normalize import sample_id
 
     return sample_id(messages)
 
 
 def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
         return value
     return None
 
 
 @dataclass
 class ServedReader:
-    """Reads one served source: its records as raw rows, and each record converted (module docstring)."""
+    """Reads one served source: its records as raw rows, and each record converted (module
+    docstring)."""
 
     config: PipelineConfig
     files: Sequence[Path]
@@ -169,13 +194,25 @@ class ServedReader:
     def rows(self) -> Iterator[RawRow]:
         for index, record in enumerate(iter_log(self.files)):
             if isinstance(record, LogReject):
-                yield RawRow(index, None, record.reason, truncate_raw({"file": record.file, "line": record.line,
-                                                                       "detail": record.detail, "raw": record.raw}))
+                yield RawRow(
+                    index,
+                    None,
+                    record.reason,
+                    truncate_raw(
+                        {
+                            "file": record.file,
+                            "line": record.line,
+                            "detail": record.detail,
+                            "raw": record.raw,
+                        }
+                    ),
+                )
             else:
                 yield RawRow(index, record)
 
     def convert(self, raw: RawRow) -> Converted:
-        """The row of one record; raises ``ServedRowError`` with the quarantine reason and a compact raw."""
+        """The row of one record; raises ``ServedRowError`` with the quarantine reason and a compact
+        raw."""
         if raw.error is not None:
             raise ServedRowError(raw.error, "unreadable log record", raw.raw)
         req: ServedRequest = raw.value
@@ -187,26 +224,35 @@ class ServedReader:
             raise
         share = self.config.served.held_out
         if held_out(req.key, share) or (share and _prompt_id(messages) in self._held_prompts()):
-            raise ServedRowError(HELD_OUT, "in the gate's served prompt set (or the same prompt as one)",
-                                 _compact(req, "held out"))  # fmt: skip
+            raise ServedRowError(
+                HELD_OUT,
+                "in the gate's served prompt set (or the same prompt as one)",
+                _compact(req, "held out"),
+            )
         answer = self.tokenizer.decode(output, skip_special_tokens=True)
-        return Converted([*messages, {"role": "assistant", "content": answer}], meta=self._meta(req),
-                         input_ids=prompt + output, loss_mask=[0] * len(prompt) + [1] * len(output))  # fmt: skip
+        return Converted(
+            [*messages, {"role": "assistant", "content": answer}],
+            meta=self._meta(req),
+            input_ids=prompt + output,
+            loss_mask=[0] * len(prompt) + [1] * len(output),
+        )
 
     def read(self, req: ServedRequest) -> tuple[list[int], list[int], list[dict[str, Any]]]:
-        """Prompt ids, output ids and the prompt's turns of a usable request (rules 2-4 and 6 of the module
-        docstring); raises ``ServedRowError``."""
+        """Prompt ids, output ids and the prompt's turns of a usable request (rules 2-4 and 6 of the
+        module docstring); raises ``ServedRowError``."""
         self._filter(req)
         self._finished(req)
         prompt, output = self._ids(req)
         return prompt, output, self._messages(req, prompt)
 
     def held_out_requests(self) -> list[tuple[ServedRequest, list[dict[str, Any]]]]:
-        """The usable requests whose key falls in ``served.held_out``, with their prompt's turns: the gate's served
-        prompt set (``eagle3.gate.served_profile``)."""
+        """The usable requests whose key falls in ``served.held_out``, with their prompt's turns:
+        the gate's served prompt set (``eagle3.gate.served_profile``)."""
         out = []
         for record in iter_log(self.files):
-            if isinstance(record, ServedRequest) and held_out(record.key, self.config.served.held_out):
+            if isinstance(record, ServedRequest) and held_out(
+                record.key, self.config.served.held_out
+            ):
                 try:
                     out.append((record, self.read(record)[2]))
                 except ServedRowError:
@@ -215,7 +261,8 @@ class ServedReader:
 
     @staticmethod
     def view(conv: Converted) -> dict[str, Any]:
-        """A row as a quarantine row keeps it: where it was logged and the head of its last user turn."""
+        """A row as a quarantine row keeps it: where it was logged and the head of its last user
+        turn."""
         served = conv.meta["served"]
         user = next((m["content"] for m in reversed(conv.messages) if m["role"] == "user"), "")
         return {k: served[k] for k in ("rid", "file", "line")} | {"prompt": user[:200]}
@@ -227,8 +274,13 @@ class ServedReader:
 
     def _texts(self, req: ServedRequest) -> list[str]:
         texts = []
-        for ids, text in ((_ints(req.input_ids), req.prompt_text), (_ints(req.output_ids), req.output_text)):
-            texts.append(self.tokenizer.decode(ids, skip_special_tokens=False) if ids else text or "")
+        for ids, text in (
+            (_ints(req.input_ids), req.prompt_text),
+            (_ints(req.output_ids), req.output_text),
+        ):
+            texts.append(
+                self.tokenizer.decode(ids, skip_special_tokens=False) if ids else text or ""
+            )
         return texts
 
     def _filter(self, req: ServedRequest) -> None:
@@ -239,36 +291,55 @@ class ServedReader:
             hit = f"hook:{said}" if said else None
         if hit is None and cfg.drop_patterns:
             texts = self._texts(req)
-            hit = next((f"pattern:{p}" for p in cfg.drop_patterns if any(re.search(p, t) for t in texts)), None)
+            hit = next(
+                (f"pattern:{p}" for p in cfg.drop_patterns if any(re.search(p, t) for t in texts)),
+                None,
+            )
         if hit is not None:
-            raise ServedRowError(FILTERED, hit, truncate_raw({"rid": req.rid, "file": req.file, "line": req.line,
-                                                              "filter": hit}))  # fmt: skip
+            raise ServedRowError(
+                FILTERED,
+                hit,
+                truncate_raw({"rid": req.rid, "file": req.file, "line": req.line, "filter": hit}),
+            )
 
     def _finished(self, req: ServedRequest) -> None:
         kind = req.finish_type
         if req.health_check:
-            raise ServedRowError(HEALTH_CHECK, "the server's own health probe", _compact(req, "health check"))
+            raise ServedRowError(
+                HEALTH_CHECK, "the server's own health probe", _compact(req, "health check")
+            )
         if kind == "abort":
-            raise ServedRowError(ABORTED, "finish_reason abort", _compact(req, "aborted", meta=req.meta_info))
+            raise ServedRowError(
+                ABORTED, "finish_reason abort", _compact(req, "aborted", meta=req.meta_info)
+            )
         if kind == "length" and not self.config.served.keep_truncated:
-            raise ServedRowError(CUT_SHORT, "finish_reason length (served.keep_truncated=true keeps it)",
-                                 _compact(req, "cut at max_new_tokens"))  # fmt: skip
+            raise ServedRowError(
+                CUT_SHORT,
+                "finish_reason length (served.keep_truncated=true keeps it)",
+                _compact(req, "cut at max_new_tokens"),
+            )
         if kind not in ("stop", "length"):
-            raise ServedRowError(MALFORMED, f"finish_reason {kind!r}", _compact(req, f"finish_reason {kind!r}"))
+            raise ServedRowError(
+                MALFORMED, f"finish_reason {kind!r}", _compact(req, f"finish_reason {kind!r}")
+            )
 
     def _ids(self, req: ServedRequest) -> tuple[list[int], list[int]]:
         meta = req.meta_info
         prompt = _ints(req.input_ids)
         if prompt is None and isinstance(req.prompt_text, str) and req.input_ids is None:
-            prompt = list(self.tokenizer(req.prompt_text)["input_ids"])  # as SGLang tokenizes a text prompt
+            # as SGLang tokenizes a text prompt
+            prompt = list(self.tokenizer(req.prompt_text)["input_ids"])
         output = _ints(req.output_ids)
         problem = None
         if prompt is None or output is None:
             problem = "prompt or output ids are missing or cut (serve with --log-requests-level 3)"
         elif meta.get("prompt_tokens") not in (None, len(prompt)):
-            problem = f"{len(prompt)} prompt ids but meta_info.prompt_tokens={meta['prompt_tokens']}"
+            problem = (
+                f"{len(prompt)} prompt ids but meta_info.prompt_tokens={meta['prompt_tokens']}"
+            )
         elif meta.get("completion_tokens") not in (None, len(output)):
-            problem = f"{len(output)} output ids but meta_info.completion_tokens={meta['completion_tokens']}"
+            claimed = meta["completion_tokens"]
+            problem = f"{len(output)} output ids but meta_info.completion_tokens={claimed}"
         if problem is not None or not prompt or not output:
             problem = problem or "an empty prompt or answer"
             raise ServedRowError(NO_CONTENT, problem, _compact(req, problem))
@@ -278,11 +349,15 @@ class ServedReader:
     def _messages(self, req: ServedRequest, prompt: list[int]) -> list[dict[str, Any]]:
         try:
             if self.glue is None:
-                raise TemplateMismatch("the target's chat template does not render a plain conversation")
+                raise TemplateMismatch(
+                    "the target's chat template does not render a plain conversation"
+                )
             return recover_messages(self.tokenizer, prompt, self.glue)
         except TemplateMismatch as exc:
             head = self.tokenizer.decode(prompt[:64], skip_special_tokens=False)
-            raise ServedRowError(TEMPLATE_MISMATCH, str(exc), _compact(req, str(exc), prompt_head=head)) from None
+            raise ServedRowError(
+                TEMPLATE_MISMATCH, str(exc), _compact(req, str(exc), prompt_head=head)
+            ) from None
 
     def _meta(self, req: ServedRequest) -> dict[str, Any]:
         meta = req.meta_info
@@ -294,7 +369,9 @@ class ServedReader:
             "line": req.line,
             "received_at": req.received_at,
             "finished_at": req.finished_at,
-            "sampling": {k: req.sampling_params[k] for k in SAMPLING_KEYS if k in req.sampling_params},
+            "sampling": {
+                k: req.sampling_params[k] for k in SAMPLING_KEYS if k in req.sampling_params
+            },
             "finish_reason": req.finish_type,
             "e2e_latency": meta.get("e2e_latency"),
         } | {k: meta[k] for k in SPEC_KEYS if k in meta}
@@ -303,8 +380,8 @@ class ServedReader:
 
 
 def held_out_prompts(config: PipelineConfig) -> list[tuple[str, str]]:
-    """``(id, user turn)`` of every held-out request of the config's local served sources: what normalization
-    decontaminates every source against, as it does the gate's prompt sets."""
+    """``(id, user turn)`` of every held-out request of the config's local served sources: what
+    normalization decontaminates every source against, as it does the gate's prompt sets."""
     if not config.served.held_out:
         return []
     from eagle3.data import catalog

@@ -200,11 +200,12 @@ def gate_fingerprint(
 
 
 def _set_fields(section: StrictModel, later: tuple[str, ...]) -> dict[str, Any]:
-    """``section`` as JSON, its ``later`` fields (added after gates were recorded) only when not at their default,
-    so a gate recorded before them keeps its fingerprint."""
+    """``section`` as JSON, its ``later`` fields (added after gates were recorded) only when not
+    at their default, so a gate recorded before them keeps its fingerprint."""
     dumped = section.model_dump(mode="json")
     fields = type(section).model_fields
-    return {k: v for k, v in dumped.items() if k not in later or v != fields[k].get_default(call_default_factory=True)}
+    defaults = {k: fields[k].get_default(call_default_factory=True) for k in later}
+    return {k: v for k, v in dumped.items() if k not in later or v != defaults[k]}
 
 
 def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None) -> dict[str, list[str]]:

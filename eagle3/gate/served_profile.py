@@ -1,27 +1,30 @@
-"""The gate's traffic profile from served traffic (``gate.profile: served``): "is this draft faster on *our* load".
+"""The gate's traffic profile from served traffic (``gate.profile: served``): "is this draft faster
+on *our* load".
 
-A hand-written ``gate.traffic`` guesses the load; the served sources' request logs (``eagle3.data.served_log``)
-record it. From them:
+A hand-written ``gate.traffic`` guesses the load; the served sources' request logs
+(``eagle3.data.served_log``) record it. From them:
 
-* **Concurrency over time.** Every finished request is in flight from its ``request.received`` to its
-  ``request.finished`` timestamp. The number of requests in flight is a step function of time; each request is
-  placed at the mean of that function over its own life (its concurrency, itself included), rounded to the nearest
-  power of two in log space, and weighs its completion tokens: a level's share is the share of the served tokens
-  generated at that concurrency, which is what a speedup at that level buys. The ``gate.max_levels`` heaviest
-  levels are kept (each costs a timed batch per arm and round) and their weights normalized; they become
-  ``gate.traffic``.
-* **Lengths.** Prompt and completion token counts (``meta_info``, read at every log level): their percentiles are
-  in the profile, and ``gate.max_new_tokens`` becomes the 90th percentile of the completions, so the gate's
-  requests are as long as the served ones.
-* **Sampling.** The sampling parameters the requests carried (level >= 1): each (temperature, top_p, top_k) and
-  its share of the requests, in the profile.
-* **A held-out prompt set.** The requests ``served.held_out`` sets aside (never trained on: normalization
-  quarantines them and decontaminates every source against them) become the ``served`` prompt set, JSONL rows of
-  the recovered turns (``eagle3.data.template_inverse``), which the gate renders back into exactly the served ids.
+* **Concurrency over time.** Every finished request is in flight from its ``request.received`` to
+  its ``request.finished`` timestamp. The number of requests in flight is a step function of time;
+  each request is placed at the mean of that function over its own life (its concurrency, itself
+  included), rounded to the nearest power of two in log space, and weighs its completion tokens: a
+  level's share is the share of the served tokens generated at that concurrency, which is what a
+  speedup at that level buys. The ``gate.max_levels`` heaviest levels are kept (each costs a timed
+  batch per arm and round) and their weights normalized; they become ``gate.traffic``.
+* **Lengths.** Prompt and completion token counts (``meta_info``, read at every log level): their
+  percentiles are in the profile, and ``gate.max_new_tokens`` becomes the 90th percentile of the
+  completions, so the gate's requests are as long as the served ones.
+* **Sampling.** The sampling parameters the requests carried (level >= 1): each (temperature, top_p,
+  top_k) and its share of the requests, in the profile.
+* **A held-out prompt set.** The requests ``served.held_out`` sets aside (never trained on:
+  normalization quarantines them and decontaminates every source against them) become the ``served``
+  prompt set, JSONL rows of the recovered turns (``eagle3.data.template_inverse``), which the gate
+  renders back into exactly the served ids.
 
-The profile is built once per state of the logs (``<root>/profile/<fp>/profile.json`` and ``served.jsonl``; the
-fingerprint covers the log files' sizes and times, ``served`` and the gate's settings) and written into the gate's
-config (``gate.profile_note`` says how it was built; the report prints it).
+The profile is built once per state of the logs (``<root>/profile/<fp>/profile.json`` and
+``served.jsonl``; the fingerprint covers the log files' sizes and times, ``served`` and the gate's
+settings) and written into the gate's config (``gate.profile_note`` says how it was built; the
+report prints it).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ PROFILE_VERSION = "1"
 
 
 class ProfileError(ValueError):
-    """The served profile cannot be built (no served source, no finished request); the message names the fix."""
+    """The served profile cannot be built (no served source, no finished request); the message names
+    the fix."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,23 @@ class ServedProfile:
         """One line for the report: how the profile was built."""
         start, end = (_clock(t) for t in self.time_range)
         levels = ", ".join(f"{c}: {w:.2f}" for c, w in self.traffic.items())
-        sampling = ", ".join(f"{_sampling_label(s)} {s['share']:.0%}" for s in self.sampling[:3]) or "not logged"
-        held = f"{self.held_out_prompts} held-out prompts" if self.prompt_set else "no held-out prompts"
-        return (f"from {self.requests} served requests ({start} to {end}, {len(self.files)} log files): "
-                f"concurrency {{{levels}}} by share of generated tokens; max_new_tokens {self.max_new_tokens} "
-                f"(p90 of completions; prompts p50 {self.prompt_tokens['p50']}); sampling {sampling}; "
-                f"{held}")  # fmt: skip
+        sampling = (
+            ", ".join(f"{_sampling_label(s)} {s['share']:.0%}" for s in self.sampling[:3])
+            or "not logged"
+        )
+        held = (
+            f"{self.held_out_prompts} held-out prompts"
+            if self.prompt_set
+            else "no held-out prompts"
+        )
+        return (
+            f"from {self.requests} served requests ({start} to {end}, {len(self.files)} log "
+            "files): "
+            f"concurrency {{{levels}}} by share of generated tokens; max_new_tokens "
+            f"{self.max_new_tokens} "
+            f"(p90 of completions; prompts p50 {self.prompt_tokens['p50']}); sampling {sampling}; "
+            f"{held}"
+        )
 
 
 def _clock(t: float) -> str:
@@ -118,8 +133,10 @@ def mean_concurrency(intervals: list[tuple[float, float]]) -> list[float]:
     return out
 
 
-def traffic_levels(requests: list[ServedRequest], *, max_levels: int) -> tuple[dict[int, float], dict[int, float]]:
-    """(the kept levels and their normalized weights, every level's share of the generated tokens)."""
+def traffic_levels(
+    requests: list[ServedRequest], *, max_levels: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """(the kept levels and their normalized weights, each level's share of generated tokens)."""
     intervals = [(r.received_at, r.finished_at) for r in requests]
     shares: Counter[int] = Counter()
     for req, c in zip(requests, mean_concurrency(intervals), strict=True):
@@ -129,14 +146,20 @@ def traffic_levels(requests: list[ServedRequest], *, max_levels: int) -> tuple[d
     every = {c: shares[c] / total for c in sorted(shares)}
     kept = sorted(sorted(every, key=lambda c: (-every[c], c))[:max_levels])
     weight = sum(every[c] for c in kept)
-    return {c: round(every[c] / weight, 4) for c in kept}, {c: round(s, 4) for c, s in every.items()}
+    return {c: round(every[c] / weight, 4) for c in kept}, {
+        c: round(s, 4) for c, s in every.items()
+    }
 
 
 def _sampling(requests: list[ServedRequest]) -> list[dict[str, Any]]:
     seen = [r.sampling_params for r in requests if r.sampling_params]
-    keys = Counter((p.get("temperature", 1.0), p.get("top_p", 1.0), p.get("top_k", -1)) for p in seen)
-    return [{"temperature": t, "top_p": p, "top_k": k, "share": round(n / len(seen), 4)}
-            for (t, p, k), n in keys.most_common()]  # fmt: skip
+    keys = Counter(
+        (p.get("temperature", 1.0), p.get("top_p", 1.0), p.get("top_k", -1)) for p in seen
+    )
+    return [
+        {"temperature": t, "top_p": p, "top_k": k, "share": round(n / len(seen), 4)}
+        for (t, p, k), n in keys.most_common()
+    ]
 
 
 def served_files(config: PipelineConfig) -> list[Path]:
@@ -148,40 +171,62 @@ def served_files(config: PipelineConfig) -> list[Path]:
 
 
 def build_profile(config: PipelineConfig, out_dir: Path) -> ServedProfile:
-    """Read the served sources' logs into a profile; writes the held-out prompt set into ``out_dir``."""
+    """Read the served sources' logs into a profile; writes the held-out prompt set into
+    ``out_dir``."""
     files = served_files(config)
     requests = [r for r in iter_log(files) if isinstance(r, ServedRequest) and not r.health_check]
     if not requests:
-        raise ProfileError("gate.profile=served needs finished requests in a local served source's logs; add one "
-                           "(sources: [{adapter: served, path: <log dir>}]) or set gate.profile=config")  # fmt: skip
+        raise ProfileError(
+            "gate.profile=served needs finished requests in a local served source's logs; add one "
+            "(sources: [{adapter: served, path: <log dir>}]) or set gate.profile=config"
+        )
     traffic, every = traffic_levels(requests, max_levels=config.gate.max_levels)
     completions = [int(r.meta_info.get("completion_tokens") or 0) for r in requests]
     prompts = [int(r.meta_info.get("prompt_tokens") or 0) for r in requests]
     held = ServedReader.open(config, files, served_tokenizer(config)).held_out_requests()
     prompt_set = None
     if held:
-        rows = [{"id": req.rid, "prompt": next(m["content"] for m in reversed(msgs) if m["role"] == "user"),
-                 "messages": msgs} for req, msgs in held]  # fmt: skip
+        rows = [
+            {
+                "id": req.rid,
+                "prompt": next(m["content"] for m in reversed(msgs) if m["role"] == "user"),
+                "messages": msgs,
+            }
+            for req, msgs in held
+        ]
         atomic_write_text(out_dir / PROMPTS_FILE, "".join(json.dumps(row) + "\n" for row in rows))
         prompt_set = str(out_dir / PROMPTS_FILE)
     return ServedProfile(
-        traffic=traffic, max_new_tokens=max(16, _percentiles(completions)["p90"]), requests=len(requests),
+        traffic=traffic,
+        max_new_tokens=max(16, _percentiles(completions)["p90"]),
+        requests=len(requests),
         time_range=(min(r.received_at for r in requests), max(r.finished_at for r in requests)),
-        prompt_tokens=_percentiles(prompts), completion_tokens=_percentiles(completions),
-        sampling=_sampling(requests), level_shares=every, held_out_prompts=len(held), prompt_set=prompt_set,
+        prompt_tokens=_percentiles(prompts),
+        completion_tokens=_percentiles(completions),
+        sampling=_sampling(requests),
+        level_shares=every,
+        held_out_prompts=len(held),
+        prompt_set=prompt_set,
         files=[str(f) for f in files],
-    )  # fmt: skip
+    )
 
 
 def profile_dir(config: PipelineConfig) -> Path:
     probe = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in served_files(config)]
     gate = config.gate.model_dump(mode="json", include={"max_levels", "profile"})
-    fp = fingerprint(PROFILE_VERSION, probe, config.served.model_dump(mode="json"), gate, config.target.model_path)
+    fp = fingerprint(
+        PROFILE_VERSION,
+        probe,
+        config.served.model_dump(mode="json"),
+        gate,
+        config.target.model_path,
+    )
     return stage_dir(config.root_path, "profile", fp)
 
 
 def load_profile(config: PipelineConfig) -> ServedProfile:
-    """The profile of the logs as they are now: read back, or built and written (``profile.json`` last)."""
+    """The profile of the logs as they are now: read back, or built and written (``profile.json``
+    last)."""
     out = profile_dir(config)
     path = out / PROFILE_FILE
     if path.exists():
@@ -198,12 +243,18 @@ def load_profile(config: PipelineConfig) -> ServedProfile:
 
 
 def with_served_profile(config: PipelineConfig) -> PipelineConfig:
-    """``config`` with the gate's traffic, ``max_new_tokens``, the ``served`` prompt set and the note from the
-    served profile when ``gate.profile`` is ``served``; unchanged otherwise."""
+    """``config`` with the gate's traffic, ``max_new_tokens``, the ``served`` prompt set and the
+    note from the served profile when ``gate.profile`` is ``served``; unchanged otherwise."""
     if config.gate.profile != "served" or config.gate.profile_note:
         return config
     profile = load_profile(config)
-    sets = dict(config.gate.prompt_sets) | ({SERVED_SET: profile.prompt_set} if profile.prompt_set else {})
-    gate = config.gate.replace(traffic=profile.traffic, max_new_tokens=profile.max_new_tokens, prompt_sets=sets,
-                               profile_note=profile.note())  # fmt: skip
+    sets = dict(config.gate.prompt_sets) | (
+        {SERVED_SET: profile.prompt_set} if profile.prompt_set else {}
+    )
+    gate = config.gate.replace(
+        traffic=profile.traffic,
+        max_new_tokens=profile.max_new_tokens,
+        prompt_sets=sets,
+        profile_note=profile.note(),
+    )
     return config.replace(gate=gate)

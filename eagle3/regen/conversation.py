@@ -288,9 +288,10 @@ def _row(ctx: SampleContext, row: dict[str, Any], state: _Turns) -> dict[str, An
 
 
 def pretokenized_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Rows already in the target's token space pass straight through. A served row (``eagle3.data.served``) keeps
-    its provenance: the server (``served:<host>_<rank>``), finish reason, latency and token counts as served; its
-    truncation was decided by ``served.keep_truncated``, so it is never set aside as truncated here."""
+    """Rows already in the target's token space pass straight through. A served row
+    (``eagle3.data.served``) keeps its provenance: the server (``served:<host>_<rank>``), finish
+    reason, latency and token counts as served; ``served.keep_truncated`` decided its
+    truncation, so it is never set aside as truncated here."""
     ids = list(row["input_ids"])
     mask = list(row["loss_mask"]) if row.get("loss_mask") is not None else [1] * len(ids)
     served = json.loads(row.get("meta") or "{}").get("served")
@@ -312,10 +313,15 @@ def pretokenized_row(row: dict[str, Any]) -> dict[str, Any]:
     }
     if served:
         answer = sum(mask)
-        out |= {"finish_reason": served.get("finish_reason"), "prompt_tokens": len(ids) - answer,
-                "completion_tokens": answer, "server": f"{SERVED_PREFIX}{served.get('server')}",
-                "latency_s": float(served.get("e2e_latency") or 0.0),
-                "meta": json.dumps({"api": "served", "turns": 1, "round_trip": True, "served": served})}  # fmt: skip
+        meta = {"api": "served", "turns": 1, "round_trip": True, "served": served}
+        out |= {
+            "finish_reason": served.get("finish_reason"),
+            "prompt_tokens": len(ids) - answer,
+            "completion_tokens": answer,
+            "server": f"{SERVED_PREFIX}{served.get('server')}",
+            "latency_s": float(served.get("e2e_latency") or 0.0),
+            "meta": json.dumps(meta),
+        }
     return out
 
 

@@ -34,7 +34,13 @@ from eagle3.data.parquet import (
 )
 from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
 from eagle3.regen.client import Client, RetriesExhausted
-from eagle3.regen.conversation import SERVED_PREFIX, SampleContext, failed_row, pretokenized_row, regenerate
+from eagle3.regen.conversation import (
+    SERVED_PREFIX,
+    SampleContext,
+    failed_row,
+    pretokenized_row,
+    regenerate,
+)
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan, template_kwargs
 from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
@@ -72,7 +78,7 @@ class ShardReport:
     dropped: int = 0
     failed: int = 0
     pretokenized: int = 0
-    served: int = 0  # rows answered by a served target already (eagle3.data.served): passed through, not generated
+    served: int = 0  # rows the target answered in service (eagle3.data.served): passed through
     completion_tokens: int = 0
     round_trip_failures: int = 0
     mask_fallbacks: int = 0
@@ -115,7 +121,8 @@ async def regen_shard_async(
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target.model_path)
     if not servers:  # the stage started none: every row passes through (RegenStage.resources)
-        with running_shard(index), Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
+        journal = Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every)
+        with running_shard(index), journal:
             _pass_through(_prompt_rows(plan, index, set(journal.done)), journal, index, on_result)
         return compact_shard(config, plan, index, template=template_hash(tokenizer))
     pool = shared_pool(servers, cfg)
@@ -138,11 +145,14 @@ async def regen_shard_async(
     return report
 
 
-def _pass_through(rows: Iterator[dict[str, Any]], journal: Journal, index: int, on_result: OnResult | None) -> None:
+def _pass_through(
+    rows: Iterator[dict[str, Any]], journal: Journal, index: int, on_result: OnResult | None
+) -> None:
     """Journal the rows of a shard that needs no server (served and pre-tokenized rows)."""
     for row in rows:
         if row.get("input_ids") is None:
-            raise ShardFailed(index, f"sample {row['sample_id']} needs generation but no server was started")
+            missing = f"sample {row['sample_id']} needs generation but no server was started"
+            raise ShardFailed(index, missing)
         result = pretokenized_row(row)
         journal.append(result)
         if on_result is not None:

@@ -39,8 +39,10 @@ from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitRep
 
 logger = logging.getLogger(__name__)
 
-REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "served", "completion_tokens",
-                 "round_trip_failures", "mask_fallbacks", "history_rewritten", "tool_replay_stops")  # fmt: skip
+REPORT_FIELDS = (
+    "ok", "truncated", "dropped", "failed", "pretokenized", "served", "completion_tokens",
+    "round_trip_failures", "mask_fallbacks", "history_rewritten", "tool_replay_stops",
+)
 
 
 # What the lineage records about earlier turns (the rows' meta.history says which rows it rewrote).
@@ -76,11 +78,12 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
 
 
 def needs_generation(config: PipelineConfig, plan: RegenPlan) -> bool:
-    """Whether a shard of this run still to compact holds a row of a source that is not served or pre-tokenized
-    (read from its ``source`` column alone)."""
+    """Whether a shard of this run still to compact holds a row of a source that is neither
+    served nor pre-tokenized (read from its ``source`` column alone)."""
     from eagle3.data import catalog
 
-    passing = {s.label for s in config.sources if catalog.get(s.adapter).row_format in ("pretokenized", "served")}
+    formats = ("pretokenized", "served")
+    passing = {s.label for s in config.sources if catalog.get(s.adapter).row_format in formats}
     for index in plan.units:
         if shard_is_valid(plan.out_dir / shard_name(int(index)), schema=REGEN_SCHEMA):
             continue
@@ -107,9 +110,10 @@ class RegenStage(Stage[RegenPlan]):
 
     @contextmanager
     def resources(self, config: PipelineConfig, plan: RegenPlan) -> Iterator[list[str]]:
-        """The servers, none when every row still to do passes through (a served-only night starts no server)."""
+        """The servers; none when every row still to do passes through (a served night starts
+        no server)."""
         if not config.regen.servers and not needs_generation(config, plan):
-            logger.info("regen %s: every row is served or pre-tokenized; no server started", plan.fingerprint)
+            logger.info("regen %s: all rows served or pre-tokenized: no server", plan.fingerprint)
             with stop_shards_on_signals():
                 yield []
             return

@@ -29,7 +29,6 @@ from eagle3.rundir.runroot import Manifest
 from eagle3.scaling.allocation import DomainState, allocate, plan_markdown
 from eagle3.scaling.curve import ScalingPoint, plan_night, previous_total, read_curve, shard_rows
 from eagle3.scaling.domain_eval import DomainAccept, domain_accept
-from eagle3.scaling.served_accept import allocate_headroom
 from eagle3.scaling.selection import (
     FREE,
     DomainPool,
@@ -43,6 +42,7 @@ from eagle3.scaling.selection import (
     taken,
     write_night,
 )
+from eagle3.scaling.served_accept import allocate_headroom
 from eagle3.stage import Frozen, StageResult
 
 logger = logging.getLogger(__name__)
@@ -178,12 +178,16 @@ def champion_accept(config: PipelineConfig, pool: DomainPool) -> tuple[str | Non
 
 
 def served_domain_accept(config: PipelineConfig) -> dict[str, DomainAccept]:
-    """The live draft's accept length per domain from the served sources' request logs (``scaling.aim=served``)."""
+    """The live draft's accept length per domain from the served sources' request logs
+    (``scaling.aim=served``)."""
     from eagle3.gate.served_profile import served_files
     from eagle3.scaling.served_accept import served_accept
 
     measured = served_accept(served_files(config), header=config.scaling.served_domain_header)
-    return {d: DomainAccept(m.accept_length, m.tokens, m.verify_ct, m.requests) for d, m in measured.items()}
+    return {
+        d: DomainAccept(m.accept_length, m.tokens, m.verify_ct, m.requests)
+        for d, m in measured.items()
+    }
 
 
 def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, *, write: bool) -> AimedNight:
@@ -197,16 +201,20 @@ def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, 
                           select_dir=pool.dir, champion=recorded.champion, selection=recorded,
                           notes=(f"Night {night} was selected on an earlier run: its rows are reused.",))  # fmt: skip
     served = config.scaling.aim == "served"
-    champion, accept = ("the live draft (served logs)", served_domain_accept(config)) if served else \
-        champion_accept(config, pool)  # fmt: skip
+    if served:
+        champion, accept = "the live draft (served logs)", served_domain_accept(config)
+    else:
+        champion, accept = champion_accept(config, pool)
     states = domain_states(config, pool, accept)
     unit = config.scaling.budget_unit
     if budget is None:  # no --scale: everything left
         unit, budget = "prompts", max(sum(s.pool_left for s in states if not s.free), 1)
-    ceiling = config.speculative.num_steps + 1
-    plan = allocate_headroom(states, budget, unit=unit, floor=config.scaling.floor, ceiling=ceiling) if served else \
-        allocate(states, budget, unit=unit, floor=config.scaling.floor, ceiling=ceiling,
-                 max_share=config.scaling.max_domain_share)  # fmt: skip
+    floor, ceiling = config.scaling.floor, config.speculative.num_steps + 1
+    if served:
+        plan = allocate_headroom(states, budget, unit=unit, floor=floor, ceiling=ceiling)
+    else:
+        plan = allocate(states, budget, unit=unit, floor=floor, ceiling=ceiling,
+                        max_share=config.scaling.max_domain_share)
     selection = write_night(config, pool, night=night, rows=plan.rows(), budget=plan.budget, unit=plan.unit,
                             plan=plan.table(), champion=champion) if write else None  # fmt: skip
     logger.info("night %d (aimed): %s", night, plan.rows())

@@ -113,8 +113,8 @@ class ServerProcess:
         logger.info("%s healthy at %s", self.name, self.url)
 
     def _record_server_info(self) -> None:
-        """A server that logs requests into directories (``--log-requests-target``) gets its ``/server_info``
-        written beside its logs, so its traffic says which model and revision answered it."""
+        """A server that logs requests into directories (``--log-requests-target``) gets its
+        ``/server_info`` written beside its logs: its traffic says which model answered it."""
         from eagle3.data.served_log import SERVER_INFO_FILE, log_dirs
 
         dirs = log_dirs(self.argv)

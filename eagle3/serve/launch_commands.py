@@ -179,7 +179,7 @@ def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) ->
             args += CPU_FLAGS
     else:
         args += ["--num-threads", str(CPU_THREADS)]
-    if server.log_requests:  # the same flags on both engines: the same logs (eagle3.data.served_log)
+    if server.log_requests:  # the same flags on both engines, the same logs
         args += log_flags(Path(server.log_requests).expanduser())
     args += ["--host", host, "--port", str(port)]
     return args

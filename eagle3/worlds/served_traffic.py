@@ -1,18 +1,20 @@
 """Served traffic for the tiny world: the request logs a team serving the tiny target would have.
 
 The tiny target is served by the reference server with SGLang's request logging on (``--log-requests
---log-requests-level 3 --log-requests-format json``, ``eagle3.serve.reference.request_log``), and users' traffic is
-sent to it: conversations of the tiny world's kinds drawn from a seed of their own (so they are not the sample
-datasets' prompts), mostly chat requests (``/v1/chat/completions``, multi-turn ones with their history), some
-``/generate`` requests a client rendered itself, in phases of different concurrency so the logs have a load
-profile. It also holds what real logs hold that is not data: the server's health probes, raw-text completions
-(no chat template), and answers cut at a small ``max_new_tokens``. The logs (``logs/``, with the
-``server_info.json`` the launcher writes) are what the ``tiny_served`` recipe's served source reads.
+--log-requests-level 3 --log-requests-format json``, ``eagle3.serve.reference.request_log``), and
+users' traffic is sent to it: conversations of the tiny world's kinds drawn from a seed of their own
+(so they are not the sample datasets' prompts), mostly chat requests (``/v1/chat/completions``,
+multi-turn ones with their history), some ``/generate`` requests a client rendered itself, in phases
+of different concurrency so the logs have a load profile. It also holds what real logs hold that is
+not data: the server's health probes, raw-text completions (no chat template), and answers cut at a
+small ``max_new_tokens``. The logs (``logs/``, with the ``server_info.json`` the launcher writes)
+are what the ``tiny_served`` recipe's served source reads.
 
-A pure function of ``ServedTrafficSpec`` and the tiny world it serves (greedy answers; arrival times are real but
-only the load profile reads them), built once under ``<cache>/served-traffic-<fp>`` with ``world.json`` written
-last, like the tiny world. With ``draft`` set (an exported draft directory), the server speculates with it, so the
-logs carry each request's ``spec_accept_length`` (the aimed policy by served acceptance reads it).
+A pure function of ``ServedTrafficSpec`` and the tiny world it serves (greedy answers; arrival times
+are real but only the load profile reads them), built once under ``<cache>/served-traffic-<fp>``
+with ``world.json`` written last, like the tiny world. With ``draft`` set (an exported draft
+directory), the server speculates with it, so the logs carry each request's ``spec_accept_length``
+(the aimed policy by served acceptance reads it).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class ServedTrafficSpec:
 
 @dataclass(frozen=True)
 class ServedTraffic:
-    """A built traffic directory: ``log_dir`` holds the request logs; ``model_dir`` is the target that served."""
+    """A built traffic directory: ``log_dir`` holds the request logs; ``model_dir`` is the target
+    that served."""
 
     root: Path
     log_dir: Path
@@ -73,7 +76,9 @@ def _dir_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def traffic_dir_for(cache_dir: Path, spec: ServedTrafficSpec, world: TinyWorldSpec | None = None) -> Path:
+def traffic_dir_for(
+    cache_dir: Path, spec: ServedTrafficSpec, world: TinyWorldSpec | None = None
+) -> Path:
     """Where the traffic of ``spec`` lives (or will), without building it."""
     return Path(cache_dir) / f"{spec.DIR_PREFIX}-{spec.fingerprint(world or TinyWorldSpec())}"
 
@@ -88,12 +93,19 @@ def _requests(spec: ServedTrafficSpec, world: TinyWorld) -> list[tuple[str, dict
     for i in range(spec.requests):
         kind, conv = factory.make()
         prompt: Conversation = conv[: max(j for j, m in enumerate(conv) if m["role"] == "user") + 1]
-        budget = 4 if spec.short_every and i % spec.short_every == spec.short_every - 1 else spec.max_new_tokens
+        budget = (
+            4
+            if spec.short_every and i % spec.short_every == spec.short_every - 1
+            else spec.max_new_tokens
+        )
         headers = {"x-smg-routing-key": kind}
         if rng.random() < spec.generate_share:
             text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": budget, "temperature": 0}}
+            body = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": budget, "temperature": 0},
+            }
             out.append(("/generate", {"body": body, "headers": headers}))
         else:
             body = {"model": "tiny", "messages": prompt, "max_tokens": budget, "temperature": 0}
@@ -101,13 +113,20 @@ def _requests(spec: ServedTrafficSpec, world: TinyWorld) -> list[tuple[str, dict
         if spec.health_every and i % spec.health_every == spec.health_every - 1:
             out.append(("/health_generate", {}))
     for k in range(spec.raw_text):
-        body = {"text": f"Once upon a time, story {k}", "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
-        out.insert(len(out) * (k + 1) // (spec.raw_text + 1), ("/generate", {"body": body, "headers": {}}))
+        body = {
+            "text": f"Once upon a time, story {k}",
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0},
+        }
+        out.insert(
+            len(out) * (k + 1) // (spec.raw_text + 1), ("/generate", {"body": body, "headers": {}})
+        )
     return out
 
 
-async def _send(url: str, requests: list[tuple[str, dict[str, Any]]], phases: tuple[int, ...]) -> dict[str, Any]:
-    """Send ``requests`` in consecutive phases, each at its concurrency; returns counts by status."""
+async def _send(
+    url: str, requests: list[tuple[str, dict[str, Any]]], phases: tuple[int, ...]
+) -> dict[str, Any]:
+    """Send ``requests`` in consecutive phases, each at its concurrency; counts by HTTP status."""
     import aiohttp
 
     statuses: dict[str, int] = {}
@@ -119,7 +138,9 @@ async def _send(url: str, requests: list[tuple[str, dict[str, Any]]], phases: tu
                 if path == "/health_generate":
                     response = await session.get(url + path)
                 else:
-                    response = await session.post(url + path, json=item["body"], headers=item["headers"])
+                    response = await session.post(
+                        url + path, json=item["body"], headers=item["headers"]
+                    )
                 async with response:
                     await response.read()
                     statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
@@ -131,25 +152,49 @@ async def _send(url: str, requests: list[tuple[str, dict[str, Any]]], phases: tu
     return statuses
 
 
-def _build_into(root: Path, spec: ServedTrafficSpec, world: TinyWorld, say: Callable[[str], None]) -> ServedTraffic:
+def _build_into(
+    root: Path, spec: ServedTrafficSpec, world: TinyWorld, say: Callable[[str], None]
+) -> ServedTraffic:
     from eagle3.data.served_log import log_flags
     from eagle3.serve.launch import reference_server
 
     start = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     log_dir = root / LOG_DIR
-    args = ["--max-running-requests", str(max(spec.phases)), "--dtype", "float32", "--num-threads", "1",
-            *log_flags(log_dir)]  # fmt: skip
+    args = [
+        "--max-running-requests",
+        str(max(spec.phases)),
+        "--dtype",
+        "float32",
+        "--num-threads",
+        "1",
+        *log_flags(log_dir),
+    ]
     if spec.draft:
-        args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", spec.draft,
-                 "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                 "--speculative-num-draft-tokens", "4"]  # fmt: skip
+        args += [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            spec.draft,
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+        ]
     requests = _requests(spec, world)
     say(f"serving {len(requests)} requests at concurrency {list(spec.phases)}")
     with reference_server(world.model_dir, extra_args=args, log_path=root / "server.log") as server:
         statuses = asyncio.run(_send(server.url, requests, spec.phases))
-    report = {"requests": len(requests), "statuses": statuses, "seconds": round(time.monotonic() - start, 1)}
-    (root / WORLD_FILE).write_text(json.dumps({"spec": asdict(spec), "report": report}, indent=1) + "\n")
+    report = {
+        "requests": len(requests),
+        "statuses": statuses,
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    (root / WORLD_FILE).write_text(
+        json.dumps({"spec": asdict(spec), "report": report}, indent=1) + "\n"
+    )
     return ServedTraffic(root, log_dir, world.model_dir, report)
 
 
@@ -161,10 +206,12 @@ def build_served_traffic(
     progress: Callable[[str], None] | None = None,
     num_threads: int | None = None,
 ) -> tuple[ServedTraffic, bool]:
-    """The traffic of ``spec`` sent to the tiny world of ``world_spec`` (both built once and cached under
-    ``cache_dir``), and whether the traffic was a cache hit."""
+    """The traffic of ``spec`` sent to the tiny world of ``world_spec`` (both built once and cached
+    under ``cache_dir``), and whether the traffic was a cache hit."""
     spec, world_spec = spec or ServedTrafficSpec(), world_spec or TinyWorldSpec()
-    world, _hit = build_tiny_world(cache_dir, world_spec, progress=progress, num_threads=num_threads)
+    world, _hit = build_tiny_world(
+        cache_dir, world_spec, progress=progress, num_threads=num_threads
+    )
 
     def say(message: str) -> None:
         if progress is not None:

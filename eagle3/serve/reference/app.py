@@ -128,7 +128,8 @@ async def _admission(request: web.Request) -> web.Response | None:
 
 
 def _completed(request: web.Request, req: GenerateRequest, c: Completion) -> None:
-    """An answer sent: the rid file (``--request-log``), SGLang's request log (``--log-requests``), the faults."""
+    """An answer sent: the rid file (``--request-log``), SGLang's request log
+    (``--log-requests``), the faults."""
     path = request.app[ARGS].request_log
     if path:
         with open(path, "a") as fh:
@@ -137,13 +138,17 @@ def _completed(request: web.Request, req: GenerateRequest, c: Completion) -> Non
     request.app[FAULTS].after_completion()
 
 
-def _log_finished(request: web.Request, req: GenerateRequest, c: Completion, body: Any, *, chat: bool) -> None:
-    """``request.finished`` in SGLang's request log, ``out`` as its tokenizer manager has it (not the chat reply)."""
+def _log_finished(
+    request: web.Request, req: GenerateRequest, c: Completion, body: Any, *, chat: bool
+) -> None:
+    """``request.finished`` in SGLang's request log, ``out`` as its tokenizer manager has it (not
+    the chat reply)."""
     log, generator = request.app[REQUEST_LOG], request.app[GENERATOR]
     if log is not None:
         meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
         out = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
-        log.finished(body, req, out, request.headers, chat=chat, tokenizer=getattr(generator, "tokenizer", None))
+        tokenizer = getattr(generator, "tokenizer", None)
+        log.finished(body, req, out, request.headers, chat=chat, tokenizer=tokenizer)
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -166,7 +171,8 @@ async def _in_flight(
     except BadRequest as exc:
         return error_response(400, str(exc), plain=exc.plain)
     if request.app[REQUEST_LOG] is not None:
-        request.app[REQUEST_LOG].received(request[BODY], req, request.headers, chat=request.path == CHAT_PATH)
+        chat = request.path == CHAT_PATH
+        request.app[REQUEST_LOG].received(request[BODY], req, request.headers, chat=chat)
     try:
         return await handle(request, req)
     finally:
@@ -299,10 +305,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def health_generate(request: web.Request) -> web.Response:
     generator = request.app[GENERATOR]
-    req = GenerateRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(max_new_tokens=1, temperature=0.0),
-                          False)  # SGLang's probe: its rid prefix, one token, greedy  # fmt: skip
-    body = {"input_ids": req.input_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
-    if request.app[REQUEST_LOG] is not None:  # SGLang logs its probes too (readers of served traffic drop them)
+    # SGLang's probe: its rid prefix, one token, greedy; logged as SGLang logs it (readers of served
+    # traffic drop it by its rid)
+    probe = {"max_new_tokens": 1, "temperature": 0.0}
+    req = GenerateRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(**probe), False)
+    body = {"input_ids": req.input_ids, "sampling_params": probe}
+    if request.app[REQUEST_LOG] is not None:
         request.app[REQUEST_LOG].received(body, req, request.headers, chat=False)
     c = await generator.generate(req.rid, req.input_ids, req.params)
     _log_finished(request, req, c, body, chat=False)

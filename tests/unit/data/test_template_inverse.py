@@ -1,5 +1,5 @@
-"""Recovering a served prompt's turns from its ids with the target's chat template as the only oracle
-(``eagle3.data.template_inverse``)."""
+"""Recovering a served prompt's turns from its ids with the target's chat template as the only
+oracle (``eagle3.data.template_inverse``)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,17 @@ CONVERSATIONS = [
     ],
 ]
 DEFAULT_SYSTEM = (
-    "{{- bos_token -}}{%- if messages[0]['role'] != 'system' -%}{{- '<|im_start|>system\\nYou are helpful.<|im_end|>"
-    "\\n' -}}{%- endif -%}{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' + "
+    "{{- bos_token -}}{%- if messages[0]['role'] != 'system' -%}{{- '<|im_start|>system\\nYou are "
+    "helpful.<|im_end|>"
+    "\\n' -}}{%- endif -%}{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + "
+    "'\\n' + "
     "message['content'] + '<|im_end|>\\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 LLAMA3 = (
     "{{- bos_token -}}{%- for message in messages -%}{{- '<|start_header_id|>' + message['role'] + "
-    "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' -}}{%- endfor -%}{%- if add_generation_prompt -%}"
+    "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' -}}{%- endfor -%}{%- if "
+    "add_generation_prompt -%}"
     "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
 )
 
@@ -44,7 +47,9 @@ def test_the_turns_of_a_rendered_prompt_come_back_exactly(tiny_tokenizer, conver
     assert recover_messages(tiny_tokenizer, ids, learn_glue(tiny_tokenizer)) == conversation
 
 
-def test_a_templates_default_system_prompt_is_not_a_turn_but_another_system_prompt_is(tiny_tokenizer):
+def test_a_templates_default_system_prompt_is_not_a_turn_but_another_system_prompt_is(
+    tiny_tokenizer,
+):
     tokenizer = _with_template(tiny_tokenizer, DEFAULT_SYSTEM)
     glue = learn_glue(tokenizer)
     plain, custom = CONVERSATIONS[0], CONVERSATIONS[1]
@@ -64,7 +69,8 @@ def test_prompts_of_another_template_or_of_no_template_are_refused(tiny_tokenize
 def test_a_cut_that_does_not_render_back_is_refused_never_guessed(tiny_tokenizer):
     glue = learn_glue(tiny_tokenizer)
     ids = render_prompt(tiny_tokenizer, CONVERSATIONS[0])
-    ids = [*ids[:3], *tiny_tokenizer(" extra", add_special_tokens=False)["input_ids"], *ids[3:]]  # not a rendering
+    # not a rendering
+    ids = [*ids[:3], *tiny_tokenizer(" extra", add_special_tokens=False)["input_ids"], *ids[3:]]
     try:
         recovered = recover_messages(tiny_tokenizer, ids, glue)
     except TemplateMismatch as exc:
