@@ -139,7 +139,8 @@ class World:
         wall = time.monotonic()
         per_prompt = []  # (tokens, verify passes) per eval prompt: what evaluate_acceptance sums, kept for the gate
         for prompt in self.eval:
-            output, passes, _ = decoder.generate(prompt, self.max_new, [self.eos])
+            decoded = decoder.generate(prompt, self.max_new, [self.eos])
+            output, passes = decoded.tokens, decoded.passes
             per_prompt.append((len(output), passes))
         accept = sum(t for t, _ in per_prompt) / sum(p for _, p in per_prompt)
         return {"rows": len(ids), "tokens": tokens, "cpu_s": round(cpu, 2), "accept": accept, "per_prompt": per_prompt,

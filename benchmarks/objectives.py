@@ -1,28 +1,38 @@
-"""Objectives x architectures on a dev world: {kl, lk_alpha, lk_lambda} x {EAGLE-3, EAGLE 3.1} at matched steps,
-several seeds, accept length on held-out prompts with t intervals (issue 52). Not a test: it prints numbers.
+"""Objectives x architectures on a dev world: {kl, lk_alpha, lk_lambda} x {EAGLE-3, EAGLE 3.1} at
+matched steps, several seeds, accept length on held-out prompts with t intervals (issue 52). Not a
+test: it prints numbers.
 
-    python benchmarks/objectives.py [--seeds 3] [--quick] [--losses kl,lk_lambda] [--world tiny|domains]
-                                    [--archs eagle3,eagle3.1] [--topk K] [--served ARM,ARM] [--served-seeds N]
-                                    [--threads N] [--model-dir DIR]
+    python benchmarks/objectives.py [--seeds 3] [--quick] [--losses kl,lk_lambda] [--world
+                                    tiny|domains] [--archs eagle3,eagle3.1] [--topk K] [--served
+                                    ARM,ARM] [--served-seeds N] [--threads N] [--model-dir DIR]
                                     [--train-prompts N] [--epochs N] [--held-out N] [--max-new N]
+                                    [--temperature T] [--top-p P] [--eval-seeds N]
 
-``--world domains`` trains and measures on the domains world (``eagle3.worlds.domains_world``: chat, copy, noise and
-recite prompts interleaved in equal shares) instead of the tiny world's chat/math/code. ``--topk K`` gives every arm
-the top-K teacher the ``fp8_topk`` encoding stores (the target's K most likely tokens, full-vocab probabilities,
-computed in fp32 so that only the truncation differs from the exact teacher) instead of the exact full-vocab one.
-``--served kl/eagle3,kl/eagle3.1`` also serves those arms' exports, every seed, on real SGLang 0.5.23 on this CPU
-(``infra/dev.sh sglang``) and sends it the same held-out prompts one at a time: served accept length = completion
-tokens / verify passes, SGLang's own counters, beside the reference decoder's (``--served-seeds N``: the first N
-seeds only; each serving starts a server).
+``--world domains`` trains and measures on the domains world (``eagle3.worlds.domains_world``: chat,
+copy, noise and recite prompts interleaved in equal shares) instead of the tiny world's
+chat/math/code. ``--topk K`` gives every arm the top-K teacher the ``fp8_topk`` encoding stores (the
+target's K most likely tokens, full-vocab probabilities, computed in fp32 so that only the
+truncation differs from the exact teacher) instead of the exact full-vocab one. ``--served
+kl/eagle3,kl/eagle3.1`` also serves those arms' exports, every seed, on real SGLang 0.5.23 on this
+CPU (``infra/dev.sh sglang``) and sends it the same held-out prompts one at a time: served accept
+length = completion tokens / verify passes, SGLang's own counters, beside the reference decoder's
+(``--served-seeds N``: the first N seeds only; each serving starts a server).
 
-Method: one set of training sequences (the tiny target's greedy answers to generated prompts, captured once with
-``batches_from_target``) and one held-out prompt set; every arm trains on the same batches in the same order for
-the same number of optimizer steps (``train.epochs``), differing only in ``train.loss`` and
-``train.architecture`` (EAGLE 3.1 = ``fc_norm`` + ``norm_output``). A seed is ``train.seed``: the draft's
-initialisation. Each draft is exported and measured with the reference speculative decoder that ``eagle3 eval``
-runs (``evaluate_acceptance``: greedy chain, ``speculative.num_steps`` 3, accept length = tokens / verify passes).
-Per arm: the mean over seeds and its 95% t interval; against the baseline arm (kl, EAGLE-3) the paired per-seed
-difference (same seed, same data) and its 95% t interval, which is what a default change would have to clear.
+Method: one set of training sequences (the tiny target's greedy answers to generated prompts,
+captured once with ``batches_from_target``) and one held-out prompt set; every arm trains on the
+same batches in the same order for the same number of optimizer steps (``train.epochs``), differing
+only in ``train.loss`` and ``train.architecture`` (EAGLE 3.1 = ``fc_norm`` + ``norm_output``). A
+seed is ``train.seed``: the draft's initialisation. Each draft is exported and measured with the
+reference speculative decoder that ``eagle3 eval`` runs (``evaluate_acceptance``: greedy chain,
+``speculative.num_steps`` 3, accept length = tokens / verify passes). Per arm: the mean over seeds
+and its 95% t interval; against the baseline arm (kl, EAGLE-3) the paired per-seed difference (same
+seed, same data) and its 95% t interval, which is what a default change would have to clear.
+
+``--temperature T`` also measures every draft at that sampling (``evaluate_sampled``: the expected
+accept length from the target's probability of each draft, along the target's sampled continuation,
+``--eval-seeds`` decodes per prompt): the regime LK losses target, since at T > 0 a draft's
+acceptance is p(draft token), not argmax agreement. The summary then has ``summary_at_t`` beside the
+greedy ``summary``.
 """
 
 from __future__ import annotations
@@ -41,9 +51,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.capture.head import target_topk
 from eagle3.config.pipeline import PipelineConfig, with_overrides
+from eagle3.config.sampling import SamplingParams
 from eagle3.config.target import TargetConfig
 from eagle3.data.template import render_prompt
-from eagle3.gate.offline_accept import evaluate_acceptance
+from eagle3.gate.offline_accept import evaluate_acceptance, evaluate_sampled
 from eagle3.gate.prompts import send_prompts
 from eagle3.gate.stats import t_quantile
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
@@ -107,16 +118,41 @@ def _world(model_dir: Path, *, kind: str, train_prompts: int, held_out: int, max
     return tokenizer, target, config, batches, prompts[train_prompts:]
 
 
-def _arm(config: PipelineConfig, batches, target, tokenizer, held, *, work: Path, name: str, max_new: int) -> dict:
+def _arm(
+    config: PipelineConfig,
+    batches,
+    target,
+    tokenizer,
+    held,
+    *,
+    work: Path,
+    name: str,
+    max_new: int,
+    sampled: tuple[SamplingParams, int] | None = None,
+) -> dict:
     inputs = load_inputs(config, work / "vocab.safetensors")
     started = time.monotonic()
     summary = train_on_source(config, ListBatchSource(batches), inputs, work / name, CPU)
     export = export_draft(config, work / name, work / "vocab.safetensors", None, work / f"export-{name}")
     decoder = SpeculativeDecoder(target, tokenizer, export, config.speculative.num_steps, "eagle3")
     stats = evaluate_acceptance(decoder, held, max_new_tokens=max_new, eos_ids=[tokenizer.eos_token_id])
-    return {"accept": stats["accept_length"], "steps": summary["steps"], "final_loss": summary["final_loss"],
-            "simulated_accept": summary["accept_length_sim"], "train_s": round(time.monotonic() - started, 1),
-            "export": str(export)}
+    row = {
+        "accept": stats["accept_length"],
+        "steps": summary["steps"],
+        "final_loss": summary["final_loss"],
+        "simulated_accept": summary["accept_length_sim"],
+        "train_s": round(time.monotonic() - started, 1),
+        "export": str(export),
+    }
+    if sampled is not None:
+        sampling, seeds = sampled
+        eos = [tokenizer.eos_token_id]
+        hot = evaluate_sampled(
+            decoder, held, sampling, max_new_tokens=max_new, eos_ids=eos, seeds=seeds
+        )
+        row["accept_t"] = hot["expected_accept_length"]
+        row["accept_t_measured"] = hot["accept_length"]
+    return row
 
 
 def _served(config: PipelineConfig, export: Path, held, *, max_new: int, log: Path) -> float:
@@ -149,7 +185,8 @@ def _intervals(runs: dict[str, list[dict]], baseline: str, key: str) -> dict:
 
 def run(model_dir: Path, *, seeds: int, losses: list[str], train_prompts: int, held_out: int, epochs: int,
         max_new: int, world: str = "tiny", topk: int | None = None, served: list[str] = (),
-        served_seeds: int | None = None, archs: list[str] = tuple(ARCHITECTURES)) -> dict:
+        served_seeds: int | None = None, archs: list[str] = tuple(ARCHITECTURES),
+        sampled: tuple[SamplingParams, int] | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="eagle3-objectives-"))
     tokenizer, target, base, batches, held = _world(model_dir, kind=world, train_prompts=train_prompts,
                                                      held_out=held_out, max_new=max_new, topk=topk, work=work)
@@ -164,7 +201,7 @@ def run(model_dir: Path, *, seeds: int, losses: list[str], train_prompts: int, h
             for seed in range(seeds):
                 config = with_overrides(base, [*common, *flags, f"train.loss={loss}", f"train.seed={seed}"])
                 row = _arm(config, batches, target, tokenizer, held, work=work, name=f"{loss}-{arch}-{seed}",
-                           max_new=max_new)
+                           max_new=max_new, sampled=sampled)
                 runs.setdefault(arm, []).append(row)
                 print(json.dumps({"arm": arm, "seed": seed, **row}), flush=True)
     baseline = f"{losses[0]}/{archs[0]}"
@@ -178,6 +215,9 @@ def run(model_dir: Path, *, seeds: int, losses: list[str], train_prompts: int, h
               "summary": _intervals(runs, baseline, "accept")}
     if served:
         result["served"] = _intervals({a: runs[a][:served_seeds] for a in served}, served[0], "served")
+    if sampled is not None:
+        result["at_t"] = {"sampling": sampled[0].label(), "eval_seeds": sampled[1]}
+        result["summary_at_t"] = _intervals(runs, baseline, "accept_t")
     return result
 
 
@@ -205,6 +245,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--served", default="", help="arms served by real SGLang too, e.g. kl/eagle3,kl/eagle3.1; "
                         "the first is the served baseline")
+    parser.add_argument("--temperature", type=float, default=None, help="also evaluate at this T")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature")
+    parser.add_argument("--eval-seeds", type=int, default=2, help="sampled decodes per prompt")
     for size in ("train-prompts", "epochs", "held-out", "max-new"):
         parser.add_argument(f"--{size}", type=int, default=None, help="overrides the size --quick or the default sets")
     args = parser.parse_args()
@@ -212,9 +255,13 @@ def main() -> None:
     sizes = dict(train_prompts=48, held_out=16, epochs=3, max_new=32) if args.quick else dict(
         train_prompts=192, held_out=32, epochs=4, max_new=48)
     sizes |= {k: v for k in sizes if (v := getattr(args, k)) is not None}
+    sampled = None
+    if args.temperature is not None:
+        sampled = (SamplingParams(temperature=args.temperature, top_p=args.top_p), args.eval_seeds)
     result = run(args.model_dir or _world_dir(args.world), seeds=args.seeds, world=args.world, topk=args.topk,
                  losses=[x for x in args.losses.split(",") if x], served=[x for x in args.served.split(",") if x],
-                 served_seeds=args.served_seeds, archs=[x for x in args.archs.split(",") if x], **sizes)
+                 served_seeds=args.served_seeds, archs=[x for x in args.archs.split(",") if x],
+                 sampled=sampled, **sizes)
     print(json.dumps(result, indent=2))
 
 

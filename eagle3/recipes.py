@@ -24,6 +24,7 @@ from eagle3.config.dev import DevConfig
 from eagle3.config.gate import GateConfig
 from eagle3.config.pipeline import PipelineConfig, load_yaml, with_overrides
 from eagle3.config.regen import RegenConfig
+from eagle3.config.sampling import SamplingProfile
 from eagle3.config.served import ServedConfig
 from eagle3.config.server import ServerLaunchConfig
 from eagle3.config.target import TargetConfig
@@ -86,6 +87,21 @@ def _tiny_sources(data: Path) -> list[SourceConfig]:
     ]
 
 
+# The gate's sampling (gate.sampling). The tiny recipes gate greedily and report the speedup at the
+# temperature served targets are used at, single-stream (half the extra rounds of every level).
+TINY_SAMPLING = {
+    "greedy": SamplingProfile(),
+    "sampled": SamplingProfile(temperature=1.0, top_p=0.95, decides=False, traffic={1: 1.0}),
+}
+# Kimi-K2.5 (Moonshot's guidance, fixed by its API) and GLM-5 (Z.ai's defaults) are served at
+# temperature 1.0, top_p 0.95: that decides; greedy is reported beside it (published cards are
+# greedy).
+VENDOR_SAMPLING = {
+    "served": SamplingProfile(temperature=1.0, top_p=0.95),
+    "greedy": SamplingProfile(decides=False),
+}
+
+
 def tiny() -> PipelineConfig:
     """CPU, minutes: the tiny world's sample data and tiny Llama target, the local reference server
     (``--set server.engine=sglang``: SGLang itself on this CPU)."""
@@ -118,6 +134,7 @@ def tiny() -> PipelineConfig:
             min_rounds=2,  # the tiny gate runs in several e2e tests: 3 rounds decide at c=1 on an idle machine
             max_rounds=3,
             max_baseline_drift=0.5,  # rounds of ~1 s on shared 2-core CI boxes: 32% seen idle with one thread
+            sampling=TINY_SAMPLING,
         ),
         normalize=NormalizeConfig(max_prompt_tokens=512, shard_size=200),
         regen=RegenConfig(
@@ -250,7 +267,7 @@ def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
         capture=CaptureConfig(**SGLANG_CAPTURE, **LARGE_FEATURES),
         train=TrainConfig(nproc=8, parallel="fsdp"),
         server=ServerLaunchConfig(engine="sglang", tp=8),
-        gate=GateConfig(prompt_sets=_gate_sets()),
+        gate=GateConfig(prompt_sets=_gate_sets(), sampling=VENDOR_SAMPLING),
     )
 
 

@@ -1,9 +1,14 @@
 """The ``speculative`` and ``gate`` sections of the pipeline config.
 
-``gate.traffic`` is the served-load profile the verdict is decided on: concurrency levels and the share of the
-served load each carries (DESIGN §6, §10; the statistic is ``eagle3.gate.stats``, the rules ``eagle3.gate.verdict``).
-It replaced ``gate.concurrency`` (the levels measured) and ``gate.decision_concurrency`` (the one level decided on):
-a config that still has either fails at load, naming the ``gate.traffic`` that reproduces it.
+``gate.traffic`` is the served-load profile the verdict is decided on: concurrency levels and the
+share of the served load each carries (DESIGN §6, §10; the statistic is ``eagle3.gate.stats``, the
+rules ``eagle3.gate.verdict``). It replaced ``gate.concurrency`` (the levels measured) and
+``gate.decision_concurrency`` (the one level decided on): a config that still has either fails at
+load, naming the ``gate.traffic`` that reproduces it.
+
+``gate.sampling`` is how that traffic samples: named profiles
+(``eagle3.config.sampling.SamplingProfile``), each measured over the traffic with its own verdict;
+greedy by default.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from eagle3.config.base import StrictModel
+from eagle3.config.sampling import SamplingProfile
 
 
 class SpeculativeConfig(StrictModel):
@@ -40,6 +46,28 @@ def _replacement(data: dict[str, Any]) -> str:
     decision = data.get("decision_concurrency", 1)
     traffic = {int(c): int(c == decision) for c in levels}
     return "{" + ", ".join(f"{c}: {w}" for c, w in traffic.items()) + "}"
+
+
+def check_traffic(traffic: dict[int, float], where: str) -> dict[int, float]:
+    """A ``{concurrency: weight}`` profile, sorted; ``ValueError`` naming ``where`` and the fix
+    otherwise."""
+    example = f"e.g. {where}={{1: 1, 4: 1, 16: 1}}"
+    if not traffic:
+        raise ValueError(
+            f"{where} is empty: give at least one {{concurrency: weight}} level, {example}"
+        )
+    bad = {c: w for c, w in traffic.items() if c < 1 or w < 0 or not math.isfinite(w)}
+    if bad:
+        raise ValueError(f"{where} {bad}: concurrencies must be >= 1 and weights >= 0, {example}")
+    if not any(traffic.values()):
+        raise ValueError(
+            f"{where} {traffic} weighs every level 0: give some level a weight, {example}"
+        )
+    return dict(sorted(traffic.items()))
+
+
+def _greedy() -> dict[str, SamplingProfile]:
+    return {"greedy": SamplingProfile()}
 
 
 class GateConfig(StrictModel):
@@ -74,6 +102,12 @@ class GateConfig(StrictModel):
         le=1,
         description="A level carrying at least this share of the traffic must not be significantly slower than the "
         "baseline (its interval below 1), whatever the weighted speedup; lighter ones only warn.",
+    )
+    sampling: dict[str, SamplingProfile] = Field(
+        default_factory=_greedy,
+        description="How the traffic samples: {name: profile}, each measured over its levels "
+        "with its own verdict (eagle3.config.sampling); the gate passes when every profile that "
+        "decides passes.",
     )
     min_speedup: float = Field(default=1.05, gt=0)
     min_accept: float = Field(default=1.5, ge=1)
@@ -116,15 +150,23 @@ class GateConfig(StrictModel):
     @field_validator("traffic")
     @classmethod
     def _profile(cls, traffic: dict[int, float]) -> dict[int, float]:
-        example = "e.g. gate.traffic={1: 1, 4: 1, 16: 1}"
-        if not traffic:
-            raise ValueError(f"gate.traffic is empty: give at least one {{concurrency: weight}} level, {example}")
-        bad = {c: w for c, w in traffic.items() if c < 1 or w < 0 or not math.isfinite(w)}
-        if bad:
-            raise ValueError(f"gate.traffic {bad}: concurrencies must be >= 1 and weights >= 0, {example}")
-        if not any(traffic.values()):
-            raise ValueError(f"gate.traffic {traffic} weighs every level 0: give some level a weight, {example}")
-        return dict(sorted(traffic.items()))
+        return check_traffic(traffic, "gate.traffic")
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling(cls, sampling: dict[str, SamplingProfile]) -> dict[str, SamplingProfile]:
+        example = "e.g. gate.sampling={greedy: {}, served: {temperature: 1.0, top_p: 0.95}}"
+        if not sampling:
+            raise ValueError(f"gate.sampling is empty: give at least one profile, {example}")
+        if not any(p.decides for p in sampling.values()):
+            raise ValueError(
+                f"no gate.sampling profile decides: set decides=true on one, {example}"
+            )
+        out = {}
+        for name, p in sampling.items():
+            traffic = p.traffic and check_traffic(p.traffic, f"gate.sampling.{name}.traffic")
+            out[name] = p if traffic is None else p.model_copy(update={"traffic": traffic})
+        return out
 
     @model_validator(mode="after")
     def _rounds(self) -> GateConfig:
@@ -134,6 +176,25 @@ class GateConfig(StrictModel):
                 "min_rounds"
             )
         return self
+
+    @model_validator(mode="after")
+    def _sampled_sets(self) -> GateConfig:
+        for name, profile in self.sampling.items():
+            unknown = sorted(set(profile.sets) - set(self.prompt_sets)) if self.prompt_sets else []
+            if unknown:
+                sets = sorted(self.prompt_sets)
+                raise ValueError(
+                    f"gate.sampling.{name}.sets names {unknown}, not gate prompt sets ({sets})"
+                )
+        return self
+
+    def for_sampling(self, name: str) -> GateConfig:
+        """This config as one profile's verdict sees it: its levels (the profile's ``traffic`` when
+        it has one)."""
+        profile = self.sampling[name]
+        if profile.traffic is None:
+            return self
+        return self.model_copy(update={"traffic": profile.traffic})
 
     @property
     def levels(self) -> list[int]:

@@ -1,17 +1,20 @@
-"""Benchmark prompts: load the sets, render them once with the target's chat template, send them, collect results.
+"""Benchmark prompts: load the sets, render them once with the target's chat template, send them,
+collect results.
 
 Design choices:
-- A prompt set is a local JSONL file of ``{"id", "prompt"}`` rows (a tool-use row may add its ``tools`` and the
-  ``messages`` to continue, OpenAI-shaped, e.g. up to a tool result) or ``hub:<dataset>`` read through
-  ``datasets.load_dataset`` (optional query ``?config=..&split=..&column=..``; without ``column`` the first of
-  ``prompt, question, instruction, problem, input, turns, text`` present is used, a list taking its first item).
-  A local directory after ``hub:`` goes through the same code path, which is how it is tested offline.
-- Prompts are rendered with ``eagle3.data.template.render_prompt`` (one user turn, or the row's messages, with its
-  tools, + generation prompt) and sent as ``input_ids``, so both arms see identical tokens and no server-side
-  template can differ between them.
-- Requests are greedy (temperature 0) and respect EOS (``ignore_eos`` false): the served output length is what a
-  user would get. Every request is sent once; a failed request is recorded with the server's message and the
-  caller decides (the gate refuses an arm with failures rather than averaging over a partial run).
+- A prompt set is a local JSONL file of ``{"id", "prompt"}`` rows (a tool-use row may add its
+  ``tools`` and the ``messages`` to continue, OpenAI-shaped, e.g. up to a tool result) or
+  ``hub:<dataset>`` read through ``datasets.load_dataset`` (optional query
+  ``?config=..&split=..&column=..``; without ``column`` the first of ``prompt, question,
+  instruction, problem, input, turns, text`` present is used, a list taking its first item). A local
+  directory after ``hub:`` goes through the same code path, which is how it is tested offline.
+- Prompts are rendered with ``eagle3.data.template.render_prompt`` (one user turn, or the row's
+  messages, with its tools, + generation prompt) and sent as ``input_ids``, so both arms see
+  identical tokens and no server-side template can differ between them.
+- Requests sample as the caller says (the gate: its ``gate.sampling`` profile, greedy by default)
+  and respect EOS (``ignore_eos`` false): the served output length is what a user would get. Every
+  request is sent once; a failed request is recorded with the server's message and the caller
+  decides (the gate refuses an arm with failures rather than averaging over a partial run).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,7 @@ class RequestResult:
     latency_s: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
+    output_ids: tuple[int, ...] = ()
 
     @property
     def spec_verify_ct(self) -> int:
@@ -147,12 +152,20 @@ def load_gate_prompts(prompt_sets: dict[str, str], tokenizer: Any, *, per_set: i
     return render_prompts(tokenizer, prompts)
 
 
+GREEDY: dict[str, Any] = {"temperature": 0.0}
+
+
 async def _send_one(
-    session: aiohttp.ClientSession, url: str, prompt_id: str, ids: list[int], max_new_tokens: int
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt_id: str,
+    ids: list[int],
+    max_new_tokens: int,
+    sampling: dict[str, Any],
 ) -> RequestResult:
     body = {
         "input_ids": ids,
-        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": False},
+        "sampling_params": {"max_new_tokens": max_new_tokens, **sampling, "ignore_eos": False},
     }
     start = time.perf_counter()
     try:
@@ -160,7 +173,8 @@ async def _send_one(
             text = await resp.text()
             if resp.status != 200:
                 return RequestResult(prompt_id, error=f"HTTP {resp.status}: {text[:200]}")
-            meta = json.loads(text).get("meta_info", {})
+            answer = json.loads(text)
+            meta = answer.get("meta_info", {})
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
         return RequestResult(prompt_id, error=f"{type(exc).__name__}: {exc}")
     finish = meta.get("finish_reason")
@@ -171,6 +185,7 @@ async def _send_one(
         spec=SpecCounts.of(meta),
         latency_s=time.perf_counter() - start,
         finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+        output_ids=tuple(answer.get("output_ids") or ()),
     )
 
 
@@ -180,21 +195,29 @@ async def send_prompts_async(
     *,
     concurrency: int,
     max_new_tokens: int,
+    sampling: Sequence[dict[str, Any]] | None = None,
     timeout_s: float = 600.0,
 ) -> Sent:
-    """Send ``(prompt_id, input_ids)`` pairs with at most ``concurrency`` in flight."""
+    """Send ``(prompt_id, input_ids)`` pairs with at most ``concurrency`` in flight; ``sampling``
+    gives each its ``sampling_params`` fields (temperature, top_p, top_k, sampling_seed; default
+    greedy)."""
     url = url.rstrip("/")
+    per_prompt = list(sampling) if sampling is not None else [GREEDY] * len(prompts)
     gate = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
-        async def bounded(pid: str, ids: list[int]) -> RequestResult:
+        async def bounded(pid: str, ids: list[int], params: dict[str, Any]) -> RequestResult:
             async with gate:
-                return await _send_one(session, url, pid, ids, max_new_tokens)
+                return await _send_one(session, url, pid, ids, max_new_tokens, params)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(bounded(pid, list(ids)) for pid, ids in prompts))
+        sends = (
+            bounded(pid, list(ids), params)
+            for (pid, ids), params in zip(prompts, per_prompt, strict=True)
+        )
+        results = await asyncio.gather(*sends)
         return Sent(list(results), time.perf_counter() - start)
 
 
@@ -204,11 +227,19 @@ def send_prompts(
     *,
     concurrency: int,
     max_new_tokens: int,
+    sampling: Sequence[dict[str, Any]] | None = None,
     timeout_s: float = 600.0,
 ) -> list[RequestResult]:
     """Blocking form of ``send_prompts_async``; bare id lists get ids ``p0, p1, ...``."""
     pairs = [p if isinstance(p, tuple) else (f"p{i}", p) for i, p in enumerate(prompts)]
     sent = asyncio.run(
-        send_prompts_async(url, pairs, concurrency=concurrency, max_new_tokens=max_new_tokens, timeout_s=timeout_s)
+        send_prompts_async(
+            url,
+            pairs,
+            concurrency=concurrency,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            timeout_s=timeout_s,
+        )
     )
     return sent.results

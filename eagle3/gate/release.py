@@ -1,31 +1,38 @@
-"""The benchmark gate: baseline vs speculative (vs champion) on the same prompts, then promote or refuse (DESIGN §6).
+"""The benchmark gate: baseline vs speculative (vs champion) on the same prompts, then promote or
+refuse (DESIGN §6).
 
 Design choices:
-- Refuse before measuring: each candidate draft first passes static preflight against the SGLang commands that
-  would ship it; each launched (or given) speculative server then passes the runtime checks (``/server_info``
-  says EAGLE3 with this draft, a smoke run speculates). A refused draft is never benchmarked, so a broken launch
-  line (``EAGLE`` instead of ``EAGLE3``) cannot produce a report that looks like a slow-but-valid draft.
-- Every arm is up at once and the traffic alternates between them in rounds (``eagle3.gate.rounds``): the arms
-  take turns, never share the machine while timed, and get the same rendered prompts; any failed request fails
-  the arm, not a number.
-- Without URLs the gate launches the arms itself on ``server.engine`` (the reference server, or SGLang: on a GPU
-  box, or on this CPU through the project's runtime), one server per (draft, speculative config) of ``gate.sweep``
-  (default: ``config.speculative``). Launched SGLang arms
-  share the device, so when ``server.mem_fraction_static`` is unset each gets an equal share of ``SGLANG_MEMORY``
-  (the same for every arm, and in ``launch_used``; the shipped ``launch_sglang`` line keeps the config's). With
-  URLs it measures what is running; a sweep needs launching and is then not possible.
-- The verdict per candidate (``eagle3.gate.verdict``): PASS, FAIL or INCONCLUSIVE on the traffic profile
-  (``gate.traffic``) from the t intervals of the paired per-round speedups, per level and weighted, and the
-  physical sanity checks. The gate passes iff some candidate passes; the best passing one is promoted;
-  INCONCLUSIVE never promotes.
-- The serving configuration (``eagle3.gate.serving``): for the best candidate (the promoted one, else the fastest
-  on the profile), SGLang's adaptive tiers from its arms' per-level speedups (one arm per ``gate.sweep`` setting),
-  written as ``adaptive_config.json`` beside the report, and the SGLang command that serves with it (``best`` keeps
-  the fastest static config's command). The gate measured the static configs, not the adaptive server.
-- Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is read back, not
-  re-measured, unless ``force``.
-- The fingerprint and directory are known before measuring (``gate_identity``), so the gate stage's plan
-  (``eagle3.gate.stage``) names them without launching anything.
+- Refuse before measuring: each candidate draft first passes static preflight against the SGLang
+  commands that would ship it; each launched (or given) speculative server then passes the runtime
+  checks (``/server_info`` says EAGLE3 with this draft, a smoke run speculates). A refused draft is
+  never benchmarked, so a broken launch line (``EAGLE`` instead of ``EAGLE3``) cannot produce a
+  report that looks like a slow-but-valid draft.
+- Every arm is up at once and the traffic alternates between them in rounds
+  (``eagle3.gate.rounds``): the arms take turns, never share the machine while timed, and get the
+  same rendered prompts; any failed request fails the arm, not a number. The rounds run once per
+  ``gate.sampling`` profile on the same servers, each with its own verdict
+  (``eagle3.gate.profiles``); before a profile that samples, each speculative server must show that
+  it samples (``eagle3.gate.sampling_probe``), or it is not measured at that profile.
+- Without URLs the gate launches the arms itself on ``server.engine`` (the reference server, or
+  SGLang: on a GPU box, or on this CPU through the project's runtime), one server per (draft,
+  speculative config) of ``gate.sweep`` (default: ``config.speculative``). Launched SGLang arms
+  share the device, so when ``server.mem_fraction_static`` is unset each gets an equal share of
+  ``SGLANG_MEMORY`` (the same for every arm, and in ``launch_used``; the shipped ``launch_sglang``
+  line keeps the config's). With URLs it measures what is running; a sweep needs launching and is
+  then not possible.
+- The verdict per candidate (``eagle3.gate.verdict``): PASS, FAIL or INCONCLUSIVE on the traffic
+  profile (``gate.traffic``) from the t intervals of the paired per-round speedups, per level and
+  weighted, and the physical sanity checks. The gate passes iff some candidate passes; the best
+  passing one is promoted; INCONCLUSIVE never promotes.
+- The serving configuration (``eagle3.gate.serving``): for the best candidate (the promoted one,
+  else the fastest on the profile), SGLang's adaptive tiers from its arms' per-level speedups (one
+  arm per ``gate.sweep`` setting), written as ``adaptive_config.json`` beside the report, and the
+  SGLang command that serves with it (``best`` keeps the fastest static config's command). The gate
+  measured the static configs, not the adaptive server.
+- Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is
+  read back, not re-measured, unless ``force``.
+- The fingerprint and directory are known before measuring (``gate_identity``), so the gate stage's
+  plan (``eagle3.gate.stage``) names them without launching anything.
 """
 
 from __future__ import annotations
@@ -41,13 +48,14 @@ from typing import Any
 from eagle3.config.base import StrictModel
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate import preflight
+from eagle3.gate import preflight, profiles
 from eagle3.gate.prompts import BenchPrompt, load_gate_prompts
 from eagle3.gate.registry import Promotion, Registry, draft_id
 from eagle3.gate.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
-from eagle3.gate.rounds import ArmError, measure_rounds
+from eagle3.gate.rounds import ArmError
+from eagle3.gate.sampling_probe import check_sampling
 from eagle3.gate.serving import StepResult, Tier, adaptive_tiers, initial_steps, sglang_config
-from eagle3.gate.verdict import decide, level_verdicts, overall, undecided
+from eagle3.gate.verdict import level_verdicts, overall
 from eagle3.rundir.layout import stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
 from eagle3.serve.launch import LaunchError
@@ -177,6 +185,7 @@ def _plan(
             plan.arms.append(arm)
         else:
             add(arm, champion_url, Path(champion.draft_dir), spec)
+    plan.arms = profiles.expand(plan.arms, config.gate)
     return plan
 
 
@@ -219,15 +228,35 @@ def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None)
     return refused
 
 
+def _sampling_probe(
+    arms: list[ArmResult], prompts: list[BenchPrompt], config: PipelineConfig
+) -> profiles.Probe:
+    """The check run on each speculative arm before a profile that samples: its line, or None when
+    it samples."""
+    base = next((a for a in arms if a.role == "baseline" and a.error is None), None)
+    smoke = [list(p.input_ids) for p in prompts[:SMOKE_PROMPTS]]
+
+    def probe(arm: ArmResult, name: str) -> str | None:
+        profile = config.gate.sampling[name]
+        candidates = [profile.params(), *profile.sets.values()]
+        params = next((s for s in candidates if not s.greedy), candidates[0])
+        if base is None:
+            return None  # nothing is measured without a baseline
+        check = check_sampling(arm.url, base.url, smoke, params, max_new_tokens=SMOKE_TOKENS)
+        arm.preflight.append(check.to_dict())
+        return None if check.ok else f"sampling preflight failed: {check.line()}"
+
+    return probe
+
+
 def _measure_plan(
     plan: _Plan, prompts: list[BenchPrompt], config: PipelineConfig, *, refused: dict, out_dir: Path
 ) -> float:
-    """Bring every arm up (launched or given; speculative ones pass the runtime preflight), then measure the live
-    ones in interleaved rounds until the verdict settles (``eagle3.gate.rounds``); servers stop on the way out.
-    Returns the seconds the rounds took."""
-    live: list[tuple[ArmResult, str]] = []
+    """Bring every arm up (launched or given; speculative ones pass the runtime preflight), then
+    measure the live ones in interleaved rounds until the verdict settles, profile by profile
+    (``eagle3.gate.profiles``); servers stop on the way out. Returns the seconds the rounds took."""
     with contextlib.ExitStack() as stack:
-        for arm in plan.arms:
+        for arm in profiles.of_profile(plan.arms, profiles.primary(config.gate)):
             if arm.error:
                 continue
             if arm.role == "candidate" and arm.draft in refused:
@@ -238,13 +267,13 @@ def _measure_plan(
                 arm.url = stack.enter_context(serving(plan.commands[arm.name], plan.urls[arm.name], log))
                 if arm.role != "baseline":
                     _runtime_preflight(arm, arm.url, prompts, config)
-                live.append((arm, arm.url))
             except (ArmError, LaunchError, OSError) as exc:
                 arm.error = str(exc)
                 logger.error("arm %s failed: %s", arm.name, exc)
-        gate = config.gate
+        profiles.share_servers(plan.arms, config.gate)
         start = time.perf_counter()
-        measure_rounds(live, prompts, gate, keep_going=lambda: undecided(decide(plan.arms, gate, refused)))
+        probe = _sampling_probe(plan.arms, prompts, config)
+        profiles.measure(plan.arms, prompts, config.gate, refused, probe)
         return time.perf_counter() - start
 
 
@@ -264,6 +293,7 @@ def _promote(registry: Registry, report: GateReport, out_dir: Path) -> dict[str,
         return None
     metrics = {"speedup": winner.speedup, "speedup_interval": winner.speedup_interval, "rounds": winner.rounds,
                "accept_length": winner.accept_length, "traffic": report.thresholds.get("traffic"),
+               "sampling": report.sampling_rows(winner),
                "levels": {lv.concurrency: lv.speedup for lv in winner.levels},
                "output_tok_s": {lv.concurrency: lv.output_tok_s for lv in arm.levels}}  # fmt: skip
     promotion = registry.promote(
@@ -273,13 +303,16 @@ def _promote(registry: Registry, report: GateReport, out_dir: Path) -> dict[str,
 
 
 def _step_results(config: PipelineConfig, arms: list[ArmResult], draft: str) -> dict[int, list[StepResult]]:
-    """Each level's speedups of the draft's chain arms (SGLang adapts topk 1 only), from their level verdicts."""
+    """Each level's speedups of the draft's chain arms (SGLang adapts topk 1 only), from their level
+    verdicts at the primary sampling profile."""
+    first = profiles.primary(config.gate)
+    arms, gate = profiles.of_profile(arms, first), config.gate.for_sampling(first)
     base = next((a for a in arms if a.role == "baseline" and a.error is None and a.rounds), None)
     mine = [a for a in arms if a.role == "candidate" and a.draft == draft and a.error is None and a.speculative
             and a.speculative.get("eagle_topk") == 1]  # fmt: skip
-    levels: dict[int, list[StepResult]] = {c: [] for c in config.gate.levels}
+    levels: dict[int, list[StepResult]] = {c: [] for c in gate.levels}
     for arm in mine if base is not None else []:
-        for lv in level_verdicts(arm, base, None, config.gate):  # type: ignore[arg-type]
+        for lv in level_verdicts(arm, base, None, gate):  # type: ignore[arg-type]
             if lv.speedup is not None:
                 levels[lv.concurrency].append(StepResult(arm.speculative["num_steps"], lv.speedup, lv.speedup_interval))
     return levels
@@ -363,6 +396,7 @@ def _report(
         created_at=time.time(),
         adaptive=_adaptive(config, arms, winner, out_dir),
         cost=_cost(arms, measured.measure_s),
+        sampling=profiles.describe(config.gate),
     )
 
 
@@ -429,7 +463,8 @@ def run_gate(
     else:
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
-    measured = _Measured(plan.arms, decide(plan.arms, config.gate, refused), prompts, measure_s)
+    decisions = profiles.decide_profiles(plan.arms, config.gate, refused)
+    measured = _Measured(plan.arms, decisions, prompts, measure_s)
     report = _report(config, fp, measured, gate.champion, out_dir)
     if promote:
         report.promotion = _promote(Registry(config.root_path), report, out_dir)

@@ -1,35 +1,49 @@
-"""Gate results: per-arm, per-concurrency measurements, the decision, and the report files (JSON, Markdown, PNG).
+"""Gate results: per-arm, per-concurrency measurements, the decision, and the report files (JSON,
+Markdown, PNG).
 
 Design choices:
-- Accept length of a level comes from its timed requests' own counters (``eagle3.gate.accept``: SGLang's
-  ``spec_accept_length`` when every request sent it, else ``sum(completion_tokens) / sum(spec_verify_ct)``; never the
-  server's cumulative average), and the level says which fields it used; output tok/s is completion tokens over the
-  level's wall time; TPOT is the mean over requests of ``latency / completion_tokens`` (non-streaming, so it
-  includes the prefill share).
-- Every arm keeps each round it measured (``ArmResult.rounds``, one ``LevelStats`` per concurrency and round) and
-  its rounds pooled per concurrency (``ArmResult.levels``, for the table and the throughput plot). The rounds and
-  the thresholds in the JSON are all ``eagle3.gate.verdict.decide`` needs: a verdict can be recomputed offline.
-- A verdict is PASS, FAIL or INCONCLUSIVE; ``passed`` (what promotes) is derived from it and kept as a field so
-  readers of the JSON (the scaling curve, scripts) need not know the verdicts. A ``Decision`` is on the traffic
-  profile (``gate.traffic``): its ``speedup`` is the weighted one, ``levels`` holds each level's own verdict
-  (``LevelVerdict``), ``crossover`` where speculation stops paying (``eagle3.gate.serving.Crossover`` as a dict),
-  ``warnings`` the levels slower than the baseline that did not block a PASS.
-- ``GateReport.adaptive``: the SGLang adaptive configuration emitted from the levels (``eagle3.gate.release``):
-  ``{"draft", "tiers": [{batch_size, concurrency, candidate_steps, reason}], "config": <the JSON SGLang reads, or
-  None>, "config_path", "launch_sglang", "summary"}``. ``GateReport.cost``: what the measurement took
-  (``{"rounds", "levels", "arms", "batches", "measure_s"}``).
-- **Accept length per prompt set** (``by_set``), for the night planner: ``report.json["decisions"][i]["by_set"]``
-  is the draft's best arm pooled over every level and round, ``{set: {"accept_length": float, "completion_tokens":
-  int, "spec_verify_ct": int, "prompts": int, "requests": int, "accept_source": str}}`` (``prompts``: the set's
-  prompts; ``requests``: timed requests counted; ``accept_source`` as for a level). Each round of a speculative arm
-  carries the same mapping for that round (``arms[j]["rounds"][k]["by_set"]``). Drafts that did not speculate (not
-  measured, refused) have ``{}``.
-- The report is plain dataclasses serialised with ``asdict``; ``GateReport.from_dict`` reads one back so a finished
-  gate is not re-measured on resume. Markdown: ``eagle3.gate.report_md``; plots: ``eagle3.gate.plots``.
+- Accept length of a level comes from its timed requests' own counters (``eagle3.gate.accept``:
+  SGLang's ``spec_accept_length`` when every request sent it, else ``sum(completion_tokens) /
+  sum(spec_verify_ct)``; never the server's cumulative average), and the level says which fields it
+  used; output tok/s is completion tokens over the level's wall time; TPOT is the mean over requests
+  of ``latency / completion_tokens`` (non-streaming, so it includes the prefill share).
+- Every arm keeps each round it measured (``ArmResult.rounds``, one ``LevelStats`` per concurrency
+  and round) and its rounds pooled per concurrency (``ArmResult.levels``, for the table and the
+  throughput plot). The rounds and the thresholds in the JSON are all ``eagle3.gate.verdict.decide``
+  needs: a verdict can be recomputed offline.
+- A verdict is PASS, FAIL or INCONCLUSIVE; ``passed`` (what promotes) is derived from it and kept as
+  a field so readers of the JSON (the scaling curve, scripts) need not know the verdicts. A
+  ``Decision`` is on the traffic profile (``gate.traffic``): its ``speedup`` is the weighted one,
+  ``levels`` holds each level's own verdict (``LevelVerdict``), ``crossover`` where speculation
+  stops paying (``eagle3.gate.serving.Crossover`` as a dict), ``warnings`` the levels slower than
+  the baseline that did not block a PASS.
+- ``GateReport.adaptive``: the SGLang adaptive configuration emitted from the levels
+  (``eagle3.gate.release``): ``{"draft", "tiers": [{batch_size, concurrency, candidate_steps,
+  reason}], "config": <the JSON SGLang reads, or None>, "config_path", "launch_sglang",
+  "summary"}``. ``GateReport.cost``: what the measurement took (``{"rounds", "levels", "arms",
+  "batches", "measure_s"}``).
+- **Accept length per prompt set** (``by_set``), for the night planner:
+  ``report.json["decisions"][i]["by_set"]`` is the draft's best arm pooled over every level and
+  round, ``{set: {"accept_length": float, "completion_tokens": int, "spec_verify_ct": int,
+  "prompts": int, "requests": int, "accept_source": str}}`` (``prompts``: the set's prompts;
+  ``requests``: timed requests counted; ``accept_source`` as for a level). Each round of a
+  speculative arm carries the same mapping for that round (``arms[j]["rounds"][k]["by_set"]``).
+  Drafts that did not speculate (not measured, refused) have ``{}``.
+- **Sampling** (``gate.sampling``): every arm is measured once per profile (``ArmResult.sampling``
+  names it; the first deciding profile's arms keep their plain names, the others' are
+  ``<arm>@<profile>``). A ``Decision`` is the first deciding profile's, with the verdict of every
+  deciding profile combined (``eagle3.gate.profiles``); ``Decision.sampling`` names the profile its
+  numbers were measured at and, with several profiles, ``profiles`` holds each profile's own
+  decision. ``GateReport.sampling`` describes the profiles (``{name: {"label", "decides",
+  "traffic"}}``).
+- The report is plain dataclasses serialised with ``asdict``; ``GateReport.from_dict`` reads one
+  back so a finished gate is not re-measured on resume. Markdown: ``eagle3.gate.report_md``; plots:
+  ``eagle3.gate.plots``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -66,6 +80,8 @@ class LevelStats:
     proposed_drafts: int | None = None
     accept_histogram: list[int] | None = None
     by_set: dict[str, dict[str, Any]] = field(default_factory=dict)  # per prompt set (module docstring), if speculating
+    completion_lengths: list[int] = field(default_factory=list)  # a round's, in prompt order
+    output_digest: str | None = None  # a round's output ids in prompt order, hashed (None pooled)
 
     @property
     def accept_rate(self) -> float | None:
@@ -79,8 +95,16 @@ class LevelStats:
                           hist, tuple(self.accept_fields))  # fmt: skip
 
     @classmethod
-    def _of(cls, concurrency: int, requests: int, tokens: int, duration: float, tpot_ms: float,
-            spec: AcceptSummary, by_set: dict[str, dict[str, Any]]) -> LevelStats:  # fmt: skip
+    def _of(
+        cls,
+        concurrency: int,
+        requests: int,
+        tokens: int,
+        duration: float,
+        tpot_ms: float,
+        spec: AcceptSummary,
+        by_set: dict[str, dict[str, Any]],
+    ) -> LevelStats:
         return cls(
             by_set=by_set if spec.verify_ct else {},
             concurrency=concurrency, requests=requests, completion_tokens=tokens, spec_verify_ct=spec.verify_ct,
@@ -102,16 +126,32 @@ class LevelStats:
         for name, result in zip(sets, results, strict=False):
             grouped[name].append(result.spec)
         by_set = {name: set_row(counts) for name, counts in sorted(grouped.items())}
-        return cls._of(concurrency, len(results), tokens, duration_s, tpot_ms, pool([r.spec for r in results]), by_set)
+        spec = pool([r.spec for r in results])
+        level = cls._of(concurrency, len(results), tokens, duration_s, tpot_ms, spec, by_set)
+        level.output_digest = output_digest([r.output_ids for r in results])
+        level.completion_lengths = [r.completion_tokens for r in results]
+        return level
 
     @classmethod
     def pooled(cls, rounds: list[LevelStats]) -> LevelStats:
         """One level from its rounds: token and time sums, request-weighted TPOT, the counters pooled."""
         requests = sum(r.requests for r in rounds)
         tpot_ms = sum(r.tpot_ms * r.requests for r in rounds) / requests if requests else 0.0
-        return cls._of(rounds[0].concurrency, requests, sum(r.completion_tokens for r in rounds),
-                       sum(r.duration_s for r in rounds), tpot_ms, pool([r.counts() for r in rounds]),
-                       pool_sets(rounds))  # fmt: skip
+        return cls._of(
+            rounds[0].concurrency,
+            requests,
+            sum(r.completion_tokens for r in rounds),
+            sum(r.duration_s for r in rounds),
+            tpot_ms,
+            pool([r.counts() for r in rounds]),
+            pool_sets(rounds),
+        )
+
+
+def output_digest(outputs: Sequence[Sequence[int]]) -> str:
+    """A short hash of output ids in order: two rounds with the same digest produced the same
+    tokens."""
+    return hashlib.sha256(json.dumps([list(o) for o in outputs]).encode()).hexdigest()[:16]
 
 
 def pool_sets(stats: Sequence[LevelStats]) -> dict[str, dict[str, Any]]:
@@ -138,6 +178,7 @@ class ArmResult:
     preflight: list[dict[str, Any]] = field(default_factory=list)
     flush_failures: list[str] = field(default_factory=list)  # rounds measured without a cache flush (bench.rounds)
     error: str | None = None
+    sampling: str | None = None  # the gate.sampling profile these rounds were measured at
 
     def level(self, concurrency: int) -> LevelStats | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
@@ -219,6 +260,8 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     crossover: dict[str, Any] | None = None
     by_set: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sampling: str | None = None  # the gate.sampling profile the numbers above were measured at
+    profiles: list[Decision] = field(default_factory=list)  # several profiles: each one's own
 
     def __post_init__(self) -> None:
         self.verdict = _verdict_of(self.passed, self.verdict)
@@ -227,7 +270,12 @@ class Decision:
     def from_dict(cls, data: dict[str, Any]) -> Decision:
         data = dict(data)
         data["levels"] = [LevelVerdict(**lv) for lv in data.get("levels", [])]
+        data["profiles"] = [Decision.from_dict(d) for d in data.get("profiles", [])]
         return cls(**data)
+
+    def by_profile(self) -> list[Decision]:
+        """Each profile's decision: ``profiles``, or this one when the gate measured one profile."""
+        return self.profiles or [self]
 
 
 @dataclass
@@ -246,6 +294,8 @@ class GateReport:
     verdict: str | None = None  # PASS if a draft passed, else INCONCLUSIVE if one was, else FAIL
     adaptive: dict[str, Any] | None = None  # the SGLang adaptive config emitted from the levels (module docstring)
     cost: dict[str, Any] | None = None  # rounds, levels, arms, batches measured and the measuring time
+    # gate.sampling as measured: {name: {"label", "decides", "traffic"}}
+    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.verdict = _verdict_of(self.passed, self.verdict)
@@ -262,9 +312,33 @@ class GateReport:
                    "interval": lv.speedup_interval, "verdict": lv.verdict, "slower": lv.slower}
                   for lv in (decision.levels if decision else [])]  # fmt: skip
         adaptive = self.adaptive or {}
-        return {"levels": levels, "crossover": decision.crossover if decision else None,
-                "warnings": decision.warnings if decision else [], "adaptive_config": adaptive.get("config_path"),
-                "adaptive_launch": adaptive.get("launch_sglang")}  # fmt: skip
+        return {
+            "levels": levels,
+            "crossover": decision.crossover if decision else None,
+            "warnings": decision.warnings if decision else [],
+            "adaptive_config": adaptive.get("config_path"),
+            "adaptive_launch": adaptive.get("launch_sglang"),
+            "sampling": self.sampling_rows(decision),
+        }
+
+    def sampling_rows(self, decision: Decision | None) -> list[dict[str, Any]]:
+        """Which sampling each of ``decision``'s verdicts was measured at: one row per profile
+        (name, label, decides, verdict, speedup and interval, accept length)."""
+        rows = []
+        for d in decision.by_profile() if decision else []:
+            profile = self.sampling.get(d.sampling or "", {})
+            rows.append(
+                {
+                    "name": d.sampling,
+                    "label": profile.get("label", d.sampling),
+                    "decides": profile.get("decides", True),
+                    "verdict": d.verdict,
+                    "speedup": d.speedup,
+                    "interval": d.speedup_interval,
+                    "accept_length": d.accept_length,
+                }
+            )
+        return rows
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GateReport:

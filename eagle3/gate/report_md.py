@@ -1,6 +1,7 @@
-"""The gate report in Markdown (``report.md``, and the ``gate-report`` artifact): the verdict, the traffic profile
-and each level's verdict, the crossover, accept length per prompt set, the rounds, the emitted SGLang adaptive
-config with its launch command, and the derivation of the accept-length bound."""
+"""The gate report in Markdown (``report.md``, and the ``gate-report`` artifact): the verdict, the
+traffic profile and the sampling each verdict was measured at, each level's verdict, the crossover,
+accept length per prompt set, the rounds, the emitted SGLang adaptive config with its launch
+command, and the derivation of the accept-length bound."""
 
 from __future__ import annotations
 
@@ -37,13 +38,25 @@ def profile_line(t: dict[str, Any]) -> str:
     return ", ".join(f"{c}: {w / total:.0%}" for c, w in sorted(traffic.items()))
 
 
-def _rounds_table(report: GateReport, c: int) -> list[str]:
-    """Per-round tok/s of every arm at concurrency ``c`` (accept length of speculative arms in brackets)."""
-    arms = [a for a in report.arms if a.rounds_at(c)]
+def sampling_line(report: GateReport) -> str:
+    """Which sampling the verdicts were measured at: ``greedy: greedy (decides); served: T=1
+    top_p=0.95 ...``."""
+    return "; ".join(
+        f"{name}: {p['label']} ({'decides' if p['decides'] else 'reported only'}"
+        + (f", concurrency {', '.join(str(c) for c in p['traffic'])})" if p.get("traffic") else ")")
+        for name, p in report.sampling.items()
+    )
+
+
+def _rounds_table(report: GateReport, c: int, sampling: str | None) -> list[str]:
+    """Per-round tok/s of every arm at concurrency ``c`` and one sampling profile (accept length of
+    speculative arms in brackets)."""
+    arms = [a for a in report.arms if a.rounds_at(c) and a.sampling == sampling]
     if not arms:
         return []
     base = next((a.rounds_at(c) for a in arms if a.role == "baseline"), {})
-    lines = [f"### Concurrency {c}", "", "| round | " + " | ".join(a.name for a in arms) + " | speedups |",
+    title = f"### Concurrency {c}" + (f", {sampling}" if len(report.sampling) > 1 else "")
+    lines = [title, "", "| round | " + " | ".join(a.name for a in arms) + " | speedups |",
              "|---:|" + "---:|" * (len(arms) + 1)]  # fmt: skip
     for r in sorted({r for a in arms for r in a.rounds_at(c)}):
         cells, ratios = [], []
@@ -70,13 +83,33 @@ def _levels_table(d: Decision) -> list[str]:
     return [*lines, ""]
 
 
-def _decision_lines(d: Decision) -> list[str]:
+def _profile_lines(report: GateReport, d: Decision) -> list[str]:
+    """With several sampling profiles: each one's verdict, measured at its sampling."""
+    if not d.profiles:
+        return []
+    lines = ["  - verdict per sampling profile:"]
+    for row in report.sampling_rows(d):
+        role = "decides" if row["decides"] else "reported only"
+        lines.append(
+            f"    - {row['name']} ({row['label']}, {role}): **{str(row['verdict']).upper()}**, "
+            f"speedup {_fmt(row['speedup'], '.3f')} (interval {_span(row['interval'])}), accept "
+            f"length {_fmt(row['accept_length'])}"
+        )
+    return lines
+
+
+def _decision_lines(d: Decision, report: GateReport | None = None) -> list[str]:
+    at = ""
+    if report is not None and d.sampling in report.sampling:
+        at = f" at {d.sampling} ({report.sampling[d.sampling]['label']})"
     lines = [
-        f"- `{d.draft}`: **{str(d.verdict).upper()}** after {d.rounds} rounds (best arm {d.best_arm}): weighted "
+        f"- `{d.draft}`: **{str(d.verdict).upper()}**{at} after {d.rounds} rounds "
+        f"(best arm {d.best_arm}): weighted "
         f"speedup {_fmt(d.speedup, '.3f')} (interval {_span(d.speedup_interval)}), accept length "
         f"{_fmt(d.accept_length)}, gain over champion {_fmt(d.gain_over_champion, '.3f')} (interval "
         f"{_span(d.gain_interval)})"
     ]
+    lines += _profile_lines(report, d) if report is not None else []
     if d.crossover:
         lines.append(f"  - crossover: {d.crossover['summary']}")
     lines += [f"  - {reason}" for reason in d.reasons]
@@ -150,6 +183,9 @@ def _header(report: GateReport) -> list[str]:
     ]
     if t.get("profile_note"):
         lines.append(f"traffic profile built {t['profile_note']}")
+    if report.sampling:
+        profiles = sampling_line(report)
+        lines.append(f"sampling (each profile measured at its levels, own verdict): {profiles}")
     if report.cost:
         c = report.cost
         lines.append(f"cost: {c['rounds']} rounds x {c['levels']} levels x {c['arms']} arms = {c['batches']} timed "
@@ -174,15 +210,16 @@ def to_markdown(report: GateReport) -> str:
             )
     lines += ["", "## Decisions", ""]
     for d in report.decisions:
-        lines += _decision_lines(d)
+        lines += _decision_lines(d, report)
     lines += _adaptive_lines(report.adaptive)
     lines += _by_set_lines(report)
     lines += _accept_lines(report)
     concurrencies = sorted({r.concurrency for a in report.arms for r in a.rounds})
     if concurrencies:
         lines += ["", "## Rounds (output tok/s [accept length]; speedups = each speculative arm / baseline)", ""]
-        for c in concurrencies:
-            lines += _rounds_table(report, c)
+        for sampling in dict.fromkeys(a.sampling for a in report.arms):
+            for c in concurrencies:
+                lines += _rounds_table(report, c, sampling)
     lines += ["", "## The accept-length bound", "", PHYSICAL_BOUND]
     unflushed = [f"- {arm.name}: {note}" for arm in report.arms for note in arm.flush_failures]
     if unflushed:
@@ -206,6 +243,13 @@ def serving_lines(summary: dict[str, Any]) -> list[str]:
         for lv in summary.get("levels") or []
     )
     lines = [f"  - levels (concurrency (share): speedup [interval] verdict): {levels}"] if levels else []
+    lines += [
+        f"  - at {row['name']} ({row['label']}, "
+        f"{'decides' if row['decides'] else 'reported only'}): {str(row['verdict']).upper()}, "
+        f"speedup {_fmt(row['speedup'])}x [{_span(row['interval'])}], accept length "
+        f"{_fmt(row['accept_length'])}"
+        for row in summary.get("sampling") or []
+    ]
     if summary.get("crossover"):
         lines.append(f"  - crossover: {summary['crossover']['summary']}")
     lines += [f"  - warning: {w}" for w in summary.get("warnings") or []]

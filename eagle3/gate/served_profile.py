@@ -15,7 +15,9 @@ A hand-written ``gate.traffic`` guesses the load; the served sources' request lo
   percentiles are in the profile, and ``gate.max_new_tokens`` becomes the 90th percentile of the
   completions, so the gate's requests are as long as the served ones.
 * **Sampling.** The sampling parameters the requests carried (level >= 1): each (temperature, top_p,
-  top_k) and its share of the requests, in the profile.
+  top_k) and its share of the requests, in the profile; each carrying a tenth of the requests
+  becomes a ``gate.sampling`` profile (``eagle3.config.sampling``), measured with its own verdict,
+  which decides when it carries a quarter (the commonest always does).
 * **A held-out prompt set.** The requests ``served.held_out`` sets aside (never trained on:
   normalization quarantines them and decontaminates every source against them) become the ``served``
   prompt set, JSONL rows of the recovered turns (``eagle3.data.template_inverse``), which the gate
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config.pipeline import PipelineConfig
+from eagle3.config.sampling import SamplingParams, SamplingProfile
 from eagle3.data import catalog
 from eagle3.data.served import SERVED, ServedReader, served_tokenizer
 from eagle3.data.served_log import ServedRequest, iter_log, log_files
@@ -50,6 +53,7 @@ logger = logging.getLogger(__name__)
 PROFILE_FILE, PROMPTS_FILE = "profile.json", "served.jsonl"
 SERVED_SET = "served"
 PROFILE_VERSION = "1"
+SAMPLING_SHARE, DECIDING_SHARE = 0.1, 0.25  # a sampling the gate measures; one whose verdict decides
 
 
 class ProfileError(ValueError):
@@ -103,7 +107,32 @@ def _clock(t: float) -> str:
 
 
 def _sampling_label(s: dict[str, Any]) -> str:
-    return f"T={s['temperature']}/top_p={s['top_p']}/top_k={s['top_k']}"
+    try:
+        return _params(s).label()
+    except ValueError:
+        return f"T={s['temperature']} top_p={s['top_p']} top_k={s['top_k']} (not a valid sampling)"
+
+
+def _params(s: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"])
+
+
+def served_sampling(observed: list[dict[str, Any]]) -> dict[str, SamplingProfile]:
+    """The gate's sampling profiles from the samplings the logs hold (commonest first): each that
+    carries at least ``SAMPLING_SHARE`` of the requests, named by its label; the commonest and any
+    carrying ``DECIDING_SHARE`` decide, the others are measured and reported. Samplings that are
+    not valid ones (a top_k of 0) are left out; none logged (levels 0): no profile."""
+    out: dict[str, SamplingProfile] = {}
+    for s in observed:
+        if out and s["share"] < SAMPLING_SHARE:
+            break
+        try:
+            params = _params(s)
+        except ValueError:
+            continue
+        decides = not out or s["share"] >= DECIDING_SHARE
+        out.setdefault(params.label(), SamplingProfile(**params.model_dump(), decides=decides))
+    return out
 
 
 def _percentiles(values: list[int]) -> dict[str, int]:
@@ -243,18 +272,19 @@ def load_profile(config: PipelineConfig) -> ServedProfile:
 
 
 def with_served_profile(config: PipelineConfig) -> PipelineConfig:
-    """``config`` with the gate's traffic, ``max_new_tokens``, the ``served`` prompt set and the
-    note from the served profile when ``gate.profile`` is ``served``; unchanged otherwise."""
+    """``config`` with the gate's traffic, ``max_new_tokens``, sampling profiles, the ``served``
+    prompt set and the note from the served profile when ``gate.profile`` is ``served``;
+    unchanged otherwise."""
     if config.gate.profile != "served" or config.gate.profile_note:
         return config
     profile = load_profile(config)
-    sets = dict(config.gate.prompt_sets) | (
-        {SERVED_SET: profile.prompt_set} if profile.prompt_set else {}
-    )
+    sets = dict(config.gate.prompt_sets)
+    sets |= {SERVED_SET: profile.prompt_set} if profile.prompt_set else {}
     gate = config.gate.replace(
         traffic=profile.traffic,
         max_new_tokens=profile.max_new_tokens,
         prompt_sets=sets,
+        sampling=served_sampling(profile.sampling) or config.gate.sampling,
         profile_note=profile.note(),
     )
     return config.replace(gate=gate)

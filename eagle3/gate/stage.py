@@ -114,6 +114,7 @@ class GateOutcome(Frozen):
     warnings: list[str] = Field(default_factory=list)
     adaptive_config: str | None = None
     adaptive_launch: str | None = None
+    sampling: list[dict[str, Any]] = Field(default_factory=list)  # each verdict's sampling profile
 
     @classmethod
     def of(cls, result: StageResult) -> GateOutcome:
@@ -121,4 +122,5 @@ class GateOutcome(Frozen):
 
     def serving(self) -> dict[str, Any]:
         """The serving part, in the shape ``GateReport.serving_summary`` gives (``report_md.serving_lines``)."""
-        return self.model_dump(include={"levels", "crossover", "warnings", "adaptive_config", "adaptive_launch"})
+        keys = {"levels", "crossover", "warnings", "adaptive_config", "adaptive_launch", "sampling"}
+        return self.model_dump(include=keys)

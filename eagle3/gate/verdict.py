@@ -1,37 +1,45 @@
 """The gate's verdict: a pure function of the arms' measured rounds and ``GateConfig`` (DESIGN §6).
 
-Per candidate draft, on the served-load profile ``gate.traffic`` (levels with shares), with its best spec config
-(the highest weighted speedup estimate):
+Per candidate draft, on the served-load profile ``gate.traffic`` (levels with shares), with its best
+spec config (the highest weighted speedup estimate):
 
-- **Statistic** (``eagle3.gate.stats``): at each level, the per-round paired speedups ``candidate tok/s /
-  baseline tok/s`` of the same round (measured back to back) and their t interval at ``gate.confidence``: the
-  level's own verdict (``LevelVerdict``: against ``min_speedup``, and ``slower`` when its interval lies below 1).
-  Over the profile, the t interval of the per-round weighted log speedups (the weighted geometric mean of the
-  levels' speedups; the stats module says why per round). The same for the gain over the champion when one exists.
-- **Sanity checks** (``sanity_checks``, at every weighed level); any failure makes the verdict INCONCLUSIVE with its
-  reason, whatever the interval says, because it shows the arms did not see the same machine or did not do the
-  same work: ``accept_bound`` (``eagle3.gate.report_md.PHYSICAL_BOUND``: no round's speedup above its accept
-  length, with tolerance), ``baseline_drift`` (the baseline's own rounds agree within ``gate.max_baseline_drift``)
-  and ``same_tokens`` (every arm generated as many tokens as the baseline in each round, within
-  ``gate.max_token_mismatch``).
-- **Verdict**: FAIL when the draft was refused or not measured, its accept length (pooled over every level) is below
-  ``min_accept``, a weighted upper bound is below its threshold, or a level carrying at least
-  ``gate.level_weight_floor`` of the traffic is significantly slower than the baseline (its interval below 1: a
-  loss the user serves often, whatever the other levels gain); PASS when every check holds and each weighted lower
-  bound clears its threshold (``min_speedup``, and ``min_gain_over_champion`` when a champion exists);
-  INCONCLUSIVE otherwise. A lighter level significantly slower is a warning of the decision, not a reason. Before
-  ``gate.max_rounds`` an open interval (or a PASS: see ``undecided``) means "measure another round".
+- **Statistic** (``eagle3.gate.stats``): at each level, the per-round paired speedups ``candidate
+  tok/s / baseline tok/s`` of the same round (measured back to back) and their t interval at
+  ``gate.confidence``: the level's own verdict (``LevelVerdict``: against ``min_speedup``, and
+  ``slower`` when its interval lies below 1). Over the profile, the t interval of the per-round
+  weighted log speedups (the weighted geometric mean of the levels' speedups; the stats module says
+  why per round). The same for the gain over the champion when one exists.
+- **Sanity checks** (``sanity_checks``, at every weighed level); any failure makes the verdict
+  INCONCLUSIVE with its reason, whatever the interval says, because it shows the arms did not see
+  the same machine or did not do the same work: ``accept_bound``
+  (``eagle3.gate.report_md.PHYSICAL_BOUND``: no round's speedup above its accept length, with
+  tolerance), ``baseline_drift`` (the baseline's own rounds agree within
+  ``gate.max_baseline_drift``) and ``same_tokens`` (every arm generated as many tokens as the
+  baseline in each round, within ``gate.max_token_mismatch``; at a sampling profile the arms draw
+  different samples of the same distribution, so their tokens over all rounds must agree within that
+  or 4 standard deviations of the difference of two such draws, whichever is wider:
+  ``sampled_tokens``).
+- **Verdict**: FAIL when the draft was refused or not measured, its accept length (pooled over every
+  level) is below ``min_accept``, a weighted upper bound is below its threshold, or a level carrying
+  at least ``gate.level_weight_floor`` of the traffic is significantly slower than the baseline (its
+  interval below 1: a loss the user serves often, whatever the other levels gain); PASS when every
+  check holds and each weighted lower bound clears its threshold (``min_speedup``, and
+  ``min_gain_over_champion`` when a champion exists); INCONCLUSIVE otherwise. A lighter level
+  significantly slower is a warning of the decision, not a reason. Before ``gate.max_rounds`` an
+  open interval (or a PASS: see ``undecided``) means "measure another round".
 
-Noise that slows one arm by the same amount in every measured round cannot be told from a real difference by any
-statistic; the checks catch it when it exceeds the physical bound or does not last the whole measurement. That is
-why a PASS needs all ``gate.max_rounds`` rounds: to promote a slow draft, noise must cover the whole measurement.
-Symmetric noise (both arms slowed in the same rounds) cancels in the paired ratios, but a baseline that moves more
-than ``gate.max_baseline_drift`` is INCONCLUSIVE even so: such a machine is too unstable to certify a draft on.
+Noise that slows one arm by the same amount in every measured round cannot be told from a real
+difference by any statistic; the checks catch it when it exceeds the physical bound or does not last
+the whole measurement. That is why a PASS needs all ``gate.max_rounds`` rounds: to promote a slow
+draft, noise must cover the whole measurement. Symmetric noise (both arms slowed in the same rounds)
+cancels in the paired ratios, but a baseline that moves more than ``gate.max_baseline_drift`` is
+INCONCLUSIVE even so: such a machine is too unstable to certify a draft on.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -71,10 +79,38 @@ def _check(name: str, ok: bool, message: str) -> dict[str, object]:
     return {"name": name, "ok": ok, "message": message}
 
 
+def sampled_tokens(
+    rounds: dict[int, LevelStats], base: dict[int, LevelStats], name: str, gate: GateConfig
+) -> tuple[bool, str]:
+    """Whether an arm's tokens over its rounds agree with the baseline's when both sample: within
+    ``gate.max_token_mismatch`` or 4 standard deviations of the difference of two independent draws.
+    Each prompt is answered once per round by each arm, so over R rounds the difference of the
+    totals has variance sum_i 2 R s_i^2, s_i^2 the variance of prompt i's lengths over both arms."""
+    common = sorted(set(rounds) & set(base))
+    totals = [sum(side[r].completion_tokens for r in common) for side in (rounds, base)]
+    answers = [side[r].completion_lengths for side in (rounds, base) for r in common]
+    per_prompt = zip(*answers, strict=True)
+    variance = sum(2 * len(common) * statistics.variance(lengths) for lengths in per_prompt)
+    gap = abs(totals[0] - totals[1])
+    allowed = max(gate.max_token_mismatch * totals[1], 4 * math.sqrt(variance))
+    message = (
+        f"completion tokens over {len(common)} rounds {totals[0]} ({name}) vs {totals[1]} "
+        f"(baseline): gap {gap}, allowed {allowed:.0f} (sampled: the larger of "
+        f"{gate.max_token_mismatch:.0%} and 4 sd of two draws)"
+    )
+    return gap <= allowed, message
+
+
 def sanity_checks(
-    cand: dict[int, LevelStats], base: dict[int, LevelStats], others: dict[str, dict[int, LevelStats]], gate: GateConfig
+    cand: dict[int, LevelStats],
+    base: dict[int, LevelStats],
+    others: dict[str, dict[int, LevelStats]],
+    gate: GateConfig,
+    sampled: bool = False,
 ) -> list[dict[str, object]]:
-    """The physical checks over paired rounds of one level (``others``: every non-baseline arm compared, by name)."""
+    """The physical checks over paired rounds of one level (``others``: every non-baseline arm
+    compared, by name; ``sampled``: the arms sample, so their tokens are compared as draws,
+    ``sampled_tokens``)."""
     checks = []
     worst = max(
         ((cand[r].output_tok_s / base[r].output_tok_s) / cand[r].accept_length, r)
@@ -93,6 +129,12 @@ def sanity_checks(
         span = f"{min(base_tok_s):.1f}..{max(base_tok_s):.1f}"
         message = f"baseline tok/s moved {drift:.1%} between its rounds ({span}), limit {gate.max_baseline_drift:.0%}"
         checks.append(_check("baseline_drift", ok, message))
+    if sampled:
+        for name, rounds in others.items():
+            if set(rounds) & set(base):
+                ok, message = sampled_tokens(rounds, base, name, gate)
+                checks.append(_check("same_tokens", ok, message))
+        return checks
     gaps = [
         (abs(rounds[r].completion_tokens - base[r].completion_tokens) / max(base[r].completion_tokens, 1), name, r)
         for name, rounds in others.items()
@@ -116,6 +158,8 @@ def _level_verdict(interval: Interval | None, checks: list[dict[str, object]], g
 
 def level_verdicts(cand: ArmResult, base: ArmResult, champ: ArmResult | None, gate: GateConfig) -> list[LevelVerdict]:
     """Each level of the profile for ``cand`` on its own (``LevelVerdict``), ascending concurrency."""
+    profile = gate.sampling.get(cand.sampling or "")
+    sampled = profile is not None and profile.samples
     out = []
     for c, share in gate.shares.items():
         cand_r, base_r = cand.rounds_at(c), base.rounds_at(c)
@@ -125,7 +169,7 @@ def level_verdicts(cand: ArmResult, base: ArmResult, champ: ArmResult | None, ga
         others = {cand.name: cand_r} | ({champ.name: champ.rounds_at(c)} if champ else {})
         checks = [
             {**check, "message": f"concurrency {c}: {check['message']}", "concurrency": c}
-            for check in sanity_checks(cand_r, base_r, others, gate)
+            for check in sanity_checks(cand_r, base_r, others, gate, sampled)
         ]
         level = cand.level(c)
         out.append(LevelVerdict(

@@ -87,6 +87,9 @@ def preflight(
     draft: Path = typer.Option(..., "--draft", "-d", help="Draft export dir to check."),
     features: Path | None = typer.Option(None, help="Capture stage dir (features/<fp>) whose footer names the layers."),
     url: str | None = typer.Option(None, help="A live speculative server: also run the runtime checks against it."),
+    baseline_url: str | None = typer.Option(
+        None, help="With --url, its baseline: probe that --url samples as gate.sampling does."
+    ),
     smoke_prompts: int = typer.Option(4, help="Prompts in the runtime smoke run."),
     min_accept: float = typer.Option(1.5, help="Smoke accept length below this fails (a broken aux path gives ~1)."),
     recipe: str = RecipeOption,
@@ -111,7 +114,7 @@ def preflight(
         with console.status("offline acceptance smoke (CPU)"):
             checks += pf.run_offline(cfg, draft, features)
     if url:
-        checks += _runtime(cfg, url, draft, smoke_prompts, min_accept)
+        checks += _runtime(cfg, url, draft, smoke_prompts, min_accept, baseline_url)
     for check in checks:
         colour = "green" if check.ok else "red"
         results.print(f"[{colour}]{'PASS' if check.ok else 'FAIL'}[/{colour}] {check.name}: {check.message}")
@@ -120,7 +123,9 @@ def preflight(
         raise CliError(f"{len(failed)} of {len(checks)} preflight checks failed", code=EXIT_FAILED)
 
 
-def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float) -> list[Check]:
+def _runtime(
+    cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float, baseline_url: str | None
+) -> list[Check]:
     from transformers import AutoTokenizer
 
     from eagle3.gate import preflight as pf
@@ -128,8 +133,16 @@ def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: flo
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.target.model_path, revision=cfg.target.revision)
     prompts = load_gate_prompts(cfg.gate.prompt_sets, tokenizer, per_set=max(1, n))[:n]
+    ids = [list(p.input_ids) for p in prompts]
     with console.status(f"runtime preflight against {url}"):
-        return pf.run_runtime(url, [list(p.input_ids) for p in prompts], export_dir=draft, min_accept=min_accept)
+        checks = pf.run_runtime(url, ids, export_dir=draft, min_accept=min_accept)
+    if baseline_url:  # before a sampled gate: does the speculative server honour sampling?
+        from eagle3.gate.sampling_probe import check_sampling
+
+        sampled = [p.params() for p in cfg.gate.sampling.values() if not p.greedy]
+        with console.status(f"sampling probe against {url} and {baseline_url}"):
+            checks += [check_sampling(url, baseline_url, ids, params) for params in sampled]
+    return checks
 
 
 def gate(

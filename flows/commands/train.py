@@ -92,16 +92,25 @@ def evaluate(
     limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
     aux: str = typer.Option("eagle3", "--aux", help="eagle3 or last_hidden_only (the EAGLE misconfiguration)."),
+    temperature: float | None = typer.Option(
+        None, "--temperature", min=0, help="Also at this temperature (default: the gate's)."
+    ),
+    top_p: float = typer.Option(1.0, "--top-p", min=0, max=1, help="With --temperature."),
+    top_k: int = typer.Option(-1, "--top-k", help="With --temperature (-1: every token)."),
+    seeds: int = typer.Option(2, "--seeds", min=1, help="Sampled decodes per prompt."),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
 ) -> None:
-    """Offline acceptance: greedy chain speculation with the HF target; prints accept length."""
+    """Offline acceptance: chain speculation with the HF target; prints the greedy accept length
+    and, at each sampling the gate serves (or --temperature), the expected and measured accept
+    length along the target's sampled continuation, each with its 90% interval over prompts."""
     import torch
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3.gate.offline_accept import evaluate_acceptance, load_prompt_file
+    from eagle3.config.sampling import SamplingParams
+    from eagle3.gate.offline_accept import evaluate_acceptance, evaluate_sampled, load_prompt_file
     from eagle3.model.export_format import validate_export
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
@@ -110,6 +119,12 @@ def evaluate(
         console.print(f"[red]error:[/red] {draft} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
         raise typer.Exit(1)
     cfg = resolve_config(recipe, config, set_)
+    with bad_input(ValueError):
+        samplings = (
+            [SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)]
+            if temperature is not None
+            else [p.params() for p in cfg.gate.sampling.values() if not p.greedy]
+        )
     target_path = cfg.target.model_path
     tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.target.revision)
     target = AutoModelForCausalLM.from_pretrained(target_path, revision=cfg.target.revision,
@@ -118,11 +133,29 @@ def evaluate(
     prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     with Progress(console=console) as progress:
-        bar = progress.add_task("speculative decoding", total=len(prompt_ids))
-        result = evaluate_acceptance(decoder, prompt_ids, max_new_tokens=max_new_tokens, eos_ids=eos,
-                                     on_prompt=lambda: progress.advance(bar))
-    console.print(f"accept length {result['accept_length']:.3f} ({result['tokens']} tokens / "
-                  f"{result['verify_passes']} verify passes, aux={aux})")
+        total = len(prompt_ids) * (1 + len(samplings))
+        bar = progress.add_task("speculative decoding", total=total)
+        options = {"max_new_tokens": max_new_tokens, "eos_ids": eos}
+        options["on_prompt"] = lambda: progress.advance(bar)
+        result = evaluate_acceptance(decoder, prompt_ids, **options)
+        sampled = [
+            evaluate_sampled(decoder, prompt_ids, s, seeds=seeds, **options) for s in samplings
+        ]
+    console.print(
+        f"accept length {result['accept_length']:.3f} {_interval(result['interval'])} greedy "
+        f"({result['tokens']} tokens / {result['verify_passes']} verify passes, aux={aux})"
+    )
+    for r in sampled:
+        console.print(
+            f"at {r['sampling']}: expected accept length {r['expected_accept_length']:.3f} "
+            f"{_interval(r['expected_interval'])}, measured {r['accept_length']:.3f} "
+            f"{_interval(r['interval'])} ({r['prompts']} prompts x {r['seeds']} seeds, along the "
+            "target's sampled continuation)"
+        )
+
+
+def _interval(interval: list[float] | None) -> str:
+    return f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "[-]"
 
 
 def register(app: typer.Typer) -> None:

@@ -58,8 +58,12 @@ def test_the_features_came_from_sglangs_model_runner(night):
 def test_the_gate_measured_real_sglang_arms_with_sglangs_own_accept_counters(night):
     (gate,) = [d for d in (night["root"] / "gate").iterdir() if d.is_dir()]
     report = json.loads((gate / "report.json").read_text())
-    arms = {arm["role"]: arm for arm in report["arms"]}
+    arms = {arm["role"]: arm for arm in report["arms"] if arm["sampling"] == "greedy"}
     assert {"baseline", "candidate"} <= set(arms)
+    # the recipe's sampled profile: SGLang verifies greedily on CPU, refused; greedy gates
+    arm_roles = [(a["sampling"], a["role"]) for a in report["arms"]]
+    sampled = report["arms"][arm_roles.index(("sampled", "candidate"))]
+    assert "ignores sampling" in sampled["error"] and not sampled["rounds"]
     assert all(CPU_LAUNCHER in arm["launch_used"] for arm in arms.values())
     levels = arms["candidate"]["levels"]
     assert levels and all(lv["accept_source"] == ACCEPT_LENGTH_FIELD for lv in levels)

@@ -1,12 +1,14 @@
 """Command-line arguments of the reference server (argparse: the library cannot import typer).
 
-Flag spellings follow ``sglang.launch_server`` where SGLang has the flag (``--model-path``, ``--context-length``,
-``--max-running-requests``, ``--max-queued-requests``, the ``--speculative-*`` family), so the same generated
-launch line can point at either server. ``--speculative-algorithm EAGLE3`` (or ``EAGLE``) with a draft runs greedy
-chain speculative decoding (``eagle3.serve.reference.spec_engine``) and every speculative flag is reported by
-``/server_info``. ``--reasoning-parser`` splits ``/v1/chat/completions`` replies into ``reasoning_content`` and
-``content`` as SGLang's does. ``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the
-client-scaling benchmark.
+Flag spellings follow ``sglang.launch_server`` where SGLang has the flag (``--model-path``,
+``--context-length``, ``--max-running-requests``, ``--max-queued-requests``, the ``--speculative-*``
+family), so the same generated launch line can point at either server. ``--speculative-algorithm
+EAGLE3`` (or ``EAGLE``) with a draft runs chain speculative decoding (greedy, or speculative
+sampling for a request with a temperature) (``eagle3.serve.reference.spec_engine``) and every
+speculative flag is reported by ``/server_info``. ``--reasoning-parser`` splits
+``/v1/chat/completions`` replies into ``reasoning_content`` and ``content`` as SGLang's does.
+``--fault-*`` flags exist for tests only and ``--synthetic-*`` only for the client-scaling
+benchmark.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Split a chat reply's thinking into reasoning_content (SGLang's flag; eagle3.data.dialect).",
     )  # fmt: skip
     add_log_flags(p)
-    spec = p.add_argument_group("speculative decoding (SGLang flags; a draft is run as greedy chain speculation)")
+    spec = p.add_argument_group(
+        "speculative decoding (SGLang flags; a draft is run as chain speculation)"
+    )
     spec.add_argument(
         "--speculative-algorithm", default=None, help="EAGLE3, or EAGLE (the draft sees the last hidden state only)."
     )
@@ -52,6 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--speculative-eagle-topk", type=int, default=None, help="Above 1 still drafts a chain.")
     spec.add_argument(
         "--speculative-num-draft-tokens", type=int, default=None, help="Reported only: a chain verifies num-steps."
+    )
+    spec.add_argument(
+        "--speculative-accept-threshold-single",
+        type=float,
+        default=1.0,
+        help="Sampled verify: accept a draft whose target probability reaches this "
+        "(1.0: exact; lower is lossy).",
+    )
+    spec.add_argument(
+        "--speculative-accept-threshold-acc",
+        type=float,
+        default=1.0,
+        help="Sampled verify: accept a draft when the coin < its target probability / this "
+        "(1.0: exact).",
     )
     faults = p.add_argument_group("fault injection (tests only)")
     faults.add_argument("--fault-fail-rate", type=float, default=0.0, help="Answer 500 to this fraction of /generate.")

@@ -1,20 +1,25 @@
 """Decoding engines behind the reference server.
 
-An ``Engine`` owns the model and the running batch; the scheduler (``scheduler.py``) owns the waiting queue and
-calls ``admit`` and ``step`` from one worker thread. Keeping the engine behind this small protocol is what lets a
-speculative engine (EAGLE-3 draft + chain verification) slot in later: it implements the same two calls and
-reports more than one token per step and the true number of target forward passes (``verify_ct``).
+An ``Engine`` owns the model and the running batch; the scheduler (``scheduler.py``) owns the
+waiting queue and calls ``admit`` and ``step`` from one worker thread. Keeping the engine behind
+this small protocol is what lets a speculative engine (EAGLE-3 draft + chain verification) slot in
+later: it implements the same two calls and reports more than one token per step and the true number
+of target forward passes (``verify_ct``).
 
 ``HFEngine`` design (continuous batching with a per-sequence KV cache):
 
-* A ``DynamicCache`` holds the running batch, left padded: row ``b`` of every layer's keys is sequence ``b``'s
-  keys, with zeros in padding columns that the 2-D attention mask hides. Position ids are explicit (count of real
-  tokens so far), so RoPE is applied per sequence no matter where it sits in the padded cache.
-* ``step`` either prefills newly admitted sequences (one left-padded forward over their prompts) and merges their
-  cache into the running one (pad both on the left to a common length, concatenate on the batch axis), or runs
-  one batched decode forward for every running sequence. Finished rows are removed with ``batch_select_indices``
-  and leading all-padding columns are trimmed.
-* Greedy decoding of a sequence therefore gives the same tokens alone or in any batch (up to float rounding).
+* A ``DynamicCache`` holds the running batch, left padded: row ``b`` of every layer's keys is
+  sequence ``b``'s keys, with zeros in padding columns that the 2-D attention mask hides. Position
+  ids are explicit (count of real tokens so far), so RoPE is applied per sequence no matter where it
+  sits in the padded cache.
+* ``step`` either prefills newly admitted sequences (one left-padded forward over their prompts) and
+  merges their cache into the running one (pad both on the left to a common length, concatenate on
+  the batch axis), or runs one batched decode forward for every running sequence. Finished rows are
+  removed with ``batch_select_indices`` and leading all-padding columns are trimmed.
+* Greedy decoding of a sequence therefore gives the same tokens alone or in any batch (up to float
+  rounding), and so does seeded sampling: each request draws from its own coin stream
+  (``sampling.RowSampling``, made at admission by ``row_sampling``: its ``sampling_seed``, else a
+  seed from the engine's generator).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 
 import torch
 
-from eagle3.serve.reference.protocol import SamplingParams, Sequence
+from eagle3.serve.reference.protocol import Sequence
+from eagle3.serve.reference.sampling import next_tokens, row_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -54,27 +60,6 @@ class FinishChecker:
             or len(seq.prompt_ids) + len(seq.output_ids) >= self.context_length
         ):
             seq.finish_reason = {"type": "length", "length": len(seq.output_ids)}
-
-
-def sample_next(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator) -> list[int]:
-    """One token per row of ``logits`` [B, V]: argmax for greedy rows, temperature/top-k/top-p sampling otherwise."""
-    greedy = logits.argmax(dim=-1).tolist()
-    out = []
-    for b, p in enumerate(params):
-        if p.temperature <= 1e-6 or p.top_k == 1:
-            out.append(int(greedy[b]))
-            continue
-        row = logits[b].float() / p.temperature
-        if 0 < p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < p.top_p  # always keeps the top token
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-        out.append(int(torch.multinomial(probs, 1, generator=generator).item()))
-    return out
 
 
 def cache_keyword(model: Any) -> str:
@@ -117,6 +102,8 @@ class HFEngine:
         return len(self._running) + len(self._pending)
 
     def admit(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            row_sampling(seq, self.generator)
         self._pending.extend(seqs)
 
     def reset(self) -> None:
@@ -148,7 +135,7 @@ class HFEngine:
         return out.logits[:, -1, :].float().cpu()  # [B, V]
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        for seq, token in zip(seqs, sample_next(logits, [s.params for s in seqs], self.generator), strict=True):
+        for seq, token in zip(seqs, next_tokens(logits, [s.sampling for s in seqs]), strict=True):
             seq.output_ids.append(token)
             seq.verify_ct += 1
             self.finish.check(seq)

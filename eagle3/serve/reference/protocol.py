@@ -15,7 +15,9 @@ DEFAULT_NUM_STEPS = 3  # draft tokens a verify pass checks without --speculative
 
 @dataclass
 class SamplingParams:
-    """The SGLang ``sampling_params`` subset. ``temperature == 0`` is greedy; ``top_k=-1`` disables top-k."""
+    """The SGLang ``sampling_params`` subset. A temperature below 1e-6 (or ``top_k=1``) is greedy;
+    ``top_k=-1`` disables top-k; ``sampling_seed`` seeds the request's coins
+    (``eagle3.serve.reference.sampling``)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -23,6 +25,11 @@ class SamplingParams:
     top_k: int = -1
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6 or self.top_k == 1
 
 
 @dataclass
@@ -37,6 +44,7 @@ class Sequence:
     verify_ct: int = 0
     accepted_drafts: list[int] = field(default_factory=list)  # per verify pass (a speculative engine's)
     created: float = field(default_factory=time.monotonic)
+    sampling: Any = None  # the engine's sampling state of it (``sampling.RowSampling``)
 
     @property
     def finished(self) -> bool:

@@ -39,7 +39,15 @@ class GenerateRequest:
 
 # SGLang 0.5.23's sampling parameters, in the order its decoder lists them in an unknown-field error; the reference
 # server implements the first group and takes the others only at their no-op value (anything else is a 400).
-IMPLEMENTED = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "ignore_eos")
+IMPLEMENTED = (
+    "max_new_tokens",
+    "stop",
+    "temperature",
+    "top_p",
+    "top_k",
+    "ignore_eos",
+    "sampling_seed",
+)
 SGLANG_SAMPLING_FIELDS = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
@@ -123,6 +131,12 @@ def parse_sampling(raw: Any, *, default_max_new_tokens: int = 128) -> SamplingPa
         p.stop = stop
     if raw.get("ignore_eos") is not None:
         p.ignore_eos = _typed(raw, "ignore_eos", "a boolean")
+    if raw.get("sampling_seed") is not None:
+        p.sampling_seed = _typed(raw, "sampling_seed", "i64")
+        if not -(2**63) <= p.sampling_seed <= 2**63 - 1:
+            raise BadRequest(
+                f"sampling_seed must be in [-2**63, 2**63 - 1], got {p.sampling_seed}."
+            )
     return p
 
 

@@ -1,34 +1,49 @@
-"""Batched greedy chain speculation: every running sequence of the reference server's speculative engine advances
-by one draft-verify cycle at once, as SGLang's EAGLE worker verifies the drafts of its whole running batch in one
-target forward.
+"""Batched chain speculation: every running sequence of the reference server's speculative engine
+advances by one draft-verify cycle at once, as SGLang's EAGLE worker verifies the drafts of its
+whole running batch in one target forward.
 
 One cycle (``ChainBatch.cycle``) for B running rows:
 
 1. draft: each row's first draft token comes from the draft logits kept since its last extend, then
-   ``num_steps - 1`` batched draft forwards ``[B, 1]`` chain the rest (speculative draft-cache entries);
+   ``num_steps - 1`` batched draft forwards ``[B, 1]`` chain the rest (speculative draft-cache
+   entries);
 2. verify: one batched target forward over ``[last token] + proposal`` (``[B, num_steps + 1]``);
-3. accept per row: the longest proposal prefix equal to the target's greedy choice, plus the target's bonus token;
-4. rejected positions leave both caches before anything attends to them again: the speculative draft entries (the
-   same ``num_steps - 1`` columns in every row) are cropped, the target's rejected columns are masked, the accepted
-   pairs are appended to the draft cache in one batched extend (rows of different accept lengths masked), and both
-   caches are then compacted per row (``_compact_index``): a stable sort of each row's mask moves its real columns
-   to the right in order, so masked columns are dropped and the left padding is as short as the longest row needs.
+3. accept per row (``ChainBatch._verify``): a greedy row keeps the longest proposal prefix equal to
+   the target's argmax, plus the target's bonus token; a sampled row is verified by speculative
+   sampling (``eagle3.serve.reference.sampling.verify_chain``, SGLang's default kernel for a chain:
+   exact at thresholds 1.0), from its own coin stream, so its tokens have the target's distribution
+   at the request's temperature;
+4. rejected positions leave both caches before anything attends to them again: the speculative draft
+   entries (the same ``num_steps - 1`` columns in every row) are cropped, the target's rejected
+   columns are masked, the accepted pairs are appended to the draft cache in one batched extend
+   (rows of different accept lengths masked), and both caches are then compacted per row
+   (``_compact_index``): a stable sort of each row's mask moves its real columns to the right in
+   order, so masked columns are dropped and the left padding is as short as the longest row needs.
 
-Layout (both caches, as ``engine.HFEngine``): rows left padded, a ``[B, S]`` mask of real columns, explicit position
-ids (the count of real tokens), so RoPE and attention are per row wherever a row sits in the padded cache.
-Invariant between cycles: a row of ``n`` tokens (prompt + output) holds ``n - 1`` real target columns (its last
-token is fed by the next verify) and ``n - 1`` real draft columns, the pairs ``(aux_t, token_{t+1})`` for
-``t < n - 1`` at RoPE position ``t`` (``specdec.SpeculativeDecoder``'s draft state, one row per sequence).
+Layout (both caches, as ``engine.HFEngine``): rows left padded, a ``[B, S]`` mask of real columns,
+explicit position ids (the count of real tokens), so RoPE and attention are per row wherever a row
+sits in the padded cache. Invariant between cycles: a row of ``n`` tokens (prompt + output) holds
+``n - 1`` real target columns (its last token is fed by the next verify) and ``n - 1`` real draft
+columns, the pairs ``(aux_t, token_{t+1})`` for ``t < n - 1`` at RoPE position ``t``
+(``specdec.SpeculativeDecoder``'s draft state, one row per sequence).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from eagle3.model.draft import DraftKVCache
 from eagle3.serve.reference.hf_engine import cache_keyword, left_pad
+from eagle3.serve.reference.sampling import (
+    RowSampling,
+    Verified,
+    next_tokens,
+    target_probs,
+    verify_chain,
+    verify_greedy,
+)
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
 
@@ -66,6 +81,16 @@ def _cat(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else torch.cat([a, b])
 
 
+class Cycle(NamedTuple):
+    """One draft-verify cycle of every row: its new tokens (accepted drafts then the next token),
+    the drafts it accepted, and ``draft_probs [B, S]``: the target's probability of each draft given
+    the drafts before it (at the row's sampling; its acceptance probability at thresholds 1.0)."""
+
+    tokens: list[list[int]]
+    accepted: list[int]
+    draft_probs: torch.Tensor
+
+
 class ChainBatch:
     """The target and draft caches of the running rows and each row's draft state (see module docstring)."""
 
@@ -85,6 +110,7 @@ class ChainBatch:
         self._logits: torch.Tensor | None = None  # [B, V_draft] draft logits there: each row's next first draft
         self._last = torch.zeros(0, dtype=torch.long)  # [B] each row's last token (not yet in the target cache)
         self._length = torch.zeros(0, dtype=torch.long)  # [B] tokens per row, prompt + output
+        self._rows: list[RowSampling] = []  # each row's sampling and coin stream
 
     @property
     def size(self) -> int:
@@ -109,8 +135,10 @@ class ChainBatch:
         return logits.float().cpu(), out
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]]) -> list[int]:
-        """Add a row per prompt (after the running ones); returns each one's first token, the target's greedy."""
+    def prefill(self, prompts: list[list[int]], rows: list[RowSampling] | None = None) -> list[int]:
+        """Add a row per prompt (after the running ones), sampling as ``rows`` say (default greedy);
+        returns each one's first token, drawn from the target as the plain engine draws it."""
+        rows = rows if rows is not None else [RowSampling() for _ in prompts]
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         mask = torch.zeros(len(prompts), width, dtype=torch.bool)
@@ -120,7 +148,7 @@ class ChainBatch:
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, S]
         cache = self._cache_cls()
         logits, aux = self._target(ids, mask, positions, cache, last_only=True)
-        first = logits[:, -1].argmax(-1)  # [B]
+        first = torch.tensor(next_tokens(logits[:, -1], rows), dtype=torch.long)  # [B]
         draft = DraftKVCache()
         pairs = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # (aux_t, token_{t+1}) at every prompt position t
         draft_logits, hidden = self._draft_step(draft, mask, pairs, aux, positions)
@@ -134,11 +162,12 @@ class ChainBatch:
         self._logits = _cat(self._logits, draft_logits[:, -1])
         self._last = torch.cat([self._last, first])
         self._length = torch.cat([self._length, torch.tensor([len(p) + 1 for p in prompts])])
+        self._rows = self._rows + list(rows)
         return first.tolist()
 
     @torch.inference_mode()
-    def cycle(self) -> tuple[list[list[int]], list[int]]:
-        """One draft-verify cycle of every row: (each row's new tokens, accepted drafts then bonus; drafts accepted)."""
+    def cycle(self) -> Cycle:
+        """One draft-verify cycle of every row (``Cycle``)."""
         assert self._hidden is not None and self._logits is not None
         steps, rows = self.d.num_steps, torch.arange(self.size)
         proposal = self._propose()  # [B, steps]
@@ -147,18 +176,30 @@ class ChainBatch:
         mask = torch.cat([self._mask, torch.ones(self.size, steps + 1, dtype=torch.bool)], dim=1)
         cache = self._cache_cls(ddp_cache_data=self._layers)
         logits, aux = self._target(torch.cat([self._last[:, None], proposal], dim=1), mask, positions, cache)
-        greedy = logits.argmax(-1)  # [B, steps + 1]: greedy[:, i] is the target's token after proposal[:, :i]
-        accepted = (proposal == greedy[:, :steps]).long().cumprod(1).sum(1)  # [B]
+        verified = self._verify(logits, proposal)
+        accepted, new = verified.accepted, verified.tokens
         keep = offsets[None] <= accepted[:, None]  # [B, steps + 1]: the last token and the accepted drafts
-        bonus = greedy[rows, accepted]  # [B]
-        new = torch.cat([proposal, proposal[:, :1]], dim=1)
-        new[rows, accepted] = bonus  # row b: proposal[b, :a_b] + [bonus_b], then columns nobody reads
         mask[:, -(steps + 1) :] = keep  # rejected target columns: masked now, dropped by the compaction below
         self._layers = [(k, v) for k, v, _ in cache]
         self._extend_draft(new, aux, positions, keep)
         self._compact_target(mask)
-        self._last, self._length = bonus, self._length + accepted + 1
-        return [new[b, : int(a) + 1].tolist() for b, a in enumerate(accepted)], accepted.tolist()
+        self._last, self._length = new[rows, accepted], self._length + accepted + 1
+        tokens = [new[b, : int(a) + 1].tolist() for b, a in enumerate(accepted)]
+        return Cycle(tokens, accepted.tolist(), verified.draft_probs)
+
+    def _verify(self, logits: torch.Tensor, proposal: torch.Tensor) -> Verified:
+        """Greedy rows by argmax; with any sampled row, speculative sampling from each row's coins
+        (a greedy row's distribution is one-hot there, so it gets the greedy answer either way)."""
+        if all(row.greedy for row in self._rows):
+            return verify_greedy(logits, proposal)
+        steps = proposal.shape[1]
+        coins = torch.stack([row.coins(steps + 1) for row in self._rows])  # [B, steps + 1]
+        single, acc = self.d.accept_thresholds
+        probs = target_probs(logits, self._rows)
+        coins, final = coins[:, :steps], coins[:, steps]
+        return verify_chain(
+            probs, proposal, coins, final, threshold_single=single, threshold_acc=acc
+        )
 
     def _propose(self) -> torch.Tensor:
         """``num_steps`` draft tokens per row (target ids), chained in ``num_steps - 1`` batched draft forwards."""
@@ -205,6 +246,7 @@ class ChainBatch:
         self._draft.k, self._draft.v = k[dev_index], v[dev_index]
         self._hidden, self._logits = self._hidden[dev_index], self._logits[index]
         self._last, self._length = self._last[index], self._length[index]
+        self._rows = [self._rows[i] for i in keep]
         mask = self._mask[index]
         self._compact_draft(mask)
         self._compact_target(mask)

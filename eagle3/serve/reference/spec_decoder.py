@@ -1,26 +1,31 @@
-"""Reference EAGLE-3 speculative decoding (greedy chain) with an HF target and an exported draft.
+"""Reference EAGLE-3 speculative decoding (chain) with an HF target and an exported draft.
 
-One round: the draft proposes ``num_steps`` tokens (one from the last real position, then ``num_steps - 1`` chained
-steps feeding its own pre-norm hidden back), the target verifies all of them in one forward pass, the longest
-prefix that equals the target's greedy choice is kept plus the target's bonus token. The output is therefore
-exactly the target's greedy decoding; the draft only changes how many target passes it takes.
-Accept length = generated tokens / target verify passes (SGLang's ``completion_tokens / spec_verify_ct``: the
+One round: the draft proposes ``num_steps`` tokens (one from the last real position, then
+``num_steps - 1`` chained steps feeding its own pre-norm hidden back), the target verifies all of
+them in one forward pass. Greedy: the longest prefix that equals the target's greedy choice is kept
+plus the target's bonus token, so the output is exactly the target's greedy decoding. Sampled (a
+``RowSampling`` with a temperature): speculative sampling
+(``eagle3.serve.reference.sampling.verify_chain``), so the output has the target's distribution at
+that sampling. Either way the draft only changes how many target passes it takes. Accept length =
+generated tokens / target verify passes (SGLang's ``completion_tokens / spec_verify_ct``: the
 prefill that yields the first token is not a verify pass).
 
-Draft state mirrors SGLang: the draft KV cache holds one entry per *real* position ``t`` built from the pair
-``(target aux hidden of token t, token t+1)`` at RoPE position ``t``; speculative entries are dropped after every
-verification (``DraftKVCache.crop``) and the accepted tokens' pairs are appended with the target's aux hidden
-states from the verify pass. The target's ``DynamicCache`` is cropped to the accepted length.
+Draft state mirrors SGLang: the draft KV cache holds one entry per *real* position ``t`` built from
+the pair ``(target aux hidden of token t, token t+1)`` at RoPE position ``t``; speculative entries
+are dropped after every verification (``DraftKVCache.crop``) and the accepted tokens' pairs are
+appended with the target's aux hidden states from the verify pass. The target's ``DynamicCache`` is
+cropped to the accepted length.
 
-``aux="last_hidden_only"`` reproduces serving an EAGLE-3 draft with SGLang's plain ``EAGLE`` algorithm: the draft
-gets the target's final hidden state (HF ``hidden_states[-1]``, the post-norm input of ``lm_head``, which is what
-SGLang hands EAGLE) instead of the 3-layer fusion, and because that is already ``H`` wide ``fc`` is skipped. The
-accept length collapses towards 1.0, the signature preflight looks for.
+``aux="last_hidden_only"`` reproduces serving an EAGLE-3 draft with SGLang's plain ``EAGLE``
+algorithm: the draft gets the target's final hidden state (HF ``hidden_states[-1]``, the post-norm
+input of ``lm_head``, which is what SGLang hands EAGLE) instead of the 3-layer fusion, and because
+that is already ``H`` wide ``fc`` is skipped. The accept length collapses towards 1.0, the signature
+preflight looks for.
 
-It lives in ``serve`` because the reference server's batched speculative engine (``eagle3.serve.reference.spec_batch``)
-runs its loaded draft through ``draft_input`` and ``draft_step``, and this one-sequence loop is the reference the
-batched one is tested against; the gate's offline acceptance (``eagle3.gate.offline_accept``) builds on it from the
-layer above.
+It lives in ``serve`` because the reference server's batched speculative engine
+(``eagle3.serve.reference.spec_batch``) runs its loaded draft through ``draft_input`` and
+``draft_step``, and this one-sequence loop is the reference the batched one is tested against; the
+gate's offline acceptance (``eagle3.gate.offline_accept``) builds on it from the layer above.
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ import torch
 
 from eagle3.model.draft import DraftKVCache
 from eagle3.model.export_format import load_draft, target_ids
+from eagle3.serve.reference.sampling import (
+    RowSampling,
+    next_tokens,
+    target_probs,
+    verify_chain,
+    verify_greedy,
+)
 
 AuxMode = Literal["eagle3", "last_hidden_only"]
 
@@ -50,7 +62,11 @@ class _State:
 
 
 class SpeculativeDecoder:
-    """Greedy chain speculative decoding; ``generate`` returns (new token ids, target verify passes)."""
+    """Chain speculative decoding; ``generate`` returns the new token ids and each verify pass's
+    counts. ``accept_thresholds`` (single, acc) are SGLang's ``--speculative-accept-threshold-*``
+    (1.0: exact)."""
+
+    accept_thresholds: tuple[float, float] = (1.0, 1.0)
 
     def __init__(
         self,
@@ -107,37 +123,61 @@ class SpeculativeDecoder:
             proposal.append(int(self.draft_ids[logits[0, -1].argmax()]))
         return proposal
 
-    def _verify(self, state: _State, proposal: list[int]) -> list[int]:
-        """One target pass over ``[last token] + proposal``; returns the accepted tokens + the bonus token."""
+    def _verify(
+        self, state: _State, proposal: list[int], sampling: RowSampling
+    ) -> tuple[list[int], list[float]]:
+        """One target pass over ``[last token] + proposal``; returns the accepted tokens + the next
+        token, and the target's probability of each draft given the drafts before it."""
         length = len(state.tokens)  # the last token is not yet in the target cache
         logits, aux = self._target_forward([state.tokens[-1], *proposal], state.target_cache)
-        greedy = logits.argmax(-1).tolist()  # greedy[i] = the target's token after proposal[:i]
-        accepted = 0
-        while accepted < len(proposal) and proposal[accepted] == greedy[accepted]:
-            accepted += 1
-        new_tokens = [*proposal[:accepted], greedy[accepted]]
+        drafts = torch.tensor([proposal])
+        if sampling.greedy:
+            verified = verify_greedy(logits.float().cpu()[None], drafts)
+        else:
+            coins = sampling.coins(len(proposal) + 1)[None]
+            probs = target_probs(logits.float().cpu()[None], [sampling])
+            single, acc = self.accept_thresholds
+            coins, final = coins[:, :-1], coins[:, -1]
+            verified = verify_chain(
+                probs, drafts, coins, final, threshold_single=single, threshold_acc=acc
+            )
+        accepted = int(verified.accepted[0])
+        new_tokens = verified.tokens[0, : accepted + 1].tolist()
         _crop_target_cache(state.target_cache, length + accepted)
         state.draft_cache.crop(length - 1)
         self._draft_extend(state, aux[:, : accepted + 1], new_tokens, start=length - 1)
-        return new_tokens
+        return new_tokens, verified.draft_probs[0].tolist()
 
     @torch.no_grad()
-    def generate(self, input_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()) -> Decoded:
-        """Decode greedily from a prompt; stops at ``max_new_tokens`` or after an eos id (kept in the output)."""
+    def generate(
+        self,
+        input_ids: Sequence[int],
+        max_new_tokens: int,
+        eos_ids: Sequence[int] = (),
+        sampling: RowSampling | None = None,
+    ) -> Decoded:
+        """Decode from a prompt, greedily or as ``sampling`` says; stops at ``max_new_tokens`` or
+        after an eos id (kept in the output)."""
         from transformers import DynamicCache
 
+        sampling = sampling if sampling is not None else RowSampling()
         prompt = [int(t) for t in input_ids]
         state = _State(target_cache=DynamicCache(), draft_cache=DraftKVCache(), tokens=list(prompt))
         logits, aux = self._target_forward(prompt, state.target_cache)
-        state.tokens.append(int(logits[-1].argmax()))
+        state.tokens += next_tokens(logits[-1:].float().cpu(), [sampling])
         self._draft_extend(state, aux, state.tokens[1:], start=0)
         accepted: list[int] = []
+        draft_probs: list[list[float]] = []
+        draft_probs: list[list[float]]
         eos = set(eos_ids)
         while not self._done(state.tokens[len(prompt) :], max_new_tokens, eos):
-            new_tokens = self._verify(state, self._propose(state, len(state.tokens)))
+            proposal = self._propose(state, len(state.tokens))
+            new_tokens, probs = self._verify(state, proposal, sampling)
             state.tokens.extend(new_tokens)
-            accepted.append(len(new_tokens) - 1)  # the bonus token is the target's, not a draft's
-        return Decoded(_truncate(state.tokens[len(prompt) :], max_new_tokens, eos), len(accepted), accepted)
+            accepted.append(len(new_tokens) - 1)  # the next token is the target's, not a draft's
+            draft_probs.append(probs)
+        output = _truncate(state.tokens[len(prompt) :], max_new_tokens, eos)
+        return Decoded(output, len(accepted), accepted, draft_probs)
 
     @staticmethod
     def _done(generated: list[int], max_new_tokens: int, eos: set[int]) -> bool:
@@ -145,11 +185,14 @@ class SpeculativeDecoder:
 
 
 class Decoded(NamedTuple):
-    """A decoded request: its tokens, the target verify passes, and the drafts each pass accepted."""
+    """A decoded request: its tokens, the target verify passes, the drafts each pass accepted, and
+    each pass's ``p_j(x_j)`` (the target's probability of draft j given the drafts before it, at the
+    request's sampling)."""
 
     tokens: list[int]
     passes: int
     accepted: list[int]
+    draft_probs: list[list[float]]
 
 
 def _crop_target_cache(cache: Any, keep: int) -> None:

@@ -18,6 +18,7 @@ from eagle3.gate.served_profile import (
     load_profile,
     mean_concurrency,
     profile_dir,
+    served_sampling,
     traffic_levels,
     with_served_profile,
 )
@@ -70,6 +71,7 @@ def test_the_served_profile_becomes_the_gates_traffic_lengths_and_prompt_set(
         and "served requests" in gate.profile_note
     )
     assert profile.sampling[0]["temperature"] == 0 and profile.sampling[0]["share"] == 1.0
+    assert list(gate.sampling) == ["greedy"]  # the logs' one sampling, in place of the recipe's
     assert with_served_profile(profiled) is profiled  # resolved once
 
 
@@ -117,3 +119,18 @@ def test_the_gate_report_says_how_its_profile_was_built():
         passed=False,
     )
     assert f"traffic profile built {note}" in to_markdown(report)
+
+
+def test_the_samplings_the_logs_hold_become_the_gates_sampling_profiles():
+    observed = [
+        {"temperature": 1.0, "top_p": 0.95, "top_k": -1, "share": 0.6},
+        {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "share": 0.3},
+        {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "share": 0.06},  # top_k 0: not a sampling
+        {"temperature": 0.2, "top_p": 1.0, "top_k": -1, "share": 0.04},  # under a tenth
+    ]
+    profiles = served_sampling(observed)
+    assert list(profiles) == ["T=1 top_p=0.95", "greedy"]
+    assert profiles["T=1 top_p=0.95"].decides and profiles["greedy"].decides  # 30% >= a quarter
+    rare = served_sampling([{**observed[0], "share": 0.85}, {**observed[1], "share": 0.15}])
+    assert rare["T=1 top_p=0.95"].decides and not rare["greedy"].decides
+    assert served_sampling([]) == {}

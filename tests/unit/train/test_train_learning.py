@@ -59,7 +59,7 @@ def test_trained_draft_accepts_more_and_both_drafts_decode_exactly_greedy(draft_
         decoder = SpeculativeDecoder(draft_world.target, draft_world.tokenizer, export, num_steps=3)
         tokens = passes = 0
         for prompt, expected in zip(prompts, reference, strict=True):
-            output, verify, _ = decoder.generate(prompt, MAX_NEW, [draft_world.eos])
+            output, verify, _, _ = decoder.generate(prompt, MAX_NEW, [draft_world.eos])
             assert output == expected
             tokens, passes = tokens + len(output), passes + verify
         accept[name] = tokens / passes

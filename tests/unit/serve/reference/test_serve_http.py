@@ -67,6 +67,21 @@ def test_concurrent_greedy_requests_equal_each_alone(server):
     assert [b["output_ids"] for _, b in together] == [b["output_ids"] for _, b in alone]
 
 
+def test_a_seeded_sampled_request_gives_its_tokens_alone_and_among_others(server):
+    def sampled(prompt: list[int], seed: int) -> dict:
+        params = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95, "sampling_seed": seed}
+        return {"input_ids": prompt, "sampling_params": params}
+
+    prompts = [[5 + (i * 7 + j) % 200 for j in range(3 + 4 * i)] for i in range(4)]
+    url = f"{server.url}/generate"
+    alone = [_run_posts(url, [sampled(p, i)])[0] for i, p in enumerate(prompts)]
+    together = _run_posts(url, [sampled(p, i) for i, p in enumerate(prompts)])
+    reseeded = _run_posts(url, [sampled(p, 100 + i) for i, p in enumerate(prompts)])
+    outputs = [b["output_ids"] for _, b in together]
+    assert outputs == [b["output_ids"] for _, b in alone]
+    assert outputs != [b["output_ids"] for _, b in reseeded]
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
@@ -77,6 +92,8 @@ def test_concurrent_greedy_requests_equal_each_alone(server):
         ({"input_ids": [5], "sampling_params": {"max_new_tokens": "x"}}, 'string "x", expected i64'),
         ({"text": "hi", "input_ids": [5]}, "exactly one"),
         ([1, 2], "JSON object"),
+        ({"input_ids": [5], "sampling_params": {"sampling_seed": 1.5}}, "`1.5`, expected i64"),
+        ({"input_ids": [5], "sampling_params": {"sampling_seed": 2**64}}, "sampling_seed must be"),
     ],
 )
 def test_bad_input_answers_400_with_a_message(server, body, needle):

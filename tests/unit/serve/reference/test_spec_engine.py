@@ -8,7 +8,8 @@ import argparse
 import pytest
 import torch
 
-from eagle3.serve.reference.hf_engine import HFEngine, SamplingParams, Sequence
+from eagle3.serve.reference.hf_engine import HFEngine
+from eagle3.serve.reference.protocol import SamplingParams, Sequence
 from eagle3.serve.reference.spec_engine import build_speculative_engine, check_speculative_args
 
 pytestmark = pytest.mark.slow
