@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 PROFILE_FILE, PROMPTS_FILE = "profile.json", "served.jsonl"
 SERVED_SET = "served"
 PROFILE_VERSION = "1"
-# the share of the requests a sampling needs to be measured by the gate, and for its verdict to decide
+# the share of the requests a sampling needs to be measured, and for its verdict to decide
 SAMPLING_SHARE, DECIDING_SHARE = 0.1, 0.25
 
 
