@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -30,14 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from aimed_scaling import Run, World, interval, spread
-from common import resumable
+from aimed_scaling import Run, World, interval, seed_world, spread
+from common import publish, resumable
 
-from eagle3.data.served_log import log_files
+from eagle3.config.gate import SpeculativeConfig
+from eagle3.data.served_log import log_files, log_flags
 from eagle3.data.template import render_prompt
 from eagle3.scaling.allocation import DomainState
 from eagle3.scaling.served_accept import allocate_headroom, served_accept
 from eagle3.serve.launch import reference_server
+from eagle3.serve.launch_commands import speculative_args
 from eagle3.worlds.domains_world import DOMAINS, build_domains_world, domain_prompts
 
 HEADER = "x-smg-routing-key"
@@ -51,31 +52,9 @@ def serve_day(
     import aiohttp
 
     logs = work / f"logs-{day}"
-    flags = [
-        "--num-threads",
-        "1",
-        "--max-running-requests",
-        "8",
-        "--dtype",
-        "float32",
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        str(export),
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-        "--log-requests",
-        "--log-requests-level",
-        "1",
-        "--log-requests-format",
-        "json",
-        "--log-requests-target",
-        str(logs),
-    ]
+    spec = SpeculativeConfig(num_steps=steps, num_draft_tokens=steps + 1)
+    flags = ["--num-threads", "1", "--max-running-requests", "8", "--dtype", "float32"]
+    flags += [*speculative_args(spec, str(export)), *log_flags(logs, level=1)]
     traffic = [
         (d, render_prompt(world.tokenizer, [c[0]]))
         for d in DOMAINS
@@ -147,10 +126,7 @@ class ServedRun(Run):
 
 def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
-    world = World(model_dir, seed=seed, pool=args.pool, held_out=args.eval, max_new=args.max_new)
-    start = dict.fromkeys(DOMAINS, 0)
-    for domain, _row in world.interleaved()[: args.start]:
-        start[domain] += 1
+    world, start = seed_world(model_dir, seed, args)
     work = Path(tempfile.mkdtemp(prefix=f"eagle3-served-aimed-{seed}-"))
     runs = {
         "uniform": Run(world, "uniform", start, work, args),
@@ -230,9 +206,7 @@ def main() -> None:
         "wall_s": [r["wall_s"] for r in results],
         "mean_wall_s": statistics.fmean(r["wall_s"] for r in results),
     }
-    if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
-    print(json.dumps(summary, indent=2))
+    publish(summary, results, args.out)
 
 
 if __name__ == "__main__":

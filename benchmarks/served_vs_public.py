@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from aimed_scaling import interval
-from common import resumable
+from common import publish, resumable
 
 from eagle3.capture.stage import CaptureStage
 from eagle3.config.pipeline import PipelineConfig
@@ -132,9 +132,7 @@ def main() -> None:
         "rows": [r["rows"] for r in results],
         "mean_wall_s": statistics.fmean(r["wall_s"] for r in results),
     }
-    if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
-    print(json.dumps(summary, indent=2))
+    publish(summary, results, args.out)
 
 
 if __name__ == "__main__":

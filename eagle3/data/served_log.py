@@ -54,14 +54,14 @@ LOG_NAME = re.compile(r"^(?P<base>.+\.log)(?:\.(?P<rotated>\d{4}-\d\d-\d\d_\d\d)
 HEALTH_CHECK_PREFIX = "HEALTH_CHECK"
 # a server's /server_info beside its logs (eagle3.serve.launch)
 SERVER_INFO_FILE = "server_info.json"
-LOG_FLAGS = ("--log-requests", "--log-requests-level", "3", "--log-requests-format", "json")
+LOG_FLAGS = ("--log-requests", "--log-requests-format", "json")
 TARGET_FLAG = "--log-requests-target"
 
 
-def log_flags(directory: str | Path) -> list[str]:
+def log_flags(directory: str | Path, *, level: int = 3) -> list[str]:
     """The flags that make SGLang (or the reference server) write what ``iter_log`` reads into
-    ``directory``."""
-    return [*LOG_FLAGS, TARGET_FLAG, str(directory)]
+    ``directory`` (level 3: every field; 0 and 1: ``meta_info`` only)."""
+    return [*LOG_FLAGS, "--log-requests-level", str(level), TARGET_FLAG, str(directory)]
 
 
 def log_dirs(argv: Sequence[str]) -> list[str]:

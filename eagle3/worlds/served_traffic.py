@@ -155,8 +155,10 @@ async def _send(
 def _build_into(
     root: Path, spec: ServedTrafficSpec, world: TinyWorld, say: Callable[[str], None]
 ) -> ServedTraffic:
+    from eagle3.config.gate import SpeculativeConfig
     from eagle3.data.served_log import log_flags
     from eagle3.serve.launch import reference_server
+    from eagle3.serve.launch_commands import speculative_args
 
     start = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
@@ -171,18 +173,7 @@ def _build_into(
         *log_flags(log_dir),
     ]
     if spec.draft:
-        args += [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            spec.draft,
-            "--speculative-num-steps",
-            "3",
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            "4",
-        ]
+        args += speculative_args(SpeculativeConfig(num_steps=3, num_draft_tokens=4), spec.draft)
     requests = _requests(spec, world)
     say(f"serving {len(requests)} requests at concurrency {list(spec.phases)}")
     with reference_server(world.model_dir, extra_args=args, log_path=root / "server.log") as server:

@@ -8,11 +8,13 @@ import json
 
 import aiohttp
 
-from eagle3.data.served_log import log_files
+from eagle3.config.gate import SpeculativeConfig
+from eagle3.data.served_log import log_files, log_flags
 from eagle3.data.template import render_prompt
 from eagle3.scaling.allocation import DomainState
 from eagle3.scaling.served_accept import allocate_headroom, served_accept
 from eagle3.serve.launch import reference_server
+from eagle3.serve.launch_commands import speculative_args
 
 HEADER = "x-smg-routing-key"
 
@@ -52,30 +54,10 @@ def test_a_pool_that_runs_out_hands_its_part_to_the_neediest_and_tokens_are_pric
 
 def test_the_live_drafts_accept_length_per_domain_comes_from_level_one_logs(gate_world, tmp_path):
     logs = tmp_path / "logs"
-    spec = [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        str(gate_world.export),
-        "--speculative-num-steps",
-        "3",
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        "4",
-    ]
-    flags = [
-        "--num-threads",
-        "1",
-        *spec,
-        "--log-requests",
-        "--log-requests-level",
-        "1",
-        "--log-requests-format",
-        "json",
-        "--log-requests-target",
-        str(logs),
-    ]
+    spec = speculative_args(
+        SpeculativeConfig(num_steps=3, num_draft_tokens=4), str(gate_world.export)
+    )
+    flags = ["--num-threads", "1", *spec, *log_flags(logs, level=1)]
     questions = {
         "chat": ["How can I sleep better?", "Give me a tip for focus."],
         "math": ["What is 12 + 30?"],
