@@ -209,7 +209,9 @@ def tokens_to_reach(curve: list[dict[str, Any]], goal: float) -> float | None:
     return None
 
 
-def seed_world(model_dir: Path, seed: int, args: argparse.Namespace) -> tuple[World, dict[str, int]]:
+def seed_world(
+    model_dir: Path, seed: int, args: argparse.Namespace
+) -> tuple[World, dict[str, int]]:
     """One seed's world and the rows per domain of the start every policy shares (night 0)."""
     world = World(model_dir, seed=seed, pool=args.pool, held_out=args.eval, max_new=args.max_new)
     start = dict.fromkeys(DOMAINS, 0)
