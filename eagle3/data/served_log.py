@@ -266,6 +266,23 @@ def _headers(doc: dict[str, Any]) -> dict[str, str]:
     return {str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
 
 
+def _reject(item: _Line, reason: str, detail: str) -> LogReject:
+    return LogReject(reason, detail, item.raw, item.file, item.line)
+
+
+def _joined(received: _Line, finished: _Line) -> ServedRequest:
+    return ServedRequest(
+        rid=finished.rid,
+        received_at=received.at,
+        finished_at=finished.at,
+        file=finished.file,
+        line=finished.line,
+        obj=finished.doc["obj"],
+        out=finished.doc["out"],
+        headers=_headers(received.doc) | _headers(finished.doc),
+    )
+
+
 def iter_log(files: Sequence[Path]) -> Iterator[LogRecord]:
     """Every finished request of ``files`` (joined by rid, in finish order) and every line that is
     not one (module docstring); requests still open at the end are ``unfinished`` rejects, in the
@@ -277,17 +294,10 @@ def iter_log(files: Sequence[Path]) -> Iterator[LogRecord]:
             if isinstance(item, LogReject):
                 yield item
                 continue
-            identity = hashlib.sha256(
-                f"{item.event}|{item.rid}|{item.doc.get('timestamp')}".encode()
-            ).digest()[:12]
+            stamp = f"{item.event}|{item.rid}|{item.doc.get('timestamp')}"
+            identity = hashlib.sha256(stamp.encode()).digest()[:12]
             if identity in seen:
-                yield LogReject(
-                    DUPLICATE,
-                    f"{item.event} of rid {item.rid} is logged twice (a copied file?)",
-                    item.raw,
-                    item.file,
-                    item.line,
-                )
+                yield _reject(item, DUPLICATE, f"{item.event} of rid {item.rid} is logged twice")
                 continue
             seen.add(identity)
             if item.event == RECEIVED:
@@ -295,39 +305,23 @@ def iter_log(files: Sequence[Path]) -> Iterator[LogRecord]:
                 continue
             queue = waiting.get(item.rid)
             if not queue:
-                yield LogReject(
+                yield _reject(
+                    item,
                     UNMATCHED,
-                    f"rid {item.rid} finished but its request.received is not in these "
-                    "files (rotated out of the window?)",
-                    item.raw,
-                    item.file,
-                    item.line,
+                    f"rid {item.rid} finished but its receipt is not "
+                    "in these files (rotated out of the window?)",
                 )
                 continue
-            received = queue.popleft()
+            yield _joined(queue.popleft(), item)
             if not queue:
                 del waiting[item.rid]
-            yield ServedRequest(
-                rid=item.rid,
-                received_at=received.at,
-                finished_at=item.at,
-                file=item.file,
-                line=item.line,
-                obj=item.doc["obj"],
-                out=item.doc["out"],
-                headers=_headers(received.doc) | _headers(item.doc),
-            )
-    leftovers = sorted(
-        (line for queue in waiting.values() for line in queue), key=lambda x: (x.at, x.file, x.line)
-    )
-    for line in leftovers:
-        yield LogReject(
+    open_ = sorted((line for queue in waiting.values() for line in queue), key=lambda x: x.at)
+    for line in open_:
+        yield _reject(
+            line,
             UNFINISHED,
-            f"rid {line.rid} was received but never finished in these files (in flight at "
-            "the cut, or finished in a file that is not here)",
-            line.raw,
-            line.file,
-            line.line,
+            f"rid {line.rid} was received but never finished in these "
+            "files (in flight at the cut, or finished in a file that is not here)",
         )
 
 
