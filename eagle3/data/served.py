@@ -88,10 +88,8 @@ def served_labels(config: PipelineConfig) -> set[str]:
 def held_out(key: str, share: float) -> bool:
     """Whether a request key falls in the held-out share (a fixed hash of the key, so stable across
     nights)."""
-    return (
-        share > 0
-        and int(hashlib.sha256(f"held-out:{key}".encode()).hexdigest()[:8], 16) < share * 2**32
-    )
+    point = int(hashlib.sha256(f"held-out:{key}".encode()).hexdigest()[:8], 16)
+    return share > 0 and point < share * 2**32
 
 
 def load_hook(spec: str | None) -> Hook | None:
@@ -123,12 +121,11 @@ def check_provenance(config: PipelineConfig, log_dir: Path) -> dict[str, Any] | 
         or served[0] == target.model_path
     )
     if not same_model or (served[1] or None) != (target.revision or None):
+        by = f"{served[0]}@{served[1] or 'default'}"
         raise DataError(
-            f"served logs {log_dir} were written by {served[0]}@{served[1] or 'default'}, the "
-            "target is "
-            f"{target.model_path}@{target.revision or 'default'}: rows answered by another model "
-            "or "
-            "revision are not the target's; point the source at the target's logs"
+            f"served logs {log_dir} were written by {by}, the target is {target.model_path}@"
+            f"{target.revision or 'default'}: rows answered by another model or revision are not "
+            "the target's; point the source at the target's logs"
         )
     return info
 

@@ -91,13 +91,12 @@ class ServedProfile:
             if self.prompt_set
             else "no held-out prompts"
         )
+        files, p50 = len(self.files), self.prompt_tokens["p50"]
         return (
-            f"from {self.requests} served requests ({start} to {end}, {len(self.files)} log "
-            "files): "
+            f"from {self.requests} served requests ({start} to {end}, {files} log files): "
             f"concurrency {{{levels}}} by share of generated tokens; max_new_tokens "
-            f"{self.max_new_tokens} "
-            f"(p90 of completions; prompts p50 {self.prompt_tokens['p50']}); sampling {sampling}; "
-            f"{held}"
+            f"{self.max_new_tokens} (p90 of completions; prompts p50 {p50}); sampling "
+            f"{sampling}; {held}"
         )
 
 

@@ -119,7 +119,6 @@ def allocate_headroom(
         )
     notes = (
         f"Aimed by served acceptance: floor {floor:g} of the budget evenly, the rest by traffic "
-        "share x "
-        f"({ceiling:g} - the live draft's served accept length).",
+        f"share x ({ceiling:g} - the live draft's served accept length).",
     )
     return AimedPlan(budget=budget, unit=unit, allocations=tuple(allocations), notes=notes)

@@ -163,11 +163,8 @@ def test_a_served_row_wins_a_tie_with_a_public_row_of_the_same_prompt(
     public.write_text(
         json.dumps({"messages": [*question, {"role": "assistant", "content": "x"}]}) + "\n"
     )
-    both = (
-        f"sources=[{{adapter: jsonl, name: public, path: {public}}}, {{adapter: served, name: "
-        "served, path: "
-        f"{served_traffic.log_dir}}}]"
-    )
+    served = f"{{adapter: served, name: served, path: {served_traffic.log_dir}}}"
+    both = f"sources=[{{adapter: jsonl, name: public, path: {public}}}, {served}]"
     out = normalize(load_recipe("tiny_served", [f"root={tmp_path / 'run'}", both]))
     assert served_row["sample_id"] in {
         r["sample_id"] for r in _rows(out) if r["source"] == "served"

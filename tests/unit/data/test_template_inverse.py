@@ -20,18 +20,24 @@ CONVERSATIONS = [
     ],
 ]
 DEFAULT_SYSTEM = (
-    "{{- bos_token -}}{%- if messages[0]['role'] != 'system' -%}{{- '<|im_start|>system\\nYou are "
-    "helpful.<|im_end|>"
-    "\\n' -}}{%- endif -%}{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + "
-    "'\\n' + "
-    "message['content'] + '<|im_end|>\\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    "{{- bos_token -}}"
+    "{%- if messages[0]['role'] != 'system' -%}"
+    "{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 LLAMA3 = (
-    "{{- bos_token -}}{%- for message in messages -%}{{- '<|start_header_id|>' + message['role'] + "
-    "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' -}}{%- endfor -%}{%- if "
-    "add_generation_prompt -%}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' -}}"
+    "{{- message['content'] + '<|eot_id|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
+    "{%- endif -%}"
 )
 
 
