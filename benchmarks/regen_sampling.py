@@ -67,15 +67,12 @@ class Evaluator:
     """The recipe's target and gate prompts, loaded once; ``__call__`` measures one draft."""
 
     def __init__(self, config: PipelineConfig, sampling: SamplingParams, eval_seeds: int) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from eagle3.gate.prompts import load_gate_prompts
+        from eagle3.target_io import load_causal_lm, load_tokenizer
 
         target = config.target
-        self.tokenizer = AutoTokenizer.from_pretrained(target.model_path, revision=target.revision)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            target.model_path, revision=target.revision, dtype=getattr(torch, target.dtype)
-        ).eval()
+        self.tokenizer = load_tokenizer(target)
+        self.model = load_causal_lm(target, dtype=getattr(torch, target.dtype)).eval()
         gate = config.gate
         loaded = load_gate_prompts(gate.prompt_sets, self.tokenizer, per_set=gate.prompts_per_set)
         self.prompts = [list(p.input_ids) for p in loaded]

@@ -63,12 +63,12 @@ def accept_on(
     config: PipelineConfig, export: Path, prompts: list[list[int]], max_new: int
 ) -> float:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+    from eagle3.target_io import load_causal_lm, load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(config.target.model_path)
-    target = AutoModelForCausalLM.from_pretrained(config.target.model_path, dtype=torch.float32)
+    tokenizer = load_tokenizer(config.target)
+    target = load_causal_lm(config.target, dtype=torch.float32)
     decoder = SpeculativeDecoder(target.eval(), tokenizer, export, config.speculative.num_steps)
     eos = [tokenizer.eos_token_id]
     measured = evaluate_acceptance(decoder, prompts, max_new_tokens=max_new, eos_ids=eos)
@@ -87,9 +87,9 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     public_export, public_rows = train_draft(public)
     profile = load_profile(served)
-    from transformers import AutoTokenizer
+    from eagle3.target_io import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(served.target.model_path)
+    tokenizer = load_tokenizer(served.target)
     lines = Path(profile.prompt_set).read_text().splitlines()
     held = [render_prompt(tokenizer, json.loads(line)["messages"]) for line in lines]
     return {

@@ -133,17 +133,9 @@ def check_provenance(config: PipelineConfig, log_dir: Path) -> dict[str, Any] | 
 def served_tokenizer(config: PipelineConfig) -> Any:
     """A tokenizer of the target for one served source alone: normalization runs sources on threads,
     and a fast tokenizer used from two threads at once fails (``Already borrowed``)."""
-    from eagle3.data.template import load_local_tokenizer
+    from eagle3.target_io import load_own_tokenizer
 
-    target = config.target
-    local = None if target.revision else load_local_tokenizer(target.model_path)
-    if local is not None:
-        return local
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        target.model_path, revision=target.revision, trust_remote_code=target.trust_remote_code
-    )
+    return load_own_tokenizer(config.target)
 
 
 def _compact(req: ServedRequest, detail: str, **extra: Any) -> str:

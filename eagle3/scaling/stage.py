@@ -186,7 +186,8 @@ class NightSummary(Frozen):
     draft: TrainedDraft
     gate: GateOutcome
     curve: Curve
-    features_mode: str | None = None  # how train.features was decided (``eagle3.online.costs.choose_features``)
+    # how train.features was decided (``eagle3.capture.costs.choose_features``)
+    features_mode: str | None = None
 
     def row_sources(self) -> dict[str, int]:
         """Tonight's training rows by where their answers came from: served traffic (as

@@ -85,9 +85,9 @@ def traffic_dir_for(
 
 def _requests(spec: ServedTrafficSpec, world: TinyWorld) -> list[tuple[str, dict[str, Any]]]:
     """(path, body) of every request, in sending order."""
-    from transformers import AutoTokenizer
+    from eagle3.target_io import TargetRef, load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(world.model_dir)
+    tokenizer = load_tokenizer(TargetRef(str(world.model_dir)))
     factory, rng = ConversationFactory(spec.seed), random.Random(spec.seed)
     out: list[tuple[str, dict[str, Any]]] = []
     for i in range(spec.requests):

@@ -9,7 +9,7 @@ import pytest
 
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate.profiles import combine
-from eagle3.gate.release import run_gate
+from eagle3.gate.release import GateRequest, run_gate
 from eagle3.gate.report import FAIL, INCONCLUSIVE, PASS, Decision, LevelStats
 from eagle3.gate.verdict import sampled_tokens
 from eagle3.serve.launch_commands import build_launch
@@ -43,9 +43,10 @@ def test_a_greedy_and_a_sampled_profile_each_get_a_verdict_and_a_seeded_gate_rep
     )
     with base as b, spec as s:
         urls = {"baseline_url": b.url, "spec_url": s.url}
-        result = run_gate(cfg, [gate_world.export], promote=False, **urls)
+        request = GateRequest(drafts=[gate_world.export], promote=False, **urls)
+        result = run_gate(cfg, request)
         markdown = (result.out_dir / "report.md").read_text()
-        again = run_gate(cfg, [gate_world.export], promote=False, force=True, **urls).report
+        again = run_gate(cfg, request.model_copy(update={"force": True})).report
     first = result.report
     names = [a.name for a in first.arms]
     assert names == ["baseline", "cand0:s3-k1-n4", "baseline@sampled", "cand0:s3-k1-n4@sampled"]
@@ -87,7 +88,7 @@ def test_a_sampled_gate_against_sglang_on_cpu_is_refused_by_the_probe_while_gree
     cfg = _quick(
         with_overrides(gate_world.config, [f"root={tmp_path / 'run'}", PROFILES, *QUICK, *sglang])
     )
-    report = run_gate(cfg, [gate_world.export], promote=False).report
+    report = run_gate(cfg, GateRequest(drafts=[gate_world.export], promote=False)).report
     arms = {a.name: a for a in report.arms}
     refused = arms["cand0:s3-k1-n4@sampled"]
     assert "sampling preflight failed" in refused.error and "ignores sampling" in refused.error

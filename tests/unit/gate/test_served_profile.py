@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from eagle3.data.served_log import ServedRequest, iter_log, log_files
 from eagle3.data.template import render_prompt
@@ -23,6 +22,7 @@ from eagle3.gate.served_profile import (
     with_served_profile,
 )
 from eagle3.recipes import load_recipe
+from eagle3.target_io import load_tokenizer
 
 
 def test_each_request_sits_at_the_mean_load_over_its_own_life():
@@ -77,7 +77,7 @@ def test_the_served_profile_becomes_the_gates_traffic_lengths_and_prompt_set(
 
 def test_held_out_prompts_render_back_to_exactly_the_ids_that_were_served(served_traffic, config):
     profile = load_profile(config)
-    tokenizer = AutoTokenizer.from_pretrained(config.target.model_path)
+    tokenizer = load_tokenizer(config.target)
     by_rid = {
         r.rid: r
         for r in iter_log(log_files(served_traffic.log_dir))
