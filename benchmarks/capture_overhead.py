@@ -1,7 +1,8 @@
-"""Capture overhead (DESIGN §9): capture+write tok/s / bare forward tok/s on the same model and batches (goal
->= 0.90), measured side by side in one run: ``--rounds`` rounds alternate the arms' order (bare first, then capture
-first, ...), and the median and range of the per-round ratios are printed (the load of a shared machine moves
-between arms; one pair is not a measurement).
+"""Capture overhead: capture+write tok/s / bare forward tok/s on the same model and batches
+(goal >= 0.90; docs/DESIGN.md, "What the benchmarks measure"), measured side by side in one run:
+``--rounds`` rounds alternate the arms' order (bare first, then capture first, ...), and the median
+and range of the per-round ratios are printed (the load of a shared machine moves between arms; one
+pair is not a measurement).
 
     python benchmarks/capture_overhead.py [--quick] [--hidden 512] [--layers 8] [--samples 256] [--dtype float32]
                                           [--rounds 3] [--threads N]
@@ -120,7 +121,8 @@ def timed_capture(config: PipelineConfig, regen: Path, out_dir: Path, backend: H
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    """Median and range over the rounds (issue 18's rule: report the spread, never one pair)."""
+    """Median and range over the rounds: a shared machine's load moves between the arms, so report
+    the spread, never one pair."""
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 

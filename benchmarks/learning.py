@@ -1,6 +1,7 @@
-"""Learning benchmark (DESIGN §9): accept length of the trained tiny draft / the untrained draft on held-out
-prompts, measured side by side in one run with the reference speculative decoder (goal >= 1.5), plus CPU training
-throughput (tokens/s) and the ``last_hidden_only`` misconfiguration's accept length for contrast.
+"""Learning benchmark (docs/DESIGN.md, "What the benchmarks measure"): accept length of the trained
+tiny draft / the untrained draft on held-out prompts, measured side by side in one run with the
+reference speculative decoder (goal >= 1.5), plus CPU training throughput (tokens/s) and the
+``last_hidden_only`` misconfiguration's accept length for contrast.
 
     python benchmarks/learning.py [--quick] [--model-dir DIR] [--encodings raw,fp8_aux,fp8_all,fp8_topk] [--topk 256]
                                   [--backends hf,sglang]

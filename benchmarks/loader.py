@@ -1,5 +1,6 @@
-"""Loader (DESIGN §9): train-step time with the Parquet ``FeatureDataset`` / with the same batches already in memory
-(goal <= 1.05), side by side in one run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
+"""Loader (docs/DESIGN.md, "What the benchmarks measure"): train-step time with the Parquet
+``FeatureDataset`` / with the same batches already in memory (goal <= 1.05), side by side in one
+run, on a draft-like step (fc 3H->H, an MLP block, a projection to H; AdamW).
 
     python benchmarks/loader.py [--quick] [--hidden 512] [--rows 256] [--batch-size 4] [--encoding raw]
                                 [--topk 256] [--codec zstd] [--prefetch N] [--rounds 3] [--device cpu]

@@ -1,4 +1,5 @@
-"""Prompts-stage memory and throughput at two sizes, side by side (DESIGN §9 style ratios).
+"""Prompts-stage memory and throughput at two sizes, side by side (ratios, as in docs/DESIGN.md,
+"What the benchmarks measure").
 
 For each size a synthetic JSONL source (distinct random-word prompts, ShareGPT layout) is normalized in a fresh
 subprocess, twice:

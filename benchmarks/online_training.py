@@ -1,4 +1,4 @@
-"""Online vs stored training on the same rows (issue 48), and the transport under it.
+"""Online vs stored training on the same rows, and the transport under it.
 
     python benchmarks/online_training.py [--rows 48] [--epochs 2] [--batch-size 4] [--out result.json]
     python benchmarks/online_training.py --transport [--batches 64] [--batch-mib 16] [--max-inflight 8] [--trainer-s 0]

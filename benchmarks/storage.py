@@ -1,6 +1,7 @@
-"""Storage (DESIGN §9): feature bytes per token / 8*H (the per-sample bf16 ``.ckpt`` baseline; goal <= 1.0, and
-<= 0.40 for the compact encodings), and read throughput of our Parquet shards against the same data saved as one
-``torch.save`` file per sample (goal >= 1.0), for each encoding x hidden-column codec, in one run.
+"""Storage (docs/DESIGN.md, "What the benchmarks measure"): feature bytes per token / 8*H (the
+per-sample bf16 ``.ckpt`` baseline; goal <= 1.0, and <= 0.40 for the compact encodings), and read
+throughput of our Parquet shards against the same data saved as one ``torch.save`` file per sample
+(goal >= 1.0), for each encoding x hidden-column codec, in one run.
 
     python benchmarks/storage.py [--quick] [--hidden 512] [--samples 128] [--rounds 3] [--row-group-mib 64]
 

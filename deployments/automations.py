@@ -1,4 +1,5 @@
-"""The automations ``deploy.py apply`` creates: zombie runs marked Crashed, and alerts on failed nights (DESIGN §7).
+"""The automations ``deploy.py apply`` creates: zombie runs marked Crashed, and alerts on failed
+nights (docs/DESIGN.md, "Prefect usage").
 
 Alerts: when a top-level run of the nightly or the regen deployment ends Failed or Crashed, a Prefect
 notification block sends the run's name, state, message and UI link: a generic webhook block ``eagle3-alerts``

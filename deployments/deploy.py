@@ -1,4 +1,5 @@
-"""Prefect deployments of the pipeline (DESIGN §7): nightly ``data-scaling``, ``regen`` re-triggers, ``gate``.
+"""Prefect deployments of the pipeline (docs/DESIGN.md, "Prefect usage"): nightly ``data-scaling``,
+``regen`` re-triggers, ``gate``.
 
 Usage (``PREFECT_API_URL`` pointing at ``infra/prefect-server.sh``'s server)::
 

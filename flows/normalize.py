@@ -1,4 +1,5 @@
-"""``normalize``: one unit per source (its normalized spill), then dedup + shard in finalize (DESIGN §3, §7).
+"""``normalize``: one unit per source (its normalized spill), then dedup + shard in finalize
+(docs/DESIGN.md, "Prompts" and "Prefect usage").
 
 The one stage wiring (``flows.stage.run_stage``) over ``eagle3.data.stage.NormalizeStage``: the per-source units run
 concurrently on the flow's task runner; finalize needs them all, since dedup is global and first-occurrence-wins in

@@ -1,4 +1,5 @@
-"""Task runners from config: threads by default, a Ray cluster for shard scale-out (DESIGN §7).
+"""Task runners from config: threads by default, a Ray cluster for shard scale-out
+(docs/DESIGN.md, "Prefect usage").
 
 A sharded stage flow (regen, capture) submits its shard tasks to :func:`shard_runner`, built from the config the
 flow is given: a flow's decorated task runner is fixed at import time, so choosing it there (or in every caller) could

@@ -1,5 +1,5 @@
-"""Capture backends by name (STYLE §7): ``hf`` (transformers, in-process) and ``sglang`` (the target as SGLang
-serves it, in SGLang's own model runner: ``eagle3.capture.sglang``).
+"""Capture backends by name (a registry): ``hf`` (transformers, in-process) and ``sglang`` (the
+target as SGLang serves it, in SGLang's own model runner: ``eagle3.capture.sglang``).
 
 A backend turns batches of token ids into per-sample hidden states. Everything else (bucketing, quarantine,
 encoding, Parquet, resume) lives in ``eagle3.capture.shard`` and is shared by every backend.

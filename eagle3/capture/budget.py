@@ -29,7 +29,7 @@ from eagle3.config.pipeline import PipelineConfig
 logger = logging.getLogger(__name__)
 
 # The per-night estimate's assumption on the regenerated conversations' length (prompt + target answer, in target
-# tokens): the mission's measured mix averages about 1.5K tokens per sample (issue 15). Used only where no regen
+# tokens): about 1.5K tokens per sample (docs/DESIGN.md, "Features"). Used only where no regen
 # shards exist yet (``eagle3 config show``); a real capture counts its shards' tokens.
 MEAN_TOKENS_PER_SAMPLE = 1_500
 

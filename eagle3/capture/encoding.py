@@ -140,10 +140,11 @@ FinalCodec = ColumnCodec | TopKCodec  # the final-state column: the state itself
 
 
 def host_buffer(*parts: torch.Tensor) -> pa.Buffer:
-    """A stored value's bytes (``stored``'s parts, once on the CPU), one part after the other, as an Arrow buffer:
-    over the tensor itself for one part (no copy; the buffer keeps it alive), one concatenation for several. The
-    capture writer builds its columns from these: ``tobytes()`` per part, the join and Arrow's copy into the column
-    made three copies of every state byte on the one writer thread (BENCHMARKS.md, issue 15)."""
+    """A stored value's bytes (``stored``'s parts, once on the CPU), one part after the other, as an
+    Arrow buffer: over the tensor itself for one part (no copy; the buffer keeps it alive), one
+    concatenation for several. The capture writer builds its columns from these: ``tobytes()`` per
+    part, the join and Arrow's copy into the column made three copies of every state byte on the one
+    writer thread (BENCHMARKS.md, "Capture writer")."""
     flat = [part.contiguous().view(-1).view(torch.uint8) for part in parts]
     joined = flat[0] if len(flat) == 1 else torch.cat(flat)
     return pa.py_buffer(joined.numpy())

@@ -1,4 +1,5 @@
-"""The features/ contract (DESIGN §3): columns, footer metadata and the per-shard quarantine.
+"""The features/ contract (docs/DESIGN.md, "Features"): columns, footer metadata and the per-shard
+quarantine.
 
 One row per sample. Hidden states are stored as bytes in ``binary`` columns (``seq_len x 3H`` and ``seq_len x H``),
 so a reader can view them as tensors without decoding; how (raw in the footer's ``dtype``, or fp8 with per-token

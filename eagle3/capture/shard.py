@@ -8,16 +8,17 @@ Layout inside ``<root>/features/<fp>/``::
     parts-NNNNN/                  while running: one part file per forward batch, deleted with the finished shard
     manifest.json                 written by ``finalize_features`` once every shard is done
 
-Resume rules (DESIGN §8). A finished shard is skipped only if it opens (footer), has the schema, carries this
-stage's fingerprint, and its rows plus its quarantined rows equal the regen shard's rows; otherwise it is rebuilt.
-Inside a shard each forward batch is written as an atomic part file, so a ``kill -9`` loses at most the batches in
-flight (the one forwarding and up to ``WRITE_AHEAD`` waiting for the writer); a part that does not validate is
-deleted and redone. Writer threads (``PartWriter``) write the parts and stream them, in order, into the final
-shard through the shared ``ShardWriter`` (byte-sized row groups), so compression overlaps the forward; the shard is
-renamed into place only once every batch is written. Batches are planned by sorting samples by length (longest
-first, so an out-of-memory shows up on the first batch) and cutting when the padded token count would pass
-``capture.batch_tokens``; the plan is a pure function of the input, so resumed runs write the same rows in the same
-order as uninterrupted ones.
+Resume rules (docs/DESIGN.md, "Reliability rules"). A finished shard is skipped only if it opens
+(footer), has the schema, carries this stage's fingerprint, and its rows plus its quarantined rows
+equal the regen shard's rows; otherwise it is rebuilt. Inside a shard each forward batch is written
+as an atomic part file, so a ``kill -9`` loses at most the batches in flight (the one forwarding and
+up to ``WRITE_AHEAD`` waiting for the writer); a part that does not validate is deleted and redone.
+Writer threads (``PartWriter``) write the parts and stream them, in order, into the final shard
+through the shared ``ShardWriter`` (byte-sized row groups), so compression overlaps the forward; the
+shard is renamed into place only once every batch is written. Batches are planned by sorting samples
+by length (longest first, so an out-of-memory shows up on the first batch) and cutting when the
+padded token count would pass ``capture.batch_tokens``; the plan is a pure function of the input, so
+resumed runs write the same rows in the same order as uninterrupted ones.
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ def _capture_batch(
 def _finite(x: torch.Tensor) -> torch.Tensor:
     """Whether every value of ``x`` is finite, as a bool on ``x``'s device (read by the writer: reading it here would
     wait for the GPU), from its min and max (NaN propagates into both): one reduction pass, ~7x cheaper than
-    ``isfinite(x).all()``, which writes a bool per value (BENCHMARKS.md, issue 15)."""
+    ``isfinite(x).all()``, which writes a bool per value (BENCHMARKS.md, "Capture overhead")."""
     return torch.isfinite(torch.stack(torch.aminmax(x))).all()
 
 

@@ -36,9 +36,10 @@ from eagle3.runtime.transfer import HostCopy
 
 
 def feature_compression(hidden: str) -> dict[str, str]:
-    """Parquet codec per feature column: ``hidden`` (``capture.hidden_compression``) for the two state columns, zstd
-    for the small rest (ids and masks compress well and cost little to decode). Arrow's zstd level is 1, the cheapest
-    that keeps the ratio (BENCHMARKS.md, issue 15: levels 3 and 6 store the same bytes, 3x and 10x slower)."""
+    """Parquet codec per feature column: ``hidden`` (``capture.hidden_compression``) for the two
+    state columns, zstd for the small rest (ids and masks compress well and cost little to decode).
+    Arrow's zstd level is 1, the cheapest that keeps the ratio (BENCHMARKS.md, "Storage": levels 3
+    and 6 store the same bytes, 3x and 10x slower)."""
     return {name: hidden if name in ("aux_hidden", "last_hidden") else "zstd" for name in FEATURE_SCHEMA.names}
 
 

@@ -1,4 +1,5 @@
-"""The SGLang contract for EAGLE-3 aux layer ids: two conventions and the per-family rule (DESIGN §4).
+"""The SGLang contract for EAGLE-3 aux layer ids: two conventions and the per-family rule
+(docs/DESIGN.md, "Aux layers").
 
 Two conventions exist and the config always names the one it uses:
 

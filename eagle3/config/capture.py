@@ -86,7 +86,8 @@ class CaptureConfig(StrictModel):
         gt=0,
         description="Uncompressed bytes per Parquet row group of a feature shard: the loader's unit of reading, "
         "shuffling and splitting over ranks. benchmarks/storage.py --row-group-mib 16,64 read neither size "
-        "consistently faster (BENCHMARKS.md, issue 15); 64 MiB keeps the per-row-group overhead small.",
+        "consistently faster (BENCHMARKS.md, 'Storage'); 64 MiB keeps the per-row-group overhead "
+        "small.",
     )
     encoding: Literal["raw", "fp8_aux", "fp8_all", "fp8_topk"] = Field(
         default="raw",

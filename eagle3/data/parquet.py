@@ -1,4 +1,4 @@
-"""The one Parquet shard writer and reader every stage uses (STYLE §6).
+"""The one Parquet shard writer and reader every stage uses.
 
 * explicit schema, footer key-value metadata (strings),
 * row groups sized by bytes, not rows (hidden-state rows are MBs, prompt rows are KBs),
@@ -33,7 +33,7 @@ from eagle3.rundir.runroot import atomic_path, footer_sha256, fsync_dir, sha256_
 def value_columns(schema: pa.Schema) -> list[str]:
     """The Parquet leaf columns that hold values, not opaque blobs: all but top-level binary columns (hidden
     states, one distinct multi-KB value per row). Only these get a dictionary and statistics; by default Arrow tries
-    both on every column (BENCHMARKS.md, issue 15):
+    both on every column (BENCHMARKS.md, "Capture writer"):
 
     * a dictionary on a state column is hashed until its page overflows, then falls back to plain, which leaves
       the chunk in two encodings: 13-30% more CPU to write than plain alone, a few percent more to read;
@@ -61,11 +61,12 @@ def parquet_writer(
 
 
 class _ShardFile:
-    """The ``*.tmp`` file a shard is written to, handed to Arrow as a Python file. It hashes the bytes on their way
-    to the disk and ``sync`` is called after each row group, so finishing a shard neither reads it back for its
-    sha256 nor waits for all of it to reach the disk: on a GPU node a capture shard is tens of GB, and the forward
-    would wait for both (BENCHMARKS.md, issue 15). Syncing as it goes also bounds the dirty pages one writer holds
-    to a row group, instead of leaving the kernel to throttle it at its dirty limit."""
+    """The ``*.tmp`` file a shard is written to, handed to Arrow as a Python file. It hashes the
+    bytes on their way to the disk and ``sync`` is called after each row group, so finishing a shard
+    neither reads it back for its sha256 nor waits for all of it to reach the disk: on a GPU node a
+    capture shard is tens of GB, and the forward would wait for both (BENCHMARKS.md, "Capture
+    writer"). Syncing as it goes also bounds the dirty pages one writer holds to a row group,
+    instead of leaving the kernel to throttle it at its dirty limit."""
 
     def __init__(self, path: Path) -> None:
         self._fh = open(path, "wb")  # noqa: SIM115 -- closed by ShardWriter._finish_shard or abort

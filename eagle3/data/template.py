@@ -1,4 +1,5 @@
-"""The one renderer: the target tokenizer's chat template, applied once, by the project (DESIGN §3).
+"""The one renderer: the target tokenizer's chat template, applied once, by the project
+(docs/DESIGN.md, "One renderer").
 
 Regeneration sends these ids to ``/generate`` and capture reads the stored ids back, so nothing downstream
 re-tokenizes model output. Assistant spans are found by incremental rendering: rendering ``messages[:i]`` with a

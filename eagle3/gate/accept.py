@@ -8,10 +8,11 @@ Design choices:
   send ``spec_accept_token_num`` / ``spec_draft_token_num``, and the aliases ``spec_accepted_drafts`` /
   ``spec_proposed_drafts`` / ``spec_accept_histogram`` exist. Each counter is read from the first of its names
   present, and the names read are kept, so a report says which fields its numbers come from.
-- The server's own accept length is preferred: a level's accept length is the verify-weighted mean of the
-  requests' ``spec_accept_length`` when every speculating request sent one (the server's definition, whatever a
-  release makes it), else ``sum(completion_tokens) / sum(spec_verify_ct)`` (DESIGN §5), computed here. Never the
-  server's cumulative ``avg_spec_accept_length``, which counts every request since start.
+- The server's own accept length is preferred: a level's accept length is the verify-weighted mean
+  of the requests' ``spec_accept_length`` when every speculating request sent one (the server's
+  definition, whatever a release makes it), else ``sum(completion_tokens) / sum(spec_verify_ct)``
+  (docs/DESIGN.md, "Accept length"), computed here. Never the server's cumulative
+  ``avg_spec_accept_length``, which counts every request since start.
 - The accept rate (accepted / proposed draft tokens, no bonus) and the histogram (verify passes by accepted drafts)
   are pooled only when every speculating request sent them.
 """

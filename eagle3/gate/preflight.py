@@ -1,4 +1,5 @@
-"""Preflight: refuse a draft/launch pair that cannot work before anyone benchmarks or ships it (DESIGN §6).
+"""Preflight: refuse a draft/launch pair that cannot work before anyone benchmarks or ships it
+(docs/DESIGN.md, "Preflight").
 
 Design choices:
 - Every check returns ``Check(name, ok, message)``; a failing message is one line that names the problem and the
@@ -377,7 +378,7 @@ def run_static(
     spec: LaunchCommand,
     features_dir: Path | None = None,
 ) -> list[Check]:
-    """Every static check of DESIGN §6; read-only, never raises on a bad export."""
+    """Every static check (docs/DESIGN.md, "Preflight"); read-only, never raises on a bad export."""
     checks = [check_algorithm(spec), check_arms_match(baseline, spec), check_draft_path(spec, export_dir)]
     try:
         export = load_export(export_dir)

@@ -1,6 +1,6 @@
 """The EAGLE-3 draft head: architecture only (loss, parallelism, export and loading live elsewhere).
 
-Design choices (DESIGN §4, matching SGLang's ``LlamaForCausalLMEagle3``):
+Design choices (docs/DESIGN.md, "The draft head", matching SGLang's ``LlamaForCausalLMEagle3``):
 
 * ``fc: Linear(3*H_target -> H, bias=False)`` fuses the target's three aux hidden states (low|mid|high). As in
   SGLang, ``fc`` is applied only when the incoming hidden is not already ``H`` wide: inside a speculation chain the

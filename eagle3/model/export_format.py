@@ -7,11 +7,13 @@ a wrong export does not fail at load, it serves with accept length ~1. Hence:
 
 * An export directory holds ``config.json`` and ``model.safetensors`` (the draft itself, ``EXPORT_FILES``) plus a
   ``README.md`` model card.
-* ``model.safetensors`` holds *exactly* the keys of ``expected_shapes`` (DESIGN §4), each with the shape the
-  ``config.json`` implies. There is no ``embed_tokens``: SGLang takes the target's.
-* The vocab maps (DESIGN §4 "Draft vocab"): draft id ``i`` emits target id ``i + d2t[i]`` (``d2t`` holds int64
-  offsets, SGLang's format); the target ids are strictly increasing and inside the target vocab; ``t2d`` is the bool
-  mask over the target vocab of exactly those ids. ``vocab_maps`` builds the pair, ``vocab_problems`` checks it.
+* ``model.safetensors`` holds *exactly* the keys of ``expected_shapes`` (docs/DESIGN.md, "The
+  export"), each with the shape the ``config.json`` implies. There is no ``embed_tokens``: SGLang
+  takes the target's.
+* The vocab maps (docs/DESIGN.md, "The draft vocab"): draft id ``i`` emits target id ``i + d2t[i]``
+  (``d2t`` holds int64 offsets, SGLang's format); the target ids are strictly increasing and inside
+  the target vocab; ``t2d`` is the bool mask over the target vocab of exactly those ids.
+  ``vocab_maps`` builds the pair, ``vocab_problems`` checks it.
 * ``eagle_config.eagle_aux_hidden_state_layer_ids`` are 3 ids in the ``output_of_layer`` convention (SGLang adds 1).
 * EAGLE 3.1 (``served_flags``): ``fc_norm: true`` adds ``fc_norm.{0,1,2}.weight`` ``[H_t]``, ``eagle_config.
   norm_before_fc: true`` adds ``input_norm.weight`` ``[3H_t]``, ``norm_output: true`` adds no weight. They are

@@ -1,4 +1,5 @@
-"""The draft vocabulary as a type (DESIGN §4 "Draft vocab"): which target ids the draft's ``lm_head`` can emit.
+"""The draft vocabulary as a type (docs/DESIGN.md, "The draft vocab"): which target ids the draft's
+``lm_head`` can emit.
 
 A ``DraftVocab`` is the pair of maps of the export format (``d2t`` int64 offsets, ``t2d`` bool mask; the rules live
 in ``eagle3.model.export_format``) plus the loss-masked ``counts`` they were selected from. It is saved as one

@@ -1,4 +1,5 @@
-"""One generation request with retries (DESIGN §8), over SGLang's ``/generate`` or the OpenAI chat API.
+"""One generation request with retries (docs/DESIGN.md, "Reliability rules"), over SGLang's
+``/generate`` or the OpenAI chat API.
 
 * Every attempt carries a fresh rid, ``<base>-a<attempt>`` (``base`` is the sample id and turn; the sample id stays
   the journal key). SGLang refuses a rid that is still in flight (400 ``Duplicate request ID detected``,

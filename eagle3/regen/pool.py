@@ -5,13 +5,14 @@ event loops: the per-server cap (``regen.concurrency_per_server``) bounds what t
 however many shards run at once, and a server ejected by one shard is ejected for all. State sits behind a
 ``threading.Lock``; a waiter is an ``asyncio.Future`` of its own loop, woken with ``call_soon_threadsafe``.
 
-Health: ``eject_after_failures`` consecutive failures (5xx, connection errors, timeouts) take a server out of
-rotation; every ``readmit_after_s`` one caller probes ``/health`` and readmits it on 200. Work queued behind an
-ejected server goes to the healthy ones. When every server is out (an *outage*), ``acquire`` waits without counting
-a request attempt (so an outage never burns retries, one per probe, as it once did: 24 min to fail a shard with
-the tiny defaults) and is woken by a readmission; once the outage has lasted ``no_server_timeout_s`` every waiter,
-and every later caller while it lasts, gets ``NoServerAvailable`` naming each server and its last error, and the
-shard fails at once. ``outage()`` describes a running outage (``regen status`` shows "waiting for servers").
+Health: ``eject_after_failures`` consecutive failures (5xx, connection errors, timeouts) take a
+server out of rotation; every ``readmit_after_s`` one caller probes ``/health`` and readmits it on
+200. Work queued behind an ejected server goes to the healthy ones. When every server is out (an
+*outage*), ``acquire`` waits without counting a request attempt (spending a retry per probe would
+take 24 min to fail a shard with the tiny defaults) and is woken by a readmission; once the outage
+has lasted ``no_server_timeout_s`` every waiter, and every later caller while it lasts, gets
+``NoServerAvailable`` naming each server and its last error, and the shard fails at once.
+``outage()`` describes a running outage (``regen status`` shows "waiting for servers").
 """
 
 from __future__ import annotations

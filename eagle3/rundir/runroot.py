@@ -1,4 +1,5 @@
-"""The run root: fingerprinted stage directories, atomic writes and manifests (DESIGN §3).
+"""The run root: fingerprinted stage directories, atomic writes and manifests
+(docs/DESIGN.md, "The run root and the stage contract").
 
 Every stage writes into ``<root>/<stage>/<fingerprint>/`` and writes ``manifest.json`` last; a stage is done only
 when its manifest exists. Files are written as ``*.tmp`` and renamed into place, so a kill leaves either the old

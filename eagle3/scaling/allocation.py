@@ -9,13 +9,14 @@ T0_d)`` (the EAGLE-3 paper's curve is straight on a log axis up to 8x), so the n
 worth ``share_d * g_d / (T_d + x_d + T0_d)``: the traffic share, times the gain per e-fold of data, divided by the
 data the domain already has (diminishing returns). A prompt is worth that times the domain's tokens per row.
 
-* ``g_d`` comes from the domain's own points (a least-squares slope of accept length on ln tokens over the nights
-  that trained it), bounded by its headroom (``max accept - current accept``; chain speculation with k steps
-  accepts at most k+1 per verify pass): a domain the draft already handles, or one where data stopped helping,
-  gets little. Before a domain has two points its gain is not guessed from its headroom: a low accept length is
-  as often a domain the draft cannot learn (a flat target distribution) as one it has not seen enough of, and
-  headroom alone sent the first aimed nights' data to the unlearnable domain (``BENCHMARKS.md``, issue 39). It
-  takes the median of the measured domains' gains, still bounded by its headroom.
+* ``g_d`` comes from the domain's own points (a least-squares slope of accept length on ln tokens
+  over the nights that trained it), bounded by its headroom (``max accept - current accept``; chain
+  speculation with k steps accepts at most k+1 per verify pass): a domain the draft already handles,
+  or one where data stopped helping, gets little. Before a domain has two points its gain is not
+  guessed from its headroom: a low accept length is as often a domain the draft cannot learn (a flat
+  target distribution) as one it has not seen enough of, and headroom alone sent the first aimed
+  nights' data to the unlearnable domain (``BENCHMARKS.md``, "Aimed vs uniform nights"). It takes
+  the median of the measured domains' gains, still bounded by its headroom.
 * While no domain has a measured gain, the rule has nothing to aim with, and the model's ``1 / T`` term alone sends
   the night to the domains with the fewest tokens (short answers). Such a night is the uniform night instead: rows
   by traffic share (D'Hondt: the next row to the domain with the highest ``share / (rows + 1)``), whatever a row
@@ -27,13 +28,14 @@ data the domain already has (diminishing returns). A prompt is worth that times 
   value is concave in ``x``, so greedy is the optimum of the model. Prompts budgets are spent exactly (or the pools
   run out); a tokens budget is spent until no domain's next row fits.
 * Pre-tokenized rows need no regeneration: they are taken whole, outside the budget.
-* Aimed v2 (issue 49). A fresh retrain moves a domain's accept length by about as much as a night's gain, so a
-  slope over few nights is mostly noise. The planner estimates that noise itself: the pooled residual standard
-  deviation of accept length around each domain's fit, over domains with three or more nights (``noise_estimate``;
-  none before). Each slope is then shrunk by its standard error ``se = noise / sqrt(Sxx)``:
-  ``slope x slope^2 / (slope^2 + se^2)`` (a slope within its noise counts for little). ``scaling.max_domain_share``
-  caps any domain's part of the budget (floor included). Each line says which rule bound it (``bound``: floor,
-  pool, cap, gain, share).
+* Shrunk slopes and a domain cap. A fresh retrain moves a domain's accept length by about as much as
+  a night's gain, so a slope over few nights is mostly noise. The planner estimates that noise
+  itself: the pooled residual standard deviation of accept length around each domain's fit, over
+  domains with three or more nights (``noise_estimate``; none before). Each slope is then shrunk by
+  its standard error ``se = noise / sqrt(Sxx)``: ``slope x slope^2 / (slope^2 + se^2)`` (a slope
+  within its noise counts for little). ``scaling.max_domain_share`` caps any domain's part of the
+  budget (floor included). Each line says which rule bound it (``bound``: floor, pool, cap, gain,
+  share).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Accept length per domain on the aimed nights' held-out eval set, and the one shape it is read in.
 
-**The shape (``by_set``).** ``{name: {"accept_length": float, "completion_tokens": int, "spec_verify_ct": int,
-"prompts": int}}``: per prompt set (here, per domain) the accept length and the counts it comes from
-(``sum(completion_tokens) / sum(spec_verify_ct)``, DESIGN §5). The offline measurement below writes it; a gate
-report that carries per-set accept lengths for an arm (a ``by_set`` mapping of this shape) can feed the planner
-through the same ``read_by_set``, with ``rename`` mapping its set names to domains.
+**The shape (``by_set``).** ``{name: {"accept_length": float, "completion_tokens": int,
+"spec_verify_ct": int, "prompts": int}}``: per prompt set (here, per domain) the accept length and
+the counts it comes from (``sum(completion_tokens) / sum(spec_verify_ct)``, docs/DESIGN.md, "Accept
+length"). The offline measurement below writes it; a gate report that carries per-set accept lengths
+for an arm (a ``by_set`` mapping of this shape) can feed the planner through the same
+``read_by_set``, with ``rename`` mapping its set names to domains.
 
 **The offline measurement.** The draft and the target on CPU through the reference speculative decoder
 (``eagle3.gate.offline_accept``, what ``eagle3 eval`` runs): each eval row's turns up to its first answer, rendered

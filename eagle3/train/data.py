@@ -26,7 +26,7 @@ Design choices:
   own pool, so they fill the gaps of a step that keeps every core busy instead of preempting its intra-op threads
   (``eagle3.runtime.procs.yield_cpu``); and the batch is collated on the consumer's own thread when it asks for it: the
   copies then run on torch's intra-op threads, where a collating thread took a core from one of them and left the other
-  waiting (BENCHMARKS.md, issue 15).
+  waiting (BENCHMARKS.md, "Loader").
 * ``pack=True`` concatenates rows into sequences of up to ``max_seq_len`` tokens and adds ``position_ids``
   (restarting at 0 for each row) so the consumer can keep attention inside each row.
 """

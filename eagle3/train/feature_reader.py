@@ -62,12 +62,13 @@ class FeatureFile:
     def read(self, columns: list[str], row_group: int | None = None, *, use_threads: bool = True) -> pa.Table:
         """``columns`` of one row group (None: of the whole file), on a handle of its own (class docstring).
 
-        The handle is opened for fast reads: memory-mapped (pages are not copied into a read buffer first) and each
-        row group's column chunks fetched in one go (``pre_buffer``): 2-3x the throughput of a plain open on
-        uncompressed state columns (BENCHMARKS.md, issue 15). Shards are replaced by rename, never rewritten in
-        place, so a mapping stays valid while training. Every page is checked against its CRC32 as it is read (the
-        loader's ``verify_files`` checked sizes and footers only: ``eagle3.rundir.integrity``); one that fails, or does
-        not decode, raises ``DataError`` naming the file, the row group and the command that rebuilds it."""
+        The handle is opened for fast reads: memory-mapped (pages are not copied into a read buffer
+        first) and each row group's column chunks fetched in one go (``pre_buffer``): 2-3x the
+        throughput of a plain open on uncompressed state columns (BENCHMARKS.md, "Storage"). Shards
+        are replaced by rename, never rewritten in place, so a mapping stays valid while training.
+        Every page is checked against its CRC32 as it is read (the loader's ``verify_files`` checked
+        sizes and footers only: ``eagle3.rundir.integrity``); one that fails, or does not decode,
+        raises ``DataError`` naming the file, the row group and the command that rebuilds it."""
         handle = pq.ParquetFile(self.path, metadata=self.metadata, memory_map=True, pre_buffer=True,
                                 page_checksum_verification=True)
         with checked_read(self.path, rebuild="eagle3 capture", row_group=row_group):

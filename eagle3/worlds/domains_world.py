@@ -1,10 +1,12 @@
 """A CPU world whose domains differ in what the target does, not only in their labels (the aimed-scaling benchmark).
 
-The tiny world's sources are the same three kinds of conversation (chat, math, code) under eight dataset formats:
-as domains they differ by label only, and even its three kinds learn alike (``BENCHMARKS.md``, issue 39: a draft
-trained on 140 rows of one kind and 20 of each other lands within 0.1 accept length of the even split, whichever kind
-got the 140). Here a tiny chat target (``eagle3.worlds.tiny_target``, 300 steps) is trained on four domains built to
-make a draft's job differ, and what the trained target then does (its greedy answers) is what the benchmark meets:
+The tiny world's sources are the same three kinds of conversation (chat, math, code) under eight
+dataset formats: as domains they differ by label only, and even its three kinds learn alike
+(``BENCHMARKS.md``, "Aimed vs uniform nights": a draft trained on 140 rows of one kind and 20 of
+each other lands within 0.1 accept length of the even split, whichever kind got the 140). Here a
+tiny chat target (``eagle3.worlds.tiny_target``, 300 steps) is trained on four domains built to make
+a draft's job differ, and what the trained target then does (its greedy answers) is what the
+benchmark meets:
 
 * ``recite``: "recite the <title> passage" -> one of eight fixed ~40-word passages. The target recites them word
   for word: eight long answers, the same whatever the wording of the request.

@@ -30,8 +30,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr
 
 # Overrides that keep a tiny pipeline run to a couple of minutes on 2 cores (fewer epochs, prompts and tokens). The gate
 # keeps the recipe's traffic profile (concurrency 1 and 4: the night's report shows both levels, the crossover and the
-# adaptive config) with half the tokens per request, which keeps its wall time that of the former single level
-# (1.01x, measured side by side: BENCHMARKS.md, issue 38).
+# adaptive config) with half the tokens per request, which keeps its wall time that of a single
+# level at full length (1.01x, measured side by side: BENCHMARKS.md, "The gate on a traffic
+# profile").
 FAST_TINY = [
     "train.epochs=2",
     "gate.prompts_per_set=4",

@@ -1,4 +1,5 @@
-"""The library never imports the layers above it (DESIGN §1: deployments/flows -> tasks -> eagle3)."""
+"""The library never imports the layers above it (docs/DESIGN.md,
+"Layers": deployments/flows -> tasks -> eagle3)."""
 
 from __future__ import annotations
 

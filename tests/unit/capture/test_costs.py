@@ -27,7 +27,7 @@ def test_an_unknown_features_mode_is_refused_with_the_choices():
 def test_online_costs_no_disk_and_recaptures_every_epoch():
     config = with_overrides(load_recipe("kimi_k2_5"), ["train.epochs=3"])
     costs = night_costs(config)
-    assert costs.stored_disk_bytes > 2e12  # terabytes a night at the mission's scale
+    assert costs.stored_disk_bytes > 2e12  # terabytes a night at Kimi-K2.5's scale
     assert costs.online_gpu_hours == pytest.approx(3 * costs.stored_gpu_hours)
     table = cost_table(config)
     assert table["online"]["disk"] == "0 B" and "TB" in table["stored"]["disk"]

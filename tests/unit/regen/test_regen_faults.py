@@ -106,8 +106,9 @@ def _watch_waiting(regen_dir: Path, seen: list[str], stop: threading.Event) -> N
 def test_dead_server_fails_its_shard_after_no_server_timeout_without_spending_retries(
     tmp_path, regen_model_dir, regen_helpers, caplog
 ):
-    """50 retries a sample: spending one per readmission probe (what an outage once did) would take minutes and end
-    with "failed 51 times"; waiting in the pool spends none, so only ``no_server_timeout_s`` ends the shard."""
+    """50 retries a sample: spending one per readmission probe during an outage would take minutes
+    and end with "failed 51 times"; waiting in the pool spends none, so only ``no_server_timeout_s``
+    ends the shard."""
     prompts = regen_helpers.write_prompts(tmp_path, [[regen_helpers.chat(f"q{i}", f"question {i}") for i in range(6)]])
     dead = f"http://127.0.0.1:{free_port()}"
     config = regen_helpers.config(

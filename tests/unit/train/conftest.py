@@ -1,5 +1,6 @@
-"""A tiny draft-training world: the tiny world's target, target-generated (greedy) answers,
-a draft vocab, a config, and training batches captured online from the target (the batch dict of the brief)."""
+"""A tiny draft-training world: the tiny world's target, target-generated (greedy) answers, a draft
+vocab, a config, and training batches captured online from the target (the batch dicts the trainer
+reads)."""
 
 from __future__ import annotations
 

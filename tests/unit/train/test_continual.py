@@ -1,4 +1,4 @@
-"""Nights that build on the champion (``train.init=champion``, issue 49): the draft starts from the champion's
+"""Nights that build on the champion (``train.init=champion``): the draft starts from the champion's
 weights, trains on the rows the champion never saw plus the stated replay share of earlier rows (by sample id), is
 reproducible, and a champion that cannot start it is refused before training. Scratch nights keep their
 fingerprints. Every comparison is between quantities of the same run (no floats of the machine-trained world)."""
@@ -32,7 +32,9 @@ from eagle3.train.trainer import build_draft
 from eagle3.train.workers import train
 
 ROWS_PER_SHARD = 16
-GOLDEN_SCRATCH = {  # draft_fingerprint(recipe, "features-fp", "vocab-fp") with EAGLE3_HOME=/fixed/home, before #49
+# draft_fingerprint(recipe, "features-fp", "vocab-fp") with EAGLE3_HOME=/fixed/home: the
+# fingerprints scratch nights had before ``train.init`` existed, which they keep
+GOLDEN_SCRATCH = {
     "glm_5": "c8073187ff97fcd3", "kimi_k2_5": "be4c68051c40fd19", "llama3_8b": "e68fc4fa767e8c5b",
     "tiny": "d2b13643b52663cd", "tiny_think": "0611e41e32b86822",
 }
