@@ -216,12 +216,20 @@ def tokens_to_reach(curve: list[dict[str, Any]], goal: float) -> float | None:
     return None
 
 
-def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    started = time.monotonic()
+def seed_world(
+    model_dir: Path, seed: int, args: argparse.Namespace
+) -> tuple[World, dict[str, int]]:
+    """One seed's world and the rows per domain of the start every policy shares (night 0)."""
     world = World(model_dir, seed=seed, pool=args.pool, held_out=args.eval, max_new=args.max_new)
     start = dict.fromkeys(DOMAINS, 0)
     for domain, _row in world.interleaved()[: args.start]:
         start[domain] += 1
+    return world, start
+
+
+def run_seed(model_dir: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    world, start = seed_world(model_dir, seed, args)
     work = Path(tempfile.mkdtemp(prefix=f"eagle3-aimed-{seed}-"))
     runs = {p: Run(world, p, start, work, args) for p in POLICIES}
     print(f"seed {seed}: start {start}", flush=True)

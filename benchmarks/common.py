@@ -57,3 +57,10 @@ def resumable(path: Path | None, key: dict[str, Any], run: Callable[[], dict[str
         path.with_suffix(".tmp").write_text(json.dumps({"key": key, "result": result}))
         path.with_suffix(".tmp").replace(path)
     return result
+
+
+def publish(summary: dict[str, Any], results: list[dict[str, Any]], out: Path | None) -> None:
+    """Print the summary; with ``out``, write it with every result as JSON there."""
+    if out is not None:
+        out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    print(json.dumps(summary, indent=2))

@@ -91,6 +91,16 @@ def load_tokenizer(target: TargetSource) -> Any:
         raise _unreadable("tokenizer", target, exc) from exc
 
 
+def load_own_tokenizer(target: TargetSource) -> Any:
+    """A tokenizer of the target that no other caller holds (not cached): a fast tokenizer used
+    from two threads at once fails (``Already borrowed``), so a reader on a thread of its own
+    takes one of these."""
+    try:
+        return _tokenizer.__wrapped__(target.model_path, target.revision, target.trust_remote_code)
+    except OSError as exc:
+        raise _unreadable("tokenizer", target, exc) from exc
+
+
 def tokenizer_imports(target: TargetSource) -> tuple[str, ...]:
     """What ``load_tokenizer(target)`` imports from transformers (``Stage.unit_imports``)."""
     plain = _plain_local(target.model_path, target.revision)

@@ -82,7 +82,7 @@ def data_scaling(
                            features_mode=features.why)
     publish_summary_task(summary)
     night_plots_task(draft.out_dir, gate.markdown, curve.png)
-    get_run_logger().info("gate report: %s", gate.markdown)
+    get_run_logger().info("tonight's rows: %s; gate report: %s", summary.rows_line(), gate.markdown)
     if gate.verdict == "inconclusive":
         return Failed(name="Inconclusive", data=summary, message=f"gate inconclusive for {draft.export}, nothing "
                       f"promoted ({'; '.join(gate.reasons)}): report {gate.markdown}")  # fmt: skip

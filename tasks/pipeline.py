@@ -42,12 +42,14 @@ def publish_summary_task(summary: NightSummary) -> str:
     verdicts = {"pass": "PASS (promoted)", "inconclusive": "INCONCLUSIVE (nothing promoted)"}
     verdict = verdicts.get(gate.verdict, "REFUSED")
     exhausted = " - pool exhausted" if night.exhausted else ""
+    rows = summary.rows_line()
     markdown = "\n".join(
         [
             "# Data-scaling night",
             "",
             f"- prompts: {night.total_prompts:,} in shards {night.shard_ids} "
             f"({len(night.new_shard_ids)} new){exhausted}",
+            f"- rows: {rows}",
             f"- draft: `{summary.draft.export}`",
             f"- features: {summary.features_mode or 'train.features=stored'}",
             start_line(summary.draft.start),

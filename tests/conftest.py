@@ -44,6 +44,16 @@ def think_world():
 
 
 @pytest.fixture(scope="session")
+def served_traffic(tiny_world):
+    """The tiny target's request logs: traffic served by the reference server with SGLang's
+    request logging (``eagle3.worlds.served_traffic``), built once and cached like the world."""
+    from eagle3.worlds.served_traffic import build_served_traffic
+
+    traffic, _hit = build_served_traffic(_cache_dir())
+    return traffic
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_world):
     from transformers import AutoTokenizer
 

@@ -14,7 +14,7 @@ greedy by default.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -66,6 +66,10 @@ def check_traffic(traffic: dict[int, float], where: str) -> dict[int, float]:
     return dict(sorted(traffic.items()))
 
 
+# Fields of the served-load profile, added after gates were first recorded.
+_LATER_FIELDS = ("profile", "max_levels", "profile_note")
+
+
 def _greedy() -> dict[str, SamplingProfile]:
     return {"greedy": SamplingProfile()}
 
@@ -81,6 +85,20 @@ class GateConfig(StrictModel):
         default_factory=lambda: {1: 1.0, 4: 1.0, 16: 1.0},
         description="The served load: {concurrency: weight}, each level's share of what is served (weights are "
         "normalized; 0 measures a level for the crossover and the adaptive config without weighing it).",
+    )
+    profile: Literal["config", "served"] = Field(
+        default="config",
+        description="Where the load profile comes from: this config (traffic, max_new_tokens, "
+        "prompt_sets), or the served sources' request logs (concurrency over time, completion "
+        "lengths, and the held-out served prompts as the 'served' set; "
+        "eagle3.gate.served_profile).",
+    )
+    max_levels: int = Field(
+        default=3, gt=0, description="The most concurrency levels a served profile keeps."
+    )
+    profile_note: str = Field(
+        default="",
+        description="How the served profile was built (written by it, printed in the report).",
     )
     level_weight_floor: float = Field(
         default=0.25,
@@ -177,10 +195,16 @@ class GateConfig(StrictModel):
     def identity(self) -> dict[str, Any]:
         """The fields a gate's fingerprint hashes: all of them, except ``sampling`` when it is the
         default greedy profile alone (a gate that measures greedily, as every gate did before
-        profiles existed, keeps its fingerprint and with it its cached report)."""
+        profiles existed, keeps its fingerprint and with it its cached report), and the served-load
+        profile's fields while at their defaults."""
         data = self.model_dump(mode="json")
         if self.sampling == _greedy():
             del data["sampling"]
+        for name in _LATER_FIELDS:  # hashed only when set, so older gates keep their fingerprint
+            if getattr(self, name) == type(self).model_fields[name].get_default(
+                call_default_factory=True
+            ):
+                del data[name]
         return data
 
     def for_sampling(self, name: str) -> GateConfig:

@@ -26,6 +26,7 @@ from eagle3.config.gate import GateConfig, SpeculativeConfig
 from eagle3.config.orchestration import MonitorConfig, OrchestrationConfig
 from eagle3.config.regen import RegenConfig
 from eagle3.config.scaling import ScalingConfig
+from eagle3.config.served import ServedConfig
 from eagle3.config.server import ServerLaunchConfig
 from eagle3.config.target import TargetConfig
 from eagle3.config.train import ExportConfig, TrainConfig, VocabConfig
@@ -53,6 +54,7 @@ class PipelineConfig(StrictModel):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     dev: DevConfig = Field(default_factory=DevConfig)
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
+    served: ServedConfig = Field(default_factory=ServedConfig)
 
     @model_validator(mode="after")
     def _topk_in_vocab(self) -> PipelineConfig:

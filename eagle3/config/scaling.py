@@ -23,6 +23,20 @@ class ScalingConfig(StrictModel):
         description="uniform: the next whole prompt shards (the pool's order); aimed: the budget split across "
         "domains by expected gain (traffic share x measured gain per token, with an exploration floor).",
     )
+    aim: Literal["gain", "served"] = Field(
+        default="gain",
+        description="What aimed nights aim by: 'gain', the champion's accept length per domain "
+        "on the eval set and the expected gain per token from the curve; 'served', the live "
+        "draft's accept length per domain in the served sources' request logs (kept at every "
+        "log level), the budget split by traffic share x headroom "
+        "(eagle3.scaling.served_accept).",
+    )
+    served_domain_header: str = Field(
+        default="x-smg-routing-key",
+        description="aim=served: the request header that names a served request's domain "
+        "(SGLang logs x-smg-routing-key and the headers in SGLANG_LOG_REQUEST_HEADERS); served "
+        "rows record it as meta.route.",
+    )
     domain_key: str = Field(
         default="source",
         description="What a domain is: 'source' (the dataset label of a prompt row) or 'meta.<key>' (a field of "

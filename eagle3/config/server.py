@@ -29,3 +29,9 @@ class ServerLaunchConfig(StrictModel):
     max_running_requests: int = Field(default=48, gt=0)
     cuda_graph_max_bs: int | None = Field(default=None, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+    log_requests: str | None = Field(
+        default=None,
+        description="A directory: every server the pipeline starts logs each request and its "
+        "answer there, as SGLang's --log-requests at level 3 in JSON writes them (the served "
+        "source reads them back).",
+    )

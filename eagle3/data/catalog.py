@@ -16,6 +16,9 @@ Row formats:
   ``auto``          generic local files: ``columns`` if a ``user`` column is mapped, else a ``messages`` or
                     ``conversations`` list in either turn style
   ``pretokenized``  ``input_ids`` + ``loss_mask`` already in the target's token space
+  ``served``        SGLang request logs (``--log-requests-level 3 --log-requests-format json``):
+                    the requests the target answered, as rows that skip regeneration
+                    (``eagle3.data.served``)
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-ROW_FORMATS: tuple[str, ...] = ("sharegpt", "messages", "pairs", "columns", "auto", "pretokenized")
+ROW_FORMATS: tuple[str, ...] = (
+    "sharegpt", "messages", "pairs", "columns", "auto", "pretokenized", "served"
+)
 DOMAINS: tuple[str, ...] = ("chat", "code", "math", "reasoning", "agentic")
 MEGA_ROWS = 5_000_000
 LARGE_ROWS = 1_000_000
@@ -255,5 +260,11 @@ for _entry in (
     DatasetEntry("json", "auto", description="local JSON array file with a column mapping"),
     DatasetEntry("parquet", "auto", description="local Parquet files with a column mapping"),
     DatasetEntry("pretokenized", "pretokenized", description="input_ids + loss_mask in the target's token space"),
+    DatasetEntry(
+        "served",
+        "served",
+        license="served",
+        description="SGLang request logs of the target (level 3, JSON): its answered requests",
+    ),
 ):
     register(_entry)

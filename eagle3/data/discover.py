@@ -26,6 +26,8 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.data import catalog
 from eagle3.data.adapters import TURN_LIST_KEYS
 from eagle3.data.readers import DATA_SUFFIXES, RawRow, count_rows, file_problem, iter_rows
+from eagle3.data.served import SERVED, check_provenance
+from eagle3.data.served_log import LOG_NAME, SERVER_INFO_FILE, count_records, log_files, sniff
 from eagle3.errors import DataError
 from eagle3.rundir.layout import CATALOG_FILE
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
@@ -137,18 +139,77 @@ def _describe_files(label: str, files: list[Path], *, fix: str) -> list[dict[str
     ]
 
 
+def source_files(source: SourceConfig, entry: catalog.DatasetEntry) -> list[Path]:
+    """The data files of a local source: request logs for a served source, else data files."""
+    assert source.path is not None
+    return log_files(source.path) if entry.row_format == SERVED else local_files(source.path)
+
+
 def _probe(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
     """Cheap identity of a source for the fingerprint (no row counting)."""
     fields = source.model_dump(mode="json", include=set(_FIELDS))
     if source.path:
-        files = local_files(source.path)
+        files = source_files(source, entry)
+        info = Path(source.path).expanduser() / SERVER_INFO_FILE
+        files += [info] if entry.row_format == SERVED and info.is_file() else []
         return fields | {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
     from eagle3.data.hub import resolve_revision
 
     return fields | {"revision_sha": resolve_revision(source, entry)}
 
 
-def _record(source: SourceConfig, entry: catalog.DatasetEntry) -> dict[str, Any]:
+def _served_record(
+    config: PipelineConfig, source: SourceConfig, entry: catalog.DatasetEntry
+) -> dict[str, Any]:
+    """A served source: its request-log files (local, or a Hub dataset of them), records counted
+    by reading them once (``count_records``: requests are joined across files), and the
+    provenance its ``server_info.json`` gives (``check_provenance``)."""
+    label = source.label
+    if source.path:
+        root = Path(source.path).expanduser()
+        extra = {"kind": "local", "id": source.path, "revision": None}
+        files = _require_logs(label, log_files(root), fix=f"check sources path {source.path!r}")
+    else:
+        from eagle3.data.hub import resolve_hub
+
+        hub = resolve_hub(source, entry, is_data=lambda name: LOG_NAME.match(name) is not None)
+        paths = [Path(p) for p in hub.pop("files")]
+        files = _require_logs(label, paths, fix=f"check that {hub['id']} holds *.log files")
+        root, extra = files[0].parent, {"kind": "hub", **hub}
+    described = [{"path": str(f), "bytes": f.stat().st_size} for f in files]
+    server = check_provenance(config, root)
+    keys = ("model_path", "revision", "chat_template")
+    return {
+        "name": label,
+        "adapter": entry.name,
+        "config": None,
+        "split": source.split or entry.split,
+        "license": entry.license,
+        "format": SERVED,
+        **extra,
+        "files": described,
+        "rows": count_records(files),
+        "bytes": sum(f["bytes"] for f in described),
+        "server": {k: server.get(k) for k in keys} if server else None,
+    }
+
+
+def _require_logs(label: str, files: list[Path], *, fix: str) -> list[Path]:
+    if not files:
+        raise DiscoveryError(
+            f"source {label!r}: no request logs (<host>_<rank>.log[.YYYY-mm-dd_HH]) found; {fix}"
+        )
+    problems = [p for f in files if (p := sniff(f)) is not None]
+    if problems:
+        raise DiscoveryError(f"source {label!r}: " + "; ".join(problems))
+    return files
+
+
+def _record(
+    config: PipelineConfig, source: SourceConfig, entry: catalog.DatasetEntry
+) -> dict[str, Any]:
+    if entry.row_format == SERVED:
+        return _served_record(config, source, entry)
     label = source.label
     columns = {**entry.columns, **source.columns}
     base = {"name": label, "adapter": entry.name, "config": source.subset or entry.config}
@@ -182,14 +243,17 @@ def check_sources(config: PipelineConfig) -> None:
         raise DiscoveryError(f"sources {dupes} appear twice; give each a distinct `name`")
     for s in config.sources:
         entry = catalog.get(s.adapter)
-        if s.path:
+        if s.path and entry.row_format == SERVED:
+            _require_logs(s.label, log_files(s.path), fix=f"check sources path {s.path!r}")
+            check_provenance(config, Path(s.path).expanduser())
+        elif s.path:
             files = _require_files(s.label, local_files(s.path), fix=f"check sources path {s.path!r}")
             check_format(s.label, entry, {**entry.columns, **s.columns}, _sample_row(s.label, files))
 
 
 def write_catalog(config: PipelineConfig, out: Path) -> dict[str, Any]:
     """Resolve every configured source into ``out/catalog.json``, manifest written last; returns the stats."""
-    records = [_record(s, catalog.get(s.adapter)) for s in config.sources]
+    records = [_record(config, s, catalog.get(s.adapter)) for s in config.sources]
     path = out / CATALOG_FILE
     atomic_write_json(path, {"fingerprint": out.name, "datasets": records})
     stats = {"datasets": len(records), "rows": sum(r["rows"] for r in records)}

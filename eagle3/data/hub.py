@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +91,16 @@ def resolve_revision(source: SourceConfig, entry: DatasetEntry) -> str:
         raise _fail(source, repo, exc) from exc
 
 
-def resolve_hub(source: SourceConfig, entry: DatasetEntry) -> dict[str, Any]:
-    """id, revision sha, split, license and the local paths of the split's data files (downloaded if online)."""
+def _has_data_suffix(name: str) -> bool:
+    return Path(name).suffix.lower() in DATA_SUFFIXES
+
+
+def resolve_hub(
+    source: SourceConfig, entry: DatasetEntry, *, is_data: Callable[[str], bool] = _has_data_suffix
+) -> dict[str, Any]:
+    """id, revision sha, split, license and the local paths of the split's data files
+    (downloaded if online); ``is_data`` says which file names are data (request logs for a
+    served source)."""
     from eagle3.data.discover import split_files
 
     repo = _repo(source, entry)
@@ -107,12 +115,12 @@ def resolve_hub(source: SourceConfig, entry: DatasetEntry) -> dict[str, Any]:
         except Exception as exc:  # see _snapshot
             raise _fail(source, repo, exc) from exc
         license_ = str((info.card_data or {}).get("license") or license_)
-        names = [s.rfilename for s in info.siblings or [] if Path(s.rfilename).suffix in DATA_SUFFIXES]
+        names = [s.rfilename for s in info.siblings or [] if is_data(s.rfilename)]
         root = Path("/")
         patterns = [str(p.relative_to(root)) for p in split_files([root / n for n in names], root, split=split,
                                                                     subset=subset)]  # fmt: skip
     snap = _snapshot(source, repo, patterns=patterns)
-    data = [f for f in snap.rglob("*") if f.is_file() and f.suffix.lower() in DATA_SUFFIXES]
+    data = [f for f in snap.rglob("*") if f.is_file() and is_data(f.name)]
     files = split_files(data, snap, split=split, subset=subset)
     return {"id": repo, "revision": snap.name, "split": split, "license": _card_license(snap) or license_,
             "files": [str(f) for f in files]}  # fmt: skip

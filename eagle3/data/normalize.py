@@ -31,7 +31,6 @@ import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,13 @@ from eagle3.data.schema import (
     PROMPT_SCHEMA,
     QUARANTINE_SCHEMA,
     TOO_LONG,
+)
+from eagle3.data.served import (
+    SERVED,
+    ServedReader,
+    held_out_prompts,
+    served_labels,
+    served_tokenizer,
 )
 from eagle3.data.toolcalls import ToolCallError, link_tool_calls
 from eagle3.rundir.runroot import Manifest, atomic_write_json, fingerprint
@@ -190,17 +196,27 @@ def prompts_fingerprint(config: PipelineConfig, catalog_fp: str) -> str:
         tokenizer_identity(config),
         config.target.vocab_size,
         gate_sets,
+        # what served rows may become; only with a served source (the others keep theirs)
+        *([config.served.model_dump(mode="json")] if served_labels(config) else []),
     )
 
 
-@lru_cache(maxsize=4)
-def _decontaminator(prompt_sets: tuple[tuple[str, str], ...], ngram: int, threshold: float) -> Decontaminator:
-    return Decontaminator(load_prompt_sets(dict(prompt_sets)), ngram=ngram, threshold=threshold)
+_DECONTAMINATORS: dict[str, Decontaminator] = {}
+_DECONTAM_LOCK = threading.Lock()
 
 
 def decontaminator(config: PipelineConfig) -> Decontaminator:
-    n = config.normalize
-    return _decontaminator(tuple(sorted(config.gate.prompt_sets.items())), n.decontam_ngram, n.decontam_threshold)
+    """The index of the gate's prompts (its local sets, and the held-out served requests,
+    ``eagle3.data.served.held_out_prompts``), built once per config."""
+    key = config.model_dump_json(include={"gate", "normalize", "sources", "served", "target"})
+    with _DECONTAM_LOCK:
+        if key not in _DECONTAMINATORS:
+            n = config.normalize
+            prompts = [*load_prompt_sets(config.gate.prompt_sets), *held_out_prompts(config)]
+            _DECONTAMINATORS[key] = Decontaminator(
+                prompts, ngram=n.decontam_ngram, threshold=n.decontam_threshold
+            )
+        return _DECONTAMINATORS[key]
 
 
 class _Books:
@@ -307,24 +323,45 @@ def _stream(
     books: _Books,
     writer: ShardWriter,
     on_progress: Callable[[int], None] | None,
-) -> None:
+) -> dict[str, int] | None:
+    """Normalize the selected rows of one source; returns what a served source's filters dropped."""
     entry = catalog.get(source.adapter)
     columns = {**entry.columns, **source.columns}
+    served = None
+    if entry.row_format == SERVED:
+        served = ServedReader.open(config, files, served_tokenizer(config))
     batch: list[tuple[RawRow, Converted]] = []
-    for raw in iter_rows(files):
+    for raw in served.rows() if served else iter_rows(files):
         if not selector.take():
             continue
         books.taken += 1
         try:
-            batch.append((raw, _prepare(raw, entry, columns, config)))
+            if served is not None:
+                conv = _prepare_served(served, raw, config)
+                raw = RawRow(raw.index, served.view(conv))  # what a later quarantine row keeps
+            else:
+                conv = _prepare(raw, entry, columns, config)
+            batch.append((raw, conv))
         except RowError as err:
-            books.reject(raw.index, err.reason, raw.value if raw.error is None else raw.raw)
+            kept = getattr(err, "raw", None) or (raw.value if raw.error is None else raw.raw)
+            books.reject(raw.index, err.reason, kept)
         if len(batch) >= BATCH:
             _flush(batch, books, writer, config)
             batch = []
             if on_progress:
                 on_progress(books.taken)
     _flush(batch, books, writer, config)
+    return dict(sorted(served.filters.items())) if served else None
+
+
+def _prepare_served(served: ServedReader, raw: RawRow, config: PipelineConfig) -> Converted:
+    """A served record's row (``eagle3.data.served``): its ids are fixed as served, so its turns
+    are checked as they are (no system-prompt policy rewrites a prompt already answered)."""
+    conv = served.convert(raw)
+    _check_tokens(conv, config)
+    as_served = config.normalize.replace(system_prompt_policy="keep")
+    conv.messages = normalize_messages(conv.messages, as_served)
+    return conv
 
 
 def _run_source(
@@ -340,7 +377,7 @@ def _run_source(
     with ShardWriter(out, PROMPT_SCHEMA, prefix="spill", row_group_bytes=ROW_GROUP_BYTES) as writer:
         with ShardWriter(out, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=ROW_GROUP_BYTES) as qwriter:
             books = _Books(source.label, qwriter)
-            _stream(config, source, files, selector, books, writer, on_progress)
+            filters = _stream(config, source, files, selector, books, writer, on_progress)
             books.flush()
             quarantine = qwriter.close()
         spill = writer.close()
@@ -349,6 +386,7 @@ def _run_source(
             f"{source.label}: books do not balance ({books.taken} in, {books.kept} kept, {books.reasons})"
         )
     return {
+        **({"filters": filters} if filters is not None else {}),
         "source": source.label,
         "in": books.taken,
         "kept": books.kept,

@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from eagle3.data.normalize import ROW_GROUP_BYTES
 from eagle3.data.parquet import ShardWriter, iter_batches, open_shard, write_table
 from eagle3.data.readers import truncate_raw
 from eagle3.data.schema import PROMPT_SCHEMA, QUARANTINE_SCHEMA
+from eagle3.data.served import served_labels
 from eagle3.rundir.runroot import FileEntry, Manifest
 
 logger = logging.getLogger(__name__)
@@ -61,15 +62,39 @@ def _interleaved(spills: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, 
             heapq.heappush(heap, ((emitted[i] + 1) / totals[i], i))
 
 
+def _dedup_turns(row: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in row["messages"] if m["role"] not in ("assistant", "system")]
+
+
+def _claim_first(
+    spills: list[dict[str, Any]], first: Collection[int], deduper: Deduper
+) -> dict[tuple[int, str], str | None]:
+    """Dedup decisions for the rows of the ``first`` spills (served sources), taken before any
+    other row is seen: a served row holds the target's answer already, so it wins a tie with a
+    row that would be regenerated."""
+    decided: dict[tuple[int, str], str | None] = {}
+    for i in sorted(first):
+        for row in _spill_rows(Path(spills[i]["spill"])) if spills[i]["spill"] else ():
+            decided[(i, row["source_row"])] = deduper.check(row["sample_id"], _dedup_turns(row))
+    return decided
+
+
 def _dedup_spills(
-    spills: list[dict[str, Any]], deduper: Deduper, writer: ShardWriter, qwriter: ShardWriter, *, chunk: int = 256
+    spills: list[dict[str, Any]],
+    deduper: Deduper,
+    writer: ShardWriter,
+    qwriter: ShardWriter,
+    *,
+    chunk: int = 256,
+    first: Collection[int] = (),
 ) -> list[tuple[int, Counter[str]]]:
     counts: list[tuple[int, Counter[str]]] = [(0, Counter()) for _ in spills]
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
+    decided = _claim_first(spills, first, deduper)
     for i, row in _interleaved(spills):
-        turns = [m["content"] for m in row["messages"] if m["role"] not in ("assistant", "system")]
-        reason = deduper.check(row["sample_id"], turns)
+        key, turns = (i, row["source_row"]), _dedup_turns(row)
+        reason = decided[key] if i in first else deduper.check(row["sample_id"], turns)
         kept, dropped = counts[i]
         if reason is None:
             rows.append(row)
@@ -106,7 +131,7 @@ def _balance(spill: dict[str, Any], kept: int, dropped: Counter[str]) -> dict[st
         "kept": kept,
         "quarantined": dict(sorted(quarantined.items())),
         "duplicates": dropped.get("duplicate", 0) + dropped.get("near_duplicate", 0),
-    }
+    } | ({"filters": spill["filters"]} if "filters" in spill else {})
     if spill["in"] != kept + sum(quarantined.values()):
         raise BooksError(f"{spill['source']}: {spill['in']} rows in but {kept} kept + {dict(quarantined)} quarantined")
     return record
@@ -130,7 +155,10 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     rg = ROW_GROUP_BYTES
     with ShardWriter(out_dir, PROMPT_SCHEMA, rows_per_shard=n.shard_size, row_group_bytes=rg, metadata=meta) as writer:
         with ShardWriter(out_dir, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=rg, metadata=meta) as qwriter:
-            for spill, (kept, dropped) in zip(spills, _dedup_spills(spills, deduper, writer, qwriter), strict=True):
+            served = served_labels(config)
+            first = {i for i, spill in enumerate(spills) if spill["source"] in served}
+            counted = _dedup_spills(spills, deduper, writer, qwriter, first=first)
+            for spill, (kept, dropped) in zip(spills, counted, strict=True):
                 per_source[spill["source"]] = _balance(spill, kept, dropped)
             qinfos = qwriter.close()
         shards = writer.close()

@@ -62,6 +62,17 @@ CONTAMINATED = "contaminated"  # overlaps a gate benchmark prompt
 MALFORMED = "malformed"  # not parseable, wrong types, missing keys
 BAD_TOKENS = "bad_tokens"  # pre-tokenized row: ids outside the target vocab, or input_ids/loss_mask lengths differ
 BAD_TOOL_CALL = "bad_tool_call"  # arguments not a JSON object, a result answering no call, a call left unanswered
+# Served traffic (SGLang request logs, eagle3.data.served_log and eagle3.data.served)
+PARTIAL = "partial"  # a log line cut at the end of its file (copied or read while written)
+UNFINISHED = "unfinished"  # received, never finished in the files read
+UNMATCHED = "unmatched"  # finished; its receipt is not in the files read (rotated out)
+HEALTH_CHECK = "health_check"  # the server's own /health_generate probes
+ABORTED = "aborted"  # finish_reason abort: the client or the server stopped the answer
+CUT_SHORT = "cut_short"  # finish_reason length (kept with served.keep_truncated)
+NO_CONTENT = "no_content"  # ids dropped or cut by the log level, or counts off meta_info's
+TEMPLATE_MISMATCH = "template_mismatch"  # the prompt is not the target's chat template's
+FILTERED = "filtered"  # dropped by a served.* filter (the raw keeps no content)
+HELD_OUT = "held_out"  # set aside as the gate's served prompt set: never trained on
 
 REASONS: tuple[str, ...] = (
     EMPTY,
@@ -76,6 +87,16 @@ REASONS: tuple[str, ...] = (
     MALFORMED,
     BAD_TOKENS,
     BAD_TOOL_CALL,
+    PARTIAL,
+    UNFINISHED,
+    UNMATCHED,
+    HEALTH_CHECK,
+    ABORTED,
+    CUT_SHORT,
+    NO_CONTENT,
+    TEMPLATE_MISMATCH,
+    FILTERED,
+    HELD_OUT,
 )
 
 RAW_MAX_BYTES = 2048

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3.config.base import StrictModel
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate import preflight, profiles
@@ -217,13 +218,22 @@ def gate_fingerprint(
     return fingerprint(
         "gate",
         config.target.model_dump(mode="json"),
-        config.server.model_dump(mode="json"),
+        _set_fields(config.server, ("log_requests",)),
         config.speculative.model_dump(mode="json"),
         config.gate.identity(),
         ids,
         champion.draft_id if champion and champion.draft_id not in ids else None,
         urls,
     )
+
+
+def _set_fields(section: StrictModel, later: tuple[str, ...]) -> dict[str, Any]:
+    """``section`` as JSON, its ``later`` fields (added after gates were recorded) only when not
+    at their default, so a gate recorded before them keeps its fingerprint."""
+    dumped = section.model_dump(mode="json")
+    fields = type(section).model_fields
+    defaults = {k: fields[k].get_default(call_default_factory=True) for k in later}
+    return {k: v for k, v in dumped.items() if k not in later or v != defaults[k]}
 
 
 def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None) -> dict[str, list[str]]:

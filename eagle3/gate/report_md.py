@@ -181,6 +181,8 @@ def _header(report: GateReport) -> list[str]:
         f"rounds {t.get('min_rounds')}..{t.get('max_rounds')}, {t.get('confidence')} t interval on the paired "
         "per-round speedups",
     ]
+    if t.get("profile_note"):
+        lines.append(f"traffic profile built {t['profile_note']}")
     if report.sampling:
         profiles = sampling_line(report)
         lines.append(f"sampling (each profile measured at its levels, own verdict): {profiles}")

@@ -19,6 +19,7 @@ from pydantic import Field
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate.release import GateRequest, gate_identity, run_gate
 from eagle3.gate.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
+from eagle3.gate.served_profile import with_served_profile
 from eagle3.stage import Frozen, OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 
@@ -35,6 +36,7 @@ class GateStage(Stage[GatePlan]):
 
     def plan(self, config: PipelineConfig, **request: Any) -> GatePlan:
         """``request``: the fields of a ``GateRequest`` (the gate flow's parameters)."""
+        config = with_served_profile(config)  # gate.profile=served: the load the logs record
         asked = GateRequest.model_validate(request)
         gate = gate_identity(config, asked)
         return GatePlan(**{**asked.model_dump(), "drafts": tuple(gate.drafts)}, stage=self.name,
@@ -44,7 +46,7 @@ class GateStage(Stage[GatePlan]):
         self, config: PipelineConfig, plan: GatePlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
-        result = run_gate(config, plan)
+        result = run_gate(with_served_profile(config), plan)
         if result.out_dir != plan.out_dir:  # the champion changed between plan and run: another gate
             raise RuntimeError(f"the champion changed since the gate was planned ({plan.out_dir} is now "
                                f"{result.out_dir}); run the gate again")  # fmt: skip

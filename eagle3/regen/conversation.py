@@ -288,14 +288,19 @@ def _row(ctx: SampleContext, row: dict[str, Any], state: _Turns) -> dict[str, An
 
 
 def pretokenized_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Rows already in the target's token space pass straight through."""
+    """Rows already in the target's token space pass straight through. A served row
+    (``eagle3.data.served``) keeps its provenance: the server (``served:<host>_<rank>``), finish
+    reason, latency and token counts as served; ``served.keep_truncated`` decided its
+    truncation, so it is never set aside as truncated here."""
     ids = list(row["input_ids"])
-    return {
+    mask = list(row["loss_mask"]) if row.get("loss_mask") is not None else [1] * len(ids)
+    served = json.loads(row.get("meta") or "{}").get("served")
+    out = {
         "sample_id": row["sample_id"],
         "source": row.get("source"),
         "messages": row.get("messages") or [],
         "input_ids": ids,
-        "loss_mask": list(row["loss_mask"]) if row.get("loss_mask") is not None else [1] * len(ids),
+        "loss_mask": mask,
         "finish_reason": "pretokenized",
         "prompt_tokens": len(ids),
         "completion_tokens": 0,
@@ -306,6 +311,21 @@ def pretokenized_row(row: dict[str, Any]) -> dict[str, Any]:
         "error": None,
         "meta": json.dumps({"api": "none", "turns": 0, "round_trip": True}),
     }
+    if served:
+        answer = sum(mask)
+        meta = {"api": "served", "turns": 1, "round_trip": True, "served": served}
+        out |= {
+            "finish_reason": served.get("finish_reason"),
+            "prompt_tokens": len(ids) - answer,
+            "completion_tokens": answer,
+            "server": f"{SERVED_PREFIX}{served.get('server')}",
+            "latency_s": float(served.get("e2e_latency") or 0.0),
+            "meta": json.dumps(meta),
+        }
+    return out
+
+
+SERVED_PREFIX = "served:"  # the ``server`` of a served row
 
 
 def failed_row(row: dict[str, Any], error: str, *, attempts: int) -> dict[str, Any]:

@@ -32,7 +32,9 @@ REGEN_SCHEMA = pa.schema(
 REGEN_COLUMNS: tuple[str, ...] = tuple(REGEN_SCHEMA.names)
 
 # Columns of a prompts shard that regeneration reads.
-PROMPT_COLUMNS: tuple[str, ...] = ("sample_id", "source", "messages", "input_ids", "loss_mask", "tools")
+PROMPT_COLUMNS: tuple[str, ...] = (
+    "sample_id", "source", "messages", "input_ids", "loss_mask", "tools", "meta"
+)
 assert all(PROMPT_SCHEMA.get_field_index(c) >= 0 for c in PROMPT_COLUMNS), "PROMPT_SCHEMA lost a column regen reads"
 
 STATUS_OK, STATUS_TRUNCATED, STATUS_FAILED = "ok", "truncated", "failed"

@@ -33,7 +33,13 @@ from eagle3.data.parquet import (
 )
 from eagle3.data.template import TemplateError, template_hash
 from eagle3.regen.client import Client, RetriesExhausted
-from eagle3.regen.conversation import SampleContext, failed_row, regenerate
+from eagle3.regen.conversation import (
+    SERVED_PREFIX,
+    SampleContext,
+    failed_row,
+    pretokenized_row,
+    regenerate,
+)
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan, template_kwargs
 from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
@@ -72,6 +78,7 @@ class ShardReport:
     dropped: int = 0
     failed: int = 0
     pretokenized: int = 0
+    served: int = 0  # rows the target answered in service (eagle3.data.served): passed through
     completion_tokens: int = 0
     round_trip_failures: int = 0
     mask_fallbacks: int = 0
@@ -102,6 +109,11 @@ async def regen_shard_async(
     verify_files([prompts], rebuild=f"rm {prompts.parent / MANIFEST} && eagle3 normalize")
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target)
+    if not servers:  # the stage started none: every row passes through (RegenStage.resources)
+        journal = Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every)
+        with running_shard(index), journal:
+            _pass_through(_prompt_rows(plan, index, set(journal.done)), journal, index, on_result)
+        return compact_shard(config, plan, index, template=template_hash(tokenizer))
     pool = shared_pool(servers, cfg)
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     with running_shard(index), Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
@@ -120,6 +132,20 @@ async def regen_shard_async(
     report = compact_shard(config, plan, index, template=template_hash(tokenizer))
     report.elapsed_s = time.monotonic() - start
     return report
+
+
+def _pass_through(
+    rows: Iterator[dict[str, Any]], journal: Journal, index: int, on_result: OnResult | None
+) -> None:
+    """Journal the rows of a shard that needs no server (served and pre-tokenized rows)."""
+    for row in rows:
+        if row.get("input_ids") is None:
+            missing = f"sample {row['sample_id']} needs generation but no server was started"
+            raise ShardFailed(index, missing)
+        result = pretokenized_row(row)
+        journal.append(result)
+        if on_result is not None:
+            on_result(result)
 
 
 def sample_context(config: PipelineConfig, tokenizer: Any, client: Client, **kwargs: Any) -> SampleContext:
@@ -223,6 +249,7 @@ def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: in
         "dropped": dropped,
         "failed": len(failed),
         "pretokenized": sum(r["server"] == "pretokenized" for r in kept),
+        "served": sum(str(r["server"]).startswith(SERVED_PREFIX) for r in kept),
         "completion_tokens": sum(int(m.get("total_completion_tokens", 0)) for m in metas),
         "round_trip_failures": sum(not m.get("round_trip", True) for m in metas),
         "mask_fallbacks": sum(bool(m.get("mask_fallback")) for m in metas),

@@ -15,6 +15,7 @@ per shard.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.data.parquet import shard_is_valid
+from eagle3.data.parquet import iter_batches, shard_is_valid
+from eagle3.data.served_log import log_flags
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
@@ -35,8 +37,12 @@ from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
 from eagle3.target_io import tokenizer_imports
 
-REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "completion_tokens", "round_trip_failures",
-                 "mask_fallbacks", "history_rewritten", "tool_replay_stops")  # fmt: skip
+logger = logging.getLogger(__name__)
+
+REPORT_FIELDS = (
+    "ok", "truncated", "dropped", "failed", "pretokenized", "served", "completion_tokens",
+    "round_trip_failures", "mask_fallbacks", "history_rewritten", "tool_replay_stops",
+)
 
 
 # What the lineage records about earlier turns (the rows' meta.history says which rows it rewrote).
@@ -62,11 +68,29 @@ def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Ite
     from eagle3.serve.launch import reference_server
 
     extra = ["--max-running-requests", str(config.regen.concurrency_per_server), "--dtype", config.target.dtype]
+    if config.server.log_requests:
+        extra += log_flags(Path(config.server.log_requests).expanduser())
     if config.server.context_length or config.target.context_length:
         extra += ["--context-length", str(config.server.context_length or config.target.context_length)]
     log_path = (log_dir / "reference-server.log") if log_dir else None
     with reference_server(config.target.model_path, extra_args=extra, log_path=log_path) as server:
         yield [server.url]
+
+
+def needs_generation(config: PipelineConfig, plan: RegenPlan) -> bool:
+    """Whether a shard of this run still to compact holds a row of a source that is neither
+    served nor pre-tokenized (read from its ``source`` column alone)."""
+    from eagle3.data import catalog
+
+    formats = ("pretokenized", "served")
+    passing = {s.label for s in config.sources if catalog.get(s.adapter).row_format in formats}
+    for index in plan.units:
+        if shard_is_valid(plan.out_dir / shard_name(int(index)), schema=REGEN_SCHEMA):
+            continue
+        for batch in iter_batches(plan.prompt_shard(int(index)), columns=["source"]):
+            if set(batch.column("source").to_pylist()) - passing:
+                return True
+    return False
 
 
 def server_limit_names(servers: Sequence[str]) -> list[str]:
@@ -86,6 +110,13 @@ class RegenStage(Stage[RegenPlan]):
 
     @contextmanager
     def resources(self, config: PipelineConfig, plan: RegenPlan) -> Iterator[list[str]]:
+        """The servers; none when every row still to do passes through (a served night starts
+        no server)."""
+        if not config.regen.servers and not needs_generation(config, plan):
+            logger.info("regen %s: all rows served or pre-tokenized: no server", plan.fingerprint)
+            with shards_stop_with_the_run():
+                yield []
+            return
         with regen_servers(config, log_dir=plan.out_dir) as servers, shards_stop_with_the_run():
             yield servers
 
@@ -117,7 +148,7 @@ class RegenStage(Stage[RegenPlan]):
 
     def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
         """Each server's state in this process's pool (the one the shards share on the thread runner)."""
-        return shared_pool(list(env), config.regen).stats()
+        return shared_pool(list(env), config.regen).stats() if env else []
 
     def retrigger(self, plan: RegenPlan, failed: Sequence[Unit]) -> str:
         """The exact command for these shards (it works mid-run too, before ``failed_shards.json`` is written)."""
@@ -194,6 +225,7 @@ def _summary_markdown(plan: RegenPlan, summary: dict[str, Any], retrigger: str) 
         f"# regen {plan.fingerprint}",
         f"- stage dir: `{plan.out_dir}`",
         f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
+        f"- served {summary['served']}, pre-tokenized {summary['pretokenized']} (passed through)",
         f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
         f"failed samples {summary['failed']}, round-trip failures {summary['round_trip_failures']}",
         f"- failed shards: {failed or 'none'}" + (f" (re-run: `{retrigger}`)" if failed else ""),

@@ -45,6 +45,7 @@ STAGE_DIRS: dict[str, str] = {
     "export": "drafts",
     "gate": "gate",
     "scaling": "scaling",
+    "profile": "profile",  # the gate's served traffic profile (eagle3.gate.served_profile)
 }
 
 # The upstream a regen stage reads: the prompts stage, or the aimed nights' selection (``eagle3.lineage`` decides).

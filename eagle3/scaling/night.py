@@ -42,6 +42,7 @@ from eagle3.scaling.selection import (
     taken,
     write_night,
 )
+from eagle3.scaling.served_accept import allocate_headroom
 from eagle3.stage import Frozen, StageResult
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,19 @@ def champion_accept(config: PipelineConfig, pool: DomainPool) -> tuple[str | Non
     return f"no champion yet: the draft of {last.report}", accept
 
 
+def served_domain_accept(config: PipelineConfig) -> dict[str, DomainAccept]:
+    """The live draft's accept length per domain from the served sources' request logs
+    (``scaling.aim=served``)."""
+    from eagle3.gate.served_profile import served_files
+    from eagle3.scaling.served_accept import served_accept
+
+    measured = served_accept(served_files(config), header=config.scaling.served_domain_header)
+    return {
+        d: DomainAccept(m.accept_length, m.tokens, m.verify_ct, m.requests)
+        for d, m in measured.items()
+    }
+
+
 def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, *, write: bool) -> AimedNight:
     """Tonight's aimed plan over a finished prompts stage; ``write`` selects its rows. A night already in the
     ledger (run again after a crash) keeps the rows and the plan it recorded. ``budget`` None: every row left."""
@@ -186,13 +200,21 @@ def plan_aimed(config: PipelineConfig, prompts_dir: Path, budget: float | None, 
         return AimedNight(night=night, table=recorded.plan, budget=recorded.budget, unit=recorded.unit,
                           select_dir=pool.dir, champion=recorded.champion, selection=recorded,
                           notes=(f"Night {night} was selected on an earlier run: its rows are reused.",))  # fmt: skip
-    champion, accept = champion_accept(config, pool)
+    served = config.scaling.aim == "served"
+    if served:
+        champion, accept = "the live draft (served logs)", served_domain_accept(config)
+    else:
+        champion, accept = champion_accept(config, pool)
     states = domain_states(config, pool, accept)
     unit = config.scaling.budget_unit
     if budget is None:  # no --scale: everything left
         unit, budget = "prompts", max(sum(s.pool_left for s in states if not s.free), 1)
-    plan = allocate(states, budget, unit=unit, floor=config.scaling.floor,
-                    ceiling=config.speculative.num_steps + 1, max_share=config.scaling.max_domain_share)  # fmt: skip
+    floor, ceiling = config.scaling.floor, config.speculative.num_steps + 1
+    if served:
+        plan = allocate_headroom(states, budget, unit=unit, floor=floor, ceiling=ceiling)
+    else:
+        plan = allocate(states, budget, unit=unit, floor=floor, ceiling=ceiling,
+                        max_share=config.scaling.max_domain_share)
     selection = write_night(config, pool, night=night, rows=plan.rows(), budget=plan.budget, unit=plan.unit,
                             plan=plan.table(), champion=champion) if write else None  # fmt: skip
     logger.info("night %d (aimed): %s", night, plan.rows())

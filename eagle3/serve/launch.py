@@ -18,6 +18,7 @@ Design choices:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from eagle3.rundir.runroot import atomic_write_json
 from eagle3.runtime.procs import free_port
 from eagle3.runtime.stop import raise_if_stopped, spawn, stop_child
 
@@ -98,10 +100,24 @@ class ServerProcess:
             self._proc = spawn(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         try:
             self._wait_healthy(self._proc)
+            self._record_server_info()
         except BaseException:
             self.stop()
             raise
         logger.info("%s healthy at %s", self.name, self.url)
+
+    def _record_server_info(self) -> None:
+        """A server that logs requests into directories (``--log-requests-target``) gets its
+        ``/server_info`` written beside its logs: its traffic says which model answered it."""
+        from eagle3.data.served_log import SERVER_INFO_FILE, log_dirs
+
+        dirs = log_dirs(self.argv)
+        if not dirs:
+            return
+        with urllib.request.urlopen(f"{self.url}/server_info", timeout=30) as resp:
+            info = json.loads(resp.read())
+        for directory in dirs:
+            atomic_write_json(Path(directory) / SERVER_INFO_FILE, info)
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.health_timeout_s

@@ -42,6 +42,7 @@ from typing import Literal
 
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
+from eagle3.data.served_log import log_flags
 from eagle3.runtime.procs import free_port
 from eagle3.serve.launch import LaunchError, ServerProcess
 from eagle3.serve.sglang import CPU_FLAGS, CPU_LAUNCHER, SGLANG_VERSION
@@ -178,6 +179,8 @@ def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) ->
             args += CPU_FLAGS
     else:
         args += ["--num-threads", str(CPU_THREADS)]
+    if server.log_requests:  # the same flags on both engines, the same logs
+        args += log_flags(Path(server.log_requests).expanduser())
     args += ["--host", host, "--port", str(port)]
     return args
 

@@ -35,3 +35,43 @@ def test_the_night_summary_says_how_train_features_was_decided(prefect_harness):
     assert "auto -> online" in markdown and "estimated: mix.total x 1500 tokens/sample" in markdown
     before = summary.model_copy(update={"features_mode": None})  # a summary from before the decision was recorded
     assert "- features: train.features=stored" in publish_summary_task.fn(before)
+
+
+# task.fn: no run
+@pytest.mark.filterwarnings("ignore:Artifact creation outside of a flow:FutureWarning")
+def test_the_night_summary_counts_rows_by_where_their_answers_came_from(prefect_harness):
+    from tasks.pipeline import publish_summary_task
+
+    summary = NightSummary(
+        night=Night(
+            policy="uniform",
+            prompts_dir="/p",
+            total_prompts=12,
+            shard_ids=[0],
+            new_shard_ids=[0],
+            pool_prompts=12,
+            exhausted=False,
+            plan_markdown="",
+        ),
+        regen=StageResult(
+            stage="regen",
+            fingerprint="fp",
+            out_dir="/r",
+            done=True,
+            summary={"ok": 10, "truncated": 1, "served": 6, "pretokenized": 2},
+        ),
+        draft=TrainedDraft(
+            fingerprint="fp", out_dir="/d", vocab="/v", train_samples=11, export="/d/export"
+        ),
+        gate=GateOutcome(
+            out_dir="/g",
+            report="/r.json",
+            markdown="/r.md",
+            passed=True,
+            verdict="pass",
+            reasons=[],
+        ),
+        curve=Curve(points=1, verdict="one point", png="/c.png", curve="/c.jsonl"),
+    )
+    assert summary.row_sources() == {"served": 6, "regenerated": 3, "pretokenized": 2}
+    assert "- rows: 6 served, 3 regenerated, 2 pretokenized" in publish_summary_task.fn(summary)

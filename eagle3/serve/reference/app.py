@@ -45,7 +45,8 @@ from aiohttp import web
 from eagle3.data.dialect import reasoning_format
 from eagle3.serve.reference.args import server_info
 from eagle3.serve.reference.faults import FaultInjector
-from eagle3.serve.reference.protocol import DEFAULT_NUM_STEPS, Completion
+from eagle3.serve.reference.protocol import DEFAULT_NUM_STEPS, Completion, SamplingParams
+from eagle3.serve.reference.request_log import RequestLog
 from eagle3.serve.reference.requests import BadRequest, GenerateRequest, parse_chat, parse_generate
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ GENERATOR = web.AppKey("generator", object)
 ARGS = web.AppKey("args", argparse.Namespace)
 FAULTS = web.AppKey("faults", FaultInjector)
 IN_FLIGHT = web.AppKey("in_flight", set)
+REQUEST_LOG = web.AppKey("request_log", object)  # a RequestLog with --log-requests, else None
+BODY = "eagle3.body"  # the request's JSON body, kept on the aiohttp request for the request log
+CHAT_PATH = "/v1/chat/completions"
 
 
 def error_response(status: int, message: str, *, plain: bool = False) -> web.Response:
@@ -123,12 +127,28 @@ async def _admission(request: web.Request) -> web.Response | None:
     return None
 
 
-def _completed(request: web.Request, rid: str) -> None:
+def _completed(request: web.Request, req: GenerateRequest, c: Completion) -> None:
+    """An answer sent: the rid file (``--request-log``), SGLang's request log
+    (``--log-requests``), the faults."""
     path = request.app[ARGS].request_log
     if path:
         with open(path, "a") as fh:
-            fh.write(rid + "\n")
+            fh.write(req.rid + "\n")
+    _log_finished(request, req, c, request[BODY], chat=request.path == CHAT_PATH)
     request.app[FAULTS].after_completion()
+
+
+def _log_finished(
+    request: web.Request, req: GenerateRequest, c: Completion, body: Any, *, chat: bool
+) -> None:
+    """``request.finished`` in SGLang's request log, ``out`` as its tokenizer manager has it (not
+    the chat reply)."""
+    log, generator = request.app[REQUEST_LOG], request.app[GENERATOR]
+    if log is not None:
+        meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
+        out = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
+        tokenizer = getattr(generator, "tokenizer", None)
+        log.finished(body, req, out, request.headers, chat=chat, tokenizer=tokenizer)
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -145,10 +165,14 @@ async def _in_flight(
 ) -> web.StreamResponse:
     """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is SGLang's 400)."""
     try:
-        req = parse(await _read_json(request), request.app[GENERATOR])
+        request[BODY] = await _read_json(request)
+        req = parse(request[BODY], request.app[GENERATOR])
         _register(request, req.rid)
     except BadRequest as exc:
         return error_response(400, str(exc), plain=exc.plain)
+    if request.app[REQUEST_LOG] is not None:
+        chat = request.path == CHAT_PATH
+        request.app[REQUEST_LOG].received(request[BODY], req, request.headers, chat=chat)
     try:
         return await handle(request, req)
     finally:
@@ -181,7 +205,7 @@ async def _reply(
     response = web.json_response(body(c))
     await response.prepare(request)
     await response.write_eof()
-    _completed(request, req.rid)
+    _completed(request, req, c)
     return response
 
 
@@ -232,7 +256,7 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
     await _sse(response, {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-    _completed(request, req.rid)
+    _completed(request, req, c)
     return response
 
 
@@ -287,11 +311,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    from eagle3.serve.reference.protocol import SamplingParams
-
     generator = request.app[GENERATOR]
-    ids = generator.encode("health") or [0]
-    await generator.generate(f"health-{uuid.uuid4().hex}", ids, SamplingParams(max_new_tokens=1, temperature=0.0))
+    # SGLang's probe: its rid prefix, one token, greedy; logged as SGLang logs it (readers of served
+    # traffic drop it by its rid)
+    probe = {"max_new_tokens": 1, "temperature": 0.0}
+    req = GenerateRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(**probe), False)
+    body = {"input_ids": req.input_ids, "sampling_params": probe}
+    if request.app[REQUEST_LOG] is not None:
+        request.app[REQUEST_LOG].received(body, req, request.headers, chat=False)
+    c = await generator.generate(req.rid, req.input_ids, req.params)
+    _log_finished(request, req, c, body, chat=False)
     return web.Response(text="")
 
 
@@ -334,8 +363,9 @@ def build_app(args: argparse.Namespace, generator: Any) -> web.Application:
     app[GENERATOR] = generator
     app[FAULTS] = FaultInjector(args)
     app[IN_FLIGHT] = set()
+    app[REQUEST_LOG] = RequestLog.from_args(args)
     app.router.add_post("/generate", generate)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
     for path in ("/model_info", "/get_model_info"):  # canonical, then SGLang's deprecated alias

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.dialect import REASONING_FORMATS
+from eagle3.serve.reference.request_log import add_flags as add_log_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
         help="Split a chat reply's thinking into reasoning_content (SGLang's flag; eagle3.data.dialect).",
     )  # fmt: skip
+    add_log_flags(p)
     spec = p.add_argument_group(
         "speculative decoding (SGLang flags; a draft is run as chain speculation)"
     )

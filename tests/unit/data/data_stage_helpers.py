@@ -93,3 +93,8 @@ def discover(config: PipelineConfig) -> Path:
 def normalize(config: PipelineConfig) -> Path:
     """Discover, then the prompts stage of ``config``, in this process; returns the prompts stage directory."""
     return run_stage(NormalizeStage(), config, catalog_dir=discover(config)).out_dir
+
+
+def drop_code(request: Any) -> str | None:
+    """A ``served.hook`` for the served-source tests: drops the requests routed as code."""
+    return "code" if request.headers.get("x-smg-routing-key") == "code" else None

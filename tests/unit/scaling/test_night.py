@@ -136,3 +136,22 @@ def test_an_aimed_nights_point_keeps_its_policy_and_per_domain_rows_and_accept(c
     selected = [sid for p in Path(night.select_dir).glob("shard-*.parquet")
                 for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()]  # fmt: skip
     assert len(selected) == 24 and not eval_ids & set(selected)
+
+
+def test_a_night_aimed_by_served_acceptance_sends_the_budget_where_the_live_draft_fails(
+    tmp_path, write_prompt_pool, monkeypatch
+):
+    from eagle3.scaling import night as night_module
+    from eagle3.scaling.domain_eval import DomainAccept
+
+    prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS)
+    # math: not served; the reading of the logs is tested in test_served_accept.py
+    served = {"chat": DomainAccept(3.5, 70, 20, 5), "code": DomainAccept(1.5, 30, 20, 5)}
+    monkeypatch.setattr(night_module, "served_domain_accept", lambda config: served)
+    night = plan_tonight(_config(tmp_path, "scaling.aim=served", "scaling.floor=0"), prompts, 30)
+    rows = {row["domain"]: row["allocation"] for row in night.plan}
+    assert min(rows["code"], rows["math"]) > rows["chat"] and sum(rows.values()) == 30
+    assert abs(rows["code"] - rows["math"]) <= 1  # math, not served, weighs as the worst measured
+    assert "Aimed by served acceptance" in night.plan_markdown
+    chat = next(r for r in night.plan if r["domain"] == "chat")
+    assert chat["why"].startswith("served accept 3.50")

@@ -66,11 +66,24 @@ def config(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def servers(sglang_python, tiny_world, config, tmp_path_factory):
-    """Real SGLang (the baseline arm on this CPU) and the reference server, both from the tiny recipe."""
+def request_logs(tmp_path_factory) -> dict[str, Path]:
+    """Where each engine logs its requests (``server.log_requests``: SGLang's request logging,
+    level 3, JSON)."""
+    return {engine: tmp_path_factory.mktemp(f"{engine}-logs") for engine in ("sglang", "reference")}
+
+
+@pytest.fixture(scope="module")
+def servers(sglang_python, tiny_world, config, request_logs, tmp_path_factory):
+    """Real SGLang (the baseline arm on this CPU) and the reference server, both from the tiny
+    recipe, each logging its requests."""
     logs = tmp_path_factory.mktemp("conformance")
-    sglang = build_launch(config, "baseline", engine="sglang", port=0).server(log_path=logs / "sglang.log")
-    reference = build_launch(config, "baseline", engine="reference", port=0).server(log_path=logs / "reference.log")
+
+    def launch(engine: str):
+        server = config.server.replace(log_requests=str(request_logs[engine]))
+        command = build_launch(config.replace(server=server), "baseline", engine=engine, port=0)
+        return command.server(log_path=logs / f"{engine}.log")
+
+    sglang, reference = launch("sglang"), launch("reference")
     with sglang, reference:
         yield {"sglang": sglang.url, "reference": reference.url}
 
@@ -192,3 +205,63 @@ def test_the_speculative_reference_server_verifies_concurrent_requests_in_shared
     assert [a["output_ids"] for a in answers] == [a["output_ids"] for a in plain]
     assert state["verify_passes"] == sum(a["meta_info"]["spec_verify_ct"] for a in answers)
     assert state["verify_forwards"] < state["verify_passes"], state  # one forward served several requests
+
+
+def _served_rows(config, logs: Path, rids: set[str]) -> dict[str, tuple]:
+    from eagle3.data.adapters import RowError
+    from eagle3.data.served import ServedReader, served_tokenizer
+    from eagle3.data.served_log import log_files
+
+    reader = ServedReader.open(config, log_files(logs), served_tokenizer(config))
+    rows, reasons = {}, {}
+    for raw in reader.rows():
+        try:
+            conv = reader.convert(raw)
+        except RowError as err:
+            reasons[raw.value.rid if raw.error is None else raw.index] = err.reason
+            continue
+        rid = conv.meta["served"]["rid"]
+        if rid in rids:
+            rows[rid] = (conv.messages, conv.input_ids, conv.loss_mask)
+    return rows | {"reasons": reasons}
+
+
+def test_request_logs_written_by_sglang_and_by_the_reference_server_give_the_same_rows(
+    servers, config, request_logs, tiny_tokenizer
+):
+    """The same served traffic (chat requests the server renders, ``/generate`` requests the
+    client rendered, a health probe) logged by both engines with SGLang's request logging reads
+    back as the same training rows."""
+    from eagle3.data.served_log import SERVER_INFO_FILE
+
+    conversations = [
+        [{"role": "user", "content": "What is 12 + 7? Explain briefly."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+    ]
+    for name, url in servers.items():
+        for i, messages in enumerate(conversations):
+            chat = {
+                "rid": f"served-chat-{i}",
+                "messages": messages,
+                "max_tokens": 64,
+                "temperature": 0,
+            }
+            assert _request(url, "/v1/chat/completions", chat)[0] == 200, name
+            ids = render_prompt(tiny_tokenizer, messages)
+            body = {
+                "rid": f"served-ids-{i}",
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 64, "temperature": 0},
+            }
+            assert _request(url, "/generate", body)[0] == 200, name
+        assert _request(url, "/health_generate", method="GET")[0] == 200
+    rids = {f"served-{kind}-{i}" for kind in ("chat", "ids") for i in range(2)}
+    rows = {name: _served_rows(config, request_logs[name], rids) for name in servers}
+    reasons = {name: rows[name].pop("reasons") for name in servers}
+    assert set(rows["sglang"]) == rids and rows["sglang"] == rows["reference"]
+    assert rows["sglang"]["served-chat-1"][0][0] == {"role": "system", "content": "Be brief."}
+    for name in servers:
+        # the probes are in both logs, never rows
+        assert "health_check" in reasons[name].values(), name
+        info = json.loads((request_logs[name] / SERVER_INFO_FILE).read_text())
+        assert Path(info["model_path"]) == Path(config.target.model_path)
