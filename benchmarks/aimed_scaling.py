@@ -1,4 +1,4 @@
-"""Aimed vs uniform data scaling (issue 39): from the same start, N nights of each policy with the same regenerated-
+"""Aimed vs uniform data scaling: from the same start, N nights of each policy with the same regenerated-
 token budget per night; after each night the serving-mix accept length on the same held-out eval set; several seeds.
 
     python benchmarks/aimed_scaling.py [--quick] [--seeds 0,1,2] [--nights 4] [--budget 1600] [--out result.json]
@@ -19,7 +19,7 @@ held-out eval set, a new training seed):
   per domain, and the per-domain (tokens, accept length) points of the earlier nights;
 * each night a fresh draft is trained on every row selected so far (the project's trainer, fixed epochs, the night's
   draft vocab), then measured per domain on the eval set (the reference speculative decoder, greedy, 3 steps);
-* with ``--init champion`` (aimed v2's setting, issue 49) a night instead starts from the policy's previous draft
+* with ``--init champion`` (aimed v2's setting) a night instead starts from the policy's previous draft
   (every night's draft taken as promoted) with its vocab, on the night's new rows plus the replay share of the rows
   before (``eagle3.train.continual.replay_sample`` over ``domain:row`` ids), peak lr x ``--lr-scale``; aimed passes
   ``--max-share`` as ``scaling.max_domain_share``.

@@ -1,4 +1,4 @@
-"""Nights that build on the champion vs nights from scratch (issue 49): accept length and training cost per night.
+"""Nights that build on the champion vs nights from scratch: accept length and training cost per night.
 
     python benchmarks/continual_nights.py [--quick] [--seeds 0,1,2] [--nights 4] [--start 96] [--new 24]
                                           [--replay 0.5] [--lr-scale 0.5] [--out result.json] [--resume DIR]

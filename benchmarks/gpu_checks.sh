@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 15's GPU checks as one prepared run for a lent GPU node (the session's `device` tool, ~15 min in all):
+# The GPU checks as one prepared run for a GPU node (~15 min in all):
 #
-#   run(command="bash benchmarks/gpu_checks.sh", carry=[".whl", ".cache/eagle3-home"], timeout_s=580)
+#   bash benchmarks/gpu_checks.sh      (with the built wheel `.whl` and `.cache/eagle3-home` copied to the node)
 #
 # (.cache/eagle3-home holds the tiny world the tests build once, ~63 s here: carried, the tests reuse it.)
 #

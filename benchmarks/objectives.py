@@ -1,5 +1,5 @@
 """Objectives x architectures on a dev world: {kl, lk_alpha, lk_lambda} x {EAGLE-3, EAGLE 3.1} at
-matched steps, several seeds, accept length on held-out prompts with t intervals (issue 52). Not a
+matched steps, several seeds, accept length on held-out prompts with t intervals. Not a
 test: it prints numbers.
 
     python benchmarks/objectives.py [--seeds 3] [--quick] [--losses kl,lk_lambda] [--world

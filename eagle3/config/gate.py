@@ -1,7 +1,7 @@
 """The ``speculative`` and ``gate`` sections of the pipeline config.
 
 ``gate.traffic`` is the served-load profile the verdict is decided on: concurrency levels and the
-share of the served load each carries (DESIGN §6, §10; the statistic is ``eagle3.gate.stats``, the
+share of the served load each carries (docs/DESIGN.md, "The served-load profile"; the statistic is ``eagle3.gate.stats``, the
 rules ``eagle3.gate.verdict``). It replaced ``gate.concurrency`` (the levels measured) and
 ``gate.decision_concurrency`` (the one level decided on): a config that still has either fails at
 load, naming the ``gate.traffic`` that reproduces it.
@@ -23,7 +23,7 @@ from eagle3.config.sampling import SamplingProfile
 
 
 class SpeculativeConfig(StrictModel):
-    """One speculative setting of the EAGLE3 arm (DESIGN §5: set all of steps, topk and draft tokens, never some)."""
+    """One speculative setting of the EAGLE3 arm (set all of steps, topk and draft tokens, never some)."""
 
     algorithm: str = "EAGLE3"
     num_steps: int = Field(default=3, gt=0)

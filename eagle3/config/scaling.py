@@ -16,7 +16,7 @@ from eagle3.config.base import StrictModel
 
 
 class ScalingConfig(StrictModel):
-    """Night planning (DESIGN §10 "Night planning"). Strict like every section (unknown keys are errors)."""
+    """Night planning (docs/DESIGN.md, "Night planning"). Strict like every section (unknown keys are errors)."""
 
     policy: Literal["uniform", "aimed"] = Field(
         default="uniform",

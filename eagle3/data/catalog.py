@@ -1,4 +1,4 @@
-"""The dataset registry: one entry per source adapter name (STYLE §7: registries for the open sets).
+"""The dataset registry: one entry per source adapter name (a registry: the set of sources is open).
 
 An entry says where a dataset lives on the Hub (id, config, split), how its rows are laid out (``row_format``,
 converted by ``eagle3.data.adapters``), its license, approximate size, domain tags and size tier. Recipes and

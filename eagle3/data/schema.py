@@ -1,4 +1,4 @@
-"""Column contracts of the prompts stage (DESIGN §3 "Normalized conversation") and the quarantine reasons.
+"""Column contracts of the prompts stage (docs/DESIGN.md, "Prompts") and the quarantine reasons.
 
 Every stage that reads prompts imports ``PROMPT_SCHEMA`` from here; nobody re-declares it. ``input_ids`` and
 ``loss_mask`` are null except for pre-tokenized rows (already in the target's token space), which skip regeneration.

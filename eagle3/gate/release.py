@@ -1,5 +1,5 @@
 """The benchmark gate: baseline vs speculative (vs champion) on the same prompts, then promote or
-refuse (DESIGN §6).
+refuse (docs/DESIGN.md, "The gate").
 
 Design choices:
 - Refuse before measuring: each candidate draft first passes static preflight against the SGLang

@@ -1,4 +1,4 @@
-"""Interleaved, repeated measurement of the gate's arms (DESIGN §6): the rounds
+"""Interleaved, repeated measurement of the gate's arms (docs/DESIGN.md, "The gate"): the rounds
 ``eagle3.gate.verdict`` decides on.
 
 Design choices:

@@ -1,4 +1,4 @@
-"""The gate's verdict: a pure function of the arms' measured rounds and ``GateConfig`` (DESIGN §6).
+"""The gate's verdict: a pure function of the arms' measured rounds and ``GateConfig`` (docs/DESIGN.md, "The gate").
 
 Per candidate draft, on the served-load profile ``gate.traffic`` (levels with shares), with its best
 spec config (the highest weighted speedup estimate):

@@ -1,4 +1,4 @@
-"""Columns of the regen stage's shards (DESIGN §3, BRIEF "regen/"). Capture reads only ``sample_id, input_ids,
+"""Columns of the regen stage's shards (docs/DESIGN.md, "Regenerated conversations"). Capture reads only ``sample_id, input_ids,
 loss_mask``; the rest is provenance. ``meta`` (JSON) records per-row facts that are not columns: the API used, the
 number of regenerated turns, whether the output round-trips through decode/encode, and what the OpenAI path could
 not guarantee (``retokenized``).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 SGLANG_VERSION = "0.5.23"
 CPU_LAUNCHER = "eagle3.serve.sglang_cpu.launch"  # run as ``python -m``, never imported by the library
-# What SGLang needs to serve on a CPU (SGLANG_CPU.md): its CPU engine, no CUDA graphs, a bounded KV pool (RAM is
+# What SGLang needs to serve on a CPU (docs/ARCHITECTURE.md on the CPU shim): its CPU engine, no CUDA graphs, a bounded KV pool (RAM is
 # shared with everything else on the machine), and the attention backend that drives the ported ops.
 CPU_FLAGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "intel_amx", "--disable-cuda-graph",
                               "--max-total-tokens", "8192")  # fmt: skip
