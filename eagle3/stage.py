@@ -120,6 +120,11 @@ class Progress(Frozen):
     # what else a person watching needs beside the bar, short (the online train stage: the store's backlog, the
     # trainer's samples/s, the producers and their restarts); shown after the ETA on the card and in the log line
     note: str | None = None
+    # regen: tokens of the items still running (part of ``tokens``) and the tokens an item takes;
+    # with both and a token rate the ETA is the tokens left over that rate, so long items in flight
+    # count before they finish
+    tokens_in_flight: int = 0
+    tokens_per_item: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -136,6 +141,9 @@ class Progress(Frozen):
             return 0.0
         if self.waiting:
             return None
+        if self.tokens_per_item and self.tokens_per_s:
+            left = (self.total - self.done) * self.tokens_per_item - self.tokens_in_flight
+            return max(left, 0.0) / self.tokens_per_s
         return (self.total - self.done) / self.per_s if self.per_s else None
 
     @property

@@ -8,9 +8,12 @@ from eagle3.config.base import StrictModel
 
 
 class DevConfig(StrictModel):
-    """The offline worlds (``eagle3 dev build-tiny``); only the ``tiny`` recipes enable one. ``world``: the tiny chat
-    world, or ``think``, the thinking, tool-calling one (``eagle3.worlds.think_world``)."""
+    """The cached worlds (``eagle3 dev build-tiny``); the ``tiny`` recipes and ``smollm2`` enable
+    one. ``world``: the tiny chat world, ``think``, the thinking, tool-calling one
+    (``eagle3.worlds.think_world``), or ``smollm2``, the real one: a registry's model and datasets
+    (``eagle3.worlds.smollm2_world``). ``tiny_world`` builds the world (or reuses it) in the run's
+    first task."""
 
     tiny_world: bool = False
-    world: Literal["tiny", "think"] = "tiny"
+    world: Literal["tiny", "think", "smollm2"] = "tiny"
     cache_dir: str | None = None

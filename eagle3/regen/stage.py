@@ -46,26 +46,20 @@ HISTORY_RULE = ("each prompt shows earlier turns as the target's chat template r
 
 @contextmanager
 def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Iterator[list[str]]:
-    """The servers to regenerate with: ``regen.servers``, or a local server on ``server.engine`` started for the
-    block (at most ``regen.concurrency_per_server`` requests running on it)."""
-    if config.regen.servers:
+    """The servers to regenerate with: ``regen.servers``, or a local server on ``server.engine``
+    started for the block (at most ``regen.concurrency_per_server`` requests running on it), from
+    the launch line every server the pipeline starts comes from: both engines serve the same dtype
+    with the same torch threads."""
+    if config.regen.servers or config.regen.answers == "source":  # source answers need no server
         yield list(config.regen.servers)
         return
-    if config.server.engine == "sglang":
-        from eagle3.serve.launch_commands import build_launch
+    from eagle3.serve.launch_commands import build_launch
 
-        served = config.replace(server=config.server.replace(max_running_requests=config.regen.concurrency_per_server))
-        command = build_launch(served, "baseline", port=0)
-        with command.server(log_path=(log_dir / "sglang-server.log") if log_dir else None) as sglang:
-            yield [sglang.url]
-        return
-    from eagle3.serve.launch import reference_server
-
-    extra = ["--max-running-requests", str(config.regen.concurrency_per_server), "--dtype", config.target.dtype]
-    if config.server.context_length or config.target.context_length:
-        extra += ["--context-length", str(config.server.context_length or config.target.context_length)]
-    log_path = (log_dir / "reference-server.log") if log_dir else None
-    with reference_server(config.target.model_path, extra_args=extra, log_path=log_path) as server:
+    running = config.regen.concurrency_per_server
+    served = config.replace(server=config.server.replace(max_running_requests=running))
+    command = build_launch(served, "baseline", port=0)
+    log_path = (log_dir / f"{config.server.engine}-server.log") if log_dir else None
+    with command.server(log_path=log_path) as server:
         yield [server.url]
 
 
@@ -117,7 +111,7 @@ class RegenStage(Stage[RegenPlan]):
 
     def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
         """Each server's state in this process's pool (the one the shards share on the thread runner)."""
-        return shared_pool(list(env), config.regen).stats()
+        return shared_pool(list(env), config.regen).stats() if env else []
 
     def retrigger(self, plan: RegenPlan, failed: Sequence[Unit]) -> str:
         """The exact command for these shards (it works mid-run too, before ``failed_shards.json`` is written)."""

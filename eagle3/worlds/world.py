@@ -312,9 +312,10 @@ Builder = Callable[[Path, Any, Callable[[str], None], int], TinyWorld]
 def world_builders() -> dict[str, Callable[..., tuple[TinyWorld, bool]]]:
     """The dev worlds by name (``dev.world``, ``eagle3 dev build-tiny --world``): each builder takes the cache
     directory, ``progress`` and ``num_threads`` and returns the world and whether it was a cache hit."""
-    from eagle3.worlds.think_world import build_think_world  # it builds on this module
+    from eagle3.worlds.smollm2_world import build_smollm2_world  # both build on this module
+    from eagle3.worlds.think_world import build_think_world
 
-    return {"tiny": build_tiny_world, "think": build_think_world}
+    return {"tiny": build_tiny_world, "think": build_think_world, "smollm2": build_smollm2_world}
 
 
 def build_cached(final: Path, build_into: Callable[[Path], T], *, say: Callable[[str], None] = logger.info) -> T | None:

@@ -88,7 +88,13 @@ def export(
 
 def evaluate(
     draft: Path = typer.Option(..., "--draft", "-d", help="Draft export dir."),
-    prompts: Path = typer.Option(..., "--prompts", "-p", help='JSONL of {"id", "prompt"} rows.'),
+    prompts: Path = typer.Option(
+        ...,
+        "--prompts",
+        "-p",
+        help="A prompt set: JSONL or JSON, gzip or not ({id, prompt} rows, MT-bench's "
+        "question.jsonl, HumanEval, ShareGPT-style conversations).",
+    ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
     aux: str = typer.Option("eagle3", "--aux", help="eagle3 or last_hidden_only (the EAGLE misconfiguration)."),
@@ -112,17 +118,20 @@ def evaluate(
     cfg = resolve_config(recipe, config, set_)
     target_path = cfg.target.model_path
     tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.target.revision)
+    # the prompts before the target: a bad file fails at once
+    prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     target = AutoModelForCausalLM.from_pretrained(target_path, revision=cfg.target.revision,
                                                   dtype=getattr(torch, cfg.target.dtype))
     decoder = SpeculativeDecoder(target, tokenizer, draft, cfg.speculative.num_steps, aux)  # type: ignore[arg-type]
-    prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     with Progress(console=console) as progress:
         bar = progress.add_task("speculative decoding", total=len(prompt_ids))
         result = evaluate_acceptance(decoder, prompt_ids, max_new_tokens=max_new_tokens, eos_ids=eos,
                                      on_prompt=lambda: progress.advance(bar))
-    console.print(f"accept length {result['accept_length']:.3f} ({result['tokens']} tokens / "
-                  f"{result['verify_passes']} verify passes, aux={aux})")
+    results.print(
+        f"accept length {result['accept_length']:.3f} ({result['tokens']} tokens / "
+        f"{result['verify_passes']} verify passes over {result['prompts']} prompts, aux={aux})"
+    )
 
 
 def register(app: typer.Typer) -> None:

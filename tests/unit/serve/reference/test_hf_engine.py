@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.serve.reference.hf_engine import HFEngine
+from eagle3.serve.reference.hf_engine import PREFILL_PAD_WASTE, HFEngine, prefill_groups
 from eagle3.serve.reference.protocol import SamplingParams, Sequence
 
 PROMPTS = [
@@ -87,3 +87,27 @@ def test_context_length_caps_generation(model_and_tokenizer):
         engine.step()
     assert len(seq.output_ids) == 3
     assert seq.finish_reason["type"] == "length"
+
+
+def test_prefill_groups_bound_padding_and_keep_every_prompt_once():
+    lengths = [31, 218, 33, 50, 52, 101, 40, 41]
+    groups = prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:  # a group's padded tokens are within PREFILL_PAD_WASTE of its real ones
+        longest, real = max(lengths[i] for i in group), sum(lengths[i] for i in group)
+        assert longest * len(group) <= (1 + PREFILL_PAD_WASTE) * real
+    assert prefill_groups([7, 7, 7]) == [[0, 1, 2]]  # equal prompts share one forward
+
+
+def test_a_burst_of_prompts_of_mixed_lengths_decodes_as_each_alone(model_and_tokenizer):
+    """Admitted together, the prompts are prefilled in length groups and merged: greedy output is unchanged."""
+    model, tokenizer = model_and_tokenizer
+    engine = HFEngine(model, tokenizer, max_running=8, context_length=512)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    seqs = [Sequence(str(i), tokenizer(p)["input_ids"], params) for i, p in enumerate(PROMPTS)]
+    assert len(prefill_groups([len(s.prompt_ids) for s in seqs])) > 1
+    engine.admit(seqs)
+    while engine.num_running():
+        engine.step()
+    for seq in seqs:
+        assert seq.output_ids == _alone(model, seq.prompt_ids, 4)
