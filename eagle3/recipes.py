@@ -214,8 +214,11 @@ def smollm2() -> PipelineConfig:
             save_every=100,
             log_every=10,
         ),
+        # SGLang on a CPU sizes its pool from the machine's memory: 0.05 of 24 GB leaves no room beside
+        # the 540 MB float32 weights ("raise --mem-fraction-static above 0.056"); the pool itself stays
+        # at --max-total-tokens (8,192 tokens, 377 MB here)
         server=ServerLaunchConfig(
-            context_length=2048, port=0, device="cpu", mem_fraction_static=0.05
+            context_length=2048, port=0, device="cpu", mem_fraction_static=0.1
         ),
         gate=GateConfig(
             prompt_sets={"mt_bench": str(paths["mt_bench"])},

@@ -58,6 +58,7 @@ class RegenStatus:
     finished: bool = False
     waiting_for_servers: str | None = None  # "waiting for servers for 42s (fails at 300s): <servers, last errors>"
     tokens_in_flight: int = 0  # estimated tokens of the samples in flight (part of ``tokens``)
+    in_flight: int = 0  # samples in flight
     tokens_per_sample: float | None = None  # mean generated tokens of the finished samples
 
     @property
@@ -74,6 +75,7 @@ class RegenStatus:
             waiting=waiting,
             tokens_in_flight=self.tokens_in_flight,
             tokens_per_item=self.tokens_per_sample,
+            in_flight=self.in_flight,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +123,7 @@ def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_
         status.done += samples
         status.tokens += tokens
         started = read_in_flight(out / in_flight_name(index), max_age_s=4 * IN_FLIGHT_EVERY_S)
+        status.in_flight += len(started)
         if started and seconds > 0:  # credited at this shard's finished samples' rate
             elapsed = sum(max(now - t, 0.0) for t in started)
             status.tokens_in_flight += round(elapsed * tokens / seconds)

@@ -116,5 +116,7 @@ def test_regen_progress_counts_the_tokens_of_samples_in_flight_and_the_eta_follo
     progress = status.progress.model_copy(update={"tokens_per_s": 160.0})  # what a rate window measures
     left = 38 * 100 - status.tokens_in_flight  # the samples left at the mean, less what is under way
     assert progress.eta_s == pytest.approx(left / 160.0)
+    long = status.progress.model_copy(update={"tokens_per_s": 160.0, "tokens_in_flight": 16 * 300})
+    assert long.eta_s == pytest.approx(22 * 100 / 160.0)  # past the mean: the 22 not started still take it
     atomic_write_text(regen / in_flight_name(0), json.dumps({"at": now - 600, "started": started}))
     assert regen_status(regen).tokens_in_flight == 0  # a stale marker (a shard that died) credits nothing

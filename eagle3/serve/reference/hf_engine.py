@@ -7,8 +7,9 @@ reports more than one token per step and the true number of target forward passe
 
 ``HFEngine`` design (continuous batching with a per-sequence KV cache):
 
-* A ``DynamicCache`` holds the running batch, left padded: row ``b`` of every layer's keys is sequence ``b``'s
-  keys, with zeros in padding columns that the 2-D attention mask hides. Position ids are explicit (count of real
+* A ``GrowingCache`` (``kv_cache``: appends in place) holds the running batch, left padded: row
+  ``b`` of every layer's keys is sequence ``b``'s keys, with zeros in padding columns that the 2-D
+  attention mask hides. Position ids are explicit (count of real
   tokens so far), so RoPE is applied per sequence no matter where it sits in the padded cache.
 * ``step`` either prefills newly admitted sequences and merges their cache into the running one (pad
   both on the left to a common length, concatenate on the batch axis), or runs one batched decode
@@ -118,9 +119,10 @@ class HFEngine:
     """A transformers causal LM decoding a continuously batched set of sequences (see module docstring)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_running: int, context_length: int, seed: int = 0) -> None:
-        from transformers import DynamicCache  # local: keeps `import eagle3.serve.reference` light for synthetic mode
+        # local: keeps `import eagle3.serve.reference` light for synthetic mode
+        from eagle3.serve.reference.kv_cache import GrowingCache
 
-        self._cache_cls = DynamicCache
+        self._cache_cls = GrowingCache
         self._cache_kw = cache_keyword(model)
         self.model = model
         self.device = next(model.parameters()).device
