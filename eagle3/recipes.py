@@ -199,12 +199,13 @@ def smollm2() -> PipelineConfig:
         sources=[SourceConfig(adapter="sharegpt", path=str(paths["sharegpt"]))],
         mix=MixConfig(total=256, seed=0),
         normalize=NormalizeConfig(max_prompt_tokens=1024, shard_size=128),
-        regen=RegenConfig(concurrency_per_server=16, max_new_tokens=192, max_turns=1),
+        regen=RegenConfig(concurrency_per_server=16, max_new_tokens=128, max_turns=1),
         capture=CaptureConfig(
             dtype="float32", batch_tokens=8192, max_seq_len=2048, row_group_bytes=16 << 20
         ),
         vocab=VocabConfig(draft_vocab_size=8192),
         train=TrainConfig(
+            ttt_steps=4,  # the served chain is 3 drafts: a 4th unrolled step is margin, 7 would double the cost
             precision="fp32",
             device="cpu",
             lr=1e-3,

@@ -189,6 +189,8 @@ def _summary_markdown(plan: RegenPlan, summary: dict[str, Any], retrigger: str) 
         f"- stage dir: `{plan.out_dir}`",
         f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
         f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
-        f"failed samples {summary['failed']}, round-trip failures {summary['round_trip_failures']}",
+        f"failed samples {summary['failed']}",
+        f"- outputs whose text re-encodes to other ids: {summary['round_trip_failures']} (kept: rows "
+        "hold the ids the engine generated, never a re-encoding)",
         f"- failed shards: {failed or 'none'}" + (f" (re-run: `{retrigger}`)" if failed else ""),
     ])  # fmt: skip

@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
         check_engine(cfg)  # so is server.engine=sglang on a CPU without the SGLang runtime
         console.print(f"run root: {cfg.root_path}")
         if cfg.dev.tiny_world:
-            console.print("tiny world: built (or reused) by the run's first task, which logs where")
+            built = "built (or reused) by the run's first task, which logs where"
+            console.print(f"{cfg.dev.world} world: {built}")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
         with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
             from flows.pipeline import data_scaling

@@ -1,10 +1,12 @@
-"""`eagle3 run --recipe smollm2`, made small: a real target (SmolLM2-135M-Instruct) regenerating real data
-(ShareGPT as the registry ships it) and gated on MT-bench's own file, through every stage on the reference
-server; then the night's draft in front of real SGLang 0.5.23 (its preflight: SGLang loads and serves it).
+"""`eagle3 run --recipe smollm2`, made small: a real target (SmolLM2-135M-Instruct) regenerating
+real data (ShareGPT as the registry ships it) and gated on MT-bench's own file, through every stage
+on the reference server; then the night's draft in front of real SGLang 0.5.23 (its preflight:
+SGLang loads and serves it).
 
-A handful of conversations and short answers: the draft learns little, so the gate's verdict is whatever this
-machine measures (0, 1 or 3). What is checked is that nothing in the chain needs an override a user would have to
-discover, and that every report names the real model, its data and its numbers.
+A handful of conversations and short answers: the draft learns little, so the gate's verdict is
+whatever this machine measures (0, 1 or 3). What is checked is that nothing in the chain needs an
+override a user would have to discover, and that every report names the real model, its data and its
+numbers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from e2e_support import BIN, REPO, base_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# A handful of first turns, short answers, a short training and the smallest gate that still decides.
+# A handful of first turns, short answers, a short training and the smallest gate that still
+# decides.
 SMALL_REAL = [
     "mix.total=8",
     "regen.max_new_tokens=24",
@@ -31,6 +34,7 @@ SMALL_REAL = [
     "gate.max_new_tokens=24",
     "gate.traffic={1: 1.0}",
     "gate.max_rounds=2",
+    "gate.min_accept=1.0",  # eight conversations teach a draft little: measure it, do not refuse it
 ]
 
 
@@ -61,7 +65,9 @@ def test_sharegpt_came_from_the_registry_through_the_catalog_with_its_license_an
     catalog = json.loads((_stage(night["root"], "catalog") / "catalog.json").read_text())
     (sharegpt,) = catalog["datasets"]
     assert (sharegpt["adapter"], sharegpt["license"]) == ("sharegpt", "apache-2.0")
-    assert sharegpt["bytes"] == 125_509_632 and sharegpt["rows"] == 17_672  # 17,671 whole rows + the cut tail
+    assert (
+        sharegpt["bytes"] == 125_509_632 and sharegpt["rows"] == 17_672
+    )  # 17,671 whole rows + the cut tail
     bad = json.loads(night["world"].bad_rows.read_text())["sharegpt"]
     assert [(r["row"], r["reason"]) for r in bad] == [(17_671, "malformed")]
 
@@ -72,7 +78,9 @@ def test_regen_kept_the_engines_token_ids_on_the_real_tokenizer(night):
     assert rows and all(r["status"] in ("ok", "truncated") for r in rows)
     for row in rows:  # the last turn's ids are the prompt as sent and the output as received
         assert len(row["input_ids"]) == row["prompt_tokens"] + row["completion_tokens"]
-        assert json.loads(row["meta"])["turns"] == 1  # regen.max_turns: the first turn, as MT-bench asks
+        assert (
+            json.loads(row["meta"])["turns"] == 1
+        )  # regen.max_turns: the first turn, as MT-bench asks
 
 
 def test_the_gate_report_and_the_model_card_name_the_real_model_and_its_prompt_set(night):
@@ -83,7 +91,9 @@ def test_the_gate_report_and_the_model_card_name_the_real_model_and_its_prompt_s
     assert "SmolLM2-135M-Instruct" in (gate / "report.md").read_text()
     (export,) = list((night["root"] / "drafts").glob("*/export"))
     card = (export / "README.md").read_text()
-    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card and "license: apache-2.0" in card
+    assert (
+        "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card and "license: apache-2.0" in card
+    )
     config = json.loads((export / "config.json").read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
     assert config["vocab_size"] == 49_152
@@ -91,10 +101,10 @@ def test_the_gate_report_and_the_model_card_name_the_real_model_and_its_prompt_s
 
 @pytest.mark.sglang
 def test_real_sglang_serves_the_real_draft(night, sglang_python, tmp_path):
-    """The preflight against SGLang 0.5.23 itself, from the launch line the pipeline generates: its server
-    loads the target and the draft, names EAGLE3 and the draft path, and speculates (verify passes counted).
-    The smoke's accept-length floor is 1.0 here: a draft of eight conversations proves the serving path, not
-    its quality (the gate measures that)."""
+    """The preflight against SGLang 0.5.23 itself, from the launch line the pipeline generates: its
+    server loads the target and the draft, names EAGLE3 and the draft path, and speculates (verify
+    passes counted). The smoke's accept-length floor is 1.0 here: a draft of eight conversations
+    proves the serving path, not its quality (the gate measures that)."""
     from eagle3.recipes import resolve
     from eagle3.serve.launch_commands import build_launch
 
@@ -103,10 +113,27 @@ def test_real_sglang_serves_the_real_draft(night, sglang_python, tmp_path):
     config = resolve("smollm2", [f"root={root}", "server.engine=sglang"])
     command = build_launch(config, "eagle3", draft=export, port=0)
     with command.server(log_path=tmp_path / "sglang-eagle3.log") as server:
-        args = [str(BIN / "eagle3"), "preflight", "--draft", str(export), "--recipe", "smollm2",
-                "--features", str(_stage(root, "features")), "--url", server.url, "--min-accept", "1.0",
-                "--set", f"root={root}", "--set", "server.engine=sglang"]  # fmt: skip
-        done = subprocess.run(args, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=900)
+        args = [
+            str(BIN / "eagle3"),
+            "preflight",
+            "--draft",
+            str(export),
+            "--recipe",
+            "smollm2",
+            "--features",
+            str(_stage(root, "features")),
+            "--url",
+            server.url,
+            "--min-accept",
+            "1.0",
+            "--set",
+            f"root={root}",
+            "--set",
+            "server.engine=sglang",
+        ]
+        done = subprocess.run(
+            args, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=900
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert not [line for line in lines if line.startswith("FAIL")]

@@ -118,9 +118,19 @@ def left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 class HFEngine:
     """A transformers causal LM decoding a continuously batched set of sequences (see module docstring)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_running: int, context_length: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_running: int,
+        context_length: int,
+        seed: int = 0,
+        prefix_cache_tokens: int = 0,
+    ) -> None:
         # local: keeps `import eagle3.serve.reference` light for synthetic mode
         from eagle3.serve.reference.kv_cache import GrowingCache
+        from eagle3.serve.reference.prefix_cache import PrefixCache
 
         self._cache_cls = GrowingCache
         self._cache_kw = cache_keyword(model)
@@ -137,6 +147,12 @@ class HFEngine:
         self._running: list[Sequence] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [B, S] 1 on real tokens, 0 on left padding
+        self.prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+
+    def flush(self) -> None:
+        """Forget every cached prefix (``/flush_cache``)."""
+        if self.prefix is not None:
+            self.prefix.clear()
 
     def num_running(self) -> int:
         return len(self._running) + len(self._pending)
@@ -151,8 +167,15 @@ class HFEngine:
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
         if self._pending:
             pending, self._pending = self._pending, []
-            for group in prefill_groups([len(s.prompt_ids) for s in pending]):
-                self._prefill([pending[i] for i in group])
+            misses = []
+            for seq in pending:
+                hit = self.prefix.match(seq.prompt_ids) if self.prefix is not None else None
+                if hit is None:
+                    misses.append(seq)
+                else:
+                    self._prefill_after(seq, hit)
+            for group in prefill_groups([len(s.prompt_ids) for s in misses]):
+                self._prefill([misses[i] for i in group])
             stepped = pending
         elif self._running:
             stepped = self._decode()
@@ -195,6 +218,19 @@ class HFEngine:
         self._running.extend(seqs)
         return seqs
 
+    def _prefill_after(self, seq: Sequence, hit: Any) -> None:
+        """Prefill ``seq``'s prompt after its cached prefix (``hit``: a ``prefix_cache.Hit``)."""
+        suffix = seq.prompt_ids[hit.tokens :]
+        total = hit.tokens + len(suffix)
+        cache = self._cache_cls(ddp_cache_data=hit.layers)
+        mask = torch.ones(1, total, dtype=torch.long)
+        positions = torch.arange(hit.tokens, total)[None]  # [1, S]: the suffix after the prefix
+        logits = self._forward(torch.tensor([suffix]), mask, positions, cache)
+        seq.cached_tokens = hit.tokens
+        self._advance([seq], logits)
+        self._merge(cache, mask)
+        self._running.append(seq)
+
     def _merge(self, cache: Any, mask: torch.Tensor) -> None:
         if self._cache is None or self._mask is None:
             self._cache, self._mask = cache, mask
@@ -220,8 +256,22 @@ class HFEngine:
         self._advance(self._running, logits)
         return list(self._running)
 
+    def _keep_prefixes(self) -> None:
+        """The finished sequences' keys and values into the prefix cache: prompt and answer, the
+        answer's last token excluded (never fed); a row's real columns are its last ones (left
+        padding)."""
+        assert self.prefix is not None and self._mask is not None
+        for b, seq in enumerate(self._running):
+            fed = len(seq.prompt_ids) + len(seq.output_ids) - 1
+            if seq.finished and int(self._mask[b].sum()) == fed:
+                rows = slice(b, b + 1)
+                layers = [(k[rows, :, -fed:], v[rows, :, -fed:]) for k, v, _ in self._cache]
+                self.prefix.put([*seq.prompt_ids, *seq.output_ids[:-1]], layers)
+
     def _drop_finished(self) -> None:
         assert self._mask is not None
+        if self.prefix is not None:
+            self._keep_prefixes()
         keep = [i for i, s in enumerate(self._running) if not s.finished]
         self._running = [self._running[i] for i in keep]
         if not keep:

@@ -37,6 +37,7 @@ class Sequence:
     verify_ct: int = 0
     accepted_drafts: list[int] = field(default_factory=list)  # per verify pass (a speculative engine's)
     created: float = field(default_factory=time.monotonic)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -72,3 +73,4 @@ class Completion:
     verify_ct: int
     e2e_latency: float
     accepted_drafts: list[int] = field(default_factory=list)  # per verify pass
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -1,4 +1,5 @@
-"""The reference server's KV cache appends in place and holds what transformers' concatenating cache holds."""
+"""The reference server's KV cache appends in place and holds what transformers' concatenating
+cache holds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from eagle3.serve.reference.kv_cache import MIN_CAPACITY, GrowingCache
 
 def test_appending_in_place_holds_what_concatenation_holds_and_grows_rarely():
     gen = torch.Generator().manual_seed(0)
-    first = [(torch.randn(2, 3, 5, 4, generator=gen), torch.randn(2, 3, 5, 4, generator=gen)) for _ in range(2)]
+    first = [
+        (torch.randn(2, 3, 5, 4, generator=gen), torch.randn(2, 3, 5, 4, generator=gen))
+        for _ in range(2)
+    ]
     cache = GrowingCache(ddp_cache_data=first)
     expected = [list(kv) for kv in first]
     buffers = {id(cache.layers[0]._keys)}
@@ -21,8 +25,13 @@ def test_appending_in_place_holds_what_concatenation_holds_and_grows_rarely():
             assert torch.equal(got_k, kv[0]) and torch.equal(got_v, kv[1])
         buffers.add(id(cache.layers[0]._keys))
     assert cache.get_seq_length() == 5 + 3 * MIN_CAPACITY
-    assert len(buffers) <= 4  # a quarter more room at each growth: a handful of copies, not one per token
-    assert [torch.equal(k, e[0]) for (k, _, _), e in zip(cache, expected, strict=True)] == [True, True]
+    assert (
+        len(buffers) <= 4
+    )  # a quarter more room at each growth: a handful of copies, not one per token
+    assert [torch.equal(k, e[0]) for (k, _, _), e in zip(cache, expected, strict=True)] == [
+        True,
+        True,
+    ]
 
 
 def test_an_empty_cache_fills_its_layers_on_the_first_forward():
