@@ -4,7 +4,7 @@ stage; and at equal size, a draft trained on regenerated answers against one tra
 original answers.
 
     python benchmarks/real_scaling.py [--sizes 32 64 128 256] [--seeds 0 1 2] [--equal-size 128]
-        [--eval-prompts 40] [--eval-tokens 64] [--temperature T] [--root DIR] [--set KEY=VALUE ...]
+        [--eval-prompts 24] [--eval-tokens 64] [--temperature T] [--root DIR] [--set KEY=VALUE ...]
         [--quick] [--out result.json]
 
 Per seed (``mix.seed`` and ``train.seed``: which conversations, and the draft's initialisation), one
@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument(
         "--shard", type=int, default=16, help="normalize.shard_size: sizes are whole shards"
     )
-    parser.add_argument("--eval-prompts", type=int, default=40)
+    parser.add_argument("--eval-prompts", type=int, default=24)
     parser.add_argument("--eval-tokens", type=int, default=64)
     parser.add_argument(
         "--temperature", type=float, default=None, help="gate.temperature (sampled gate)"

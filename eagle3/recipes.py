@@ -223,9 +223,9 @@ def smollm2() -> PipelineConfig:
         ),
         gate=GateConfig(
             prompt_sets={"mt_bench": str(paths["mt_bench"])},
-            prompts_per_set=16,
+            prompts_per_set=8,
             warmup_requests=2,
-            max_new_tokens=128,
+            max_new_tokens=64,
             traffic={1: 1.0, 4: 1.0},
             min_rounds=2,
             max_rounds=4,
