@@ -205,7 +205,7 @@ def smollm2() -> PipelineConfig:
         ),
         vocab=VocabConfig(draft_vocab_size=8192),
         train=TrainConfig(
-            ttt_steps=4,  # the served chain is 3 drafts: a 4th unrolled step is margin, 7 would double the cost
+            ttt_steps=4,  # the served chain is 3 drafts: a 4th step is margin, 7 doubles the cost
             precision="fp32",
             device="cpu",
             lr=1e-3,
@@ -215,9 +215,9 @@ def smollm2() -> PipelineConfig:
             save_every=100,
             log_every=10,
         ),
-        # SGLang on a CPU sizes its pool from the machine's memory: 0.05 of 24 GB leaves no room beside
-        # the 540 MB float32 weights ("raise --mem-fraction-static above 0.056"); the pool itself stays
-        # at --max-total-tokens (8,192 tokens, 377 MB here)
+        # SGLang on a CPU sizes its pool from the machine's memory: 0.05 of 24 GB leaves no room
+        # beside the 540 MB float32 weights ("raise --mem-fraction-static above 0.056"); the pool
+        # itself stays at --max-total-tokens (8,192 tokens, 377 MB here)
         server=ServerLaunchConfig(
             context_length=2048, port=0, device="cpu", mem_fraction_static=0.1
         ),

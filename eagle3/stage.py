@@ -144,8 +144,9 @@ class Progress(Frozen):
             return None
         if self.tokens_per_item and self.tokens_per_s:
             left = (self.total - self.done) * self.tokens_per_item - self.tokens_in_flight
-            # the items not started take the mean at least, whatever the running ones are credited (the
-            # items that finished first are the short ones: a long one in flight may run past the mean)
+            # the items not started take the mean at least, whatever the running ones are credited
+            # (the items that finished first are the short ones: a long one in flight may run past
+            # the mean)
             unstarted = (self.total - self.done - self.in_flight) * self.tokens_per_item
             return max(left, unstarted, 0.0) / self.tokens_per_s
         return (self.total - self.done) / self.per_s if self.per_s else None

@@ -190,7 +190,7 @@ def _summary_markdown(plan: RegenPlan, summary: dict[str, Any], retrigger: str) 
         f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
         f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
         f"failed samples {summary['failed']}",
-        f"- outputs whose text re-encodes to other ids: {summary['round_trip_failures']} (kept: rows "
-        "hold the ids the engine generated, never a re-encoding)",
+        f"- outputs whose text re-encodes to other ids: {summary['round_trip_failures']} "
+        "(kept: rows hold the ids the engine generated, never a re-encoding)",
         f"- failed shards: {failed or 'none'}" + (f" (re-run: `{retrigger}`)" if failed else ""),
     ])  # fmt: skip

@@ -187,3 +187,5 @@ class NightSummary(Frozen):
     gate: GateOutcome
     curve: Curve
     features_mode: str | None = None  # how train.features was decided (``eagle3.online.costs.choose_features``)
+    target: str = ""  # target.model_path: the summary names the model the night served
+    sources: tuple[str, ...] = ()  # the sources' labels: the data it regenerated

@@ -79,17 +79,22 @@ def test_tiny_think_is_the_tiny_recipe_on_the_thinking_world(monkeypatch, tmp_pa
     assert (cfg.train, cfg.capture, cfg.server) == (tiny.train, tiny.capture, tiny.server)  # a variant of tiny
 
 
-def test_a_target_whose_checkpoint_has_other_layers_is_refused_and_odd_aux_layers_warned(tmp_path, caplog):
-    """A config copied from another recipe keeps its layer count and aux layers; where the checkpoint's
-    config.json is on disk, the count is checked at load, and aux layers that skip the upper half are named."""
+def test_a_target_whose_checkpoint_has_other_layers_is_refused_and_odd_aux_layers_warned(
+    tmp_path, caplog
+):
+    """A config copied from another recipe keeps its layer count and aux layers; where the
+    checkpoint's config.json is on disk, the count is checked at load, and aux layers that skip the
+    upper half are named."""
     from eagle3.recipes import resolve
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"num_hidden_layers": 30}')
-    with pytest.raises(ConfigError, match=r"target.num_layers=8 but .* has 30 layers: set target.num_layers=30"):
+    refused = r"target.num_layers=8 but .* has 30 layers: set target.num_layers=30"
+    with pytest.raises(ConfigError, match=refused):
         resolve("tiny", [f"target.model_path={model}"])
     with caplog.at_level("WARNING"):
-        resolve("tiny", [f"target.model_path={model}", "target.num_layers=30", "capture.aux_layers=[2,4,5]"])
+        copied = ["target.num_layers=30", "capture.aux_layers=[2,4,5]"]
+        resolve("tiny", [f"target.model_path={model}", *copied])
     assert "take no layer from the upper half of this 30-layer target" in caplog.text
     assert "[2, 15, 27]" in caplog.text

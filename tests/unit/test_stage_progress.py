@@ -87,9 +87,10 @@ def test_while_no_server_is_healthy_the_progress_says_waiting_for_servers_and_sh
 def test_regen_progress_counts_the_tokens_of_samples_in_flight_and_the_eta_follows_tokens(
     tmp_path, write_regen_stage
 ):
-    """Sixteen long answers in flight and two finished: the finished-only count said 1 tok/s and an ETA of hours
-    while the server made 9-10 tok/s. In-flight samples are credited their elapsed time at the finished samples'
-    rate, so the tokens (and a rate window over them) are the work under way, and the ETA is tokens left / rate."""
+    """Sixteen long answers in flight and two finished: the finished-only count said 1 tok/s and an
+    ETA of hours while the server made 9-10 tok/s. In-flight samples are credited their elapsed time
+    at the finished samples' rate, so the tokens (and a rate window over them) are the work under
+    way, and the ETA is tokens left / rate."""
     import time
 
     import pyarrow.parquet as pq
@@ -113,10 +114,10 @@ def test_regen_progress_counts_the_tokens_of_samples_in_flight_and_the_eta_follo
     status = regen_status(regen)
     assert status.done == 2 and status.tokens_per_sample == 100
     assert 780 <= status.tokens_in_flight <= 840 and status.tokens == 200 + status.tokens_in_flight
-    progress = status.progress.model_copy(update={"tokens_per_s": 160.0})  # what a rate window measures
-    left = 38 * 100 - status.tokens_in_flight  # the samples left at the mean, less what is under way
+    progress = status.progress.model_copy(update={"tokens_per_s": 160.0})  # a rate window's
+    left = 38 * 100 - status.tokens_in_flight  # the samples left at the mean, less those running
     assert progress.eta_s == pytest.approx(left / 160.0)
     long = status.progress.model_copy(update={"tokens_per_s": 160.0, "tokens_in_flight": 16 * 300})
-    assert long.eta_s == pytest.approx(22 * 100 / 160.0)  # past the mean: the 22 not started still take it
+    assert long.eta_s == pytest.approx(22 * 100 / 160.0)  # past the mean: 22 not started remain
     atomic_write_text(regen / in_flight_name(0), json.dumps({"at": now - 600, "started": started}))
-    assert regen_status(regen).tokens_in_flight == 0  # a stale marker (a shard that died) credits nothing
+    assert regen_status(regen).tokens_in_flight == 0  # a stale marker (a dead shard): no credit

@@ -25,9 +25,9 @@ What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
 * With ``--reasoning-parser``, a chat reply's thinking is split off into ``message.reasoning_content`` (SGLang's
   ``ReasoningParser.parse_non_stream`` in ``entrypoints/openai/serving_chat.py``, ``separate_reasoning`` on by
   default): forced on for a template whose switch is on, so ``reasoning</think>answer`` splits at ``</think>``.
-* ``cached_tokens`` counts the prompt tokens the plain engine's prefix cache served (``prefix_cache``:
-  whole finished sequences, not SGLang's radix tree; 0 on a speculative server, which has none);
-  ``/flush_cache`` empties it, as SGLang's empties its radix cache.
+* ``cached_tokens`` counts the prompt tokens the plain engine's prefix cache served
+  (``prefix_cache``: whole finished sequences, not SGLang's radix tree; 0 on a speculative server,
+  which has none); ``/flush_cache`` empties it, as SGLang's empties its radix cache.
 """
 
 from __future__ import annotations

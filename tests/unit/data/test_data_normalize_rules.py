@@ -118,9 +118,11 @@ def test_pretokenized_rows_need_integer_lists():
 
 
 def test_a_leading_reply_without_its_question_is_dropped_not_the_row():
-    """ShareGPT's cleaned split cuts long conversations into parts; a later part opens with the reply to a
-    question left in the previous part (36% of the shipped file's rows)."""
-    messages = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "the rest of an answer"},
-                {"role": "user", "content": "and now?"}, {"role": "assistant", "content": "ok"}]  # fmt: skip
+    """ShareGPT's cleaned split cuts long conversations into parts; a later part opens with the
+    reply to a question left in the previous part (36% of the shipped file's rows)."""
+    roles = ["system", "assistant", "user", "assistant"]
+    texts = ["S", "the rest of an answer", "and now?", "ok"]
+    messages = [{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]
     out = normalize_messages(messages, CFG)
-    assert [m["role"] for m in out] == ["system", "user", "assistant"] and out[1]["content"] == "and now?"
+    assert [m["role"] for m in out] == ["system", "user", "assistant"]
+    assert out[1]["content"] == "and now?"

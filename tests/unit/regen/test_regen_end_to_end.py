@@ -139,14 +139,19 @@ def test_max_turns_regenerates_the_first_turns_only_and_says_how_many_were_cut(
     out = Path(run_stage(RegenStage(), config, prompts_dir=prompts).summary["regen_dir"])
     row = pq.read_table(out / "shard-00000.parquet").to_pylist()[0]
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
-    assert row["messages"][0]["content"] == "first question" and json.loads(row["meta"])["turns_cut"] == 2
+    assert row["messages"][0]["content"] == "first question"
+    assert json.loads(row["meta"])["turns_cut"] == 2
     every = regen_helpers.config(tmp_path, regen_model_dir, [server.url])
     assert regen_fingerprint("p", config) != regen_fingerprint("p", every)  # another set of rows
 
 
-def test_source_answers_are_kept_and_rendered_without_any_server(tmp_path, regen_model_dir, regen_helpers):
-    """regen.answers=source: the dataset's own answers, as the target's template renders them, loss on them."""
-    rows = [regen_helpers.chat("two", "first question", "second question"), regen_helpers.chat("one", "hi")]
+def test_source_answers_are_kept_and_rendered_without_any_server(
+    tmp_path, regen_model_dir, regen_helpers
+):
+    """regen.answers=source: the dataset's own answers, as the target's template renders them, the
+    loss on them."""
+    two = regen_helpers.chat("two", "first question", "second question")
+    rows = [two, regen_helpers.chat("one", "hi")]
     prompts = regen_helpers.write_prompts(tmp_path, [rows])
     config = regen_helpers.config(tmp_path, regen_model_dir, [], answers="source", max_turns=1)
     out = Path(run_stage(RegenStage(), config, prompts_dir=prompts).summary["regen_dir"])

@@ -100,7 +100,8 @@ def test_prefill_groups_bound_padding_and_keep_every_prompt_once():
 
 
 def test_a_burst_of_prompts_of_mixed_lengths_decodes_as_each_alone(model_and_tokenizer):
-    """Admitted together, the prompts are prefilled in length groups and merged: greedy output is unchanged."""
+    """Admitted together, the prompts are prefilled in length groups and merged: greedy output is
+    unchanged."""
     model, tokenizer = model_and_tokenizer
     engine = HFEngine(model, tokenizer, max_running=8, context_length=512)
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
@@ -114,8 +115,9 @@ def test_a_burst_of_prompts_of_mixed_lengths_decodes_as_each_alone(model_and_tok
 
 
 def test_a_prompt_that_continues_a_finished_sequence_prefills_only_the_rest(model_and_tokenizer):
-    """Regen's next turn is the last turn's prompt and answer, then more: the prefix cache serves the first part
-    (as SGLang's radix cache does) and greedy output is the model's alone; a flush forgets it."""
+    """Regen's next turn is the last turn's prompt and answer, then more: the prefix cache serves
+    the first part (as SGLang's radix cache does) and greedy output is the model's alone; a flush
+    forgets it."""
     model, tokenizer = model_and_tokenizer
     engine = HFEngine(model, tokenizer, max_running=4, context_length=512, prefix_cache_tokens=4096)
     engine.prefix.min_tokens = 8
@@ -129,12 +131,14 @@ def test_a_prompt_that_continues_a_finished_sequence_prefills_only_the_rest(mode
     engine.admit([second])
     while engine.num_running():
         engine.step()
-    assert second.cached_tokens == len(first.prompt_ids) + len(first.output_ids) - 1 == len(follow_up) - 4
+    fed = len(first.prompt_ids) + len(first.output_ids) - 1  # the last answer token was never fed
+    assert second.cached_tokens == fed == len(follow_up) - 4
     assert second.output_ids == _alone(model, follow_up, 5)
     engine.flush()
     third = Sequence("again", follow_up, params)
     engine.admit([third])
     while engine.num_running():
         engine.step()
-    assert third.cached_tokens == 0 and third.output_ids == second.output_ids  # flushed: all prefilled
+    assert third.cached_tokens == 0  # flushed: all prefilled
+    assert third.output_ids == second.output_ids
     assert len(engine.prefix) == 1  # ... and kept again once finished
