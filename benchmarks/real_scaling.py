@@ -3,7 +3,7 @@ ShareGPT conversations (SmolLM2-135M-Instruct), as consecutive nights through th
 stage; and at equal size, a draft trained on regenerated answers against one trained on ShareGPT's
 original answers.
 
-    python benchmarks/real_scaling.py [--sizes 32 64 128 256] [--seeds 0 1 2] [--equal-size 128]
+    python benchmarks/real_scaling.py [--sizes 16 32 64 128] [--seeds 0 1 2] [--equal-size 64]
         [--eval-prompts 24] [--eval-tokens 64] [--temperature T] [--root DIR] [--set KEY=VALUE ...]
         [--quick] [--out result.json]
 
@@ -225,9 +225,9 @@ def report(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--equal-size", type=int, default=128)
+    parser.add_argument("--equal-size", type=int, default=64)
     parser.add_argument("--pool", type=int, default=400, help="mix.total: conversations normalized")
     parser.add_argument(
         "--shard", type=int, default=16, help="normalize.shard_size: sizes are whole shards"

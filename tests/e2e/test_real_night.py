@@ -110,29 +110,21 @@ def test_real_sglang_serves_the_real_draft(night, sglang_python, tmp_path):
 
     root = night["root"]
     (export,) = list((root / "drafts").glob("*/export"))
-    config = resolve("smollm2", [f"root={root}", "server.engine=sglang"])
-    command = build_launch(config, "eagle3", draft=export, port=0)
+    overrides = [f"root={root}", "server.engine=sglang", *SMALL_REAL]
+    command = build_launch(resolve("smollm2", overrides), "eagle3", draft=export, port=0)
+    features = str(_stage(root, "features"))
+    args = [str(BIN / "eagle3"), "preflight", "--draft", str(export), "--recipe", "smollm2"]
+    args += ["--features", features, "--min-accept", "1.0"]
+    for override in overrides:
+        args += ["--set", override]
     with command.server(log_path=tmp_path / "sglang-eagle3.log") as server:
-        args = [
-            str(BIN / "eagle3"),
-            "preflight",
-            "--draft",
-            str(export),
-            "--recipe",
-            "smollm2",
-            "--features",
-            str(_stage(root, "features")),
-            "--url",
-            server.url,
-            "--min-accept",
-            "1.0",
-            "--set",
-            f"root={root}",
-            "--set",
-            "server.engine=sglang",
-        ]
         done = subprocess.run(
-            args, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=900
+            [*args, "--url", server.url],
+            env=base_env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
