@@ -203,8 +203,8 @@ def smollm2() -> PipelineConfig:
         capture=CaptureConfig(
             dtype="float32", batch_tokens=8192, max_seq_len=2048, row_group_bytes=16 << 20
         ),
-        # a few hundred ShareGPT answers use 500-3,000 distinct ids: 4,096 holds them, and the draft's
-        # head (half its compute at 8,192 rows) trains no rows that nothing ever picks
+        # a few hundred ShareGPT answers use 500-3,000 distinct ids: 4,096 holds them, and the
+        # draft's head (half its compute at 8,192 rows) trains no rows that nothing ever picks
         vocab=VocabConfig(draft_vocab_size=4096),
         train=TrainConfig(
             ttt_steps=4,  # the served chain is 3 drafts: a 4th step is margin, 7 doubles the cost
