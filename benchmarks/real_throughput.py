@@ -2,17 +2,18 @@
 thread): tok/s per engine and concurrency against a bare batched forward of the same model, side by
 side in one run.
 
-    python benchmarks/real_throughput.py [--recipe smollm2] [--levels 1 4 16 64] [--max-new-tokens
-    64]
-                                         [--engines reference sglang] [--rounds 2] [--quick]
+    python benchmarks/real_throughput.py [--recipe smollm2] [--levels 1 4 16 64]
+        [--max-new-tokens 64] [--engines reference sglang] [--rounds 2] [--capture] [--quick]
 
 Prompts are ShareGPT's first user turns (the world's file, as regen sends them: chat template,
 default system prompt), at most 256 tokens. Every arm runs under ``CPU_THREADS`` torch threads, as
 the pipeline runs them.
 
-- **bound** (decode): the model in this process, a batch of ``c`` prompts prefilled, then
-  ``max_new_tokens`` batched decode forwards with transformers' own KV cache: ``c * max_new_tokens /
-  seconds``. What one thread computes without a server, scheduler or HTTP.
+- **bound** (decode): the model alone in a process of its own session (as each server runs:
+  Linux's autogroup scheduler gives a session one slice of the CPU), the level's prompts in batches
+  of ``c``, each batch prefilled untimed, then ``max_new_tokens`` batched decode forwards with
+  transformers' own KV cache: generated tokens / decode seconds. What one thread computes without a
+  server, scheduler, prefill or HTTP: the servers, which prefill too, stay below it.
 - **regen** (per engine): one server per engine (``build_launch``, the pipeline's own launch line;
   at most the largest level running), ``--prompts-per-level`` x ``c`` requests sent at concurrency
   ``c`` with ``ignore_eos`` (every answer ``max_new_tokens`` long, so engines and levels do the same
@@ -30,7 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -96,6 +100,38 @@ def regen_tok_s(url: str, prompts: list[list[int]], concurrency: int, max_new_to
     return tokens / seconds
 
 
+def bound_in_own_session(
+    model_dir: str, prompts: list[list[int]], batch: int, max_new_tokens: int
+) -> float:
+    """``bound_tok_s`` in a child process of its own session, as every server runs: under Linux's
+    autogroup scheduling a session shares one slice of the CPU, so the bound measured in this
+    process would compete with whatever else this session runs, the servers with nothing."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
+        work = {"model": model_dir, "prompts": prompts, "batch": batch, "new": max_new_tokens}
+        json.dump(work, spec)
+        spec.flush()
+        argv = [sys.executable, __file__, "--bound-worker", spec.name]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, start_new_session=True, check=True
+        )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def bound_worker(spec_path: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(CPU_THREADS)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).eval()
+    prompts, batch, new = spec["prompts"], spec["batch"], spec["new"]
+    seconds = sum(
+        new * len(prompts[i : i + batch]) / bound_tok_s(model, prompts[i : i + batch], new)
+        for i in range(0, len(prompts), batch)
+    )
+    print(len(prompts) * new / seconds)
+
+
 def bound_tok_s(model: Any, prompts: list[list[int]], max_new_tokens: int) -> float:
     """Batched greedy decode of ``prompts`` with transformers' KV cache, in this process: tokens per
     second."""
@@ -141,9 +177,9 @@ def capture_tok_s(
     sequences."""
     import torch
 
-    from eagle3.capture.hf import HFBackend
+    from eagle3.capture.hf import load_hf_backend
 
-    backend = HFBackend(config)
+    backend = load_hf_backend(config)
     model = backend.model
     tokens = sum(map(len, seqs))
     start = time.perf_counter()
@@ -174,6 +210,9 @@ def _servers(
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--bound-worker":
+        bound_worker(sys.argv[2])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="smollm2")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -191,7 +230,7 @@ def main() -> None:
     if args.quick:
         args.levels, args.max_new_tokens, args.rounds = [1, 4], 16, 1
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from eagle3.worlds.world import world_builders
 
@@ -200,9 +239,6 @@ def main() -> None:
     torch.set_num_threads(CPU_THREADS)
     model_dir = config.target.model_path
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=getattr(torch, config.target.dtype)
-    ).eval()
     top = max(args.levels)
     prompts = {
         c: load_prompts(config, tokenizer, max(8, args.prompts_per_level * c)) for c in args.levels
@@ -220,7 +256,7 @@ def main() -> None:
             for c in args.levels:
                 for arm in arms if r % 2 == 0 else arms[::-1]:
                     if arm == "bound":
-                        tok_s = bound_tok_s(model, prompts[c][:c], args.max_new_tokens)
+                        tok_s = bound_in_own_session(model_dir, prompts[c], c, args.max_new_tokens)
                     else:
                         tok_s = regen_tok_s(urls[arm], prompts[c], c, args.max_new_tokens)
                     cells.setdefault((arm, c), []).append(tok_s)
