@@ -58,8 +58,15 @@ from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.continual import Start, champion_weights, replay_sample, write_champion_vocab
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
-from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import (
+    ListBatchSource,
+    answer_sequences,
+    batches_from_target,
+    greedy_answers,
+    write_draft_vocab,
+)
 from eagle3.worlds.domains_world import DOMAINS, build_domains_world, domain_prompts
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

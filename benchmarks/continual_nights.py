@@ -63,9 +63,16 @@ from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.continual import replay_sample
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
+from eagle3.train.identity import load_inputs
 from eagle3.train.metrics import read_metrics
-from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
-from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import (
+    ListBatchSource,
+    answer_sequences,
+    batches_from_target,
+    greedy_answers,
+    write_draft_vocab,
+)
 from eagle3.worlds.samples import generate_conversations
 from eagle3.worlds.world import build_tiny_world
 

@@ -24,12 +24,16 @@ from pathlib import Path
 
 RUN = """
 import json, sys, time
-from eagle3.gate.release import run_gate
+from eagle3.gate import release
 from eagle3.recipes import resolve
 job = json.loads(sys.argv[1])
 config = resolve(job["recipe"], job["overrides"])
+if hasattr(release, "GateRequest"):
+    args, options = (release.GateRequest(drafts=[job["draft"]], promote=False, force=True),), {}
+else:  # a tree from before the gate took one request
+    args, options = ([job["draft"]],), {"promote": False, "force": True}
 start = time.perf_counter()
-result = run_gate(config, [job["draft"]], promote=False, force=True)
+result = release.run_gate(config, *args, **options)
 wall = time.perf_counter() - start
 arms = [a for a in result.report.arms if a.rounds]
 print(json.dumps({"wall_s": wall, "verdict": str(result.report.verdict),

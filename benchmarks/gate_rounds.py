@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.release import run_gate
+from eagle3.gate.release import GateRequest, run_gate
 from eagle3.recipes import resolve
 
 
@@ -31,7 +31,7 @@ def _single_pass(config: PipelineConfig) -> PipelineConfig:
 def _timed(config: PipelineConfig, draft: Path, root: Path) -> tuple[float, str, int, list[float] | None]:
     config = config.model_copy(update={"root": str(root)})
     start = time.perf_counter()
-    result = run_gate(config, [draft], promote=False, force=True)
+    result = run_gate(config, GateRequest(drafts=[draft], promote=False, force=True))
     wall = time.perf_counter() - start
     (decision,) = result.report.decisions
     return wall, str(decision.verdict), decision.rounds, decision.speedup_interval

@@ -42,8 +42,15 @@ from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, batches_from_target, build_draft, load_inputs, train_on_source
-from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import build_draft, train_on_source
+from eagle3.worlds.distil import (
+    ListBatchSource,
+    answer_sequences,
+    batches_from_target,
+    greedy_answers,
+    write_draft_vocab,
+)
 from eagle3.worlds.samples import generate_conversations
 
 

@@ -49,8 +49,15 @@ from eagle3.gate.stats import t_quantile
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
-from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import (
+    ListBatchSource,
+    answer_sequences,
+    batches_from_target,
+    greedy_answers,
+    write_draft_vocab,
+)
 from eagle3.worlds.samples import generate_conversations
 
 ARCHITECTURES = {"eagle3": [], "eagle3.1": ["train.architecture.fc_norm=true", "train.architecture.norm_output=true"]}

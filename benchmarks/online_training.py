@@ -87,8 +87,8 @@ def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
     import torch
 
     from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features, read_regen_shard
-    from eagle3.online.run import train_in_process
-    from eagle3.train.trainer import train
+    from eagle3.train.online.run import train_in_process
+    from eagle3.train.workers import train
     from eagle3.worlds.distil import write_draft_vocab
 
     torch.set_num_threads(1)
@@ -125,7 +125,7 @@ def bench_transport(batches: int, batch_mib: int, max_inflight: int, trainer_s: 
     import numpy as np
     import ray
 
-    from eagle3.online.transport import connect, get_broker, open_broker, take
+    from eagle3.train.online.transport import connect, get_broker, open_broker, take
 
     connect(None)
     name = "broker-transport-bench"
@@ -133,7 +133,7 @@ def bench_transport(batches: int, batch_mib: int, max_inflight: int, trainer_s: 
 
     @ray.remote(num_cpus=0)
     def producer(n: int, mib: int) -> int:
-        from eagle3.online.broker import DONE, WAIT
+        from eagle3.train.online.broker import DONE, WAIT
 
         broker = get_broker(name)
         payload = np.random.default_rng(0).integers(0, 255, mib * 2**20, dtype=np.uint8)

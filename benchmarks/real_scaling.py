@@ -117,18 +117,16 @@ def offline_accept(root: Path, draft_fp: str, args: argparse.Namespace) -> float
     """The draft's accept length on the first ``--eval-prompts`` MT-bench questions (greedy, 3
     steps)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.gate.offline_accept import evaluate_acceptance, load_prompt_file
     from eagle3.recipes import resolve
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+    from eagle3.target_io import load_causal_lm, load_tokenizer
 
     config = resolve("smollm2", [f"root={root}"])
     torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(config.target.model_path)
-    target = AutoModelForCausalLM.from_pretrained(
-        config.target.model_path, dtype=torch.float32
-    ).eval()
+    tokenizer = load_tokenizer(config.target)
+    target = load_causal_lm(config.target, dtype=torch.float32).eval()
     export = root / "drafts" / draft_fp / "export"
     decoder = SpeculativeDecoder(target, tokenizer, export, config.speculative.num_steps, "eagle3")
     prompts = load_prompt_file(

@@ -119,11 +119,12 @@ def bound_in_own_session(
 
 def bound_worker(spec_path: str) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from eagle3.target_io import TargetRef, load_causal_lm
 
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(CPU_THREADS)
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).eval()
+    model = load_causal_lm(TargetRef(spec["model"]), dtype=torch.float32).eval()
     prompts, batch, new = spec["prompts"], spec["batch"], spec["new"]
     seconds = sum(
         new * len(prompts[i : i + batch]) / bound_tok_s(model, prompts[i : i + batch], new)

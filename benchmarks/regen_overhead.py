@@ -55,11 +55,11 @@ from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
 from eagle3.data.template import render_prompt
 from eagle3.regen.plan import regen_dir_for
-from eagle3.regen.shard import load_tokenizer
 from eagle3.regen.stage import RegenStage
 from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.serve.launch import reference_server
 from eagle3.stage import run_stage
+from eagle3.target_io import TargetRef, load_tokenizer
 
 ARMS = ("bare", "library", "command", "command_reused")  # rotated every round (plus "specforge" when given)
 COMMAND_ARMS = ("command", "command_reused")
@@ -246,7 +246,8 @@ def main() -> None:
         root = Path(tmp)
         model = build_target(root / "model")
         prompts_dir = write_prompts(root, n, rows_per_shard=max(n // 4, 1))
-        tok = load_tokenizer(str(model))  # the library arm starts with it loaded; the command arm loads its own
+        # the library arm starts with the tokenizer loaded; the command arm loads its own
+        tok = load_tokenizer(TargetRef(str(model)))
         texts = [f"question {i} about topic {i % 11}, please answer" for i in range(n)]
         ids = [render_prompt(tok, [{"role": "user", "content": text}]) for text in texts]
         env = {**os.environ, "PREFECT_HOME": str(root / "prefect"), "PYTHONPATH": str(Path(__file__).parents[1])}

@@ -7,8 +7,11 @@ that is not told where its input is asks :class:`Lineage` for the directory the 
 which must be finished; else an error listing what exists). Two configs in one run root therefore never read each
 other's stages, and nothing is picked by modification time.
 
-The vocab and draft fingerprints depend on the *content* of the finished features stage (nightly runs add shards to
-one features directory), so they are computed from that directory, found first.
+The vocab and draft fingerprints depend on the *content* of the finished features stage (nightly
+runs add shards to one features directory), so they are computed from that directory, found first.
+Where the trainer's features come from (``train.features``: stored, or online from the regen stage)
+is one value, ``FeatureSource``: the night's is its capture plan's decision, handed on; a command
+given none takes this config's (``Lineage.features``).
 
 What regen reads depends on ``scaling.policy``: the prompts stage's shards (uniform), or the shards the aimed nights
 selected from it (``select``, ``eagle3.scaling.selection``). Regen's input is named ``REGEN_INPUT``, resolved here, so
@@ -20,14 +23,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint
 from eagle3.data.normalize import prompts_fingerprint
 from eagle3.regen.plan import regen_fingerprint
-from eagle3.rundir.layout import PLAN_FILE, REGEN_INPUT, VOCAB_FILE, feature_set_fingerprint, find_input, stage_dir
+from eagle3.rundir.layout import PLAN_FILE, REGEN_INPUT, VOCAB_FILE, find_input, stage_dir
 from eagle3.scaling.selection import select_fingerprint
+
+if TYPE_CHECKING:
+    from eagle3.capture.stage import FeatureSource
 
 # stage -> (the option that points at another directory, the command that produces it)
 _HINTS: dict[str, tuple[str, str]] = {
@@ -72,10 +78,27 @@ class Lineage:
 
         return features_fingerprint(self.config, self.regen_fp)
 
-    def vocab_fp(self, features_dir: Path) -> str:
+    def vocab_fp(self, features: FeatureSource) -> str:
         from eagle3.train.vocab import vocab_fingerprint
 
-        return vocab_fingerprint(self.config, feature_set_fingerprint(features_dir))
+        return vocab_fingerprint(self.config, features.samples_fingerprint())
+
+    def features(self, given: FeatureSource | Path | str | None = None) -> FeatureSource:
+        """Where the trainer's hidden states come from: ``given`` (a decision, or a features stage
+        directory: its stored shards), else this config's ``train.features`` decided over its regen
+        stage (``feature_source``): stored needs the finished features stage, online the planned
+        regen stage."""
+        # capture imports torch: only when asked
+        from eagle3.capture.stage import FeatureSource, feature_source
+
+        if isinstance(given, FeatureSource):
+            return given
+        if given is not None:
+            return FeatureSource.stored(self.input("capture", Path(given)))
+        source = feature_source(self.config, self.stage_dir("regen"))
+        # the error naming the command to run first
+        self.input("regen" if source.online else "capture")
+        return source
 
     def stage_dir(self, stage: str) -> Path:
         """The directory of ``stage`` (normalize, regen or capture) this config names, finished or not."""
@@ -90,16 +113,21 @@ class Lineage:
         out = dict(given)
         for param, upstream in wanted.items():
             explicit = given.get(param)
-            out[param] = self.input(upstream, Path(explicit) if explicit else None,
-                                    features_dir=out.get("features_dir"))  # fmt: skip
+            if upstream == "features":
+                out[param] = self.features(explicit)
+                continue
+            given_path = Path(explicit) if explicit else None
+            out[param] = self.input(upstream, given_path, features=out.get("features"))
         return out
 
-    def input(self, stage: str, explicit: Path | None = None, *, features_dir: Path | None = None) -> Path:
+    def input(
+        self, stage: str, explicit: Path | None = None, *, features: FeatureSource | None = None
+    ) -> Path:
         """The directory of ``stage`` that a downstream command reads (the input rule of ``eagle3.rundir.layout``).
 
-        A regen stage counts once it is planned (``plan.json``; capture takes the shards that are ready); the
-        others must be finished. The vocab's fingerprint needs the finished features directory (``features_dir``).
-        ``REGEN_INPUT`` is the stage regen reads (``regen_source``).
+        A regen stage counts once it is planned (``plan.json``; capture takes the shards that are
+        ready); the others must be finished. The vocab's fingerprint needs where the features come
+        from (``features``). ``REGEN_INPUT`` is the stage regen reads (``regen_source``).
         """
         stage = self.regen_source if stage == REGEN_INPUT else stage
         option, produce = _HINTS[stage]
@@ -110,8 +138,7 @@ class Lineage:
                                produce=produce, marker=marker)  # fmt: skip
             return found / VOCAB_FILE if stage == "vocab" else found
         if stage == "vocab":
-            features = features_dir if features_dir is not None else self.input("capture")
-            fp = self.vocab_fp(features)
+            fp = self.vocab_fp(features if features is not None else self.features())
         else:
             fp = self.stage_dir(stage).name
         found = find_input(self.config.root_path, stage, fp, option=option, produce=produce, marker=marker)

@@ -303,20 +303,29 @@ def kimi_k2_5() -> PipelineConfig:
     (4.5 bits each: 571 GB) plus ~12B bf16 parameters (attention, shared experts, embeddings: 24 GB), ~595 GB; the
     headers win whenever they are reachable. Features in fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as
     stored with lz4 (3.05 TB before the codec; ``eagle3 config show`` prints the estimate) instead of ~5.9 TB of raw
-    bf16 states with zstd (7.58 TB before it)."""
-    return _served_moe(
-        "kimi_k2_5",
-        TargetConfig(
-            model_path="moonshotai/Kimi-K2.5",
-            family="deepseek",
-            num_layers=61,
-            hidden_size=7168,
-            vocab_size=163_840,
-            context_length=8192,
-            trust_remote_code=True,
-            checkpoint_bytes=595 * 10**9,
-        ),
+    bf16 states with zstd (7.58 TB before it).
+
+    The draft is an MLA head with the full vocabulary (``KIMI_DRAFT``), the layout of the published
+    Kimi-K2.5/K2.6 drafts (TorchSpec's ``kimi-k2.5-eagle3-mla``: the target's MLA sizes, q_lora_rank
+    1536, kv_lora_rank 512, 128/64/128 head dims, YaRN factor 64, vocab 163840 without d2t) and what
+    vLLM recommends for Kimi: its KV cache takes the target's MLA shape, and without a reduced vocab
+    SGLang's rejection sampling serves it. On the tiny world MLA matches MHA at equal parameters
+    (BENCHMARKS.md, "MLA vs MHA drafts"), so the published practice decides."""
+    target = TargetConfig(
+        model_path="moonshotai/Kimi-K2.5",
+        family="deepseek",
+        num_layers=61,
+        hidden_size=7168,
+        vocab_size=163_840,
+        context_length=8192,
+        trust_remote_code=True,
+        checkpoint_bytes=595 * 10**9,
     )
+    return with_overrides(_served_moe("kimi_k2_5", target), KIMI_DRAFT)
+
+
+# The Kimi draft: MLA attention (eagle3.model.mla) over the full target vocab (no d2t).
+KIMI_DRAFT = ["train.architecture.attention=mla", "vocab.draft_vocab_size=163840"]
 
 
 def glm_5() -> PipelineConfig:

@@ -1,11 +1,14 @@
 """The stage contract: every stage of the pipeline has one shape, so one set of Prefect tasks and one library runner
-drive them all (DESIGN §1, §3).
+drive them all.
 
 ::
 
     plan(config, **inputs) -> Plan          what to do: fingerprint, output directory, units (quick; writes at most
                                             plan.json); ``inputs`` names the upstream directories it takes: the
                                             caller passes explicit paths or lets eagle3.lineage find the config's
+    idle(plan) -> StageResult | None        the result of a plan with nothing to run (capture of an
+                                            online night), returned without running anything;
+                                            default: None
     resources(config, plan)                 a context for the units' length (regen: the servers); default: none
     run_unit(config, plan, unit, env, on_progress) -> UnitReport
                                             one unit (a shard, a source, or the stage's single unit); resumable:
@@ -36,7 +39,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -46,6 +49,7 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError
 from eagle3.rundir.layout import FAILED_SHARDS_FILE, stage_result_file, write_failed_shards
 from eagle3.rundir.runroot import MANIFEST, atomic_path, fingerprint
+from eagle3.runtime.stop import raise_if_stopped, raise_pending_stop, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -326,6 +330,12 @@ class Stage(ABC, Generic[P]):
         self, config: PipelineConfig, plan: P, reports: Sequence[UnitReport], failed: Sequence[Unit]
     ) -> StageResult: ...
 
+    def idle(self, plan: P) -> StageResult | None:
+        """The result of a plan with nothing to run (capture when the trainer captures its own
+        features online): the run ends with it, as with a recorded result: no resources, unit or
+        finalize, no file written. Default: None (run the plan)."""
+        return None
+
     def reuse_recorded(self, plan: P) -> bool:
         """Whether a recorded result of this exact plan may stand in for running it (``recorded_result``); a plan
         that asks for the work to be redone (the gate's ``force``) says no."""
@@ -381,9 +391,9 @@ def import_for_units(stage: Stage[Any], config: PipelineConfig) -> None:
 
     transformers resolves its names lazily, importing a submodule at a name's first use, and two threads doing that
     at once in a fresh process fail: one gets ``ImportError: cannot import name 'AutoTokenizer' from
-    'transformers'`` while the other still initialises the package (issue 41: 4 of 5 fresh two-shard captures, at
-    the template hash each shard starts with; a retry hid it unless the retry raced too). Once imported here, the
-    units find every name already resolved."""
+    'transformers'`` while the other still initialises the package (measured: 4 of 5 fresh two-shard
+    captures, at the template hash each shard starts with; a retry hid it unless the retry raced
+    too). Once imported here, the units find every name already resolved."""
     for name in stage.unit_imports(config):
         module, _, attribute = name.partition(":")
         imported = importlib.import_module(module)
@@ -391,11 +401,24 @@ def import_for_units(stage: Stage[Any], config: PipelineConfig) -> None:
             getattr(imported, attribute)
 
 
+def run_unit(
+    stage: Stage[P], config: PipelineConfig, plan: P, unit: Unit, *, env: Any = None
+) -> UnitReport:
+    """``stage.run_unit``, unless the run is stopping (``eagle3.runtime.stop``): no unit starts."""
+    raise_if_stopped(f"{stage.name} {stage.unit_name} {unit}")
+    return stage.run_unit(config, plan, unit, env=env)
+
+
 def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageResult:
     """Run a stage in this process without Prefect (``python -m``, benchmarks, tests): the same contract the flows
     drive, ``stage.max_in_flight`` units at a time on threads (one otherwise). Inputs are explicit paths; a plan
-    already done (``recorded_result``) is read back, not run."""
+    already done (``recorded_result``) is read back, not run. SIGINT or SIGTERM stops it
+    (``eagle3.runtime.stop``)."""
     plan = stage.plan(config, **inputs)
+    idle = stage.idle(plan)
+    if idle is not None:
+        logger.info("%s %s: nothing to run", stage.name, plan.fingerprint)
+        return idle
     recorded = recorded_result(stage, plan)
     if recorded is not None:
         logger.info("%s %s: done in an earlier run (%s); nothing to do", stage.name, plan.fingerprint,
@@ -405,15 +428,21 @@ def run_stage(stage: Stage[P], config: PipelineConfig, **inputs: Any) -> StageRe
     failed: list[Unit] = []
     causes: dict[str, UnitFailure] = {}
     import_for_units(stage, config)
-    with stage.resources(config, plan) as env, ThreadPoolExecutor(stage.max_in_flight(config) or 1) as pool:
-        futures = {pool.submit(stage.run_unit, config, plan, unit, env=env): unit for unit in plan.units}
-        for future in as_completed(futures):
-            try:
-                reports.append(future.result())
-            except Exception as exc:  # the failure policy: the other units go on; finalize records it, then we raise
-                logger.exception("%s %s %s failed", stage.name, stage.unit_name, futures[future])
-                failed.append(futures[future])
-                causes[str(futures[future])] = unit_failure(exc)
+    pool = ThreadPoolExecutor(stage.max_in_flight(config) or 1)
+    with stop_on_signals(deferred=True), stage.resources(config, plan) as env, pool:
+        futures = {pool.submit(run_unit, stage, config, plan, u, env=env): u for u in plan.units}
+        running = set(futures)
+        while running:
+            finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            raise_pending_stop()
+            for future in finished:
+                try:
+                    reports.append(future.result())
+                except Exception as exc:  # the failure policy: the others go on; finalize records
+                    unit = futures[future]
+                    logger.exception("%s %s %s failed", stage.name, stage.unit_name, unit)
+                    failed.append(unit)
+                    causes[str(unit)] = unit_failure(exc)
     result = stage.finalize(config, plan, reports, failed)
     record_result(stage, plan, result)
     return result.raise_for_failed(causes)

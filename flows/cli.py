@@ -1,10 +1,13 @@
 """The ``eagle3`` command: the user's face over the flows (long stages) and the library (quick commands).
 
-Long stages run as Prefect flows so they show up in the Prefect UI; quick commands (config, status, preflight,
-serve) call the library directly and never pay Prefect's import and start-up cost. Each stage's commands live in
-``flows/commands/<stage>.py`` with a ``register(app)`` function; ``flows/commands/common.py`` holds what they share:
-results on stdout and status on stderr, one ``error: <message>`` line for an expected failure, and the exit-code
-table (0 success, 1 the work ran and its verdict is negative, 2 bad usage, config or input).
+Long stages run as Prefect flows so they show up in the Prefect UI; quick commands (config, status,
+preflight, serve) call the library directly and never pay Prefect's import and start-up cost. Each
+stage's commands live in ``flows/commands/<stage>.py``: the command functions at module level, and a
+``register(app)`` function that adds them (``app.command("name")(function)``, a group's with
+``app.add_typer``) in the order ``eagle3 --help`` lists them. ``flows/commands/common.py`` holds
+what they share: results on stdout and status on stderr, one ``error: <message>`` line for an
+expected failure, and the exit-code table (0 success, 1 the work ran and its verdict is negative, 2
+bad usage, config or input).
 """
 
 from __future__ import annotations

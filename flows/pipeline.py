@@ -1,4 +1,4 @@
-"""``data-scaling``: the whole pipeline as one flow of stage subflows (DESIGN §1, §6, §7).
+"""``data-scaling``: the whole pipeline as one flow of stage subflows.
 
 discover -> normalize -> plan-night -> regen -> capture -> vocab -> train (+ export) -> gate -> scaling curve.
 
@@ -14,15 +14,18 @@ Design choices:
   explicit ``shard_ids`` override either (re-triggers, tests).
 * Regen and capture run their shards on the task runner ``orchestration`` names (threads, or Ray with one GPU per
   capture task); each stage flow picks it from its config (``flows.runners``).
-* A refused gate ends the run **Failed** with the report path in the message; an inconclusive one (noise or a
-  failed sanity check, nothing promoted) in a Failed-type state named **Inconclusive**, with the reasons and the
-  report path; the report is also the ``gate-report`` markdown artifact, and the night's point is on the scaling
-  curve either way.
-* Stages hand on typed results (``StageResult``, ``Night``, ``TrainedDraft``, ``GateOutcome``, ``Curve``); the
-  run returns the ``NightSummary`` of them all.
-* What a person watches on this run's page: ``data-scaling-status`` (the running stage's percent, rates, ETA,
-  failed shards with their re-trigger commands, server health; ``tasks.monitor``) and ``night-plots`` (training
-  curves, gate plots, scaling curve as images).
+* Where the trainer's hidden states come from (``train.features``) is decided once, by the capture
+  stage's plan, and handed on (``FeatureSource``): online, capture writes nothing and the train
+  stage's producers capture during training; the flow is the same either way.
+* A refused gate ends the run **Failed** with the report path in the message; an inconclusive one
+  (noise or a failed sanity check, nothing promoted) in a Failed-type state named **Inconclusive**,
+  with the reasons and the report path; the report is also the ``gate-report`` markdown artifact,
+  and the night's point is on the scaling curve either way.
+* Stages hand on typed results (``StageResult``, ``Night``, ``TrainedDraft``, ``GateOutcome``,
+  ``Curve``); the run returns the ``NightSummary`` of them all.
+* What a person watches on this run's page: ``data-scaling-status`` (the running stage's percent,
+  rates, ETA, failed shards with their re-trigger commands, server health; ``tasks.monitor``) and
+  ``night-plots`` (training curves, gate plots, scaling curve as images).
 """
 
 from __future__ import annotations
@@ -39,10 +42,9 @@ from flows.gate import gate_flow, scaling_flow
 from flows.normalize import normalize_flow
 from flows.regen import regen_flow
 from flows.stage import run_stage
-from flows.train import online_train_flow, train_flow
+from flows.train import train_flow
 from flows.vocab import vocab_flow
-from tasks.common import resolve_config_task
-from tasks.online import features_mode_task
+from tasks.common import check_requirements_task, resolve_config_task
 from tasks.pipeline import (
     night_plots_task,
     publish_summary_task,
@@ -63,19 +65,15 @@ def data_scaling(
     ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
     """
     config = resolve_config_task(ConfigRef(recipe=recipe, overrides=overrides or []))
+    check_requirements_task(config)  # a mode whose extra is missing here: refused before any stage
     tiny_world_task(config)
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)
     night = Night.of(run_stage(PlanNightStage(), config, prompts_dir=prompts, scale=scale, shard_ids=shard_ids))
     regen = regen_flow(config, shard_ids=night.shard_ids, prompts_dir=night.prompts_dir)
-    features_mode = features_mode_task(config, str(regen.out_dir))
-    if features_mode.mode == "online":  # issue 48: no feature shards; producers feed the trainer
-        features = None
-        draft = online_train_flow(config, str(regen.out_dir))
-    else:
-        features = capture_flow(config, shard_ids=night.shard_ids, regen_dir=str(regen.out_dir))
-        draft = train_flow(config, features, vocab_flow(config, features))
-    gate = gate_flow(config, [draft.export], features_dir=features)
+    features = capture_flow(config, shard_ids=night.shard_ids, regen_dir=str(regen.out_dir))
+    draft = train_flow(config, features, vocab_flow(config, features))
+    gate = gate_flow(config, [draft.export], features_dir=features.shards_dir)
     curve = scaling_flow(config, gate_dir=gate.out_dir, total_prompts=night.total_prompts,
                          train_samples=draft.train_samples, draft_fingerprint=draft.fingerprint,
                          label=f"{len(night.shard_ids)} shards", policy=night.policy, select_dir=night.select_dir,
@@ -86,7 +84,7 @@ def data_scaling(
         draft=draft,
         gate=gate,
         curve=curve,
-        features_mode=features_mode.why,
+        features_mode=features.why,
         target=config.target.model_path,
         sources=tuple(s.label for s in config.sources),
     )

@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import ConfigRef
+from eagle3.requirements import check_requirements
 from eagle3.rundir.runroot import check_run_root
 from tasks.secrets import load_secret_blocks
 
@@ -78,3 +79,11 @@ def resolve_config_task(config: PipelineConfig | ConfigRef) -> PipelineConfig:
     load_secret_blocks(resolved)  # secrets missing from the environment, from their Prefect Secret blocks
     get_run_logger().info("config %s, run root %s (id %s)", resolved.name, resolved.root_path, root_id)
     return resolved
+
+
+@task(name="check-requirements", cache_policy=NO_CACHE)
+def check_requirements_task(config: PipelineConfig) -> None:
+    """Refuse, before any stage runs, a night whose modes need a package this worker lacks (one
+    line naming the extra, ``eagle3.requirements``): a deployment's night fails in seconds, not at
+    its train stage."""
+    check_requirements(config)

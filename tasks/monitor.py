@@ -12,7 +12,7 @@ Where each number shows (a 40-hour regen is watched from the nightly run's page,
   servers' health. ``<root flow>-progress`` is the same percent as a progress artifact there.
 * ``<stage>-<unit>s-live-<fp>``: a table artifact on the stage run, one row per unit, refreshed every
   ``orchestration.progress_every_s`` and at once when a unit fails (with the reason), so a shard that failed in
-  hour 3 is visible in hour 3 (``flows.stage.Watch`` decides when).
+  hour 3 is visible in hour 3 (``Watch`` decides when).
 * ``<stage>-<name>-live-<fp>``: the tables a stage adds beside its units (``Stage.live_tables``: the online train
   stage's ``train-producers-live-<fp>``, one row per capture producer with its state, batches, rate, restarts and
   last error, then the trainer's rate and the store's backlog), refreshed with the progress; the stage's
@@ -42,9 +42,12 @@ from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate, LogCr
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
+from prefect.exceptions import ObjectNotFound
 
-from eagle3.stage import LiveTable, Progress, RateWindow, Unit
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.stage import LiveTable, Plan, Progress, RateWindow, Stage, Unit
 from tasks.common import artifact_key
+from tasks.stage import run_logger
 
 logger = logging.getLogger(__name__)
 
@@ -295,3 +298,78 @@ class StageMonitor:
         if all(a is not None and a.flow_run_id == self.root.id for a in found):
             return found[0].latest_id, found[1].latest_id  # type: ignore[union-attr]
         return None
+
+
+class Watch:
+    """The stage run's progress as a person sees it (the boards above): read from ``stage.progress(plan)`` (the
+    stage's files) and published at most every ``orchestration.progress_every_s``, whether units start, finish or
+    neither; a failed unit is published at once (with its reason and re-trigger commands), and so is the end.
+
+    A refresh costs several API writes and reads every unit's files, so doing it per unit started or finished made
+    Prefect's bookkeeping grow with the shard count (7 artifact writes per shard, ~2 s a shard on a busy machine,
+    measured in ``benchmarks/regen_scale.py --flow-overhead``); per period it is a constant.
+
+    A stage without a file-based progress counts finished units. The unit board (the live table, the failed units
+    and their re-trigger commands) is kept for scale-out stages (regen, capture: many shards).
+    """
+
+    def __init__(self, stage: Stage[Any], plan: Plan, config: PipelineConfig, env: Any) -> None:
+        self.stage, self.plan, self.config, self.env = stage, plan, config, env
+        self.units_done, self.units_failed = 0, 0
+        self._read_at = time.monotonic()
+        board = UnitBoard(stage.unit_name, list(plan.units)) if stage.scale_out else None
+        self.monitor = StageMonitor(stage.name, plan.fingerprint, self.read(), board=board, log=run_logger(),
+                                    log_every_s=config.monitor.log_every_s,
+                                    window_s=config.monitor.rate_window_s)  # fmt: skip
+
+    def read(self) -> Progress:
+        progress = self.stage.progress(self.plan)
+        if progress is None:
+            progress = Progress(done=self.units_done, total=len(self.plan.units), unit=f"{self.stage.unit_name}s")
+        return progress
+
+    def poll(self, *, force: bool = False, state: str = "running") -> None:
+        if not force and time.monotonic() - self._read_at < self.config.orchestration.progress_every_s:
+            return
+        self._read_at = time.monotonic()
+        progress = self.read()
+        if state == "done":
+            progress = progress.complete()  # every unit finished: the plan is done, whatever a file lags behind
+        self.monitor.update(progress, health=self.stage.health(self.config, self.env), state=state,
+                            tables=self.stage.live_tables(self.plan))  # fmt: skip
+
+    def started(self, unit: Unit) -> None:
+        """Mark ``unit`` running (called before its submit: a refresh due now shows it before the unit can look)."""
+        if self.monitor.board is not None:
+            self.monitor.board.mark(unit, "running")
+        self.poll()
+
+    def finished(self, unit: Unit, error: BaseException | None) -> None:
+        board = self.monitor.board
+        self.units_done += error is None
+        self.units_failed += error is not None
+        if board is not None:
+            board.mark(unit, "done" if error is None else "failed", reason="" if error is None else str(error))
+            if error is not None:
+                board.retrigger = retrigger_commands(self.stage, self.plan, board.failed, self.monitor.root,
+                                                     self.config.name)  # fmt: skip
+        self.poll(force=error is not None)
+
+    def finish(self) -> None:
+        self.poll(force=True, state="failed" if self.units_failed else "done")
+
+
+def retrigger_commands(
+    stage: Stage[Any], plan: Plan, failed: list[Unit], root: RootRun | None, config_name: str
+) -> list[str]:
+    """The exact commands that re-run only ``failed``: the stage's deployment (when the server has one, as
+    ``deploy.py apply`` creates for regen) and the stage's own CLI command."""
+    commands = []
+    name = f"{stage.name}/{(root.deployment if root else None) or config_name}"
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(name)
+            commands.append(f"prefect deployment run '{name}' --param shard_ids='{json.dumps(sorted(failed))}'")
+        except ObjectNotFound:
+            pass  # no such deployment: the CLI command below is the way
+    return [*commands, stage.retrigger(plan, failed)]

@@ -29,7 +29,17 @@ from prefect.states import State
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError, Stopped
 from eagle3.lineage import Lineage
-from eagle3.stage import Plan, Stage, StageResult, Unit, UnitFailure, UnitReport, record_result
+from eagle3.runtime.stop import stop_requested
+from eagle3.stage import (
+    Plan,
+    Stage,
+    StageResult,
+    Unit,
+    UnitFailure,
+    UnitReport,
+    record_result,
+    run_unit,
+)
 from tasks.common import artifact_key, output_cache_key, publish_markdown, publish_table
 
 
@@ -86,9 +96,12 @@ def unit_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str |
 
 def retry_unless_data_error_or_stopped(task: Any, task_run: Any, state: State) -> bool:
     """Prefect's retry condition of unit tasks: retries are for infrastructure; a ``DataError`` fails at once (the
-    same data fails the same way), so its message is not buried under the retries' tracebacks, and a ``Stopped``
-    unit (SIGTERM) stays stopped instead of being retried after the delay."""
-    return not isinstance(state.data, (DataError, Stopped))
+    same data fails the same way), so its message is not buried under the retries' tracebacks.
+    So does an ``ImportError`` (a missing package stays missing). A ``Stopped`` unit (SIGTERM,
+    Ctrl-C), or any unit that fails once the run is stopping (``eagle3.runtime.stop``), stays
+    stopped instead of being retried after the delay."""
+    final = (DataError, Stopped, ImportError)
+    return stop_requested() is None and not isinstance(state.data, final)
 
 
 def existing_limits(names: Sequence[str]) -> list[str]:
@@ -114,7 +127,7 @@ def unit_task(
     """Run one unit (resumable: a retry or a re-run picks up where the last attempt stopped), holding a slot of
     each of ``limits`` (the stage's concurrency limits that exist: :func:`existing_limits`)."""
     with concurrency(list(limits), occupy=1, strict=False) if limits else nullcontext():
-        report = stage.run_unit(config, plan, unit, env=env)
+        report = run_unit(stage, config, plan, unit, env=env)
     run_logger().info("%s %s %s: %s", stage.name, stage.unit_name, unit,
                           "already done" if report.skipped else report.model_dump(exclude={"unit"}))  # fmt: skip
     return report

@@ -236,6 +236,31 @@ def held_rmtree(monkeypatch):
     return held
 
 
+@pytest.fixture
+def hide_modules(monkeypatch):
+    """``hide_modules("ray", ...)``: those packages cannot be imported or found for the test, as on
+    a machine installed without their extra (their loaded modules are set aside and a finder refuses
+    them)."""
+    import importlib.abc
+    import sys
+
+    class Hidden(importlib.abc.MetaPathFinder):
+        def __init__(self, names: tuple[str, ...]) -> None:
+            self.names = set(names)
+
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname.split(".")[0] in self.names:
+                raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+            return None
+
+    def hide(*names: str) -> None:
+        for key in [key for key in sys.modules if key.split(".")[0] in names]:
+            monkeypatch.delitem(sys.modules, key)
+        monkeypatch.setattr(sys, "meta_path", [Hidden(names), *sys.meta_path])
+
+    return hide
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the ``gpu`` tests where no CUDA device is visible (CI, laptops): they run on a GPU node, e.g. from
     ``benchmarks/gpu_checks.sh``."""

@@ -26,6 +26,7 @@ from eagle3.capture.budget import human_bytes
 from eagle3.capture.encoding import TORCH_DTYPES
 from eagle3.capture.footprint import capture_footprint, check_fits, free_bytes
 from eagle3.config.capture import DEVICE_MAP_STRATEGIES
+from eagle3.target_io import load_causal_lm
 
 if TYPE_CHECKING:
     from eagle3.config.pipeline import PipelineConfig
@@ -127,8 +128,6 @@ def load_hf_backend(config: PipelineConfig) -> HFBackend:
     with ``accelerate``, the ``multigpu`` extra, checked here so a missing package fails before the model loads. A
     target whose loaded size (``eagle3.capture.footprint``: compressed-tensors weights decompressed) exceeds the free
     memory there is refused before it loads."""
-    from transformers import AutoModelForCausalLM
-
     target, capture = config.target, config.capture
     spread = capture.device in DEVICE_MAP_STRATEGIES
     if spread and importlib.util.find_spec("accelerate") is None:
@@ -141,13 +140,8 @@ def load_hf_backend(config: PipelineConfig) -> HFBackend:
     logger.info("loading %s (%s) on %s for capture: %s of weights and one batch's states, %s free", target.model_path,
                 capture.dtype, capture.device, human_bytes(footprint.total), human_bytes(free))
     check_fits(footprint, free, config=config)
-    model = AutoModelForCausalLM.from_pretrained(
-        target.model_path,
-        revision=target.revision,
-        dtype=TORCH_DTYPES[capture.dtype],
-        device_map=capture.device if spread else None,
-        trust_remote_code=target.trust_remote_code,
-    )
+    device_map = capture.device if spread else None
+    model = load_causal_lm(target, dtype=TORCH_DTYPES[capture.dtype], device_map=device_map)
     if not spread:
         model = model.to(capture.device)
     return HFBackend(model, config.sglang_layer_ids, hidden_size=target.hidden_size)

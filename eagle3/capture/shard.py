@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +50,13 @@ from eagle3.capture.schema import (
 from eagle3.capture.writer import Batch, PartWriter, record_hashes
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardInfo, open_shard, shard_metadata
+from eagle3.data.template import template_hash
 from eagle3.rundir.integrity import verify_files
 from eagle3.rundir.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
 from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
+from eagle3.runtime.stop import raise_if_stopped
 from eagle3.runtime.transfer import HostCopy
+from eagle3.target_io import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,12 @@ def shard_index_of(path: Path) -> int:
     return index
 
 
+def regen_shards(regen_dir: Path) -> list[Path]:
+    """The ready regen shards of a regen stage directory, in shard order (what capture would
+    capture)."""
+    return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
+
+
 def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
     """(feature shard, quarantine file, parts directory) of shard ``index``."""
     out_dir = Path(out_dir)
@@ -113,15 +121,6 @@ def output_paths(out_dir: Path, index: int) -> tuple[Path, Path, Path]:
         out_dir / shard_name(index, "quarantine"),
         out_dir / parts_dir_name(index),
     )
-
-
-@lru_cache(maxsize=8)
-def _template_hash(model_path: str, revision: str | None) -> str:
-    from transformers import AutoTokenizer
-
-    from eagle3.data.template import template_hash
-
-    return template_hash(AutoTokenizer.from_pretrained(model_path, revision=revision))
 
 
 def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
@@ -134,7 +133,7 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
         layer_ids=config.sglang_layer_ids,
         dtype=config.capture.dtype,
         encoding=config.capture.encoding,
-        chat_template_hash=_template_hash(target.model_path, target.revision),
+        chat_template_hash=template_hash(load_tokenizer(target)),
         system_prompt_policy=config.normalize.system_prompt_policy,
         truncation=config.capture.truncation,
         max_seq_len=config.capture.max_seq_len,
@@ -370,6 +369,7 @@ def _run_batches(
                            topk=config.capture.topk)
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
+        raise_if_stopped(f"capture shard {writer.index}")
         captured = _capture_batch(backend, [todo[i] for i in batch_idx], k, hidden_size=config.target.hidden_size,
                                   codecs=codecs)
         writer.submit(captured)

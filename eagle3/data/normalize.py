@@ -58,9 +58,9 @@ from eagle3.data.schema import (
     QUARANTINE_SCHEMA,
     TOO_LONG,
 )
-from eagle3.data.template import load_local_tokenizer
 from eagle3.data.toolcalls import ToolCallError, link_tool_calls
 from eagle3.rundir.runroot import Manifest, atomic_write_json, fingerprint
+from eagle3.target_io import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -174,30 +174,9 @@ def sample_id(messages: list[Message], input_ids: list[int] | None = None, tools
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
 
-@lru_cache(maxsize=4)
-def _tokenizer(model_path: str, revision: str | None, trust_remote_code: bool) -> Any:
-    local = None if revision else load_local_tokenizer(model_path)  # no AutoTokenizer (torch) for a plain one
-    if local is not None:
-        return local
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)
-    except OSError as exc:
-        raise OSError(
-            f"cannot load the target tokenizer from {model_path!r} ({exc}); set target.model_path to a local "
-            "directory or a Hub id in the HF cache (HF_HUB_OFFLINE=1 needs it cached; gated repos need HF_TOKEN)"
-        ) from exc
-
-
-def target_tokenizer(config: PipelineConfig) -> Any:
-    t = config.target
-    return _tokenizer(t.model_path, t.revision, t.trust_remote_code)
-
-
 def tokenizer_identity(config: PipelineConfig) -> str:
     """Hash of the target tokenizer's vocabulary/merges and chat template (what too_long depends on)."""
-    tok = target_tokenizer(config)
+    tok = load_tokenizer(config.target)
     backend = getattr(tok, "backend_tokenizer", None)
     vocab = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
     return fingerprint(config.target.model_path, config.target.revision, vocab, tok.chat_template or "")
@@ -304,7 +283,8 @@ def _flush(batch: list[tuple[RawRow, Converted]], books: _Books, writer: ShardWr
     lengths = dict.fromkeys(range(len(batch)), 0)
     if long_idx:
         with _TOKENIZER_LOCK:  # per-source tasks share one tokenizer across threads; HF tokenizers are not reentrant
-            enc = target_tokenizer(config)([texts[i] for i in long_idx], add_special_tokens=False)["input_ids"]
+            tokenizer = load_tokenizer(config.target)
+            enc = tokenizer([texts[i] for i in long_idx], add_special_tokens=False)["input_ids"]
         lengths.update({i: len(ids) for i, ids in zip(long_idx, enc, strict=True)})
     decon = decontaminator(config)
     rows = []

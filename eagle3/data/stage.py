@@ -20,10 +20,10 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.discover import catalog_fingerprint, check_sources, load_catalog, write_catalog
 from eagle3.data.normalize import mix_lines, normalize_source, prompts_fingerprint, source_counts, spill_counts_path
 from eagle3.data.prompt_shards import build_prompt_shards, summary_markdown
-from eagle3.data.template import tokenizer_imports
 from eagle3.rundir.layout import find_input, stage_dir, write_failed_shards
 from eagle3.rundir.runroot import MANIFEST, Manifest
 from eagle3.stage import OnProgress, Plan, Progress, Stage, StageResult, Unit, UnitReport
+from eagle3.target_io import tokenizer_imports
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +107,8 @@ class NormalizeStage(Stage[NormalizePlan]):
         return UnitReport(unit=unit, skipped=skipped, rows=counts["kept"], detail=counts)
 
     def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
-        """Each source's too_long check tokenizes with the target's tokenizer (``normalize.target_tokenizer``)."""
-        return tokenizer_imports(config.target.model_path, local=config.target.revision is None)
+        """Each source's too_long check tokenizes with the target's tokenizer."""
+        return tokenizer_imports(config.target)
 
     def unit_output(self, plan: NormalizePlan, unit: Unit) -> Path:
         """The source's rows are on disk: its spill's ``counts.json``, or the finished stage's manifest (finalize

@@ -22,10 +22,8 @@ left out.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any]
@@ -51,37 +49,6 @@ class Rendered:
     input_ids: list[int]
     loss_mask: list[int]
     text: str
-
-
-# tokenizer_config.json classes that are the plain fast (``tokenizers``) tokenizer: loaded without AutoTokenizer,
-# whose config machinery imports torch and most of transformers (~10 s of a command's start on a busy machine)
-_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
-def _plain_local(path: Path | str) -> bool:
-    """Whether ``path`` is a local model directory whose config names the plain fast tokenizer (the class
-    AutoTokenizer would pick) and no custom code."""
-    config = Path(path) / "tokenizer_config.json"
-    declared = json.loads(config.read_text()) if config.is_file() else {}
-    return declared.get("tokenizer_class") in _PLAIN_FAST and "auto_map" not in declared
-
-
-def load_local_tokenizer(path: Path | str) -> Any | None:
-    """The tokenizer of a local model directory whose config names the plain fast tokenizer (the class AutoTokenizer
-    would pick), loaded without AutoTokenizer; None for anything else (a Hub id, custom code, another class)."""
-    if not _plain_local(path):
-        return None
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
-
-
-def tokenizer_imports(path: Path | str, *, local: bool = True) -> tuple[str, ...]:
-    """What loading the tokenizer of ``path`` imports from transformers (``Stage.unit_imports``): the plain fast
-    class for a plain local one (``local``: when the caller tries ``load_local_tokenizer`` first), else
-    AutoTokenizer."""
-    plain = local and _plain_local(path)
-    return ("transformers:PreTrainedTokenizerFast",) if plain else ("transformers:AutoTokenizer",)
 
 
 def template_hash(tokenizer: Any) -> str:

@@ -40,9 +40,11 @@ from eagle3.data.parquet import ShardError, shard_metadata
 from eagle3.gate.accept import SpecCounts, pool
 from eagle3.model.export_format import (
     ARCHITECTURE,
+    MLA_ARCHITECTURE,
     WEIGHTS_FILE,
     DraftExport,
     expected_shapes,
+    full_vocab,
     load_export,
     non_finite_tensors,
     served_flags,
@@ -145,8 +147,8 @@ def check_draft_path(spec: LaunchCommand, export_dir: Path) -> Check:
 
 def check_architecture(export: DraftExport) -> Check:
     arch, layers = export.config.get("architectures"), export.config.get("num_hidden_layers")
-    if arch == [ARCHITECTURE] and layers == 1:
-        return Check("architecture", True, f"{ARCHITECTURE}, 1 layer")
+    if arch in ([ARCHITECTURE], [MLA_ARCHITECTURE]) and layers == 1:
+        return Check("architecture", True, f"{arch[0]}, 1 layer")
     return Check("architecture", False, f"config.json has architectures={arch}, num_hidden_layers={layers}: "
                  f're-export with architectures ["{ARCHITECTURE}"] and num_hidden_layers 1')
 
@@ -210,6 +212,7 @@ def check_vocab(export: DraftExport, target_vocab: int) -> Check:
     rows = (export.shapes.get("lm_head.weight") or [None])[0]
     n_d2t = None if export.d2t is None else int(export.d2t.numel())
     draft_vocab = cfg.get("draft_vocab_size")
+    n_d2t = draft_vocab if n_d2t is None and full_vocab(cfg) else n_d2t  # the target's ids, no map
     if rows == draft_vocab == n_d2t and cfg.get("vocab_size") == target_vocab:
         return Check("draft_vocab", True, f"lm_head rows = draft_vocab_size = len(d2t) = {rows}")
     return Check(
@@ -221,6 +224,8 @@ def check_vocab(export: DraftExport, target_vocab: int) -> Check:
 
 
 def check_d2t(export: DraftExport, target_vocab: int) -> Check:
+    if export.d2t is None and full_vocab(export.config):
+        return Check("d2t_order", True, "full vocab: the draft's ids are the target's (no d2t)")
     if export.d2t is None:
         return Check("d2t_order", False, "d2t is missing: export the vocab mapping (d2t, t2d) with the draft")
     problems = vocab_problems(export.d2t, export.t2d, target_vocab)
@@ -330,7 +335,7 @@ def check_weights_finite(export: DraftExport) -> Check:
 def check_offline_accept(config: PipelineConfig, export: DraftExport, features_dir: Path) -> Check:
     """The draft's simulated accept length on a few captured rows (CPU, the target's states, no server), so a
     damaged draft fails before any GPU time is spent."""
-    from eagle3.train.trainer import accept_on_features
+    from eagle3.train.evaluate import accept_on_features
 
     shard = next(iter(shard_files(features_dir).values()), None)
     if shard is None:
@@ -405,6 +410,9 @@ def run_static(
         _guard("tp_heads", lambda: check_tp_heads(export, _target_config(config), tp)),
     ]
     checks.append(_guard("weights_finite", lambda: check_weights_finite(export)))
+    from eagle3.gate import preflight_mla  # its rules import this module's Check
+
+    checks += preflight_mla.checks(config, export, features_dir)
     for check in failed(checks):
         logger.warning("preflight %s", check.line())
     return checks

@@ -18,6 +18,7 @@ Design choices:
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +27,17 @@ from typing import Any
 from eagle3.config.base import ConfigError
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.registry import Registry
 from eagle3.gate.report import GateReport, read_report
 from eagle3.gate.report_md import profile_line
-from eagle3.model.export_format import CARD_FILE, CONFIG_FILE, HUB_ID, WEIGHTS_FILE, front_matter
+from eagle3.model.export_format import (
+    CARD_FILE,
+    CONFIG_FILE,
+    HUB_ID,
+    WEIGHTS_FILE,
+    attention_summary,
+    front_matter,
+)
+from eagle3.registry import Registry
 from eagle3.rundir.runroot import atomic_write_text
 from eagle3.runtime.secrets import hf_token
 from eagle3.serve.launch_commands import build_launch
@@ -83,11 +91,29 @@ def _num(value: float | None) -> str:
 
 
 def hub_card(
-    config: PipelineConfig, repo_id: str, body: str, report: GateReport | None, speculative: dict[str, Any] | None
+    config: PipelineConfig,
+    repo_id: str,
+    body: str,
+    report: GateReport | None,
+    speculative: dict[str, Any] | None,
+    architecture: str = "",
 ) -> str:
-    """The published card: metadata, the export's card ``body``, the gate's numbers, the SGLang command."""
-    serve = ["## Serve with SGLang", "", "```bash", launch_line(config, repo_id, speculative), "```", ""]
+    """The published card: metadata, the export's card ``body``, the gate's numbers, the SGLang
+    command (with the draft's ``architecture``: which attention SGLang builds,
+    ``attention_summary``)."""
+    attention = [f"Draft attention: {architecture}.", ""] if architecture else []
+    command = ["```bash", launch_line(config, repo_id, speculative), "```", ""]
+    serve = ["## Serve with SGLang", "", *attention, *command]
     return front_matter(config) + body.rstrip() + "\n\n" + "\n".join([*gate_section(report, speculative), *serve])
+
+
+def _attention(config_json: Path) -> str:
+    """``attention_summary`` of an export's ``config.json``; empty when it cannot say (no such
+    file, an older or partial config)."""
+    try:
+        return attention_summary(json.loads(config_json.read_text()))
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def plan_upload(
@@ -107,7 +133,8 @@ def plan_upload(
     body = body_path.read_text() if body_path.exists() else ""
     body = body.split("---\n", 2)[2] if body.startswith("---\n") else body  # the export card's own metadata
     card = config.root_path / HUB_DIR / draft_id / CARD_FILE
-    atomic_write_text(card, hub_card(config, repo_id, body, report, speculative))
+    architecture = _attention(export_dir / CONFIG_FILE)
+    atomic_write_text(card, hub_card(config, repo_id, body, report, speculative, architecture))
     files = {name: export_dir / name for name in (CONFIG_FILE, WEIGHTS_FILE)} | {CARD_FILE: card}
     return HubUpload(repo_id, card, files)
 

@@ -42,15 +42,18 @@ from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate import preflight
 from eagle3.gate.prompts import BenchPrompt, load_gate_prompts
-from eagle3.gate.registry import Promotion, Registry, draft_id
 from eagle3.gate.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
 from eagle3.gate.rounds import ArmError, measure_rounds
 from eagle3.gate.serving import StepResult, Tier, adaptive_tiers, initial_steps, sglang_config
 from eagle3.gate.verdict import decide, level_verdicts, overall, undecided
+from eagle3.registry import Promotion, Registry, draft_id
 from eagle3.rundir.layout import stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
+from eagle3.runtime.stop import raise_if_stopped
 from eagle3.serve.launch import LaunchError
 from eagle3.serve.launch_commands import LaunchCommand, build_launch
+from eagle3.stage import Frozen
+from eagle3.target_io import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,22 @@ SMOKE_PROMPTS = 4
 SMOKE_TOKENS = 32
 SGLANG_MEMORY = 0.85  # of the device, split over the SGLang arms the gate launches side by side
 ADAPTIVE_JSON = "adaptive_config.json"
+
+
+class GateRequest(Frozen):
+    """What one gate is asked to do: the candidate exports; running servers to measure instead of
+    launching arms (the baseline and speculative URLs together, and the champion's); the capture
+    stage whose layer ids preflight checks; whether a PASS promotes; whether a finished gate is
+    measured again (``force``). The gate stage's plan carries it, and the gate flow's parameters
+    are its fields."""
+
+    drafts: tuple[Path, ...]
+    baseline_url: str | None = None
+    spec_url: str | None = None
+    champion_url: str | None = None
+    features_dir: Path | None = None
+    promote: bool = True
+    force: bool = False
 
 
 @dataclass
@@ -367,61 +386,61 @@ class GateIdentity:
     out_dir: Path
 
 
-def gate_identity(
-    config: PipelineConfig,
-    drafts: list[Path | str],
-    *,
-    baseline_url: str | None = None,
-    spec_url: str | None = None,
-    champion_url: str | None = None,
-) -> GateIdentity:
+def gate_identity(config: PipelineConfig, request: GateRequest) -> GateIdentity:
     """The validated drafts, today's champion, the URLs, and the gate's fingerprint and directory."""
-    paths = [Path(d).expanduser().resolve() for d in drafts]
+    paths = [Path(d).expanduser().resolve() for d in request.drafts]
     if not paths:
         raise ValueError("pass at least one --draft <export dir>")
-    if bool(baseline_url) != bool(spec_url):
+    if bool(request.baseline_url) != bool(request.spec_url):
         raise ValueError("pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)")
     champion = Registry(config.root_path).champion()
-    urls = {"baseline": baseline_url, "spec": spec_url, "champion": champion_url}
+    urls = {
+        "baseline": request.baseline_url,
+        "spec": request.spec_url,
+        "champion": request.champion_url,
+    }
     fp = gate_fingerprint(config, paths, champion, urls)
     return GateIdentity(paths, champion, urls, fp, stage_dir(config.root_path, "gate", fp))
 
 
-def run_gate(
-    config: PipelineConfig,
-    drafts: list[Path | str],
-    *,
-    baseline_url: str | None = None,
-    spec_url: str | None = None,
-    champion_url: str | None = None,
-    features_dir: Path | None = None,
-    promote: bool = True,
-    force: bool = False,
-) -> GateResult:
-    """Benchmark the drafts against the baseline (and the champion), decide, report, promote the best passing one."""
-    from transformers import AutoTokenizer
+def gate_prompts(config: PipelineConfig, *, per_set: int | None = None) -> list[BenchPrompt]:
+    """The gate's prompt sets rendered with the target's tokenizer, ``per_set`` prompts of each
+    (default ``gate.prompts_per_set``)."""
+    per_set = config.gate.prompts_per_set if per_set is None else per_set
+    tokenizer = load_tokenizer(config.target)
+    return load_gate_prompts(config.gate.prompt_sets, tokenizer, per_set=per_set)
 
-    gate = gate_identity(config, drafts, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url)
+
+def run_gate(config: PipelineConfig, request: GateRequest) -> GateResult:
+    """Benchmark the drafts against the baseline (and the champion), decide, report, promote the
+    best passing one."""
+    gate = gate_identity(config, request)
     paths, fp, out_dir = gate.drafts, gate.fingerprint, gate.out_dir
-    if not force and Manifest.read(out_dir) is not None:
+    if not request.force and Manifest.read(out_dir) is not None:
         logger.info("gate %s already done, reading its report", fp)
         return GateResult(out_dir, read_report(out_dir), reused=True)
-    refused = _refusals(config, paths, features_dir)
-    plan = _plan(config, paths, gate.champion, baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url)
+    refused = _refusals(config, paths, request.features_dir)
+    plan = _plan(
+        config,
+        paths,
+        gate.champion,
+        baseline_url=request.baseline_url,
+        spec_url=request.spec_url,
+        champion_url=request.champion_url,
+    )
     prompts: list[BenchPrompt] = []
     measure_s = 0.0
     if len(refused) < len(paths):  # every candidate refused statically: nothing worth measuring
-        tokenizer = AutoTokenizer.from_pretrained(
-            config.target.model_path, revision=config.target.revision, trust_remote_code=config.target.trust_remote_code
-        )
-        prompts = load_gate_prompts(config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set)
+        prompts = gate_prompts(config)
         measure_s = _measure_plan(plan, prompts, config, refused=refused, out_dir=out_dir)
     else:
         plan.arms = []
         logger.error("every candidate failed static preflight; no arm was launched")
     measured = _Measured(plan.arms, decide(plan.arms, config.gate, refused), prompts, measure_s)
+    # a stopped gate writes no report, manifest or promotion: a re-run measures again
+    raise_if_stopped("the gate")
     report = _report(config, fp, measured, gate.champion, out_dir)
-    if promote:
+    if request.promote:
         report.promotion = _promote(Registry(config.root_path), report, out_dir)
     files = write_report(report, out_dir)
     if report.adaptive and report.adaptive["config_path"]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from eagle3.config.gate import GateConfig
 from eagle3.gate.prompts import BenchPrompt, send_prompts_async
 from eagle3.gate.report import ArmResult, LevelStats
+from eagle3.runtime.stop import raise_if_stopped
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def measure_rounds(
             if r >= gate.min_rounds and not keep_going():
                 break
             for c in gate.levels:
+                raise_if_stopped(f"the gate's round {r + 1}")
                 if any(arm.role == "baseline" and arm.error for arm, _ in live):
                     return  # nothing left to compare against
                 await _level(live, batch, c, r, gate)

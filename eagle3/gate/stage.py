@@ -12,25 +12,18 @@ whether this run measured (``reused``), and ``force`` must measure again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.release import gate_identity, run_gate
+from eagle3.gate.release import GateRequest, gate_identity, run_gate
 from eagle3.gate.report import REPORT_JSON, REPORT_MD, read_report, to_markdown
 from eagle3.stage import Frozen, OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 
-class GatePlan(Plan):
-    drafts: tuple[Path, ...]
-    baseline_url: str | None = None
-    spec_url: str | None = None
-    champion_url: str | None = None
-    features_dir: Path | None = None
-    promote: bool = True
-    force: bool = False
+class GatePlan(Plan, GateRequest):
+    """The gate's identity (``Plan``) and what it was asked (``GateRequest``, drafts resolved)."""
 
 
 class GateStage(Stage[GatePlan]):
@@ -40,25 +33,18 @@ class GateStage(Stage[GatePlan]):
     summary_key = "gate-report"  # the latest verdict, whatever the fingerprint
     retries = 0  # a failed arm is recorded in the report, not raised; what does raise would fail again the same way
 
-    def plan(
-        self, config: PipelineConfig, *, drafts: Sequence[Path | str], baseline_url: str | None = None,
-        spec_url: str | None = None, champion_url: str | None = None,
-        features_dir: Path | str | None = None, promote: bool = True, force: bool = False,
-    ) -> GatePlan:  # fmt: skip
-        gate = gate_identity(config, list(drafts), baseline_url=baseline_url, spec_url=spec_url,
-                             champion_url=champion_url)  # fmt: skip
-        return GatePlan(stage=self.name, fingerprint=gate.fingerprint, out_dir=gate.out_dir, drafts=tuple(gate.drafts),
-                        baseline_url=baseline_url, spec_url=spec_url, champion_url=champion_url,
-                        features_dir=Path(features_dir) if features_dir else None, promote=promote,
-                        force=force)  # fmt: skip
+    def plan(self, config: PipelineConfig, **request: Any) -> GatePlan:
+        """``request``: the fields of a ``GateRequest`` (the gate flow's parameters)."""
+        asked = GateRequest.model_validate(request)
+        gate = gate_identity(config, asked)
+        return GatePlan(**{**asked.model_dump(), "drafts": tuple(gate.drafts)}, stage=self.name,
+                        fingerprint=gate.fingerprint, out_dir=gate.out_dir)
 
     def run_unit(
         self, config: PipelineConfig, plan: GatePlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
-        result = run_gate(config, list(plan.drafts), baseline_url=plan.baseline_url, spec_url=plan.spec_url,
-                          champion_url=plan.champion_url, features_dir=plan.features_dir,
-                          promote=plan.promote, force=plan.force)  # fmt: skip
+        result = run_gate(config, plan)
         if result.out_dir != plan.out_dir:  # the champion changed between plan and run: another gate
             raise RuntimeError(f"the champion changed since the gate was planned ({plan.out_dir} is now "
                                f"{result.out_dir}); run the gate again")  # fmt: skip

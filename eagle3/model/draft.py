@@ -24,6 +24,10 @@ Design choices (DESIGN §4, matching SGLang's ``LlamaForCausalLMEagle3``):
   ``H_t`` aux chunk (low|mid|high), then ``fc``, in that order when both are on (both act only where ``fc`` does).
   ``norm_output``: the hidden handed to the next step (TTT unroll, chain) is the post-norm ``norm(r2)``, the
   "attention drift" fix of EAGLE 3.1, instead of the pre-norm ``r2``; the logits are the same either way.
+* ``attention=mla`` (``DraftConfig.attention``) puts DeepSeek's multi-head latent attention in the
+  layer instead (``eagle3.model.mla``, SGLang's ``Eagle3DeepseekV2ForCausalLM``); both attentions
+  hand ``attend`` per-head keys and values, whose widths may differ (MLA), so every cache below
+  serves both.
 * Token embeddings come from the frozen target ``embed_tokens`` and are passed in by the caller (``input_embeds``),
   so the (possibly huge) embedding table is never part of the trained, sharded or exported module.
 * RoPE follows the target's rope settings (``default``, ``linear`` and ``llama3`` scaling are implemented; other
@@ -84,6 +88,12 @@ class DraftConfig:
     fc_norm: bool = False  # EAGLE 3.1: RMSNorm per aux chunk before fc (module docstring)
     norm_output: bool = False  # EAGLE 3.1: the next step reads the post-norm hidden
     norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc
+    attention: str = "mha"  # "mla": latent attention (eagle3.model.mla), with the sizes below
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     @classmethod
     def from_target_config(
@@ -96,16 +106,31 @@ class DraftConfig:
         fc_norm: bool = False,
         norm_output: bool = False,
         norm_before_fc: bool = False,
+        attention: str = "mha",
+        **mla_sizes: int | None,
     ) -> DraftConfig:
         """Build from a transformers config (or its ``text_config``): H, heads, kv heads, head_dim, MLP, eps, rope.
 
-        ``max_position_embeddings`` is raised to at least the target's context; the EAGLE 3.1 flags are the draft's
-        own choice, not the target's.
+        ``max_position_embeddings`` is raised to at least the target's context; the EAGLE 3.1
+        flags and the attention (``mla_sizes``: ``q_lora_rank``... ``v_head_dim``, None for the
+        default) are the draft's own choice, not the target's.
         """
         target = getattr(target, "text_config", None) or target
         hidden = int(target.hidden_size)
         heads, kv_heads, head_dim = attention_shape(target)
-        theta, scaling = _rope_settings(target)
+        mla: dict[str, Any] = {}
+        if attention == "mla":
+            from eagle3.model.mla import mla_rope_settings, mla_shape
+
+            mla = mla_shape(target, **mla_sizes)
+            kv_heads, head_dim = heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+            theta, scaling = mla_rope_settings(target)
+        elif attention == "mha" and all(v is None for v in mla_sizes.values()):
+            theta, scaling = _rope_settings(target)
+        else:
+            raise ValueError(
+                f"attention={attention!r} with sizes {mla_sizes}: use 'mha', or 'mla' with sizes"
+            )
         target_ctx = int(getattr(target, "max_position_embeddings", 0) or 0)
         return cls(
             hidden_size=hidden,
@@ -123,6 +148,8 @@ class DraftConfig:
             fc_norm=fc_norm,
             norm_output=norm_output,
             norm_before_fc=norm_before_fc,
+            attention=attention,
+            **mla,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +225,8 @@ class RMSNorm(nn.Module):
 
 
 class DraftKVCache:
-    """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D]`` each.
+    """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D_k]``
+    and ``[B, kv_heads, S, D_v]`` (equal widths but for MLA).
 
     ``key_mask`` (``[B, S]`` bool over every key, including those the next forward appends) lets a batch hold rows of
     different lengths: a batched caller sets it before each forward and False keys (left padding) are never attended.
@@ -240,31 +268,44 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, key_mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offset: int,
+    key_mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """Queries at positions ``offset..offset+S-1`` over keys ``0..offset+S-1``; ``[B, h, S, D]`` out.
+    """Queries at positions ``offset..offset+S-1`` over keys ``0..offset+S-1``; ``[B, h, S, D_v]``.
 
     ``key_mask [B, total]`` hides padding keys; a query always sees its own key, so a padding query's row is never
-    all masked (its output is unused, but an all -inf row would be NaN)."""
+    all masked (its output is unused, but an all -inf row would be NaN). ``scale`` None is
+    ``1/sqrt(D_k)``; values may be narrower or wider than keys (MLA)."""
     s, total = q.shape[2], k.shape[2]
-    if key_mask is None and _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        out = _flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    flash = _flash_attn_func is not None and q.is_cuda and half
+    if key_mask is None and flash and k.shape[-1] == v.shape[-1]:
+        out = _flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                               softmax_scale=scale)
         return out.transpose(1, 2)  # flash-attn aligns the causal mask bottom-right, as we need
     groups = q.shape[1] // k.shape[1]
     if key_mask is None and offset == 0 and s == total:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups > 1)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=groups > 1, scale=scale
+        )
     mask = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(diagonal=total - s)  # [S, total]
     if key_mask is not None:
         own = torch.zeros(s, total, dtype=torch.bool, device=q.device)
         own[:, total - s :] = torch.eye(s, dtype=torch.bool, device=q.device)
         mask = mask & (key_mask[:, None, None, :].to(q.device) | own)  # [B, 1, S, total]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=groups > 1, scale=scale
+    )
 
 
-def _ttt_attention(q: torch.Tensor, cache: TTTCache) -> torch.Tensor:
+def _ttt_attention(q: torch.Tensor, cache: TTTCache, scale: float | None = None) -> torch.Tensor:
     """Exact softmax over step-0 keys ``<= t`` and the diagonal keys of steps ``1..k`` for each query ``t``."""
     groups = q.shape[1] // cache.k0.shape[1]
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     qf = q.float()
     k0, v0 = _expand_kv(cache.k0, groups).float(), _expand_kv(cache.v0, groups).float()
     t = q.shape[2]
@@ -276,10 +317,34 @@ def _ttt_attention(q: torch.Tensor, cache: TTTCache) -> torch.Tensor:
     ]  # k x [B, h, T, 1]
     all_scores = torch.cat([scores, *diag], dim=-1)  # [B, h, T, T + k]
     probs = torch.softmax(all_scores, dim=-1)
-    out = probs[..., :t] @ v0  # [B, h, T, T] x [B, h, T, D] -> [B, h, T, D]
+    out = probs[..., :t] @ v0  # [B, h, T, T] x [B, h, T, D_v] -> [B, h, T, D_v]
     for j, v in enumerate(cache.diag_v):
         out = out + probs[..., t + j : t + j + 1] * _expand_kv(v, groups).float()
     return out.to(q.dtype)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: DraftKVCache | TTTCache | None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The draft layer's attention of new queries ``[B, h, S, D_k]`` with their keys/values
+    (``[B, kv, S, D_k]``, ``[B, kv, S, D_v]``) through ``cache``: the TTT unroll, a decoding cache,
+    or none; ``[B, h, S, D_v]`` out."""
+    if isinstance(cache, TTTCache) and cache.k0 is not None:
+        cache.diag_k.append(k)
+        cache.diag_v.append(v)
+        return _ttt_attention(q, cache, scale)
+    offset = 0
+    if isinstance(cache, TTTCache):
+        cache.k0, cache.v0 = k, v
+    elif isinstance(cache, DraftKVCache):
+        offset = cache.length
+        k, v = cache.append(k, v)
+    key_mask = cache.key_mask if isinstance(cache, DraftKVCache) else None
+    return _causal_attention(q, k, v, offset, key_mask, scale)
 
 
 class DraftAttention(nn.Module):
@@ -304,19 +369,7 @@ class DraftAttention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, cache: DraftKVCache | TTTCache | None
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        q, k, v = self._project(x, positions)
-        if isinstance(cache, TTTCache) and cache.k0 is not None:
-            cache.diag_k.append(k)
-            cache.diag_v.append(v)
-            out = _ttt_attention(q, cache)
-        else:
-            offset = 0
-            if isinstance(cache, TTTCache):
-                cache.k0, cache.v0 = k, v
-            elif isinstance(cache, DraftKVCache):
-                offset = cache.length
-                k, v = cache.append(k, v)
-            out = _causal_attention(q, k, v, offset, cache.key_mask if isinstance(cache, DraftKVCache) else None)
+        out = attend(*self._project(x, positions), cache)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))  # [B, h, S, D] -> [B, S, H]
 
 
@@ -339,7 +392,12 @@ class DraftDecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DraftAttention(config)
+        if config.attention == "mla":
+            from eagle3.model.mla import MLAAttention
+
+            self.self_attn: nn.Module = MLAAttention(config)
+        else:
+            self.self_attn = DraftAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DraftMLP(config)
 

@@ -1,4 +1,5 @@
-"""The SGLang EAGLE-3 export format (``LlamaForCausalLMEagle3``): the one definition that writing, checking and
+"""The SGLang EAGLE-3 export format (``LlamaForCausalLMEagle3``, or ``Eagle3DeepseekV2ForCausalLM``
+for the MLA draft, ``eagle3.model.export_mla``): the one definition that writing, checking and
 loading an export directory all use.
 
 Why it is this strict: SGLang silently drops unknown keys and silently skips ``fc`` when the hidden widths match, so
@@ -16,6 +17,9 @@ a wrong export does not fail at load, it serves with accept length ~1. Hence:
   norm_before_fc: true`` adds ``input_norm.weight`` ``[3H_t]``, ``norm_output: true`` adds no weight. They are
   written only when on, so an EAGLE-3 export is unchanged. SGLang 0.5.23 drops a norm weight whose flag is absent
   without a word (a 3.1 draft then serves as a damaged 3.0 one), hence the key set follows the flags exactly.
+* A full-vocab draft (``vocab.draft_vocab_size`` = the target's vocab: ``draft_vocab_size ==
+  vocab_size``) has no ``d2t``/``t2d``: its ids are the target's, as in the published Kimi MLA
+  drafts, and SGLang then sees no reduced vocab (its rejection sampling refuses one).
 
 ``load_export`` reads what checks need (config, tensor shapes from the safetensors header, the vocab maps) without
 judging it; ``validate_export`` lists every problem, each naming the file and the fix; ``load_draft`` gives a
@@ -38,6 +42,17 @@ from safetensors.torch import load_file
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.draft import DraftConfig, DraftModel
+from eagle3.model.export_mla import (
+    EXPORT_LAYER,
+    MLA_ARCHITECTURE,
+    MLA_SIZES,
+    MODEL_LAYER,
+    is_mla,
+    mla_attention_shapes,
+    mla_config_fields,
+    mla_draft_fields,
+    rename_layer,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -95,34 +110,61 @@ def variant_problems(cfg: dict[str, Any], keys: Iterable[str]) -> list[str]:
     return problems
 
 
+def full_vocab(cfg: dict[str, Any]) -> bool:
+    """Whether the draft's vocab is the target's (no ``d2t``/``t2d`` in the export)."""
+    return cfg.get("draft_vocab_size") == cfg.get("vocab_size")
+
+
+def _mha_attention_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    h = cfg["hidden_size"]
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    return {
+        "self_attn.q_proj.weight": (q, 2 * h),  # attention reads cat([embed, hidden]): 2H
+        "self_attn.k_proj.weight": (kv, 2 * h),
+        "self_attn.v_proj.weight": (kv, 2 * h),
+        "self_attn.o_proj.weight": (h, q),
+    }
+
+
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The exact key set of ``model.safetensors`` and each tensor's shape, implied by an export ``config.json``.
 
     Raises ``KeyError`` naming a size field the config lacks."""
     h, th = cfg["hidden_size"], cfg.get("target_hidden_size", cfg["hidden_size"])
-    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    q, kv, inter = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
-    return norm_shapes(cfg) | {
-        "d2t": (cfg["draft_vocab_size"],),
-        "t2d": (cfg["vocab_size"],),
+    inter, mla = cfg["intermediate_size"], is_mla(cfg)
+    layer = (mla_attention_shapes(cfg) if mla else _mha_attention_shapes(cfg)) | {
+        "hidden_norm.weight": (h,),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (inter, h),
+        "mlp.up_proj.weight": (inter, h),
+        "mlp.down_proj.weight": (h, inter),
+    }
+    maps = {"d2t": (cfg["draft_vocab_size"],), "t2d": (cfg["vocab_size"],)}
+    maps = {} if full_vocab(cfg) else maps
+    return norm_shapes(cfg) | maps | {
         "fc.weight": (h, 3 * th),  # [H, 3*H_target]: fuses the three aux layers
         "lm_head.weight": (cfg["draft_vocab_size"], h),
         "norm.weight": (h,),
-        "midlayer.hidden_norm.weight": (h,),
-        "midlayer.input_layernorm.weight": (h,),
-        "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * h),  # attention reads cat([embed, hidden]): 2H
-        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, q),
-        "midlayer.mlp.gate_proj.weight": (inter, h),
-        "midlayer.mlp.up_proj.weight": (inter, h),
-        "midlayer.mlp.down_proj.weight": (h, inter),
-    }
+    } | {(EXPORT_LAYER if mla else MODEL_LAYER) + k: shape for k, shape in layer.items()}
+
+
+def attention_summary(cfg: dict[str, Any]) -> str:
+    """An export's attention and vocab in one line (its cards): MLA with its sizes, or MHA."""
+    vocab = f"draft vocab {cfg['draft_vocab_size']}"
+    vocab = "full target vocab (no d2t)" if full_vocab(cfg) else vocab
+    if is_mla(cfg):
+        sizes = ", ".join(f"{k} {cfg[k]}" for k in MLA_SIZES)
+        heads = f"{cfg['num_attention_heads']} heads"
+        return f"MLA (`{cfg['architectures'][0]}`, {heads}, {sizes}); {vocab}"
+    heads = f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} kv heads"
+    return f"MHA (`{cfg['architectures'][0]}`, {heads}); {vocab}"
 
 
 def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfloat16") -> dict[str, Any]:
-    """The ``config.json`` of an export: LlamaConfig fields of the draft plus the EAGLE-3 fields."""
+    """The ``config.json`` of an export: LlamaConfig fields of the draft plus the EAGLE-3 fields
+    (the MLA draft: its DeepSeek fields instead, ``export_mla.mla_config_fields``)."""
     cfg: dict[str, Any] = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -153,19 +195,31 @@ def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfl
         cfg["norm_output"] = True
     if draft.norm_before_fc:
         cfg["eagle_config"]["norm_before_fc"] = True
+    if draft.attention == "mla":
+        del cfg["head_dim"]
+        cfg |= mla_config_fields(draft, layer_ids)
     return cfg
 
 
 def draft_config_from_export(cfg: dict[str, Any]) -> DraftConfig:
     """The draft architecture an export ``config.json`` describes (the inverse of ``export_config``)."""
+    shape = mla_draft_fields(cfg) if is_mla(cfg) else {
+        "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]}
     return DraftConfig(
-        hidden_size=cfg["hidden_size"], target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
-        num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"],
-        rope_scaling=cfg.get("rope_scaling"), max_position_embeddings=cfg["max_position_embeddings"],
-        vocab_size=cfg["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
-        hidden_act=cfg.get("hidden_act", "silu"), **served_flags(cfg),
+        hidden_size=cfg["hidden_size"],
+        target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
+        num_attention_heads=cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"],
+        rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"],
+        rope_scaling=cfg.get("rope_scaling"),
+        max_position_embeddings=cfg["max_position_embeddings"],
+        vocab_size=cfg["vocab_size"],
+        draft_vocab_size=cfg["draft_vocab_size"],
+        hidden_act=cfg.get("hidden_act", "silu"),
+        **served_flags(cfg),
+        **shape,
     )
 
 
@@ -258,8 +312,11 @@ def non_finite_tensors(path: Path) -> list[str]:
 
 def _config_problems(cfg: dict[str, Any]) -> list[str]:
     problems = []
-    if cfg.get("architectures") != [ARCHITECTURE]:
-        problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{ARCHITECTURE!r}]")
+    if cfg.get("architectures") not in ([ARCHITECTURE], [MLA_ARCHITECTURE]):
+        problems.append(
+            f"architectures is {cfg.get('architectures')}, SGLang needs [{ARCHITECTURE!r}] "
+            f"(or [{MLA_ARCHITECTURE!r}] for an MLA draft)"
+        )
     if cfg.get("num_hidden_layers") != 1:
         problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, an EAGLE-3 draft has 1")
     if cfg.get("tie_word_embeddings") is not False:
@@ -270,8 +327,10 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
         problems.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}: write 3 ids (output_of_layer)")
     if eagle.get("use_aux_hidden_state") is not True:
         problems.append("eagle_config.use_aux_hidden_state must be true")
-    missing = [k for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                           "vocab_size", "draft_vocab_size", "max_position_embeddings") if k not in cfg]
+    sizes = MLA_SIZES if is_mla(cfg) else ("num_key_value_heads",)
+    needed = ("hidden_size", "num_attention_heads", *sizes, "intermediate_size", "vocab_size",
+              "draft_vocab_size", "max_position_embeddings")
+    missing = [k for k in needed if k not in cfg]
     problems += [f"lacks {k}" for k in missing]
     return problems
 
@@ -312,8 +371,12 @@ def load_draft(export_dir: Path) -> tuple[DraftModel, torch.Tensor, torch.Tensor
     if problems:
         raise ValueError(f"{export_dir} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
     cfg = json.loads((export_dir / CONFIG_FILE).read_text())
-    tensors = load_file(str(export_dir / WEIGHTS_FILE))
-    d2t, t2d = tensors.pop("d2t"), tensors.pop("t2d")
+    tensors = rename_layer(load_file(str(export_dir / WEIGHTS_FILE)), to_export=False)
+    if full_vocab(cfg):  # the target's ids: the identity maps
+        d2t = torch.zeros(cfg["vocab_size"], dtype=torch.int64)
+        t2d = torch.ones(cfg["vocab_size"], dtype=torch.bool)
+    else:
+        d2t, t2d = tensors.pop("d2t"), tensors.pop("t2d")
     model = DraftModel(draft_config_from_export(cfg))
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     return model.eval(), d2t, t2d, cfg

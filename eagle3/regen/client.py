@@ -189,6 +189,9 @@ class Client:
                         outcome = None  # the server answered sensibly: no ejection
                     if kind == "permanent":
                         raise BadRequestError(last)
+            except asyncio.CancelledError:
+                outcome = None  # the shard was stopped: not the server's failure (no ejection)
+                raise
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             finally:

@@ -19,7 +19,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from eagle3.data.parquet import (
     shard_metadata,
     write_table,
 )
-from eagle3.data.template import TemplateError, load_local_tokenizer, template_hash
+from eagle3.data.template import TemplateError, template_hash
 from eagle3.regen.client import Client, RetriesExhausted
 from eagle3.regen.conversation import SampleContext, failed_row, regenerate, source_row
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
@@ -43,6 +42,7 @@ from eagle3.regen.stop import running_shard
 from eagle3.rundir.integrity import verify_files
 from eagle3.rundir.layout import shard_name
 from eagle3.rundir.runroot import MANIFEST, atomic_write_text
+from eagle3.target_io import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -84,17 +84,6 @@ class ShardReport:
         return asdict(self)
 
 
-@lru_cache(maxsize=4)
-def load_tokenizer(path: str) -> Any:
-    """The target's tokenizer: a plain fast one without AutoTokenizer's torch import (``load_local_tokenizer``)."""
-    local = load_local_tokenizer(path)
-    if local is not None:
-        return local
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
 def regen_shard(
     config: PipelineConfig, plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
 ) -> ShardReport:
@@ -113,7 +102,7 @@ async def regen_shard_async(
     prompts = plan.prompt_shard(index)  # damaged prompts never reach the target; normalize redoes all or nothing
     verify_files([prompts], rebuild=f"rm {prompts.parent / MANIFEST} && eagle3 normalize")
     cfg, start = config.regen, time.monotonic()
-    tokenizer = load_tokenizer(config.target.model_path)
+    tokenizer = load_tokenizer(config.target)
     if cfg.answers == "source":
         return _source_shard(config, plan, index, tokenizer, on_result, start)
     pool = shared_pool(servers, cfg)

@@ -23,17 +23,17 @@ from typing import Any, ClassVar
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import shard_is_valid
-from eagle3.data.template import tokenizer_imports
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
 from eagle3.regen.schema import REGEN_SCHEMA
 from eagle3.regen.shard import DROPPED, FAILED, ShardReport, regen_shard, report_from_shard
 from eagle3.regen.status import regen_status
-from eagle3.regen.stop import stop_shards_on_signals
+from eagle3.regen.stop import shards_stop_with_the_run
 from eagle3.rundir.layout import REGEN_INPUT, shard_name, write_failed_shards
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.stage import OnProgress, Progress, Stage, StageResult, Unit, UnitReport
+from eagle3.target_io import tokenizer_imports
 
 REPORT_FIELDS = ("ok", "truncated", "dropped", "failed", "pretokenized", "completion_tokens", "round_trip_failures",
                  "mask_fallbacks", "history_rewritten", "tool_replay_stops")  # fmt: skip
@@ -80,14 +80,14 @@ class RegenStage(Stage[RegenPlan]):
 
     @contextmanager
     def resources(self, config: PipelineConfig, plan: RegenPlan) -> Iterator[list[str]]:
-        with regen_servers(config, log_dir=plan.out_dir) as servers, stop_shards_on_signals():
+        with regen_servers(config, log_dir=plan.out_dir) as servers, shards_stop_with_the_run():
             yield servers
 
     def max_in_flight(self, config: PipelineConfig) -> int:
         return config.regen.shards_in_flight
 
     def unit_imports(self, config: PipelineConfig) -> tuple[str, ...]:
-        return tokenizer_imports(config.target.model_path)  # each shard renders with the target's tokenizer
+        return tokenizer_imports(config.target)  # each shard renders with the target's tokenizer
 
     def concurrency_limits(self, config: PipelineConfig) -> list[str]:
         return server_limit_names(config.regen.servers)

@@ -58,7 +58,6 @@ CKPT_DIR = "ckpt"
 EXPORT_DIR = "export"
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.jsonl"
-CHAMPION_POINTER = "registry/promoted.json"  # the champion (``eagle3.gate.registry`` writes it; train reads it)
 
 _SHARD_RE = re.compile(r"^(?P<kind>[a-z]+)-(?P<index>\d{5})\.parquet$")
 SHARD_GLOB = "shard-[0-9][0-9][0-9][0-9][0-9].parquet"

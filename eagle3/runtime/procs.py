@@ -5,6 +5,7 @@ A reference server, an SGLang arm or a training worker left running after ``eagl
 a GPU and, on a laptop, both CPU cores; the next run then starts a second copy next to it. ``die_with_parent`` is a
 ``preexec_fn`` asking Linux to SIGTERM the child when its parent dies (``PR_SET_PDEATHSIG``), even on SIGKILL.
 Elsewhere it does nothing and an orphan is cleaned up by its own next write to a closed pipe or by hand.
+How a run stops on a signal (its children first) is ``eagle3.runtime.stop``.
 
 ``yield_cpu`` is for the threads that decode and encode next to a compute step on the same CPU (the loader's
 readers, the capture's writer): a step of several intra-op threads waits for the slowest one, so a helper thread
@@ -20,6 +21,7 @@ import socket
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -42,3 +44,11 @@ def die_with_parent() -> None:
     """
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def adopt_orphans() -> None:
+    """Make this process the parent of its orphaned descendants (``PR_SET_CHILD_SUBREAPER``; Linux,
+    a no-op elsewhere): a server's worker whose server died stays in this process's tree, where
+    ``eagle3.runtime.stop.reap`` finds it, instead of moving to init."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)

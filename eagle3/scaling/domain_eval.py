@@ -27,9 +27,10 @@ from typing import Any
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import open_shard
 from eagle3.data.schema import PROMPT_SCHEMA
-from eagle3.gate.registry import draft_id
+from eagle3.registry import draft_id
 from eagle3.rundir.runroot import atomic_write_json
 from eagle3.scaling.selection import DomainPool, domain_of
+from eagle3.target_io import load_causal_lm, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +81,13 @@ def eval_prompts(config: PipelineConfig, eval_path: Path) -> dict[str, list[list
 def measure_offline(config: PipelineConfig, draft_dir: Path, eval_path: Path) -> dict[str, dict[str, Any]]:
     """The draft's ``by_set`` over the eval set, one set per domain (CPU, reference speculative decoder)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.data.template import render_prompt
     from eagle3.gate.offline_accept import evaluate_acceptance
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
-    target_cfg = config.target
-    tokenizer = AutoTokenizer.from_pretrained(target_cfg.model_path, revision=target_cfg.revision)
-    target = AutoModelForCausalLM.from_pretrained(target_cfg.model_path, revision=target_cfg.revision,
-                                                  dtype=getattr(torch, target_cfg.dtype))  # fmt: skip
+    tokenizer = load_tokenizer(config.target)
+    target = load_causal_lm(config.target, dtype=getattr(torch, config.target.dtype))
     decoder = SpeculativeDecoder(target, tokenizer, Path(draft_dir), config.speculative.num_steps)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     by_set = {}

@@ -21,9 +21,9 @@ from typing import Any
 from pydantic import Field
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate.registry import Registry
 from eagle3.regen.plan import regen_dir_for
 from eagle3.regen.shard import report_from_shard
+from eagle3.registry import Registry
 from eagle3.rundir.layout import shard_name
 from eagle3.rundir.runroot import Manifest
 from eagle3.scaling.allocation import DomainState, allocate, plan_markdown

@@ -186,6 +186,7 @@ class NightSummary(Frozen):
     draft: TrainedDraft
     gate: GateOutcome
     curve: Curve
-    features_mode: str | None = None  # how train.features was decided (``eagle3.online.costs.choose_features``)
+    # how train.features was decided (``eagle3.capture.costs.choose_features``)
+    features_mode: str | None = None
     target: str = ""  # target.model_path: the summary names the model the night served
     sources: tuple[str, ...] = ()  # the sources' labels: the data it regenerated

@@ -8,9 +8,10 @@ Design choices:
 - The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both
 ``eagle3.serve.reference`` and
   ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage never choose one.
-- The child dies with its parent (``eagle3.runtime.procs.die_with_parent``) and runs in its own process group, which is
-  stopped as a whole (SIGTERM, then SIGKILL) on exit or error: no server, nor a worker it spawned, outlives the
-  command that started it.
+- The child is started by ``eagle3.runtime.stop.spawn``: it dies with its parent and runs in its own
+  process group, which is stopped as a whole (SIGTERM, then SIGKILL) on exit, on error and as soon
+  as the run is stopped (Ctrl-C, SIGTERM): no server, nor a worker it spawned, outlives the command
+  that started it.
 - Output goes to a log file, never a pipe, so a chatty server cannot block on a full pipe; a server that exits or
   stays unhealthy during start-up raises ``LaunchError`` naming the log and quoting its tail.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from eagle3.runtime.procs import die_with_parent, free_port
+from eagle3.runtime.procs import free_port
+from eagle3.runtime.stop import raise_if_stopped, spawn, stop_child
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +95,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting %s: %s (log %s)", self.name, " ".join(self.argv), self.log_path)
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-                env=self.env,
-            )
+            self._proc = spawn(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         try:
             self._wait_healthy(self._proc)
         except BaseException:
@@ -112,6 +106,7 @@ class ServerProcess:
     def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.health_timeout_s
         while not is_healthy(self.url):
+            raise_if_stopped(f"starting {self.name}")
             if proc.poll() is not None:
                 raise LaunchError(
                     f"{self.name} exited with code {proc.returncode} before it was healthy; "
@@ -138,19 +133,8 @@ class ServerProcess:
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Stop the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                logger.warning("%s ignored %s in %.0fs, escalating", self.name, sig.name, wait_s)
+        if self._proc is not None:
+            stop_child(self._proc, grace_s=grace_s, name=self.name)
 
 
 def reference_server(

@@ -187,3 +187,46 @@ def load_checkpoint(path: Path, *, rank: int = 0) -> Checkpoint:
         trainer=trainer,
         rank_state=json.loads(rank_file.read_text()),
     )
+
+
+def full_states(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sharded: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Full model and optimizer state, gathered from the ranks when ``sharded`` (FSDP); the
+    optimizer's is keyed by parameter name (the format DCP uses for FSDP)."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict as get_optim
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optim_state = get_optim(model, optimizer, options=options)
+        return get_model_state_dict(model, options=options), optim_state
+    names = [name for name, _ in model.named_parameters()]
+    optim = optimizer.state_dict()
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]]
+    state = {names[i]: v for i, v in optim["state"].items()}
+    return model.state_dict(), {"state": state, "param_groups": groups}
+
+
+def load_full_states(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Any],
+    optim_state: dict[str, Any],
+    *,
+    sharded: bool,
+) -> None:
+    """Load what ``full_states`` returned (into each rank's shards when ``sharded``)."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict as set_optim
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        set_model_state_dict(model, model_state, options=options)
+        set_optim(model, optimizer, optim_state, options=options)
+        return
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    model.load_state_dict(model_state)
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in optim_state["param_groups"]]
+    state = {index[name]: v for name, v in optim_state["state"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

@@ -45,13 +45,17 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.model.export_format import CONFIG_FILE, WEIGHTS_FILE, draft_config_from_export, validate_export
-from eagle3.rundir.layout import CHAMPION_POINTER
+from eagle3.model.export_mla import rename_layer
+from eagle3.registry import Registry
+from eagle3.rundir.layout import stage_dir
 from eagle3.rundir.runroot import Manifest, atomic_path, atomic_write_json
+from eagle3.target_io import load_hf_config
+from eagle3.train.identity import draft_config_for, draft_fingerprint
 
 START_FILE = "start.json"  # in a draft dir: how the draft starts and which rows it trains on (before training)
 TRAINED_ON = "trained_on.json"  # in a draft dir and its export: the feature shards the draft has seen
 CHAMPION_VOCAB = "vocab.safetensors"  # in a champion-started draft dir: the champion's maps
-SCRATCH_FIX = "or set train.init=scratch for tonight"
+SCRATCH_FIX = "set train.init=scratch for tonight"
 NEW_NORMS = ("fc_norm.", "input_norm.")  # the tensors EAGLE 3.1 adds to an EAGLE-3 draft (eagle3.model.draft)
 
 logger = logging.getLogger(__name__)
@@ -99,7 +103,8 @@ class Start:
 
     @classmethod
     def read(cls, draft_dir: Path) -> Start:
-        """The start recorded in a draft dir; none recorded: scratch (drafts from before issue 49)."""
+        """The start recorded in a draft dir; none recorded: scratch (a draft trained before starts
+        were recorded)."""
         path = Path(draft_dir) / START_FILE
         return cls(**json.loads(path.read_text())) if path.exists() else cls()
 
@@ -117,8 +122,9 @@ def planned_start_line(config: PipelineConfig) -> str:
     """The plan's line before regen: which init tonight asks for and the champion it would build on."""
     if config.train.init == "scratch":
         return "- training: `train.init=scratch` (a fresh draft on every row so far)"
-    champion = read_champion(config.root_path)
-    on = f"champion `{champion['draft_id']}`" if champion else "no champion yet (this night trains from scratch)"
+    champion = Registry(config.root_path).read_pointer()
+    none = "no champion yet (this night trains from scratch)"
+    on = f"champion `{champion.draft_id}`" if champion else none
     return (f"- training: `train.init=champion` on {on}, replay share {config.train.replay:g}, "
             f"lr x {config.train.champion_lr_scale:g}")  # fmt: skip
 
@@ -147,19 +153,20 @@ def plan_start(config: PipelineConfig, features_dir: Path, *, vocab_name: str = 
     night whose own draft is the champion."""
     if config.train.init == "scratch":
         return Start()
-    champion = read_champion(config.root_path)
+    registry = Registry(config.root_path)
+    champion = registry.read_pointer()
     if champion is None:
         return Start(note="train.init=champion, but no draft has been promoted yet")
-    export, champion_id = Path(champion["draft_dir"]), champion["draft_id"]
+    export, champion_id = Path(champion.draft_dir), champion.draft_id
     if not export.exists():
-        raise ChampionError(f"train.init=champion: {config.root_path / CHAMPION_POINTER} points at {export}, which "
-                            f"is gone: restore it or promote another draft ({SCRATCH_FIX})")  # fmt: skip
+        raise ChampionError(f"train.init=champion: {registry.pointer} points at {export}, which "
+                            f"is gone: restore it or promote another draft, or {SCRATCH_FIX}")
     cfg = check_champion(config, export, champion_id)
     if cfg["draft_vocab_size"] != config.vocab.draft_vocab_size:
         return Start(note=f"a new vocab mapping is needed: vocab.draft_vocab_size={config.vocab.draft_vocab_size}, "
                           f"the champion's is {cfg['draft_vocab_size']}")  # fmt: skip
-    seen = _seen(config, export, champion.get("source_dir", ""), champion_id)
-    own = _own_start(config, Path(features_dir), vocab_name, champion.get("source_dir", ""), seen)
+    seen = _seen(config, export, champion.source_dir, champion_id)
+    own = _own_start(config, Path(features_dir), vocab_name, champion.source_dir, seen)
     if own is not None:
         return own
     start = _replay_plan(config, Path(features_dir), seen, champion_id, str(export))
@@ -176,9 +183,6 @@ def _own_start(config: PipelineConfig, features_dir: Path, vocab_name: str, sour
     it): it trained on exactly tonight's shards, and that start puts tonight's draft fingerprint in its draft dir."""
     if not source_dir or seen != trained_on(features_dir):
         return None
-    from eagle3.rundir.layout import stage_dir
-    from eagle3.train.trainer import draft_fingerprint
-
     draft_dir, start = Path(source_dir).parent, Start.read(Path(source_dir).parent)
     fp = draft_fingerprint(config, features_dir.name, vocab_name, start.identity())
     if stage_dir(config.root_path, "train", fp).resolve() != draft_dir.resolve():
@@ -187,19 +191,14 @@ def _own_start(config: PipelineConfig, features_dir: Path, vocab_name: str, sour
     return start
 
 
-def read_champion(root: Path) -> dict[str, Any] | None:
-    """The champion pointer (``draft_id``, ``draft_dir``: the registry's copy, ``source_dir``), None before the
-    first promotion. Read here rather than through ``eagle3.gate.registry``, which sits above ``train``."""
-    path = Path(root) / CHAMPION_POINTER
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def check_champion(config: PipelineConfig, export: Path, champion_id: str) -> dict[str, Any]:
     """The champion's ``config.json`` once it is a valid export of this target's draft architecture and layers."""
     where = f"train.init=champion: the champion {champion_id} ({export})"
     problems = validate_export(export)
     if problems:
-        raise ChampionError(f"{where} is not a valid export ({problems[0]}): promote a valid draft {SCRATCH_FIX}")
+        raise ChampionError(
+            f"{where} is not a valid export ({problems[0]}): promote a valid draft or {SCRATCH_FIX}"
+        )
     cfg = json.loads((export / CONFIG_FILE).read_text())
     target = config.target
     target_h = cfg.get("target_hidden_size", cfg["hidden_size"])
@@ -209,7 +208,7 @@ def check_champion(config: PipelineConfig, export: Path, champion_id: str) -> di
     layers = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if layers != config.export_layer_ids:
         raise ChampionError(f"{where} reads aux layers {layers}, this config captures {config.export_layer_ids}: "
-                            f"train on features of the champion's layers {SCRATCH_FIX}")  # fmt: skip
+                            f"train on features of the champion's layers or {SCRATCH_FIX}")
     _check_architecture(config, export, cfg, where)
     return cfg
 
@@ -219,14 +218,14 @@ def _tensor_shapes(config: PipelineConfig, export: Path, cfg: dict[str, Any]) ->
     from safetensors import safe_open
 
     from eagle3.model.draft import DraftModel
-    from eagle3.train.trainer import draft_config_for, hf_target_config
 
-    ours = draft_config_for(config, hf_target_config(config), draft_vocab_size=cfg["draft_vocab_size"])
+    hf_config = load_hf_config(config.target)
+    ours = draft_config_for(config, hf_config, draft_vocab_size=cfg["draft_vocab_size"])
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in DraftModel(ours).state_dict().items()}
     with safe_open(str(export / WEIGHTS_FILE), framework="pt") as fh:
         names = [k for k in list(fh.keys()) if k not in ("d2t", "t2d")]
-        have = {k: tuple(fh.get_slice(k).get_shape()) for k in names}
+        have = rename_layer({k: tuple(fh.get_slice(k).get_shape()) for k in names}, to_export=False)
     return have, want
 
 
@@ -257,8 +256,10 @@ def _seen(config: PipelineConfig, export: Path, source_dir: str, champion_id: st
                 raise ChampionError(f"train.init=champion: the champion {champion_id} was trained for target "
                                     f"{record['target']}, not {_target_id(config)}: {SCRATCH_FIX}")  # fmt: skip
             return dict(record["shards"])
-    raise ChampionError(f"train.init=champion: the champion {champion_id} has no {TRAINED_ON} (promoted before "
-                        f"issue 49, its data is unknown): promote a draft trained since {SCRATCH_FIX}")  # fmt: skip
+    raise ChampionError(
+        f"train.init=champion: the champion {champion_id} has no {TRAINED_ON} (its data is "
+        f"unknown): promote a draft that records it, or {SCRATCH_FIX}"
+    )
 
 
 def _replay_plan(config: PipelineConfig, features_dir: Path, seen: dict[str, str], champion_id: str,
@@ -273,7 +274,7 @@ def _replay_plan(config: PipelineConfig, features_dir: Path, seen: dict[str, str
     new_rows = sum(shards[name].rows for name in new)
     if new_rows == 0:
         raise ChampionError(f"train.init=champion: the champion {champion_id} has trained on every row of "
-                            f"{features_dir}: add prompts tonight (--scale) {SCRATCH_FIX}")  # fmt: skip
+                            f"{features_dir}: add prompts tonight (--scale) or {SCRATCH_FIX}")
     ids = {name: _sample_ids(features_dir / shards[name].path) for name in old}
     where = {sid: (name, row) for name in old for row, sid in enumerate(ids[name])}
     chosen = replay_sample(list(where), new_rows, config.train.replay, seed=config.train.seed)
@@ -302,6 +303,10 @@ def write_champion_vocab(start: Start, path: Path) -> Path:
     """The champion's ``d2t``/``t2d`` as tonight's vocab file (what the trainer and export read)."""
     assert start.champion_dir is not None
     tensors = load_file(str(Path(start.champion_dir) / WEIGHTS_FILE))
+    if "d2t" not in tensors:  # a full-vocab champion: the identity maps
+        vocab = json.loads((Path(start.champion_dir) / CONFIG_FILE).read_text())["vocab_size"]
+        tensors = {"d2t": torch.zeros(vocab, dtype=torch.int64),
+                   "t2d": torch.ones(vocab, dtype=torch.bool)}
     with atomic_path(Path(path)) as tmp:
         save_file({"d2t": tensors["d2t"].long(), "t2d": tensors["t2d"].bool()}, str(tmp))
     return Path(path)
@@ -310,5 +315,5 @@ def write_champion_vocab(start: Start, path: Path) -> Path:
 def champion_weights(start: Start) -> dict[str, torch.Tensor]:
     """The champion's draft weights (float32, no vocab maps): tonight's step-0 weights."""
     assert start.champion_dir is not None
-    tensors = load_file(str(Path(start.champion_dir) / WEIGHTS_FILE))
+    tensors = rename_layer(load_file(str(Path(start.champion_dir) / WEIGHTS_FILE)), to_export=False)
     return {k: v.float() for k, v in tensors.items() if k not in ("d2t", "t2d")}

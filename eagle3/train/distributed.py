@@ -11,16 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from eagle3.runtime.procs import die_with_parent
+from eagle3.runtime.stop import raise_if_stopped, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -110,29 +108,19 @@ def wrap_for_training(objective: nn.Module, *, parallel: str, info: DistInfo, bf
     raise ValueError(f"train.parallel={parallel!r} is unknown: set it to 'ddp' or 'fsdp'")
 
 
-def worker_command(
-    config_yaml: Path, features: Path, vocab: Path, out_dir: Path, *, nproc: int = 1, nnodes: int = 1,
-    node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500,
-) -> list[str]:
-    """The command that starts training: ``torchrun ... -m eagle3.train ...``, or plain python for one process."""
-    worker = ["-m", "eagle3.train", "--config-yaml", str(config_yaml), "--features", str(features),
-              "--vocab", str(vocab), "--out", str(out_dir)]
-    if nproc == 1 and nnodes == 1:
-        return [sys.executable, *worker]
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
-                f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
-    return [*launcher, *worker]
-
-
 def run_workers(command: list[str], on_line: Callable[[str], None], *, env: dict[str, str] | None = None) -> int:
     """Run the training command, handing every output line (stdout and stderr merged) to ``on_line``.
 
     Returns the exit code; the caller decides whether a non-zero code is a failure to retry (a retry resumes from
     the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps).
+    Raises ``Stopped`` when the run was stopped (``eagle3.runtime.stop``: the workers got SIGTERM),
+    which is never retried.
     """
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env={**os.environ, **(env or {})}, preexec_fn=die_with_parent) as proc:
+    with spawn(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+               env={**os.environ, **(env or {})}) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-        return proc.wait()
+        code = proc.wait()
+    raise_if_stopped("training")
+    return code

@@ -1,4 +1,5 @@
-"""The export stage: a training checkpoint -> the SGLang ``LlamaForCausalLMEagle3`` directory, plus a model card
+"""The export stage: a training checkpoint -> the SGLang ``LlamaForCausalLMEagle3`` directory (the
+MLA draft's ``Eagle3DeepseekV2ForCausalLM``, ``eagle3.model.export_mla``), plus a model card
 (with the Hub's metadata; ``eagle3 push`` publishes the gated champion, ``eagle3.gate.publish``).
 
 The format itself (file names, exact key set and shapes, the vocab maps, validation) is
@@ -28,15 +29,17 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.errors import DataError
 from eagle3.model.draft import DraftConfig
 from eagle3.model.export_format import (
-    ARCHITECTURE,
     CARD_FILE,
     CONFIG_FILE,
     WEIGHTS_FILE,
+    attention_summary,
     export_config,
     front_matter,
+    full_vocab,
     served_flags,
     validate_export,
 )
+from eagle3.model.export_mla import is_mla, rename_layer
 from eagle3.rundir.layout import CKPT_DIR, METRICS_FILE
 from eagle3.rundir.runroot import Manifest
 from eagle3.train.checkpoint import LATEST, latest_checkpoint
@@ -101,6 +104,7 @@ def _model_card(config: PipelineConfig, cfg: dict[str, Any], summary: dict[str, 
         f"warmup {train.warmup_ratio}, grad clip {train.grad_clip}, epochs {train.epochs}, batch {train.batch_size}, "
         f"precision {train.precision}, parallel {train.parallel} x {train.nproc}",
         f"- objective `{train.loss}`; draft variant {_variant(cfg)}",
+        f"- attention: {attention_summary(cfg)}",
         f"- steps trained: {summary.get('step')}",
         "",
         "## Metrics (last logged step)",
@@ -168,9 +172,12 @@ def export_draft(
     vocab = load_file(str(vocab_path))
     dtype = "float32" if config.train.precision == "fp32" else "bfloat16"
     tensors = {k: v.to(torch.float32 if dtype == "float32" else torch.bfloat16) for k, v in weights.items()}
-    tensors |= {"d2t": vocab["d2t"].long(), "t2d": vocab["t2d"].bool()}
     cfg = export_config(draft, export_layer_ids(config, features_manifest), dtype=dtype)
+    if is_mla(cfg):
+        tensors = rename_layer(tensors, to_export=True)
+    if not full_vocab(cfg):
+        tensors |= {"d2t": vocab["d2t"].long(), "t2d": vocab["t2d"].bool()}
     card = _model_card(config, cfg, _training_summary(step_path, trainer_state["step"], features_manifest))
     export_dir = _write_validated(Path(export_dir), tensors, cfg, card)
-    logger.info("exported draft %s (%s) to %s", step_path.name, ARCHITECTURE, export_dir)
+    logger.info("exported draft %s (%s) to %s", step_path.name, cfg["architectures"][0], export_dir)
     return export_dir

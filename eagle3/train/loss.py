@@ -25,6 +25,7 @@ from torch import nn
 from eagle3.capture.head import head_logits
 from eagle3.config.train import LossKind
 from eagle3.model.draft import DraftModel, TTTCache
+from eagle3.train.identity import DraftInputs
 from eagle3.train.objectives import position_loss
 
 
@@ -99,6 +100,20 @@ def step_masks(
     return torch.stack(
         [(shift_left(valid, 2 + k) & shift_left(in_vocab, 1 + k)).float() for k in range(steps)]
     )
+
+
+def prepare_batch(
+    batch: dict[str, torch.Tensor], inputs: DraftInputs, steps: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batch as the objective reads it (``inputs`` already on ``device``): input ids, aux
+    states, the target distribution over the draft vocab, the per-step masks and the attention
+    mask."""
+    ids = batch["input_ids"].to(device).long()
+    aux = batch["aux_hidden"].to(device).float()
+    attn = batch["attention_mask"].to(device).bool()
+    probs, in_vocab = batch_target(batch, inputs.head.lm_head, inputs.draft_ids)
+    masks = step_masks(batch["loss_mask"].to(device), attn, in_vocab, steps)
+    return ids, aux, probs, masks, attn
 
 
 class TTTObjective(nn.Module):

@@ -1,12 +1,15 @@
-"""The vocab stage (DESIGN §4 "Draft vocab"): select which target ids the draft's ``lm_head`` can emit.
+"""The vocab stage: select which target ids the draft's ``lm_head`` can emit.
 
-* Counts are taken over loss-masked positions only (the tokens the draft is trained to predict), from regen or
-  feature shards (both carry ``input_ids`` + ``loss_mask``).
-* The draft vocab is the top ``draft_vocab_size`` ids by count, ties broken by the lower id, then sorted ascending.
-  When fewer distinct ids were seen, it is padded with the lowest unseen ids, so the size is always the configured
-  one (the draft's ``lm_head`` shape is fixed by config); it can never exceed the target vocab.
-* The maps of the selected ids follow the export format (``eagle3.model.export_format.vocab_maps``) and are saved
-  with the ``counts`` they came from (``eagle3.model.vocab``).
+* Counts are taken over loss-masked positions only (the tokens the draft is trained to predict),
+  over the samples the draft trains on: the feature shards, or, for online training, the samples the
+  online plan takes from the regen shards (the admitted rows capture would write), so one night
+  selects one vocab either way.
+* The draft vocab is the top ``draft_vocab_size`` ids by count, ties broken by the lower id, then
+  sorted ascending. When fewer distinct ids were seen, it is padded with the lowest unseen ids, so
+  the size is always the configured one (the draft's ``lm_head`` shape is fixed by config); it can
+  never exceed the target vocab.
+* The maps of the selected ids follow the export format (``eagle3.model.export_format.vocab_maps``)
+  and are saved with the ``counts`` they came from (``eagle3.model.vocab``).
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import pyarrow.compute as pc
 import torch
 
 from eagle3.capture.shard import feature_shards
+from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import open_shard
 from eagle3.model.export_format import vocab_maps
 from eagle3.model.vocab import DraftVocab, save_vocab
 from eagle3.rundir.integrity import checked_read
-from eagle3.rundir.layout import VOCAB_FILE, feature_set_fingerprint, stage_dir
+from eagle3.rundir.layout import VOCAB_FILE, stage_dir
 from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
@@ -102,20 +106,36 @@ def vocab_fingerprint(config: PipelineConfig, features_fp: str) -> str:
     return fingerprint("vocab", features_fp, config.vocab.draft_vocab_size, config.target.vocab_size)
 
 
-def build_vocab_stage(config: PipelineConfig, features_dir: Path) -> Path:
-    """Count, select and save the draft vocab of a finished features stage; returns the vocab file
+def loss_token_counts(config: PipelineConfig, features: FeatureSource) -> torch.Tensor:
+    """Occurrences of each target id at loss-masked positions of the samples trained on (module
+    docstring)."""
+    if not features.online:
+        shards = feature_shards(features.features_dir)
+        return count_tokens(shards, vocab_size=config.target.vocab_size)
+    from eagle3.train.online.plan import OnlinePlan
+
+    assert features.regen_dir is not None
+    plan = OnlinePlan.for_night(config, features.regen_dir, world_size=1)
+    counts = np.zeros(config.target.vocab_size, dtype=np.int64)
+    for sample in (s for group in plan.groups for s in group):
+        ids = np.asarray(sample.input_ids, dtype=np.int64)[np.asarray(sample.loss_mask, dtype=bool)]
+        counts += np.bincount(ids, minlength=len(counts))
+    return torch.from_numpy(counts)
+
+
+def build_vocab_stage(config: PipelineConfig, features: FeatureSource) -> Path:
+    """Count, select and save the draft vocab of the samples trained on; returns the vocab file
     ``<root>/vocab/<fp>/vocab.safetensors`` (what the trainer and export load).
 
     Skipped when that directory's manifest exists and its files verify."""
-    features_dir = Path(features_dir)
-    shards = feature_shards(features_dir)
-    # Keyed on the shards the manifest lists, not the directory: nightly runs add shards to one features directory.
-    out_dir = stage_dir(config.root_path, "vocab", vocab_fingerprint(config, feature_set_fingerprint(features_dir)))
+    # Keyed on the samples, not the directory: nightly runs add shards to one features directory.
+    fp = vocab_fingerprint(config, features.samples_fingerprint())
+    out_dir = stage_dir(config.root_path, "vocab", fp)
     done = Manifest.read(out_dir)
     if done is not None and not done.verify(out_dir):
         logger.info("draft vocab %s already built; skipping", out_dir)
         return out_dir / VOCAB_FILE
-    counts = count_tokens(shards, vocab_size=config.target.vocab_size)
+    counts = loss_token_counts(config, features)
     vocab = build_vocab(counts, config.vocab.draft_vocab_size)
     path = save_vocab(vocab, out_dir / VOCAB_FILE)
     stats = {
@@ -125,35 +145,40 @@ def build_vocab_stage(config: PipelineConfig, features_dir: Path) -> Path:
         "draft_vocab_size": vocab.draft_vocab_size,
         "top_tokens": top_tokens(counts, 20),
     }
-    Manifest(stage="vocab", fingerprint=out_dir.name, files=[FileEntry.of(path, rows=vocab.draft_vocab_size,
-             base=out_dir)], config={"vocab": config.vocab.model_dump(), "features": str(features_dir)},
-             stats=stats).write(out_dir)
+    where = features.regen_dir if features.online else features.features_dir
+    origin = {"regen" if features.online else "features": str(where)}
+    entry = FileEntry.of(path, rows=vocab.draft_vocab_size, base=out_dir)
+    config_record = {"vocab": config.vocab.model_dump(), **origin}
+    manifest = Manifest(
+        stage="vocab", fingerprint=fp, files=[entry], config=config_record, stats=stats
+    )
+    manifest.write(out_dir)
     logger.info("draft vocab: %d ids, coverage %.4f of loss tokens", vocab.draft_vocab_size, stats["coverage"])
     return path
 
 
 class VocabPlan(Plan):
-    features_dir: Path
+    features: FeatureSource
 
 
 class VocabStage(Stage[VocabPlan]):
-    """The vocab stage as one unit (``eagle3.stage``): the draft vocab of a finished features stage."""
+    """The vocab stage as one unit (``eagle3.stage``): the draft vocab of the samples the draft
+    trains on."""
 
     name = "vocab"
-    inputs: ClassVar[dict[str, str]] = {"features_dir": "capture"}
+    inputs: ClassVar[dict[str, str]] = {"features": "features"}
 
-    def plan(self, config: PipelineConfig, *, features_dir: Path) -> VocabPlan:
-        # Keyed on the shards the manifest lists, not the directory: nightly runs add shards to one features dir.
-        fp = vocab_fingerprint(config, feature_set_fingerprint(features_dir))
-        return VocabPlan(stage=self.name, fingerprint=fp, out_dir=stage_dir(config.root_path, "vocab", fp),
-                         features_dir=Path(features_dir))  # fmt: skip
+    def plan(self, config: PipelineConfig, *, features: FeatureSource) -> VocabPlan:
+        fp = vocab_fingerprint(config, features.samples_fingerprint())
+        out_dir = stage_dir(config.root_path, "vocab", fp)
+        return VocabPlan(stage=self.name, fingerprint=fp, out_dir=out_dir, features=features)
 
     def run_unit(
         self, config: PipelineConfig, plan: VocabPlan, unit: Unit, *, env: Any = None,
         on_progress: OnProgress | None = None,
     ) -> UnitReport:  # fmt: skip
         skipped = Manifest.read(plan.out_dir) is not None
-        path = build_vocab_stage(config, plan.features_dir)
+        path = build_vocab_stage(config, plan.features)
         return UnitReport(unit=unit, skipped=skipped, rows=config.vocab.draft_vocab_size, detail={"path": str(path)})
 
     def unit_output(self, plan: VocabPlan, unit: Unit) -> Path:

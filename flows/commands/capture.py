@@ -31,27 +31,30 @@ def _capture_poll(regen_dir: Path, features_dir: Path, shard_ids: list[int] | No
     return poll
 
 
+def capture(
+    regen_dir: Path | None = typer.Option(None, "--regen-dir", help="Regen stage dir (default: this config's)."),
+    shard_ids: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+) -> None:
+    """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
+    from eagle3.capture.stage import features_dir_for
+    from eagle3.lineage import Lineage
+
+    cfg = resolve_config(recipe, config, set_, stages=("capture",))
+    regen = Lineage(cfg).input("regen", regen_dir)
+    features_dir = features_dir_for(cfg, regen)
+    ids = list(shard_ids) if shard_ids else None
+    console.print(f"regen {regen} -> features {features_dir}")
+    with prefect_api(meanwhile=lambda: importlib.import_module("flows.capture")), \
+            watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):  # fmt: skip
+        from flows.capture import capture_flow
+
+        state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
+    source = flow_result(state)  # failed shards: their list and the re-trigger command
+    typer.echo(f"features: {source.shards_dir or 'none captured: ' + source.why}")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("capture")
-    def capture(
-        regen_dir: Path | None = typer.Option(None, "--regen-dir", help="Regen stage dir (default: this config's)."),
-        shard_ids: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
-        recipe: str = RecipeOption,
-        config: Path | None = ConfigOption,
-        set_: list[str] | None = SetOption,
-    ) -> None:
-        """Capture the target's hidden states for the regen shards into feature shards (a Prefect flow)."""
-        from eagle3.capture.stage import features_dir_for
-        from eagle3.lineage import Lineage
-
-        cfg = resolve_config(recipe, config, set_)
-        regen = Lineage(cfg).input("regen", regen_dir)
-        features_dir = features_dir_for(cfg, regen)
-        ids = list(shard_ids) if shard_ids else None
-        console.print(f"regen {regen} -> features {features_dir}")
-        with prefect_api(meanwhile=lambda: importlib.import_module("flows.capture")), \
-                watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):  # fmt: skip
-            from flows.capture import capture_flow
-
-            state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)
-        typer.echo(f"features: {flow_result(state)}")  # failed shards: their list and the re-trigger command
+    app.command("capture")(capture)

@@ -10,6 +10,15 @@ this command starts, waits for up to ``PREFECT_STARTUP_TIMEOUT_S`` (a busy 2-cor
 own 20 s) and stops on exit, and that dies with the command even on ``kill -9``
 (``eagle3.runtime.procs.die_with_parent``,
 as the reference server and the training workers do).
+The server runs in a process group of its own, so a Ctrl-C or a SIGTERM to the command's group
+leaves it up until the flow runs are marked Crashed; if it dies anyway (an OOM kill), the command
+ends at once with one line naming the cause and the command that resumes, instead of minutes of
+Prefect's client retries against a server that will not come back.
+
+:func:`prefect_api` also makes the command stoppable (``stopping``): SIGINT or SIGTERM, to the
+process or its group, stops the run (``eagle3.runtime.stop``: no new unit, no promotion after the
+signal, every child process gone) and exits 130 or 143 within ``EXIT_WITHIN_S``, with one line
+saying how to resume.
 
 A command that runs a long flow shows a progress bar (:func:`watch_progress`) polled from a library status function
 that reads the stage's files, so the flow needs no hook for it and the bar matches ``<stage> status`` output and the
@@ -28,6 +37,7 @@ Exit codes, the same for every command:
 * ``eagle3 serve`` (argparse, like SGLang's launcher): ``2`` for a bad flag, a missing ``--model`` directory or a
   port already in use; one line either way.
 * ``3`` (``EXIT_INCONCLUSIVE``): ``eagle3 gate`` could not tell, noise or a failed sanity check; nothing promoted.
+* ``130`` / ``143``: stopped by SIGINT (Ctrl-C) / SIGTERM; the same command resumes.
 
 An expected failure prints one ``error: <message>`` line on stderr and no traceback (``--verbose`` logs it):
 commands raise ``CliError`` (or let the library's input and config errors propagate) and ``ErrorHandlingGroup``,
@@ -43,6 +53,8 @@ import copy
 import json
 import logging
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -71,6 +83,11 @@ logger = logging.getLogger(__name__)
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
+
+# The longest a stopped command takes to exit (Ctrl-C, SIGTERM): its children get SIGTERM at once
+# and SIGKILL after ``eagle3.runtime.stop.CHILD_GRACE_S``; past this, or on a second Ctrl-C, every
+# descendant is SIGKILLed and the command exits at once (what the pipeline writes survives kill -9).
+EXIT_WITHIN_S = 30.0
 
 # Seconds a temporary Prefect API server may take to answer (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
 # when set, wins): Prefect's own 20 s default fails stage commands on a busy machine.
@@ -108,6 +125,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     # a pinned wheel absent, unreachable or altered; no gguf package, or a conversion that differs
     ("eagle3.worlds.packaged", "PackagedFileError", EXIT_USAGE),
     ("eagle3.worlds.gguf_target", "GGUFError", EXIT_USAGE),
+    ("eagle3.errors", "Stopped", EXIT_FAILED),  # a stopped unit (the command exits 130 / 143)
 )
 
 
@@ -196,9 +214,18 @@ def bad_input(*kinds: type[Exception]) -> Iterator[None]:
         raise CliError(str(exc)) from exc
 
 
-def resolve_config(recipe: str, config: Path | None, overrides: list[str] | None) -> PipelineConfig:
-    """The config of ``--config`` (a YAML file) or else ``--recipe``, with the ``--set`` overrides."""
-    return resolve(config if config is not None else recipe, overrides)
+def resolve_config(
+    recipe: str, config: Path | None, overrides: list[str] | None, *, stages: Sequence[str] = ()
+) -> PipelineConfig:
+    """The config of ``--config`` (a YAML file) or else ``--recipe``, with the ``--set`` overrides.
+    ``stages``: the stages the command runs, whose packages are checked now
+    (``eagle3.requirements``): a missing extra exits 2 in one line before anything starts."""
+    resolved = resolve(config if config is not None else recipe, overrides)
+    if stages:
+        from eagle3.requirements import check_requirements
+
+        check_requirements(resolved, stages)
+    return resolved
 
 
 def print_table(title: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -309,16 +336,50 @@ def prefect_api(*, meanwhile: Callable[[], object] | None = None) -> Iterator[No
         temporary_settings,
     )
 
-    if PREFECT_API_URL.value():
-        if meanwhile is not None:
-            meanwhile()
-        yield
-        return
-    updates: dict[Any, Any] = {}
-    if "heartbeat_frequency" not in get_current_settings().flows.model_fields_set:
-        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
-    with _temporary_server(meanwhile) as api_url, temporary_settings({PREFECT_API_URL: api_url, **updates}):
-        yield
+    with stopping():
+        if PREFECT_API_URL.value():
+            if meanwhile is not None:
+                meanwhile()
+            yield
+            return
+        updates: dict[Any, Any] = {}
+        if "heartbeat_frequency" not in get_current_settings().flows.model_fields_set:
+            updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+        with _temporary_server(meanwhile) as api_url:
+            updates[PREFECT_API_URL] = api_url
+            with temporary_settings(updates):
+                yield
+
+
+def resume_command() -> str:
+    """The command line this process runs, as a user types it again to resume."""
+    return shlex.join(["eagle3", *sys.argv[1:]])
+
+
+@contextmanager
+def stopping(*, resumable: bool = True) -> Iterator[None]:
+    """SIGINT or SIGTERM stops the block (``eagle3.runtime.stop``); once the flow runs are marked
+    Crashed and the block has unwound, what is left of the command's descendants is reaped and the
+    command exits ``128 + signal`` with one line saying how long the stop took and how to resume.
+    The exit is certain within ``EXIT_WITHIN_S``."""
+    from eagle3.runtime.stop import reap, stop_on_signals, stop_requested
+
+    with stop_on_signals(exit_within_s=EXIT_WITHIN_S):
+        try:
+            yield
+        except BaseException:
+            request = stop_requested()
+            if request is None:
+                raise
+            left = reap()
+            took = time.monotonic() - request.at
+            line = f"stopped by {request.reason} in {took:.1f} s"
+            line += f" (also ended: {', '.join(left)})" if left else ""
+            if resumable:
+                line += (": no unit started and nothing was promoted after the signal. Finished "
+                         f"work is kept; the same command resumes: {resume_command()}")
+            console.print(line, soft_wrap=True)
+            raise typer.Exit(request.exit_code) from None
 
 
 @contextmanager
@@ -337,7 +398,8 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
     timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", PREFECT_STARTUP_TIMEOUT_S))
     api_url = f"http://127.0.0.1:{port}/api"
     console.print(f"prefect: starting a temporary API server on {api_url} (set PREFECT_API_URL to reuse one)")
-    server = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    server = subprocess.Popen(command, env=env, preexec_fn=die_with_parent, start_new_session=True)
+    watching = threading.Event()
     try:
         deadline = time.monotonic() + timeout_s
         if meanwhile is not None:
@@ -351,8 +413,12 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
                                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS or set PREFECT_API_URL to a "
                                "running server", code=EXIT_FAILED)  # fmt: skip
             time.sleep(0.2)
+        watching.set()
+        watch = threading.Thread(target=_exit_if_lost, args=(server, watching), daemon=True)
+        watch.start()
         yield api_url
     finally:
+        watching.clear()
         _drain_to(server)
         server.terminate()
         try:
@@ -360,6 +426,33 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _exit_if_lost(server: subprocess.Popen[bytes], watching: threading.Event) -> None:
+    """While ``watching`` is set, check every half second that the temporary API server is up; if it
+    died (an OOM kill, a ``kill``), stop the run, reap its processes and exit 1 with one line naming
+    the cause and the command that resumes: every flow and task run would otherwise retry each call
+    against it for minutes (``PREFECT_CLIENT_MAX_RETRIES``) before crashing."""
+    from eagle3.runtime.stop import reap, request_stop
+
+    while watching.is_set() and server.poll() is None:
+        time.sleep(0.5)
+    if not watching.is_set():
+        return  # the command is stopping it itself
+    code = server.returncode
+    cause = f"exited with code {code}"
+    if code < 0:
+        cause = f"was killed by {signal.Signals(-code).name}"
+        cause += " (out of memory, or kill -9)" if -code == signal.SIGKILL else ""
+    request_stop("the loss of Prefect's temporary API server")
+    reap()
+    console.print(
+        f"[red]error:[/red] Prefect's temporary API server (pid {server.pid}) {cause}, and the run "
+        "cannot record its progress without it: stopped. Finished work is kept; the same command "
+        f"resumes: {resume_command()}",
+        soft_wrap=True,
+    )
+    os._exit(EXIT_FAILED)
 
 
 def _drain_to(server: subprocess.Popen[bytes]) -> None:

@@ -48,28 +48,29 @@ def _search(query: str, min_rows: int, licenses: str | None, limit: int) -> None
     print_table(f"Hub datasets matching {query!r}", found)
 
 
+def discover_cmd(
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+    search: str | None = typer.Option(None, "--search", help="Search the Hub instead (e.g. 'instruct')."),
+    min_rows: int = typer.Option(0, "--min-rows", help="With --search: at least this many rows."),
+    license_: str | None = typer.Option(None, "--license", help="With --search: allowed licenses, a,b."),
+    limit: int = typer.Option(20, "--limit", help="With --search: at most this many results."),
+) -> None:
+    """Resolve the configured sources into the catalog (revision, files, rows, format, license)."""
+    if search:
+        _search(search, min_rows, license_, limit)
+        return
+    cfg = resolve_config(recipe, config, set_)
+    with prefect_api(meanwhile=lambda: importlib.import_module("flows.discover")), spinner("discover"):
+        from flows.discover import discover_flow
+
+        out = discover_flow(cfg)
+    typer.echo(f"catalog: {out}/catalog.json")
+
+
 def register(app: typer.Typer) -> None:
     datasets = typer.Typer(help="The dataset catalog.", no_args_is_help=True)
     datasets.command("list")(_list_datasets)
     app.add_typer(datasets, name="datasets")
-
-    @app.command("discover")
-    def discover_cmd(
-        recipe: str = RecipeOption,
-        config: Path | None = ConfigOption,
-        set_: list[str] | None = SetOption,
-        search: str | None = typer.Option(None, "--search", help="Search the Hub instead (e.g. 'instruct')."),
-        min_rows: int = typer.Option(0, "--min-rows", help="With --search: at least this many rows."),
-        license_: str | None = typer.Option(None, "--license", help="With --search: allowed licenses, a,b."),
-        limit: int = typer.Option(20, "--limit", help="With --search: at most this many results."),
-    ) -> None:
-        """Resolve the configured sources into the catalog (revision, files, rows, format, license)."""
-        if search:
-            _search(search, min_rows, license_, limit)
-            return
-        cfg = resolve_config(recipe, config, set_)
-        with prefect_api(meanwhile=lambda: importlib.import_module("flows.discover")), spinner("discover"):
-            from flows.discover import discover_flow
-
-            out = discover_flow(cfg)
-        typer.echo(f"catalog: {out}/catalog.json")
+    app.command("discover")(discover_cmd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from flows.commands.common import (
     prefect_api,
     resolve_config,
     results,
+    stopping,
 )
 
 if TYPE_CHECKING:  # eagle3.gate.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
@@ -32,14 +32,10 @@ EngineOption = typer.Option("sglang", "--engine", help="sglang (SGLang: on GPUs,
 
 
 def _default_draft(root: Path) -> Path | None:
-    from eagle3.gate.registry import Registry
+    from eagle3.registry import Registry
 
     champion = Registry(root).champion()
     return Path(champion.draft_dir) if champion else None
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def launch_sglang(
@@ -69,17 +65,14 @@ def launch_sglang(
     if not run:
         typer.echo(command.shell())
         return
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
     try:
-        with command.server() as server:
+        # Ctrl-C or `kill` stops the server, then exits 130 / 143
+        with stopping(resumable=False), command.server() as server:
             console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
             code = server.wait()
     except LaunchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        console.print("stopped")
-        return
     raise typer.Exit(code)
 
 
@@ -121,13 +114,10 @@ def preflight(
 
 
 def _runtime(cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float) -> list[Check]:
-    from transformers import AutoTokenizer
-
     from eagle3.gate import preflight as pf
-    from eagle3.gate.prompts import load_gate_prompts
+    from eagle3.gate.release import gate_prompts
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target.model_path, revision=cfg.target.revision)
-    prompts = load_gate_prompts(cfg.gate.prompt_sets, tokenizer, per_set=max(1, n))[:n]
+    prompts = gate_prompts(cfg, per_set=max(1, n))[:n]
     with console.status(f"runtime preflight against {url}"):
         return pf.run_runtime(url, [list(p.input_ids) for p in prompts], export_dir=draft, min_accept=min_accept)
 
@@ -146,11 +136,8 @@ def gate(
 ) -> None:
     """Benchmark drafts against the baseline (and the champion) in interleaved rounds; PASS promotes (exit 0), FAIL
     exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
-    cfg = resolve_config(recipe, config, set_)
-    if not baseline_url:  # the arms are launched on server.engine
-        from eagle3.serve.launch_commands import check_engine
-
-        check_engine(cfg)
+    launches = () if baseline_url else ("gate",)  # the arms are launched on server.engine
+    cfg = resolve_config(recipe, config, set_, stages=launches)
     with prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")), \
             console.status("running the gate (see the Prefect UI for progress)"):  # fmt: skip
         from flows.gate import gate_flow

@@ -52,11 +52,11 @@ def _warm_up(config: PipelineConfig) -> None:
     import importlib
     from contextlib import suppress
 
-    from eagle3.regen.shard import load_tokenizer
+    from eagle3.target_io import load_tokenizer
 
     importlib.import_module("flows.regen")
     with suppress(Exception):  # a warm-up only: the shard raises the same error in its place
-        load_tokenizer(config.target.model_path)
+        load_tokenizer(config.target)
 
 
 def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> StageResult:
@@ -99,44 +99,46 @@ def _status(
     )
 
 
+def regen(
+    ctx: typer.Context,
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+    prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: this config's)."),
+    shard: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
+) -> None:
+    """Run the regen flow (without a subcommand)."""
+    if ctx.invoked_subcommand is None:
+        cfg = resolve_config(recipe, config, set_, stages=("regen",))
+        run_flow(cfg, list(shard) if shard else None, prompts)
+
+
+def retry_shards(
+    run: Path = RunOption,
+    failed: bool = typer.Option(False, "--failed", help="Rerun the shards in failed_shards.json."),
+    shard: list[int] | None = typer.Option(None, "--shard", help="Rerun these shard ids (repeatable)."),
+    set_: list[str] | None = SetOption,
+) -> None:
+    """Rerun failed (or given) regen shards with the stage's saved config."""
+    from eagle3.recipes import resolve
+    from eagle3.regen.plan import read_plan
+    from eagle3.rundir.layout import CONFIG_FILE, PLAN_FILE, find_input, read_failed_shards
+
+    regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
+                           marker=PLAN_FILE)  # fmt: skip
+    ids = list(shard or [])
+    if failed:
+        ids += read_failed_shards(regen_dir)
+    if not ids:
+        console.print("nothing to retry (no failed shards; pass --failed or --shard N)")
+        return
+    prompts = read_plan(regen_dir).prompts_dir
+    run_flow(resolve(regen_dir / CONFIG_FILE, list(set_ or [])), sorted(set(ids)), prompts)
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Regenerate the prompts with the target (the regen flow).", invoke_without_command=True)
-
-    @group.callback()
-    def regen(
-        ctx: typer.Context,
-        recipe: str = RecipeOption,
-        config: Path | None = ConfigOption,
-        set_: list[str] | None = SetOption,
-        prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: this config's)."),
-        shard: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
-    ) -> None:
-        """Run the regen flow (without a subcommand)."""
-        if ctx.invoked_subcommand is None:
-            run_flow(resolve_config(recipe, config, set_), list(shard) if shard else None, prompts)
-
+    group.callback()(regen)
     group.command("status")(_status)
     app.add_typer(group, name="regen")
-
-    @app.command("retry-shards")
-    def retry_shards(
-        run: Path = RunOption,
-        failed: bool = typer.Option(False, "--failed", help="Rerun the shards in failed_shards.json."),
-        shard: list[int] | None = typer.Option(None, "--shard", help="Rerun these shard ids (repeatable)."),
-        set_: list[str] | None = SetOption,
-    ) -> None:
-        """Rerun failed (or given) regen shards with the stage's saved config."""
-        from eagle3.recipes import resolve
-        from eagle3.regen.plan import read_plan
-        from eagle3.rundir.layout import CONFIG_FILE, PLAN_FILE, find_input, read_failed_shards
-
-        regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
-                               marker=PLAN_FILE)  # fmt: skip
-        ids = list(shard or [])
-        if failed:
-            ids += read_failed_shards(regen_dir)
-        if not ids:
-            console.print("nothing to retry (no failed shards; pass --failed or --shard N)")
-            return
-        prompts = read_plan(regen_dir).prompts_dir
-        run_flow(resolve(regen_dir / CONFIG_FILE, list(set_ or [])), sorted(set(ids)), prompts)
+    app.command("retry-shards")(retry_shards)

@@ -37,38 +37,39 @@ ScaleOption = typer.Option(
 ShardsOption = typer.Option(None, "--shard", help="Only these prompt shard ids (repeatable); default: planned.")
 
 
+def run(
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+    scale: int | None = ScaleOption,
+    shard: list[int] | None = ShardsOption,
+) -> None:
+    """Run the pipeline (discover -> ... -> gate); with the tiny recipe its first task builds (or reuses) the
+    tiny world."""
+    from eagle3.requirements import STAGES
+
+    # a config error exits 2 here, before Prefect starts; so does a mode whose extra is missing
+    cfg = resolve_config(recipe, config, set_, stages=STAGES)
+    console.print(f"run root: {cfg.root_path}")
+    if cfg.dev.tiny_world:
+        built = "built (or reused) by the run's first task, which logs where"
+        console.print(f"{cfg.dev.world} world: {built}")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
+    with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
+        from flows.pipeline import data_scaling
+
+        state = data_scaling(
+            recipe=str(config) if config else recipe,
+            overrides=list(set_ or []),
+            scale=scale,
+            shard_ids=list(shard) if shard else None,
+            return_state=True,
+        )
+        _report(state)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("run")
-    def run(
-        recipe: str = RecipeOption,
-        config: Path | None = ConfigOption,
-        set_: list[str] | None = SetOption,
-        scale: int | None = ScaleOption,
-        shard: list[int] | None = ShardsOption,
-    ) -> None:
-        """Run the pipeline (discover -> ... -> gate); with the tiny recipe its first task builds (or reuses) the
-        tiny world."""
-        cfg = resolve_config(recipe, config, set_)  # a config error exits 2 here, before Prefect starts
-        from eagle3.serve.launch_commands import check_engine
-
-        check_engine(cfg)  # so is server.engine=sglang on a CPU without the SGLang runtime
-        console.print(f"run root: {cfg.root_path}")
-        if cfg.dev.tiny_world:
-            built = "built (or reused) by the run's first task, which logs where"
-            console.print(f"{cfg.dev.world} world: {built}")
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
-        with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
-            from flows.pipeline import data_scaling
-
-            state = data_scaling(
-                recipe=str(config) if config else recipe,
-                overrides=list(set_ or []),
-                scale=scale,
-                shard_ids=list(shard) if shard else None,
-                return_state=True,
-            )
-            _report(state)
-
+    app.command("run")(run)
     app.command("plan")(plan)
 
 

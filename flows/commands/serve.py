@@ -10,14 +10,16 @@ from __future__ import annotations
 import typer
 
 
+def serve(ctx: typer.Context) -> None:
+    """The reference server (SGLang HTTP subset): eagle3 serve --model PATH --port P [...]; --help for flags."""
+    from eagle3.serve.reference.cli import main
+
+    main(list(ctx.args))
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(
+    app.command(
         "serve",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
         add_help_option=False,
-    )
-    def serve(ctx: typer.Context) -> None:
-        """The reference server (SGLang HTTP subset): eagle3 serve --model PATH --port P [...]; --help for flags."""
-        from eagle3.serve.reference.cli import main
-
-        main(list(ctx.args))
+    )(serve)

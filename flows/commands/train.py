@@ -1,15 +1,19 @@
-"""``eagle3 train`` (runs the train flow: torchrun workers + export), ``eagle3 export`` and ``eagle3 eval``
-(quick, library only)."""
+"""``eagle3 train`` (runs the train flow: torchrun workers + export, on stored or online features),
+``eagle3 export`` and ``eagle3 eval`` (quick, library only)."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.stage import Progress
+
+if TYPE_CHECKING:
+    from eagle3.capture.stage import FeatureSource
 from flows.commands.common import (
     ConfigOption,
     Poll,
@@ -37,28 +41,31 @@ def train(
 ) -> None:
     """Train the draft (torchrun workers when --nproc > 1), then export it for SGLang; resumes automatically."""
     overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
-    cfg = resolve_config(recipe, config, overrides)
+    cfg = resolve_config(recipe, config, overrides, stages=("train", "export"))
     from eagle3.lineage import Lineage
 
     lineage = Lineage(cfg)
-    features = lineage.input("capture", features)
-    vocab = lineage.input("vocab", vocab, features_dir=features)
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.train")), \
-            watch_progress("train", _train_poll(cfg, features, vocab)):  # fmt: skip
+    # --features: those stored shards; else train.features decided
+    source = lineage.features(features)
+    vocab = lineage.input("vocab", vocab, features=source)
+    with (
+        prefect_api(meanwhile=lambda: importlib.import_module("flows.train")),
+        watch_progress("train", _train_poll(cfg, source, vocab)),
+    ):
         from flows.train import train_flow
 
-        result = train_flow(cfg, str(features), str(vocab))
+        result = train_flow(cfg, source, str(vocab))
     results.print(f"[green]draft exported[/green]: {result.export}")
 
 
-def _train_poll(cfg: PipelineConfig, features: Path, vocab: Path) -> Poll:
+def _train_poll(cfg: PipelineConfig, features: FeatureSource, vocab: Path) -> Poll:
     """Steps done / planned from the trainer's ``metrics.jsonl`` (the train stage's progress) with the last loss
     and accept-length estimate, for :func:`watch_progress`."""
     from eagle3.train.metrics import METRICS_FILE, describe_record, read_metrics
     from eagle3.train.stage import TrainStage
 
     stage = TrainStage()
-    plan = stage.plan(cfg, features_dir=features, vocab=vocab)
+    plan = stage.plan(cfg, features=features, vocab=vocab)
 
     def poll() -> tuple[Progress, str] | None:
         records = read_metrics(plan.out_dir / METRICS_FILE)
@@ -105,23 +112,21 @@ def evaluate(
     """Offline acceptance: greedy chain speculation with the HF target; prints accept length."""
     import torch
     from rich.progress import Progress
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.gate.offline_accept import evaluate_acceptance, load_prompt_file
     from eagle3.model.export_format import validate_export
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
+    from eagle3.target_io import load_causal_lm, load_tokenizer
 
     problems = validate_export(draft)  # before loading the target: a broken export fails in a second
     if problems:
         console.print(f"[red]error:[/red] {draft} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
         raise typer.Exit(1)
     cfg = resolve_config(recipe, config, set_)
-    target_path = cfg.target.model_path
-    tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.target.revision)
+    tokenizer = load_tokenizer(cfg.target)
     # the prompts before the target: a bad file fails at once
     prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
-    target = AutoModelForCausalLM.from_pretrained(target_path, revision=cfg.target.revision,
-                                                  dtype=getattr(torch, cfg.target.dtype))
+    target = load_causal_lm(cfg.target, dtype=getattr(torch, cfg.target.dtype))
     decoder = SpeculativeDecoder(target, tokenizer, draft, cfg.speculative.num_steps, aux)  # type: ignore[arg-type]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     with Progress(console=console) as progress:

@@ -1,5 +1,7 @@
-"""``eagle3 vocab [--stats]``: the draft vocabulary of a features stage, built in this process (the library's
-``build_vocab_stage``: one quick unit; the nightly flow runs it as the vocab flow, ``flows/vocab.py``)."""
+"""``eagle3 vocab [--stats]``: the draft vocabulary of a features stage (or, for online training, of
+the samples the online plan takes from the regen stage), built in this process (the library's
+``build_vocab_stage``: one quick unit; the nightly flow runs it as the vocab flow,
+``flows/vocab.py``)."""
 
 from __future__ import annotations
 
@@ -11,39 +13,42 @@ import typer
 from flows.commands.common import ConfigOption, RecipeOption, SetOption, bad_input, print_table, resolve_config, results
 
 if TYPE_CHECKING:
+    from eagle3.config.target import TargetConfig
     from eagle3.model.vocab import DraftVocab
 
 
+def vocab(
+    features: Path | None = typer.Option(None, "--features", help="Features stage dir (default: this config's)."),
+    stats: bool = typer.Option(False, "--stats", help="Print coverage and the most frequent tokens."),
+    top: int = typer.Option(20, help="How many top tokens --stats shows."),
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
+) -> None:
+    """Build the draft vocabulary (top target ids over loss-masked tokens) from a features stage."""
+    from eagle3.lineage import Lineage
+    from eagle3.model.vocab import load_vocab
+    from eagle3.train.vocab import build_vocab_stage
+
+    cfg = resolve_config(recipe, config, set_)
+    # --features: those stored shards; else train.features decided
+    source = Lineage(cfg).features(features)
+    with bad_input(ValueError):  # a malformed feature shard (ids out of range, lengths differ)
+        path = build_vocab_stage(cfg, source)
+    typer.echo(str(path))
+    if stats:
+        _print_stats(cfg.target, load_vocab(path), top)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("vocab")
-    def vocab(
-        features: Path | None = typer.Option(None, "--features", help="Features stage dir (default: this config's)."),
-        stats: bool = typer.Option(False, "--stats", help="Print coverage and the most frequent tokens."),
-        top: int = typer.Option(20, help="How many top tokens --stats shows."),
-        recipe: str = RecipeOption,
-        config: Path | None = ConfigOption,
-        set_: list[str] | None = SetOption,
-    ) -> None:
-        """Build the draft vocabulary (top target ids over loss-masked tokens) from a features stage."""
-        from eagle3.lineage import Lineage
-        from eagle3.model.vocab import load_vocab
-        from eagle3.train.vocab import build_vocab_stage
-
-        cfg = resolve_config(recipe, config, set_)
-        features_dir = Lineage(cfg).input("capture", features)
-        with bad_input(ValueError):  # a malformed feature shard (ids out of range, lengths differ)
-            path = build_vocab_stage(cfg, features_dir)
-        typer.echo(str(path))
-        if stats:
-            _print_stats(cfg.target.model_path, load_vocab(path), top)
+    app.command("vocab")(vocab)
 
 
-def _print_stats(model_path: str, vocab: DraftVocab, top: int) -> None:
-    from transformers import AutoTokenizer
-
+def _print_stats(target: TargetConfig, vocab: DraftVocab, top: int) -> None:
+    from eagle3.target_io import load_tokenizer
     from eagle3.train.vocab import coverage, top_tokens
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(target)
     counts = vocab.counts
     seen = int((counts > 0).sum())
     results.print(f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "

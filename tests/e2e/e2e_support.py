@@ -296,6 +296,31 @@ class WebhookReceiver:
         self.server.shutdown()
 
 
+MARKER = "EAGLE3_TEST_MARKER"  # set in a command's environment: every process it starts inherits it
+
+
+def sigint_as_on_a_terminal() -> None:
+    """``preexec_fn`` of a command the test stops with SIGINT: the default SIGINT action, even when
+    the tests run in the background (a script's ``cmd &`` starts them with SIGINT ignored, which
+    children inherit)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def marked_processes(marker: str) -> list[Any]:
+    """Every live process whose environment carries ``MARKER=marker``: a command's descendants,
+    those that were re-parented or left its process group too."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARKER) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # exited meanwhile
+            continue
+    return found
+
+
 def eagle3(args: list[str], env: dict[str, str], *, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
     """Run the ``eagle3`` CLI to completion (output captured for assertions)."""
     return subprocess.run(

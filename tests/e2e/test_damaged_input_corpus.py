@@ -25,6 +25,7 @@ import pytest
 
 from eagle3.capture.schema import FEATURE_SCHEMA
 from eagle3.capture.shard import capture_shard, finalize_features
+from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import with_overrides
 from eagle3.data.parquet import ShardWriter
 from eagle3.data.schema import PROMPT_SCHEMA
@@ -83,7 +84,7 @@ def stages(tiny_config, write_regen_stage, tmp_path_factory) -> Stages:
              files=[FileEntry.of(shard, rows=8, base=regen)]).write(regen)  # fmt: skip
     features = root / "features" / "featfp"
     finalize_features(config, features, [capture_shard(config, shard, features)["shard_index"]])
-    vocab = build_vocab_stage(config, features)
+    vocab = build_vocab_stage(config, FeatureSource.stored(features))
     return Stages(root, prompts, regen, features, vocab)
 
 

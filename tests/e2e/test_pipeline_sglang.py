@@ -5,14 +5,26 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from e2e_support import BIN, FAST_TINY, REPO, base_env
+from e2e_support import (
+    BIN,
+    FAST_TINY,
+    MARKER,
+    REPO,
+    base_env,
+    marked_processes,
+    sigint_as_on_a_terminal,
+)
 
 from eagle3.gate.accept import ACCEPT_LENGTH_FIELD
 from eagle3.serve.launch_commands import CPU_LAUNCHER
@@ -29,7 +41,7 @@ def night(tiny_world: Any, sglang_python: Path, tmp_path_factory: pytest.TempPat
         args += ["--set", override]
     env = base_env(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")))
     done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=2400)
-    return {"root": root, "done": done}
+    return {"root": root, "done": done, "args": args, "env": env}
 
 
 def test_the_night_ends_with_the_gates_verdict_never_a_crash(night):
@@ -97,3 +109,36 @@ def _reference_accepts(root: Path, arms: dict[str, Any]) -> dict[str, float]:
         accepts[aux] = result["accept_length"]
     assert accepts["eagle3"] > accepts["last_hidden_only"], accepts  # the draft learned from the aux layers
     return accepts
+
+
+def test_ctrl_c_during_an_sglang_gate_leaves_no_sglang_process_nor_promotion(night, tmp_path):
+    """The night's gate again (fewer prompts: another gate; every other stage is done), stopped by
+    SIGINT to the command's process group once the baseline arm (real SGLang, its scheduler and
+    detokenizer processes) is up and the candidate's is starting."""
+    from flows.commands.common import EXIT_WITHIN_S
+
+    def registry() -> dict[str, bytes]:
+        files = (night["root"] / "registry").glob("*")
+        return {p.name: p.read_bytes() for p in files if p.is_file()}
+
+    champion = registry()
+    marker, log = uuid.uuid4().hex, tmp_path / "gate.log"
+    args, env = [*night["args"], "--set", "gate.prompts_per_set=3"], night["env"] | {MARKER: marker}
+    detached = {"start_new_session": True, "preexec_fn": sigint_as_on_a_terminal}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=out, stderr=out, **detached)
+    deadline = time.monotonic() + 900
+    while b"baseline server (sglang) healthy" not in log.read_bytes():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    running = [" ".join(p.cmdline()) for p in marked_processes(marker)]
+    assert any("sglang" in cmd for cmd in running), running
+    os.killpg(proc.pid, signal.SIGINT)
+    code = proc.wait(EXIT_WITHIN_S + 15)
+    left = marked_processes(marker)
+    for p in left:
+        p.kill()
+    assert code == 128 + signal.SIGINT, log.read_text()[-3000:]
+    assert not left, f"left running: {[' '.join(p.cmdline()) for p in left]}"
+    assert registry() == champion, "a promotion was written after the stop"
+    assert len(list((night["root"] / "gate").glob("*/manifest.json"))) == 1  # the night's gate only

@@ -21,7 +21,8 @@ def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "vocab.draft_vocab_size=64"])
     regen = write_regen_stage(config.root_path / "regen" / "flowfp", rows=4, seed=5)
     assert capture_progress(regen, features_dir_for(config, regen)) == Progress(done=0, total=8)  # the CLI's bar
-    features = Path(capture_flow(config, regen_dir=str(regen)))
+    source = capture_flow(config, regen_dir=str(regen))
+    features = source.features_dir
     assert features == features_dir_for(config, regen)
     assert capture_progress(regen, features).percent == 100.0
     assert capture_progress(regen, features, shard_ids=[1]) == Progress(done=4, total=4)
@@ -34,5 +35,5 @@ def test_capture_flow_then_vocab_flow(tiny_config, write_regen_stage, tmp_path, 
     assert rerun.exit_code == 0, rerun.output
     assert rerun.stdout.strip() == f"features: {features}"
     assert {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*.parquet")} == stamp  # nothing redone
-    vocab = Path(vocab_flow(config, str(features)))
+    vocab = Path(vocab_flow(config, source))
     assert vocab.exists() and Manifest.read(vocab.parent).stats["draft_vocab_size"] == 64

@@ -311,3 +311,55 @@ def test_sglang_on_a_cpu_without_its_runtime_exits_2_in_one_line_before_any_work
     line = _assert_one_error_line(result)
     assert "bash infra/dev.sh sglang" in line and "SGLang 0.5.23" in line
     assert not (tmp_path / "run").exists()  # nothing ran
+
+
+@pytest.fixture
+def int4_target(tiny_world, tmp_path: Path) -> Path:
+    """A checkpoint directory whose config.json says compressed-tensors, as Kimi-K2.5's INT4 one."""
+    config = json.loads((tiny_world.model_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
+    target = tmp_path / "int4-target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+# Each optional mode, the packages that make it work and the extra that installs them.
+MODES = {
+    "online-training": (["train.features=online"], ["ray"], "ray"),
+    "auto-features": (["train.features=auto"], ["ray"], "ray"),
+    "ray-task-runner": (["orchestration.task_runner=ray"], ["prefect_ray"], "ray"),
+    "sglang-servers-on-gpus": (
+        ["server.engine=sglang", "server.device=cuda"], ["sglang"], "sglang"
+    ),
+    "sglang-capture-on-gpus": (
+        ["capture.backend=sglang", "capture.device=cuda"], ["sglang"], "sglang"
+    ),
+    "target-spread-over-gpus": (["capture.device=auto"], ["accelerate"], "multigpu"),
+    "int4-target": (["target.model_path={int4}"], ["compressed_tensors"], "quantized"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_night_whose_mode_lacks_its_extra_is_refused_before_any_stage_in_one_line(
+    mode, hide_modules, int4_target, tmp_path, monkeypatch
+):
+    overrides, hidden, extra = MODES[mode]
+    monkeypatch.delenv("EAGLE3_SGLANG_PYTHON", raising=False)
+    hide_modules(*hidden)
+    sets = [arg for o in overrides for arg in ("--set", o.format(int4=int4_target))]
+    result = _invoke("run", "--recipe", "tiny", "--set", f"root={tmp_path / 'run'}", *sets)
+    line = _assert_one_error_line(result)
+    assert f"pip install 'eagle3-pipeline[{extra}]'" in line, line
+    assert not (tmp_path / "run").exists()  # nothing ran: not even Prefect's server was started
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if "sglang" not in m])  # not in this venv
+def test_the_same_modes_with_their_extras_installed_are_not_refused(mode, int4_target):
+    from eagle3.recipes import resolve
+    from eagle3.requirements import installed, missing
+
+    overrides, needed, _ = MODES[mode]
+    if not all(installed(name) for name in needed):
+        pytest.skip(f"{needed} not installed here (infra/dev.sh installs them)")
+    assert missing(resolve("tiny", [o.format(int4=int4_target) for o in overrides])) == []

@@ -53,8 +53,8 @@ def test_train_and_vocab_read_the_features_stage_their_config_names(two_features
     assert Manifest.read(vocab.parent).config["features"] == str(mine)
 
     calls = []
-    monkeypatch.setattr("flows.train.train_flow", lambda config, features, vocab: calls.append((features, vocab))
-                        or SimpleNamespace(export="x"))  # fmt: skip
+    monkeypatch.setattr("flows.train.train_flow", lambda config, features, vocab: calls.append(
+        (str(features.features_dir), vocab)) or SimpleNamespace(export="x"))
     result = _cli("train", *sets)
     assert result.exit_code == 0, result.output
     assert calls == [(str(mine), str(vocab))]

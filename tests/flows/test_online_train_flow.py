@@ -1,7 +1,7 @@
-"""The online train flow (``train.features=online``) wires vocab -> online training -> export: a valid draft, its
-summary says online and why, and no features directory is written; its artifacts show each producer (state,
-batches, rate, restarts, the last error), the trainer's rate, the store's backlog and the ETA, a producer killed
-mid-run included."""
+"""The night's flows on online features (``train.features=online``): capture decides online and writes nothing, then
+vocab -> online training -> export: a valid draft, its summary says online and why, and no features directory is
+written; the train flow's artifacts show each producer (state, batches, rate, restarts, the last error), the
+trainer's rate, the store's backlog and the ETA, a producer killed mid-run included."""
 
 from __future__ import annotations
 
@@ -17,7 +17,18 @@ import pytest
 
 from eagle3.config.pipeline import with_overrides
 from eagle3.model.export_format import validate_export
-from tests.unit.online.conftest import online_world  # noqa: F401  (the session fixture)
+from tests.unit.train.online.conftest import online_world  # noqa: F401  (the session fixture)
+
+
+def _online_night(config, regen: Path):
+    """What the nightly flow runs after regen: capture (which decides online, capturing nothing), vocab, train."""
+    from flows.capture import capture_flow
+    from flows.train import train_flow
+    from flows.vocab import vocab_flow
+
+    features = capture_flow(config, regen_dir=str(regen))
+    assert features.online and features.regen_dir == regen
+    return train_flow(config, features, vocab_flow(config, features))
 
 
 @pytest.mark.slow
@@ -26,12 +37,10 @@ def test_online_train_flow_trains_and_exports_a_valid_draft_without_features(onl
                                                                               prefect_harness):
     import ray
 
-    from flows.train import online_train_flow
-
     root = tmp_path / "root"
     config = with_overrides(online_world.config, [f"root={root}", "train.features=online", "train.epochs=1"])
     try:
-        result = online_train_flow(config, str(online_world.regen))
+        result = _online_night(config, online_world.regen)
     finally:
         ray.shutdown()
     assert validate_export(Path(result.export)) == []
@@ -66,7 +75,7 @@ def _this_runs_producers() -> list[psutil.Process]:
 def _kill_producer_once_it_holds_a_batch(killed: dict) -> None:
     import ray
 
-    from eagle3.online.transport import NAMESPACE, get_broker
+    from eagle3.train.online.transport import NAMESPACE, get_broker
 
     _wait_for(ray.is_initialized, "the run to start Ray")
     brokers = lambda: [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)  # noqa: E731
@@ -96,8 +105,6 @@ def test_online_train_flow_shows_producers_trainer_backlog_eta_and_a_killed_prod
         online_world, tmp_path, prefect_harness):  # noqa: F811
     import ray
 
-    from flows.train import online_train_flow
-
     root = tmp_path / "root"
     config = with_overrides(online_world.config, [f"root={root}", "train.features=online",
                                                   "orchestration.progress_every_s=0.5"])
@@ -105,7 +112,7 @@ def test_online_train_flow_shows_producers_trainer_backlog_eta_and_a_killed_prod
     killer = threading.Thread(target=_kill_producer_once_it_holds_a_batch, args=(killed,), daemon=True)
     killer.start()
     try:
-        result = online_train_flow(config, str(online_world.regen))
+        result = _online_night(config, online_world.regen)
     finally:
         ray.shutdown()
     killer.join(1)

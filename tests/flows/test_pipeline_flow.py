@@ -10,6 +10,7 @@ from prefect.logging import disable_run_logger
 
 from eagle3.gate.report import Decision, GateReport, write_report
 from eagle3.recipes import ConfigRef
+from eagle3.requirements import MissingRequirement
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.scaling.curve import read_curve
 from eagle3.scaling.night import Night
@@ -70,6 +71,20 @@ def test_config_from_a_recipe_or_a_yaml_file_with_overrides(tmp_path):
     path.write_text(from_recipe.to_yaml())
     from_file = resolve_config_task.fn(ConfigRef(recipe=str(path), overrides=["train.lr=0.5"]))
     assert from_recipe.root == str(tmp_path) and from_file.train.lr == 0.5
+
+
+def test_a_deployed_night_whose_mode_lacks_its_extra_fails_before_any_stage(
+    tmp_path, prefect_harness, hide_modules
+):
+    from flows.pipeline import data_scaling
+
+    hide_modules("ray")
+    state = data_scaling(recipe="tiny", overrides=[f"root={tmp_path}", "train.features=online"],
+                         return_state=True)
+    error = state.result(raise_on_failure=False)
+    assert state.is_failed() and isinstance(error, MissingRequirement), state.message
+    assert "pip install 'eagle3-pipeline[ray]'" in str(error)
+    assert not [p.name for p in tmp_path.iterdir() if p.is_dir()]  # no stage directory: nothing ran
 
 
 def test_nights_grow_by_scale_and_explicit_shard_ids_win(tmp_path, prefect_harness):

@@ -26,7 +26,7 @@ def _regen_then_capture(config: PipelineConfig, prompts: str) -> tuple[Path, Pat
 
     regen = regen_flow(config, prompts_dir=prompts)
     assert regen.done, regen
-    return regen.out_dir, Path(capture_flow(config, regen_dir=str(regen.out_dir)))
+    return regen.out_dir, capture_flow(config, regen_dir=str(regen.out_dir)).features_dir
 
 
 @pytest.mark.slow

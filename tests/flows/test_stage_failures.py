@@ -14,6 +14,7 @@ from prefect.states import Failed
 
 from eagle3.errors import DataError
 from eagle3.regen.stop import ShardStopped
+from eagle3.runtime.stop import request_stop, stop_on_signals
 from eagle3.stage import Plan, Stage, StageResult, Unit, UnitReport, UnitsFailed
 from tasks.stage import retry_unless_data_error_or_stopped
 
@@ -74,7 +75,16 @@ def test_a_unit_on_damaged_input_fails_the_stage_as_a_data_error_whose_fix_comes
     assert message.endswith("toy 0: /data/shard-00000.parquet: sha256 differs from the manifest. Fix: rebuild it")
 
 
-def test_infrastructure_errors_are_still_retried_but_data_errors_and_stops_are_not():
+def test_infrastructure_errors_are_retried_but_data_errors_missing_packages_and_stops_are_not():
     assert retry_unless_data_error_or_stopped(None, None, Failed(data=ConnectionError("server went away")))
     assert not retry_unless_data_error_or_stopped(None, None, Failed(data=DataError("damaged")))
     assert not retry_unless_data_error_or_stopped(None, None, Failed(data=ShardStopped("stopped by SIGTERM")))
+    missing = ModuleNotFoundError("No module named 'ray'")
+    assert not retry_unless_data_error_or_stopped(None, None, Failed(data=missing))
+
+
+def test_no_failure_is_retried_once_the_run_is_stopping():
+    with stop_on_signals():
+        request_stop("SIGINT")
+        lost = Failed(data=ConnectionError("the server was stopped with the run"))
+        assert not retry_unless_data_error_or_stopped(None, None, lost)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import with_overrides
 from eagle3.model.export_format import validate_export
 
@@ -20,7 +21,7 @@ def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, write_regen_st
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
     features, vocab = train_stage_inputs(config, write_regen_stage)
-    result = train_flow(config, features, str(Path(vocab).parent))
+    result = train_flow(config, FeatureSource.stored(features), str(Path(vocab).parent))
     assert result.train_samples == 8
     assert Path(result.export) == Path(result.out_dir) / "export"
     assert validate_export(Path(result.export)) == []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from eagle3.capture.costs import choose_features
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate.stage import GateOutcome
-from eagle3.online.costs import choose_features
 from eagle3.recipes import load_recipe
 from eagle3.scaling.night import Night
 from eagle3.scaling.stage import Curve, NightSummary

@@ -41,7 +41,7 @@ def test_capture_then_vocab_through_the_generic_tasks(capture_setup, prefect_har
         plan, result = _run(CaptureStage(), config, {"regen_dir": str(regen)})
         assert plan.units == (0, 1) and plan.missing == ()
         assert [p for p in hashed if p.parent == result.out_dir] == []  # the writers' sha256 reached the manifest
-        _vocab_plan, vocab = _run(VocabStage(), config, {"features_dir": str(result.out_dir)})
+        _vocab_plan, vocab = _run(VocabStage(), config, {"features": str(result.out_dir)})
     manifest = Manifest.read(result.out_dir)
     assert result.done and manifest is not None and manifest.stats["rows"] + manifest.stats["quarantined"] == 10
     assert manifest.verify(result.out_dir) == [] and read_failed_shards(result.out_dir) == []

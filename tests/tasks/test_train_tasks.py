@@ -12,6 +12,7 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from eagle3.capture.shard import capture_shard, finalize_features
+from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import with_overrides
 from eagle3.model.export_format import validate_export
 from eagle3.stage import Progress
@@ -29,7 +30,7 @@ def train_stage_inputs(config, write_regen_stage) -> tuple[str, str]:
     features = config.root_path / "features" / "featfp"
     result = capture_shard(config, regen / "shard-00000.parquet", features)
     finalize_features(config, features, [result["shard_index"]])
-    return str(features), str(build_vocab_stage(config, features))
+    return str(features), str(build_vocab_stage(config, FeatureSource.stored(features)))
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_train_runs_the_worker_resumes_on_rerun_and_export_writes_a_valid_draft(
     train = TrainStage()
     caplog.set_level(logging.INFO, logger="eagle3")
     with disable_run_logger():
-        plan = plan_task.fn(train, config, {"features_dir": features, "vocab": str(Path(vocab).parent)})
+        plan = plan_task.fn(train, config, {"features": features, "vocab": str(Path(vocab).parent)})
         assert plan.train_samples == 8 and plan.out_dir.name == plan.fingerprint and plan.vocab == Path(vocab)
         assert train.progress(plan) == Progress(done=0, total=4, unit="steps")
         first = unit_task.fn(train, config, plan, 0)
@@ -69,7 +70,7 @@ def test_train_runs_the_worker_resumes_on_rerun_and_export_writes_a_valid_draft(
 
         export = ExportStage()
         export_plan = plan_task.fn(export, config, {"draft_dir": plan.out_dir, "vocab": str(plan.vocab),
-                                                    "features_dir": features})  # fmt: skip
+                                                    "features": features})  # fmt: skip
         report = unit_task.fn(export, config, export_plan, 0)
         exported = finalize_task.fn(export, config, export_plan, [report], [])
     path = Path(exported.summary["export"])
@@ -82,9 +83,10 @@ def test_train_runs_the_worker_resumes_on_rerun_and_export_writes_a_valid_draft(
 def test_train_and_export_cache_keys_exist_only_while_their_outputs_do(tmp_path):
     def plans(root: Path) -> tuple[TrainPlan, ExportPlan]:
         out, features, vocab = root / "drafts" / "fp", root / "features" / "f", root / "vocab" / "v"
-        return (TrainPlan(stage="train", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab,
+        source = FeatureSource.stored(features)
+        return (TrainPlan(stage="train", fingerprint="fp", out_dir=out, features=source, vocab=vocab,
                           train_samples=8, planned_steps=4),
-                ExportPlan(stage="export", fingerprint="fp", out_dir=out, features_dir=features, vocab=vocab,
+                ExportPlan(stage="export", fingerprint="fp", out_dir=out, features=source, vocab=vocab,
                            settings="s"))
 
     def keys(root: Path) -> list[str | None]:

@@ -49,8 +49,15 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
     from eagle3.data.template import render_prompt
     from eagle3.train.distributed import DistInfo
     from eagle3.train.export import export_draft
-    from eagle3.train.trainer import ListBatchSource, batches_from_target, load_inputs, train_on_source
-    from eagle3.worlds.distil import answer_sequences, greedy_answers, write_draft_vocab
+    from eagle3.train.identity import load_inputs
+    from eagle3.train.trainer import train_on_source
+    from eagle3.worlds.distil import (
+        ListBatchSource,
+        answer_sequences,
+        batches_from_target,
+        greedy_answers,
+        write_draft_vocab,
+    )
     from eagle3.worlds.samples import generate_conversations
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -68,17 +68,23 @@ def test_importing_the_library_does_not_load_prefect():
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
     {"config", "errors"},  # config: StrictModel, one module per section, PipelineConfig, the SGLang layer-id
     # contract (config.aux_layers); errors: DataError (exit 2), Stopped
-    {"rundir", "runtime"},  # rundir: the run root, its layout, integrity checks; runtime: processes, secrets, transfer
+    # rundir: the run root, its layout, integrity checks; runtime: processes, secrets, transfer;
+    # target_io: the one door to the target's tokenizer, config and weights
+    {"rundir", "runtime", "target_io"},
     {"stage"},  # the stage contract
     {"data", "model"},  # model: the draft architecture, the export format, the vocab mapping type
-    {"serve"},  # the one server launcher, its commands, the SGLang pin; serve.reference: the reference server
+    # serve: the one server launcher, its commands, the SGLang pin; serve.reference: the reference
+    # server; registry: the champion pointer and the promoted drafts (the gate writes, train reads)
+    {"serve", "registry"},
     {"regen", "capture"},
-    {"train"},  # training, the vocab and export writers
-    {"online"},  # online training (issue 48): capture producers feed the trainer through Ray's object store
+    {"train"},  # training (stored or online features: capture producers feed the trainer through Ray's object
+    # store), the vocab and export writers
     {"gate"},  # the release gate: launches servers, measures, decides, promotes, publishes
     {"scaling"},  # the night: the curve, uniform and aimed planning, the selection, domain eval, its stages
     {"worlds"},  # the offline worlds (tiny, think, domains)
-    {"recipes", "lineage"},  # configs by name (they name the worlds); which stage directory a config names
+    # configs by name (they name the worlds); which stage directory a config names; what packages a
+    # config's modes need
+    {"recipes", "lineage", "requirements"},
 ))  # fmt: skip
 
 
@@ -120,8 +126,9 @@ def test_the_regen_command_path_never_imports_torch(tiny_world):
         "import flows.cli, flows.regen, eagle3.regen.stage\n"
         f"_warm_up(PipelineConfig(name='t', root='/tmp', target=TargetConfig(model_path={str(tiny_world.model_dir)!r},"
         " num_layers=8, hidden_size=64, vocab_size=512)))\n"
-        "from eagle3.regen.shard import load_tokenizer\n"
-        "print(load_tokenizer.cache_info().currsize, sorted(k for k in sys.modules if k.split('.')[0] == 'torch'))"
+        "from eagle3.target_io import _tokenizer\n"
+        "torch = sorted(k for k in sys.modules if k.split('.')[0] == 'torch')\n"
+        "print(_tokenizer.cache_info().currsize, torch)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "1 []", "the tokenizer is loaded (and cached for the shards) without torch"

@@ -40,7 +40,7 @@ def recipe_record(name: str) -> dict[str, Any]:
     from eagle3.gate.release import gate_fingerprint
     from eagle3.regen.plan import regen_fingerprint
     from eagle3.scaling.selection import select_fingerprint
-    from eagle3.train.trainer import draft_fingerprint
+    from eagle3.train.identity import draft_fingerprint
     from eagle3.train.vocab import vocab_fingerprint
 
     config = load_recipe(name)

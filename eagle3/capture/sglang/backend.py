@@ -45,7 +45,8 @@ from eagle3.capture.encoding import encoding_topk
 from eagle3.capture.footprint import check_served_fits, free_gpu_bytes, served_plan
 from eagle3.capture.sglang.channel import ChannelClosed, LineReader, read_tensors, send, shm_root
 from eagle3.config.capture import sglang_ranks
-from eagle3.runtime.procs import die_with_parent, free_port
+from eagle3.runtime.procs import free_port
+from eagle3.runtime.stop import spawn
 from eagle3.serve.launch_commands import check_sglang_runtime, sglang_runtime_python
 from eagle3.serve.sglang import CPU_FLAGS
 
@@ -126,16 +127,8 @@ class _Rank:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         with open(log, "ab") as sink:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=sink,
-                env=env,
-                text=True,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": sink}
+            self.proc = spawn(argv, **pipes, env=env, text=True)
         self.replies = LineReader(self.proc.stdout.fileno())
 
     def alive(self) -> bool:

@@ -160,25 +160,41 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _in_flight(request, parse_generate, _generate)
 
 
-async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
-    """``/generate`` once its rid is registered: admission, then a JSON reply or an SSE stream."""
-    generator = request.app[GENERATOR]
+async def _reply(
+    request: web.Request,
+    req: GenerateRequest,
+    body: Callable[[Completion], dict[str, Any]],
+    *,
+    stream: Callable[[web.Request, GenerateRequest], Awaitable[web.StreamResponse]] | None = None,
+) -> web.StreamResponse:
+    """A request whose rid is registered: admission, then ``stream`` (an SSE reply) or the whole
+    generation as one JSON reply, ``body(completion)``; a completed request is logged
+    (``--request-log``)."""
     refused = await _admission(request)
     if refused is not None:
         return refused
-    if req.stream:
-        return await _generate_stream(request, req)
+    if stream is not None:
+        return await stream(request, req)
     try:
-        c = await generator.generate(req.rid, req.input_ids, req.params)
+        c = await request.app[GENERATOR].generate(req.rid, req.input_ids, req.params)
     except RuntimeError as exc:
         return error_response(500, f"generation failed: {exc}")
-    meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    body = {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
-    response = web.json_response(body)
+    response = web.json_response(body(c))
     await response.prepare(request)
     await response.write_eof()
     _completed(request, req.rid)
     return response
+
+
+async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
+    """``/generate`` once its rid is registered: a JSON reply or an SSE stream."""
+    generator = request.app[GENERATOR]
+
+    def body(c: Completion) -> dict[str, Any]:
+        meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
+        return {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
+
+    return await _reply(request, req, body, stream=_generate_stream if req.stream else None)
 
 
 async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
@@ -229,17 +245,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _in_flight(request, parse_chat, _chat_completions)
 
 
-async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.Response:
+async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
     """``/v1/chat/completions`` once its rid is registered."""
-    generator = request.app[GENERATOR]
-    refused = await _admission(request)
-    if refused is not None:
-        return refused
-    try:
-        c = await generator.generate(req.rid, req.input_ids, req.params)
-    except RuntimeError as exc:
-        return error_response(500, f"generation failed: {exc}")
-    body = {
+    return await _reply(request, req, lambda c: _chat_body(request, req, c))
+
+
+def _chat_body(request: web.Request, req: GenerateRequest, c: Completion) -> dict[str, Any]:
+    return {
         "id": req.rid,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -247,7 +259,7 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
         "choices": [
             {
                 "index": 0,
-                "message": _chat_message(request.app[ARGS], req, _text(generator, c)),
+                "message": _chat_message(request.app[ARGS], req, _text(request.app[GENERATOR], c)),
                 "finish_reason": c.finish_reason["type"],
                 "matched_stop": c.finish_reason.get("matched"),
             }
@@ -258,11 +270,6 @@ async def _chat_completions(request: web.Request, req: GenerateRequest) -> web.R
             "total_tokens": len(req.input_ids) + len(c.output_ids),
         },
     }
-    response = web.json_response(body)
-    await response.prepare(request)
-    await response.write_eof()
-    _completed(request, req.rid)
-    return response
 
 
 def _chat_message(args: argparse.Namespace, req: GenerateRequest, text: str) -> dict[str, Any]:

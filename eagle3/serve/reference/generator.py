@@ -30,16 +30,18 @@ class ModelGenerator:
 
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from eagle3.serve.reference.hf_engine import HFEngine
         from eagle3.serve.reference.scheduler import Scheduler
+        from eagle3.target_io import TargetRef, load_causal_lm, load_tokenizer
 
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
-        model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype).to(args.device).eval()
+        # the flags name a local directory (no revision, no remote code: SGLang's server has those
+        # flags, this one does not)
+        self.tokenizer = load_tokenizer(TargetRef(args.tokenizer_path or args.model_path))
+        model = load_causal_lm(TargetRef(args.model_path), dtype=dtype).to(args.device).eval()
         self.architectures = list(model.config.architectures or [type(model).__name__])
         self.vocab_size = int(model.config.vocab_size)
         self.context_length = int(args.context_length or getattr(model.config, "max_position_embeddings", 4096))

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from eagle3.config.pipeline import with_overrides
-from eagle3.gate.registry import Registry
-from eagle3.gate.release import run_gate
+from eagle3.gate.release import GateRequest, run_gate
 from eagle3.gate.report import INCONCLUSIVE
+from eagle3.registry import Registry
 from eagle3.serve.launch_commands import build_launch
 from eagle3.serve.reference.faults import slow_schedule
 
@@ -37,7 +37,9 @@ def test_a_baseline_slowed_in_one_round_makes_a_slow_draft_inconclusive_not_prom
         noisy.server(log_path=tmp_path / "baseline.log", health_timeout_s=120) as base_srv,
         spec.server(log_path=tmp_path / "spec.log", health_timeout_s=120) as spec_srv,
     ):
-        result = run_gate(cfg, [gate_world.export], baseline_url=base_srv.url, spec_url=spec_srv.url)
+        urls = {"baseline_url": base_srv.url, "spec_url": spec_srv.url}
+        request = GateRequest(drafts=[gate_world.export], **urls)
+        result = run_gate(cfg, request)
     (decision,) = result.report.decisions
     assert decision.verdict == INCONCLUSIVE and result.report.verdict == INCONCLUSIVE, decision.reasons
     assert decision.rounds == 2  # a failed sanity check settles it: no further round is measured

@@ -14,11 +14,11 @@ import pytest
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate import preflight
 from eagle3.gate.prompts import load_gate_prompts
-from eagle3.gate.registry import Registry, draft_id
-from eagle3.gate.release import run_gate
+from eagle3.gate.release import GateRequest, run_gate
 from eagle3.gate.report import FAIL, PASS
 from eagle3.gate.rounds import flush_cache
 from eagle3.gate.verdict import decide
+from eagle3.registry import Registry, draft_id
 from eagle3.serve.launch import reference_server
 from eagle3.serve.launch_commands import build_launch
 
@@ -64,7 +64,7 @@ def test_gate_flush_retries_while_the_server_is_busy_then_says_why_it_could_not(
 def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champion(gate_world):
     cfg = gate_world.config
     gate = cfg.gate
-    result = run_gate(cfg, [gate_world.export])
+    result = run_gate(cfg, GateRequest(drafts=[gate_world.export]))
     report = result.report
     assert report.passed and report.verdict == PASS, [d.reasons for d in report.decisions]
     names = [a.name for a in report.arms]
@@ -110,7 +110,8 @@ def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champio
     assert champion is not None and champion.draft_id == draft_id(gate_world.export)
     assert report.promotion["draft_id"] == champion.draft_id
     assert json.loads((result.out_dir / "report.json").read_text())["passed"] is True
-    again = run_gate(cfg, [gate_world.export])  # the next night, same draft: now the champion
+    # the next night, same draft: now the champion
+    again = run_gate(cfg, GateRequest(drafts=[gate_world.export]))
     assert again.reused and again.out_dir == result.out_dir
 
     # The same real measurements against thresholds they cannot meet: refused, with the reason.
@@ -143,7 +144,7 @@ def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
     config_json["max_position_embeddings"] += 1  # same weights, another draft id
     (challenger / "config.json").write_text(json.dumps(config_json))
 
-    result = run_gate(cfg, [challenger])
+    result = run_gate(cfg, GateRequest(drafts=[challenger]))
     roles = [a.role for a in result.report.arms]
     assert roles == ["baseline", "candidate", "champion"]
     assert all(a.error is None and a.levels for a in result.report.arms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -14,8 +15,8 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.config.target import TargetConfig
 from eagle3.config.train import ExportConfig
 from eagle3.gate.publish import champion_upload, push
-from eagle3.gate.registry import Registry
 from eagle3.gate.report import ArmResult, Decision, GateReport, LevelStats, write_report
+from eagle3.registry import Registry
 
 SPEC = {"algorithm": "EAGLE3", "num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
 
@@ -29,10 +30,11 @@ def _config(tmp_path: Path, model_path: str, base_model: str | None = None) -> P
     )
 
 
-def _promote_champion(config: PipelineConfig, tmp_path: Path) -> Path:
+def _promote_champion(config: PipelineConfig, tmp_path: Path, cfg: dict | None = None) -> Path:
     export = tmp_path / "export"
     export.mkdir()
-    (export / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}\n')
+    cfg = cfg or {"architectures": ["LlamaForCausalLMEagle3"]}
+    (export / "config.json").write_text(json.dumps(cfg))
     (export / "model.safetensors").write_bytes(b"weights")
     (export / "README.md").write_text("---\nlicense: other\n---\n\n# EAGLE-3 draft for the target\n")
     level = LevelStats(1, 4, 100, 40, 8.0, 125.0, 10.0, 2.5)
@@ -68,6 +70,19 @@ def test_card_has_hub_metadata_gate_numbers_and_the_sglang_command(tmp_path: Pat
     assert argv[argv.index("--speculative-draft-model-path") + 1] == "acme/llama-eagle3"
     assert argv[argv.index("--speculative-num-steps") + 1] == "5"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "6"
+
+
+def test_an_mla_champions_card_says_which_attention_sglang_builds(tmp_path: Path):
+    config = _config(tmp_path, "moonshotai/Kimi-K2.5")
+    sizes = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+             "qk_rope_head_dim": 64, "v_head_dim": 128}
+    mla = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "num_attention_heads": 64, **sizes,
+           "vocab_size": 163840, "draft_vocab_size": 163840}
+    _promote_champion(config, tmp_path, mla)
+    body = champion_upload(config, "acme/kimi-eagle3-mla").card.read_text()
+    assert ("Draft attention: MLA (`Eagle3DeepseekV2ForCausalLM`, 64 heads, q_lora_rank 1536, "
+            "kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128); "
+            "full target vocab (no d2t).") in body
 
 
 def test_dry_run_lists_the_champion_files_and_the_new_card_without_touching_the_export(tmp_path: Path):

@@ -23,10 +23,14 @@ H, V, VD, LAYERS = 32, 64, 16, 8
 FLAGS = {"fc_norm": True, "norm_output": True, "norm_before_fc": True}
 
 
-def _export(tmp_path: Path, **flags) -> tuple[Path, DraftModel]:
-    target = LlamaConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                         vocab_size=V, num_hidden_layers=LAYERS, max_position_embeddings=128)
-    draft_cfg = DraftConfig.from_target_config(target, draft_vocab_size=VD, **flags)
+def _export(tmp_path: Path, *, target=None, draft_vocab: int = VD, family: str = "llama",
+            overrides: list[str] = (), **flags) -> tuple[Path, DraftModel]:
+    """A draft with random weights (norms off 1) for ``target`` (a Llama one by default),
+    checkpointed and exported through ``export_draft``; ``draft_vocab`` ``V`` is the full vocab."""
+    target = target or LlamaConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=V, num_hidden_layers=LAYERS,
+                                   max_position_embeddings=128)
+    draft_cfg = DraftConfig.from_target_config(target, draft_vocab_size=draft_vocab, **flags)
     torch.manual_seed(0)
     draft = DraftModel(draft_cfg)
     with torch.no_grad():
@@ -36,14 +40,14 @@ def _export(tmp_path: Path, **flags) -> tuple[Path, DraftModel]:
     out = tmp_path / "draft"
     save_checkpoint(out / "ckpt", 5, model=draft.state_dict(), optimizer={},
                     trainer={"draft_config": draft_cfg.to_dict()}, rank_state={})
-    targets = torch.arange(0, 2 * VD, 2)
+    targets = torch.arange(V) if draft_vocab == V else torch.arange(0, 2 * draft_vocab, 2)
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[targets] = True
     vocab = tmp_path / "vocab.safetensors"
-    save_file({"d2t": targets - torch.arange(VD), "t2d": t2d}, str(vocab))
+    save_file({"d2t": targets - torch.arange(draft_vocab), "t2d": t2d}, str(vocab))
     config = with_overrides(PipelineConfig(name="t", root=str(tmp_path), target=TargetConfig(
-        model_path="unused", num_layers=LAYERS, hidden_size=H, vocab_size=V, context_length=256)),
-        ["train.precision=fp32"])
+        model_path="unused", num_layers=LAYERS, hidden_size=H, vocab_size=V, context_length=256,
+        family=family)), ["train.precision=fp32", *overrides])
     return export_draft(config, out, vocab, None, tmp_path / "export"), draft
 
 

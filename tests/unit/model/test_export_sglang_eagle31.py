@@ -24,13 +24,17 @@ PROBE = Path(__file__).with_name("sglang_draft_probe.py")
 T = 9
 
 
-def _sglang_step(sglang_python: Path, export: Path, tmp_path: Path, inputs: dict) -> dict[str, torch.Tensor]:
+def _sglang_step(
+    sglang_python: Path, export: Path, tmp_path: Path, inputs: dict, *, with_stderr: bool = False
+):
+    """The probe's outputs (and, ``with_stderr``, what SGLang logged)."""
     save_file(inputs, str(tmp_path / "inputs.safetensors"))
     env = {**os.environ, "PYTHONPATH": str(Path(eagle3.__file__).parents[1])}
     done = subprocess.run([str(sglang_python), str(PROBE), str(export), str(tmp_path / "inputs.safetensors"),
                            str(tmp_path / "out.safetensors")], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return load_file(str(tmp_path / "out.safetensors"))
+    out = load_file(str(tmp_path / "out.safetensors"))
+    return (out, done.stderr) if with_stderr else out
 
 
 def _inputs() -> dict[str, torch.Tensor]:

@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[3]
 _LOAD = """
 import sys
 import flows.commands.regen, flows.regen
-from eagle3.regen.shard import load_tokenizer
-tokenizer = load_tokenizer(sys.argv[1])
+from eagle3.target_io import TargetRef, load_tokenizer
+tokenizer = load_tokenizer(TargetRef(sys.argv[1]))
 assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
 print(sorted(m for m in ("torch", "transformers.modeling_utils") if m in sys.modules))
 """
@@ -25,11 +25,3 @@ def test_the_regen_flow_and_a_plain_fast_tokenizer_load_without_torch(tiny_world
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]"
 
-
-def test_the_plain_fast_path_gives_the_tokenizer_autotokenizer_gives(tiny_world, tiny_tokenizer):
-    from eagle3.regen.shard import load_tokenizer
-
-    fast = load_tokenizer(str(tiny_world.model_dir))
-    messages = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello!"}]
-    assert type(fast) is type(tiny_tokenizer)
-    assert fast.apply_chat_template(messages) == tiny_tokenizer.apply_chat_template(messages)

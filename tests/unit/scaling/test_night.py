@@ -11,8 +11,8 @@ import pytest
 
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.config.target import TargetConfig
-from eagle3.gate.registry import Registry
 from eagle3.gate.report import Decision, GateReport, write_report
+from eagle3.registry import Registry
 from eagle3.scaling import domain_eval
 from eagle3.scaling.curve import ScalingPoint, read_curve, record_point
 from eagle3.scaling.night import plan_tonight

@@ -15,7 +15,8 @@ from train_synthetic import synthetic
 from eagle3.train import checkpoint, export
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.distributed import DistInfo
-from eagle3.train.trainer import ListBatchSource, train_on_source
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import ListBatchSource
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

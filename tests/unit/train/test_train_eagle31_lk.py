@@ -18,8 +18,9 @@ from eagle3.serve.launch_commands import build_launch
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, load_inputs, train_on_source
-from eagle3.worlds.distil import greedy_answers
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import ListBatchSource, greedy_answers
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 MAX_NEW = 24

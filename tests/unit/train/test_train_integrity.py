@@ -23,7 +23,8 @@ from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.checkpoint import latest_checkpoint
 from eagle3.train.data import FeatureDataset
 from eagle3.train.distributed import DistInfo
-from eagle3.train.trainer import ListBatchSource, NonFiniteStep, train_on_source
+from eagle3.train.trainer import NonFiniteStep, train_on_source
+from eagle3.worlds.distil import ListBatchSource
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -211,9 +212,9 @@ WORKER = """
 import sys
 sys.path.insert(0, {tests!r})
 from train_synthetic import synthetic
-import eagle3.train.trainer as t
+import eagle3.train.workers as w
 from eagle3.train.__main__ import main
-t.load_inputs = lambda *a: synthetic()[1]
+w.load_inputs = lambda *a: synthetic()[1]
 sys.exit(main(sys.argv[1:]))
 """
 

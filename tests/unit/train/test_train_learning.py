@@ -15,8 +15,9 @@ from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.train.checkpoint import save_checkpoint
 from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
-from eagle3.train.trainer import ListBatchSource, build_draft, load_inputs, train_on_source
-from eagle3.worlds.distil import greedy_answers
+from eagle3.train.identity import load_inputs
+from eagle3.train.trainer import build_draft, train_on_source
+from eagle3.worlds.distil import ListBatchSource, greedy_answers
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 MAX_NEW = 40
@@ -73,8 +74,7 @@ def _held_out_features(draft_world, out_dir, rows: int = 4, *, encoding: str = "
     from eagle3.capture.head import target_topk
     from eagle3.capture.schema import FEATURE_SCHEMA, feature_table, footer_metadata
     from eagle3.data.parquet import ShardWriter
-    from eagle3.train.trainer import batches_from_target
-    from eagle3.worlds.distil import answer_sequences
+    from eagle3.worlds.distil import answer_sequences, batches_from_target
 
     prompts = draft_world.held_out[:rows]
     answers = greedy_answers(draft_world.target, prompts, max_new_tokens=MAX_NEW, eos_id=draft_world.eos,
@@ -137,7 +137,7 @@ def test_offline_accept_on_topk_features_of_the_whole_vocab_equals_it_on_the_fin
                                                                                         tmp_path):
     """The preflight's offline check reads fp8_topk features through the same target path: with k = the vocab it
     measures what it measures on the same rows with the final state stored (fp8_aux: the same aux bytes)."""
-    from eagle3.train.trainer import accept_on_features
+    from eagle3.train.evaluate import accept_on_features
 
     _, _, exports = trained
     vocab = draft_world.config.target.vocab_size

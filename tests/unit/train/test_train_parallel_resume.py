@@ -20,7 +20,8 @@ from train_synthetic import B, synthetic, write_features
 
 from eagle3.train.data import FeatureDataset
 from eagle3.train.distributed import DistInfo
-from eagle3.train.trainer import ListBatchSource, train_on_source
+from eagle3.train.trainer import train_on_source
+from eagle3.worlds.distil import ListBatchSource
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -33,7 +34,8 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, out: str, parallel: str) -> None:
     from eagle3.train.distributed import cleanup_distributed, init_distributed
-    from eagle3.train.trainer import ListBatchSource, train_on_source
+    from eagle3.train.trainer import train_on_source
+    from eagle3.worlds.distil import ListBatchSource
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
@@ -81,14 +82,14 @@ def test_vocab_stage_builds_once_from_the_features_manifest(tmp_path):
     base = PipelineConfig(name="v", root=str(tmp_path / "root"),
                           target=TargetConfig(model_path="x", num_layers=8, hidden_size=8, vocab_size=16))
     config = with_overrides(base, ["vocab.draft_vocab_size=4"])
-    out = build_vocab_stage(config, features)
+    out = build_vocab_stage(config, FeatureSource.stored(features))
     assert out.name == "vocab.safetensors"
     vocab = load_vocab(out)
     assert vocab.target_ids.tolist() == [0, 1, 2, 4]
     manifest = Manifest.read(out.parent)
     assert manifest.stats["coverage"] == 1.0 and manifest.stats["distinct_ids"] == 3
     mtime = out.stat().st_mtime_ns
-    assert build_vocab_stage(config, features) == out
+    assert build_vocab_stage(config, FeatureSource.stored(features)) == out
     assert out.stat().st_mtime_ns == mtime
 
 

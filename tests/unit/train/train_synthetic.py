@@ -16,7 +16,7 @@ from eagle3.config.target import TargetConfig
 from eagle3.data.parquet import ShardWriter
 from eagle3.model.draft import DraftConfig
 from eagle3.model.target_weights import TargetHead
-from eagle3.train.trainer import DraftInputs
+from eagle3.train.identity import DraftInputs
 
 H, V, VD, B, T = 32, 64, 16, 4, 12
 TOPK = 16  # k of the fp8_topk features: a quarter of the vocab, so some of the distribution is dropped

@@ -3,8 +3,8 @@ producer's state, batches, rate, restarts and last error (naming the batch it he
 
 from __future__ import annotations
 
-from eagle3.online.broker import Broker
-from eagle3.online.status import ProducerRecord, online_status, producer_table, status_line, status_note
+from eagle3.train.online.broker import Broker
+from eagle3.train.online.status import ProducerRecord, online_status, producer_table, status_line, status_note
 
 
 def _key(step: int) -> tuple:

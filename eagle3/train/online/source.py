@@ -18,9 +18,13 @@ from typing import Any
 import torch
 
 from eagle3.capture.encoding import column_codecs
-from eagle3.online.batch import check_message, collate
-from eagle3.online.plan import OnlinePlan
-from eagle3.online.transport import take
+from eagle3.config.pipeline import PipelineConfig
+from eagle3.train.continual import Start
+from eagle3.train.distributed import DistInfo
+from eagle3.train.online.batch import check_message, collate
+from eagle3.train.online.plan import OnlinePlan
+from eagle3.train.online.transport import connect, get_broker, take
+from eagle3.train.workers import Batches
 
 LOG_NAME = "trained-rank{rank}.jsonl"
 
@@ -100,3 +104,25 @@ class OnlineBatchSource:
             tmp = self.log.with_suffix(".tmp")
             tmp.write_text("".join(f"{line}\n" for line in keep))
             os.replace(tmp, self.log)
+
+
+def broker_batches(
+    config: PipelineConfig,
+    regen_dir: Path,
+    log_dir: Path,
+    broker: str,
+    *,
+    ray_address: str | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Batches:
+    """Each rank's batches of the online plan over ``regen_dir`` (planned for the group's world
+    size), taken from the run's ``broker`` (Ray at ``ray_address`` is joined now); ``stop`` ends a
+    wait when the producers failed."""
+    connect(ray_address)
+
+    def source(info: DistInfo, start: Start) -> OnlineBatchSource:
+        plan = OnlinePlan.for_night(config, Path(regen_dir), world_size=info.world_size)
+        store = get_broker(broker)
+        return OnlineBatchSource(plan, store, rank=info.rank, log_dir=log_dir, stop=stop)
+
+    return source

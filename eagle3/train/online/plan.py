@@ -1,9 +1,10 @@
 """The online epoch plan: which samples each training batch holds, decided up front from the regen shards alone.
 
-Online training (``train.features=online``) writes no feature shard, yet must train on the same batches, in the same
-order, as the stored path would on the shards capture writes from the same regen shards (issue 48: "the same
-draft"). The stored loader (``eagle3.train.data.FeatureDataset``) plans an epoch over Parquet row groups: shuffled
-from ``seed + epoch``, dealt to ranks, rows shuffled inside each. So this module predicts those row groups:
+Online training (``train.features=online``) writes no feature shard, yet must train on the same
+batches, in the same order, as the stored path would on the shards capture writes from the same
+regen shards: the same draft either way. The stored loader (``eagle3.train.data.FeatureDataset``)
+plans an epoch over Parquet row groups: shuffled from ``seed + epoch``, dealt to ranks, rows
+shuffled inside each. So this module predicts those row groups:
 
 * capture keeps the admitted rows of a regen shard (``eagle3.capture.shard.admit``) in the order of its forward
   batches (``plan_batches``: longest first), one part table per batch;
@@ -31,7 +32,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from eagle3.capture.encoding import column_codecs
-from eagle3.capture.shard import Sample, admit, features_fingerprint, plan_batches, read_regen_shard, shard_index_of
+from eagle3.capture.shard import (
+    Sample,
+    admit,
+    features_fingerprint,
+    plan_batches,
+    read_regen_shard,
+    regen_shards,
+    shard_index_of,
+)
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.rundir.runroot import fingerprint
 from eagle3.train.data import FeatureDataset, RowGroup
@@ -76,13 +85,6 @@ def predicted_row_groups(config: PipelineConfig, parts: Sequence[Sequence[Sample
     if buffer:
         groups.append(buffer)
     return groups
-
-
-def regen_shards(regen_dir: Path) -> list[Path]:
-    """The ready regen shards of a regen stage directory, in shard order (what capture would capture)."""
-    from eagle3.rundir.layout import SHARD_GLOB
-
-    return sorted(Path(regen_dir).glob(SHARD_GLOB), key=shard_index_of)
 
 
 def _row_group_ids(feature_shard: Path) -> list[list[str]]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from eagle3.capture.costs import choose_features, cost_table, night_costs
 from eagle3.config.base import ConfigError
 from eagle3.config.pipeline import with_overrides
-from eagle3.online.costs import choose_features, cost_table, night_costs
 from eagle3.recipes import load_recipe
-from eagle3.train.trainer import draft_fingerprint
+from eagle3.train.identity import draft_fingerprint
 
 
 def test_online_settings_leave_the_draft_fingerprint_as_stored_training_has_it():

@@ -1,9 +1,9 @@
 """A capture producer: claims the epoch's batches in order, captures them, puts them in the store.
 
-``produce`` is the loop of one producer (one capture replica: an ``hf`` target, or one SGLang engine with its TP
-ranks behind the ``sglang`` backend); ``ProducerActor`` runs it as a Ray actor, which ``eagle3.online.run``
-restarts when its process dies. A producer never writes a feature shard: each batch lives only in the object store,
-from its delivery until a trainer rank takes it.
+``produce`` is the loop of one producer (one capture replica: an ``hf`` target, or one SGLang engine
+with its TP ranks behind the ``sglang`` backend); ``ProducerActor`` runs it as a Ray actor, which
+``eagle3.train.online.run`` restarts when its process dies. A producer never writes a feature shard:
+each batch lives only in the object store, from its delivery until a trainer rank takes it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 from eagle3.capture.encoding import column_codecs
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.online.batch import Stored, make_message, states_of
-from eagle3.online.broker import DONE, WAIT
-from eagle3.online.plan import OnlinePlan
-from eagle3.online.transport import deliver
 from eagle3.train.feature_reader import open_features, read_row_group
+from eagle3.train.online.batch import Stored, make_message, states_of
+from eagle3.train.online.broker import DONE, WAIT
+from eagle3.train.online.plan import OnlinePlan
+from eagle3.train.online.transport import deliver
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ProducerActor:
         import torch
         import yaml
 
-        from eagle3.online.transport import get_broker
+        from eagle3.train.online.transport import get_broker
 
         # the YAML text, not a path: the actor may run on another node
         self.config = PipelineConfig.model_validate(yaml.safe_load(config_yaml))

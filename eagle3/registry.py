@@ -1,4 +1,8 @@
-"""The draft registry: which draft is the champion, and how it got there (DESIGN §6).
+"""The draft registry: which draft is the champion, and how it got there.
+
+The gate promotes into it (``eagle3.gate.release``); the train stage reads its champion to start a
+night's draft from (``eagle3.train.continual``); the night, the gate and ``eagle3 push`` read the
+champion. One module, below them all, reads the pointer as one typed record (``Promotion``).
 
 Layout under ``<root>/registry/``::
 
@@ -28,10 +32,12 @@ from typing import Any
 
 from eagle3.model.export_format import EXPORT_FILES, missing_files
 from eagle3.rundir.runroot import atomic_write_json, fingerprint, fsync_dir, sha256_file
+from eagle3.runtime.stop import raise_if_stopped
 
 logger = logging.getLogger(__name__)
 
-POINTER = "promoted.json"  # = eagle3.rundir.layout.CHAMPION_POINTER under the run root (train reads it there)
+REGISTRY_DIR = "registry"  # under the run root
+POINTER = "promoted.json"
 HISTORY = "history.jsonl"
 
 
@@ -65,18 +71,25 @@ class Registry:
     """Champion pointer + history of promoted drafts under ``<root>/registry``."""
 
     def __init__(self, root: Path | str) -> None:
-        self.dir = Path(root) / "registry"
+        self.dir = Path(root) / REGISTRY_DIR
 
     @property
     def pointer(self) -> Path:
         return self.dir / POINTER
 
-    def champion(self) -> Promotion | None:
-        """The current champion, or None before the first promotion."""
+    def read_pointer(self) -> Promotion | None:
+        """The champion as the pointer records it, None before the first promotion; its copy may
+        be gone (a caller that must refuse in its own words checks ``draft_dir``)."""
         if not self.pointer.exists():
             return None
-        data = json.loads(self.pointer.read_text())
-        promotion = Promotion.from_dict(data)
+        return Promotion.from_dict(json.loads(self.pointer.read_text()))
+
+    def champion(self) -> Promotion | None:
+        """The current champion, or None before the first promotion; a pointer to a copy that is
+        gone raises."""
+        promotion = self.read_pointer()
+        if promotion is None:
+            return None
         if not Path(promotion.draft_dir).exists():
             raise FileNotFoundError(
                 f"{self.pointer} points at {promotion.draft_dir}, which is gone: restore it or remove the pointer "
@@ -119,7 +132,9 @@ class Registry:
         metrics: dict[str, Any] | None = None,
         speculative: dict[str, Any] | None = None,
     ) -> Promotion:
-        """Make ``export_dir`` the champion: copy it in, record it in the history, then swap the pointer."""
+        """Make ``export_dir`` the champion: copy it in, record it in the history, then swap the
+        pointer. Once the run is stopping (``eagle3.runtime.stop``) nothing is recorded: ``Stopped``
+        is raised before the history."""
         did = draft_id(export_dir)
         dest = self._copy(Path(export_dir), did)
         promotion = Promotion(
@@ -130,6 +145,7 @@ class Registry:
             metrics=dict(metrics or {}),
             speculative=dict(speculative or {}),
         )
+        raise_if_stopped(f"the promotion of draft {did}")
         self._append_history(promotion)
         atomic_write_json(self.pointer, asdict(promotion))
         logger.info("promoted draft %s (%s) as champion", did, export_dir)

@@ -131,8 +131,7 @@ def regen_tokens(config: PipelineConfig, regen_dir: Path | None) -> RegenTokens 
     ``capture.max_seq_len`` are counted whole."""
     import pyarrow.parquet as pq
 
-    from eagle3.capture.shard import features_fingerprint
-    from eagle3.online.plan import regen_shards
+    from eagle3.capture.shard import features_fingerprint, regen_shards
     from eagle3.rundir.layout import shard_index, shard_name, stage_dir
 
     shards = regen_shards(Path(regen_dir)) if regen_dir is not None and Path(regen_dir).is_dir() else []

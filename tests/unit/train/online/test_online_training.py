@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def ray_local():
     import ray
 
-    from eagle3.online.transport import connect
+    from eagle3.train.online.transport import connect
 
     connect(None)
     yield
@@ -46,8 +46,8 @@ def trained_samples(out_dir) -> list[list[str]]:
 
 
 def test_online_training_follows_stored_training_step_by_step(online_world, ray_local, tmp_path):
-    from eagle3.online.run import train_in_process
-    from eagle3.train.trainer import train
+    from eagle3.train.online.run import train_in_process
+    from eagle3.train.workers import train
 
     config = online_world.config
     stored = train(config, online_world.features, online_world.vocab, tmp_path / "stored")
@@ -71,27 +71,28 @@ def test_online_training_follows_stored_training_step_by_step(online_world, ray_
 def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the_stored_vocab(
     online_world, ray_local, tmp_path
 ):
+    from eagle3.capture.stage import FeatureSource, feature_source
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.stage import OnlineExportStage, OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
-    from eagle3.train.stage import TrainStage
+    from eagle3.train.stage import ExportStage, TrainStage
     from eagle3.train.vocab import VocabStage
 
     config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1"])
-    vocab = run_stage(OnlineVocabStage(), config, regen_dir=online_world.regen)
-    stored_vocab = run_stage(VocabStage(), config, features_dir=online_world.features)
+    online, stored = feature_source(config, online_world.regen), FeatureSource.stored(online_world.features)
+    vocab = run_stage(VocabStage(), config, features=online)
+    stored_vocab = run_stage(VocabStage(), config, features=stored)
     from safetensors.torch import load_file
 
     assert torch.equal(load_file(vocab.summary["vocab"])["d2t"], load_file(stored_vocab.summary["vocab"])["d2t"])
-    result = run_stage(OnlineTrainStage(), config, regen_dir=online_world.regen, vocab=vocab.summary["vocab"])
-    stored_plan = TrainStage().plan(config, features_dir=online_world.features, vocab=vocab.summary["vocab"])
+    result = run_stage(TrainStage(), config, features=online, vocab=vocab.summary["vocab"])
+    stored_plan = TrainStage().plan(config, features=stored, vocab=vocab.summary["vocab"])
     assert result.out_dir == stored_plan.out_dir  # the same draft, whichever path trains it
     assert result.summary["features"] == "online" and "train.features=online" in result.summary["features_decision"]
     assert result.summary["store"]["ready"] == 0
     assert result.summary["steps"] == stored_plan.planned_steps
     status = json.loads((result.out_dir / "online-status.json").read_text())  # what the monitor last reported
     assert status["consumed"] == status["total"] == result.summary["steps"] and status["ready"] == 0
-    export = run_stage(OnlineExportStage(), config, draft_dir=result.out_dir, vocab=vocab.summary["vocab"])
+    export = run_stage(ExportStage(), config, draft_dir=result.out_dir, vocab=vocab.summary["vocab"], features=online)
     exported = json.loads((Path(export.summary["export"]) / "config.json").read_text())
     assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == config.export_layer_ids
 
@@ -100,15 +101,18 @@ def test_the_online_train_stage_trains_into_the_stored_drafts_directory_with_the
 def test_two_trainer_ranks_take_disjoint_batches_that_cover_each_epoch_as_stored_ranks_do(
     online_world, ray_local, tmp_path
 ):
+    from eagle3.capture.stage import feature_source
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.plan import OnlinePlan
-    from eagle3.online.stage import OnlineTrainStage, OnlineVocabStage
     from eagle3.stage import run_stage
+    from eagle3.train.online.plan import OnlinePlan
+    from eagle3.train.stage import TrainStage
+    from eagle3.train.vocab import VocabStage
 
     config = with_overrides(online_world.config, [f"root={tmp_path}", "train.features=online", "train.epochs=1",
                                                   "train.nproc=2", "train.batch_size=2"])
-    vocab = run_stage(OnlineVocabStage(), config, regen_dir=online_world.regen)
-    result = run_stage(OnlineTrainStage(), config, regen_dir=online_world.regen, vocab=vocab.summary["vocab"])
+    online = feature_source(config, online_world.regen)
+    vocab = run_stage(VocabStage(), config, features=online)
+    result = run_stage(TrainStage(), config, features=online, vocab=vocab.summary["vocab"])
     plan = OnlinePlan.build(config, online_world.regen, world_size=2)
     assert result.summary["steps"] == plan.steps_per_epoch and result.summary["store"]["ready"] == 0
     for rank in (0, 1):
@@ -123,9 +127,9 @@ def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_ne
     regen shards: shard 0's rows are read from its feature shard, shard 1's captured, the curve is stored training's."""
     from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.plan import OnlinePlan
-    from eagle3.online.run import train_in_process
-    from eagle3.train.trainer import train
+    from eagle3.train.online.plan import OnlinePlan
+    from eagle3.train.online.run import train_in_process
+    from eagle3.train.workers import train
 
     config = with_overrides(online_world.config, [f"root={tmp_path / 'root'}"])
     features = tmp_path / "root" / "features" / features_fingerprint(config, online_world.regen.name)
@@ -150,7 +154,7 @@ def test_joining_ray_keeps_the_process_sigterm_handler():
     flush and exit 128 + 15, Prefect's cancellation), whichever test or stage joined Ray first."""
     import ray
 
-    from eagle3.online.transport import connect
+    from eagle3.train.online.transport import connect
 
     def ours(signum, frame):  # pragma: no cover - never delivered
         raise AssertionError
@@ -170,7 +174,7 @@ import threading
 
 import ray
 
-from eagle3.online.transport import ray_session
+from eagle3.train.online.transport import ray_session
 
 answers = []
 

@@ -1,12 +1,13 @@
 """What a person watching an online run reads: each producer's state, batches, rate, restarts and last error, the
 trainer's rate, the store's backlog and the ETA.
 
-``online_status`` joins the broker's counters (``Broker.status``: deliveries per producer, claims, what a restarted
-producer released, batches and samples the trainer took) with the supervisor's record of each producer
-(``ProducerRecord``: its state, how often it was restarted, and why, naming the batch it held). The run writes the
-result to ``online-status.json`` in the draft directory (``eagle3.online.run.StatusReporter``, every
-``orchestration.progress_every_s``); the train stage reads it back for its progress note and its live producer
-table (``OnlineTrainStage.progress``, ``live_tables``), which the Prefect tasks only publish. Nothing here talks to
+``online_status`` joins the broker's counters (``Broker.status``: deliveries per producer, claims,
+what a restarted producer released, batches and samples the trainer took) with the supervisor's
+record of each producer (``ProducerRecord``: its state, how often it was restarted, and why, naming
+the batch it held). The run writes the result to ``online-status.json`` in the draft directory
+(``eagle3.train.online.run.StatusReporter``, every ``orchestration.progress_every_s``); the train
+stage reads it back for its progress note and its live producer table (``TrainStage.progress``,
+``live_tables`` of an online run), which the Prefect tasks only publish. Nothing here talks to
 Prefect or Ray.
 """
 

@@ -1,6 +1,6 @@
 """Ray as the online transport: the broker as a named detached actor, batches as objects in Ray's object store.
 
-Why Ray and not the Mooncake store (measured for issue 48, numbers in the issue's report): the
+Why Ray and not the Mooncake store (BENCHMARKS.md, "Online training"): the
 ``mooncake-transfer-engine`` 0.3.13.post1 wheel links ``libcuda.so.1``, ``libcudart.so.12`` and ``libibverbs.so.1``
 and does not import on a CPU host, while Ray is already the pipeline's runner. The object store is shared memory
 on a node (a batch is read without a copy) and moves objects between nodes itself.
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from eagle3.online.broker import Broker
+from eagle3.train.online.broker import Broker
 
 logger = logging.getLogger(__name__)
 

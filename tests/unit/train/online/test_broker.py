@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagle3.online.broker import DONE, WAIT, Broker
+from eagle3.train.online.broker import DONE, WAIT, Broker
 
 
 def _broker(total=6, world_size=1, max_inflight=2, claim_timeout_s=60.0):

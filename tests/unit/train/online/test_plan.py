@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 
 from eagle3.capture.shard import feature_shards
-from eagle3.online.plan import OnlinePlan
 from eagle3.train.data import FeatureDataset
+from eagle3.train.online.plan import OnlinePlan
 
 
 def _stored_groups(features):

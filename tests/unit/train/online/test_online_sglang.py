@@ -11,7 +11,7 @@ import torch
 from eagle3.config.pipeline import with_overrides
 from eagle3.rundir.layout import METRICS_FILE
 from eagle3.train.metrics import read_metrics
-from tests.unit.online.test_online_training import _weights, trained_samples
+from tests.unit.train.online.test_online_training import _weights, trained_samples
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -21,8 +21,8 @@ def test_online_training_from_sglang_capture_follows_stored_training(sglang_pyth
 
     from eagle3.capture.sglang.backend import SGLangBackend
     from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
-    from eagle3.online.run import train_in_process
-    from eagle3.train.trainer import train
+    from eagle3.train.online.run import train_in_process
+    from eagle3.train.workers import train
 
     torch.set_num_threads(1)
     config = with_overrides(online_world.config, ["capture.backend=sglang", f"root={tmp_path / 'root'}"])

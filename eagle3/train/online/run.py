@@ -1,27 +1,36 @@
 """Online training end to end: the broker, the producers (Ray actors, restarted when they die), the trainer.
 
-``train_online`` is what the train stage runs for ``train.features=online``. The trainer runs as the stored path's
-does, in ``python -m eagle3.online`` workers (under torchrun for ``train.nproc > 1``), so a killed trainer is a
-killed subprocess whose retry resumes from ``ckpt/latest``; ``train_in_process`` runs it in this process instead
-(tests, benchmarks). The run ends with nothing in the store: the broker is asked, then killed.
+``online_feed`` is what the train stage's unit holds around its workers for
+``train.features=online``. The trainer runs as with stored features, in ``python -m eagle3.train``
+workers (under torchrun for ``train.nproc > 1``) that take their batches from the broker, so a
+killed trainer is a killed subprocess whose retry resumes from ``ckpt/latest``; ``train_in_process``
+runs it in this process instead (tests, benchmarks). The run ends with nothing in the store: the
+broker is asked, then killed.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.online.plan import OnlinePlan
-from eagle3.online.producer import ProducerActor
-from eagle3.online.status import STATUS_FILE, ProducerRecord, online_status, status_line
-from eagle3.online.transport import close_broker, connect, get_broker, open_broker
+from eagle3.train.online.plan import OnlinePlan
+from eagle3.train.online.producer import ProducerActor
+from eagle3.train.online.status import STATUS_FILE, ProducerRecord, online_status, status_line
+from eagle3.train.online.transport import (
+    close_broker,
+    connect,
+    get_broker,
+    open_broker,
+    ray_session,
+)
+from eagle3.train.workers import Feed
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +45,7 @@ class Producers:
     restarted by Ray (``train.online.producer_restarts``) and its loop submitted again; a loop that raised is
     retried the same way, up to the same count, unless it raised a ``DataError`` (the same batch would fail again).
     ``records`` say, per producer, its state, its restarts and the last error with the batch it held (the UI's
-    producer table, ``eagle3.online.status``)."""
+    producer table, ``eagle3.train.online.status``)."""
 
     config: PipelineConfig
     actors: list[Any]
@@ -167,10 +176,11 @@ def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_si
 
 
 class StatusReporter:
-    """Every ``every_s`` seconds (``orchestration.progress_every_s``) ``online-status.json`` in the draft directory:
-    each producer's state, batches, rate, restarts and last error, the trainer's rate, the store's backlog and the
-    ETA (``eagle3.online.status``), which the train stage's progress and live table read; the same numbers as one
-    log line every ``log_every_s`` (``monitor.log_every_s``) and at the end."""
+    """Every ``every_s`` seconds (``orchestration.progress_every_s``) ``online-status.json`` in the
+    draft directory: each producer's state, batches, rate, restarts and last error, the trainer's
+    rate, the store's backlog and the ETA (``eagle3.train.online.status``), which the train stage's
+    progress and live table read; the same numbers as one log line every ``log_every_s``
+    (``monitor.log_every_s``) and at the end."""
 
     def __init__(self, name: str, out_dir: Path, *, every_s: float, log_every_s: float,
                  producers: Producers | None = None) -> None:
@@ -226,14 +236,43 @@ def finish_run(name: str) -> dict[str, Any]:
     return status
 
 
+@contextmanager
+def online_feed(config: PipelineConfig, regen_dir: Path, out_dir: Path) -> Iterator[Feed]:
+    """The feed of an online train unit (``eagle3.train.workers.Feed``), inside the unit's Ray
+    session: the run's broker, its producer actors and the status reporter for the length of the
+    block, the workers' arguments naming the broker. On exit the producers are stopped and the
+    broker closed; ``detail`` holds the store's final status and ``note`` the producers' errors (for
+    a failure's message)."""
+    with ray_session(config.orchestration.ray_address):
+        address, nproc = config.orchestration.ray_address, config.train.nproc
+        _, name = open_run(config, regen_dir, out_dir, world_size=nproc, ray_address=address)
+        import ray
+
+        producers = start_producers(config, regen_dir, nproc, name)
+        gcs = ray.get_runtime_context().gcs_address
+        args = ["--regen", str(regen_dir), "--ray-address", gcs, "--broker", name]
+        feed = Feed(args=args, name="online training")
+        reporter = status_reporter(config, name, out_dir, producers)
+        try:
+            with reporter:
+                yield feed
+            reporter.report()
+        finally:
+            producers.stop()
+            store = finish_run(name)
+            feed.note = f"; producers: {producers.errors or 'ok'}"
+            feed.detail = {"store": store, "features": "online"}
+            counts = ("delivered", "consumed", "duplicates", "reclaimed", "ready")
+            logger.info("online store at the end: %s", {k: store[k] for k in counts})
+
+
 def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, out_dir: Path, *,
                      ray_address: str | None = None, slow_s: float = 0.0, backend: Any = None,
                      on_producers: Callable[[Producers], None] | None = None) -> dict[str, Any]:
     """Online training with the trainer in this process (one rank): tests and benchmarks. ``backend``: an already
     loaded capture backend, which one producer thread of this process uses instead of the producer actors."""
-    from eagle3.online.source import OnlineBatchSource
-    from eagle3.train.distributed import init_distributed
-    from eagle3.train.trainer import load_inputs, train_on_source
+    from eagle3.train.online.source import broker_batches
+    from eagle3.train.workers import train_rank
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -247,9 +286,8 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
     reporter = status_reporter(config, name, out_dir, producers)
     try:
         with reporter:
-            info = init_distributed(config.train.device)
-            source = OnlineBatchSource(plan, get_broker(name), rank=info.rank, log_dir=out_dir, stop=producers.failed)
-            summary = train_on_source(config, source, load_inputs(config, Path(vocab_path)), out_dir, info)
+            batches = broker_batches(config, regen_dir, out_dir, name, stop=producers.failed)
+            summary = train_rank(config, Path(vocab_path), out_dir, batches)
             producers.join(10.0)  # their counts: they return at their next claim
         reporter.report()
     finally:
@@ -260,7 +298,7 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
 
 def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backend: Any) -> Producers:
     """One producer on a thread of this process, over ``backend``."""
-    from eagle3.online.producer import produce
+    from eagle3.train.online.producer import produce
 
     producers = Producers(config, [], records={"p0": ProducerRecord(state="running")})
 
@@ -277,15 +315,3 @@ def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backen
     producers._thread = threading.Thread(target=run, name="online-producer", daemon=True)
     producers._thread.start()
     return producers
-
-
-def worker_command(config_yaml: Path, regen_dir: Path, vocab: Path, out_dir: Path, *, address: str,
-                   broker: str, nproc: int = 1, master_port: int = 29500) -> list[str]:
-    """The trainer workers of an online run: one process, or ``nproc`` ranks under torchrun (as the stored path's
-    ``eagle3.train.distributed.worker_command``), each taking its own batches from the broker."""
-    worker = ["-m", "eagle3.online", "--config-yaml", str(config_yaml), "--regen", str(regen_dir), "--vocab",
-              str(vocab), "--out", str(out_dir), "--ray-address", address, "--broker", broker]
-    if nproc == 1:
-        return [sys.executable, *worker]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={master_port}", *worker]

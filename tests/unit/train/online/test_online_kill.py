@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.unit.online.test_online_training import trained_samples
+from tests.unit.train.online.test_online_training import trained_samples
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def ray_local():
     import ray
 
-    from eagle3.online.transport import connect
+    from eagle3.train.online.transport import connect
 
     connect(None)
     yield ray
@@ -40,9 +40,9 @@ def _wait_for(predicate, what, timeout=300):
 
 
 def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_world, ray_local, tmp_path):
-    from eagle3.online.run import train_in_process
-    from eagle3.online.status import read_online_status
-    from eagle3.online.transport import get_broker
+    from eagle3.train.online.run import train_in_process
+    from eagle3.train.online.status import read_online_status
+    from eagle3.train.online.transport import get_broker
 
     config = online_world.config
     out = tmp_path / "draft"
@@ -75,8 +75,9 @@ def test_producer_killed_mid_batch_recaptures_only_its_undelivered_batch(online_
 @pytest.mark.parametrize("producer_too", [False, True], ids=["trainer", "trainer-and-producer"])
 def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_local, tmp_path, producer_too):
     from eagle3.config.pipeline import with_overrides
-    from eagle3.online.run import finish_run, open_run, start_producers, worker_command
     from eagle3.train.checkpoint import latest_checkpoint
+    from eagle3.train.online.run import finish_run, open_run, start_producers
+    from eagle3.train.workers import worker_command
 
     config = with_overrides(online_world.config, ["train.save_every=3"])  # 6 steps an epoch: a checkpoint mid-epoch
     out = tmp_path / "draft"
@@ -86,7 +87,8 @@ def test_trainer_killed_mid_epoch_resumes_from_its_checkpoint(online_world, ray_
     plan, name = open_run(config, online_world.regen, out, world_size=1)
     producers = start_producers(config, online_world.regen, 1, name)
     address = ray_local.get_runtime_context().gcs_address
-    command = worker_command(config_yaml, online_world.regen, online_world.vocab, out, address=address, broker=name)
+    online = ["--regen", str(online_world.regen), "--ray-address", address, "--broker", name]
+    command = worker_command(config_yaml, online_world.vocab, out, online)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     log = out / "trained-rank0.jsonl"
     try:

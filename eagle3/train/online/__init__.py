@@ -1,0 +1,2 @@
+"""Online training: capture producers feed the trainer through a store; no feature shard is
+written."""
