@@ -231,15 +231,15 @@ def main() -> None:
     if args.quick:
         args.levels, args.max_new_tokens, args.rounds = [1, 4], 16, 1
     import torch
-    from transformers import AutoTokenizer
 
+    from eagle3.target_io import load_tokenizer
     from eagle3.worlds.world import world_builders
 
     config = resolve(args.recipe)
     world_builders()[config.dev.world](Path(config.dev.cache_dir or "."))
     torch.set_num_threads(CPU_THREADS)
     model_dir = config.target.model_path
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(config.target)
     top = max(args.levels)
     prompts = {
         c: load_prompts(config, tokenizer, max(8, args.prompts_per_level * c)) for c in args.levels
