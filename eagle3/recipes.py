@@ -22,13 +22,13 @@ from eagle3.config.capture import CaptureConfig
 from eagle3.config.data import MixConfig, NormalizeConfig, SourceConfig
 from eagle3.config.dev import DevConfig
 from eagle3.config.gate import GateConfig
-from eagle3.config.pipeline import PipelineConfig, load_yaml, with_overrides
+from eagle3.config.pipeline import PipelineConfig, check_target_layers, load_yaml, with_overrides
 from eagle3.config.regen import RegenConfig
 from eagle3.config.sampling import SamplingProfile
 from eagle3.config.served import ServedConfig
 from eagle3.config.server import ServerLaunchConfig
 from eagle3.config.target import TargetConfig
-from eagle3.config.train import TrainConfig, VocabConfig
+from eagle3.config.train import ExportConfig, TrainConfig, VocabConfig
 
 
 def eagle3_home() -> Path:
@@ -220,6 +220,78 @@ def tiny_served_mix() -> PipelineConfig:
     )
 
 
+def smollm2() -> PipelineConfig:
+    """A real target on real data, on CPU: SmolLM2-135M-Instruct regenerating ShareGPT, gated on
+    MT-bench (``eagle3.worlds.smollm2_world``: all three from the package registry, built once into
+    the cache by the run's first task). ``--set server.engine=sglang`` runs it on SGLang itself.
+
+    As SGLang serves this model: 30 layers, so aux layers ``[2, 15, 27]`` (input_of_layer; exported
+    ``[1, 14, 26]``, SGLang's own default for L=30); float32 on both engines (the GGUF dequantised,
+    ``target.dtype``); ChatML with the template's default system prompt
+    (``normalize.system_prompt_policy=keep``: the template adds it to a conversation without one, as
+    a chat server does); EOS ``<|im_end|>`` (id 2, the checkpoint's ``generation_config``). Sizes:
+    ``mix.total`` conversations, their first ``regen.max_turns`` turns, answers of at most
+    ``regen.max_new_tokens``; the draft vocabulary covers what that data uses (BENCHMARKS.md, the
+    real target). Train and gate sizes are set for a 2-core CPU (README gives the measured time)."""
+    from eagle3.worlds.smollm2_world import HUB_ID, SmolLM2WorldSpec, world_paths
+    from eagle3.worlds.world import world_dir_for
+
+    cache = world_cache()
+    paths = world_paths(world_dir_for(cache, SmolLM2WorldSpec()))
+    return PipelineConfig(
+        name="smollm2",
+        root=_run_root("smollm2"),
+        target=TargetConfig(
+            model_path=str(paths["model"]),
+            num_layers=30,
+            hidden_size=576,
+            vocab_size=49_152,
+            context_length=2048,
+            dtype="float32",
+        ),
+        sources=[SourceConfig(adapter="sharegpt", path=str(paths["sharegpt"]))],
+        mix=MixConfig(total=128, seed=0),
+        normalize=NormalizeConfig(max_prompt_tokens=1024, shard_size=128),
+        regen=RegenConfig(concurrency_per_server=16, max_new_tokens=128, max_turns=1),
+        capture=CaptureConfig(
+            dtype="float32", batch_tokens=8192, max_seq_len=2048, row_group_bytes=16 << 20
+        ),
+        # a few hundred ShareGPT answers use 500-3,000 distinct ids: 4,096 holds them, and the
+        # draft's head (half its compute at 8,192 rows) trains no rows that nothing ever picks
+        vocab=VocabConfig(draft_vocab_size=4096),
+        train=TrainConfig(
+            ttt_steps=4,  # the served chain is 3 drafts: a 4th step is margin, 7 doubles the cost
+            precision="fp32",
+            device="cpu",
+            lr=1e-3,
+            epochs=4,
+            batch_size=4,
+            max_seq_len=2048,
+            save_every=100,
+            log_every=10,
+        ),
+        # SGLang on a CPU checks that the machine's free memory after loading the weights stays
+        # above (1 - fraction) of what was free before; on a shared box anyone's allocation counts
+        # (seen: 0.056, then 0.112 needed for 540 MB of weights). The pool itself stays at
+        # --max-total-tokens (8,192 tokens, 377 MB here), so the fraction only decides the check.
+        server=ServerLaunchConfig(
+            context_length=2048, port=0, device="cpu", mem_fraction_static=0.3
+        ),
+        gate=GateConfig(
+            prompt_sets={"mt_bench": str(paths["mt_bench"])},
+            prompts_per_set=8,
+            warmup_requests=2,
+            max_new_tokens=64,
+            traffic={1: 1.0, 4: 1.0},
+            min_rounds=2,
+            max_rounds=4,
+            max_baseline_drift=0.5,
+        ),
+        export=ExportConfig(base_model=HUB_ID, license="apache-2.0"),
+        dev=DevConfig(tiny_world=True, world="smollm2", cache_dir=str(cache)),
+    )
+
+
 # The large recipes store features as fp8_topk (issue 15): fp8 aux states plus the target's top-256 next-token
 # distribution instead of the final state, with lz4 on the state columns. Measured (BENCHMARKS.md, idle): 0.392 of
 # 8*H per token at Kimi's H with lz4 and 0.319 with zstd (fp8_all + zstd: 0.410, raw + zstd: 0.779); accept length
@@ -342,6 +414,7 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_think": tiny_think,
     "tiny_served": tiny_served,
     "tiny_served_mix": tiny_served_mix,
+    "smollm2": smollm2,
     "llama3_8b": llama3_8b,
     "kimi_k2_5": kimi_k2_5,
     "glm_5": glm_5,
@@ -368,13 +441,30 @@ def resolve(recipe_or_path: str | Path, overrides: list[str] | None = None) -> P
     text = str(recipe_or_path)
     path = Path(text).expanduser()
     if isinstance(recipe_or_path, str) and not text.endswith((".yaml", ".yml")) and not path.is_file():
-        return load_recipe(text, overrides)
+        return check_inputs(load_recipe(text, overrides))
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass a YAML file or a recipe: {', '.join(RECIPES)})")
     try:
-        return load_yaml(path, overrides)
+        return check_inputs(load_yaml(path, overrides))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+
+
+def check_inputs(config: PipelineConfig) -> PipelineConfig:
+    """``config``, once what it names on disk fits it: each local gate prompt set has rows of a
+    known shape (``eagle3.data.prompt_sets``), the target's checkpoint has ``target.num_layers``
+    layers. Files not there yet (a world the run's first task builds) are checked where they are
+    read."""
+    from eagle3.data.prompt_sets import PromptSetError, check_prompt_set
+
+    check_target_layers(config)
+    for name, where in sorted(config.gate.prompt_sets.items()):
+        if not where.startswith("hub:"):
+            try:
+                check_prompt_set(where, name)
+            except PromptSetError as exc:
+                raise ConfigError(str(exc)) from None
+    return config
 
 
 class ConfigRef(BaseModel):

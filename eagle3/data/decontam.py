@@ -17,12 +17,12 @@ Memory: one 8-byte hash per benchmark n-gram (benchmark sets are small); rows ar
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from pathlib import Path
+
+from eagle3.data.prompt_sets import read_prompt_set
 
 logger = logging.getLogger(__name__)
 
@@ -104,21 +104,15 @@ class Decontaminator:
 
 
 def load_prompt_sets(prompt_sets: dict[str, str]) -> list[tuple[str, str]]:
-    """``{"id", "prompt"}`` rows of the local JSONL sets; ``hub:`` entries are skipped with a warning."""
+    """``(set/id, text)`` for every user turn of every row of the local sets
+    (``eagle3.data.prompt_sets``: MT-bench's second turns are checked too); ``hub:`` entries are
+    skipped with a warning."""
     out = []
     for name, where in sorted(prompt_sets.items()):
         if where.startswith("hub:"):
-            logger.warning("decontamination skips gate prompt set %r (%s): only local JSONL is read", name, where)
+            skip = "decontamination skips gate prompt set %r (%s): only local files are read"
+            logger.warning(skip, name, where)
             continue
-        path = Path(where).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(
-                f"gate prompt set {name!r}: {path} does not exist; fix gate.prompt_sets.{name} (local JSONL with "
-                '{"id", "prompt"} rows) or use a "hub:" entry'
-            )
-        with open(path, encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh):
-                if line.strip():
-                    row = json.loads(line)
-                    out.append((f"{name}/{row.get('id', line_no)}", str(row["prompt"])))
+        for row in read_prompt_set(where, name):
+            out += [(f"{name}/{row.prompt_id}", turn) for turn in row.turns]
     return out

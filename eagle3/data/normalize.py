@@ -3,9 +3,11 @@
 Per row, in this order (the first failing rule names the quarantine reason):
   malformed / unknown_role (adapter), bad_encoding (lone surrogates = invalid UTF-8), too_long (a message over
   ``max_message_chars``: a cheap gate before any other work), NFC, system-prompt policy, empty, no_user_turn,
-  not_alternating, bad_tool_call (``eagle3.data.toolcalls.link_tool_calls``: every call named, every result tied to
-  a call), too_long (the prompt over ``max_prompt_tokens`` with the TARGET tokenizer, batched), contaminated (gate
-  benchmark overlap).
+  not_alternating (after dropping leading assistant turns: ShareGPT's split conversations start
+  their later parts with the reply to a question the row no longer has; FastChat's and EAGLE's
+  readers skip it too), bad_tool_call (``eagle3.data.toolcalls.link_tool_calls``: every call named,
+  every result tied to a call), too_long (the prompt over ``max_prompt_tokens`` with the TARGET
+  tokenizer, batched), contaminated (gate benchmark overlap).
 Assistant turns stay in the row (regeneration replaces them). Pre-tokenized rows are checked against
 ``target.vocab_size`` and equal ``input_ids``/``loss_mask`` lengths (``bad_tokens``).
 
@@ -31,6 +33,7 @@ import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
+from itertools import dropwhile
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +73,9 @@ logger = logging.getLogger(__name__)
 BATCH = 512
 ROW_GROUP_BYTES = 8 * 2**20  # the writer buffers one row group: bounded, so memory does not grow with the source
 _TOKENIZER_LOCK = threading.Lock()
-NORMALIZE_VERSION = "2"  # 2: messages carry tool calls and reasoning, rows their tool declarations
+# 2: messages carry tool calls and reasoning, rows their tool declarations; 3: leading assistant
+# turns dropped, every user turn of a gate prompt set (MT-bench's second turns) decontaminated
+NORMALIZE_VERSION = "3"
 # Characters that print nothing: whitespace, C0/C1 controls, soft hyphen, zero-width and bidi marks, word joiners,
 # BOM. A turn made only of these is empty ("\x00\x01\x02" is no prompt); found by one C-level regex search.
 _VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
@@ -148,6 +153,8 @@ def normalize_messages(messages: list[Message], cfg: NormalizeConfig) -> list[Me
                        "a user/tool turn has no printable characters (blank, control or invisible only)")
     if not any(m["role"] == "user" for m in body):
         raise RowError(NO_USER_TURN, "no user turn")
+    # a leading reply answers a question the row does not have (ShareGPT's split parts): dropped
+    body = list(dropwhile(lambda m: m["role"] == "assistant", body))
     prev = None
     for i, m in enumerate(body):
         if m["role"] not in _NEXT[prev]:

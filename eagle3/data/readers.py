@@ -8,6 +8,8 @@
   resynchronisation point inside an array).
 * Parquet: record batches of ``batch_size`` rows; a batch whose strings are not valid UTF-8 is retried row by row so
   only the bad rows are reported ``bad_encoding``.
+* gzip: a JSON or JSONL file may be gzip-compressed (``x.jsonl.gz``, as HumanEval ships): it is
+  recognised by its magic bytes, whatever its name, and read through the same streaming readers.
 
 Every reader yields ``RawRow(index, value, error, raw)``; ``index`` counts rows across the source's files in
 order (the ``source_row`` key), ``error`` is a quarantine reason when the row could not be parsed.
@@ -16,8 +18,8 @@ order (the ``source_row`` key), ``error`` is a quarantine reason when the row co
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +29,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3.data.schema import BAD_ENCODING, MALFORMED, RAW_MAX_BYTES
-
-logger = logging.getLogger(__name__)
 
 CHUNK_CHARS = 1 << 20
 MAX_ELEMENT_CHARS = 256 << 20  # a JSON element larger than this is reported malformed instead of buffered
@@ -52,11 +52,28 @@ def truncate_raw(value: Any, limit: int = RAW_MAX_BYTES) -> str:
     return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def file_format(path: Path) -> str:
-    suffix = Path(path).suffix.lower()
-    if suffix not in DATA_SUFFIXES:
-        raise ValueError(f"{path}: unsupported file type {suffix!r}; use one of {DATA_SUFFIXES}")
+    """``jsonl``, ``json`` or ``parquet`` from the name (a trailing ``.gz`` names the compression,
+    not the format)."""
+    path = Path(path)
+    suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
+    if suffix not in DATA_SUFFIXES or (suffix == ".parquet" and path.suffix.lower() == ".gz"):
+        raise ValueError(
+            f"{path}: unsupported file type {suffix!r}; use one of {DATA_SUFFIXES} "
+            "(JSON and JSONL may be gzip-compressed: .jsonl.gz)"
+        )
     return suffix[1:]
+
+
+def open_binary(path: Path) -> Any:
+    """``path`` opened for reading bytes, decompressed when it is gzip (by its magic bytes, not its
+    name)."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    return gzip.open(path, "rb") if magic == GZIP_MAGIC else open(path, "rb")
 
 
 _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
@@ -76,8 +93,11 @@ def file_problem(path: Path) -> str | None:
         except (pa.ArrowException, OSError) as exc:
             return f"{path}: not a readable Parquet file ({exc}); re-download it (it may be cut short)"
         return None
-    with open(path, "rb") as fh:
-        head = fh.read(4096)
+    try:
+        with open_binary(path) as fh:
+            head = fh.read(4096)
+    except (OSError, EOFError) as exc:  # gzip magic, but not a readable gzip stream
+        return f"{path}: not a readable gzip file ({exc}); re-download it (it may be cut short)"
     if head.startswith(_UTF16_BOMS) or head.count(b"\x00") > len(head) // 4:  # BOM, or UTF-16 without one
         return (f"{path}: text is UTF-16/32, not UTF-8; convert it, e.g. `iconv -f UTF-16 -t UTF-8 {path} > "
                 f"{path.with_suffix('.utf8' + path.suffix)}`, and point sources at the result")
@@ -108,37 +128,44 @@ def count_rows(path: Path) -> int:
 
 
 def _decode_lines(path: Path) -> Iterator[str]:
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:
         for line in fh:
             yield line.decode("utf-8", "surrogateescape")
 
 
 def _iter_jsonl(path: Path, _batch_size: int) -> Iterator[RawRow]:
-    """Blank lines are not rows (they do not advance the index)."""
+    """Blank lines are not rows (they do not advance the index). A gzip stream cut short ends the
+    file with one ``malformed`` row saying so (what was cut cannot be counted)."""
     index = 0
-    for line in _decode_lines(path):
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            value = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):  # RecursionError: absurdly nested garbage
-            yield RawRow(index, None, MALFORMED, truncate_raw(text))
-        else:
-            yield RawRow(index, value)
-        index += 1
+    try:
+        for line in _decode_lines(path):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                value = json.loads(text)
+            except (json.JSONDecodeError, RecursionError):  # Recursion: absurdly nested garbage
+                yield RawRow(index, None, MALFORMED, truncate_raw(text))
+            else:
+                yield RawRow(index, value)
+            index += 1
+    except (EOFError, gzip.BadGzipFile) as exc:
+        yield RawRow(index, None, MALFORMED, f"gzip stream cut short after {index} rows ({exc})")
 
 
 class _Chunks:
     """Text of a file in chunks (incremental UTF-8 decoding with surrogateescape)."""
 
     def __init__(self, path: Path) -> None:
-        self.fh = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self.fh = open_binary(path)
         self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
         self.eof = False
 
     def read(self) -> str:
-        data = self.fh.read(CHUNK_CHARS)
+        try:
+            data = self.fh.read(CHUNK_CHARS)
+        except (EOFError, gzip.BadGzipFile):  # a gzip stream cut short: what was read is all
+            data = b""
         if not data:
             self.eof = True
             return self.decoder.decode(b"", final=True)
@@ -184,8 +211,9 @@ def _iter_array(chunks: _Chunks, buf: str, pos: int) -> Iterator[RawRow]:
             buf += chunks.read()
         pos = _skip_ws(buf, pos)
         if pos >= len(buf):
-            if chunks.eof:
-                logger.warning("JSON array ended without ']' after %d elements (truncated file?)", index)
+            if chunks.eof:  # cut between two elements: the rows are whole, the cut is reported
+                cut = f"JSON array ends without ']' after {index} rows (cut short)"
+                yield RawRow(index, None, MALFORMED, cut)
                 return
             continue
         if buf[pos] == "]":

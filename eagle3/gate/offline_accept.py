@@ -19,7 +19,6 @@ a ratio of sums over prompts (``ratio_of_sums``), prompts as the unit (seeds of 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -128,9 +127,17 @@ def _tensor(probs: list[float]) -> Any:
 
 
 def load_prompt_file(path: Path, tokenizer: Any, *, limit: int | None = None) -> list[list[int]]:
-    """Prompt ids from a JSONL of ``{"id", "prompt"}`` rows, rendered with the project's chat renderer."""
-    from eagle3.data.template import render_prompt
+    """Prompt ids of a prompt set file (any shape ``eagle3.data.prompt_sets`` reads), rendered with
+    the project's chat renderer as the gate renders them."""
+    from eagle3.data.prompt_sets import read_prompt_set
+    from eagle3.data.template import ChatOptions, render_prompt
 
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    rows = rows[:limit] if limit else rows
-    return [render_prompt(tokenizer, [{"role": "user", "content": row["prompt"]}]) for row in rows]
+    rows = read_prompt_set(path, Path(path).stem, limit=limit)
+    return [
+        render_prompt(
+            tokenizer,
+            list(row.messages) or [{"role": "user", "content": row.prompt}],
+            ChatOptions(tools=list(row.tools) or None),
+        )
+        for row in rows
+    ]

@@ -2,12 +2,14 @@
 collect results.
 
 Design choices:
-- A prompt set is a local JSONL file of ``{"id", "prompt"}`` rows (a tool-use row may add its
-  ``tools`` and the ``messages`` to continue, OpenAI-shaped, e.g. up to a tool result) or
-  ``hub:<dataset>`` read through ``datasets.load_dataset`` (optional query
-  ``?config=..&split=..&column=..``; without ``column`` the first of ``prompt, question,
-  instruction, problem, input, turns, text`` present is used, a list taking its first item). A local
-  directory after ``hub:`` goes through the same code path, which is how it is tested offline.
+- A prompt set is a local file in any shape ``eagle3.data.prompt_sets`` reads (the project's
+  ``{"id", "prompt"}`` rows, MT-bench's ``turns``, HumanEval, ShareGPT-style conversations, plain
+  JSONL; gzip or not; a tool-use row may add its ``tools`` and the ``messages`` to continue,
+  OpenAI-shaped, e.g. up to a tool result) or ``hub:<dataset>`` read through
+  ``datasets.load_dataset`` (optional query ``?config=..&split=..&column=..``; without ``column``
+  the first of ``prompt, question, instruction, problem, input, turns, text`` present is used, a
+  list taking its first item). A local directory after ``hub:`` goes through the same code path,
+  which is how it is tested offline.
 - Prompts are rendered with ``eagle3.data.template.render_prompt`` (one user turn, or the row's
   messages, with its tools, + generation prompt) and sent as ``input_ids``, so both arms see
   identical tokens and no server-side template can differ between them.
@@ -31,6 +33,7 @@ from urllib.parse import parse_qs
 
 import aiohttp
 
+from eagle3.data.prompt_sets import read_prompt_set
 from eagle3.data.template import ChatOptions, render_prompt
 from eagle3.gate.accept import SpecCounts
 
@@ -87,19 +90,9 @@ def _prompt_text(row: dict[str, Any], column: str | None, source: str) -> str:
     return str(value)
 
 
-def _load_jsonl(path: Path, set_name: str) -> list[BenchPrompt]:
-    out = []
-    for n, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n + 1}: not JSON ({exc}); each line must be {{'id', 'prompt'}}") from exc
-        prompt_id, text = str(row.get("id", f"{set_name}-{n}")), _prompt_text(row, None, str(path))
-        out.append(BenchPrompt(set_name, prompt_id, text, (), tuple(row.get("messages") or ()),
-                               tuple(row.get("tools") or ())))  # fmt: skip
-    return out
+def _load_local(path: Path, set_name: str) -> list[BenchPrompt]:
+    rows = read_prompt_set(path, set_name)
+    return [BenchPrompt(set_name, r.prompt_id, r.prompt, (), r.messages, r.tools) for r in rows]
 
 
 def _load_hub(spec: str, set_name: str) -> list[BenchPrompt]:
@@ -119,14 +112,12 @@ def _load_hub(spec: str, set_name: str) -> list[BenchPrompt]:
 
 
 def load_prompt_set(set_name: str, source: str, *, limit: int | None = None) -> list[BenchPrompt]:
-    """The first ``limit`` prompts of one set from a local JSONL file or ``hub:<id>[?config=&split=&column=]``."""
+    """The first ``limit`` prompts of one set from a local file (``eagle3.data.prompt_sets``) or
+    ``hub:<id>[?config=&split=&column=]``."""
     if source.startswith(HUB_PREFIX):
         prompts = _load_hub(source[len(HUB_PREFIX) :], set_name)
     else:
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"prompt set {set_name!r}: {path} does not exist; fix gate.prompt_sets")
-        prompts = _load_jsonl(path, set_name)
+        prompts = _load_local(Path(source).expanduser(), set_name)
     if not prompts:
         raise ValueError(f"prompt set {set_name!r} ({source}) is empty")
     return prompts[:limit] if limit else prompts

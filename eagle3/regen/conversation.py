@@ -68,6 +68,7 @@ class SampleContext:
     reasoning: ReasoningFormat | None = None  # regen.reasoning_parser
     calls: ToolCallFormat | None = None  # regen.tool_call_parser
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs (regen.thinking)
+    max_turns: int | None = None  # regen.max_turns: the first turns only
 
     def options(self, row: dict[str, Any]) -> ChatOptions:
         """What every rendering of ``row`` shares: its tools and the template's arguments."""
@@ -100,6 +101,7 @@ class _Turns:
     round_trip: bool = True
     tool_results: int = 0  # source tool results replayed
     stopped: str | None = None  # why the conversation ended before the source's did
+    turns_cut: int = 0  # the source's turns after regen.max_turns, left out
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,10 @@ async def regenerate(
     runs = user_runs(row["messages"])
     if not runs:
         return failed_row(row, "no turn to regenerate (the conversation has no user turn)", attempts=0)
-    replay = (done_turns or [])[: len(runs) - 1]  # the last turn is never journaled as a turn line
     state = _Turns(options=ctx.options(row))
+    if ctx.max_turns is not None and len(runs) > ctx.max_turns:
+        state.turns_cut, runs = len(runs) - ctx.max_turns, runs[: ctx.max_turns]
+    replay = (done_turns or [])[: len(runs) - 1]  # the last turn is never journaled as a turn line
     try:
         for k, run in enumerate(runs):
             if not replay_results(state, run, k, structured=ctx.calls is not None):
@@ -255,6 +259,8 @@ def _meta(ctx: SampleContext, state: _Turns, prompt: PromptMask) -> dict[str, An
         "mask_fallback": prompt.fallback,
         "retokenized": ctx.api == "openai",
     }
+    if state.turns_cut:
+        meta["turns_cut"] = state.turns_cut
     if ctx.reasoning is not None or ctx.calls is not None or state.tool_results:
         meta |= {"history": "template" if prompt.rewritten else "as_generated", "tool_results": state.tool_results,
                  "stopped": state.stopped, "chat_template_kwargs": state.options.kwargs}  # fmt: skip
@@ -326,6 +332,56 @@ def pretokenized_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 SERVED_PREFIX = "served:"  # the ``server`` of a served row
+
+
+def source_messages(messages: list[Message], max_turns: int | None) -> list[Message]:
+    """``messages`` up to their last answer, or their ``max_turns``-th: what ``source_row`` trains
+    on."""
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if max_turns is not None:
+        answers = answers[:max_turns]
+    return list(messages[: answers[-1] + 1]) if answers else []
+
+
+def source_row(
+    tokenizer: Any, row: dict[str, Any], *, max_turns: int | None = None
+) -> dict[str, Any]:
+    """The row with the dataset's own answers (``regen.answers=source``): the conversation rendered
+    with the target's template, the loss on its answers, no server asked; a row without an answer
+    fails."""
+    if row.get("input_ids") is not None:
+        return pretokenized_row(row)
+    messages = source_messages(row["messages"], max_turns)
+    if not messages:
+        no_answer = "the source has no answer to keep (regen.answers=source)"
+        return failed_row(row, no_answer, attempts=0)
+    tools = json.loads(row["tools"]) if row.get("tools") else None
+    try:
+        rendered = render_conversation(tokenizer, messages, ChatOptions(tools=tools))
+    except TemplateError as exc:
+        return failed_row(row, f"cannot render the conversation: {exc}", attempts=0)
+    answered = sum(rendered.loss_mask)
+    turns = sum(m["role"] == "assistant" for m in messages)
+    cut = sum(m["role"] == "assistant" for m in row["messages"]) - turns
+    meta = {"api": "source", "turns": turns, "round_trip": True}
+    if cut:
+        meta["turns_cut"] = cut
+    return {
+        "sample_id": row["sample_id"],
+        "source": row.get("source"),
+        "messages": messages,
+        "input_ids": rendered.input_ids,
+        "loss_mask": rendered.loss_mask,
+        "finish_reason": "source",
+        "prompt_tokens": len(rendered.input_ids) - answered,
+        "completion_tokens": answered,
+        "server": "source",
+        "latency_s": 0.0,
+        "attempts": 0,
+        "status": STATUS_OK,
+        "error": None,
+        "meta": json.dumps(meta),
+    }
 
 
 def failed_row(row: dict[str, Any], error: str, *, attempts: int) -> dict[str, Any]:

@@ -37,8 +37,13 @@ def sampling_fields(cfg: RegenConfig) -> dict[str, Any]:
         "stop": list(cfg.stop),
         "keep_truncated": cfg.keep_truncated,
     }
-    chat = {"reasoning_parser": cfg.reasoning_parser, "tool_call_parser": cfg.tool_call_parser,
-            "chat_template_kwargs": template_kwargs(cfg)}  # fmt: skip
+    chat = {
+        "reasoning_parser": cfg.reasoning_parser,
+        "tool_call_parser": cfg.tool_call_parser,
+        "chat_template_kwargs": template_kwargs(cfg),
+        "max_turns": cfg.max_turns,
+        "answers": cfg.answers if cfg.answers != "target" else None,
+    }
     return fields | {k: v for k, v in chat.items() if v}
 
 

@@ -39,6 +39,7 @@ from eagle3.regen.conversation import (
     failed_row,
     pretokenized_row,
     regenerate,
+    source_row,
 )
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan, template_kwargs
@@ -53,6 +54,7 @@ from eagle3.target_io import load_tokenizer
 logger = logging.getLogger(__name__)
 
 STATS_KEY = "regen_stats"
+IN_FLIGHT_EVERY_S = 5.0  # how often a running shard rewrites its in-flight marker
 # The side files of a compacted shard: rows that exhausted their retries, and truncated rows that
 # ``regen.keep_truncated=false`` keeps out of training (kept here, with their ids and text, for inspection).
 FAILED, DROPPED = "failed", "dropped"
@@ -109,6 +111,8 @@ async def regen_shard_async(
     verify_files([prompts], rebuild=f"rm {prompts.parent / MANIFEST} && eagle3 normalize")
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target)
+    if cfg.answers == "source":
+        return _source_shard(config, plan, index, tokenizer, on_result, start)
     if not servers:  # the stage started none: every row passes through (RegenStage.resources)
         journal = Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every)
         with running_shard(index), journal:
@@ -121,12 +125,15 @@ async def regen_shard_async(
         context = config.server.context_length or config.target.context_length
         async with Client(cfg, pool, api_key=api_key, seed=index, context_length=context) as client:
             ctx = sample_context(config, tokenizer, client, on_turn=journal.append)
-            watcher = asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index)))
+            starts: dict[str, float] = {}  # sample id -> wall time it was sent, while in flight
+            watchers = [asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index))),
+                        asyncio.ensure_future(_mark_in_flight(starts, out / in_flight_name(index)))]
             try:
-                error = await _run_samples(ctx, rows, journal, pool.capacity, on_result)
+                error = await _run_samples(ctx, rows, journal, pool.capacity, on_result, starts)
             finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
+                for watcher in watchers:
+                    watcher.cancel()
+                await asyncio.gather(*watchers, return_exceptions=True)
     if error is not None:
         raise ShardFailed(index, error)
     report = compact_shard(config, plan, index, template=template_hash(tokenizer))
@@ -155,8 +162,31 @@ def sample_context(config: PipelineConfig, tokenizer: Any, client: Client, **kwa
         tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id,
         reasoning=reasoning_format(cfg.reasoning_parser) if cfg.reasoning_parser else None,
         calls=tool_call_format(cfg.tool_call_parser) if cfg.tool_call_parser else None,
-        template_kwargs=template_kwargs(cfg), **kwargs,
+        template_kwargs=template_kwargs(cfg), max_turns=cfg.max_turns, **kwargs,
     )  # fmt: skip
+
+
+def _source_shard(
+    config: PipelineConfig,
+    plan: RegenPlan,
+    index: int,
+    tokenizer: Any,
+    on_result: OnResult | None,
+    start: float,
+) -> ShardReport:
+    """``regen.answers=source``: every row with the dataset's own answers (``source_row``), no
+    server."""
+    out = plan.out_dir
+    fsync_every = config.regen.journal_fsync_every
+    with Journal(out / journal_name(index), fsync_every=fsync_every) as journal:
+        for row in _prompt_rows(plan, index, set(journal.done)):
+            result = source_row(tokenizer, row, max_turns=config.regen.max_turns)
+            journal.append(result)
+            if on_result is not None:
+                on_result(result)
+    report = compact_shard(config, plan, index, template=template_hash(tokenizer))
+    report.elapsed_s = time.monotonic() - start
+    return report
 
 
 def waiting_name(index: int) -> str:
@@ -189,6 +219,35 @@ async def _mark_outages(pool: ServerPool, marker: Path) -> None:
         marker.unlink(missing_ok=True)
 
 
+def in_flight_name(index: int) -> str:
+    """The marker a running shard keeps of the samples in flight: ``{"at", "started"}`` (wall
+    times)."""
+    return f"shard-{index:05d}.inflight.json"
+
+
+def read_in_flight(path: Path, *, max_age_s: float) -> list[float]:
+    """The start times of a running shard's samples in flight; none when its marker is missing or
+    older than ``max_age_s`` (a shard that stopped without removing it)."""
+    try:
+        marker = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    return [float(t) for t in marker["started"]] if time.time() - marker["at"] <= max_age_s else []
+
+
+async def _mark_in_flight(starts: dict[str, float], marker: Path) -> None:
+    """Write ``marker`` every ``IN_FLIGHT_EVERY_S`` until cancelled, then remove it: what ``regen
+    status`` needs to count the tokens of samples still running (a long answer is work done before
+    it finishes)."""
+    try:
+        while True:
+            state = {"at": time.time(), "started": sorted(starts.values())}
+            atomic_write_text(marker, json.dumps(state))
+            await asyncio.sleep(IN_FLIGHT_EVERY_S)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
 def _prompt_rows(plan: RegenPlan, index: int, skip: set[str]) -> Iterator[dict[str, Any]]:
     for batch in iter_batches(plan.prompt_shard(index), columns=list(PROMPT_COLUMNS), batch_size=256):
         for row in batch.to_pylist():
@@ -202,6 +261,7 @@ async def _run_samples(
     journal: Journal,
     capacity: int,
     on_result: OnResult | None,
+    starts: dict[str, float] | None = None,
 ) -> str | None:
     """Regenerate ``rows`` with at most ``capacity`` in flight; returns the error that stopped the shard, if any.
     Samples still in flight when it stops (a failure, a cancellation) are cancelled before the journal closes."""
@@ -209,7 +269,10 @@ async def _run_samples(
     failure: list[str] = []
     tasks: set[asyncio.Task[None]] = set()
 
+    started = {} if starts is None else starts
+
     async def one(row: dict[str, Any]) -> None:
+        started[row["sample_id"]] = time.time()
         try:
             result = await regenerate(ctx, row, journal.turns.pop(row["sample_id"], None))
         except (RetriesExhausted, NoServerAvailable) as exc:
@@ -219,6 +282,7 @@ async def _run_samples(
             result = failed_row(row, f"cannot render the conversation: {exc}", attempts=0)
         finally:
             slots.release()
+            started.pop(row["sample_id"], None)
         journal.append(result)
         if on_result is not None:
             on_result(result)
@@ -304,8 +368,11 @@ def report_from_shard(path: Path, index: int) -> ShardReport:
     return ShardReport(index=index, state="skipped", **stats)
 
 
-def journal_progress(path: Path) -> tuple[int, int, list[float]]:
-    """(samples, generated tokens, finish times) of a live journal; for status and progress."""
+def journal_progress(path: Path) -> tuple[int, int, list[float], float]:
+    """(samples, generated tokens, finish times, seconds the samples took) of a live journal; for
+    status and progress."""
     rows = read_journal(path)
     tokens = sum(int(json.loads(r.get("meta") or "{}").get("total_completion_tokens", 0)) for r in rows)
-    return len(rows), tokens, [float(r.get(TIME_KEY, 0.0)) for r in rows]
+    answered = [r for r in rows if r.get("status") != STATUS_FAILED]
+    seconds = sum(float(r.get("latency_s") or 0.0) for r in answered)
+    return len(rows), tokens, [float(r.get(TIME_KEY, 0.0)) for r in rows], seconds

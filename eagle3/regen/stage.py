@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import iter_batches, shard_is_valid
-from eagle3.data.served_log import log_flags
 from eagle3.regen.client import sampling_params
 from eagle3.regen.plan import RegenPlan, plan_regen, sampling_fields, target_fields
 from eagle3.regen.pool import shared_pool
@@ -52,28 +51,20 @@ HISTORY_RULE = ("each prompt shows earlier turns as the target's chat template r
 
 @contextmanager
 def regen_servers(config: PipelineConfig, *, log_dir: Path | None = None) -> Iterator[list[str]]:
-    """The servers to regenerate with: ``regen.servers``, or a local server on ``server.engine`` started for the
-    block (at most ``regen.concurrency_per_server`` requests running on it)."""
-    if config.regen.servers:
+    """The servers to regenerate with: ``regen.servers``, or a local server on ``server.engine``
+    started for the block (at most ``regen.concurrency_per_server`` requests running on it), from
+    the launch line every server the pipeline starts comes from: both engines serve the same dtype
+    with the same torch threads."""
+    if config.regen.servers or config.regen.answers == "source":  # source answers need no server
         yield list(config.regen.servers)
         return
-    if config.server.engine == "sglang":
-        from eagle3.serve.launch_commands import build_launch
+    from eagle3.serve.launch_commands import build_launch
 
-        served = config.replace(server=config.server.replace(max_running_requests=config.regen.concurrency_per_server))
-        command = build_launch(served, "baseline", port=0)
-        with command.server(log_path=(log_dir / "sglang-server.log") if log_dir else None) as sglang:
-            yield [sglang.url]
-        return
-    from eagle3.serve.launch import reference_server
-
-    extra = ["--max-running-requests", str(config.regen.concurrency_per_server), "--dtype", config.target.dtype]
-    if config.server.log_requests:
-        extra += log_flags(Path(config.server.log_requests).expanduser())
-    if config.server.context_length or config.target.context_length:
-        extra += ["--context-length", str(config.server.context_length or config.target.context_length)]
-    log_path = (log_dir / "reference-server.log") if log_dir else None
-    with reference_server(config.target.model_path, extra_args=extra, log_path=log_path) as server:
+    running = config.regen.concurrency_per_server
+    served = config.replace(server=config.server.replace(max_running_requests=running))
+    command = build_launch(served, "baseline", port=0)
+    log_path = (log_dir / f"{config.server.engine}-server.log") if log_dir else None
+    with command.server(log_path=log_path) as server:
         yield [server.url]
 
 
@@ -227,6 +218,8 @@ def _summary_markdown(plan: RegenPlan, summary: dict[str, Any], retrigger: str) 
         f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
         f"- served {summary['served']}, pre-tokenized {summary['pretokenized']} (passed through)",
         f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
-        f"failed samples {summary['failed']}, round-trip failures {summary['round_trip_failures']}",
+        f"failed samples {summary['failed']}",
+        f"- outputs whose text re-encodes to other ids: {summary['round_trip_failures']} "
+        "(kept: rows hold the ids the engine generated, never a re-encoding)",
         f"- failed shards: {failed or 'none'}" + (f" (re-run: `{retrigger}`)" if failed else ""),
     ])  # fmt: skip

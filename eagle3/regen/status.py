@@ -3,8 +3,17 @@
 Done samples = rows of compacted shards (from their footer stats) + lines of live journals, over the shards the
 stage's last run planned (not the whole prompt pool: a night with ``--scale`` runs a subset). Throughput and ETA come
 from the journals' finish times over the last ``window_s`` seconds; right after a restart (or when only compacted
-shards exist) they are unknown rather than made up. ``waiting_for_servers`` says since when no server has been
-healthy, and which, while a running shard waits for one (its ``shard-NNNNN.waiting.json``).
+shards exist) they are unknown rather than made up.
+
+``waiting_for_servers`` says since when no server has been healthy, and which, while a running shard
+waits for one (its ``shard-NNNNN.waiting.json``).
+
+Tokens count the samples still in flight too: a running shard keeps the start times of its samples
+in flight (``shard-NNNNN.inflight.json``), and each is credited its elapsed time at the rate its
+shard's finished samples were generated (their tokens over their seconds; no credit before one has
+finished). Sixteen long answers in flight are then work under way, not nothing: the token rate is
+the server's, and the ETA is the tokens left (the samples left at the finished samples' mean, less
+what is in flight) over that rate.
 """
 
 from __future__ import annotations
@@ -18,7 +27,15 @@ from typing import Any
 from eagle3.data.parquet import shard_is_valid
 from eagle3.regen.journal import journal_name
 from eagle3.regen.schema import REGEN_SCHEMA
-from eagle3.regen.shard import journal_progress, read_waiting, report_from_shard, waiting_name
+from eagle3.regen.shard import (
+    IN_FLIGHT_EVERY_S,
+    in_flight_name,
+    journal_progress,
+    read_in_flight,
+    read_waiting,
+    report_from_shard,
+    waiting_name,
+)
 from eagle3.rundir.layout import PLAN_FILE, find_input, read_failed_shards, shard_name
 from eagle3.rundir.runroot import MANIFEST
 from eagle3.stage import Progress
@@ -40,14 +57,26 @@ class RegenStatus:
     tokens_per_s: float | None = None
     finished: bool = False
     waiting_for_servers: str | None = None  # "waiting for servers for 42s (fails at 300s): <servers, last errors>"
+    tokens_in_flight: int = 0  # estimated tokens of the samples in flight (part of ``tokens``)
+    in_flight: int = 0  # samples in flight
+    tokens_per_sample: float | None = None  # mean generated tokens of the finished samples
 
     @property
     def progress(self) -> Progress:
         """While a shard waits for servers: "waiting for servers for 9s (fails at 300s)" instead of a rate and an
         ETA (pre-tokenized samples, which need no request, still finish and would make one up)."""
         waiting = self.waiting_for_servers.split(":", 1)[0] if self.waiting_for_servers else None
-        return Progress(done=self.done, total=self.total, tokens=self.tokens, per_s=self.samples_per_s,
-                        tokens_per_s=self.tokens_per_s, waiting=waiting)  # fmt: skip
+        return Progress(
+            done=self.done,
+            total=self.total,
+            tokens=self.tokens,
+            per_s=self.samples_per_s,
+            tokens_per_s=self.tokens_per_s,
+            waiting=waiting,
+            tokens_in_flight=self.tokens_in_flight,
+            tokens_per_item=self.tokens_per_sample,
+            in_flight=self.in_flight,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         progress = self.progress
@@ -90,9 +119,14 @@ def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_
         if waiting is not None:
             status.waiting_for_servers = (f"waiting for servers for {now - float(waiting['since']):.0f}s (fails at "
                                           f"{float(waiting['timeout_s']):g}s): {waiting['servers']}")  # fmt: skip
-        samples, tokens, times = journal_progress(journal)
+        samples, tokens, times, seconds = journal_progress(journal)
         status.done += samples
         status.tokens += tokens
+        started = read_in_flight(out / in_flight_name(index), max_age_s=4 * IN_FLIGHT_EVERY_S)
+        status.in_flight += len(started)
+        if started and seconds > 0:  # credited at this shard's finished samples' rate
+            elapsed = sum(max(now - t, 0.0) for t in started)
+            status.tokens_in_flight += round(elapsed * tokens / seconds)
         recent = [t for t in times if t >= now - window_s]
         if recent:
             recent_samples += len(recent)
@@ -102,4 +136,7 @@ def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_
         span = now - oldest
         status.samples_per_s = recent_samples / span
         status.tokens_per_s = recent_tokens / span
+    if status.done:
+        status.tokens_per_sample = status.tokens / status.done
+    status.tokens += status.tokens_in_flight
     return status

@@ -188,6 +188,8 @@ class NightSummary(Frozen):
     curve: Curve
     # how train.features was decided (``eagle3.capture.costs.choose_features``)
     features_mode: str | None = None
+    target: str = ""  # target.model_path: the summary names the model the night served
+    sources: tuple[str, ...] = ()  # the sources' labels: the data it regenerated
 
     def row_sources(self) -> dict[str, int]:
         """Tonight's training rows by where their answers came from: served traffic (as

@@ -151,10 +151,12 @@ def check_engine(config: PipelineConfig, engine: str | None = None) -> None:
         check_sglang_runtime(sglang_runtime_python())
 
 
-def _served_dtype(config: PipelineConfig, engine: str) -> str:
-    if config.server.dtype != "auto" or engine == "sglang":
-        return config.server.dtype
-    return config.target.dtype
+def served_dtype(config: PipelineConfig) -> str:
+    """The dtype every server of the config serves in, on both engines: ``server.dtype``, or when
+    that is ``auto`` the target's (``target.dtype``). Never SGLang's own ``auto``, which serves a
+    float32 checkpoint in float16: the reference server would then compute in another precision than
+    SGLang, and regen, the gate's arms and capture would each see another target."""
+    return config.target.dtype if config.server.dtype == "auto" else config.server.dtype
 
 
 def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) -> list[str]:
@@ -165,7 +167,7 @@ def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) ->
         args += ["--revision", target.revision]
     if engine == "sglang" and target.trust_remote_code:
         args.append("--trust-remote-code")
-    args += ["--dtype", _served_dtype(config, engine)]
+    args += ["--dtype", served_dtype(config)]
     args += ["--context-length", str(server.context_length or target.context_length)]
     args += [MAX_RUNNING_FLAG, str(server.max_running_requests)]
     if engine == "sglang":

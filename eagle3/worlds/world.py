@@ -313,9 +313,11 @@ def world_builders() -> dict[str, Callable[..., tuple[TinyWorld, bool]]]:
     """The dev worlds by name (``dev.world``, ``eagle3 dev build-tiny --world``): each builder takes the cache
     directory, ``progress`` and ``num_threads`` and returns the world and whether it was a cache hit."""
     from eagle3.worlds.served_traffic import build_served_traffic  # they build on this module
+    from eagle3.worlds.smollm2_world import build_smollm2_world
     from eagle3.worlds.think_world import build_think_world
 
-    return {"tiny": build_tiny_world, "think": build_think_world, "served": build_served_traffic}
+    builders = {"tiny": build_tiny_world, "think": build_think_world}
+    return builders | {"served": build_served_traffic, "smollm2": build_smollm2_world}
 
 
 def build_cached(final: Path, build_into: Callable[[Path], T], *, say: Callable[[str], None] = logger.info) -> T | None:

@@ -122,6 +122,9 @@ EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
     ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors
     ("eagle3.regen.shard", "ShardFailed", EXIT_FAILED),  # no server answered (a unit's error: its stage fails)
+    # a pinned wheel absent, unreachable or altered; no gguf package, or a conversion that differs
+    ("eagle3.worlds.packaged", "PackagedFileError", EXIT_USAGE),
+    ("eagle3.worlds.gguf_target", "GGUFError", EXIT_USAGE),
     ("eagle3.errors", "Stopped", EXIT_FAILED),  # a stopped unit (the command exits 130 / 143)
 )
 

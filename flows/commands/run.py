@@ -52,7 +52,8 @@ def run(
     cfg = resolve_config(recipe, config, set_, stages=STAGES)
     console.print(f"run root: {cfg.root_path}")
     if cfg.dev.tiny_world:
-        console.print("tiny world: built (or reused) by the run's first task, which logs where")
+        built = "built (or reused) by the run's first task, which logs where"
+        console.print(f"{cfg.dev.world} world: {built}")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
     with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
         from flows.pipeline import data_scaling

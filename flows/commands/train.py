@@ -95,7 +95,13 @@ def export(
 
 def evaluate(
     draft: Path = typer.Option(..., "--draft", "-d", help="Draft export dir."),
-    prompts: Path = typer.Option(..., "--prompts", "-p", help='JSONL of {"id", "prompt"} rows.'),
+    prompts: Path = typer.Option(
+        ...,
+        "--prompts",
+        "-p",
+        help="A prompt set: JSONL or JSON, gzip or not ({id, prompt} rows, MT-bench's "
+        "question.jsonl, HumanEval, ShareGPT-style conversations).",
+    ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
     aux: str = typer.Option("eagle3", "--aux", help="eagle3 or last_hidden_only (the EAGLE misconfiguration)."),
@@ -133,9 +139,10 @@ def evaluate(
             else [p.params() for p in cfg.gate.sampling.values() if not p.greedy]
         )
     tokenizer = load_tokenizer(cfg.target)
+    # the prompts before the target: a bad file fails at once
+    prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     target = load_causal_lm(cfg.target, dtype=getattr(torch, cfg.target.dtype))
     decoder = SpeculativeDecoder(target, tokenizer, draft, cfg.speculative.num_steps, aux)  # type: ignore[arg-type]
-    prompt_ids = load_prompt_file(prompts, tokenizer, limit=limit)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     with Progress(console=console) as progress:
         total = len(prompt_ids) * (1 + len(samplings))
@@ -146,12 +153,13 @@ def evaluate(
         sampled = [
             evaluate_sampled(decoder, prompt_ids, s, seeds=seeds, **options) for s in samplings
         ]
-    console.print(
+    results.print(
         f"accept length {result['accept_length']:.3f} {_interval(result['interval'])} greedy "
-        f"({result['tokens']} tokens / {result['verify_passes']} verify passes, aux={aux})"
+        f"({result['tokens']} tokens / {result['verify_passes']} verify passes over "
+        f"{result['prompts']} prompts, aux={aux})"
     )
     for r in sampled:
-        console.print(
+        results.print(
             f"at {r['sampling']}: expected accept length {r['expected_accept_length']:.3f} "
             f"{_interval(r['expected_interval'])}, measured {r['accept_length']:.3f} "
             f"{_interval(r['interval'])} ({r['prompts']} prompts x {r['seeds']} seeds, along the "

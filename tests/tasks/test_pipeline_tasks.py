@@ -75,3 +75,27 @@ def test_the_night_summary_counts_rows_by_where_their_answers_came_from(prefect_
     )
     assert summary.row_sources() == {"served": 6, "regenerated": 3, "pretokenized": 2}
     assert "- rows: 6 served, 3 regenerated, 2 pretokenized" in publish_summary_task.fn(summary)
+
+
+@pytest.mark.filterwarnings("ignore:Artifact creation outside of a flow:FutureWarning")
+def test_the_night_summary_names_the_target_model_and_its_data(prefect_harness):
+    from tasks.pipeline import publish_summary_task
+
+    night = Night(policy="uniform", prompts_dir="/p", total_prompts=8, shard_ids=[0],
+                  new_shard_ids=[0], pool_prompts=8, exhausted=True, plan_markdown="")
+    gate = GateOutcome(out_dir="/g", report="/r.json", markdown="/r.md", passed=False,
+                       verdict="fail", reasons=[])
+    draft = TrainedDraft(fingerprint="fp", out_dir="/d", vocab="/v", train_samples=8,
+                         export="/d/export")
+    summary = NightSummary(
+        night=night,
+        regen=StageResult(stage="regen", fingerprint="fp", out_dir="/runs/regen/fp", done=True),
+        draft=draft,
+        gate=gate,
+        curve=Curve(points=1, verdict="one point", png="/c.png", curve="/c.jsonl"),
+        target="/cache/smollm2-world-0123/SmolLM2-135M-Instruct",
+        sources=("sharegpt",),
+    )
+    markdown = publish_summary_task.fn(summary)
+    assert "- target: `SmolLM2-135M-Instruct` (/cache/smollm2-world-0123/SmolLM2-" in markdown
+    assert "data: sharegpt" in markdown

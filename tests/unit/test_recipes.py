@@ -21,6 +21,7 @@ def test_every_recipe_loads_and_round_trips(name):
         ("glm_5", 78, 6144, 154_880, [2, 39, 75], [1, 38, 74]),
         ("llama3_8b", 32, 4096, 128_256, [2, 16, 29], [1, 15, 28]),
         ("tiny", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
+        ("smollm2", 30, 576, 49_152, [2, 15, 27], [1, 14, 26]),  # SGLang's own default for L=30
         ("tiny_think", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
     ],
 )
@@ -32,7 +33,7 @@ def test_recipes_derive_aux_layers_from_the_target(name, layers, hidden, vocab, 
 
 
 def test_unknown_recipe_lists_the_known_ones():
-    with pytest.raises(ConfigError, match="glm_5, kimi_k2_5, llama3_8b, tiny"):
+    with pytest.raises(ConfigError, match="glm_5, kimi_k2_5, llama3_8b, smollm2, tiny"):
         load_recipe("kimi")
 
 
@@ -76,3 +77,24 @@ def test_tiny_think_is_the_tiny_recipe_on_the_thinking_world(monkeypatch, tmp_pa
     assert sorted(cfg.gate.prompt_sets) == ["think", "tools"]
     assert (cfg.regen.reasoning_parser, cfg.regen.tool_call_parser, cfg.regen.thinking) == ("kimi_k2", "kimi_k2", True)
     assert (cfg.train, cfg.capture, cfg.server) == (tiny.train, tiny.capture, tiny.server)  # a variant of tiny
+
+
+def test_a_target_whose_checkpoint_has_other_layers_is_refused_and_odd_aux_layers_warned(
+    tmp_path, caplog
+):
+    """A config copied from another recipe keeps its layer count and aux layers; where the
+    checkpoint's config.json is on disk, the count is checked at load, and aux layers that skip the
+    upper half are named."""
+    from eagle3.recipes import resolve
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 30}')
+    refused = r"target.num_layers=8 but .* has 30 layers: set target.num_layers=30"
+    with pytest.raises(ConfigError, match=refused):
+        resolve("tiny", [f"target.model_path={model}"])
+    with caplog.at_level("WARNING"):
+        copied = ["target.num_layers=30", "capture.aux_layers=[2,4,5]"]
+        resolve("tiny", [f"target.model_path={model}", *copied])
+    assert "take no layer from the upper half of this 30-layer target" in caplog.text
+    assert "[2, 15, 27]" in caplog.text

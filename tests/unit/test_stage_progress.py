@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from eagle3.stage import Progress, RateWindow, human_duration
 
 
@@ -80,3 +82,42 @@ def test_while_no_server_is_healthy_the_progress_says_waiting_for_servers_and_sh
     (regen / waiting_name(0)).unlink()  # a server is back: the rate is this run's served work from here
     now[0] += 10.0
     assert "ETA" in bar.observe(regen_status(regen).progress).describe()
+
+
+def test_regen_progress_counts_the_tokens_of_samples_in_flight_and_the_eta_follows_tokens(
+    tmp_path, write_regen_stage
+):
+    """Sixteen long answers in flight and two finished: the finished-only count said 1 tok/s and an
+    ETA of hours while the server made 9-10 tok/s. In-flight samples are credited their elapsed time
+    at the finished samples' rate, so the tokens (and a rate window over them) are the work under
+    way, and the ETA is tokens left / rate."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from eagle3.regen.journal import Journal, journal_name
+    from eagle3.regen.shard import in_flight_name
+    from eagle3.regen.status import regen_status
+    from eagle3.rundir.layout import shard_name
+    from eagle3.rundir.runroot import atomic_write_text
+
+    regen = write_regen_stage(tmp_path / "root" / "regen" / "fp", shards=1, rows=40)
+    rows = pq.read_table(regen / shard_name(0)).to_pylist()
+    (regen / shard_name(0)).unlink()  # shard 0 is running
+    now = time.time()
+    with Journal(regen / journal_name(0), fsync_every=1) as journal:
+        for row in rows[:2]:  # 100 tokens each in 10 s: 10 tokens per second per sample
+            meta = json.dumps({"total_completion_tokens": 100})
+            journal.append(row | {"meta": meta, "latency_s": 10.0, "status": "ok"})
+    started = [now - 5.0] * 16  # sixteen samples in flight for 5 s: about 50 tokens each so far
+    atomic_write_text(regen / in_flight_name(0), json.dumps({"at": now, "started": started}))
+    status = regen_status(regen)
+    assert status.done == 2 and status.tokens_per_sample == 100
+    assert 780 <= status.tokens_in_flight <= 840 and status.tokens == 200 + status.tokens_in_flight
+    progress = status.progress.model_copy(update={"tokens_per_s": 160.0})  # a rate window's
+    left = 38 * 100 - status.tokens_in_flight  # the samples left at the mean, less those running
+    assert progress.eta_s == pytest.approx(left / 160.0)
+    long = status.progress.model_copy(update={"tokens_per_s": 160.0, "tokens_in_flight": 16 * 300})
+    assert long.eta_s == pytest.approx(22 * 100 / 160.0)  # past the mean: 22 not started remain
+    atomic_write_text(regen / in_flight_name(0), json.dumps({"at": now - 600, "started": started}))
+    assert regen_status(regen).tokens_in_flight == 0  # a stale marker (a dead shard): no credit

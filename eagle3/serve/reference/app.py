@@ -25,8 +25,9 @@ What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
 * With ``--reasoning-parser``, a chat reply's thinking is split off into ``message.reasoning_content`` (SGLang's
   ``ReasoningParser.parse_non_stream`` in ``entrypoints/openai/serving_chat.py``, ``separate_reasoning`` on by
   default): forced on for a template whose switch is on, so ``reasoning</think>answer`` splits at ``</think>``.
-* ``cached_tokens`` is always 0: the reference server has no prefix (radix) cache, so no prompt token is ever served
-  from cache; reporting anything else would be a lie that benchmark reports would repeat.
+* ``cached_tokens`` counts the prompt tokens the plain engine's prefix cache served
+  (``prefix_cache``: whole finished sequences, not SGLang's radix tree; 0 on a speculative server,
+  which has none); ``/flush_cache`` empties it, as SGLang's empties its radix cache.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def meta_info(c: Completion, prompt_tokens: int, *, drafts_per_pass: int | None)
         "num_retractions": 0,
         "reasoning_tokens": 0,
         "completion_tokens": n,
-        "cached_tokens": 0,  # no prefix cache
+        "cached_tokens": c.cached_tokens,
         "weight_versions": [{"version": "default", "start": 0, "end": n}],
         "cached_tokens_details": None,
         "dp_rank": None,
@@ -353,6 +354,7 @@ async def flush_cache(request: web.Request) -> web.Response:
     """200 when idle, 400 while requests run or wait: SGLang refuses to flush under load, so callers must retry."""
     if request.app[IN_FLIGHT]:  # every /generate and chat request, queued or running
         return web.Response(status=400, text="Flush cache failed.\n")
+    request.app[GENERATOR].flush()
     return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
                         "waiting requests, the operation will not be performed.)\n")  # fmt: skip
 

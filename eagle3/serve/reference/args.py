@@ -34,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int, default=None, help="Default: the model's max_position_embeddings.")
     p.add_argument("--max-running-requests", type=int, default=32, help="Sequences decoded together per step.")
     p.add_argument("--max-queued-requests", type=int, default=None, help="Waiting-queue cap; 503 when full.")
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=8192,
+        help="Tokens of finished sequences kept to serve prompts that start with them (0: off); "
+        "8,192 is the token pool of the project's SGLang CPU launch.",
+    )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--random-seed", type=int, default=0)

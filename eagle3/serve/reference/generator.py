@@ -58,6 +58,7 @@ class ModelGenerator:
                 max_running=args.max_running_requests,
                 context_length=self.context_length,
                 seed=args.random_seed,
+                prefix_cache_tokens=args.prefix_cache_tokens,
             )
         self.scheduler = Scheduler(engine)
         self.scheduler.start()
@@ -110,6 +111,12 @@ class ModelGenerator:
             counters |= {"verify_forwards": self.speculative.verify_forwards,
                          "verify_passes": self.speculative.verify_passes}  # fmt: skip
         return counters
+
+    def flush(self) -> None:
+        """Empty the engine's prefix cache (a speculative engine keeps none)."""
+        flush = getattr(self.scheduler.engine, "flush", None)
+        if flush is not None:
+            flush()
 
     def close(self) -> None:
         self.scheduler.close()
@@ -171,6 +178,9 @@ class SyntheticGenerator:
 
     def counters(self) -> dict[str, float]:
         return {"completed_requests": self.completed, "avg_spec_accept_length": 1.0}
+
+    def flush(self) -> None:
+        """Nothing is cached without a model."""
 
     def close(self) -> None:
         return None

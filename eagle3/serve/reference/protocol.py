@@ -45,6 +45,7 @@ class Sequence:
     accepted_drafts: list[int] = field(default_factory=list)  # per verify pass (a speculative engine's)
     created: float = field(default_factory=time.monotonic)
     sampling: Any = None  # the engine's sampling state of it (``sampling.RowSampling``)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -80,3 +81,4 @@ class Completion:
     verify_ct: int
     e2e_latency: float
     accepted_drafts: list[int] = field(default_factory=list)  # per verify pass
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -119,6 +119,7 @@ class Scheduler:
                 seq.verify_ct,
                 time.monotonic() - seq.created,
                 list(seq.accepted_drafts),
+                seq.cached_tokens,
             )
             self.completed += 1
             self.completion_tokens += len(seq.output_ids)

@@ -77,6 +77,7 @@ def test_system_column_and_capybara_pairs_and_openai_content_parts():
         ([("human", 3)], "malformed"),
         ([("human", "a"), ("gpt", "b"), ("tool", "r"), ("gpt", "c"), ("human", "d")], None),
         ([("human", "a"), ("gpt", "")], None),
+        ([("gpt", "a reply to a split-off question"), ("human", "a"), ("gpt", "b")], None),
     ],
 )
 def test_validation_reasons(turns, reason):
@@ -114,3 +115,14 @@ def test_sample_id_depends_on_prompt_content_only():
 def test_pretokenized_rows_need_integer_lists():
     with pytest.raises(RowError, match="input_ids"):
         _convert("pretokenized", {"input_ids": "1 2 3", "loss_mask": [0, 1, 1]})
+
+
+def test_a_leading_reply_without_its_question_is_dropped_not_the_row():
+    """ShareGPT's cleaned split cuts long conversations into parts; a later part opens with the
+    reply to a question left in the previous part (36% of the shipped file's rows)."""
+    roles = ["system", "assistant", "user", "assistant"]
+    texts = ["S", "the rest of an answer", "and now?", "ok"]
+    messages = [{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]
+    out = normalize_messages(messages, CFG)
+    assert [m["role"] for m in out] == ["system", "user", "assistant"]
+    assert out[1]["content"] == "and now?"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pyarrow as pa
@@ -64,3 +65,26 @@ def test_rows_are_indexed_across_files_in_order(tmp_path):
 def test_truncate_raw_caps_at_2kb_and_never_raises_on_bad_text():
     raw = truncate_raw({"text": "\udcff" + "é" * 5000})
     assert len(raw.encode("utf-8")) <= 2048 and raw.endswith("...")
+
+
+def test_gzip_files_read_like_plain_ones_and_a_cut_stream_is_one_malformed_row(tmp_path):
+    rows = [{"a": i} for i in range(50)]
+    lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    jsonl = tmp_path / "r.jsonl.gz"
+    jsonl.write_bytes(gzip.compress(lines))
+    array = tmp_path / "r.json.gz"
+    array.write_bytes(gzip.compress(json.dumps(rows).encode()))
+    assert [r.value for r in iter_rows([jsonl])] == rows == [r.value for r in iter_rows([array])]
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(lines)[:-40])
+    got = list(iter_rows([cut]))
+    assert got[-1].error == "malformed" and "cut short" in got[-1].raw
+    assert all(r.error is None for r in got[:-2]) and len(got) <= len(rows) + 1
+
+
+def test_an_array_cut_between_two_rows_ends_with_a_malformed_row_not_silently(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"a": 1}, {"a": 2}])[:-1] + ",")  # every row whole, the ']' gone
+    got = list(iter_rows([path]))
+    assert [r.value for r in got[:2]] == [{"a": 1}, {"a": 2}]
+    assert got[2].error == "malformed" and "without ']' after 2 rows" in got[2].raw

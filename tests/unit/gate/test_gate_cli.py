@@ -43,3 +43,26 @@ def test_preflight_cli_fails_an_eagle_launch_naming_the_flag(bench_config, make_
     )
     assert bad.exit_code == 1
     assert "FAIL algorithm" in bad.output and "--speculative-algorithm is 'EAGLE'" in bad.output
+
+
+def test_eval_reads_mt_benchs_own_file_and_prints_its_result_on_stdout(
+    make_export, tiny_world, tmp_path
+):
+    """``eagle3 eval --prompts question.jsonl``: MT-bench's rows (``turns``) are prompts like any
+    other set, and the result is the command's output (stdout), its progress on stderr."""
+    import json
+
+    turns = [[f"Say hello {i}.", "Again."] for i in range(2)]
+    rows = [{"question_id": 81 + i, "category": "writing", "turns": t} for i, t in enumerate(turns)]
+    mt_bench = tmp_path / "question.jsonl"
+    mt_bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    draft = str(make_export())
+    args = ["eval", "--draft", draft, "--prompts", str(mt_bench), "--max-new-tokens", "4"]
+    args += ["--recipe", "tiny"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("accept length ") and "over 2 prompts" in result.stdout
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"query": "hi"}\n')
+    refused = CliRunner().invoke(app, [*args[:4], str(odd), *args[5:]])  # refused before the target
+    assert refused.exit_code == 2 and "row 1 has keys ['query']" in refused.output

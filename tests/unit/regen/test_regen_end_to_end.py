@@ -128,3 +128,38 @@ def test_openai_path_records_that_output_ids_are_retokenized(tmp_path, regen_mod
         output = row["input_ids"][row["prompt_tokens"] :]
         text_ids = tok(row["messages"][-1]["content"], add_special_tokens=False)["input_ids"]
         assert output[: len(text_ids)] == text_ids
+
+
+def test_max_turns_regenerates_the_first_turns_only_and_says_how_many_were_cut(
+    tmp_path, regen_model_dir, server, regen_helpers
+):
+    rows = [regen_helpers.chat("three", "first question", "second question", "third question")]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
+    config = regen_helpers.config(tmp_path, regen_model_dir, [server.url], max_turns=1)
+    out = Path(run_stage(RegenStage(), config, prompts_dir=prompts).summary["regen_dir"])
+    row = pq.read_table(out / "shard-00000.parquet").to_pylist()[0]
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+    assert row["messages"][0]["content"] == "first question"
+    assert json.loads(row["meta"])["turns_cut"] == 2
+    every = regen_helpers.config(tmp_path, regen_model_dir, [server.url])
+    assert regen_fingerprint("p", config) != regen_fingerprint("p", every)  # another set of rows
+
+
+def test_source_answers_are_kept_and_rendered_without_any_server(
+    tmp_path, regen_model_dir, regen_helpers
+):
+    """regen.answers=source: the dataset's own answers, as the target's template renders them, the
+    loss on them."""
+    two = regen_helpers.chat("two", "first question", "second question")
+    rows = [two, regen_helpers.chat("one", "hi")]
+    prompts = regen_helpers.write_prompts(tmp_path, [rows])
+    config = regen_helpers.config(tmp_path, regen_model_dir, [], answers="source", max_turns=1)
+    out = Path(run_stage(RegenStage(), config, prompts_dir=prompts).summary["regen_dir"])
+    got = {r["sample_id"]: r for r in pq.read_table(out / "shard-00000.parquet").to_pylist()}
+    assert not list(out.glob("*-server.log"))  # no server was started
+    two = got["two"]
+    rendered = render_conversation(AutoTokenizer.from_pretrained(regen_model_dir), two["messages"])
+    assert (two["input_ids"], two["loss_mask"]) == (rendered.input_ids, rendered.loss_mask)
+    assert [m["content"] for m in two["messages"]] == ["first question", "ORIGINAL ANSWER 0"]
+    assert json.loads(two["meta"])["turns_cut"] == 1 and two["server"] == "source"
+    assert two["completion_tokens"] == sum(two["loss_mask"]) > 0

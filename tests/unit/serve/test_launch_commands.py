@@ -241,3 +241,16 @@ def test_a_missing_or_wrong_sglang_runtime_is_one_line_saying_how_to_install_it(
     assert "\n" not in str(missing.value)
     with pytest.raises(EngineUnavailable, match=r"has no SGLang, the CPU runtime needs SGLang 0.5.23: .*dev.sh sglang"):
         check_sglang_runtime(Path(sys.executable))  # the project's venv: no SGLang in it
+
+
+def test_both_engines_serve_the_targets_dtype_never_sglangs_auto(tmp_path):
+    """``server.dtype=auto`` (the default) means the target's dtype on both engines: SGLang's own
+    ``auto`` would serve a float32 checkpoint in float16 while the reference server computes in
+    float32."""
+    smollm2 = load_recipe("smollm2", [f"root={tmp_path}"])
+    for engine in ("sglang", "reference"):
+        args = build_launch(smollm2, "baseline", engine=engine, port=31000).server_args()
+        assert args[args.index("--dtype") + 1] == "float32", engine
+    pinned = with_overrides(smollm2, ["server.dtype=bfloat16"])
+    args = build_launch(pinned, "baseline", engine="sglang", port=31000).server_args()
+    assert args[args.index("--dtype") + 1] == "bfloat16"

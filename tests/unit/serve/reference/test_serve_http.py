@@ -55,7 +55,8 @@ def test_generate_answers_with_sglang_fields(server):
     meta = body["meta_info"]
     assert meta["id"] == "r1"
     assert meta["finish_reason"]["type"] == "length"
-    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]) == (4, 4, 0)  # no prefix cache
+    counts = (meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"])
+    assert counts == (4, 4, 0)  # nothing cached yet
     assert "e2e_latency" in meta
     assert not {"spec_verify_ct", "spec_accept_length"} & set(meta)  # not a speculative server
 
@@ -275,3 +276,17 @@ def test_speculative_counters_only_on_a_speculative_server_and_only_when_positiv
     assert not {k for k in plain if k.startswith("spec_")}
     no_pass = Completion("r", [5], [], {"type": "abort"}, verify_ct=0, e2e_latency=0.0)
     assert "spec_verify_ct" not in meta_info(no_pass, 1, drafts_per_pass=3)
+
+
+def test_a_prompt_continuing_an_answered_one_reports_its_cached_prefix_until_a_flush(server):
+    """Regen's next turn repeats the last turn's prompt and answer: served from the prefix cache,
+    counted in ``cached_tokens`` as SGLang counts radix-cache hits; ``/flush_cache`` empties it."""
+    prompt = [5 + (j * 11) % 200 for j in range(40)]
+    [(_, first)] = _run_posts(f"{server.url}/generate", [_greedy(prompt, 4)])
+    follow = [*prompt, *first["output_ids"], 7, 8, 9]
+    [(_, hit)] = _run_posts(f"{server.url}/generate", [_greedy(follow, 3)])
+    assert hit["meta_info"]["cached_tokens"] == len(prompt) + 3  # the last answer token not fed
+    flushed = urllib.request.urlopen(f"{server.url}/flush_cache", timeout=30).read().decode()
+    assert "Cache flushed" in flushed
+    [(_, again)] = _run_posts(f"{server.url}/generate", [_greedy(follow, 3)])
+    assert again["meta_info"]["cached_tokens"] == 0 and again["output_ids"] == hit["output_ids"]
