@@ -292,7 +292,7 @@ def smollm2() -> PipelineConfig:
     )
 
 
-# The large recipes store features as fp8_topk (issue 15): fp8 aux states plus the target's top-256 next-token
+# The large recipes store features as fp8_topk (BENCHMARKS.md, "Storage"): fp8 aux states plus the target's top-256 next-token
 # distribution instead of the final state, with lz4 on the state columns. Measured (BENCHMARKS.md, idle): 0.392 of
 # 8*H per token at Kimi's H with lz4 and 0.319 with zstd (fp8_all + zstd: 0.410, raw + zstd: 0.779); accept length
 # 0.986 of raw features on the tiny world (goals <= 0.40, >= 0.98). lz4 because it also reads faster than the
@@ -344,7 +344,7 @@ def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
 
 
 def kimi_k2_5() -> PipelineConfig:
-    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the mission's model, served with tp 8.
+    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the model this pipeline was built for, served with tp 8.
 
     A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config.pipeline``).
     Captured with ``capture.backend=sglang`` (``SGLANG_CAPTURE``): SGLang's model runner on the node's 8 GPUs, one

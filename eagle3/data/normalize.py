@@ -1,4 +1,4 @@
-"""Normalization (stages 1-2 of DESIGN §3): raw rows of one source -> normalized prompt rows + quarantine.
+"""Normalization (docs/DESIGN.md, "Prompts"): raw rows of one source -> normalized prompt rows + quarantine.
 
 Per row, in this order (the first failing rule names the quarantine reason):
   malformed / unknown_role (adapter), bad_encoding (lone surrogates = invalid UTF-8), too_long (a message over

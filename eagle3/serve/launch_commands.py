@@ -1,4 +1,4 @@
-"""Server launch commands, generated from config, never hand-typed (DESIGN §5): the gate's arms, regen's server.
+"""Server launch commands, generated from config, never hand-typed (docs/DESIGN.md, "Launch"): the gate's arms, regen's server.
 
 Design choices:
 - One function builds every arm. The arms share one argument list (model, tp, dtype, context length, memory
@@ -188,7 +188,7 @@ def shared_args(config: PipelineConfig, engine: str, *, host: str, port: int) ->
 
 
 def speculative_args(spec: SpeculativeConfig, draft: str) -> list[str]:
-    """The five speculative flags (DESIGN §5: set all of steps/topk/draft tokens, never some)."""
+    """The five speculative flags (set all of steps/topk/draft tokens, never some)."""
     return [
         ALGORITHM_FLAG,
         spec.algorithm,

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skip(reason="enabled after the sweep of the remaining files")
-
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("eagle3", "flows", "tasks", "deployments", "benchmarks")
 DOCSTRING_PACKAGES = ("eagle3", "flows", "tasks")

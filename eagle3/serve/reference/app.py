@@ -1,4 +1,4 @@
-"""The HTTP layer: SGLang's endpoint subset (DESIGN §5) on aiohttp.web, as strict as SGLang 0.5.23 where a client
+"""The HTTP layer: SGLang's endpoint subset (docs/DESIGN.md, "HTTP") on aiohttp.web, as strict as SGLang 0.5.23 where a client
 can tell the difference.
 
 Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are ``{"error": {"message"}}``

@@ -25,7 +25,7 @@ from eagle3.serve.reference.request_log import add_flags as add_log_flags
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3 serve",
-        description="Reference server: a transformers causal LM behind SGLang's HTTP API (DESIGN §5).",
+        description="Reference server: a transformers causal LM behind SGLang's HTTP API.",
     )
     p.add_argument("--model", "--model-path", dest="model_path", help="Model directory (save_pretrained layout).")
     p.add_argument("--tokenizer-path", default=None, help="Tokenizer directory (default: the model directory).")
