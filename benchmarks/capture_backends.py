@@ -1,23 +1,27 @@
-"""Capture throughput and agreement by backend: rows/s of ``capture_shard`` with ``capture.backend=sglang`` (SGLang's
-model runner in worker processes, states over shared memory) vs ``capture.backend=hf`` (transformers in this
-process), on the same rows, the same target and the same machine, side by side in one run: ``--rounds`` rounds
-alternate the arms' order, the median and range of the per-round ratios (sglang / hf) are printed, and so is the
-largest difference between the two arms' stored features (states, or top-k ids and probabilities).
+"""Capture throughput and agreement by backend: rows/s of ``capture_shard`` with
+``capture.backend=sglang`` (SGLang's model runner in worker processes, states over shared memory) vs
+``capture.backend=hf`` (transformers in this process), on the same rows, the same target and the
+same machine, side by side in one run: ``--rounds`` rounds alternate the arms' order, the median and
+range of the per-round ratios (sglang / hf) are printed, and so is the largest difference between
+the two arms' stored features (states, or top-k ids and probabilities).
 
-    python benchmarks/capture_backends.py [--quick] [--hidden 256] [--layers 8] [--samples 64] [--rounds 3]
-                                          [--threads N] [--device cpu|cuda] [--tp 1] [--dtype float32]
-                                          [--encoding raw|fp8_topk] [--topk 16]
+    python benchmarks/capture_backends.py [--quick] [--hidden 256] [--layers 8] [--samples 64]
+    [--rounds 3]
+                                          [--threads N] [--device cpu|cuda] [--tp 1] [--dtype
+                                          float32] [--encoding raw|fp8_topk] [--topk 16]
     python benchmarks/capture_backends.py --recipe kimi_k2_5 --model-path DIR [--samples 32]   # sglang arm only
 
-The target is a randomly initialised Llama of the given size with the tiny tokenizer (``capture_overhead.py``'s:
-``hidden // 64`` heads, ``hidden // 128`` KV heads, so ``--tp`` must divide both), the rows random token sequences
-of 64-1024 tokens. Each arm runs the whole shard: read, plan, forward, quarantine checks, part files, the merged
-shard. Both backends are loaded before the first round (not timed; their load times are printed). ``--threads``
-sets this process's torch threads; on a CPU the SGLang workers get the same number split over ``--tp`` ranks, so
-both arms compute on the same cores. On this CPU SGLang runs through the project's runtime (``infra/dev.sh
-sglang``); on a GPU node through the ``sglang`` extra or ``EAGLE3_SGLANG_PYTHON``. ``--recipe`` captures random rows
-of the recipe's own target (``--model-path``: its checkpoint) with its SGLang settings (tp 8 for the large ones),
-the ``sglang`` arm alone: no transformers process can hold those targets.
+The target is a randomly initialised Llama of the given size with the tiny tokenizer
+(``capture_overhead.py``'s: ``hidden // 64`` heads, ``hidden // 128`` KV heads, so ``--tp`` must
+divide both), the rows random token sequences of 64-1024 tokens. Each arm runs the whole shard:
+read, plan, forward, quarantine checks, part files, the merged shard. Both backends are loaded
+before the first round (not timed; their load times are printed). ``--threads`` sets this process's
+torch threads; on a CPU the SGLang workers get the same number split over ``--tp`` ranks, so both
+arms compute on the same cores. On this CPU SGLang runs through the project's runtime
+(``infra/dev.sh sglang``); on a GPU node through the ``sglang`` extra or ``EAGLE3_SGLANG_PYTHON``.
+``--recipe`` captures random rows of the recipe's own target (``--model-path``: its checkpoint) with
+its SGLang settings (tp 8 for the large ones), the ``sglang`` arm alone: no transformers process can
+hold those targets.
 """
 
 from __future__ import annotations
@@ -54,24 +58,35 @@ def timed(config: PipelineConfig, regen: Path, out_dir: Path, backend) -> tuple[
 
 
 def largest_differences(a: Path, b: Path) -> dict[str, float]:
-    """Max |a - b| over every stored value of two feature shards of the same rows (top-k: also the share of ids
-    that differ, from near-ties)."""
+    """Max |a - b| over every stored value of two feature shards of the same rows (top-k: also the
+    share of ids that differ, from near-ties)."""
     out: dict[str, float] = {}
     tables = [pq.read_table(p) for p in (a, b)]
     codecs = [footer_codecs(shard_metadata(p)) for p in (a, b)]
     for column, index in (("aux_hidden", 0), ("last_hidden", 1)):
-        left, right = (c[index].views(t.column(column)) for c, t in zip(codecs, tables, strict=True))
+        left, right = (
+            c[index].views(t.column(column)) for c, t in zip(codecs, tables, strict=True)
+        )
         for (x, xs), (y, ys) in zip(left, right, strict=True):
             if column == "last_hidden" and x.dtype == torch.int32:  # top-k: (ids, probs)
-                out["topk_ids_differing"] = max(out.get("topk_ids_differing", 0.0), (x != y).float().mean().item())
-                out["topk_probs"] = max(out.get("topk_probs", 0.0), (xs.float() - ys.float()).abs().max().item())
+                out["topk_ids_differing"] = max(
+                    out.get("topk_ids_differing", 0.0), (x != y).float().mean().item()
+                )
+                out["topk_probs"] = max(
+                    out.get("topk_probs", 0.0), (xs.float() - ys.float()).abs().max().item()
+                )
             else:  # a state: as stored, or fp8 values with their scales
-                x, y = (v.float() if s is None else dequantize(v, s, torch.float32) for v, s in ((x, xs), (y, ys)))
+                x, y = (
+                    v.float() if s is None else dequantize(v, s, torch.float32)
+                    for v, s in ((x, xs), (y, ys))
+                )
                 out[column] = max(out.get(column, 0.0), (x - y).abs().max().item())
     return {k: float(f"{v:.3g}") for k, v in out.items()}
 
 
-def run_rounds(n: int, configs: dict, backends: dict, regen: Path, tmp_path: Path) -> tuple[list[dict], dict]:
+def run_rounds(
+    n: int, configs: dict, backends: dict, regen: Path, tmp_path: Path
+) -> tuple[list[dict], dict]:
     rows = pq.read_metadata(regen).num_rows
     for arm in backends:  # warm-up: first-call costs
         timed(configs[arm], regen, tmp_path / f"warm-{arm}" / "fp", backends[arm])
@@ -80,8 +95,15 @@ def run_rounds(n: int, configs: dict, backends: dict, regen: Path, tmp_path: Pat
         order = list(backends) if r % 2 == 0 else list(reversed(backends))
         seconds = {}
         for arm in order:
-            seconds[arm], shards[arm] = timed(configs[arm], regen, tmp_path / f"{arm}-{r}" / "fp", backends[arm])
-        out.append({"order": order, **{f"{arm}_rows_per_s": round(rows / s, 2) for arm, s in seconds.items()}})
+            seconds[arm], shards[arm] = timed(
+                configs[arm], regen, tmp_path / f"{arm}-{r}" / "fp", backends[arm]
+            )
+        out.append(
+            {
+                "order": order,
+                **{f"{arm}_rows_per_s": round(rows / s, 2) for arm, s in seconds.items()},
+            }
+        )
         if len(seconds) == 2:
             out[-1]["ratio"] = round(seconds["hf"] / seconds["sglang"], 3)
         print(json.dumps({"round": r, **out[-1]}), flush=True)
@@ -109,19 +131,35 @@ def configs_for(args: argparse.Namespace, tmp_path: Path) -> tuple[dict[str, Pip
     if args.recipe:
         config = load_recipe(
             args.recipe,
-            [f"root={tmp_path / 'root'}", f"target.model_path={args.model_path}", f"capture.device={args.device}"],
+            [
+                f"root={tmp_path / 'root'}",
+                f"target.model_path={args.model_path}",
+                f"capture.device={args.device}",
+            ],
         )
         return {"sglang": config}, config.target.vocab_size
     model_dir = build_target(tmp_path / "model", hidden=args.hidden, layers=args.layers)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     base = make_config(
-        model_dir, tmp_path / "root", hidden=args.hidden, layers=args.layers, dtype=args.dtype, vocab=vocab
+        model_dir,
+        tmp_path / "root",
+        hidden=args.hidden,
+        layers=args.layers,
+        dtype=args.dtype,
+        vocab=vocab,
     )
     return {
         "hf": with_overrides(
-            base, [f"capture.device={args.device}", f"capture.encoding={args.encoding}", f"capture.topk={args.topk}"]
+            base,
+            [
+                f"capture.device={args.device}",
+                f"capture.encoding={args.encoding}",
+                f"capture.topk={args.topk}",
+            ],
         ),
-        "sglang": with_overrides(base, [*sglang, f"capture.sglang.tp={args.tp}", f"capture.gpus={args.tp}"]),
+        "sglang": with_overrides(
+            base, [*sglang, f"capture.sglang.tp={args.tp}", f"capture.gpus={args.tp}"]
+        ),
     }, vocab
 
 
@@ -131,8 +169,12 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1, help="SGLang tensor-parallel ranks")
     parser.add_argument("--encoding", default="raw", choices=["raw", "fp8_topk"])
     parser.add_argument("--topk", type=int, default=16, help="k of fp8_topk")
-    parser.add_argument("--recipe", default=None, help="capture the recipe's own target (sglang arm only)")
-    parser.add_argument("--model-path", default=None, help="with --recipe: the target checkpoint's directory")
+    parser.add_argument(
+        "--recipe", default=None, help="capture the recipe's own target (sglang arm only)"
+    )
+    parser.add_argument(
+        "--model-path", default=None, help="with --recipe: the target checkpoint's directory"
+    )
     args = parser.parse_args()
     start_torch(args, quick=(128, 4, 12))
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,10 +204,16 @@ def main() -> None:
         "rounds": len(rounds),
         "memory_plan_per_gpu": plan,
         "gpu_used_after_rounds": used,
-        **{f"{arm}_rows_per_s": spread([r[f"{arm}_rows_per_s"] for r in rounds]) for arm in backends},
+        **{
+            f"{arm}_rows_per_s": spread([r[f"{arm}_rows_per_s"] for r in rounds])
+            for arm in backends
+        },
     }
     if "hf" in backends:
-        summary |= {"ratio_sglang_over_hf": spread([r["ratio"] for r in rounds]), "max_abs_difference": differences}
+        summary |= {
+            "ratio_sglang_over_hf": spread([r["ratio"] for r in rounds]),
+            "max_abs_difference": differences,
+        }
     print(json.dumps(summary, indent=2))
 
 

@@ -1,16 +1,19 @@
-"""The reference server against real SGLang 0.5.23 on the same draft: speculative / baseline speedup per concurrency
-on each engine, side by side in one run, and the reference server's scaling beside its baseline's.
+"""The reference server against real SGLang 0.5.23 on the same draft: speculative / baseline speedup
+per concurrency on each engine, side by side in one run, and the reference server's scaling beside
+its baseline's.
 
-Four servers from one config through the one launcher (``build_launch``): a baseline and an EAGLE-3 arm on the
-reference engine and on SGLang (SGLang's two arms share ``SGLANG_MEMORY`` as the gate's do). The gate's interleaved
-rounds measure all four (``eagle3.gate.rounds.measure_rounds``: per round and level, every arm gets the gate
-prompts once after a warm-up and a cache flush, in arm order on even rounds and reversed on odd ones). A speedup is
-the median over rounds of the per-round ratio spec tok/s / baseline tok/s of one engine (min and max beside it);
-scaling is the median per-round ratio of an arm's tok/s at concurrency c to its own at the first level.
-The reference server must say what SGLang says: its speedup on the same side of 1.0 at every level, and its
+Four servers from one config through the one launcher (``build_launch``): a baseline and an EAGLE-3
+arm on the reference engine and on SGLang (SGLang's two arms share ``SGLANG_MEMORY`` as the gate's
+do). The gate's interleaved rounds measure all four (``eagle3.gate.rounds.measure_rounds``: per
+round and level, every arm gets the gate prompts once after a warm-up and a cache flush, in arm
+order on even rounds and reversed on odd ones). A speedup is the median over rounds of the per-round
+ratio spec tok/s / baseline tok/s of one engine (min and max beside it); scaling is the median
+per-round ratio of an arm's tok/s at concurrency c to its own at the first level. The reference
+server must say what SGLang says: its speedup on the same side of 1.0 at every level, and its
 speculative scaling at least 0.8 of its baseline's (batched verification, as SGLang's).
 
-    python benchmarks/engine_conformance.py --draft <export dir> [--recipe tiny] [--levels 1 4 16] [--rounds 3]
+    python benchmarks/engine_conformance.py --draft <export dir> [--recipe tiny] [--levels 1 4 16]
+    [--rounds 3]
 """
 
 from __future__ import annotations
@@ -33,15 +36,23 @@ from eagle3.serve.launch_commands import build_launch
 ENGINES = ("reference", "sglang")
 
 
-def _arms(config: PipelineConfig, draft: Path, logs: Path, stack: contextlib.ExitStack) -> list[tuple[ArmResult, str]]:
+def _arms(
+    config: PipelineConfig, draft: Path, logs: Path, stack: contextlib.ExitStack
+) -> list[tuple[ArmResult, str]]:
     live = []
     for engine in ENGINES:
         cfg = config
         if engine == "sglang" and config.server.mem_fraction_static is None:
-            cfg = with_overrides(config, [f"server.mem_fraction_static={round(SGLANG_MEMORY / 2, 3)}"])
+            cfg = with_overrides(
+                config, [f"server.mem_fraction_static={round(SGLANG_MEMORY / 2, 3)}"]
+            )
         for kind in ("baseline", "eagle3"):
-            command = build_launch(cfg, kind, engine=engine, draft=None if kind == "baseline" else draft, port=0)
-            server = stack.enter_context(command.server(log_path=logs / f"{engine}-{kind}.log", health_timeout_s=600))
+            command = build_launch(
+                cfg, kind, engine=engine, draft=None if kind == "baseline" else draft, port=0
+            )
+            server = stack.enter_context(
+                command.server(log_path=logs / f"{engine}-{kind}.log", health_timeout_s=600)
+            )
             role = "baseline" if kind == "baseline" else "candidate"
             live.append((ArmResult(f"{engine}:{kind}", role, server.url), server.url))
     return live
@@ -59,7 +70,11 @@ def _cell(ratio: tuple[float, float, float]) -> str:
 
 
 def report(arms: dict[str, ArmResult], levels: list[int]) -> None:
-    print("| engine | " + " | ".join(f"c={c} spec/baseline" for c in levels) + " | accept length (spec, pooled) |")
+    print(
+        "| engine | "
+        + " | ".join(f"c={c} spec/baseline" for c in levels)
+        + " | accept length (spec, pooled) |"
+    )
     print("|---|" + "---|" * (len(levels) + 1))
     for engine in ENGINES:
         spec, base = arms[f"{engine}:eagle3"], arms[f"{engine}:baseline"]
@@ -81,29 +96,46 @@ def report(arms: dict[str, ArmResult], levels: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draft", type=Path, required=True, help="A draft export dir for the recipe's target.")
+    parser.add_argument(
+        "--draft", type=Path, required=True, help="A draft export dir for the recipe's target."
+    )
     parser.add_argument("--recipe", default="tiny")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Config override a.b=value.")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="Config override a.b=value."
+    )
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     traffic = "{" + ", ".join(f"{c}: 1" for c in args.levels) + "}"
-    config = resolve(args.recipe, [*args.overrides, f"gate.traffic={traffic}", f"gate.min_rounds={args.rounds}",
-                                   f"gate.max_rounds={args.rounds}"])  # fmt: skip
+    config = resolve(
+        args.recipe,
+        [
+            *args.overrides,
+            f"gate.traffic={traffic}",
+            f"gate.min_rounds={args.rounds}",
+            f"gate.max_rounds={args.rounds}",
+        ],
+    )
     if config.server.max_running_requests < max(args.levels):
-        raise SystemExit(f"server.max_running_requests={config.server.max_running_requests} < {max(args.levels)}")
+        raise SystemExit(
+            f"server.max_running_requests={config.server.max_running_requests} < {max(args.levels)}"
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.target.model_path)
-    prompts = load_gate_prompts(config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set)
+    prompts = load_gate_prompts(
+        config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set
+    )
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         live = _arms(config, args.draft, Path(tmp), stack)
         measure_rounds(live, prompts, config.gate, keep_going=lambda: True)
     failed = [f"{arm.name}: {arm.error}" for arm, _ in live if arm.error]
     if failed:
         raise SystemExit("arms failed: " + "; ".join(failed))
-    print(f"{len(prompts)} prompts x {config.gate.max_new_tokens} new tokens, {args.rounds} interleaved rounds")
+    print(
+        f"{len(prompts)} prompts x {config.gate.max_new_tokens} new tokens, {args.rounds} interleaved rounds"
+    )
     report({arm.name: arm for arm, _ in live}, args.levels)
 
 

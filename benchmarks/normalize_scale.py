@@ -1,16 +1,19 @@
 """Prompts-stage memory and throughput at two sizes, side by side (ratios, as in docs/DESIGN.md,
 "What the benchmarks measure").
 
-For each size a synthetic JSONL source (distinct random-word prompts, ShareGPT layout) is normalized in a fresh
+For each size a synthetic JSONL source (distinct random-word prompts, ShareGPT layout) is normalized
+in a fresh
 subprocess, twice:
 
-* ``normalize``: discovery + the normalize stage's one source unit (read, convert, validate, token-length,
-  decontaminate, spill). This part streams, so its peak RSS should not grow with the input (goal: RSS ratio
-  large/small <= 1.2).
-* ``full``: discover + the whole normalize stage (the above + global exact/near dedup + shards). Dedup keeps a
-  digest and a MinHash signature per kept row by design, so its RSS grows with rows; the bytes per row are reported.
+* ``normalize``: discovery + the normalize stage's one source unit (read, convert, validate,
+  token-length, decontaminate, spill). This part streams, so its peak RSS should not grow with the
+  input (goal: RSS ratio large/small <= 1.2).
+* ``full``: discover + the whole normalize stage (the above + global exact/near dedup + shards).
+  Dedup keeps a digest and a MinHash signature per kept row by design, so its RSS grows with rows;
+  the bytes per row are reported.
 
-Usage: ``python benchmarks/normalize_scale.py [--quick]`` (quick: 20K and 200K rows; default 100K and 1M).
+Usage: ``python benchmarks/normalize_scale.py [--quick]`` (quick: 20K and 200K rows; default 100K
+and 1M).
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = [f"{a}{b}{c}" for a in ("ka", "lo", "mi", "nu", "pe", "ro", "sa", "ti") for b in "aeiou" for c in "bdgkmt"]
+WORDS = [
+    f"{a}{b}{c}"
+    for a in ("ka", "lo", "mi", "nu", "pe", "ro", "sa", "ti")
+    for b in "aeiou"
+    for c in "bdgkmt"
+]
 
 
 def write_source(path: Path, rows: int, seed: int = 0) -> None:
@@ -36,7 +44,13 @@ def write_source(path: Path, rows: int, seed: int = 0) -> None:
         for i in range(rows):
             prompt = f"{i} " + " ".join(rng.choices(WORDS, k=rng.randint(12, 40))) + "?"
             answer = " ".join(rng.choices(WORDS, k=20))
-            row = {"id": i, "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]}
+            row = {
+                "id": i,
+                "conversations": [
+                    {"from": "human", "value": prompt},
+                    {"from": "gpt", "value": answer},
+                ],
+            }
             fh.write(json.dumps(row) + "\n")
 
 
@@ -44,11 +58,14 @@ def build_tokenizer(out: Path) -> None:
     from eagle3.worlds.tiny_target import build_tokenizer as build
 
     rng = random.Random(1)
-    build((" ".join(rng.choices(WORDS, k=30)) for _ in range(2000)), vocab_size=1024).save_pretrained(out)
+    build(
+        (" ".join(rng.choices(WORDS, k=30)) for _ in range(2000)), vocab_size=1024
+    ).save_pretrained(out)
 
 
 def warm_up(config: object, work: Path) -> None:
-    """Run the whole stage once on a small file first: imports and tokenizer loading are not throughput."""
+    """Run the whole stage once on a small file first: imports and tokenizer loading are not
+    throughput."""
     warm = config.model_copy(deep=True)
     warm.root = str(work / "run-warm")
     warm.sources[0].path = str(work / "rows-warm.jsonl")
@@ -56,11 +73,14 @@ def warm_up(config: object, work: Path) -> None:
 
 
 def normalize_stage(config: object) -> object:
-    """Discover, then the whole normalize stage in this process (``eagle3.stage.run_stage``); returns its result."""
+    """Discover, then the whole normalize stage in this process (``eagle3.stage.run_stage``);
+    returns its result."""
     from eagle3.data.stage import DiscoverStage, NormalizeStage
     from eagle3.stage import run_stage
 
-    return run_stage(NormalizeStage(), config, catalog_dir=run_stage(DiscoverStage(), config).out_dir)
+    return run_stage(
+        NormalizeStage(), config, catalog_dir=run_stage(DiscoverStage(), config).out_dir
+    )
 
 
 def child(mode: str, work: Path, rows: int) -> None:
@@ -75,10 +95,16 @@ def child(mode: str, work: Path, rows: int) -> None:
     config = PipelineConfig(
         name="bench",
         root=str(work / f"run-{mode}-{rows}"),
-        target=TargetConfig(model_path=str(work / "model"), num_layers=8, hidden_size=64, vocab_size=1024),
-        sources=[SourceConfig(adapter="jsonl", name="synthetic", path=str(work / f"rows-{rows}.jsonl"))],
+        target=TargetConfig(
+            model_path=str(work / "model"), num_layers=8, hidden_size=64, vocab_size=1024
+        ),
+        sources=[
+            SourceConfig(adapter="jsonl", name="synthetic", path=str(work / f"rows-{rows}.jsonl"))
+        ],
     )
-    config = with_overrides(config, [f"gate.prompt_sets={{bench: '{bench}'}}", "normalize.shard_size=2000"])
+    config = with_overrides(
+        config, [f"gate.prompt_sets={{bench: '{bench}'}}", "normalize.shard_size=2000"]
+    )
     warm_up(config, work)
     start = time.perf_counter()
     if mode == "normalize":
@@ -89,7 +115,9 @@ def child(mode: str, work: Path, rows: int) -> None:
         kept = normalize_stage(config).summary["kept"]
     seconds = time.perf_counter() - start
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"mode": mode, "rows": rows, "kept": kept, "seconds": seconds, "rss_mb": rss_mb}))
+    print(
+        json.dumps({"mode": mode, "rows": rows, "kept": kept, "seconds": seconds, "rss_mb": rss_mb})
+    )
 
 
 def run(sizes: list[int], modes: list[str]) -> None:
@@ -99,7 +127,9 @@ def run(sizes: list[int], modes: list[str]) -> None:
         rng = random.Random(7)
         with open(work / "bench.jsonl", "w") as fh:
             for i in range(16):
-                fh.write(json.dumps({"id": str(i), "prompt": " ".join(rng.choices(WORDS, k=20))}) + "\n")
+                fh.write(
+                    json.dumps({"id": str(i), "prompt": " ".join(rng.choices(WORDS, k=20))}) + "\n"
+                )
         write_source(work / "rows-warm.jsonl", 500, seed=1)
         for n in sizes:
             write_source(work / f"rows-{n}.jsonl", n)
@@ -107,24 +137,34 @@ def run(sizes: list[int], modes: list[str]) -> None:
         for mode in modes:
             for n in sizes:
                 cmd = [sys.executable, __file__, "--child", mode, str(work), str(n)]
-                line = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout.strip()
+                line = subprocess.run(
+                    cmd, check=True, capture_output=True, text=True, cwd=REPO
+                ).stdout.strip()
                 r = json.loads(line.splitlines()[-1])
                 results[(mode, n)] = r
-                print(f"{mode:9s} {n:>9,} rows: {n / r['seconds']:>9,.0f} rows/s, peak RSS {r['rss_mb']:7.1f} MB "
-                      f"(kept {r['kept']:,})")  # fmt: skip
+                print(
+                    f"{mode:9s} {n:>9,} rows: {n / r['seconds']:>9,.0f} rows/s, peak RSS {r['rss_mb']:7.1f} MB "
+                    f"(kept {r['kept']:,})"
+                )
         small, large = sizes
         for mode in modes:
             a, b = results[(mode, small)], results[(mode, large)]
             extra = (b["rss_mb"] - a["rss_mb"]) * 2**20 / max(b["kept"] - a["kept"], 1)
-            print(f"{mode:9s} RSS ratio {large:,}/{small:,} rows = {b['rss_mb'] / a['rss_mb']:.2f} "
-                  f"(goal <= 1.2 for normalize); marginal {extra:,.0f} bytes/row")  # fmt: skip
+            print(
+                f"{mode:9s} RSS ratio {large:,}/{small:,} rows = {b['rss_mb'] / a['rss_mb']:.2f} "
+                f"(goal <= 1.2 for normalize); marginal {extra:,.0f} bytes/row"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20K and 200K rows instead of 100K and 1M")
+    parser.add_argument(
+        "--quick", action="store_true", help="20K and 200K rows instead of 100K and 1M"
+    )
     parser.add_argument("--modes", default="normalize,full", help="comma list of: normalize, full")
-    parser.add_argument("--child", nargs=3, metavar=("MODE", "WORK", "ROWS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("MODE", "WORK", "ROWS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         mode, work, rows = args.child

@@ -1,17 +1,19 @@
 """Online vs stored training on the same rows, and the transport under it.
 
-    python benchmarks/online_training.py [--rows 48] [--epochs 2] [--batch-size 4] [--out result.json]
-    python benchmarks/online_training.py --transport [--batches 64] [--batch-mib 16] [--max-inflight 8] [--trainer-s 0]
+    python benchmarks/online_training.py [--rows 48] [--epochs 2] [--batch-size 4] [--out
+    result.json] python benchmarks/online_training.py --transport [--batches 64] [--batch-mib 16]
+    [--max-inflight 8] [--trainer-s 0]
 
-Training (default): regen shards of the tiny world (``--rows`` conversations in 2 shards); the stored path captures
-them with the ``hf`` backend into feature shards, then trains; the online path trains with one producer actor
-capturing the same batches. Reported side by side: wall seconds (capture + train for stored, train for online),
-training tokens/s (the trainer's own ``tokens_per_s``), peak disk of features, peak RSS of this process and of the
-Ray workers. Same config, same seed: the final losses are printed to show they are the same run.
+Training (default): regen shards of the tiny world (``--rows`` conversations in 2 shards); the
+stored path captures them with the ``hf`` backend into feature shards, then trains; the online path
+trains with one producer actor capturing the same batches. Reported side by side: wall seconds
+(capture + train for stored, train for online), training tokens/s (the trainer's own
+``tokens_per_s``), peak disk of features, peak RSS of this process and of the Ray workers. Same
+config, same seed: the final losses are printed to show they are the same run.
 
-Transport: the broker and Ray's object store alone: one producer process puts ``--batches`` batches of
-``--batch-mib`` MiB through ``Broker.deliver``, the trainer takes them in order; MB/s end to end, the most batches the
-store held at once (must be <= ``--max-inflight``), and the process RSS.
+Transport: the broker and Ray's object store alone: one producer process puts ``--batches`` batches
+of ``--batch-mib`` MiB through ``Broker.deliver``, the trainer takes them in order; MB/s end to end,
+the most batches the store held at once (must be <= ``--max-inflight``), and the process RSS.
 """
 
 from __future__ import annotations
@@ -64,18 +66,47 @@ def _world(root: Path, rows: int, epochs: int, batch_size: int):
         out = []
         for conv in chunk:
             r = render_conversation(tokenizer, conv)
-            out.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "b",
-                        "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
+            out.append(
+                {
+                    "sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16],
+                    "source": "b",
+                    "messages": conv,
+                    "input_ids": r.input_ids,
+                    "loss_mask": r.loss_mask,
+                    "status": "ok",
+                }
+            )
         with ShardWriter(regen, REGEN_SCHEMA, start_index=index) as writer:
             writer.write_rows(out)
     hf = AutoConfig.from_pretrained(model_dir)
-    base = PipelineConfig(name="bench-online", root=str(root), target=TargetConfig(
-        model_path=str(model_dir), num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
-        vocab_size=hf.vocab_size, context_length=1024, dtype="float32"))
-    config = with_overrides(base, [
-        "capture.dtype=float32", "capture.batch_tokens=2048", "capture.row_group_bytes=262144",
-        "vocab.draft_vocab_size=256", "train.precision=fp32", "train.device=cpu", "train.save_every=1000",
-        "train.log_every=1000", f"train.epochs={epochs}", f"train.batch_size={batch_size}", "train.ttt_steps=3"])
+    base = PipelineConfig(
+        name="bench-online",
+        root=str(root),
+        target=TargetConfig(
+            model_path=str(model_dir),
+            num_layers=hf.num_hidden_layers,
+            hidden_size=hf.hidden_size,
+            vocab_size=hf.vocab_size,
+            context_length=1024,
+            dtype="float32",
+        ),
+    )
+    config = with_overrides(
+        base,
+        [
+            "capture.dtype=float32",
+            "capture.batch_tokens=2048",
+            "capture.row_group_bytes=262144",
+            "vocab.draft_vocab_size=256",
+            "train.precision=fp32",
+            "train.device=cpu",
+            "train.save_every=1000",
+            "train.log_every=1000",
+            f"train.epochs={epochs}",
+            f"train.batch_size={batch_size}",
+            "train.ttt_steps=3",
+        ],
+    )
     return config, regen
 
 
@@ -86,7 +117,12 @@ def _dir_bytes(path: Path) -> int:
 def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
     import torch
 
-    from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features, read_regen_shard
+    from eagle3.capture.shard import (
+        capture_shard,
+        features_fingerprint,
+        finalize_features,
+        read_regen_shard,
+    )
     from eagle3.train.online.run import train_in_process
     from eagle3.train.workers import train
     from eagle3.worlds.distil import write_draft_vocab
@@ -96,8 +132,12 @@ def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
         root = Path(tmp)
         config, regen = _world(root, rows, epochs, batch_size)
         samples = [s for p in sorted(regen.glob("shard-*.parquet")) for s in read_regen_shard(p)]
-        vocab = write_draft_vocab([(s.input_ids, s.loss_mask) for s in samples], vocab_size=config.target.vocab_size,
-                                  draft_vocab_size=256, path=root / "vocab.safetensors")
+        vocab = write_draft_vocab(
+            [(s.input_ids, s.loss_mask) for s in samples],
+            vocab_size=config.target.vocab_size,
+            draft_vocab_size=256,
+            path=root / "vocab.safetensors",
+        )
         features = root / "features" / features_fingerprint(config, regen.name)
         started = time.monotonic()
         for shard in sorted(regen.glob("shard-*.parquet")):
@@ -110,18 +150,33 @@ def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
         online = train_in_process(config, regen, vocab, root / "online")
         online_done = time.monotonic()
         return {
-            "rows": len(samples), "tokens": sum(len(s.input_ids) for s in samples), "epochs": epochs,
-            "stored": {"capture_s": round(captured - started, 1), "train_s": round(stored_done - captured, 1),
-                       "tokens_per_s": round(stored["tokens_per_s"], 1), "final_loss": stored["final_loss"],
-                       "features_disk_bytes": _dir_bytes(features), "peak_rss_mib": round(stored_rss)},
-            "online": {"train_s": round(online_done - stored_done, 1),
-                       "tokens_per_s": round(online["tokens_per_s"], 1), "final_loss": online["final_loss"],
-                       "features_disk_bytes": 0, "peak_rss_mib": round(_rss_mib()),
-                       "store": {k: online["store"][k] for k in ("delivered", "consumed", "duplicates", "ready")}},
-        }  # fmt: skip
+            "rows": len(samples),
+            "tokens": sum(len(s.input_ids) for s in samples),
+            "epochs": epochs,
+            "stored": {
+                "capture_s": round(captured - started, 1),
+                "train_s": round(stored_done - captured, 1),
+                "tokens_per_s": round(stored["tokens_per_s"], 1),
+                "final_loss": stored["final_loss"],
+                "features_disk_bytes": _dir_bytes(features),
+                "peak_rss_mib": round(stored_rss),
+            },
+            "online": {
+                "train_s": round(online_done - stored_done, 1),
+                "tokens_per_s": round(online["tokens_per_s"], 1),
+                "final_loss": online["final_loss"],
+                "features_disk_bytes": 0,
+                "peak_rss_mib": round(_rss_mib()),
+                "store": {
+                    k: online["store"][k] for k in ("delivered", "consumed", "duplicates", "ready")
+                },
+            },
+        }
 
 
-def bench_transport(batches: int, batch_mib: int, max_inflight: int, trainer_s: float) -> dict[str, Any]:
+def bench_transport(
+    batches: int, batch_mib: int, max_inflight: int, trainer_s: float
+) -> dict[str, Any]:
     import numpy as np
     import ray
 
@@ -150,7 +205,8 @@ def bench_transport(batches: int, batch_mib: int, max_inflight: int, trainer_s: 
     done = producer.remote(batches, batch_mib)
     held = 0
     for i in range(batches):
-        time.sleep(trainer_s)  # a slower trainer: the store fills to its bound and the producer waits
+        # a slower trainer: the store fills to its bound and the producer waits
+        time.sleep(trainer_s)
         held = max(held, ray.get(broker.status.remote())["ready"])
         _, message = take(broker, 0, i)
         assert message["rows"][0].nbytes == batch_mib * 2**20
@@ -159,9 +215,17 @@ def bench_transport(batches: int, batch_mib: int, max_inflight: int, trainer_s: 
     ray.get(done)
     status = ray.get(broker.status.remote())
     ray.kill(broker)
-    out = {"batches": batches, "batch_mib": batch_mib, "mb_per_s": round(batches * batch_mib * 1.048576 / elapsed, 1),
-           "trainer_s": trainer_s, "max_held": held, "max_inflight": max_inflight, "left_in_store": status["ready"],
-           "driver_peak_rss_mib": round(_rss_mib()), "ray_workers_rss_mib": round(_ray_workers_rss_mib())}
+    out = {
+        "batches": batches,
+        "batch_mib": batch_mib,
+        "mb_per_s": round(batches * batch_mib * 1.048576 / elapsed, 1),
+        "trainer_s": trainer_s,
+        "max_held": held,
+        "max_inflight": max_inflight,
+        "left_in_store": status["ready"],
+        "driver_peak_rss_mib": round(_rss_mib()),
+        "ray_workers_rss_mib": round(_ray_workers_rss_mib()),
+    }
     ray.shutdown()
     return out
 
@@ -175,7 +239,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=64)
     parser.add_argument("--batch-mib", type=int, default=16)
     parser.add_argument("--max-inflight", type=int, default=8)
-    parser.add_argument("--trainer-s", type=float, default=0.0, help="transport: seconds the trainer takes a batch")
+    parser.add_argument(
+        "--trainer-s", type=float, default=0.0, help="transport: seconds the trainer takes a batch"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -1,20 +1,22 @@
 """The automations ``deploy.py apply`` creates: zombie runs marked Crashed, and alerts on failed
 nights (docs/DESIGN.md, "Prefect usage").
 
-Alerts: when a top-level run of the nightly or the regen deployment ends Failed or Crashed, a Prefect
-notification block sends the run's name, state, message and UI link: a generic webhook block ``eagle3-alerts``
-(``--alert-webhook URL``, Slack-compatible JSON) or any notification block already on the server
-(``--alert-block slack-webhook/ops``). The Prefect server's automation services send it, so no worker is needed.
+Alerts: when a top-level run of the nightly or the regen deployment ends Failed or Crashed, a
+Prefect notification block sends the run's name, state, message and UI link: a generic webhook block
+``eagle3-alerts`` (``--alert-webhook URL``, Slack-compatible JSON) or any notification block already
+on the server (``--alert-block slack-webhook/ops``). The Prefect server's automation services send
+it, so no worker is needed.
 
 Zombie runs:
 
-A worker that dies with its machine leaves its flow run ``Running`` forever, and the deployment's concurrency slot
-with it, so the next nightly run would wait behind a ghost. Flow runs started by a worker emit
-``prefect.flow-run.heartbeat`` events every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (``infra/prefect-worker.sh``
-sets it); this automation is a *proactive* trigger per flow run: after a heartbeat, if neither another heartbeat
-nor a terminal state arrives within ``misses`` heartbeat periods, the run is marked ``Crashed``. Crashed frees the
-concurrency slot, and the next run of the same command resumes from the run root's manifests and journals.
-Prefect Cloud ships this as a managed automation; self-hosted servers need it created once (idempotent here).
+A worker that dies with its machine leaves its flow run ``Running`` forever, and the deployment's
+concurrency slot with it, so the next nightly run would wait behind a ghost. Flow runs started by a
+worker emit ``prefect.flow-run.heartbeat`` events every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``
+seconds (``infra/prefect-worker.sh`` sets it); this automation is a *proactive* trigger per flow
+run: after a heartbeat, if neither another heartbeat nor a terminal state arrives within ``misses``
+heartbeat periods, the run is marked ``Crashed``. Crashed frees the concurrency slot, and the next
+run of the same command resumes from the run root's manifests and journals. Prefect Cloud ships this
+as a managed automation; self-hosted servers need it created once (idempotent here).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ TERMINAL_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed")
 def zombie_automation(*, heartbeat_s: int = 60, misses: int = 3) -> Automation:
     """The automation object (not yet on the server): Crashed after ``misses`` missed heartbeats."""
     if heartbeat_s < 30:
-        raise ValueError(f"heartbeat_s={heartbeat_s}: Prefect emits heartbeats at most every 30 s; use >= 30")
+        raise ValueError(
+            f"heartbeat_s={heartbeat_s}: Prefect emits heartbeats at most every 30 s; use >= 30"
+        )
     return Automation(
         name=ZOMBIE_AUTOMATION,
         description=(
@@ -64,11 +68,13 @@ def zombie_automation(*, heartbeat_s: int = 60, misses: int = 3) -> Automation:
 
 
 def ensure_zombie_automation(*, heartbeat_s: int = 60, misses: int = 3) -> Automation:
-    """Create the automation on the current ``PREFECT_API_URL`` server, or update it in place if it exists."""
+    """Create the automation on the current ``PREFECT_API_URL`` server, or update it in place if it
+    exists."""
     return _create_or_update(zombie_automation(heartbeat_s=heartbeat_s, misses=misses))
 
 
-ALERT_BLOCK = "eagle3-alerts"  # the webhook block ``deploy.py apply --alert-webhook URL`` creates or updates
+# the webhook block ``deploy.py apply --alert-webhook URL`` creates or updates
+ALERT_BLOCK = "eagle3-alerts"
 ALERT_STATES = ("Failed", "Crashed")
 ALERT_SUBJECT = "eagle3: {{ flow.name }}/{{ deployment.name }} run {{ flow_run.name }} is {{ flow_run.state.name }}"
 ALERT_BODY = (
@@ -81,11 +87,16 @@ def alert_automation_name(deployment_name: str) -> str:
     return f"eagle3-alert-{deployment_name}"
 
 
-def alert_automation(deployment_name: str, deployment_ids: Sequence[str], block_document_id: UUID) -> Automation:
-    """Notify through the block when a top-level run of these deployments (the nightly and the regen re-triggers)
-    fails or crashes; a stage subflow of a failing night is not a deployment run, so a night alerts once."""
-    deployments = {"prefect.resource.role": "deployment",
-                   "prefect.resource.id": [f"prefect.deployment.{i}" for i in deployment_ids]}  # fmt: skip
+def alert_automation(
+    deployment_name: str, deployment_ids: Sequence[str], block_document_id: UUID
+) -> Automation:
+    """Notify through the block when a top-level run of these deployments (the nightly and the regen
+    re-triggers) fails or crashes; a stage subflow of a failing night is not a deployment run, so a
+    night alerts once."""
+    deployments = {
+        "prefect.resource.role": "deployment",
+        "prefect.resource.id": [f"prefect.deployment.{i}" for i in deployment_ids],
+    }
     return Automation(
         name=alert_automation_name(deployment_name),
         description=f"Notify ({ALERT_STATES}) for runs of deployments {list(deployment_ids)} of {deployment_name!r}.",
@@ -97,11 +108,17 @@ def alert_automation(deployment_name: str, deployment_ids: Sequence[str], block_
             threshold=1,
             within=timedelta(0),
         ),
-        actions=[SendNotification(block_document_id=block_document_id, subject=ALERT_SUBJECT, body=ALERT_BODY)],
+        actions=[
+            SendNotification(
+                block_document_id=block_document_id, subject=ALERT_SUBJECT, body=ALERT_BODY
+            )
+        ],
     )
 
 
-def ensure_alert_automation(deployment_name: str, deployment_ids: Sequence[str], block_document_id: UUID) -> Automation:
+def ensure_alert_automation(
+    deployment_name: str, deployment_ids: Sequence[str], block_document_id: UUID
+) -> Automation:
     """Create the alert automation, or update it in place (``apply`` stays idempotent)."""
     wanted = alert_automation(deployment_name, deployment_ids, block_document_id)
     return _create_or_update(wanted)
@@ -118,16 +135,21 @@ def _create_or_update(wanted: Automation) -> Automation:
 
 
 def webhook_block(url: str, *, name: str = ALERT_BLOCK) -> CustomWebhookNotificationBlock:
-    """A generic webhook notification block posting a Slack-compatible JSON body (``{"text": ...}``, which Slack,
-    Mattermost and most chat webhooks accept). Private and loopback URLs are allowed: the operator chose this URL."""
+    """A generic webhook notification block posting a Slack-compatible JSON body (``{"text": ...}``,
+    which Slack, Mattermost and most chat webhooks accept). Private and loopback URLs are allowed:
+    the operator chose this URL."""
     return CustomWebhookNotificationBlock(
-        name=name, url=url, method="POST", allow_private_urls=True,
+        name=name,
+        url=url,
+        method="POST",
+        allow_private_urls=True,
         json_data={"text": "{{subject}}\n{{body}}", "subject": "{{subject}}", "body": "{{body}}"},
-    )  # fmt: skip
+    )
 
 
 def ensure_webhook_block(url: str, *, name: str = ALERT_BLOCK) -> UUID:
-    """Save the webhook block under ``name`` (overwritten: the URL may change); returns its document id."""
+    """Save the webhook block under ``name`` (overwritten: the URL may change); returns its document
+    id."""
     return webhook_block(url, name=name).save(name, overwrite=True)
 
 
@@ -139,6 +161,8 @@ def notification_block_id(slug_and_name: str) -> UUID:
     try:
         block = Block.load(slug_and_name)
     except ValueError as exc:
-        raise ValueError(f"--alert-block {slug_and_name}: {exc}; create the block in the UI (Blocks) or use "
-                         "--alert-webhook URL") from None  # fmt: skip
+        raise ValueError(
+            f"--alert-block {slug_and_name}: {exc}; create the block in the UI (Blocks) or use "
+            "--alert-webhook URL"
+        ) from None
     return block._block_document_id  # type: ignore[return-value]

@@ -10,27 +10,29 @@ Usage (``PREFECT_API_URL`` pointing at ``infra/prefect-server.sh``'s server)::
 
 Design choices:
 
-* Deployments use **module entrypoints** (``flows.pipeline.data_scaling``) on ``process`` work pools: the worker
-  imports the installed package, no image or code storage. Kubernetes pools take the same deployments with an
-  ``image`` job variable (README).
-* ``data-scaling`` has ``concurrency_limit=1`` with the ENQUEUE strategy: a night that runs long makes the next
-  one wait, never overlap on the same run root. ``regen`` is limited to one run too (re-triggers of shard subsets
-  queue behind each other).
-* Every deployment stores the recipe (a name or a YAML path) and the overrides, never a resolved config: the
-  worker resolves them at run time (``eagle3.recipes.ConfigRef``), so no absolute run root or stale config is
-  frozen at apply time; re-run ``apply`` only to change the recipe, overrides, schedule or pools.
-* Work pools ``cpu`` and ``gpu`` (type ``process``), the zombie-run automation and one global concurrency limit
-  per configured regen server (1 slot: one shard at a time per server across the nightly run and re-triggers, so
-  ``regen.concurrency_per_server`` is the server's real in-flight bound) are created if missing, so ``apply`` is
-  idempotent and safe to re-run after every upgrade.
-* **Shared storage.** ``apply`` claims the run root (``eagle3.rundir.runroot``: created with its id marker at first use;
-  run ``apply`` where the shared filesystem is mounted) and adds ``root_id=<id>`` to the deployments' overrides: a
-  worker that does not see that root fails at flow start with the shared-storage message. Pooled flow runs store
-  Prefect's persisted task results under ``<root>/.prefect-results`` (the job's environment), so a unit cached on
-  one machine is a cache hit on every other one.
-* Alerts (``--alert-webhook URL`` or ``--alert-block slack-webhook/ops``): an automation notifies when a nightly
-  or regen run fails or crashes (``deployments.automations``); ``apply`` prints each automation it created or
-  updated with its id, beside the deployments.
+* Deployments use **module entrypoints** (``flows.pipeline.data_scaling``) on ``process`` work
+  pools: the worker imports the installed package, no image or code storage. Kubernetes pools take
+  the same deployments with an ``image`` job variable (README).
+* ``data-scaling`` has ``concurrency_limit=1`` with the ENQUEUE strategy: a night that runs long
+  makes the next one wait, never overlap on the same run root. ``regen`` is limited to one run too
+  (re-triggers of shard subsets queue behind each other).
+* Every deployment stores the recipe (a name or a YAML path) and the overrides, never a resolved
+  config: the worker resolves them at run time (``eagle3.recipes.ConfigRef``), so no absolute run
+  root or stale config is frozen at apply time; re-run ``apply`` only to change the recipe,
+  overrides, schedule or pools.
+* Work pools ``cpu`` and ``gpu`` (type ``process``), the zombie-run automation and one global
+  concurrency limit per configured regen server (1 slot: one shard at a time per server across the
+  nightly run and re-triggers, so ``regen.concurrency_per_server`` is the server's real in-flight
+  bound) are created if missing, so ``apply`` is idempotent and safe to re-run after every upgrade.
+* **Shared storage.** ``apply`` claims the run root (``eagle3.rundir.runroot``: created with its id
+  marker at first use; run ``apply`` where the shared filesystem is mounted) and adds
+  ``root_id=<id>`` to the deployments' overrides: a worker that does not see that root fails at flow
+  start with the shared-storage message. Pooled flow runs store Prefect's persisted task results
+  under ``<root>/.prefect-results`` (the job's environment), so a unit cached on one machine is a
+  cache hit on every other one.
+* Alerts (``--alert-webhook URL`` or ``--alert-block slack-webhook/ops``): an automation notifies
+  when a nightly or regen run fails or crashes (``deployments.automations``); ``apply`` prints each
+  automation it created or updated with its id, beside the deployments.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.schedules import Cron
 
-if __package__ in (None, ""):  # `python deployments/deploy.py`: make the repo importable like the installed package
+# `python deployments/deploy.py`: make the repo importable like the installed package
+if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deployments.automations import (
@@ -78,7 +81,8 @@ class DeploySpec:
     cpu_pool: str = "cpu"
     gpu_pool: str = "gpu"
     name: str | None = None  # deployment name; default: the recipe name
-    alert_webhook: str | None = None  # a URL: the ``eagle3-alerts`` webhook block is created/updated with it
+    # a URL: the ``eagle3-alerts`` webhook block is created/updated with it
+    alert_webhook: str | None = None
     alert_block: str | None = None  # an existing notification block, ``<type slug>/<name>``
 
     @property
@@ -89,8 +93,8 @@ class DeploySpec:
 def build_deployments(
     spec: DeploySpec, *, with_pools: bool = True, job_env: dict[str, str] | None = None
 ) -> list[RunnerDeployment]:
-    """The three deployments; ``with_pools=False`` for ``serve`` (the serving process runs them itself).
-    ``job_env`` is the environment of every pooled flow run (``shared_storage_env``)."""
+    """The three deployments; ``with_pools=False`` for ``serve`` (the serving process runs them
+    itself). ``job_env`` is the environment of every pooled flow run (``shared_storage_env``)."""
     from flows.gate import gate_flow
     from flows.pipeline import data_scaling
     from flows.regen import regen_flow
@@ -98,12 +102,18 @@ def build_deployments(
     def pool(name: str) -> dict[str, Any]:
         if not with_pools:
             return {}
-        return {"work_pool_name": name, "entrypoint_type": EntrypointType.MODULE_PATH,
-                "job_variables": {"env": dict(job_env or {})}}
+        return {
+            "work_pool_name": name,
+            "entrypoint_type": EntrypointType.MODULE_PATH,
+            "job_variables": {"env": dict(job_env or {})},
+        }
 
-    one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
+    one_at_a_time = ConcurrencyLimitConfig(
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
+    )
     name = spec.deployment_name
-    config = {"recipe": spec.recipe, "overrides": spec.overrides}  # a ConfigRef: resolved on the worker per run
+    # a ConfigRef: resolved on the worker per run
+    config = {"recipe": spec.recipe, "overrides": spec.overrides}
     return [
         data_scaling.to_deployment(
             name,
@@ -133,10 +143,13 @@ def build_deployments(
     ]
 
 
-def _create_unless_present(read: Callable[[], object], create: Callable[[], object], what: str) -> None:
-    """Create ``what`` unless ``read`` finds it. Another process can create it between the read and the create (a
-    worker started meanwhile, ``prefect worker start --pool P --type process``, creates its pool; another
-    ``apply``): that 409 means it exists, as wanted (seen in the e2e suite)."""
+def _create_unless_present(
+    read: Callable[[], object], create: Callable[[], object], what: str
+) -> None:
+    """Create ``what`` unless ``read`` finds it. Another process can create it between the read and
+    the create (a worker started meanwhile, ``prefect worker start --pool P --type process``,
+    creates its pool; another ``apply``): that 409 means it exists, as wanted (seen in the e2e
+    suite)."""
     try:
         read()
         return
@@ -150,34 +163,42 @@ def _create_unless_present(read: Callable[[], object], create: Callable[[], obje
 
 
 def ensure_work_pools(names: Sequence[str]) -> None:
-    """Create each ``process`` work pool that does not exist yet (existing pools are left as they are)."""
+    """Create each ``process`` work pool that does not exist yet (existing pools are left as they
+    are)."""
     from prefect.workers.process import ProcessWorker
 
     template = ProcessWorker.get_default_base_job_template()
     with get_client(sync_client=True) as client:
         for name in dict.fromkeys(names):
             pool = WorkPoolCreate(name=name, type="process", base_job_template=template)
-            _create_unless_present(partial(client.read_work_pool, name), partial(client.create_work_pool, pool),
-                                   f"process work pool {name!r}")  # fmt: skip
+            _create_unless_present(
+                partial(client.read_work_pool, name),
+                partial(client.create_work_pool, pool),
+                f"process work pool {name!r}",
+            )
 
 
 def ensure_server_limits(servers: Sequence[str]) -> list[str]:
-    """Create the 1-slot global concurrency limit of each regen server that has none; returns the limit names."""
+    """Create the 1-slot global concurrency limit of each regen server that has none; returns the
+    limit names."""
     from eagle3.regen.stage import server_limit_names
 
     names = server_limit_names(list(servers))
     with get_client(sync_client=True) as client:
         for name in names:
             limit = GlobalConcurrencyLimitCreate(name=name, limit=1)
-            _create_unless_present(partial(client.read_global_concurrency_limit_by_name, name),
-                                   partial(client.create_global_concurrency_limit, limit),
-                                   f"global concurrency limit {name!r} (1 shard at a time)")  # fmt: skip
+            _create_unless_present(
+                partial(client.read_global_concurrency_limit_by_name, name),
+                partial(client.create_global_concurrency_limit, limit),
+                f"global concurrency limit {name!r} (1 shard at a time)",
+            )
     return names
 
 
 def claim_shared_root(spec: DeploySpec) -> tuple[DeploySpec, dict[str, str]]:
-    """The spec with ``root_id=<the run root's id>`` among its overrides (the root is claimed here unless the
-    overrides name an id already) and the pooled runs' environment that puts Prefect results under the root."""
+    """The spec with ``root_id=<the run root's id>`` among its overrides (the root is claimed here
+    unless the overrides name an id already) and the pooled runs' environment that puts Prefect
+    results under the root."""
     from eagle3.recipes import resolve
     from eagle3.rundir.runroot import RESULTS_DIR, check_run_root
 
@@ -185,13 +206,18 @@ def claim_shared_root(spec: DeploySpec) -> tuple[DeploySpec, dict[str, str]]:
     root_id = check_run_root(config.root_path, config.root_id)
     if config.root_id is None:
         spec = replace(spec, overrides=[*spec.overrides, f"root_id={root_id}"])
-    logger.info("run root %s (id %s) must be mounted at that path on every worker", config.root_path, root_id)
+    logger.info(
+        "run root %s (id %s) must be mounted at that path on every worker",
+        config.root_path,
+        root_id,
+    )
     return spec, {"PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(config.root_path / RESULTS_DIR)}
 
 
 def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]:
-    """Register the deployments on the server (pools, limits and automation first), then the alert automation when
-    a notification target is given; returns ``{flow/name: id}`` plus ``automation/<name>: id`` for each automation."""
+    """Register the deployments on the server (pools, limits and automation first), then the alert
+    automation when a notification target is given; returns ``{flow/name: id}`` plus
+    ``automation/<name>: id`` for each automation."""
     ensure_work_pools([spec.cpu_pool, spec.gpu_pool])
     from eagle3.recipes import resolve
 
@@ -215,8 +241,8 @@ def apply(spec: DeploySpec, *, zombie_automation: bool = True) -> dict[str, str]
 
 
 def _alert_block(spec: DeploySpec) -> UUID | None:
-    """The notification block the alerts go through: an existing one (``--alert-block``), or the webhook block
-    ``--alert-webhook`` creates; None when neither is given (no alert automation)."""
+    """The notification block the alerts go through: an existing one (``--alert-block``), or the
+    webhook block ``--alert-webhook`` creates; None when neither is given (no alert automation)."""
     if spec.alert_block and spec.alert_webhook:
         raise SystemExit("error: give --alert-block or --alert-webhook, not both")
     if spec.alert_block:
@@ -225,7 +251,8 @@ def _alert_block(spec: DeploySpec) -> UUID | None:
 
 
 def serve_forever(spec: DeploySpec) -> None:
-    """Serve the deployments from this process (no work pools or workers needed); blocks until interrupted."""
+    """Serve the deployments from this process (no work pools or workers needed); blocks until
+    interrupted."""
     from prefect import serve
 
     serve(*build_deployments(spec, with_pools=False), limit=1)
@@ -235,19 +262,35 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", choices=("apply", "serve"), default="apply")
     parser.add_argument("--recipe", default=DeploySpec.recipe)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override a.b=value")
-    parser.add_argument("--scale", type=int, default=None, help="new prompts per night (default: all at once)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override a.b=value"
+    )
+    parser.add_argument(
+        "--scale", type=int, default=None, help="new prompts per night (default: all at once)"
+    )
     parser.add_argument("--cron", default=DeploySpec.cron, help="nightly schedule (cron syntax)")
-    parser.add_argument("--timezone", default=DeploySpec.timezone, help="IANA timezone of the cron schedule")
+    parser.add_argument(
+        "--timezone", default=DeploySpec.timezone, help="IANA timezone of the cron schedule"
+    )
     parser.add_argument("--paused", action="store_true", help="create the nightly schedule paused")
     parser.add_argument("--cpu-pool", default=DeploySpec.cpu_pool)
     parser.add_argument("--gpu-pool", default=DeploySpec.gpu_pool)
     parser.add_argument("--name", default=None, help="deployment name (default: the recipe name)")
-    parser.add_argument("--no-zombie-automation", action="store_true", help="skip the zombie-run automation")
-    parser.add_argument("--alert-webhook", default=None, help="URL to POST a Slack-compatible alert to when a "
-                        "nightly or regen run fails or crashes (saved as the webhook block eagle3-alerts)")
-    parser.add_argument("--alert-block", default=None, help="an existing notification block for the alerts, "
-                        "<type slug>/<name>, e.g. slack-webhook/ops")
+    parser.add_argument(
+        "--no-zombie-automation", action="store_true", help="skip the zombie-run automation"
+    )
+    parser.add_argument(
+        "--alert-webhook",
+        default=None,
+        help="URL to POST a Slack-compatible alert to when a "
+        "nightly or regen run fails or crashes (saved as the webhook block eagle3-alerts)",
+    )
+    parser.add_argument(
+        "--alert-block",
+        default=None,
+        help="an existing notification block for the alerts, "
+        "<type slug>/<name>, e.g. slack-webhook/ops",
+    )
     return parser
 
 
@@ -270,7 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "serve":
         serve_forever(spec)
         return 0
-    for full_name, deployment_id in apply(spec, zombie_automation=not args.no_zombie_automation).items():
+    for full_name, deployment_id in apply(
+        spec, zombie_automation=not args.no_zombie_automation
+    ).items():
         print(f"{full_name}\t{deployment_id}")
     return 0
 

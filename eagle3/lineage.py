@@ -1,11 +1,12 @@
 """Which stage directory a config names: the fingerprint chain from the sources down to the draft.
 
-Every stage directory is ``<root>/<stage dir>/<fingerprint>``, and each fingerprint is a function of the resolved
-config and the upstream stage's fingerprint (catalog -> prompts -> regen -> features -> vocab -> draft). A command
-that is not told where its input is asks :class:`Lineage` for the directory the config names, and
-:func:`eagle3.rundir.layout.find_input` applies the one input rule (explicit path wins; else the matching directory,
-which must be finished; else an error listing what exists). Two configs in one run root therefore never read each
-other's stages, and nothing is picked by modification time.
+Every stage directory is ``<root>/<stage dir>/<fingerprint>``, and each fingerprint is a function of
+the resolved config and the upstream stage's fingerprint (catalog -> prompts -> regen -> features ->
+vocab -> draft). A command that is not told where its input is asks :class:`Lineage` for the
+directory the config names, and :func:`eagle3.rundir.layout.find_input` applies the one input rule
+(explicit path wins; else the matching directory, which must be finished; else an error listing what
+exists). Two configs in one run root therefore never read each other's stages, and nothing is picked
+by modification time.
 
 The vocab and draft fingerprints depend on the *content* of the finished features stage (nightly
 runs add shards to one features directory), so they are computed from that directory, found first.
@@ -13,9 +14,10 @@ Where the trainer's features come from (``train.features``: stored, or online fr
 is one value, ``FeatureSource``: the night's is its capture plan's decision, handed on; a command
 given none takes this config's (``Lineage.features``).
 
-What regen reads depends on ``scaling.policy``: the prompts stage's shards (uniform), or the shards the aimed nights
-selected from it (``select``, ``eagle3.scaling.selection``). Regen's input is named ``REGEN_INPUT``, resolved here, so
-a re-trigger of regen shards (``eagle3 regen``, the regen deployment's ``shard_ids``) reads what the night read.
+What regen reads depends on ``scaling.policy``: the prompts stage's shards (uniform), or the shards
+the aimed nights selected from it (``select``, ``eagle3.scaling.selection``). Regen's input is named
+``REGEN_INPUT``, resolved here, so a re-trigger of regen shards (``eagle3 regen``, the regen
+deployment's ``shard_ids``) reads what the night read.
 """
 
 from __future__ import annotations
@@ -70,11 +72,14 @@ class Lineage:
 
     @cached_property
     def regen_fp(self) -> str:
-        return regen_fingerprint(self.select_fp if self.regen_source == "select" else self.prompts_fp, self.config)
+        return regen_fingerprint(
+            self.select_fp if self.regen_source == "select" else self.prompts_fp, self.config
+        )
 
     @cached_property
     def features_fp(self) -> str:
-        from eagle3.capture.shard import features_fingerprint  # capture and vocab import torch: only when asked
+        # capture and vocab import torch: only when asked
+        from eagle3.capture.shard import features_fingerprint
 
         return features_fingerprint(self.config, self.regen_fp)
 
@@ -101,15 +106,20 @@ class Lineage:
         return source
 
     def stage_dir(self, stage: str) -> Path:
-        """The directory of ``stage`` (normalize, regen or capture) this config names, finished or not."""
-        fp = {"normalize": lambda: self.prompts_fp, "select": lambda: self.select_fp, "regen": lambda: self.regen_fp,
-              "capture": lambda: self.features_fp}[stage]()  # fmt: skip
+        """The directory of ``stage`` (normalize, regen or capture) this config names, finished or
+        not."""
+        fp = {
+            "normalize": lambda: self.prompts_fp,
+            "select": lambda: self.select_fp,
+            "regen": lambda: self.regen_fp,
+            "capture": lambda: self.features_fp,
+        }[stage]()
         return stage_dir(self.config.root_path, stage, fp)
 
     def resolve_inputs(self, wanted: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, Any]:
-        """A stage's plan inputs: each ``wanted`` parameter (-> its upstream stage) is the given path or else the
-        directory this config names (``input``); other given values pass through. Resolved in order, so a vocab
-        follows the features directory resolved before it."""
+        """A stage's plan inputs: each ``wanted`` parameter (-> its upstream stage) is the given
+        path or else the directory this config names (``input``); other given values pass through.
+        Resolved in order, so a vocab follows the features directory resolved before it."""
         out = dict(given)
         for param, upstream in wanted.items():
             explicit = given.get(param)
@@ -123,7 +133,8 @@ class Lineage:
     def input(
         self, stage: str, explicit: Path | None = None, *, features: FeatureSource | None = None
     ) -> Path:
-        """The directory of ``stage`` that a downstream command reads (the input rule of ``eagle3.rundir.layout``).
+        """The directory of ``stage`` that a downstream command reads (the input rule of
+        ``eagle3.rundir.layout``).
 
         A regen stage counts once it is planned (``plan.json``; capture takes the shards that are
         ready); the others must be finished. The vocab's fingerprint needs where the features come
@@ -134,12 +145,21 @@ class Lineage:
         marker = PLAN_FILE if stage == "regen" else None
         if explicit is not None:
             explicit = explicit.parent if stage == "vocab" and explicit.is_file() else explicit
-            found = find_input(self.config.root_path, stage, None, explicit=explicit, option=option,
-                               produce=produce, marker=marker)  # fmt: skip
+            found = find_input(
+                self.config.root_path,
+                stage,
+                None,
+                explicit=explicit,
+                option=option,
+                produce=produce,
+                marker=marker,
+            )
             return found / VOCAB_FILE if stage == "vocab" else found
         if stage == "vocab":
             fp = self.vocab_fp(features if features is not None else self.features())
         else:
             fp = self.stage_dir(stage).name
-        found = find_input(self.config.root_path, stage, fp, option=option, produce=produce, marker=marker)
+        found = find_input(
+            self.config.root_path, stage, fp, option=option, produce=produce, marker=marker
+        )
         return found / VOCAB_FILE if stage == "vocab" else found

@@ -1,11 +1,12 @@
-"""Named recipes: functions that return full, validated pipeline configs, and ``resolve``, the one way from what a
-user typed (a recipe name or a YAML path, plus ``a.b=value`` overrides) to a validated config.
+"""Named recipes: functions that return full, validated pipeline configs, and ``resolve``, the one
+way from what a user typed (a recipe name or a YAML path, plus ``a.b=value`` overrides) to a
+validated config.
 
-Recipes are typed the whole way: each builds its sections as config objects, and a variant is its base with typed
-changes (``StrictModel.replace``); ``a.b=value`` strings are only what a user types. Every recipe is loaded by a
-test (and its fingerprints compared with the golden file), so none can rot.
-Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``, the tiny worlds
-under ``cache/``. Nothing resolves from the working directory.
+Recipes are typed the whole way: each builds its sections as config objects, and a variant is its
+base with typed changes (``StrictModel.replace``); ``a.b=value`` strings are only what a user types.
+Every recipe is loaded by a test (and its fingerprints compared with the golden file), so none can
+rot. Paths resolve from ``EAGLE3_HOME`` (default ``~/.eagle3``): run roots under ``runs/<recipe>``,
+the tiny worlds under ``cache/``. Nothing resolves from the working directory.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def eagle3_home() -> Path:
 
 
 def world_cache() -> Path:
-    """Where the dev worlds are cached (``$EAGLE3_HOME/cache``): the recipes, the tiny-world task, ``eagle3 dev``."""
+    """Where the dev worlds are cached (``$EAGLE3_HOME/cache``): the recipes, the tiny-world task,
+    ``eagle3 dev``."""
     return eagle3_home() / "cache"
 
 
@@ -68,7 +70,8 @@ def _gate_sets() -> dict[str, str]:
 
 
 def _tiny_sources(data: Path) -> list[SourceConfig]:
-    """The tiny world's sample files, one per dataset format the catalog reads, and a local JSONL with its columns."""
+    """The tiny world's sample files, one per dataset format the catalog reads, and a local JSONL
+    with its columns."""
     local = SourceConfig(
         adapter="jsonl",
         name="local_qa",
@@ -122,40 +125,59 @@ def tiny() -> PipelineConfig:
             dtype="float32",
         ),
         sources=_tiny_sources(data),
-        mix=MixConfig(total=320, seed=0),  # minutes on 2 CPUs; `--set mix.total=null` takes every sample row
+        # minutes on 2 CPUs; `--set mix.total=null` takes every sample row
+        mix=MixConfig(total=320, seed=0),
         gate=GateConfig(
-            prompt_sets={name: str(data / "bench" / f"{name}.jsonl") for name in ("chat", "math", "code")},
+            prompt_sets={
+                name: str(data / "bench" / f"{name}.jsonl") for name in ("chat", "math", "code")
+            },
             prompts_per_set=8,
             warmup_requests=2,
             max_new_tokens=64,
             traffic={1: 1.0, 4: 1.0},
             min_speedup=1.0,
             min_accept=1.2,
-            min_rounds=2,  # the tiny gate runs in several e2e tests: 3 rounds decide at c=1 on an idle machine
+            # the tiny gate runs in several e2e tests: 3 rounds decide at c=1 on an idle machine
+            min_rounds=2,
             max_rounds=3,
-            max_baseline_drift=0.5,  # rounds of ~1 s on shared 2-core CI boxes: 32% seen idle with one thread
+            # rounds of ~1 s on shared 2-core CI boxes: 32% seen idle with one thread
+            max_baseline_drift=0.5,
             sampling=TINY_SAMPLING,
         ),
         normalize=NormalizeConfig(max_prompt_tokens=512, shard_size=200),
         regen=RegenConfig(
-            concurrency_per_server=16, max_new_tokens=64, max_retries=3, backoff_base_s=0.05, backoff_max_s=1.0
+            concurrency_per_server=16,
+            max_new_tokens=64,
+            max_retries=3,
+            backoff_base_s=0.05,
+            backoff_max_s=1.0,
         ),
-        capture=CaptureConfig(dtype="float32", batch_tokens=4096, max_seq_len=1024, row_group_bytes=4 << 20),
+        capture=CaptureConfig(
+            dtype="float32", batch_tokens=4096, max_seq_len=1024, row_group_bytes=4 << 20
+        ),
         vocab=VocabConfig(draft_vocab_size=512),
         train=TrainConfig(
-            precision="fp32", device="cpu", lr=3e-3, epochs=2, batch_size=4, max_seq_len=1024, save_every=50,
+            precision="fp32",
+            device="cpu",
+            lr=3e-3,
+            epochs=2,
+            batch_size=4,
+            max_seq_len=1024,
+            save_every=50,
             log_every=5,
         ),
-        server=ServerLaunchConfig(context_length=1024, port=0, device="cpu", mem_fraction_static=0.05),
+        server=ServerLaunchConfig(
+            context_length=1024, port=0, device="cpu", mem_fraction_static=0.05
+        ),
         dev=DevConfig(tiny_world=True, cache_dir=str(cache)),
     )
 
 
 def tiny_think() -> PipelineConfig:
-    """The tiny recipe on the thinking world (``eagle3.worlds.think_world``): agentic sources (OpenAI tool messages,
-    ShareGPT with function calls, CoderForge and SWE-agent trajectories), a tiny target that thinks and calls tools
-    in Kimi-K2.5's format, regen with its reasoning and tool-call parsers and thinking on, gate sets for thinking and
-    tool use."""
+    """The tiny recipe on the thinking world (``eagle3.worlds.think_world``): agentic sources
+    (OpenAI tool messages, ShareGPT with function calls, CoderForge and SWE-agent trajectories), a
+    tiny target that thinks and calls tools in Kimi-K2.5's format, regen with its reasoning and
+    tool-call parsers and thinking on, gate sets for thinking and tool use."""
     from eagle3.worlds.think_world import ThinkWorldSpec
     from eagle3.worlds.world import world_dir_for
 
@@ -164,11 +186,15 @@ def tiny_think() -> PipelineConfig:
     data = world / "data"
     sources = [
         SourceConfig(adapter="jsonl", name="openai_tools", path=str(data / "openai_tools.jsonl")),
-        SourceConfig(adapter="sharegpt", name="sharegpt_tools", path=str(data / "sharegpt_tools.json"),
-                     columns={"system": "system", "tools": "tools"}),
+        SourceConfig(
+            adapter="sharegpt",
+            name="sharegpt_tools",
+            path=str(data / "sharegpt_tools.json"),
+            columns={"system": "system", "tools": "tools"},
+        ),
         SourceConfig(adapter="coderforge", path=str(data / "coderforge.parquet")),
         SourceConfig(adapter="swe_agent", path=str(data / "swe_agent.parquet")),
-    ]  # fmt: skip
+    ]
     sets = {name: str(data / "bench" / f"{name}.jsonl") for name in ("think", "tools")}
     base = tiny()
     return base.replace(
@@ -292,18 +318,21 @@ def smollm2() -> PipelineConfig:
     )
 
 
-# The large recipes store features as fp8_topk (BENCHMARKS.md, "Storage"): fp8 aux states plus the target's top-256 next-token
-# distribution instead of the final state, with lz4 on the state columns. Measured (BENCHMARKS.md, idle): 0.392 of
-# 8*H per token at Kimi's H with lz4 and 0.319 with zstd (fp8_all + zstd: 0.410, raw + zstd: 0.779); accept length
-# 0.986 of raw features on the tiny world (goals <= 0.40, >= 0.98). lz4 because it also reads faster than the
-# per-sample torch.save layout (1.14x at H 512, where the top-k column weighs as much as the aux states; fp8 states
-# with lz4 read 2.0-2.3x), while zstd reads 0.60x of it: at ~400 MB/s per core over ~23 KB per token that is about
-# 17K tokens/s per core at Kimi's H, a rate one GPU rank's training step may outrun (not measured: no GPU here).
+# The large recipes store features as fp8_topk (BENCHMARKS.md, "Storage"): fp8 aux states plus the
+# target's top-256 next-token distribution instead of the final state, with lz4 on the state
+# columns. Measured (BENCHMARKS.md, idle): 0.392 of 8*H per token at Kimi's H with lz4 and 0.319
+# with zstd (fp8_all + zstd: 0.410, raw + zstd: 0.779); accept length 0.986 of raw features on the
+# tiny world (goals <= 0.40, >= 0.98). lz4 because it also reads faster than the per-sample
+# torch.save layout (1.14x at H 512, where the top-k column weighs as much as the aux states; fp8
+# states with lz4 read 2.0-2.3x), while zstd reads 0.60x of it: at ~400 MB/s per core over ~23 KB
+# per token that is about 17K tokens/s per core at Kimi's H, a rate one GPU rank's training step may
+# outrun (not measured: no GPU here).
 LARGE_FEATURES = {"encoding": "fp8_topk", "topk": 256, "hidden_compression": "lz4"}
 
 
 def llama3_8b() -> PipelineConfig:
-    """Llama-3.1-8B-Instruct target (32 layers, H 4096, vocab 128256) on one 8-GPU node; features in fp8_topk."""
+    """Llama-3.1-8B-Instruct target (32 layers, H 4096, vocab 128256) on one 8-GPU node; features in
+    fp8_topk."""
     return PipelineConfig(
         name="llama3_8b",
         root=_run_root("llama3_8b"),
@@ -322,14 +351,16 @@ def llama3_8b() -> PipelineConfig:
     )
 
 
-# What the large recipes' capture needs from SGLang: its model runner with the target as served (packed INT4 or
-# NVFP4 experts, tensor parallel over the node's GPUs), rank r on GPU r, and a capture task holding all of them.
+# What the large recipes' capture needs from SGLang: its model runner with the target as served
+# (packed INT4 or NVFP4 experts, tensor parallel over the node's GPUs), rank r on GPU r, and a
+# capture task holding all of them.
 SGLANG_CAPTURE = {"backend": "sglang", "device": "cuda", "gpus": 8}
 
 
 def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
-    """A large MoE target served and captured with SGLang on one 8-GPU node (tp 8, FSDP training over its 8 GPUs),
-    the Hub mix and gate sets, features in fp8_topk: the Kimi-K2.5 and GLM-5 recipes, which differ only in target."""
+    """A large MoE target served and captured with SGLang on one 8-GPU node (tp 8, FSDP training
+    over its 8 GPUs), the Hub mix and gate sets, features in fp8_topk: the Kimi-K2.5 and GLM-5
+    recipes, which differ only in target."""
     return PipelineConfig(
         name=name,
         root=_run_root(name),
@@ -344,19 +375,22 @@ def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
 
 
 def kimi_k2_5() -> PipelineConfig:
-    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the model this pipeline was built for, served with tp 8.
+    """Kimi-K2.5 target (61 layers, H 7168, vocab 163840): the model this pipeline was built for,
+    served with tp 8.
 
-    A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it, ``eagle3.config.pipeline``).
-    Captured with ``capture.backend=sglang`` (``SGLANG_CAPTURE``): SGLang's model runner on the node's 8 GPUs, one
-    rank each, the INT4 experts kept packed as SGLang serves them: ~74 GB of weights per GPU plus ~1 GB of capture
-    buffers (``eagle3 config show`` prints the plan; capture refuses before loading when a GPU has less free). The
-    ``hf`` backend would decompress the checkpoint to ~2.1 TB of bf16 at its first forward, more than 8 x H200 hold
-    (``eagle3.capture.footprint``). ``target.checkpoint_bytes`` is the plan's weights when the checkpoint's headers
-    cannot be read (offline): 60 MoE layers x 384 experts x 3 x 7168 x 2048 INT4 weights with a bf16 scale per 32
-    (4.5 bits each: 571 GB) plus ~12B bf16 parameters (attention, shared experts, embeddings: 24 GB), ~595 GB; the
-    headers win whenever they are reachable. Features in fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as
-    stored with lz4 (3.05 TB before the codec; ``eagle3 config show`` prints the estimate) instead of ~5.9 TB of raw
-    bf16 states with zstd (7.58 TB before it).
+    A DeepSeek-V3-family target (``target.family=deepseek``: SGLang's layer-id rule for it,
+    ``eagle3.config.pipeline``). Captured with ``capture.backend=sglang`` (``SGLANG_CAPTURE``):
+    SGLang's model runner on the node's 8 GPUs, one rank each, the INT4 experts kept packed as
+    SGLang serves them: ~74 GB of weights per GPU plus ~1 GB of capture buffers (``eagle3 config
+    show`` prints the plan; capture refuses before loading when a GPU has less free). The ``hf``
+    backend would decompress the checkpoint to ~2.1 TB of bf16 at its first forward, more than 8 x
+    H200 hold (``eagle3.capture.footprint``). ``target.checkpoint_bytes`` is the plan's weights when
+    the checkpoint's headers cannot be read (offline): 60 MoE layers x 384 experts x 3 x 7168 x 2048
+    INT4 weights with a bf16 scale per 32 (4.5 bits each: 571 GB) plus ~12B bf16 parameters
+    (attention, shared experts, embeddings: 24 GB), ~595 GB; the headers win whenever they are
+    reachable. Features in fp8_topk (``LARGE_FEATURES``): ~3.0 TB per night as stored with lz4 (3.05
+    TB before the codec; ``eagle3 config show`` prints the estimate) instead of ~5.9 TB of raw bf16
+    states with zstd (7.58 TB before it).
 
     The draft is an MLA head with the full vocabulary (``KIMI_DRAFT``), the layout of the published
     Kimi-K2.5/K2.6 drafts (TorchSpec's ``kimi-k2.5-eagle3-mla``: the target's MLA sizes, q_lora_rank
@@ -382,19 +416,21 @@ KIMI_DRAFT = ["train.architecture.attention=mla", "vocab.draft_vocab_size=163840
 
 
 def glm_5() -> PipelineConfig:
-    """GLM-5 in NVFP4 (``nvidia/GLM-5-NVFP4``; 78 layers, H 6144, vocab 154880; 744B parameters, 40B active):
-    served and captured with tp 8, its NVFP4 experts kept packed.
+    """GLM-5 in NVFP4 (``nvidia/GLM-5-NVFP4``; 78 layers, H 6144, vocab 154880; 744B parameters, 40B
+    active): served and captured with tp 8, its NVFP4 experts kept packed.
 
-    The shape is GLM-5's published config (``GlmMoeDsaConfig``: 78 layers, the first 3 dense, 256 routed experts of
-    intermediate 2048 with top-8 routing and one shared expert, MLA with DeepSeek sparse attention); this repository
-    has no other record of it and this machine cannot read the checkpoint. SGLang 0.5.23 serves it as
-    ``GlmMoeDsaForCausalLM``, a ``DeepseekV2ForCausalLM`` whose ``set_eagle3_layers_to_capture`` it inherits, hence
-    ``target.family=deepseek`` (aux layers ``[2, 39, 75]``, exported as ``[1, 38, 74]``). ModelOpt's NVFP4 quantizes
-    the routed experts only (4-bit values with an fp8 scale per 16: 4.5 bits): 75 x 256 x 3 x 6144 x 2048 expert
-    weights, 408 GB, plus ~19B bf16 parameters, 38 GB: ``target.checkpoint_bytes`` ~446 GB, ~56 GB a GPU at tp 8.
-    SGLang runs NVFP4 with FP4 kernels on Blackwell and, from compute capability 8.0 (H200 included), through its
-    Marlin FP4 weight-only path (``ModelOptFp4Config.get_min_capability`` is 80). Not run here (no GPU); the checks
-    a node with SGLang must run are ``benchmarks/gpu_checks.sh``'s ``sglang-capture`` steps."""
+    The shape is GLM-5's published config (``GlmMoeDsaConfig``: 78 layers, the first 3 dense, 256
+    routed experts of intermediate 2048 with top-8 routing and one shared expert, MLA with DeepSeek
+    sparse attention); this repository has no other record of it and this machine cannot read the
+    checkpoint. SGLang 0.5.23 serves it as ``GlmMoeDsaForCausalLM``, a ``DeepseekV2ForCausalLM``
+    whose ``set_eagle3_layers_to_capture`` it inherits, hence ``target.family=deepseek`` (aux layers
+    ``[2, 39, 75]``, exported as ``[1, 38, 74]``). ModelOpt's NVFP4 quantizes the routed experts
+    only (4-bit values with an fp8 scale per 16: 4.5 bits): 75 x 256 x 3 x 6144 x 2048 expert
+    weights, 408 GB, plus ~19B bf16 parameters, 38 GB: ``target.checkpoint_bytes`` ~446 GB, ~56 GB a
+    GPU at tp 8. SGLang runs NVFP4 with FP4 kernels on Blackwell and, from compute capability 8.0
+    (H200 included), through its Marlin FP4 weight-only path
+    (``ModelOptFp4Config.get_min_capability`` is 80). Not run here (no GPU); the checks a node with
+    SGLang must run are ``benchmarks/gpu_checks.sh``'s ``sglang-capture`` steps."""
     return _served_moe(
         "glm_5",
         TargetConfig(
@@ -425,7 +461,9 @@ def load_recipe(name: str, overrides: list[str] | None = None) -> PipelineConfig
     try:
         build = RECIPES[name]
     except KeyError:
-        raise ConfigError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}") from None
+        raise ConfigError(
+            f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}"
+        ) from None
     config = build()
     return with_overrides(config, overrides) if overrides else config
 
@@ -433,17 +471,24 @@ def load_recipe(name: str, overrides: list[str] | None = None) -> PipelineConfig
 def resolve(recipe_or_path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
     """The validated config of a recipe name or a YAML file, with ``a.b=value`` overrides applied.
 
-    A ``Path`` is always a file; a string is a file when it ends in ``.yaml``/``.yml`` or names an existing file,
-    else a recipe name. The CLI, the pipeline flow's first task and ``python -m eagle3.regen`` all come through
-    here, so every door reads a config the same way; every problem (a missing file, bad YAML, an unknown recipe or
-    key, a bad value) is a ``ConfigError`` whose message names the fix.
+    A ``Path`` is always a file; a string is a file when it ends in ``.yaml``/``.yml`` or names an
+    existing file, else a recipe name. The CLI, the pipeline flow's first task and ``python -m
+    eagle3.regen`` all come through here, so every door reads a config the same way; every problem
+    (a missing file, bad YAML, an unknown recipe or key, a bad value) is a ``ConfigError`` whose
+    message names the fix.
     """
     text = str(recipe_or_path)
     path = Path(text).expanduser()
-    if isinstance(recipe_or_path, str) and not text.endswith((".yaml", ".yml")) and not path.is_file():
+    if (
+        isinstance(recipe_or_path, str)
+        and not text.endswith((".yaml", ".yml"))
+        and not path.is_file()
+    ):
         return check_inputs(load_recipe(text, overrides))
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist (pass a YAML file or a recipe: {', '.join(RECIPES)})")
+        raise ConfigError(
+            f"config file {path} does not exist (pass a YAML file or a recipe: {', '.join(RECIPES)})"
+        )
     try:
         return check_inputs(load_yaml(path, overrides))
     except yaml.YAMLError as exc:
@@ -468,11 +513,12 @@ def check_inputs(config: PipelineConfig) -> PipelineConfig:
 
 
 class ConfigRef(BaseModel):
-    """A config by reference (a recipe name or a YAML path, plus overrides), resolved where it is used.
+    """A config by reference (a recipe name or a YAML path, plus overrides), resolved where it is
+    used.
 
-    Deployments store this, not a resolved config: a worker resolves it at run time, so an upgrade, a changed
-    ``EAGLE3_HOME`` or an edited YAML file takes effect on the next run, and no absolute run root is frozen into
-    the deployment at apply time."""
+    Deployments store this, not a resolved config: a worker resolves it at run time, so an upgrade,
+    a changed ``EAGLE3_HOME`` or an edited YAML file takes effect on the next run, and no absolute
+    run root is frozen into the deployment at apply time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

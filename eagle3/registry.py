@@ -11,12 +11,14 @@ Layout under ``<root>/registry/``::
     drafts/<draft_id>/       a copy of every promoted export, so the champion survives its training run's cleanup
 
 Design choices:
-- The draft id is a content hash of the export's files that define the draft (``export_format.EXPORT_FILES``:
-  ``config.json`` and ``model.safetensors``), so promoting the same draft twice reuses one copy, and a gate can tell
-  "the candidate is the champion" by id, not by path.
-- Promotion order: copy the export into ``drafts/<id>`` (tmp dir + rename), append the history line, then replace
-  ``promoted.json`` (tmp + rename). A kill at any point leaves the old pointer or the new one; a history line
-  without a pointer update is a promotion that did not take effect (its id is not the pointer's).
+- The draft id is a content hash of the export's files that define the draft
+  (``export_format.EXPORT_FILES``: ``config.json`` and ``model.safetensors``), so promoting the same
+  draft twice reuses one copy, and a gate can tell "the candidate is the champion" by id, not by
+  path.
+- Promotion order: copy the export into ``drafts/<id>`` (tmp dir + rename), append the history line,
+  then replace ``promoted.json`` (tmp + rename). A kill at any point leaves the old pointer or the
+  new one; a history line without a pointer update is a promotion that did not take effect (its id
+  is not the pointer's).
 """
 
 from __future__ import annotations
@@ -42,11 +44,14 @@ HISTORY = "history.jsonl"
 
 
 def draft_id(export_dir: Path) -> str:
-    """Content id of an export: hash of its config and weights (paths and timestamps play no part)."""
+    """Content id of an export: hash of its config and weights (paths and timestamps play no
+    part)."""
     export_dir = Path(export_dir)
     missing = [path.name for path in missing_files(export_dir)]
     if missing:
-        raise FileNotFoundError(f"{export_dir} lacks {missing}: pass an export dir written by the train stage")
+        raise FileNotFoundError(
+            f"{export_dir} lacks {missing}: pass an export dir written by the train stage"
+        )
     return fingerprint(*(sha256_file(export_dir / name) for name in EXPORT_FILES))
 
 
@@ -101,7 +106,11 @@ class Registry:
         path = self.dir / HISTORY
         if not path.exists():
             return []
-        return [Promotion.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        return [
+            Promotion.from_dict(json.loads(line))
+            for line in path.read_text().splitlines()
+            if line.strip()
+        ]
 
     def _copy(self, export_dir: Path, did: str) -> Path:
         dest = self.dir / "drafts" / did

@@ -48,7 +48,8 @@ app = typer.Typer(
 
 @app.callback()
 def global_options(
-    ctx: typer.Context, verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")
+    ctx: typer.Context,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -57,9 +58,11 @@ def global_options(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    if not verbose:  # one INFO line per HTTP request (Prefect's API, the regen servers) drowns the stage logs
+    # one INFO line per HTTP request (Prefect's API, the regen servers) drowns the stage logs
+    if not verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        ctx.with_resource(console_tracebacks_for_bugs_only())  # an expected failure: one error line, as below
+        # an expected failure: one error line, as below
+        ctx.with_resource(console_tracebacks_for_bugs_only())
 
 
 for _module in COMMAND_MODULES:

@@ -1,7 +1,8 @@
-"""``discover``: resolve the configured sources into the catalog stage (one unit; a manifest hit when unchanged).
+"""``discover``: resolve the configured sources into the catalog stage (one unit; a manifest hit
+when unchanged).
 
-The one stage wiring (``flows.stage.run_stage``) over ``eagle3.data.stage.DiscoverStage``; its table artifact lists
-the resolved datasets.
+The one stage wiring (``flows.stage.run_stage``) over ``eagle3.data.stage.DiscoverStage``; its table
+artifact lists the resolved datasets.
 """
 
 from __future__ import annotations

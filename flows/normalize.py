@@ -1,9 +1,10 @@
 """``normalize``: one unit per source (its normalized spill), then dedup + shard in finalize
 (docs/DESIGN.md, "Prompts" and "Prefect usage").
 
-The one stage wiring (``flows.stage.run_stage``) over ``eagle3.data.stage.NormalizeStage``: the per-source units run
-concurrently on the flow's task runner; finalize needs them all, since dedup is global and first-occurrence-wins in
-source order. A finished stage is a manifest hit (every source unit is skipped, finalize writes nothing).
+The one stage wiring (``flows.stage.run_stage``) over ``eagle3.data.stage.NormalizeStage``: the
+per-source units run concurrently on the flow's task runner; finalize needs them all, since dedup is
+global and first-occurrence-wins in source order. A finished stage is a manifest hit (every source
+unit is skipped, finalize writes nothing).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from flows.stage import run_stage
 
 @flow(name="normalize", log_prints=False)
 def normalize_flow(config: PipelineConfig, catalog_dir: str | None = None) -> str:
-    """Normalize the sources of ``catalog_dir`` (default: the finished catalog this config names); returns the
-    prompts stage directory."""
+    """Normalize the sources of ``catalog_dir`` (default: the finished catalog this config names);
+    returns the prompts stage directory."""
     return str(run_stage(NormalizeStage(), config, catalog_dir=catalog_dir).out_dir)
 
 

@@ -1,19 +1,21 @@
 """``data-scaling``: the whole pipeline as one flow of stage subflows.
 
-discover -> normalize -> plan-night -> regen -> capture -> vocab -> train (+ export) -> gate -> scaling curve.
+discover -> normalize -> plan-night -> regen -> capture -> vocab -> train (+ export) -> gate ->
+scaling curve.
 
 Design choices:
 
-* Every stage is its own subflow, so the UI shows one run per stage with its artifacts, and each stage skips
-  itself when its manifest (or its per-shard outputs) already exist: a re-run, a resume after ``kill -9`` and a
-  nightly run over a grown prompt set all redo only what is missing.
-* The night's selection is a stage over the run root (``eagle3.scaling.stage.PlanNightStage``, run here on the
-  nightly run so its ``night-plan`` artifact is this run's), by ``scaling.policy``: uniform takes
-  the first whole prompt shards covering ``previous total + scale``; aimed spends ``scale`` across domains by
-  expected gain and writes the rows it chose as the shards regen reads (the ``night-plan`` artifact shows why);
-  explicit ``shard_ids`` override either (re-triggers, tests).
-* Regen and capture run their shards on the task runner ``orchestration`` names (threads, or Ray with one GPU per
-  capture task); each stage flow picks it from its config (``flows.runners``).
+* Every stage is its own subflow, so the UI shows one run per stage with its artifacts, and each
+  stage skips itself when its manifest (or its per-shard outputs) already exist: a re-run, a resume
+  after ``kill -9`` and a nightly run over a grown prompt set all redo only what is missing.
+* The night's selection is a stage over the run root (``eagle3.scaling.stage.PlanNightStage``, run
+  here on the nightly run so its ``night-plan`` artifact is this run's), by ``scaling.policy``:
+  uniform takes the first whole prompt shards covering ``previous total + scale``; aimed spends
+  ``scale`` across domains by expected gain and writes the rows it chose as the shards regen reads
+  (the ``night-plan`` artifact shows why); explicit ``shard_ids`` override either (re-triggers,
+  tests).
+* Regen and capture run their shards on the task runner ``orchestration`` names (threads, or Ray
+  with one GPU per capture task); each stage flow picks it from its config (``flows.runners``).
 * Where the trainer's hidden states come from (``train.features``) is decided once, by the capture
   stage's plan, and handed on (``FeatureSource``): online, capture writes nothing and the train
   stage's producers capture during training; the flow is the same either way.
@@ -59,8 +61,9 @@ def data_scaling(
     scale: int | None = None,
     shard_ids: list[int] | None = None,
 ) -> NightSummary | State:
-    """Grow the training set by ``scale`` prompts (all prompts when unset), train a draft on everything so far,
-    gate it against the baseline and the champion, and add the night to the scaling curve.
+    """Grow the training set by ``scale`` prompts (all prompts when unset), train a draft on
+    everything so far, gate it against the baseline and the champion, and add the night to the
+    scaling curve.
 
     ``recipe`` is a recipe name or a YAML config path; ``overrides`` are ``a.b=value`` strings.
     """
@@ -69,15 +72,24 @@ def data_scaling(
     tiny_world_task(config)
     catalog = discover_flow(config)
     prompts = normalize_flow(config, catalog)
-    night = Night.of(run_stage(PlanNightStage(), config, prompts_dir=prompts, scale=scale, shard_ids=shard_ids))
+    night = Night.of(
+        run_stage(PlanNightStage(), config, prompts_dir=prompts, scale=scale, shard_ids=shard_ids)
+    )
     regen = regen_flow(config, shard_ids=night.shard_ids, prompts_dir=night.prompts_dir)
     features = capture_flow(config, shard_ids=night.shard_ids, regen_dir=str(regen.out_dir))
     draft = train_flow(config, features, vocab_flow(config, features))
     gate = gate_flow(config, [draft.export], features_dir=features.shards_dir)
-    curve = scaling_flow(config, gate_dir=gate.out_dir, total_prompts=night.total_prompts,
-                         train_samples=draft.train_samples, draft_fingerprint=draft.fingerprint,
-                         label=f"{len(night.shard_ids)} shards", policy=night.policy, select_dir=night.select_dir,
-                         draft_dir=draft.export)  # fmt: skip
+    curve = scaling_flow(
+        config,
+        gate_dir=gate.out_dir,
+        total_prompts=night.total_prompts,
+        train_samples=draft.train_samples,
+        draft_fingerprint=draft.fingerprint,
+        label=f"{len(night.shard_ids)} shards",
+        policy=night.policy,
+        select_dir=night.select_dir,
+        draft_dir=draft.export,
+    )
     summary = NightSummary(
         night=night,
         regen=regen,
@@ -92,8 +104,14 @@ def data_scaling(
     night_plots_task(draft.out_dir, gate.markdown, curve.png)
     get_run_logger().info("tonight's rows: %s; gate report: %s", summary.rows_line(), gate.markdown)
     if gate.verdict == "inconclusive":
-        return Failed(name="Inconclusive", data=summary, message=f"gate inconclusive for {draft.export}, nothing "
-                      f"promoted ({'; '.join(gate.reasons)}): report {gate.markdown}")  # fmt: skip
+        return Failed(
+            name="Inconclusive",
+            data=summary,
+            message=f"gate inconclusive for {draft.export}, nothing "
+            f"promoted ({'; '.join(gate.reasons)}): report {gate.markdown}",
+        )
     if not gate.passed:
-        return Failed(message=f"gate refused the draft {draft.export}: report {gate.markdown}", data=summary)
+        return Failed(
+            message=f"gate refused the draft {draft.export}: report {gate.markdown}", data=summary
+        )
     return summary

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Usage: PREFECT_API_URL=http://host:4200/api python infra/zombie-automation.py [--heartbeat-s 60] [--misses 3]
+"""Usage: PREFECT_API_URL=http://host:4200/api python infra/zombie-automation.py [--heartbeat-s 60]
+[--misses 3]
 
-Creates (or updates) the automation that marks flow runs Crashed when their worker stops sending heartbeats, for
-self-hosted Prefect servers (``deployments/deploy.py apply`` also does it). Workers must emit heartbeats:
-``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` (``infra/prefect-worker.sh`` sets it from ``EAGLE3_HEARTBEAT_S``) must match
-``--heartbeat-s``.
+Creates (or updates) the automation that marks flow runs Crashed when their worker stops sending
+heartbeats, for self-hosted Prefect servers (``deployments/deploy.py apply`` also does it). Workers
+must emit heartbeats: ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` (``infra/prefect-worker.sh`` sets it
+from ``EAGLE3_HEARTBEAT_S``) must match ``--heartbeat-s``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,15 @@ from deployments.automations import ensure_zombie_automation
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Create the zombie flow-run automation on a self-hosted server.")
-    parser.add_argument("--heartbeat-s", type=int, default=60, help="the workers' heartbeat period in seconds")
-    parser.add_argument("--misses", type=int, default=3, help="missed heartbeats before a run is marked Crashed")
+    parser = argparse.ArgumentParser(
+        description="Create the zombie flow-run automation on a self-hosted server."
+    )
+    parser.add_argument(
+        "--heartbeat-s", type=int, default=60, help="the workers' heartbeat period in seconds"
+    )
+    parser.add_argument(
+        "--misses", type=int, default=3, help="missed heartbeats before a run is marked Crashed"
+    )
     args = parser.parse_args()
     automation = ensure_zombie_automation(heartbeat_s=args.heartbeat_s, misses=args.misses)
     print(f"automation {automation.name}: {automation.id}")

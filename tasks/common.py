@@ -1,9 +1,10 @@
-"""Prefect plumbing shared by every task: cache keys from stage fingerprints, table, Markdown and image artifacts
-(a running stage's progress is ``tasks.monitor``).
+"""Prefect plumbing shared by every task: cache keys from stage fingerprints, table, Markdown and
+image artifacts (a running stage's progress is ``tasks.monitor``).
 
-Tasks are thin: they call one library function and add retries, a cache key and artifacts. Cache keys are the
-stage fingerprint plus the shard id, never the task's source code, so editing a docstring does not redo a 50-hour
-regeneration. Artifact keys are lowercase letters, digits and dashes (Prefect's rule).
+Tasks are thin: they call one library function and add retries, a cache key and artifacts. Cache
+keys are the stage fingerprint plus the shard id, never the task's source code, so editing a
+docstring does not redo a 50-hour regeneration. Artifact keys are lowercase letters, digits and
+dashes (Prefect's rule).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def artifact_key(*parts: str) -> str:
 
 
 def output_cache_key(base: str, output: Path) -> str | None:
-    """``base`` plus the output file's size and mtime; None (never cached) while the output is missing.
+    """``base`` plus the output file's size and mtime; None (never cached) while the output is
+    missing.
 
     A shard deleted or rebuilt on disk is then never skipped as a stale Prefect cache hit.
     """
@@ -43,7 +45,9 @@ def output_cache_key(base: str, output: Path) -> str | None:
 
 
 def publish_table(key: str, rows: Sequence[Mapping[str, Any]], *, description: str = "") -> None:
-    create_table_artifact(key=artifact_key(key), table=[dict(r) for r in rows], description=description)
+    create_table_artifact(
+        key=artifact_key(key), table=[dict(r) for r in rows], description=description
+    )
 
 
 def publish_markdown(key: str, markdown: str, *, description: str = "") -> None:
@@ -51,17 +55,22 @@ def publish_markdown(key: str, markdown: str, *, description: str = "") -> None:
 
 
 def markdown_image(png: Path | str, alt: str) -> str:
-    """A PNG embedded in Markdown as a ``data:`` URI: the Prefect UI shows it as an image, offline, from any
-    machine (the file itself sits on a worker's disk the browser cannot reach)."""
+    """A PNG embedded in Markdown as a ``data:`` URI: the Prefect UI shows it as an image, offline,
+    from any machine (the file itself sits on a worker's disk the browser cannot reach)."""
     encoded = base64.b64encode(Path(png).read_bytes()).decode("ascii")
     return f"![{alt}](data:image/png;base64,{encoded})"
 
 
-def publish_plots(key: str, plots: Mapping[str, Path | str | None], *, description: str = "") -> str | None:
-    """One Markdown artifact showing each existing PNG under its title (missing ones are skipped); returns the
-    Markdown, None when there was no plot to show."""
-    sections = [f"## {title}\n\n{markdown_image(path, title)}\n\n`{path}`"
-                for title, path in plots.items() if path and Path(path).is_file()]  # fmt: skip
+def publish_plots(
+    key: str, plots: Mapping[str, Path | str | None], *, description: str = ""
+) -> str | None:
+    """One Markdown artifact showing each existing PNG under its title (missing ones are skipped);
+    returns the Markdown, None when there was no plot to show."""
+    sections = [
+        f"## {title}\n\n{markdown_image(path, title)}\n\n`{path}`"
+        for title, path in plots.items()
+        if path and Path(path).is_file()
+    ]
     if not sections:
         return None
     markdown = "\n\n".join(sections) + "\n"
@@ -71,13 +80,17 @@ def publish_plots(key: str, plots: Mapping[str, Path | str | None], *, descripti
 
 @task(name="resolve-config", cache_policy=NO_CACHE)
 def resolve_config_task(config: PipelineConfig | ConfigRef) -> PipelineConfig:
-    """The validated config of a run: a ``ConfigRef`` (what deployments store: a recipe name or a YAML path plus
-    ``a.b=value`` overrides) is resolved here, on the worker, at run time; a resolved config passes through.
-    Resolved once per run: every task and subflow takes the result as is."""
+    """The validated config of a run: a ``ConfigRef`` (what deployments store: a recipe name or a
+    YAML path plus ``a.b=value`` overrides) is resolved here, on the worker, at run time; a resolved
+    config passes through. Resolved once per run: every task and subflow takes the result as is."""
     resolved = config.resolve() if isinstance(config, ConfigRef) else config
-    root_id = check_run_root(resolved.root_path, resolved.root_id)  # shared storage: fail fast on a wrong mount
-    load_secret_blocks(resolved)  # secrets missing from the environment, from their Prefect Secret blocks
-    get_run_logger().info("config %s, run root %s (id %s)", resolved.name, resolved.root_path, root_id)
+    # shared storage: fail fast on a wrong mount
+    root_id = check_run_root(resolved.root_path, resolved.root_id)
+    # secrets missing from the environment, from their Prefect Secret blocks
+    load_secret_blocks(resolved)
+    get_run_logger().info(
+        "config %s, run root %s (id %s)", resolved.name, resolved.root_path, root_id
+    )
     return resolved
 
 

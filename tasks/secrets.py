@@ -1,9 +1,11 @@
-"""Secret blocks into the run's environment (``eagle3.runtime.secrets`` documents the order and the rule).
+"""Secret blocks into the run's environment (``eagle3.runtime.secrets`` documents the order and the
+rule).
 
-A flow run calls ``load_secret_blocks`` once, when it resolves its config: each secret the config names that the
-environment does not hold is read from its Prefect Secret block, if one exists, and exported to this process (and
-so to the task runner's workers it starts afterwards). Library code then reads the environment only, and no value
-ever travels as a parameter, so Prefect never records one.
+A flow run calls ``load_secret_blocks`` once, when it resolves its config: each secret the config
+names that the environment does not hold is read from its Prefect Secret block, if one exists, and
+exported to this process (and so to the task runner's workers it starts afterwards). Library code
+then reads the environment only, and no value ever travels as a parameter, so Prefect never records
+one.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ def secret_from_block(env_name: str) -> str | None:
     """The value of ``env_name``'s Secret block, None when the server has no such block."""
     try:
         return str(Secret.load(block_name(env_name)).get())
-    except ValueError:  # no such block: the secret stays unset (optional ones) or comes from a later source
+    # no such block: the secret stays unset (optional ones) or comes from a later source
+    except ValueError:
         return None
 
 
 def load_secret_blocks(config: PipelineConfig) -> dict[str, str]:
-    """Export the missing secrets that have a Secret block; returns ``{env name: where it came from}`` (no values)."""
+    """Export the missing secrets that have a Secret block; returns ``{env name: where it came
+    from}`` (no values)."""
     sources = {}
     for name in secret_names(config):
         if os.environ.get(name):

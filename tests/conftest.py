@@ -1,4 +1,5 @@
-"""Session fixtures shared by the whole suite: the tiny offline world and one Prefect test harness."""
+"""Session fixtures shared by the whole suite: the tiny offline world and one Prefect test
+harness."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The tiny world is content-addressed, so sessions reuse one built earlier under the repo's ignored .cache/.
-os.environ.setdefault("EAGLE3_HOME", str(Path(__file__).resolve().parents[1] / ".cache" / "eagle3-home"))
+# The tiny world is content-addressed, so sessions reuse one built earlier under the repo's ignored
+# .cache/.
+os.environ.setdefault(
+    "EAGLE3_HOME", str(Path(__file__).resolve().parents[1] / ".cache" / "eagle3-home")
+)
 
 
 def _cache_dir() -> Path:
@@ -26,7 +30,8 @@ def _cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_world():
-    """The default tiny world (sample data, tokenizer, trained tiny Llama), built once and cached on disk."""
+    """The default tiny world (sample data, tokenizer, trained tiny Llama), built once and cached on
+    disk."""
     from eagle3.worlds.world import TinyWorldSpec, build_tiny_world
 
     world, _hit = build_tiny_world(_cache_dir(), TinyWorldSpec())
@@ -35,8 +40,9 @@ def tiny_world():
 
 @pytest.fixture(scope="session")
 def think_world():
-    """The thinking world (agentic sample data, a tiny target that thinks and calls tools in Kimi-K2.5's format),
-    built once and cached like the tiny world (``eagle3.worlds.think_world``)."""
+    """The thinking world (agentic sample data, a tiny target that thinks and calls tools in
+    Kimi-K2.5's format), built once and cached like the tiny world
+    (``eagle3.worlds.think_world``)."""
     from eagle3.worlds.think_world import build_think_world
 
     world, _hit = build_think_world(_cache_dir())
@@ -78,16 +84,23 @@ def tiny_config(tiny_world, tmp_path_factory):
     from eagle3.recipes import load_recipe
 
     config = load_recipe("tiny", [f"root={tmp_path_factory.mktemp('run-root')}"])
-    assert Path(config.target.model_path) == Path(tiny_world.model_dir), "tiny recipe and tiny world disagree"
+    assert Path(config.target.model_path) == Path(tiny_world.model_dir), (
+        "tiny recipe and tiny world disagree"
+    )
     return config
 
 
 @pytest.fixture(scope="session")
 def sglang_python() -> Path:
-    """The SGLang 0.5.23 CPU runtime's interpreter (``infra/dev.sh sglang``). Missing, a ``sglang`` test is skipped,
-    except under ``infra/dev.sh test`` (CI), which installs the runtime and sets ``EAGLE3_REQUIRE_SGLANG``: there it
-    fails instead, so no real-SGLang test can silently stop running."""
-    from eagle3.serve.launch_commands import EngineUnavailable, check_sglang_runtime, sglang_runtime_python
+    """The SGLang 0.5.23 CPU runtime's interpreter (``infra/dev.sh sglang``). Missing, a ``sglang``
+    test is skipped, except under ``infra/dev.sh test`` (CI), which installs the runtime and sets
+    ``EAGLE3_REQUIRE_SGLANG``: there it fails instead, so no real-SGLang test can silently stop
+    running."""
+    from eagle3.serve.launch_commands import (
+        EngineUnavailable,
+        check_sglang_runtime,
+        sglang_runtime_python,
+    )
 
     python = sglang_runtime_python()
     try:
@@ -110,8 +123,9 @@ def prefect_harness() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def write_regen_stage(tiny_tokenizer):
-    """``write_regen_stage(regen_dir, shards=2, rows=5, seed=3)``: a planned regen stage of finished shards rendered
-    with the project renderer (what capture reads), written with the project's shard writer; returns the dir."""
+    """``write_regen_stage(regen_dir, shards=2, rows=5, seed=3)``: a planned regen stage of finished
+    shards rendered with the project renderer (what capture reads), written with the project's shard
+    writer; returns the dir."""
     import hashlib
 
     from eagle3.data.parquet import ShardWriter
@@ -128,13 +142,29 @@ def write_regen_stage(tiny_tokenizer):
             out = []
             for conv in convs[s * rows : (s + 1) * rows]:
                 r = render_conversation(tiny_tokenizer, conv)
-                out.append({"sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16], "source": "t",
-                            "messages": conv, "input_ids": r.input_ids, "loss_mask": r.loss_mask, "status": "ok"})
+                out.append(
+                    {
+                        "sample_id": hashlib.sha256(r.text.encode()).hexdigest()[:16],
+                        "source": "t",
+                        "messages": conv,
+                        "input_ids": r.input_ids,
+                        "loss_mask": r.loss_mask,
+                        "status": "ok",
+                    }
+                )
             with ShardWriter(Path(regen_dir), REGEN_SCHEMA, start_index=s) as writer:
                 writer.write_rows(out)
-        plan = RegenPlan(stage="regen", fingerprint=Path(regen_dir).name, out_dir=regen_dir, units=tuple(range(shards)),
-                         prompts_dir=regen_dir, prompts_fingerprint="", shards=dict.fromkeys(range(shards), rows))
-        atomic_write_text(Path(regen_dir) / PLAN_FILE, plan.model_dump_json())  # planned, as a regen stage always is
+        plan = RegenPlan(
+            stage="regen",
+            fingerprint=Path(regen_dir).name,
+            out_dir=regen_dir,
+            units=tuple(range(shards)),
+            prompts_dir=regen_dir,
+            prompts_fingerprint="",
+            shards=dict.fromkeys(range(shards), rows),
+        )
+        # planned, as a regen stage always is
+        atomic_write_text(Path(regen_dir) / PLAN_FILE, plan.model_dump_json())
         return Path(regen_dir)
 
     return write
@@ -142,9 +172,10 @@ def write_regen_stage(tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def write_prompts_stage():
-    """``write_prompts_stage(root, [[row, ...], ...])``: a finished prompts stage (one shard per list, and its
-    manifest) under ``root/prompts/<fp>``; a row needs ``sample_id`` and ``messages``, the other prompt columns default
-    (source ``test``, its user turns counted, no pre-tokenized ids); returns the dir."""
+    """``write_prompts_stage(root, [[row, ...], ...])``: a finished prompts stage (one shard per
+    list, and its manifest) under ``root/prompts/<fp>``; a row needs ``sample_id`` and ``messages``,
+    the other prompt columns default (source ``test``, its user turns counted, no pre-tokenized
+    ids); returns the dir."""
     import json
 
     from eagle3.data.parquet import ShardWriter
@@ -180,9 +211,9 @@ def write_prompts_stage():
 
 @pytest.fixture(scope="session")
 def write_prompt_pool():
-    """``write_prompt_pool(prompts_dir, {"chat": 40, "math": 20}, free=3, shard_size=16)``: a finished prompts stage
-    of distinct one-turn rows (``source`` = the domain), interleaved across domains as normalize writes them, plus
-    ``free`` pre-tokenized rows; returns the dir."""
+    """``write_prompt_pool(prompts_dir, {"chat": 40, "math": 20}, free=3, shard_size=16)``: a
+    finished prompts stage of distinct one-turn rows (``source`` = the domain), interleaved across
+    domains as normalize writes them, plus ``free`` pre-tokenized rows; returns the dir."""
     import hashlib
     import json
 
@@ -192,19 +223,35 @@ def write_prompt_pool():
 
     def row(domain: str, i: int, *, free: bool = False) -> dict:
         text = f"{domain} question number {i}: what is {i} plus {i + 1}?"
-        messages = [] if free else [{"role": "user", "content": text}, {"role": "assistant", "content": "old"}]
-        return {"sample_id": hashlib.sha256(text.encode()).hexdigest()[:32], "source": domain, "source_row": str(i),
-                "messages": messages, "n_user_turns": 0 if free else 1, "meta": json.dumps({"topic": domain[:2]}),
-                "input_ids": [5, 6, 7] if free else None, "loss_mask": [0, 1, 1] if free else None}  # fmt: skip
+        messages = (
+            []
+            if free
+            else [{"role": "user", "content": text}, {"role": "assistant", "content": "old"}]
+        )
+        return {
+            "sample_id": hashlib.sha256(text.encode()).hexdigest()[:32],
+            "source": domain,
+            "source_row": str(i),
+            "messages": messages,
+            "n_user_turns": 0 if free else 1,
+            "meta": json.dumps({"topic": domain[:2]}),
+            "input_ids": [5, 6, 7] if free else None,
+            "loss_mask": [0, 1, 1] if free else None,
+        }
 
-    def write(prompts_dir: Path, domains: dict[str, int], *, free: int = 0, shard_size: int = 16) -> Path:
+    def write(
+        prompts_dir: Path, domains: dict[str, int], *, free: int = 0, shard_size: int = 16
+    ) -> Path:
         queues = [[row(d, i) for i in range(n)] for d, n in sorted(domains.items())]
         queues.append([row("pretokenized", i, free=True) for i in range(free)])
         rows = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
         with ShardWriter(Path(prompts_dir), PROMPT_SCHEMA, rows_per_shard=shard_size) as writer:
             writer.write_rows(rows)
             infos = writer.close()
-        files = [FileEntry.of(i.path, rows=i.rows, base=Path(prompts_dir), sha256=i.sha256) for i in infos]
+        files = [
+            FileEntry.of(i.path, rows=i.rows, base=Path(prompts_dir), sha256=i.sha256)
+            for i in infos
+        ]
         Manifest("prompts", Path(prompts_dir).name, files=files).write(Path(prompts_dir))
         return Path(prompts_dir)
 
@@ -213,14 +260,16 @@ def write_prompt_pool():
 
 @pytest.fixture
 def record_hashes(monkeypatch):
-    """``record_hashes(module)``: the paths ``module.sha256_file`` hashes from now on (it still hashes them), to
-    check what was read back to be hashed (``eagle3.rundir.runroot`` for manifest entries, ``eagle3.rundir.integrity``
-    for the checks against them)."""
+    """``record_hashes(module)``: the paths ``module.sha256_file`` hashes from now on (it still
+    hashes them), to check what was read back to be hashed (``eagle3.rundir.runroot`` for manifest
+    entries, ``eagle3.rundir.integrity`` for the checks against them)."""
 
     def record(module) -> list[Path]:
         hashed: list[Path] = []
         sha256 = module.sha256_file
-        monkeypatch.setattr(module, "sha256_file", lambda path, **kw: hashed.append(Path(path)) or sha256(path))
+        monkeypatch.setattr(
+            module, "sha256_file", lambda path, **kw: hashed.append(Path(path)) or sha256(path)
+        )
         return hashed
 
     return record
@@ -228,8 +277,9 @@ def record_hashes(monkeypatch):
 
 @pytest.fixture
 def held_rmtree(monkeypatch):
-    """Every ``shutil.rmtree`` waits for ``held.release`` (set it; 60 s at most) before it deletes; ``held.deleters``
-    lists the threads that called it: whether a deletion ran off the caller's thread, and did not hold it up."""
+    """Every ``shutil.rmtree`` waits for ``held.release`` (set it; 60 s at most) before it deletes;
+    ``held.deleters`` lists the threads that called it: whether a deletion ran off the caller's
+    thread, and did not hold it up."""
     import shutil
     import threading
     from types import SimpleNamespace
@@ -272,8 +322,8 @@ def hide_modules(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the ``gpu`` tests where no CUDA device is visible (CI, laptops): they run on a GPU node, e.g. from
-    ``benchmarks/gpu_checks.sh``."""
+    """Skip the ``gpu`` tests where no CUDA device is visible (CI, laptops): they run on a GPU node,
+    e.g. from ``benchmarks/gpu_checks.sh``."""
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

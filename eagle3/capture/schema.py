@@ -1,12 +1,13 @@
 """The features/ contract (docs/DESIGN.md, "Features"): columns, footer metadata and the per-shard
 quarantine.
 
-One row per sample. Hidden states are stored as bytes in ``binary`` columns (``seq_len x 3H`` and ``seq_len x H``),
-so a reader can view them as tensors without decoding; how (raw in the footer's ``dtype``, or fp8 with per-token
-scales) is the footer's ``encoding`` (``eagle3.capture.encoding``). In the ``fp8_topk`` encoding the ``last_hidden``
-column holds the target's top-``topk`` next-token ids and probabilities instead of the final state (footer
-``topk``). Each value is one row's states, so a Kimi-sized row (hundreds of MB) never crosses Arrow's 2 GiB
-per-array limit as long as arrays are built per row (``hidden_column``).
+One row per sample. Hidden states are stored as bytes in ``binary`` columns (``seq_len x 3H`` and
+``seq_len x H``), so a reader can view them as tensors without decoding; how (raw in the footer's
+``dtype``, or fp8 with per-token scales) is the footer's ``encoding`` (``eagle3.capture.encoding``).
+In the ``fp8_topk`` encoding the ``last_hidden`` column holds the target's top-``topk`` next-token
+ids and probabilities instead of the final state (footer ``topk``). Each value is one row's states,
+so a Kimi-sized row (hundreds of MB) never crosses Arrow's 2 GiB per-array limit as long as arrays
+are built per row (``hidden_column``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from eagle3.capture.encoding import ENCODINGS, TOPK_ENCODING, TORCH_DTYPES, ColumnCodec, FinalCodec, column_codecs
+from eagle3.capture.encoding import (
+    ENCODINGS,
+    TOPK_ENCODING,
+    TORCH_DTYPES,
+    ColumnCodec,
+    FinalCodec,
+    column_codecs,
+)
 from eagle3.rundir.runroot import versions
 
 FEATURE_SCHEMA = pa.schema(
@@ -78,9 +86,10 @@ def footer_metadata(
     topk: int | None = None,
     capture_backend: str = "hf",
 ) -> dict[str, str]:
-    """Footer key-values of a feature shard (strings; lists as JSON). Also copied into the manifest. ``topk``: the k
-    of an encoding that stores the target's top-k (``fp8_topk``), recorded as footer ``topk``; ``capture_backend``:
-    the engine whose forward produced the states (``hf``, ``sglang``)."""
+    """Footer key-values of a feature shard (strings; lists as JSON). Also copied into the manifest.
+    ``topk``: the k of an encoding that stores the target's top-k (``fp8_topk``), recorded as footer
+    ``topk``; ``capture_backend``: the engine whose forward produced the states (``hf``,
+    ``sglang``)."""
     return {
         "target_model": target_model,
         "target_revision": target_revision or "",
@@ -105,21 +114,31 @@ def check_footer(meta: dict[str, str], *, path: Any) -> None:
     """Raise ``ValueError`` naming the missing keys or an unsupported dtype/convention."""
     missing = [k for k in REQUIRED_FOOTER_KEYS if k not in meta]
     if missing:
-        raise ValueError(f"{path}: feature shard footer lacks {missing}; re-run `eagle3 capture` to rebuild it")
+        raise ValueError(
+            f"{path}: feature shard footer lacks {missing}; re-run `eagle3 capture` to rebuild it"
+        )
     if meta["dtype"] not in TORCH_DTYPES:
-        raise ValueError(f"{path}: footer dtype {meta['dtype']!r} is not one of {sorted(TORCH_DTYPES)}")
+        raise ValueError(
+            f"{path}: footer dtype {meta['dtype']!r} is not one of {sorted(TORCH_DTYPES)}"
+        )
     if meta["encoding"] not in ENCODINGS:
-        raise ValueError(f"{path}: footer encoding {meta['encoding']!r} is not one of {list(ENCODINGS)}")
+        raise ValueError(
+            f"{path}: footer encoding {meta['encoding']!r} is not one of {list(ENCODINGS)}"
+        )
     if meta["encoding"] == TOPK_ENCODING and not meta.get("topk", "").isdigit():
-        raise ValueError(f"{path}: footer encoding {TOPK_ENCODING!r} needs a positive integer 'topk', got "
-                         f"{meta.get('topk')!r}; re-run `eagle3 capture` to rebuild the shard")
+        raise ValueError(
+            f"{path}: footer encoding {TOPK_ENCODING!r} needs a positive integer 'topk', got "
+            f"{meta.get('topk')!r}; re-run `eagle3 capture` to rebuild the shard"
+        )
     if meta["layer_convention"] != LAYER_CONVENTION:
-        raise ValueError(f"{path}: layer convention {meta['layer_convention']!r}, expected {LAYER_CONVENTION!r}")
+        raise ValueError(
+            f"{path}: layer convention {meta['layer_convention']!r}, expected {LAYER_CONVENTION!r}"
+        )
 
 
 def hidden_column(values: Sequence[bytes | pa.Buffer]) -> pa.ChunkedArray:
-    """A binary column with one chunk per row, so no chunk exceeds Arrow's 2 GiB offset limit; each chunk is built
-    over its value's buffer, without copying it."""
+    """A binary column with one chunk per row, so no chunk exceeds Arrow's 2 GiB offset limit; each
+    chunk is built over its value's buffer, without copying it."""
     if not values:
         return pa.chunked_array([], type=pa.binary())
     return pa.chunked_array([_one_value(pa.py_buffer(v)) for v in values], type=pa.binary())
@@ -131,7 +150,8 @@ def _one_value(data: pa.Buffer) -> pa.Array:
 
 
 def feature_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
-    """Build a ``FEATURE_SCHEMA`` table from rows holding ``aux_hidden``/``last_hidden`` as bytes."""
+    """Build a ``FEATURE_SCHEMA`` table from rows holding ``aux_hidden``/``last_hidden`` as
+    bytes."""
     columns = {
         "sample_id": pa.array([r["sample_id"] for r in rows], pa.string()),
         "input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())),

@@ -53,8 +53,21 @@ from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import ShardError, ShardInfo, open_shard, shard_metadata
 from eagle3.data.template import template_hash
 from eagle3.rundir.integrity import verify_files
-from eagle3.rundir.layout import SHARD_GLOB, hashes_file_name, parts_dir_name, shard_index, shard_name
-from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint, footer_sha256, remove_in_background, sha256_file
+from eagle3.rundir.layout import (
+    SHARD_GLOB,
+    hashes_file_name,
+    parts_dir_name,
+    shard_index,
+    shard_name,
+)
+from eagle3.rundir.runroot import (
+    FileEntry,
+    Manifest,
+    fingerprint,
+    footer_sha256,
+    remove_in_background,
+    sha256_file,
+)
 from eagle3.runtime.stop import raise_if_stopped
 from eagle3.runtime.transfer import HostCopy
 from eagle3.target_io import load_tokenizer
@@ -62,9 +75,14 @@ from eagle3.target_io import load_tokenizer
 logger = logging.getLogger(__name__)
 
 REGEN_INPUT_SCHEMA = pa.schema(
-    [("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))]
+    [
+        ("sample_id", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+    ]
 )
-ProgressFn = Callable[[int, int, int], None]  # (samples done, samples total, tokens done), once on disk
+# (samples done, samples total, tokens done), once on disk
+ProgressFn = Callable[[int, int, int], None]
 _PART_RE = re.compile(r"(shard|quarantine)-\d{5}\.part-(\d{5})\.parquet$")
 
 
@@ -76,12 +94,13 @@ class Sample:
 
 
 def features_fingerprint(config: PipelineConfig, regen_fp: str) -> str:
-    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, encoding (and its k for
-    ``fp8_topk``, appended only there so the other encodings keep their fingerprints), length policy, and the
-    backend when it is not ``hf`` (with SGLang's ``--quantization`` when one is forced): states from another engine
-    or another quantization of the target are another stage, appended so ``hf`` fingerprints stay as they were.
-    (Not the Parquet codecs: they change bytes on disk, not the states a reader gets back; nor tensor parallelism:
-    the same target split another way.)"""
+    """Fingerprint of the features stage: regen data, target, layers (+convention), dtype, encoding
+    (and its k for ``fp8_topk``, appended only there so the other encodings keep their
+    fingerprints), length policy, and the backend when it is not ``hf`` (with SGLang's
+    ``--quantization`` when one is forced): states from another engine or another quantization of
+    the target are another stage, appended so ``hf`` fingerprints stay as they were. (Not the
+    Parquet codecs: they change bytes on disk, not the states a reader gets back; nor tensor
+    parallelism: the same target split another way.)"""
     capture = config.capture
     topk = encoding_topk(capture.encoding, capture.topk)
     engine = [] if capture.backend == "hf" else [capture.backend, capture.sglang.quantization]
@@ -145,16 +164,22 @@ def shard_footer(config: PipelineConfig, fp: str) -> dict[str, str]:
 
 
 def read_regen_shard(path: Path) -> list[Sample]:
-    """The ``sample_id, input_ids, loss_mask`` of a regen shard (footer and schema validated, and checked against
-    the regen manifest's sha256 once that stage is finished)."""
+    """The ``sample_id, input_ids, loss_mask`` of a regen shard (footer and schema validated, and
+    checked against the regen manifest's sha256 once that stage is finished)."""
     verify_files([path], rebuild="eagle3 regen")
     table = open_shard(path, schema=REGEN_INPUT_SCHEMA).read(columns=REGEN_INPUT_SCHEMA.names)
     rows = table.to_pydict()
-    return [Sample(*row) for row in zip(rows["sample_id"], rows["input_ids"], rows["loss_mask"], strict=True)]
+    return [
+        Sample(*row)
+        for row in zip(rows["sample_id"], rows["input_ids"], rows["loss_mask"], strict=True)
+    ]
 
 
-def admit(samples: Sequence[Sample], *, max_seq_len: int, truncation: str) -> tuple[list[Sample], list[dict]]:
-    """Split samples into those to capture (truncated if the policy says so) and quarantined rows."""
+def admit(
+    samples: Sequence[Sample], *, max_seq_len: int, truncation: str
+) -> tuple[list[Sample], list[dict]]:
+    """Split samples into those to capture (truncated if the policy says so) and quarantined
+    rows."""
     keep, quarantined = [], []
     for s in samples:
         n = len(s.input_ids or [])
@@ -170,13 +195,15 @@ def admit(samples: Sequence[Sample], *, max_seq_len: int, truncation: str) -> tu
 
 
 def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches, longest first, each with ``count * max_len <= batch_tokens`` padded tokens
-    (a sample longer than ``batch_tokens`` gets a batch of its own). Ties keep input order (stable)."""
+    """Indices grouped into batches, longest first, each with ``count * max_len <= batch_tokens``
+    padded tokens (a sample longer than ``batch_tokens`` gets a batch of its own). Ties keep input
+    order (stable)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        width = lengths[current[0]] if current else lengths[i]  # longest first: the first sets the width
+        # longest first: the first sets the width
+        width = lengths[current[0]] if current else lengths[i]
         if current and (len(current) + 1) * width > batch_tokens:
             batches.append(current)
             current = []
@@ -187,7 +214,8 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
 
 
 def _scan_parts(parts_dir: Path) -> tuple[list[Path], list[Path], set[str], int]:
-    """Valid feature parts, valid quarantine parts, the sample ids they hold, and the next part number.
+    """Valid feature parts, valid quarantine parts, the sample ids they hold, and the next part
+    number.
 
     Partial (``*.tmp``) and unreadable parts are deleted: they are redone, never trusted."""
     features, quarantine, done, next_k = [], [], set(), 0
@@ -212,11 +240,16 @@ def _scan_parts(parts_dir: Path) -> tuple[list[Path], list[Path], set[str], int]
 
 
 def _capture_batch(
-    backend: CaptureBackend, batch: Sequence[Sample], part: int, *, hidden_size: int,
+    backend: CaptureBackend,
+    batch: Sequence[Sample],
+    part: int,
+    *,
+    hidden_size: int,
     codecs: tuple[ColumnCodec, FinalCodec],
 ) -> Batch:
-    """Forward one batch and queue its states' stored form (and their finiteness) to the host: nothing here waits
-    for a GPU, so the next forward is queued while the writer waits for these copies (``eagle3.runtime.transfer``)."""
+    """Forward one batch and queue its states' stored form (and their finiteness) to the host:
+    nothing here waits for a GPU, so the next forward is queued while the writer waits for these
+    copies (``eagle3.runtime.transfer``)."""
     aux_codec, last_codec = codecs
     to_host, states, finite = HostCopy(), [], ([], [])
     outputs = backend.forward([s.input_ids for s in batch])
@@ -224,25 +257,41 @@ def _capture_batch(
         check_shapes(len(sample.input_ids), aux, final, hidden_size=hidden_size, codec=last_codec)
         finite[0].append(_finite(aux))
         finite[1].append(_finite(final.probs if isinstance(final, TopK) else final))
-        states.append((tuple(map(to_host, aux_codec.stored(aux))),
-                       tuple(map(to_host, stored_final(last_codec, final, backend)))))
-    flags = (to_host(torch.stack(finite[0])), to_host(torch.stack(finite[1])))  # aux and last: maybe two GPUs
+        states.append(
+            (
+                tuple(map(to_host, aux_codec.stored(aux))),
+                tuple(map(to_host, stored_final(last_codec, final, backend))),
+            )
+        )
+    # aux and last: maybe two GPUs
+    flags = (to_host(torch.stack(finite[0])), to_host(torch.stack(finite[1])))
     to_host.record()
-    samples = [{"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
-                "seq_len": len(s.input_ids)} for s in batch]
+    samples = [
+        {
+            "sample_id": s.sample_id,
+            "input_ids": s.input_ids,
+            "loss_mask": s.loss_mask,
+            "seq_len": len(s.input_ids),
+        }
+        for s in batch
+    ]
     return Batch(part, samples, states, flags, to_host, tokens=sum(len(s.input_ids) for s in batch))
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
-    """Whether every value of ``x`` is finite, as a bool on ``x``'s device (read by the writer: reading it here would
-    wait for the GPU), from its min and max (NaN propagates into both): one reduction pass, ~7x cheaper than
-    ``isfinite(x).all()``, which writes a bool per value (BENCHMARKS.md, "Capture overhead")."""
+    """Whether every value of ``x`` is finite, as a bool on ``x``'s device (read by the writer:
+    reading it here would wait for the GPU), from its min and max (NaN propagates into both): one
+    reduction pass, ~7x cheaper than ``isfinite(x).all()``, which writes a bool per value
+    (BENCHMARKS.md, "Capture overhead")."""
     return torch.isfinite(torch.stack(torch.aminmax(x))).all()
 
 
-def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str) -> dict | None:
-    """The result of a shard already finished and valid, or None (and a stale/broken final file is deleted). The
-    parts of a finished shard are deleted here too: the writer renames the shard before it removes them."""
+def _finished(
+    config: PipelineConfig, index: int, out_dir: Path, n_input: int, fp: str
+) -> dict | None:
+    """The result of a shard already finished and valid, or None (and a stale/broken final file is
+    deleted). The parts of a finished shard are deleted here too: the writer renames the shard
+    before it removes them."""
     shard, quarantine, parts_dir = output_paths(out_dir, index)
     if not shard.exists():
         return None
@@ -254,23 +303,39 @@ def _finished(config: PipelineConfig, index: int, out_dir: Path, n_input: int, f
         logger.warning("rebuilding feature shard %d: %s", index, exc)
         rows, q_rows, same_stage = -1, 0, False
     if same_stage and rows + q_rows == n_input and _hashes_recorded(out_dir, index):
-        if parts_dir.exists():  # a kill between the shard's rename and the rmtree: the parts are leftovers
-            logger.info("feature shard %d is finished; removing its leftover parts %s", index, parts_dir)
+        # a kill between the shard's rename and the rmtree: the parts are leftovers
+        if parts_dir.exists():
+            logger.info(
+                "feature shard %d is finished; removing its leftover parts %s", index, parts_dir
+            )
             remove_in_background(parts_dir)
-        return {"shard_index": index, "path": str(shard), "rows": rows, "quarantined": q_rows, "skipped": True}
-    logger.warning("feature shard %s does not validate (rows %d + quarantined %d of %d input rows, or a damaged "
-                   "page); rebuilding", shard, rows, q_rows, n_input)  # fmt: skip
+        return {
+            "shard_index": index,
+            "path": str(shard),
+            "rows": rows,
+            "quarantined": q_rows,
+            "skipped": True,
+        }
+    logger.warning(
+        "feature shard %s does not validate (rows %d + quarantined %d of %d input rows, or a damaged "
+        "page); rebuilding",
+        shard,
+        rows,
+        q_rows,
+        n_input,
+    )
     shard.unlink()
     return None
 
 
 def _hashes_recorded(out_dir: Path, index: int) -> bool:
-    """Whether shard ``index``'s writer recorded its files' hashes, recording them now when a kill came between the
-    shard's rename and its hashes (``hashes-NNNNN.json`` still ``{}``, or torn): the same record an unbroken run
-    leaves, so the manifest lists the shard with its footer hash too (the loader then checks its pages, not all of
-    its bytes at every start). Every page of both files is first read against the CRC32 its writer gave it; False
-    (rebuild the shard) when one fails. A shard without the file (from before writers recorded hashes) keeps what
-    the previous manifest lists."""
+    """Whether shard ``index``'s writer recorded its files' hashes, recording them now when a kill
+    came between the shard's rename and its hashes (``hashes-NNNNN.json`` still ``{}``, or torn):
+    the same record an unbroken run leaves, so the manifest lists the shard with its footer hash too
+    (the loader then checks its pages, not all of its bytes at every start). Every page of both
+    files is first read against the CRC32 its writer gave it; False (rebuild the shard) when one
+    fails. A shard without the file (from before writers recorded hashes) keeps what the previous
+    manifest lists."""
     path = out_dir / hashes_file_name(index)
     files = output_paths(out_dir, index)[:2]
     if not path.exists() or {f.name for f in files} <= _listed_in(path):
@@ -287,7 +352,10 @@ def _hashes_recorded(out_dir: Path, index: int) -> bool:
         size, rows = file.stat().st_size, parquet.metadata.num_rows
         infos.append(ShardInfo(file, rows, size, sha256_file(file), footer_sha256(file)))
     record_hashes(path, infos)
-    logger.info("feature shard %d: finished before its hashes were recorded; its pages check, hashes recorded", index)
+    logger.info(
+        "feature shard %d: finished before its hashes were recorded; its pages check, hashes recorded",
+        index,
+    )
     return True
 
 
@@ -310,8 +378,9 @@ def capture_shard(
 ) -> dict[str, Any]:
     """Capture hidden states for one regen shard into ``out_dir/shard-NNNNN.parquet`` (same index).
 
-    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``. The hashes the
-    writers computed as they wrote the files are in ``hashes-NNNNN.json`` beside them (for ``finalize_features``)."""
+    Returns a small dict: ``shard_index, path, rows, quarantined, tokens, skipped, seconds``. The
+    hashes the writers computed as they wrote the files are in ``hashes-NNNNN.json`` beside them
+    (for ``finalize_features``)."""
     started = time.monotonic()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -322,29 +391,48 @@ def capture_shard(
     if done is not None:
         logger.info("feature shard %d already captured (%d rows); skipping", index, done["rows"])
         return done
-    keep, pre_quarantined = admit(samples, max_seq_len=config.capture.max_seq_len,
-                                  truncation=config.capture.truncation)
+    keep, pre_quarantined = admit(
+        samples, max_seq_len=config.capture.max_seq_len, truncation=config.capture.truncation
+    )
     _, _, parts_dir = output_paths(out_dir, index)
     parts_dir.mkdir(exist_ok=True)
     footer = shard_footer(config, fp)
     done_parts, _, already, next_k = _scan_parts(parts_dir)
     todo = [s for s in keep if s.sample_id not in already]
     if already:
-        logger.info("shard %d: resuming, %d samples already captured, %d to go", index, len(already), len(todo))
+        logger.info(
+            "shard %d: resuming, %d samples already captured, %d to go",
+            index,
+            len(already),
+            len(todo),
+        )
     backend = backend if backend is not None else shared_backend(config)
-    writer = PartWriter(config, index, out_dir, footer, done_parts, _counted(progress, len(keep) - len(todo),
-                                                                             len(keep)))
+    writer = PartWriter(
+        config,
+        index,
+        out_dir,
+        footer,
+        done_parts,
+        _counted(progress, len(keep) - len(todo), len(keep)),
+    )
     try:
         tokens = _run_batches(config, backend, todo, writer, next_k)
     except BaseException:
         writer.abort()
         raise
     result = writer.finish(pre_quarantined)
-    return result | {"tokens": tokens, "skipped": False, "seconds": round(time.monotonic() - started, 3)}
+    return result | {
+        "tokens": tokens,
+        "skipped": False,
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
-def _counted(progress: ProgressFn | None, done_before: int, total: int) -> Callable[[int, int], None] | None:
-    """Per-batch (samples, tokens) increments turned into ``progress``'s running (done, total, tokens)."""
+def _counted(
+    progress: ProgressFn | None, done_before: int, total: int
+) -> Callable[[int, int], None] | None:
+    """Per-batch (samples, tokens) increments turned into ``progress``'s running (done, total,
+    tokens)."""
     if progress is None:
         return None
     counts = [done_before, 0]
@@ -364,15 +452,25 @@ def _run_batches(
     writer: PartWriter,
     first_part: int,
 ) -> int:
-    """Forward ``todo`` in planned batches and hand each batch's rows to ``writer``; returns the tokens."""
+    """Forward ``todo`` in planned batches and hand each batch's rows to ``writer``; returns the
+    tokens."""
     tokens = 0
-    codecs = column_codecs(config.capture.encoding, config.capture.dtype, config.target.hidden_size,
-                           topk=config.capture.topk)
+    codecs = column_codecs(
+        config.capture.encoding,
+        config.capture.dtype,
+        config.target.hidden_size,
+        topk=config.capture.topk,
+    )
     plan = plan_batches([len(s.input_ids) for s in todo], config.capture.batch_tokens)
     for k, batch_idx in enumerate(plan, start=first_part):
         raise_if_stopped(f"capture shard {writer.index}")
-        captured = _capture_batch(backend, [todo[i] for i in batch_idx], k, hidden_size=config.target.hidden_size,
-                                  codecs=codecs)
+        captured = _capture_batch(
+            backend,
+            [todo[i] for i in batch_idx],
+            k,
+            hidden_size=config.target.hidden_size,
+            codecs=codecs,
+        )
         writer.submit(captured)
         tokens += captured.tokens
     return tokens
@@ -383,11 +481,19 @@ _BACKENDS_LOCK = threading.Lock()
 
 
 def shared_backend(config: PipelineConfig) -> CaptureBackend:
-    """One backend per process and target/dtype/device/layers: shard tasks in threads share the loaded model."""
+    """One backend per process and target/dtype/device/layers: shard tasks in threads share the
+    loaded model."""
     capture = config.capture
-    key = (capture.backend, config.target.model_path, config.target.revision, capture.dtype, capture.device,
-           tuple(config.sglang_layer_ids), encoding_topk(capture.encoding, capture.topk),
-           capture.sglang.model_dump_json() if capture.backend == "sglang" else None)
+    key = (
+        capture.backend,
+        config.target.model_path,
+        config.target.revision,
+        capture.dtype,
+        capture.device,
+        tuple(config.sglang_layer_ids),
+        encoding_topk(capture.encoding, capture.topk),
+        capture.sglang.model_dump_json() if capture.backend == "sglang" else None,
+    )
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
             _BACKENDS[key] = make_backend(config)
@@ -395,17 +501,20 @@ def shared_backend(config: PipelineConfig) -> CaptureBackend:
 
 
 def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence[int]) -> Path:
-    """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine file.
+    """Write the stage manifest (last) over every finished shard in ``out_dir`` and its quarantine
+    file.
 
-    ``shard_ids`` are this run's shards (each must be finished); shards finished by earlier runs into the same
-    directory (earlier nights) are listed too, so the manifest always describes everything captured so far.
-    Nothing is read back to be hashed that need not be (a night of Kimi-K2.5 features is ~3 TB, ~40 min of sha256
-    on one core at 1.2 GB/s, and the directory grows every night): a file its writer's ``hashes-NNNNN.json`` lists
-    at its size takes the sha256 and footer sha256 computed as it was written, by whichever run or process wrote it
-    (a run killed before this stage finished, a re-trigger's earlier night); a file only the previous manifest lists
-    at its size keeps that entry. Either way a shard damaged since it was written is not blessed with its damaged
-    bytes' sha256. Only the rest (a kill between a shard and its hashes, a directory from before them) is hashed
-    here, without a footer hash, so the loader checks all of it first (``eagle3.rundir.integrity``)."""
+    ``shard_ids`` are this run's shards (each must be finished); shards finished by earlier runs
+    into the same directory (earlier nights) are listed too, so the manifest always describes
+    everything captured so far. Nothing is read back to be hashed that need not be (a night of
+    Kimi-K2.5 features is ~3 TB, ~40 min of sha256 on one core at 1.2 GB/s, and the directory grows
+    every night): a file its writer's ``hashes-NNNNN.json`` lists at its size takes the sha256 and
+    footer sha256 computed as it was written, by whichever run or process wrote it (a run killed
+    before this stage finished, a re-trigger's earlier night); a file only the previous manifest
+    lists at its size keeps that entry. Either way a shard damaged since it was written is not
+    blessed with its damaged bytes' sha256. Only the rest (a kill between a shard and its hashes, a
+    directory from before them) is hashed here, without a footer hash, so the loader checks all of
+    it first (``eagle3.rundir.integrity``)."""
     out_dir = Path(out_dir)
     indices = set(shard_ids)
     indices |= {shard_index_of(p) for p in out_dir.glob(SHARD_GLOB)}
@@ -414,7 +523,9 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
     for index in sorted(indices):
         shard, quarantine, parts = output_paths(out_dir, index)
         if parts.exists() or not shard.exists():
-            raise RuntimeError(f"feature shard {index} is not finished; re-run `eagle3 capture --shard {index}`")
+            raise RuntimeError(
+                f"feature shard {index} is not finished; re-run `eagle3 capture --shard {index}`"
+            )
         n = open_shard(shard, schema=FEATURE_SCHEMA).metadata.num_rows
         q = open_shard(quarantine, schema=CAPTURE_QUARANTINE_SCHEMA).metadata.num_rows
         files += [_entry(shard, n, out_dir, known), _entry(quarantine, q, out_dir, known)]
@@ -427,27 +538,40 @@ def finalize_features(config: PipelineConfig, out_dir: Path, shard_ids: Sequence
         "quarantined": quarantined,
         "tokens": tokens,
         "bytes_per_token": round(per_token, 2) if per_token else None,
-        "bytes_per_token_over_8h": round(per_token / (8 * config.target.hidden_size), 4) if per_token else None,
+        "bytes_per_token_over_8h": round(per_token / (8 * config.target.hidden_size), 4)
+        if per_token
+        else None,
         "footer": shard_footer(config, out_dir.name),
     }
-    manifest = Manifest(stage="features", fingerprint=out_dir.name, files=files,
-                        config={"capture": config.capture.model_dump(mode="json"),
-                                "target": config.target.model_dump(mode="json"),
-                                "layer_ids": config.sglang_layer_ids, "layer_convention": LAYER_CONVENTION},
-                        stats=stats)
+    manifest = Manifest(
+        stage="features",
+        fingerprint=out_dir.name,
+        files=files,
+        config={
+            "capture": config.capture.model_dump(mode="json"),
+            "target": config.target.model_dump(mode="json"),
+            "layer_ids": config.sglang_layer_ids,
+            "layer_convention": LAYER_CONVENTION,
+        },
+        stats=stats,
+    )
     return manifest.write(out_dir)
 
 
-Known = dict[str, tuple[int, str, str | None]]  # file name -> (the size it must have, sha256, footer's sha256)
+# file name -> (the size it must have, sha256, footer's sha256)
+Known = dict[str, tuple[int, str, str | None]]
 
 
 def _known(out_dir: Path, indices: set[int]) -> Known:
-    """The hashes known without reading. A shard's ``hashes-NNNNN.json`` is what its last build recorded (``{}``
-    while it builds) and replaces the previous manifest's entries of its files, which may describe an earlier
-    build; one that does not parse replaces them with nothing (its files are hashed). A shard without one (from
-    before writers recorded them) keeps the previous manifest's entries."""
+    """The hashes known without reading. A shard's ``hashes-NNNNN.json`` is what its last build
+    recorded (``{}`` while it builds) and replaces the previous manifest's entries of its files,
+    which may describe an earlier build; one that does not parse replaces them with nothing (its
+    files are hashed). A shard without one (from before writers recorded them) keeps the previous
+    manifest's entries."""
     previous = Manifest.read(out_dir)
-    known: Known = {e.path: (e.bytes, e.sha256, e.footer_sha256) for e in previous.files} if previous else {}
+    known: Known = (
+        {e.path: (e.bytes, e.sha256, e.footer_sha256) for e in previous.files} if previous else {}
+    )
     for index in sorted(indices):
         path = out_dir / hashes_file_name(index)
         if not path.exists():
@@ -455,10 +579,14 @@ def _known(out_dir: Path, indices: set[int]) -> Known:
         for file in output_paths(out_dir, index)[:2]:
             known.pop(file.name, None)
         try:
-            known |= {name: (w["bytes"], w["sha256"], w["footer_sha256"])
-                      for name, w in json.loads(path.read_text()).items()}
+            known |= {
+                name: (w["bytes"], w["sha256"], w["footer_sha256"])
+                for name, w in json.loads(path.read_text()).items()
+            }
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            logger.warning("%s does not parse (%s); hashing shard %d's files instead", path, exc, index)
+            logger.warning(
+                "%s does not parse (%s); hashing shard %d's files instead", path, exc, index
+            )
     return known
 
 
@@ -476,7 +604,8 @@ def _tokens(path: Path) -> int:
 
 
 def feature_shards(features_dir: Path) -> list[Path]:
-    """The feature shards of a finished features stage, from its manifest (raises if the stage is not done)."""
+    """The feature shards of a finished features stage, from its manifest (raises if the stage is
+    not done)."""
     manifest = Manifest.read(Path(features_dir))
     if manifest is None:
         raise FileNotFoundError(f"{features_dir}: no manifest.json; run `eagle3 capture` first")

@@ -1,10 +1,12 @@
-"""The capture stage (the stage contract of ``eagle3.stage``): regen shards -> feature shards, one unit per shard.
+"""The capture stage (the stage contract of ``eagle3.stage``): regen shards -> feature shards, one
+unit per shard.
 
-The caller names the regen stage (``eagle3.lineage`` finds the one the config names). A regen shard is ready when
-its final ``shard-NNNNN.parquet`` validates; shards not ready (still running, or failed and listed for re-trigger)
-are reported as ``missing`` and skipped, so a night's capture takes what regen finished. The features directory is
-``<root>/features/<features_fingerprint(config, regen_fp)>``: one per regen stage, so a nightly run over a grown
-prompt set adds shards to it instead of recapturing old ones.
+The caller names the regen stage (``eagle3.lineage`` finds the one the config names). A regen shard
+is ready when its final ``shard-NNNNN.parquet`` validates; shards not ready (still running, or
+failed and listed for re-trigger) are reported as ``missing`` and skipped, so a night's capture
+takes what regen finished. The features directory is ``<root>/features/<features_fingerprint(config,
+regen_fp)>``: one per regen stage, so a nightly run over a grown prompt set adds shards to it
+instead of recapturing old ones.
 
 Its plan decides where the trainer's hidden states come from (``train.features``; ``auto`` by the
 disk budget, ``eagle3.capture.costs``), once a night, with the reason: the ``FeatureSource`` the
@@ -43,8 +45,11 @@ logger = logging.getLogger(__name__)
 
 
 def features_dir_for(config: PipelineConfig, regen_dir: Path) -> Path:
-    """``<root>/features/<fp>``: the features stage of this config over a regen stage (one per regen stage)."""
-    return stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
+    """``<root>/features/<fp>``: the features stage of this config over a regen stage (one per regen
+    stage)."""
+    return stage_dir(
+        config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name)
+    )
 
 
 class FeatureSource(Frozen):
@@ -104,11 +109,13 @@ def feature_source(config: PipelineConfig, regen_dir: Path) -> FeatureSource:
     )
 
 
-def capture_progress(regen_dir: Path, features_dir: Path, *, shard_ids: Sequence[int] | None = None) -> Progress:
-    """Samples done / planned over the finished regen shards (or only ``shard_ids``), read from files on disk
-    (safe from another process while a flow runs, and without its plan): a finished feature shard counts all its
-    regen rows, a running one the rows of its finished part files; a regen shard that does not open yet is not
-    counted (the plan skips it as not ready too)."""
+def capture_progress(
+    regen_dir: Path, features_dir: Path, *, shard_ids: Sequence[int] | None = None
+) -> Progress:
+    """Samples done / planned over the finished regen shards (or only ``shard_ids``), read from
+    files on disk (safe from another process while a flow runs, and without its plan): a finished
+    feature shard counts all its regen rows, a running one the rows of its finished part files; a
+    regen shard that does not open yet is not counted (the plan skips it as not ready too)."""
     wanted = None if shard_ids is None else set(shard_ids)
     done = total = 0
     for regen_shard in sorted(Path(regen_dir).glob(SHARD_GLOB)):
@@ -145,7 +152,9 @@ class CaptureStage(Stage[CapturePlan]):
     scale_out = True
     inputs: ClassVar[dict[str, str]] = {"regen_dir": "regen"}
 
-    def plan(self, config: PipelineConfig, *, regen_dir: Path, shard_ids: Sequence[int] | None = None) -> CapturePlan:
+    def plan(
+        self, config: PipelineConfig, *, regen_dir: Path, shard_ids: Sequence[int] | None = None
+    ) -> CapturePlan:
         regen = Path(regen_dir)
         features = feature_source(config, regen)
         logger.info("%s", features.why)
@@ -162,12 +171,19 @@ class CaptureStage(Stage[CapturePlan]):
             )
         present = {shard_index_of(p): p for p in sorted(regen.glob(SHARD_GLOB))}
         wanted = sorted(set(shard_ids)) if shard_ids is not None else sorted(present)
-        ready = {i: present[i] for i in wanted if i in present and shard_is_valid(present[i],
-                                                                                   schema=REGEN_INPUT_SCHEMA)}
+        ready = {
+            i: present[i]
+            for i in wanted
+            if i in present and shard_is_valid(present[i], schema=REGEN_INPUT_SCHEMA)
+        }
         missing = tuple(i for i in wanted if i not in ready)
         if missing:
-            logger.warning("regen shards %s are not finished in %s; capturing the %d that are", missing, regen,
-                           len(ready))
+            logger.warning(
+                "regen shards %s are not finished in %s; capturing the %d that are",
+                missing,
+                regen,
+                len(ready),
+            )
         out = features.features_dir
         return CapturePlan(
             stage=self.name,
@@ -195,14 +211,18 @@ class CaptureStage(Stage[CapturePlan]):
 
     @contextlib.contextmanager
     def resources(self, config: PipelineConfig, plan: CapturePlan) -> Iterator[None]:
-        """The disk budget, checked once before any unit writes (``eagle3.capture.budget``): shards already
-        finished need nothing more. Part files a killed run left half-deleted are deleted first (the budget then
-        counts the space they held)."""
+        """The disk budget, checked once before any unit writes (``eagle3.capture.budget``): shards
+        already finished need nothing more. Part files a killed run left half-deleted are deleted
+        first (the budget then counts the space they held)."""
         sweep_removed(plan.out_dir)
         todo = [path for i, path in plan.shards.items() if not self.unit_output(plan, i).exists()]
         if todo:
-            check_disk_budget(capture_estimate(config, todo), plan.out_dir,
-                              reserve_bytes=config.capture.disk_reserve_bytes, encoding=config.capture.encoding)
+            check_disk_budget(
+                capture_estimate(config, todo),
+                plan.out_dir,
+                reserve_bytes=config.capture.disk_reserve_bytes,
+                encoding=config.capture.encoding,
+            )
         yield None
 
     def max_in_flight(self, config: PipelineConfig) -> int | None:
@@ -214,33 +234,65 @@ class CaptureStage(Stage[CapturePlan]):
         return *tokenizer_imports(config.target), "transformers:AutoModelForCausalLM"
 
     def run_unit(
-        self, config: PipelineConfig, plan: CapturePlan, unit: Unit, *, env: Any = None,
+        self,
+        config: PipelineConfig,
+        plan: CapturePlan,
+        unit: Unit,
+        *,
+        env: Any = None,
         on_progress: OnProgress | None = None,
-    ) -> UnitReport:  # fmt: skip
-        report = None if on_progress is None else (lambda done, _total, tokens: on_progress(done, tokens))
+    ) -> UnitReport:
+        report = (
+            None
+            if on_progress is None
+            else (lambda done, _total, tokens: on_progress(done, tokens))
+        )
         result = capture_shard(config, plan.shards[int(unit)], plan.out_dir, progress=report)
         detail = {"quarantined": result["quarantined"]}
-        return UnitReport(unit=unit, skipped=result["skipped"], rows=result["rows"], tokens=result.get("tokens", 0),
-                          detail=detail)
+        return UnitReport(
+            unit=unit,
+            skipped=result["skipped"],
+            rows=result["rows"],
+            tokens=result.get("tokens", 0),
+            detail=detail,
+        )
 
     def unit_output(self, plan: CapturePlan, unit: Unit) -> Path:
         return output_paths(plan.out_dir, int(unit))[0]
 
     def progress(self, plan: CapturePlan) -> Progress:
-        return capture_progress(plan.regen_dir, plan.out_dir, shard_ids=[int(u) for u in plan.units])
+        return capture_progress(
+            plan.regen_dir, plan.out_dir, shard_ids=[int(u) for u in plan.units]
+        )
 
     def retrigger(self, plan: CapturePlan, failed: Sequence[Unit]) -> str:
-        return f"eagle3 capture --regen-dir {plan.regen_dir} " + " ".join(f"--shard {u}" for u in failed)
+        return f"eagle3 capture --regen-dir {plan.regen_dir} " + " ".join(
+            f"--shard {u}" for u in failed
+        )
 
     def finalize(
-        self, config: PipelineConfig, plan: CapturePlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+        self,
+        config: PipelineConfig,
+        plan: CapturePlan,
+        reports: Sequence[UnitReport],
+        failed: Sequence[Unit],
     ) -> StageResult:
-        table = [{"shard": r.unit, "rows": r.rows, "quarantined": r.detail.get("quarantined", 0),
-                  "state": "skipped (done)" if r.skipped else "captured"} for r in reports]
+        table = [
+            {
+                "shard": r.unit,
+                "rows": r.rows,
+                "quarantined": r.detail.get("quarantined", 0),
+                "state": "skipped (done)" if r.skipped else "captured",
+            }
+            for r in reports
+        ]
         table += [{"shard": u, "rows": 0, "quarantined": 0, "state": "failed"} for u in failed]
         fields: dict[str, Any] = {
-            "summary": {"shards": len(reports), "missing": list(plan.missing),
-                        "features": plan.features.model_dump(mode="json")},
+            "summary": {
+                "shards": len(reports),
+                "missing": list(plan.missing),
+                "features": plan.features.model_dump(mode="json"),
+            },
             "table": sorted(table, key=lambda r: r["shard"]),
             "markdown": f"# capture {plan.fingerprint}\n\n- features: `{plan.out_dir}`\n- shards captured: "
             f"{len(reports)}, failed: {list(failed) or 'none'}, not ready in regen: {list(plan.missing) or 'none'}\n",
@@ -250,4 +302,6 @@ class CaptureStage(Stage[CapturePlan]):
         write_failed_shards(plan.out_dir, [])
         manifest = finalize_features(config, plan.out_dir, [int(r.unit) for r in reports])
         logger.info("features manifest %s", manifest)
-        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True, **fields)
+        return StageResult(
+            stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True, **fields
+        )

@@ -3,25 +3,30 @@
 
 Two conventions exist and the config always names the one it uses:
 
-* ``input_of_layer`` (SGLang's capture convention): id ``i`` is the residual stream *entering* decoder layer ``i``,
-  i.e. HF ``output_hidden_states[i]``. SGLang's default is ``[2, L//2, L-3]``.
-* ``output_of_layer`` (what ``eagle_config.eagle_aux_hidden_state_layer_ids`` in a draft's config.json means):
-  id ``j`` is the output of decoder layer ``j``, so ``j = i - 1``. The safe form to export is ``[1, L//2-1, L-4]``.
+* ``input_of_layer`` (SGLang's capture convention): id ``i`` is the residual stream *entering*
+  decoder layer ``i``, i.e. HF ``output_hidden_states[i]``. SGLang's default is ``[2, L//2, L-3]``.
+* ``output_of_layer`` (what ``eagle_config.eagle_aux_hidden_state_layer_ids`` in a draft's
+  config.json means): id ``j`` is the output of decoder layer ``j``, so ``j = i - 1``. The safe form
+  to export is ``[1, L//2-1, L-4]``.
 
-Target families. A draft's ``eagle_aux_hidden_state_layer_ids`` (``output_of_layer``, what the export writes)
-reaches the target's ``set_eagle3_layers_to_capture`` in SGLang 0.5.23, which turns it into ``layers_to_capture``
-(``input_of_layer``, what capture records). That turn depends on the target family (``target.family``):
+Target families. A draft's ``eagle_aux_hidden_state_layer_ids`` (``output_of_layer``, what the
+export writes) reaches the target's ``set_eagle3_layers_to_capture`` in SGLang 0.5.23, which turns
+it into ``layers_to_capture`` (``input_of_layer``, what capture records). That turn depends on the
+target family (``target.family``):
 
-* ``llama`` (``python/sglang/srt/models/llama.py``, ``LlamaForCausalLM.set_eagle3_layers_to_capture``; Qwen and most
-  dense models copy it): every id gets ``+1`` (the output of layer ``j`` is the input of layer ``j+1``).
-* ``deepseek`` (``python/sglang/srt/models/deepseek_v2.py``, ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``,
-  inherited by ``DeepseekV3ForCausalLM``; ``models/kimi_k25.py`` ``KimiK25ForConditionalGeneration`` serves its text
-  through that ``DeepseekV3ForCausalLM``): ``+1`` only when ``ids[0] == 1``, otherwise the ids are used verbatim as
-  ``input_of_layer``. So a DeepSeek/Kimi draft is read as trained only when its first exported id is 1, i.e. its
-  first captured layer is 2 (SGLang's default ``[2, L//2, L-3]`` is such a set).
+* ``llama`` (``python/sglang/srt/models/llama.py``,
+  ``LlamaForCausalLM.set_eagle3_layers_to_capture``; Qwen and most dense models copy it): every id
+  gets ``+1`` (the output of layer ``j`` is the input of layer ``j+1``).
+* ``deepseek`` (``python/sglang/srt/models/deepseek_v2.py``,
+  ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``, inherited by ``DeepseekV3ForCausalLM``;
+  ``models/kimi_k25.py`` ``KimiK25ForConditionalGeneration`` serves its text through that
+  ``DeepseekV3ForCausalLM``): ``+1`` only when ``ids[0] == 1``, otherwise the ids are used verbatim
+  as ``input_of_layer``. So a DeepSeek/Kimi draft is read as trained only when its first exported id
+  is 1, i.e. its first captured layer is 2 (SGLang's default ``[2, L//2, L-3]`` is such a set).
 
-``served_layer_ids`` is that one rule; validation refuses a layer set SGLang would serve shifted (rather than export
-ids whose meaning depends on their value), and export and preflight rely on the same rule.
+``served_layer_ids`` is that one rule; validation refuses a layer set SGLang would serve shifted
+(rather than export ids whose meaning depends on their value), and export and preflight rely on the
+same rule.
 """
 
 from __future__ import annotations
@@ -58,19 +63,23 @@ def family_error(value: object) -> str:
 
 
 def served_layer_ids(export_ids: list[int], family: str) -> list[int]:
-    """The ``input_of_layer`` ids SGLang 0.5.23 captures for a draft exporting ``export_ids`` on a ``family`` target."""
+    """The ``input_of_layer`` ids SGLang 0.5.23 captures for a draft exporting ``export_ids`` on a
+    ``family`` target."""
     if family == "llama":
         return [j + 1 for j in export_ids]
     if family == "deepseek":
-        return [j + 1 for j in export_ids] if export_ids and export_ids[0] == 1 else list(export_ids)
+        return (
+            [j + 1 for j in export_ids] if export_ids and export_ids[0] == 1 else list(export_ids)
+        )
     raise ValueError(family_error(family))
 
 
 def serving_problem(capture_ids: list[int], family: str) -> str | None:
-    """Why a draft trained on ``capture_ids`` (``input_of_layer``) would be served other layers, with the fix; or None.
+    """Why a draft trained on ``capture_ids`` (``input_of_layer``) would be served other layers,
+    with the fix; or None.
 
-    The export always writes ``capture_ids - 1`` (``output_of_layer``, the form every engine reads); the question is
-    only whether ``family``'s SGLang rule maps that back onto ``capture_ids``."""
+    The export always writes ``capture_ids - 1`` (``output_of_layer``, the form every engine reads);
+    the question is only whether ``family``'s SGLang rule maps that back onto ``capture_ids``."""
     exported = [i - 1 for i in capture_ids]
     served = served_layer_ids(exported, family)
     if served == list(capture_ids):

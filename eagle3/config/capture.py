@@ -1,9 +1,10 @@
 """The ``capture`` section of the pipeline config.
 
-Two backends (``capture.backend``, ``eagle3.capture.backends``): ``hf`` loads the target with transformers in
-``capture.dtype`` (on ``capture.device``: one device, or a ``device_map`` strategy over every visible GPU); ``sglang``
-runs the target as SGLang serves it, in SGLang's own model runner, one process per tensor-parallel rank
-(``eagle3.capture.sglang``), with the settings of ``capture.sglang``.
+Two backends (``capture.backend``, ``eagle3.capture.backends``): ``hf`` loads the target with
+transformers in ``capture.dtype`` (on ``capture.device``: one device, or a ``device_map`` strategy
+over every visible GPU); ``sglang`` runs the target as SGLang serves it, in SGLang's own model
+runner, one process per tensor-parallel rank (``eagle3.capture.sglang``), with the settings of
+``capture.sglang``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,28 @@ from pydantic import Field, field_validator, model_validator
 from eagle3.config.aux_layers import LAYER_CONVENTIONS, LayerConvention
 from eagle3.config.base import StrictModel
 
-# ``capture.device`` values that spread the target over every visible GPU with transformers' device_map.
+# ``capture.device`` values that spread the target over every visible GPU with transformers'
+# device_map.
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 class SGLangCaptureConfig(StrictModel):
-    """How ``capture.backend=sglang`` loads the target: SGLang's own flags, as a server of the target would take them.
+    """How ``capture.backend=sglang`` loads the target: SGLang's own flags, as a server of the
+    target would take them.
 
-    ``tp`` None takes ``server.tp`` (the target as the pipeline serves it). Quantization is read from the checkpoint
-    (Kimi-K2.5's INT4 compressed-tensors, an NVFP4 ModelOpt checkpoint) unless ``quantization`` names SGLang's
-    ``--quantization``: the weights stay in the served format, never decompressed."""
+    ``tp`` None takes ``server.tp`` (the target as the pipeline serves it). Quantization is read
+    from the checkpoint (Kimi-K2.5's INT4 compressed-tensors, an NVFP4 ModelOpt checkpoint) unless
+    ``quantization`` names SGLang's ``--quantization``: the weights stay in the served format, never
+    decompressed."""
 
-    tp: int | None = Field(default=None, gt=0, description="--tp-size: one worker process per rank (None: server.tp).")
-    ep: int = Field(default=1, gt=0, description="--ep-size: expert parallel ranks among the tp ranks (MoE targets).")
+    tp: int | None = Field(
+        default=None, gt=0, description="--tp-size: one worker process per rank (None: server.tp)."
+    )
+    ep: int = Field(
+        default=1,
+        gt=0,
+        description="--ep-size: expert parallel ranks among the tp ranks (MoE targets).",
+    )
     quantization: str | None = Field(
         default=None,
         description="--quantization (None: what the checkpoint declares). "
@@ -39,7 +49,9 @@ class SGLangCaptureConfig(StrictModel):
         le=1,
         description="--mem-fraction-static on GPUs (weights + the KV pool of one batch); None: SGLang's own choice.",
     )
-    extra_args: list[str] = Field(default_factory=list, description="More SGLang server flags, passed as given.")
+    extra_args: list[str] = Field(
+        default_factory=list, description="More SGLang server flags, passed as given."
+    )
     start_timeout_s: float = Field(
         default=3600.0,
         gt=0,
@@ -143,12 +155,14 @@ class CaptureConfig(StrictModel):
 
 
 def sglang_ranks(capture: CaptureConfig, server_tp: int) -> int:
-    """The tensor-parallel ranks ``capture.backend=sglang`` runs: ``capture.sglang.tp``, else ``server.tp``."""
+    """The tensor-parallel ranks ``capture.backend=sglang`` runs: ``capture.sglang.tp``, else
+    ``server.tp``."""
     return capture.sglang.tp or server_tp
 
 
 def check_capture_gpus(capture: CaptureConfig, server_tp: int) -> None:
-    """An SGLang capture on CUDA holds one GPU per rank: on the Ray runner its task must ask for that many."""
+    """An SGLang capture on CUDA holds one GPU per rank: on the Ray runner its task must ask for
+    that many."""
     ranks = sglang_ranks(capture, server_tp)
     if capture.backend == "sglang" and capture.device == "cuda" and capture.gpus < ranks:
         raise ValueError(

@@ -1,4 +1,5 @@
-"""The ``sources``, ``mix`` and ``normalize`` sections of the pipeline config: what prompts are drawn from."""
+"""The ``sources``, ``mix`` and ``normalize`` sections of the pipeline config: what prompts are
+drawn from."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from eagle3.config.base import StrictModel
 
 
 class SourceConfig(StrictModel):
-    """One dataset to draw prompts from. ``adapter`` names a catalog entry (``eagle3 datasets list``)."""
+    """One dataset to draw prompts from. ``adapter`` names a catalog entry (``eagle3 datasets
+    list``)."""
 
     adapter: str
     path: str | None = None
@@ -29,7 +31,8 @@ class SourceConfig(StrictModel):
 
 
 class MixConfig(StrictModel):
-    """How many prompts to take in total and how to split them across sources (weights, per-source caps)."""
+    """How many prompts to take in total and how to split them across sources (weights, per-source
+    caps)."""
 
     total: int | None = Field(default=None, gt=0)
     seed: int = 0
@@ -49,5 +52,7 @@ class NormalizeConfig(StrictModel):
     @model_validator(mode="after")
     def _replace_needs_prompt(self) -> NormalizeConfig:
         if self.system_prompt_policy == "replace" and not self.system_prompt:
-            raise ValueError("system_prompt_policy 'replace' needs normalize.system_prompt set to the new prompt")
+            raise ValueError(
+                "system_prompt_policy 'replace' needs normalize.system_prompt set to the new prompt"
+            )
         return self

@@ -1,10 +1,10 @@
 """The ``speculative`` and ``gate`` sections of the pipeline config.
 
 ``gate.traffic`` is the served-load profile the verdict is decided on: concurrency levels and the
-share of the served load each carries (docs/DESIGN.md, "The served-load profile"; the statistic is ``eagle3.gate.stats``, the
-rules ``eagle3.gate.verdict``). It replaced ``gate.concurrency`` (the levels measured) and
-``gate.decision_concurrency`` (the one level decided on): a config that still has either fails at
-load, naming the ``gate.traffic`` that reproduces it.
+share of the served load each carries (docs/DESIGN.md, "The served-load profile"; the statistic is
+``eagle3.gate.stats``, the rules ``eagle3.gate.verdict``). It replaced ``gate.concurrency`` (the
+levels measured) and ``gate.decision_concurrency`` (the one level decided on): a config that still
+has either fails at load, naming the ``gate.traffic`` that reproduces it.
 
 ``gate.sampling`` is how that traffic samples: named profiles
 (``eagle3.config.sampling.SamplingProfile``), each measured over the traffic with its own verdict;
@@ -23,7 +23,8 @@ from eagle3.config.sampling import SamplingProfile
 
 
 class SpeculativeConfig(StrictModel):
-    """One speculative setting of the EAGLE3 arm (set all of steps, topk and draft tokens, never some)."""
+    """One speculative setting of the EAGLE3 arm (set all of steps, topk and draft tokens, never
+    some)."""
 
     algorithm: str = "EAGLE3"
     num_steps: int = Field(default=3, gt=0)
@@ -41,7 +42,8 @@ class SpeculativeConfig(StrictModel):
 
 
 def _replacement(data: dict[str, Any]) -> str:
-    """The ``gate.traffic`` that decides as a config with the removed keys did: all weight on the decision level."""
+    """The ``gate.traffic`` that decides as a config with the removed keys did: all weight on the
+    decision level."""
     levels = data.get("concurrency") or [1, 4, 16]
     decision = data.get("decision_concurrency", 1)
     traffic = {int(c): int(c == decision) for c in levels}
@@ -75,7 +77,8 @@ def _greedy() -> dict[str, SamplingProfile]:
 
 
 class GateConfig(StrictModel):
-    """The benchmark gate: prompts, the served-load profile, thresholds, and the interleaved rounds."""
+    """The benchmark gate: prompts, the served-load profile, thresholds, and the interleaved
+    rounds."""
 
     prompt_sets: dict[str, str] = Field(default_factory=dict)
     prompts_per_set: int = Field(default=32, gt=0)
@@ -119,28 +122,45 @@ class GateConfig(StrictModel):
     sweep: list[SpeculativeConfig] = Field(default_factory=list)
     # Interleaved rounds and the verdict's statistic (eagle3.gate.rounds, eagle3.gate.verdict).
     min_rounds: int = Field(
-        default=3, ge=2, description="Rounds (one batch per arm and level, order alternating) before a FAIL may stop."
+        default=3,
+        ge=2,
+        description="Rounds (one batch per arm and level, order alternating) before a FAIL may stop.",
     )
     max_rounds: int = Field(
-        default=8, ge=2, description="Rounds at most: a PASS needs all; still open after: INCONCLUSIVE."
+        default=8,
+        ge=2,
+        description="Rounds at most: a PASS needs all; still open after: INCONCLUSIVE.",
     )
     confidence: float = Field(
-        default=0.9, gt=0.5, lt=1.0, description="Two-sided level of the t interval on the paired speedups."
+        default=0.9,
+        gt=0.5,
+        lt=1.0,
+        description="Two-sided level of the t interval on the paired speedups.",
     )
     max_baseline_drift: float = Field(
-        default=0.2, gt=0, description="Largest max/min - 1 of the baseline's tok/s over its rounds, else INCONCLUSIVE."
+        default=0.2,
+        gt=0,
+        description="Largest max/min - 1 of the baseline's tok/s over its rounds, else INCONCLUSIVE.",
     )
     accept_bound_tolerance: float = Field(
-        default=0.1, ge=0, description="A round's speedup may exceed its accept length by this fraction (noise)."
+        default=0.1,
+        ge=0,
+        description="A round's speedup may exceed its accept length by this fraction (noise).",
     )
     max_token_mismatch: float = Field(
-        default=0.02, ge=0, description="Largest relative gap in completion tokens between arms within one round."
+        default=0.02,
+        ge=0,
+        description="Largest relative gap in completion tokens between arms within one round.",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _removed_keys(cls, data: Any) -> Any:
-        removed = [k for k in ("concurrency", "decision_concurrency") if isinstance(data, dict) and k in data]
+        removed = [
+            k
+            for k in ("concurrency", "decision_concurrency")
+            if isinstance(data, dict) and k in data
+        ]
         if removed:
             keys = " and ".join(f"gate.{k}" for k in removed)
             raise ValueError(
@@ -217,7 +237,8 @@ class GateConfig(StrictModel):
 
     @property
     def levels(self) -> list[int]:
-        """Every concurrency of the profile, ascending (the weight-0 ones included: they are measured)."""
+        """Every concurrency of the profile, ascending (the weight-0 ones included: they are
+        measured)."""
         return list(self.traffic)
 
     @property

@@ -1,12 +1,13 @@
-"""The whole pipeline config (``PipelineConfig``): every section (one module each in ``eagle3.config``), the
-checks that span sections, and the one way in: YAML or a dict, plus ``--set a.b=c`` overrides.
+"""The whole pipeline config (``PipelineConfig``): every section (one module each in
+``eagle3.config``), the checks that span sections, and the one way in: YAML or a dict, plus ``--set
+a.b=c`` overrides.
 
-One pydantic model per component, unknown keys rejected everywhere (``extra="forbid"``), validated once at load.
-Errors name the fix. YAML in and out; ``--set a.b=c`` overrides are applied to the plain dict before validation so
-that a bad override fails exactly like a bad file.
+One pydantic model per component, unknown keys rejected everywhere (``extra="forbid"``), validated
+once at load. Errors name the fix. YAML in and out; ``--set a.b=c`` overrides are applied to the
+plain dict before validation so that a bad override fails exactly like a bad file.
 
-Layer ids and target families are the SGLang contract of ``eagle3.config.aux_layers``; this module validates a
-config against it.
+Layer ids and target families are the SGLang contract of ``eagle3.config.aux_layers``; this module
+validates a config against it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from eagle3.config.aux_layers import LayerConvention, default_aux_layers, serving_problem, to_export_ids, to_sglang_ids
+from eagle3.config.aux_layers import (
+    LayerConvention,
+    default_aux_layers,
+    serving_problem,
+    to_export_ids,
+    to_sglang_ids,
+)
 from eagle3.config.base import ConfigError, StrictModel
 from eagle3.config.capture import CaptureConfig, check_capture_gpus
 from eagle3.config.data import MixConfig, NormalizeConfig, SourceConfig
@@ -39,8 +46,9 @@ logger = logging.getLogger(__name__)
 class PipelineConfig(StrictModel):
     name: str
     root: str
-    # The id in the run root's marker (eagle3.rundir.runroot) that workers must find at flow start: set by
-    # `deployments/deploy.py apply`, so a worker without the shared mount fails fast. None: claimed at first use.
+    # The id in the run root's marker (eagle3.rundir.runroot) that workers must find at flow start:
+    # set by `deployments/deploy.py apply`, so a worker without the shared mount fails fast. None:
+    # claimed at first use.
     root_id: str | None = None
     target: TargetConfig
     sources: list[SourceConfig] = Field(default_factory=list)
@@ -62,9 +70,14 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _topk_in_vocab(self) -> PipelineConfig:
-        if self.capture.encoding == "fp8_topk" and not 1 <= self.capture.topk <= self.target.vocab_size:
-            raise ValueError(f"capture.topk={self.capture.topk} is outside [1, target.vocab_size="
-                             f"{self.target.vocab_size}]: set capture.topk to a k in that range, e.g. 256")
+        if (
+            self.capture.encoding == "fp8_topk"
+            and not 1 <= self.capture.topk <= self.target.vocab_size
+        ):
+            raise ValueError(
+                f"capture.topk={self.capture.topk} is outside [1, target.vocab_size="
+                f"{self.target.vocab_size}]: set capture.topk to a k in that range, e.g. 256"
+            )
         return self
 
     @model_validator(mode="after")
@@ -84,7 +97,9 @@ class PipelineConfig(StrictModel):
         _check_layers(self.capture.aux_layers, self.capture.layer_convention, n)
         problem = serving_problem(self.sglang_layer_ids, self.target.family)
         if problem:
-            layers = f"capture.aux_layers {self.capture.aux_layers} ({self.capture.layer_convention})"
+            layers = (
+                f"capture.aux_layers {self.capture.aux_layers} ({self.capture.layer_convention})"
+            )
             raise ValueError(f"{layers}: {problem}")
         return self
 
@@ -117,13 +132,19 @@ def _check_layers(ids: list[int], convention: LayerConvention, num_layers: int) 
         if convention == "input_of_layer"
         else to_export_ids(default_aux_layers(num_layers), "input_of_layer")
     )
-    fix = f"set capture.aux_layers to 3 ascending ids in the {convention} convention, e.g. {example}"
+    fix = (
+        f"set capture.aux_layers to 3 ascending ids in the {convention} convention, e.g. {example}"
+    )
     if len(ids) != 3:
-        raise ValueError(f"capture.aux_layers has {len(ids)} ids {ids}, EAGLE-3 fuses exactly 3: {fix}")
+        raise ValueError(
+            f"capture.aux_layers has {len(ids)} ids {ids}, EAGLE-3 fuses exactly 3: {fix}"
+        )
     if len(set(ids)) != 3:
         raise ValueError(f"capture.aux_layers {ids} repeats a layer: {fix}")
     if ids != sorted(ids):
-        raise ValueError(f"capture.aux_layers {ids} is not ascending (SGLang concatenates low|mid|high): {fix}")
+        raise ValueError(
+            f"capture.aux_layers {ids} is not ascending (SGLang concatenates low|mid|high): {fix}"
+        )
     low, high = (1, num_layers - 1) if convention == "input_of_layer" else (0, num_layers - 2)
     bad = [i for i in ids if not low <= i <= high]
     if bad:
@@ -177,7 +198,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form a.b=value (e.g. --set train.lr=2e-4)")
+            raise ConfigError(
+                f"override {item!r} is not of the form a.b=value (e.g. --set train.lr=2e-4)"
+            )
         node: Any = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -185,7 +208,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 node = node[int(part)]
                 continue
             if not isinstance(node, dict) or part not in node:
-                raise ConfigError(f"override {item!r}: no config section {part!r} (see `eagle3 config show`)")
+                raise ConfigError(
+                    f"override {item!r}: no config section {part!r} (see `eagle3 config show`)"
+                )
             node = node[part]
         last = parts[-1]
         value = yaml.safe_load(raw)
@@ -199,7 +224,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def validate(data: dict[str, Any]) -> PipelineConfig:
-    """Validate a plain dict; errors are flattened into one message per problem, each naming the key."""
+    """Validate a plain dict; errors are flattened into one message per problem, each naming the
+    key."""
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:

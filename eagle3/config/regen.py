@@ -1,7 +1,7 @@
 """The ``regen`` section of the pipeline config (``eagle3.config.pipeline.PipelineConfig.regen``).
 
-``ReasoningParser`` and ``ToolCallParser`` are the dialects ``eagle3.data.dialect`` registers (a test keeps them
-equal), spelled as SGLang spells its parser flags.
+``ReasoningParser`` and ``ToolCallParser`` are the dialects ``eagle3.data.dialect`` registers (a
+test keeps them equal), spelled as SGLang spells its parser flags.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ ToolCallParser = Literal["kimi_k2"]
 
 
 class RegenConfig(StrictModel):
-    """Regeneration through SGLang-compatible servers. No servers: the reference server is started locally."""
+    """Regeneration through SGLang-compatible servers. No servers: the reference server is started
+    locally."""
 
     servers: list[str] = Field(default_factory=list)
     api: Literal["generate", "openai"] = "generate"
     concurrency_per_server: int = Field(default=64, gt=0)
-    # Shards regenerated at once in one run; each keeps concurrency_per_server requests on every server, so a server
-    # sees shards_in_flight x concurrency_per_server. 1 keeps the knob exact (measured: 4 shards at 8 each on an
-    # 8-slot server ran at 0.77-0.88 of one shard's tok/s); raise it only to hide shard tails on very short shards.
+    # Shards regenerated at once in one run; each keeps concurrency_per_server requests on every
+    # server, so a server sees shards_in_flight x concurrency_per_server. 1 keeps the knob exact
+    # (measured: 4 shards at 8 each on an 8-slot server ran at 0.77-0.88 of one shard's tok/s);
+    # raise it only to hide shard tails on very short shards.
     shards_in_flight: int = Field(default=1, gt=0)
     max_new_tokens: int = Field(default=2048, gt=0)
     temperature: float = Field(default=0.0, ge=0)
@@ -81,13 +83,16 @@ class RegenConfig(StrictModel):
     @field_validator("servers")
     @classmethod
     def _servers_are_urls(cls, servers: list[str]) -> list[str]:
-        """Each server is an http(s) URL with a host, so a typo fails at load instead of as a dead server later."""
+        """Each server is an http(s) URL with a host, so a typo fails at load instead of as a dead
+        server later."""
         from urllib.parse import urlparse
 
         for server in servers:
             url = urlparse(server)
             if url.scheme not in ("http", "https") or not url.hostname or " " in server:
-                raise ValueError(f"{server!r} is not a server URL; write http://HOST:PORT (e.g. http://10.0.0.5:30000)")
+                raise ValueError(
+                    f"{server!r} is not a server URL; write http://HOST:PORT (e.g. http://10.0.0.5:30000)"
+                )
         return servers
 
     @model_validator(mode="after")

@@ -1,9 +1,9 @@
 """The ``scaling`` section of the pipeline config: how a night picks what to regenerate.
 
-``uniform`` is the original rule (the next whole prompt shards, in the pool's interleaved order). ``aimed`` holds a
-fixed eval set out of every domain, measures the champion's accept length per domain on it and spends the night's
-budget where the expected gain per regenerated token is highest (``eagle3.scaling.allocation``; the night's selection is
-``eagle3.scaling.selection``).
+``uniform`` is the original rule (the next whole prompt shards, in the pool's interleaved order).
+``aimed`` holds a fixed eval set out of every domain, measures the champion's accept length per
+domain on it and spends the night's budget where the expected gain per regenerated token is highest
+(``eagle3.scaling.allocation``; the night's selection is ``eagle3.scaling.selection``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from eagle3.config.base import StrictModel
 
 
 class ScalingConfig(StrictModel):
-    """Night planning (docs/DESIGN.md, "Night planning"). Strict like every section (unknown keys are errors)."""
+    """Night planning (docs/DESIGN.md, "Night planning"). Strict like every section (unknown keys
+    are errors)."""
 
     policy: Literal["uniform", "aimed"] = Field(
         default="uniform",
@@ -72,14 +73,20 @@ class ScalingConfig(StrictModel):
         description="Held-out eval prompts per domain (at most a quarter of the domain's rows): never regenerated "
         "or trained on, fixed across nights for a prompts stage.",
     )
-    eval_max_new_tokens: int = Field(default=64, gt=0, description="Tokens decoded per eval prompt.")
-    eval_seed: int = Field(default=0, description="Which rows are held out (an order of sample-id hashes).")
+    eval_max_new_tokens: int = Field(
+        default=64, gt=0, description="Tokens decoded per eval prompt."
+    )
+    eval_seed: int = Field(
+        default=0, description="Which rows are held out (an order of sample-id hashes)."
+    )
 
     @field_validator("domain_key")
     @classmethod
     def _known_key(cls, value: str) -> str:
         if value != "source" and not (value.startswith("meta.") and len(value) > len("meta.")):
-            raise ValueError(f"scaling.domain_key={value!r}: use 'source' or 'meta.<key>' (e.g. meta.category)")
+            raise ValueError(
+                f"scaling.domain_key={value!r}: use 'source' or 'meta.<key>' (e.g. meta.category)"
+            )
         return value
 
     @field_validator("traffic")
@@ -87,7 +94,11 @@ class ScalingConfig(StrictModel):
     def _positive_shares(cls, value: dict[str, float]) -> dict[str, float]:
         bad = {name: share for name, share in value.items() if share < 0}
         if bad:
-            raise ValueError(f"scaling.traffic has negative shares {bad}: give each domain a weight >= 0")
+            raise ValueError(
+                f"scaling.traffic has negative shares {bad}: give each domain a weight >= 0"
+            )
         if value and sum(value.values()) <= 0:
-            raise ValueError("scaling.traffic sums to 0: give at least one domain a positive weight, or leave it empty")
+            raise ValueError(
+                "scaling.traffic sums to 0: give at least one domain a positive weight, or leave it empty"
+            )
         return value

@@ -10,13 +10,15 @@ from eagle3.config.base import StrictModel
 
 
 class ServerLaunchConfig(StrictModel):
-    """The engine of every server the pipeline starts, and the flags every arm shares (baseline and speculative must
-    agree on all of them). ``engine`` ``sglang`` with ``device`` ``cpu`` is SGLang itself on this CPU, through the
-    project's runtime (``infra/dev.sh sglang``; ``eagle3.serve.launch_commands``).
+    """The engine of every server the pipeline starts, and the flags every arm shares (baseline and
+    speculative must agree on all of them). ``engine`` ``sglang`` with ``device`` ``cpu`` is SGLang
+    itself on this CPU, through the project's runtime (``infra/dev.sh sglang``;
+    ``eagle3.serve.launch_commands``).
 
-    ``max_running_requests`` is always passed to both arms: left unset, SGLang 0.5.23 caps a speculative server at 48
-    running requests (``python/sglang/srt/server_args.py``, ``ServerArgs._handle_speculative_decoding``) but leaves the
-    baseline uncapped, so high-concurrency levels would compare different batch limits. 48 keeps SGLang's cap."""
+    ``max_running_requests`` is always passed to both arms: left unset, SGLang 0.5.23 caps a
+    speculative server at 48 running requests (``python/sglang/srt/server_args.py``,
+    ``ServerArgs._handle_speculative_decoding``) but leaves the baseline uncapped, so
+    high-concurrency levels would compare different batch limits. 48 keeps SGLang's cap."""
 
     engine: Literal["reference", "sglang"] = "reference"
     device: Literal["cuda", "cpu"] = "cuda"

@@ -13,8 +13,9 @@ from eagle3.config.base import StrictModel
 class TargetConfig(StrictModel):
     """The served target model. ``model_path`` is a Hub id or a local directory.
 
-    ``family`` names how SGLang reads the draft's layer ids for this target (module docstring): ``llama`` (the
-    default: Llama, Qwen and other dense targets) or ``deepseek`` (DeepSeek-V2/V3, Kimi-K2/K2.5)."""
+    ``family`` names how SGLang reads the draft's layer ids for this target (module docstring):
+    ``llama`` (the default: Llama, Qwen and other dense targets) or ``deepseek`` (DeepSeek-V2/V3,
+    Kimi-K2/K2.5)."""
 
     model_path: str
     family: TargetFamily = "llama"

@@ -1,4 +1,5 @@
-"""The ``vocab``, ``train`` (with ``train.online``) and ``export`` sections of the pipeline config."""
+"""The ``vocab``, ``train`` (with ``train.online``) and ``export`` sections of the pipeline
+config."""
 
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ MLA_SHAPE = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_di
 
 
 class DraftArchitectureConfig(StrictModel):
-    """The draft head's variant (``eagle3.model.draft``): all off is EAGLE-3; ``fc_norm`` + ``norm_output`` is
-    EAGLE 3.1 (arXiv 2605.09992); ``norm_before_fc`` is SGLang's third variant (one norm over the concatenated aux
-    states). Each is written to the export's ``config.json`` as SGLang 0.5.23 reads it.
+    """The draft head's variant (``eagle3.model.draft``): all off is EAGLE-3; ``fc_norm`` +
+    ``norm_output`` is EAGLE 3.1 (arXiv 2605.09992); ``norm_before_fc`` is SGLang's third variant
+    (one norm over the concatenated aux states). Each is written to the export's ``config.json`` as
+    SGLang 0.5.23 reads it.
 
     ``attention``: ``mha`` is the Llama-style head (``LlamaForCausalLMEagle3``); ``mla`` the
     DeepSeek multi-head latent attention head (``Eagle3DeepseekV2ForCausalLM``,
@@ -87,27 +89,55 @@ class OnlineConfig(StrictModel):
     """Online training (``train.features=online``, ``eagle3.train.online``): producers capture the
     epoch's batches in its planned order and hand them to the trainer through Ray's object store."""
 
-    transport: Literal["ray"] = Field(default="ray", description="ray: Ray's object store (the Mooncake store's "
-                                      "PyPI wheel needs libcuda and libibverbs: not on CPU hosts).")
-    producers: int = Field(default=1, gt=0, description="Capture workers (each loads the target: one per GPU, or "
-                           "one per SGLang TP group).")
-    max_inflight: int = Field(default=8, gt=0, description="Batches the store may hold ahead of the trainer; a "
-                              "producer waits beyond it (memory bound: max_inflight x one batch's stored states).")
-    claim_timeout_s: float = Field(default=600.0, gt=0, description="Seconds a producer may hold a batch it has not "
-                                   "delivered before another producer re-captures it (a delivery after that is "
-                                   "dropped by its key).")
-    producer_restarts: int = Field(default=3, ge=0, description="Times a producer that dies is restarted; its "
-                                   "undelivered batches are re-captured, the delivered ones kept.")
-    prefill_tokens_per_s: float = Field(default=40_000.0, gt=0, description="Assumed prefill rate of one capture "
-                                        "replica (tokens/s) for the cost table and train.features=auto.")
-    disk_budget_bytes: int | None = Field(default=None, gt=0, description="train.features=auto: the disk the "
-                                          "night's features may take; None: the free space at the run root.")
+    transport: Literal["ray"] = Field(
+        default="ray",
+        description="ray: Ray's object store (the Mooncake store's "
+        "PyPI wheel needs libcuda and libibverbs: not on CPU hosts).",
+    )
+    producers: int = Field(
+        default=1,
+        gt=0,
+        description="Capture workers (each loads the target: one per GPU, or "
+        "one per SGLang TP group).",
+    )
+    max_inflight: int = Field(
+        default=8,
+        gt=0,
+        description="Batches the store may hold ahead of the trainer; a "
+        "producer waits beyond it (memory bound: max_inflight x one batch's stored states).",
+    )
+    claim_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a producer may hold a batch it has not "
+        "delivered before another producer re-captures it (a delivery after that is "
+        "dropped by its key).",
+    )
+    producer_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Times a producer that dies is restarted; its "
+        "undelivered batches are re-captured, the delivered ones kept.",
+    )
+    prefill_tokens_per_s: float = Field(
+        default=40_000.0,
+        gt=0,
+        description="Assumed prefill rate of one capture "
+        "replica (tokens/s) for the cost table and train.features=auto.",
+    )
+    disk_budget_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="train.features=auto: the disk the "
+        "night's features may take; None: the free space at the run root.",
+    )
 
 
 class TrainConfig(StrictModel):
-    """``loss`` (``eagle3.train.objectives``): ``kl`` soft cross-entropy to the target (forward KL, EAGLE-3's);
-    ``lk_alpha`` -log of the acceptance rate alpha = sum_v min(p, q); ``lk_lambda`` w*KL + (1-w)*(1-alpha) with
-    w = lk_kl_scale*exp(-lk_kl_decay*mean(alpha)), KL-led while alpha is low (LK losses, arXiv 2602.23881)."""
+    """``loss`` (``eagle3.train.objectives``): ``kl`` soft cross-entropy to the target (forward KL,
+    EAGLE-3's); ``lk_alpha`` -log of the acceptance rate alpha = sum_v min(p, q); ``lk_lambda`` w*KL
+    + (1-w)*(1-alpha) with w = lk_kl_scale*exp(-lk_kl_decay*mean(alpha)), KL-led while alpha is low
+      (LK losses, arXiv 2602.23881)."""
 
     ttt_steps: int = Field(default=7, gt=0)
     step_weight_decay: float = Field(default=0.8, gt=0, le=1)
@@ -152,12 +182,16 @@ class TrainConfig(StrictModel):
         "(no optimizer state) and train on the rows it has not seen plus a replay sample of earlier rows.",
     )
     replay: Annotated[float, START] = Field(
-        default=0.5, ge=0, lt=1,
+        default=0.5,
+        ge=0,
+        lt=1,
         description="init=champion: share of tonight's training rows drawn (seeded, by sample id) from rows the "
         "champion already trained on; the rest are the new rows. 0: new rows only.",
     )
     champion_lr_scale: Annotated[float, START] = Field(
-        default=0.5, gt=0, le=1,
+        default=0.5,
+        gt=0,
+        le=1,
         description="init=champion: peak lr = train.lr x this (same warmup ratio and cosine decay, over the "
         "shorter run): a fine-tune, not a retrain.",
     )
@@ -165,24 +199,31 @@ class TrainConfig(StrictModel):
     @model_validator(mode="after")
     def _lk_weights_need_lk_lambda(self) -> TrainConfig:
         fields = type(self).model_fields
-        changed = [k for k in ("lk_kl_scale", "lk_kl_decay") if getattr(self, k) != fields[k].default]
+        changed = [
+            k for k in ("lk_kl_scale", "lk_kl_decay") if getattr(self, k) != fields[k].default
+        ]
         if changed and self.loss != "lk_lambda":
-            raise ValueError(f"train.{changed[0]} weighs KL inside train.loss=lk_lambda only, but train.loss is "
-                             f"{self.loss!r}: set train.loss=lk_lambda or drop train.{changed[0]}")
+            raise ValueError(
+                f"train.{changed[0]} weighs KL inside train.loss=lk_lambda only, but train.loss is "
+                f"{self.loss!r}: set train.loss=lk_lambda or drop train.{changed[0]}"
+            )
         return self
 
     @model_validator(mode="after")
     def _champion_nights_read_stored_features(self) -> TrainConfig:
         if self.init == "champion" and self.features != "stored":
-            raise ValueError(f"train.init=champion builds on the feature shards the champion trained on (its "
-                             f"trained_on.json), which train.features={self.features} does not keep: set "
-                             f"train.features=stored or train.init=scratch")
+            raise ValueError(
+                f"train.init=champion builds on the feature shards the champion trained on (its "
+                f"trained_on.json), which train.features={self.features} does not keep: set "
+                f"train.features=stored or train.init=scratch"
+            )
         return self
 
 
 class ExportConfig(StrictModel):
     max_position_embeddings: int | None = Field(default=None, gt=0)
-    # Hub model card metadata (eagle3.model.export_format.card_metadata): the draft's license, and the target's
-    # Hub id when target.model_path is a local directory (the card's base_model; a Hub id model_path is used as is).
+    # Hub model card metadata (eagle3.model.export_format.card_metadata): the draft's license, and
+    # the target's Hub id when target.model_path is a local directory (the card's base_model; a Hub
+    # id model_path is used as is).
     license: str = "other"
     base_model: str | None = None

@@ -1,2 +1,2 @@
-"""Dataset catalog, discovery, normalization, dedup/decontamination and the shared Parquet shard writer; the
-discover and normalize stages are ``eagle3.data.stage``."""
+"""Dataset catalog, discovery, normalization, dedup/decontamination and the shared Parquet shard
+writer; the discover and normalize stages are ``eagle3.data.stage``."""

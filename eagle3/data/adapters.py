@@ -1,15 +1,16 @@
-"""Row converters: one raw dataset row (a dict) -> messages with roles system, user, assistant, tool.
+"""Row converters: one raw dataset row (a dict) -> messages with roles system, user, assistant,
+tool.
 
-Each catalog entry names a row format (``eagle3.data.catalog``); ``convert_row`` dispatches on it. Conversion only
-maps structure and roles; it raises ``RowError(reason)`` for rows it cannot read (wrong types, missing keys, unknown
-roles). Content policy (empty turns, alternation, length, encoding) is the normalizer's job, so every format is
-judged by the same rules.
+Each catalog entry names a row format (``eagle3.data.catalog``); ``convert_row`` dispatches on it.
+Conversion only maps structure and roles; it raises ``RowError(reason)`` for rows it cannot read
+(wrong types, missing keys, unknown roles). Content policy (empty turns, alternation, length,
+encoding) is the normalizer's job, so every format is judged by the same rules.
 
-Role names: human/user -> user; gpt/chatgpt/bing/bard/model/assistant/ai -> assistant; system; tool/function/
-ipython/observation -> tool; function_call (ShareGPT with function calls) -> an assistant turn calling tools. Anything
-else is ``unknown_role``. Turn text is ``content``, ``value`` or ``text`` (SWE-agent trajectories); a turn list may be
-stored as JSON text (agentic datasets do). Tool calls and the row's tool declarations are read into one shape by
-``eagle3.data.toolcalls``.
+Role names: human/user -> user; gpt/chatgpt/bing/bard/model/assistant/ai -> assistant; system;
+tool/function/ ipython/observation -> tool; function_call (ShareGPT with function calls) -> an
+assistant turn calling tools. Anything else is ``unknown_role``. Turn text is ``content``, ``value``
+or ``text`` (SWE-agent trajectories); a turn list may be stored as JSON text (agentic datasets do).
+Tool calls and the row's tool declarations are read into one shape by ``eagle3.data.toolcalls``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Converted:
 
 
 def convert_row(entry: DatasetEntry, columns: dict[str, str], row: Any) -> Converted:
-    """Convert one raw row with the entry's format; ``columns`` is the entry's mapping updated by the source's."""
+    """Convert one raw row with the entry's format; ``columns`` is the entry's mapping updated by
+    the source's."""
     if not isinstance(row, dict):
         raise RowError(MALFORMED, f"row is a {type(row).__name__}, not an object")
     fmt = entry.row_format
@@ -100,14 +102,18 @@ def _find_turn_key(row: dict[str, Any], fmt: str) -> str:
     for key in TURN_LIST_KEYS:
         if key in row:
             return key
-    raise RowError(MALFORMED, f"no turn list: expected one of {TURN_LIST_KEYS} (or map one with columns.messages)")
+    raise RowError(
+        MALFORMED,
+        f"no turn list: expected one of {TURN_LIST_KEYS} (or map one with columns.messages)",
+    )
 
 
 def _turn_list(row: dict[str, Any], key: str) -> list[Any]:
     if key not in row:
         raise RowError(MALFORMED, f"missing key {key!r}")
     turns = row[key]
-    if isinstance(turns, str) and not turns.lstrip().startswith("["):  # only the JSON text of a list is read as one
+    # only the JSON text of a list is read as one
+    if isinstance(turns, str) and not turns.lstrip().startswith("["):
         raise RowError(MALFORMED, f"{key!r} is a str, not a list")
     try:
         return json_list(turns, repr(key))
@@ -116,10 +122,15 @@ def _turn_list(row: dict[str, Any], key: str) -> list[Any]:
 
 
 def _text(value: Any, where: str) -> str:
-    """Turn content as a string; OpenAI content parts ``[{"type": "text", "text": ...}]`` are joined."""
+    """Turn content as a string; OpenAI content parts ``[{"type": "text", "text": ...}]`` are
+    joined."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in value)
+    ):
         return "".join(p["text"] for p in value)
     raise RowError(MALFORMED, f"{where} is a {type(value).__name__}, not a string")
 
@@ -134,8 +145,8 @@ def _role(value: Any, where: str) -> str:
 
 
 def _turns(turns: list[Any]) -> list[Message]:
-    """Turns in either style: ``{"from", "value"}`` (ShareGPT) or ``{"role", "content"}`` (OpenAI), tool calls
-    and results included (module docstring)."""
+    """Turns in either style: ``{"from", "value"}`` (ShareGPT) or ``{"role", "content"}`` (OpenAI),
+    tool calls and results included (module docstring)."""
     out = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
@@ -154,12 +165,21 @@ def _turns(turns: list[Any]) -> list[Message]:
 def _message(turn: dict[str, Any], role: str, text_key: str, i: int) -> Message:
     """One turn; an assistant turn with calls may have no text (OpenAI writes ``content: null``)."""
     if str(turn.get("role", turn.get("from"))).strip().lower() == "function_call":
-        return {"role": "assistant", "content": "", "tool_calls": read_calls(turn[text_key], f"turn {i}")}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": read_calls(turn[text_key], f"turn {i}"),
+        }
     raw_calls = turn.get("tool_calls") or turn.get("function_call") if role == "assistant" else None
     if raw_calls is not None and not isinstance(raw_calls, (list, dict)):
-        raise RowError(MALFORMED, f"turn {i}: tool_calls is a {type(raw_calls).__name__}, not a list")
+        raise RowError(
+            MALFORMED, f"turn {i}: tool_calls is a {type(raw_calls).__name__}, not a list"
+        )
     text = turn[text_key]
-    message: Message = {"role": role, "content": "" if text is None and raw_calls else _text(text, f"turn {i}")}
+    message: Message = {
+        "role": role,
+        "content": "" if text is None and raw_calls else _text(text, f"turn {i}"),
+    }
     if raw_calls:
         message["tool_calls"] = read_calls(raw_calls, f"turn {i}")
     if role == "assistant" and isinstance(turn.get("reasoning_content"), str):
@@ -176,17 +196,21 @@ def _pairs(pairs: list[Any]) -> list[Message]:
             raise RowError(MALFORMED, f"exchange {i} is not an object with 'input'")
         out.append({"role": "user", "content": _text(pair["input"], f"exchange {i} input")})
         if pair.get("output") is not None:
-            out.append({"role": "assistant", "content": _text(pair["output"], f"exchange {i} output")})
+            out.append(
+                {"role": "assistant", "content": _text(pair["output"], f"exchange {i} output")}
+            )
     return out
 
 
 def _columns(row: dict[str, Any], columns: dict[str, str]) -> list[Message]:
-    """Flat columns: ``user`` is required; ``system`` and ``assistant`` are read when mapped (a mapped
-    assistant column must be present)."""
+    """Flat columns: ``user`` is required; ``system`` and ``assistant`` are read when mapped (a
+    mapped assistant column must be present)."""
     messages = []
     system_col = columns.get("system")
     if system_col and row.get(system_col) not in (None, ""):
-        messages.append({"role": "system", "content": _text(row[system_col], f"column {system_col!r}")})
+        messages.append(
+            {"role": "system", "content": _text(row[system_col], f"column {system_col!r}")}
+        )
     for role in ("user", "assistant"):
         col = columns.get(role)
         if col is None:
@@ -198,7 +222,9 @@ def _columns(row: dict[str, Any], columns: dict[str, str]) -> list[Message]:
 
 
 def _int_list(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
         raise RowError(MALFORMED, f"{name} is not a list of integers")
     return value
 
@@ -206,13 +232,16 @@ def _int_list(value: Any, name: str) -> list[int]:
 def _pretokenized(row: dict[str, Any], columns: dict[str, str]) -> Converted:
     ids = _int_list(row.get(columns.get("input_ids", "input_ids")), "input_ids")
     mask = _int_list(row.get(columns.get("loss_mask", "loss_mask")), "loss_mask")
-    key = columns.get("messages") or next((k for k in TURN_LIST_KEYS if row.get(k) is not None), None)
+    key = columns.get("messages") or next(
+        (k for k in TURN_LIST_KEYS if row.get(k) is not None), None
+    )
     messages = _turns(_turn_list(row, key)) if key else []
     return Converted(messages, input_ids=ids, loss_mask=mask)
 
 
 def _meta(entry: DatasetEntry, columns: dict[str, str], row: dict[str, Any]) -> dict[str, Any]:
-    """License plus the row's own id/model/category/language/source/license fields when they are plain values."""
+    """License plus the row's own id/model/category/language/source/license fields when they are
+    plain values."""
     meta: dict[str, Any] = {"license": entry.license}
     for key in META_KEYS:
         value = row.get(columns.get(key, key))

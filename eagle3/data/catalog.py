@@ -1,13 +1,15 @@
 """The dataset registry: one entry per source adapter name (a registry: the set of sources is open).
 
-An entry says where a dataset lives on the Hub (id, config, split), how its rows are laid out (``row_format``,
-converted by ``eagle3.data.adapters``), its license, approximate size, domain tags and size tier. Recipes and
-configs refer to entries by name (``SourceConfig.adapter``); an unknown name lists the known ones and registering
-a name twice is an error. Row counts are from the dataset cards (approximate); discovery records the real ones.
+An entry says where a dataset lives on the Hub (id, config, split), how its rows are laid out
+(``row_format``, converted by ``eagle3.data.adapters``), its license, approximate size, domain tags
+and size tier. Recipes and configs refer to entries by name (``SourceConfig.adapter``); an unknown
+name lists the known ones and registering a name twice is an error. Row counts are from the dataset
+cards (approximate); discovery records the real ones.
 
 Row formats:
   ``sharegpt``      a list of turns ``{"from", "value"}`` (human/gpt/...), optional ``system`` column; with function
-                    calls: ``function_call`` and ``observation`` turns and a ``tools`` column (LLaMA-Factory's layout)
+                    calls: ``function_call`` and ``observation`` turns and a ``tools`` column
+                    (LLaMA-Factory's layout)
   ``messages``      a list of turns ``{"role", "content"}`` (OpenAI style, ``tool_calls`` and ``tool`` results
                     included), also stored as JSON text, with an optional ``tools`` column
   ``pairs``         a list of ``{"input", "output"}`` exchanges (Capybara)
@@ -27,7 +29,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 ROW_FORMATS: tuple[str, ...] = (
-    "sharegpt", "messages", "pairs", "columns", "auto", "pretokenized", "served"
+    "sharegpt",
+    "messages",
+    "pairs",
+    "columns",
+    "auto",
+    "pretokenized",
+    "served",
 )
 DOMAINS: tuple[str, ...] = ("chat", "code", "math", "reasoning", "agentic")
 MEGA_ROWS = 5_000_000
@@ -58,7 +66,9 @@ class DatasetEntry:
 
     def __post_init__(self) -> None:
         if self.row_format not in ROW_FORMATS:
-            raise ValueError(f"{self.name}: row_format {self.row_format!r} is not one of {ROW_FORMATS}")
+            raise ValueError(
+                f"{self.name}: row_format {self.row_format!r} is not one of {ROW_FORMATS}"
+            )
         unknown = [d for d in self.domains if d not in DOMAINS]
         if unknown:
             raise ValueError(f"{self.name}: unknown domain tags {unknown}; use {DOMAINS}")
@@ -78,7 +88,9 @@ _REGISTRY: dict[str, DatasetEntry] = {}
 
 def register(entry: DatasetEntry) -> DatasetEntry:
     if entry.name in _REGISTRY:
-        raise CatalogError(f"dataset adapter {entry.name!r} is already registered; pick another name")
+        raise CatalogError(
+            f"dataset adapter {entry.name!r} is already registered; pick another name"
+        )
     _REGISTRY[entry.name] = entry
     return entry
 
@@ -203,10 +215,20 @@ for _entry in (
         columns={"id": "id"},
     ),
     DatasetEntry(
-        "slimorca", "sharegpt", "Open-Orca/SlimOrca", license="mit", rows=517_982, domains=("chat", "reasoning")
+        "slimorca",
+        "sharegpt",
+        "Open-Orca/SlimOrca",
+        license="mit",
+        rows=517_982,
+        domains=("chat", "reasoning"),
     ),
     DatasetEntry(
-        "capybara", "pairs", "LDJnr/Capybara", license="apache-2.0", rows=16_006, columns={"messages": "conversation"}
+        "capybara",
+        "pairs",
+        "LDJnr/Capybara",
+        license="apache-2.0",
+        rows=16_006,
+        columns={"messages": "conversation"},
     ),
     DatasetEntry(
         "wildchat",
@@ -243,7 +265,12 @@ for _entry in (
         split="filtered_reward1",
         rows=155_144,
         domains=("code", "agentic"),
-        columns={"messages": "messages", "tools": "tools", "id": "trajectory_id", "license": "license"},
+        columns={
+            "messages": "messages",
+            "tools": "tools",
+            "id": "trajectory_id",
+            "license": "license",
+        },
         description="agentic coding (OpenHands) trajectories: OpenAI tool calls as JSON text, per-row license",
     ),
     DatasetEntry(
@@ -256,10 +283,16 @@ for _entry in (
         columns={"messages": "trajectory", "id": "instance_id", "model": "model_name"},
         description="agentic coding (SWE-agent) trajectories: system/user/ai turns, commands written as text",
     ),
-    DatasetEntry("jsonl", "auto", description="local JSONL (one row per line) with a column mapping"),
+    DatasetEntry(
+        "jsonl", "auto", description="local JSONL (one row per line) with a column mapping"
+    ),
     DatasetEntry("json", "auto", description="local JSON array file with a column mapping"),
     DatasetEntry("parquet", "auto", description="local Parquet files with a column mapping"),
-    DatasetEntry("pretokenized", "pretokenized", description="input_ids + loss_mask in the target's token space"),
+    DatasetEntry(
+        "pretokenized",
+        "pretokenized",
+        description="input_ids + loss_mask in the target's token space",
+    ),
     DatasetEntry(
         "served",
         "served",

@@ -1,17 +1,20 @@
-"""Decontamination: drop training prompts that overlap the gate's benchmark prompts (the draft never trains on
-its exam).
+"""Decontamination: drop training prompts that overlap the gate's benchmark prompts (the draft never
+trains on its exam).
 
 Text is compared as lowercase word tokens (``\\w+``), each user turn separately. Two regimes:
 
-* Long benchmark prompts (>= ``decontam_ngram`` words): n-gram containment, the GPT-3 / Llama practice. The prompt is
-  indexed by its word n-grams; a user turn is contaminated when it contains >= ``decontam_threshold`` of them, so a
-  benchmark question pasted inside a longer prompt is caught.
-* Short benchmark prompts (fewer words): ``min(n, len)``-gram containment would flag every row that merely contains
-  a generic phrase ("How can I sleep better at night?"), so a short prompt only matches a user turn that is
-  essentially the same prompt: Jaccard similarity of word 3-grams (unigrams under 3 words) >= ``max(threshold,
-  SHORT_MIN_JACCARD)``. Verbatim copies and light edits are caught, longer prompts that quote it are kept.
+* Long benchmark prompts (>= ``decontam_ngram`` words): n-gram containment, the GPT-3 / Llama
+  practice. The prompt is indexed by its word n-grams; a user turn is contaminated when it contains
+  >= ``decontam_threshold`` of them, so a benchmark question pasted inside a longer prompt is
+  caught.
+* Short benchmark prompts (fewer words): ``min(n, len)``-gram containment would flag every row that
+  merely contains a generic phrase ("How can I sleep better at night?"), so a short prompt only
+  matches a user turn that is essentially the same prompt: Jaccard similarity of word 3-grams
+  (unigrams under 3 words) >= ``max(threshold, SHORT_MIN_JACCARD)``. Verbatim copies and light edits
+  are caught, longer prompts that quote it are kept.
 
-Memory: one 8-byte hash per benchmark n-gram (benchmark sets are small); rows are checked one at a time.
+Memory: one 8-byte hash per benchmark n-gram (benchmark sets are small); rows are checked one at a
+time.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def words(text: str) -> list[str]:
 
 
 def _h(gram: tuple[str, ...]) -> int:
-    return int.from_bytes(hashlib.blake2b(" ".join(gram).encode("utf-8", "replace"), digest_size=8).digest(), "little")
+    return int.from_bytes(
+        hashlib.blake2b(" ".join(gram).encode("utf-8", "replace"), digest_size=8).digest(), "little"
+    )
 
 
 def ngrams(tokens: list[str], n: int) -> set[int]:

@@ -1,22 +1,26 @@
-"""Chat dialects of thinking, tool-calling targets: where a turn's thinking ends and how its tool calls are written.
+"""Chat dialects of thinking, tool-calling targets: where a turn's thinking ends and how its tool
+calls are written.
 
-Names are SGLang 0.5.23's parser names (``--reasoning-parser``, ``--tool-call-parser``), so one word configures the
-server and the project alike. Only the dialects the project has a target for are registered; an unknown name lists
-the known ones.
+Names are SGLang 0.5.23's parser names (``--reasoning-parser``, ``--tool-call-parser``), so one word
+configures the server and the project alike. Only the dialects the project has a target for are
+registered; an unknown name lists the known ones.
 
-Reasoning (``ReasoningFormat``, SGLang ``srt/parser/reasoning_parser.py``): a turn is ``reasoning + think_end +
-content``. When the chat template opens the thinking block in its generation prompt (``<think>``), the output starts
-inside it: SGLang calls that *forced* reasoning and turns it on unless the request sets the template's switch
-(``toggle``) to false. ``split`` is SGLang's non-streaming ``detect_and_parse``: a leading ``think_start`` is dropped,
-the text before the first ``think_end`` is the reasoning; with no ``think_end``, a ``tool_start`` ends the reasoning
-(kept in the content), else the whole text is reasoning (cut short). ``join`` inverts it for text a server split:
-what a split loses (whether ``think_end`` was written before a tool section, or at the very end of a turn) is
-restored by the rule a finished turn follows (it closes its thinking), and the caller records that it was rebuilt.
+Reasoning (``ReasoningFormat``, SGLang ``srt/parser/reasoning_parser.py``): a turn is ``reasoning +
+think_end + content``. When the chat template opens the thinking block in its generation prompt
+(``<think>``), the output starts inside it: SGLang calls that *forced* reasoning and turns it on
+unless the request sets the template's switch (``toggle``) to false. ``split`` is SGLang's
+non-streaming ``detect_and_parse``: a leading ``think_start`` is dropped, the text before the first
+``think_end`` is the reasoning; with no ``think_end``, a ``tool_start`` ends the reasoning (kept in
+the content), else the whole text is reasoning (cut short). ``join`` inverts it for text a server
+split: what a split loses (whether ``think_end`` was written before a tool section, or at the very
+end of a turn) is restored by the rule a finished turn follows (it closes its thinking), and the
+caller records that it was rebuilt.
 
-Tool calls (``ToolCallFormat``, SGLang ``srt/function_call/kimik2_detector.py``): ``parse`` takes a turn's content
-apart into the text before the tool section and the calls in it, each ``{"id", "name", "arguments"}`` with the
-arguments exactly as written (a string, JSON when the model wrote JSON); ``format`` writes calls back, so
-``format(parse(text))`` gives ``text`` again for anything the dialect wrote.
+Tool calls (``ToolCallFormat``, SGLang ``srt/function_call/kimik2_detector.py``): ``parse`` takes a
+turn's content apart into the text before the tool section and the calls in it, each ``{"id",
+"name", "arguments"}`` with the arguments exactly as written (a string, JSON when the model wrote
+JSON); ``format`` writes calls back, so ``format(parse(text))`` gives ``text`` again for anything
+the dialect wrote.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class ReasoningFormat:
     tool_start: str | None = None  # text that ends the reasoning when no think_end came before it
 
     def split(self, text: str, *, forced: bool) -> tuple[str | None, str]:
-        """``(reasoning, content)`` as SGLang's parser splits a whole output; reasoning is None outside a block."""
+        """``(reasoning, content)`` as SGLang's parser splits a whole output; reasoning is None
+        outside a block."""
         if not forced and self.think_start not in text:
             return None, text
         while text.startswith(self.think_start):
@@ -55,18 +60,22 @@ class ReasoningFormat:
         return text, ""
 
     def join(self, reasoning: str | None, content: str, *, forced: bool, finished: bool) -> str:
-        """The output text a server split into ``reasoning`` and ``content`` (see the module docstring); content
-        that still holds ``think_end`` with no reasoning beside it was not split, and is the text as it is."""
+        """The output text a server split into ``reasoning`` and ``content`` (see the module
+        docstring); content that still holds ``think_end`` with no reasoning beside it was not
+        split, and is the text as it is."""
         if reasoning is None and self.think_end in content:
             return content
         if not forced:
-            return f"{self.think_start}{reasoning}{self.think_end}{content}" if reasoning else content
+            return (
+                f"{self.think_start}{reasoning}{self.think_end}{content}" if reasoning else content
+            )
         if content or finished:
             return f"{reasoning or ''}{self.think_end}{content}"
         return reasoning or ""
 
     def is_on(self, chat_template_kwargs: dict[str, Any]) -> bool:
-        """Whether a request with these template arguments starts inside the thinking block (SGLang's rule)."""
+        """Whether a request with these template arguments starts inside the thinking block
+        (SGLang's rule)."""
         return chat_template_kwargs.get(self.toggle) is not False
 
 
@@ -81,7 +90,8 @@ class ToolCallFormat:
     id_pattern: re.Pattern[str]
 
     def parse(self, content: str) -> tuple[str, list[ToolCall]]:
-        """The text outside the tool section (before it, then anything after it) and the calls in it."""
+        """The text outside the tool section (before it, then anything after it) and the calls in
+        it."""
         start = content.find(self.section_start)
         if start < 0:
             return content, []
@@ -90,19 +100,32 @@ class ToolCallFormat:
         rest = content[end + len(self.section_end) :] if end >= 0 else ""
         calls = []
         pattern = (
-            re.escape(self.call_start) + r"(.*?)" + re.escape(self.call_args) + r"(.*?)" + re.escape(self.call_end)
+            re.escape(self.call_start)
+            + r"(.*?)"
+            + re.escape(self.call_args)
+            + r"(.*?)"
+            + re.escape(self.call_end)
         )
         for match in re.finditer(pattern, body, re.DOTALL):
             call_id = match.group(1).strip()
             named = self.id_pattern.match(call_id)
-            calls.append({"id": call_id, "name": named.group("name") if named else "", "arguments": match.group(2)})
+            calls.append(
+                {
+                    "id": call_id,
+                    "name": named.group("name") if named else "",
+                    "arguments": match.group(2),
+                }
+            )
         return content[:start] + rest, calls
 
     def format(self, calls: list[ToolCall]) -> str:
         """The tool section for ``calls`` (empty for none), as the chat template writes it."""
         if not calls:
             return ""
-        body = "".join(f"{self.call_start}{c['id']}{self.call_args}{c['arguments']}{self.call_end}" for c in calls)
+        body = "".join(
+            f"{self.call_start}{c['id']}{self.call_args}{c['arguments']}{self.call_end}"
+            for c in calls
+        )
         return self.section_start + body + self.section_end
 
     def call_id(self, name: str, index: int) -> str:
@@ -111,7 +134,9 @@ class ToolCallFormat:
 
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
-    "kimi_k2": ReasoningFormat("kimi_k2", "<think>", "</think>", "thinking", "<|tool_calls_section_begin|>"),
+    "kimi_k2": ReasoningFormat(
+        "kimi_k2", "<think>", "</think>", "thinking", "<|tool_calls_section_begin|>"
+    ),
 }
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
     "kimi_k2": ToolCallFormat(

@@ -1,15 +1,18 @@
 """Discovery: resolve the configured sources into ``<root>/catalog/<fp>/catalog.json``.
 
-Per source the catalog records id, revision, config, split, row format (detected and checked against the adapter),
-license, files with sizes and row counts, and the total rows. Local paths (a file, a directory of data files, or a
-glob) are read for schema and rows (Parquet footers, JSONL lines, streamed JSON arrays). Hub ids resolve through
-``huggingface_hub``: online, ``dataset_info`` gives the revision sha, file list, sizes and license, and the split's
-data files are fetched into the HF cache with ``snapshot_download`` (normalization reads them from there); offline
-(``HF_HUB_OFFLINE=1``) the same call resolves the cached snapshot (``refs/<revision>``) without the network.
+Per source the catalog records id, revision, config, split, row format (detected and checked against
+the adapter), license, files with sizes and row counts, and the total rows. Local paths (a file, a
+directory of data files, or a glob) are read for schema and rows (Parquet footers, JSONL lines,
+streamed JSON arrays). Hub ids resolve through ``huggingface_hub``: online, ``dataset_info`` gives
+the revision sha, file list, sizes and license, and the split's data files are fetched into the HF
+cache with ``snapshot_download`` (normalization reads them from there); offline
+(``HF_HUB_OFFLINE=1``) the same call resolves the cached snapshot (``refs/<revision>``) without the
+network.
 
-The fingerprint covers what is cheap to probe: the sources' discovery fields plus each local file's size and mtime,
-or the Hub revision sha; a second run with the same inputs is a manifest hit. ``DiscoverStage``
-(``eagle3.data.stage``) runs it on the stage contract; the normalize stage reads the catalog back here.
+The fingerprint covers what is cheap to probe: the sources' discovery fields plus each local file's
+size and mtime, or the Hub revision sha; a second run with the same inputs is a manifest hit.
+``DiscoverStage`` (``eagle3.data.stage``) runs it on the stage contract; the normalize stage reads
+the catalog back here.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ _TURN_FORMATS = {"sharegpt", "messages"}
 
 
 class DiscoveryError(DataError):
-    """A source that cannot be resolved; the message names the dataset and the fix (a data error: not retried,
-    exit code 2)."""
+    """A source that cannot be resolved; the message names the dataset and the fix (a data error:
+    not retried, exit code 2)."""
 
 
 def local_files(path: str) -> list[Path]:
@@ -51,12 +54,17 @@ def local_files(path: str) -> list[Path]:
     if p.is_dir():
         files = [f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in DATA_SUFFIXES]
     else:
-        files = [Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).suffix.lower() in DATA_SUFFIXES]
+        files = [
+            Path(f)
+            for f in glob.glob(str(p), recursive=True)
+            if Path(f).suffix.lower() in DATA_SUFFIXES
+        ]
     return sorted(files)
 
 
 def split_files(files: list[Path], root: Path, *, split: str, subset: str | None) -> list[Path]:
-    """Data files of one config/split inside a snapshot; all data files when none is named after the split."""
+    """Data files of one config/split inside a snapshot; all data files when none is named after the
+    split."""
     rel = [(f, f.relative_to(root).as_posix()) for f in files if ".cache" not in f.parts]
     if subset:
         inside = [(f, r) for f, r in rel if r.startswith(f"{subset}/") or f"/{subset}/" in f"/{r}"]
@@ -91,7 +99,9 @@ def check_format(label: str, entry: catalog.DatasetEntry, columns: dict[str, str
     if fmt == "columns":
         ok = isinstance(row, dict) and columns.get("user") in row
     elif fmt in ("turns", "sharegpt", "messages"):
-        ok = bool(found & _TURN_FORMATS) or bool(columns.get("messages") and columns["messages"] in (row or {}))
+        ok = bool(found & _TURN_FORMATS) or bool(
+            columns.get("messages") and columns["messages"] in (row or {})
+        )
     else:
         ok = fmt in found
     if not ok:
@@ -106,8 +116,8 @@ def check_format(label: str, entry: catalog.DatasetEntry, columns: dict[str, str
 
 
 def _sample_row(label: str, files: list[Path]) -> Any:
-    """The first readable row of the first file; raises naming the file when its first rows are all unreadable
-    (not JSON at all) or it has none."""
+    """The first readable row of the first file; raises naming the file when its first rows are all
+    unreadable (not JSON at all) or it has none."""
     first: RawRow | None = None
     for raw in iter_rows(files[:1], batch_size=16):
         if raw.error is None:
@@ -116,16 +126,23 @@ def _sample_row(label: str, files: list[Path]) -> Any:
         if raw.index >= 20:
             break
     if first is None:
-        raise DiscoveryError(f"source {label!r}: {files[0]} holds no rows; fix the file or remove it from sources")
+        raise DiscoveryError(
+            f"source {label!r}: {files[0]} holds no rows; fix the file or remove it from sources"
+        )
     kind = files[0].suffix.lstrip(".").upper()
-    raise DiscoveryError(f"source {label!r}: {files[0]} does not start with readable rows ({first.error}: "
-                         f"{first.raw[:80]!r}); check that it is {kind} as its name says")
+    raise DiscoveryError(
+        f"source {label!r}: {files[0]} does not start with readable rows ({first.error}: "
+        f"{first.raw[:80]!r}); check that it is {kind} as its name says"
+    )
 
 
 def _require_files(label: str, files: list[Path], *, fix: str) -> list[Path]:
-    """``files``, each readable as a whole (``file_problem``); raises naming every one that is not."""
+    """``files``, each readable as a whole (``file_problem``); raises naming every one that is
+    not."""
     if not files:
-        raise DiscoveryError(f"source {label!r}: no data files ({', '.join(DATA_SUFFIXES)}) found; {fix}")
+        raise DiscoveryError(
+            f"source {label!r}: no data files ({', '.join(DATA_SUFFIXES)}) found; {fix}"
+        )
     problems = [p for f in files if (p := file_problem(f)) is not None]
     if problems:
         raise DiscoveryError(f"source {label!r}: " + "; ".join(problems))
@@ -214,8 +231,15 @@ def _record(
     columns = {**entry.columns, **source.columns}
     base = {"name": label, "adapter": entry.name, "config": source.subset or entry.config}
     if source.path:
-        files = _describe_files(label, local_files(source.path), fix=f"check sources path {source.path!r}")
-        extra = {"kind": "local", "id": source.path, "revision": None, "split": source.split or entry.split}
+        files = _describe_files(
+            label, local_files(source.path), fix=f"check sources path {source.path!r}"
+        )
+        extra = {
+            "kind": "local",
+            "id": source.path,
+            "revision": None,
+            "split": source.split or entry.split,
+        }
         extra["license"] = entry.license
     else:
         from eagle3.data.hub import resolve_hub
@@ -224,19 +248,33 @@ def _record(
         fix = f"check split {hub['split']!r}/config {base['config']!r} of {hub['id']}"
         files = _describe_files(label, [Path(p) for p in hub.pop("files")], fix=fix)
         extra = {"kind": "hub", **hub}
-    detected = check_format(label, entry, columns, _sample_row(label, [Path(f["path"]) for f in files]))
+    detected = check_format(
+        label, entry, columns, _sample_row(label, [Path(f["path"]) for f in files])
+    )
     rows = sum(f["rows"] for f in files)
-    return base | extra | {"format": detected, "files": files, "rows": rows, "bytes": sum(f["bytes"] for f in files)}
+    return (
+        base
+        | extra
+        | {
+            "format": detected,
+            "files": files,
+            "rows": rows,
+            "bytes": sum(f["bytes"] for f in files),
+        }
+    )
 
 
 def catalog_fingerprint(config: PipelineConfig) -> str:
-    return fingerprint(DISCOVER_VERSION, [_probe(s, catalog.get(s.adapter)) for s in config.sources])
+    return fingerprint(
+        DISCOVER_VERSION, [_probe(s, catalog.get(s.adapter)) for s in config.sources]
+    )
 
 
 def check_sources(config: PipelineConfig) -> None:
-    """Fail fast, before any row is counted, on what no retry fixes: duplicate labels, unknown adapters, and a local
-    source without data files or whose rows do not fit its adapter (both cheap to see; a Hub source's files are only
-    fetched when the catalog is written, so its format is checked then)."""
+    """Fail fast, before any row is counted, on what no retry fixes: duplicate labels, unknown
+    adapters, and a local source without data files or whose rows do not fit its adapter (both cheap
+    to see; a Hub source's files are only fetched when the catalog is written, so its format is
+    checked then)."""
     labels = [s.label for s in config.sources]
     dupes = sorted({n for n in labels if labels.count(n) > 1})
     if dupes:
@@ -247,17 +285,24 @@ def check_sources(config: PipelineConfig) -> None:
             _require_logs(s.label, log_files(s.path), fix=f"check sources path {s.path!r}")
             check_provenance(config, Path(s.path).expanduser())
         elif s.path:
-            files = _require_files(s.label, local_files(s.path), fix=f"check sources path {s.path!r}")
-            check_format(s.label, entry, {**entry.columns, **s.columns}, _sample_row(s.label, files))
+            files = _require_files(
+                s.label, local_files(s.path), fix=f"check sources path {s.path!r}"
+            )
+            check_format(
+                s.label, entry, {**entry.columns, **s.columns}, _sample_row(s.label, files)
+            )
 
 
 def write_catalog(config: PipelineConfig, out: Path) -> dict[str, Any]:
-    """Resolve every configured source into ``out/catalog.json``, manifest written last; returns the stats."""
+    """Resolve every configured source into ``out/catalog.json``, manifest written last; returns the
+    stats."""
     records = [_record(config, s, catalog.get(s.adapter)) for s in config.sources]
     path = out / CATALOG_FILE
     atomic_write_json(path, {"fingerprint": out.name, "datasets": records})
     stats = {"datasets": len(records), "rows": sum(r["rows"] for r in records)}
-    Manifest("catalog", out.name, files=[FileEntry.of(path, rows=len(records), base=out)], stats=stats).write(out)
+    Manifest(
+        "catalog", out.name, files=[FileEntry.of(path, rows=len(records), base=out)], stats=stats
+    ).write(out)
     logger.info("catalog %s: %d datasets, %d rows", out, stats["datasets"], stats["rows"])
     return stats
 
@@ -265,7 +310,9 @@ def write_catalog(config: PipelineConfig, out: Path) -> dict[str, Any]:
 def load_catalog(catalog_dir: Path) -> dict[str, Any]:
     path = Path(catalog_dir) / CATALOG_FILE
     if Manifest.read(Path(catalog_dir)) is None or not path.exists():
-        raise FileNotFoundError(f"{catalog_dir} is not a finished catalog stage; run `eagle3 discover` first")
+        raise FileNotFoundError(
+            f"{catalog_dir} is not a finished catalog stage; run `eagle3 discover` first"
+        )
     return json.loads(path.read_text())
 
 

@@ -1,9 +1,10 @@
 """Hugging Face Hub access for discovery: revision resolution, split files, and dataset search.
 
 Everything goes through ``huggingface_hub``'s own functions and cache layout
-(``<HF_HOME>/hub/datasets--owner--name/{refs,snapshots}/``), so a cache filled by ``huggingface-cli download`` or a
-previous online run resolves offline. Environment is read at call time (``HF_HOME``, ``HF_HUB_CACHE``,
-``HF_HUB_OFFLINE``, ``HF_TOKEN``); tokens are never logged. Every failure names the dataset and the fix.
+(``<HF_HOME>/hub/datasets--owner--name/{refs,snapshots}/``), so a cache filled by ``huggingface-cli
+download`` or a previous online run resolves offline. Environment is read at call time (``HF_HOME``,
+``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``, ``HF_TOKEN``); tokens are never logged. Every failure names
+the dataset and the fix.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from eagle3.data.readers import DATA_SUFFIXES
 
 _TRUE = ("1", "true", "yes", "on")
 SIZE_RANGES = {  # Hub size_categories tag -> (low, high) rows
-    "n<1K": (0, 1_000), "1K<n<10K": (1_000, 10_000), "10K<n<100K": (10_000, 100_000),
-    "100K<n<1M": (100_000, 1_000_000), "1M<n<10M": (1_000_000, 10_000_000),
-    "10M<n<100M": (10_000_000, 100_000_000), "100M<n<1B": (100_000_000, 1_000_000_000),
-}  # fmt: skip
+    "n<1K": (0, 1_000),
+    "1K<n<10K": (1_000, 10_000),
+    "10K<n<100K": (10_000, 100_000),
+    "100K<n<1M": (100_000, 1_000_000),
+    "1M<n<10M": (1_000_000, 10_000_000),
+    "10M<n<100M": (10_000_000, 100_000_000),
+    "100M<n<1B": (100_000_000, 1_000_000_000),
+}
 
 
 class HubError(RuntimeError):
@@ -44,12 +49,18 @@ def cache_dir() -> Path:
 def _repo(source: SourceConfig, entry: DatasetEntry) -> str:
     repo = source.hub_id or entry.hub_id
     if not repo:
-        raise HubError(f"source {source.label!r}: adapter {entry.name!r} is local-only; set sources[].path")
+        raise HubError(
+            f"source {source.label!r}: adapter {entry.name!r} is local-only; set sources[].path"
+        )
     return repo
 
 
 def _fail(source: SourceConfig, repo: str, exc: Exception) -> HubError:
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     if isinstance(exc, LocalEntryNotFoundError) or offline():
         fix = (
@@ -70,11 +81,16 @@ def _snapshot(source: SourceConfig, repo: str, *, patterns: list[str] | None = N
     try:
         return Path(
             snapshot_download(
-                repo, repo_type="dataset", revision=source.revision, cache_dir=cache_dir(),
-                local_files_only=offline(), allow_patterns=patterns,
+                repo,
+                repo_type="dataset",
+                revision=source.revision,
+                cache_dir=cache_dir(),
+                local_files_only=offline(),
+                allow_patterns=patterns,
             )
-        )  # fmt: skip
-    except Exception as exc:  # huggingface_hub raises many types (HTTP, cache, auth): all become one clear error
+        )
+    # huggingface_hub raises many types (HTTP, cache, auth): all become one clear error
+    except Exception as exc:
         raise _fail(source, repo, exc) from exc
 
 
@@ -117,13 +133,20 @@ def resolve_hub(
         license_ = str((info.card_data or {}).get("license") or license_)
         names = [s.rfilename for s in info.siblings or [] if is_data(s.rfilename)]
         root = Path("/")
-        patterns = [str(p.relative_to(root)) for p in split_files([root / n for n in names], root, split=split,
-                                                                    subset=subset)]  # fmt: skip
+        patterns = [
+            str(p.relative_to(root))
+            for p in split_files([root / n for n in names], root, split=split, subset=subset)
+        ]
     snap = _snapshot(source, repo, patterns=patterns)
     data = [f for f in snap.rglob("*") if f.is_file() and is_data(f.name)]
     files = split_files(data, snap, split=split, subset=subset)
-    return {"id": repo, "revision": snap.name, "split": split, "license": _card_license(snap) or license_,
-            "files": [str(f) for f in files]}  # fmt: skip
+    return {
+        "id": repo,
+        "revision": snap.name,
+        "split": split,
+        "license": _card_license(snap) or license_,
+        "files": [str(f) for f in files],
+    }
 
 
 def _card_license(snapshot: Path) -> str | None:
@@ -152,25 +175,43 @@ def _format_guess(record: dict[str, Any]) -> str:
 
 
 def candidate(record: dict[str, Any]) -> dict[str, Any]:
-    """A search result: id, row range from the size tag, license, popularity and a row-format guess."""
+    """A search result: id, row range from the size tag, license, popularity and a row-format
+    guess."""
     tags = record.get("tags", [])
-    sizes = [SIZE_RANGES[t.split(":", 1)[1]] for t in tags if t.startswith("size_categories:") and
-             t.split(":", 1)[1] in SIZE_RANGES]  # fmt: skip
+    sizes = [
+        SIZE_RANGES[t.split(":", 1)[1]]
+        for t in tags
+        if t.startswith("size_categories:") and t.split(":", 1)[1] in SIZE_RANGES
+    ]
     low, high = max(sizes) if sizes else (None, None)
     licenses = [t.split(":", 1)[1] for t in tags if t.startswith("license:")]
     card_license = (record.get("cardData") or {}).get("license")
-    lic = licenses[0] if licenses else (card_license if isinstance(card_license, str) else "unknown")
+    lic = (
+        licenses[0] if licenses else (card_license if isinstance(card_license, str) else "unknown")
+    )
     downloads, likes = int(record.get("downloads") or 0), int(record.get("likes") or 0)
-    return {"id": record["id"], "rows_low": low, "rows_high": high, "license": lic, "downloads": downloads,
-            "likes": likes, "format": _format_guess(record),
-            "score": round(math.log10(downloads + 1) + 0.5 * math.log10(likes + 1), 3)}  # fmt: skip
+    return {
+        "id": record["id"],
+        "rows_low": low,
+        "rows_high": high,
+        "license": lic,
+        "downloads": downloads,
+        "likes": likes,
+        "format": _format_guess(record),
+        "score": round(math.log10(downloads + 1) + 0.5 * math.log10(likes + 1), 3),
+    }
 
 
 def rank_candidates(
-    records: Iterable[dict[str, Any]], *, min_rows: int = 0, licenses: list[str] | None = None, limit: int = 20
+    records: Iterable[dict[str, Any]],
+    *,
+    min_rows: int = 0,
+    licenses: list[str] | None = None,
+    limit: int = 20,
 ) -> list[dict[str, Any]]:
-    """Filter (could hold >= ``min_rows`` by its size tag; license in ``licenses``) and rank by popularity, a
-    known row format first among equals. Records are ``HfApi.list_datasets`` entries as dicts."""
+    """Filter (could hold >= ``min_rows`` by its size tag; license in ``licenses``) and rank by
+    popularity, a known row format first among equals. Records are ``HfApi.list_datasets`` entries
+    as dicts."""
     wanted = {x.lower() for x in licenses or []}
     out = []
     for record in records:
@@ -184,10 +225,15 @@ def rank_candidates(
     return out[:limit]
 
 
-def search_hub(query: str, *, min_rows: int = 0, licenses: list[str] | None = None, limit: int = 20) -> list[dict]:
-    """Live search through ``HfApi.list_datasets`` (needs the network), ranked by ``rank_candidates``."""
+def search_hub(
+    query: str, *, min_rows: int = 0, licenses: list[str] | None = None, limit: int = 20
+) -> list[dict]:
+    """Live search through ``HfApi.list_datasets`` (needs the network), ranked by
+    ``rank_candidates``."""
     if offline():
-        raise HubError("dataset search needs the Hub: unset HF_HUB_OFFLINE (and set HF_TOKEN for gated sets)")
+        raise HubError(
+            "dataset search needs the Hub: unset HF_HUB_OFFLINE (and set HF_TOKEN for gated sets)"
+        )
     from dataclasses import asdict
 
     from huggingface_hub import HfApi

@@ -1,13 +1,13 @@
 """Mix selection: how many rows each source contributes, decided before any work starts.
 
 ``plan_mix`` splits ``mix.total`` across sources in proportion to ``weight``, capped per source by
-``min(available, max_rows)``; what a capped source cannot give is redistributed to the others by weight (water
-filling), and integer rounding uses largest remainders (ties by source order), so the plan is exact and stable.
-Without ``mix.total`` every source gives ``min(available, max_rows)``.
+``min(available, max_rows)``; what a capped source cannot give is redistributed to the others by
+weight (water filling), and integer rounding uses largest remainders (ties by source order), so the
+plan is exact and stable. Without ``mix.total`` every source gives ``min(available, max_rows)``.
 
-Which rows are taken is decided while streaming with selection sampling (Knuth's Algorithm S): row ``i`` is taken
-with probability ``needed / remaining``, which yields exactly ``planned`` rows in file order, uniformly, with O(1)
-memory, and is deterministic for (``mix.seed``, source name).
+Which rows are taken is decided while streaming with selection sampling (Knuth's Algorithm S): row
+``i`` is taken with probability ``needed / remaining``, which yields exactly ``planned`` rows in
+file order, uniformly, with O(1) memory, and is deterministic for (``mix.seed``, source name).
 """
 
 from __future__ import annotations
@@ -26,9 +26,14 @@ class MixLine:
     planned: int
 
 
-def plan_mix(sources: list[tuple[str, int, float, int | None]], *, total: int | None) -> list[MixLine]:
+def plan_mix(
+    sources: list[tuple[str, int, float, int | None]], *, total: int | None
+) -> list[MixLine]:
     """``sources`` = (name, available, weight, max_rows) in config order."""
-    limits = {name: available if cap is None else min(available, cap) for name, available, _w, cap in sources}
+    limits = {
+        name: available if cap is None else min(available, cap)
+        for name, available, _w, cap in sources
+    }
     if total is None:
         return [MixLine(n, a, w, c, limits[n]) for n, a, w, c in sources]
     planned = {name: 0 for name, *_ in sources}
@@ -61,7 +66,8 @@ def plan_table(lines: list[MixLine]) -> list[dict[str, object]]:
 
 
 class Selector:
-    """Selection sampling: ``take()`` is called once per available row, in order; exactly ``planned`` say yes."""
+    """Selection sampling: ``take()`` is called once per available row, in order; exactly
+    ``planned`` say yes."""
 
     def __init__(self, *, available: int, planned: int, seed: int, source: str) -> None:
         digest = hashlib.sha256(f"{seed}/{source}".encode()).digest()

@@ -1,26 +1,31 @@
-"""Normalization (docs/DESIGN.md, "Prompts"): raw rows of one source -> normalized prompt rows + quarantine.
+"""Normalization (docs/DESIGN.md, "Prompts"): raw rows of one source -> normalized prompt rows +
+quarantine.
 
 Per row, in this order (the first failing rule names the quarantine reason):
-  malformed / unknown_role (adapter), bad_encoding (lone surrogates = invalid UTF-8), too_long (a message over
-  ``max_message_chars``: a cheap gate before any other work), NFC, system-prompt policy, empty, no_user_turn,
-  not_alternating (after dropping leading assistant turns: ShareGPT's split conversations start
-  their later parts with the reply to a question the row no longer has; FastChat's and EAGLE's
-  readers skip it too), bad_tool_call (``eagle3.data.toolcalls.link_tool_calls``: every call named,
-  every result tied to a call), too_long (the prompt over ``max_prompt_tokens`` with the TARGET
-  tokenizer, batched), contaminated (gate benchmark overlap).
+  malformed / unknown_role (adapter), bad_encoding (lone surrogates = invalid UTF-8), too_long (a
+  message over ``max_message_chars``: a cheap gate before any other work), NFC, system-prompt
+  policy, empty, no_user_turn, not_alternating (after dropping leading assistant turns: ShareGPT's
+  split conversations start their later parts with the reply to a question the row no longer has;
+  FastChat's and EAGLE's readers skip it too), bad_tool_call
+  (``eagle3.data.toolcalls.link_tool_calls``: every call named, every result tied to a call),
+  too_long (the prompt over ``max_prompt_tokens`` with the TARGET tokenizer, batched), contaminated
+  (gate benchmark overlap).
 Assistant turns stay in the row (regeneration replaces them). Pre-tokenized rows are checked against
 ``target.vocab_size`` and equal ``input_ids``/``loss_mask`` lengths (``bad_tokens``).
 
-The prompt length is the token count of the non-assistant turn contents (and the tool declarations) joined by
-newlines (the template's few tokens per turn are not counted). A prompt whose UTF-8 byte length is <= the limit is
-never tokenized: byte-level BPE and byte-fallback tokenizers never emit more tokens than bytes.
+The prompt length is the token count of the non-assistant turn contents (and the tool declarations)
+joined by newlines (the template's few tokens per turn are not counted). A prompt whose UTF-8 byte
+length is <= the limit is never tokenized: byte-level BPE and byte-fallback tokenizers never emit
+more tokens than bytes.
 
-``sample_id`` is a hash of the normalized non-assistant turns (role + content, and the tool declarations when the
-row has any): it is stable across sources and runs, identical prompts from two sources dedup to one, and the
-assistant turns do not matter since regeneration replaces them. ``source_row`` is the row's position in the source
-(files in order), so the quarantine points back to the exact row; the dataset's own id, if any, is kept in ``meta``.
+``sample_id`` is a hash of the normalized non-assistant turns (role + content, and the tool
+declarations when the row has any): it is stable across sources and runs, identical prompts from two
+sources dedup to one, and the assistant turns do not matter since regeneration replaces them.
+``source_row`` is the row's position in the source (files in order), so the quarantine points back
+to the exact row; the dataset's own id, if any, is kept in ``meta``.
 
-Streaming: rows are read, converted and written in batches of ``BATCH`` rows; memory does not grow with the source.
+Streaming: rows are read, converted and written in batches of ``BATCH`` rows; memory does not grow
+with the source.
 """
 
 from __future__ import annotations
@@ -71,30 +76,41 @@ from eagle3.target_io import load_tokenizer
 logger = logging.getLogger(__name__)
 
 BATCH = 512
-ROW_GROUP_BYTES = 8 * 2**20  # the writer buffers one row group: bounded, so memory does not grow with the source
+# the writer buffers one row group: bounded, so memory does not grow with the source
+ROW_GROUP_BYTES = 8 * 2**20
 _TOKENIZER_LOCK = threading.Lock()
 # 2: messages carry tool calls and reasoning, rows their tool declarations; 3: leading assistant
 # turns dropped, every user turn of a gate prompt set (MT-bench's second turns) decontaminated
 NORMALIZE_VERSION = "3"
-# Characters that print nothing: whitespace, C0/C1 controls, soft hyphen, zero-width and bidi marks, word joiners,
-# BOM. A turn made only of these is empty ("\x00\x01\x02" is no prompt); found by one C-level regex search.
+# Characters that print nothing: whitespace, C0/C1 controls, soft hyphen, zero-width and bidi marks,
+# word joiners, BOM. A turn made only of these is empty ("\x00\x01\x02" is no prompt); found by one
+# C-level regex search.
 _VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
-_NEXT = {None: ("user",), "user": ("assistant",), "assistant": ("user", "tool"), "tool": ("tool", "assistant")}
+_NEXT = {
+    None: ("user",),
+    "user": ("assistant",),
+    "assistant": ("user", "tool"),
+    "tool": ("tool", "assistant"),
+}
 
 
 def mix_lines(config: PipelineConfig, doc: dict[str, Any]) -> list[MixLine]:
     """The mix plan: rows planned per source from the catalog's available rows, weights and caps."""
-    sources = [(s.label, source_record(doc, s.label)["rows"], s.weight, s.max_rows) for s in config.sources]
+    sources = [
+        (s.label, source_record(doc, s.label)["rows"], s.weight, s.max_rows) for s in config.sources
+    ]
     return plan_mix(sources, total=config.mix.total)
 
 
 def spill_counts_path(out_dir: Path, label: str) -> Path:
-    """``<prompts dir>/spill/<source>/counts.json``: written last, so its presence marks the source's rows on disk."""
+    """``<prompts dir>/spill/<source>/counts.json``: written last, so its presence marks the
+    source's rows on disk."""
     return Path(out_dir) / "spill" / label / "counts.json"
 
 
 def source_counts(out_dir: Path, label: str) -> dict[str, Any] | None:
-    """A source's counts once its rows are on disk (the finished stage's manifest, or its spill), else None."""
+    """A source's counts once its rows are on disk (the finished stage's manifest, or its spill),
+    else None."""
     manifest = Manifest.read(Path(out_dir))
     if manifest is not None:
         return manifest.stats["sources"].get(label)
@@ -111,7 +127,8 @@ def _has_surrogate(text: str) -> bool:
 
 
 def _blank(text: str) -> bool:
-    """Whether ``text`` has no printable content (only whitespace, control and invisible format characters)."""
+    """Whether ``text`` has no printable content (only whitespace, control and invisible format
+    characters)."""
     return _VISIBLE.search(text) is None
 
 
@@ -123,7 +140,8 @@ def _texts(message: Message) -> list[str]:
 
 
 def _nfc(message: Message) -> Message:
-    """The message with its text NFC-normalized (call ids and arguments are data: kept as written)."""
+    """The message with its text NFC-normalized (call ids and arguments are data: kept as
+    written)."""
     out = {**message, "content": unicodedata.normalize("NFC", message["content"])}
     if message.get("reasoning_content"):
         out["reasoning_content"] = unicodedata.normalize("NFC", message["reasoning_content"])
@@ -133,24 +151,34 @@ def _nfc(message: Message) -> Message:
 
 
 def normalize_messages(messages: list[Message], cfg: NormalizeConfig) -> list[Message]:
-    """Validated, NFC-normalized messages with the system-prompt policy applied; raises ``RowError``."""
+    """Validated, NFC-normalized messages with the system-prompt policy applied; raises
+    ``RowError``."""
     if not messages:
         raise RowError(EMPTY, "no messages")
     if any(_has_surrogate(t) for m in messages for t in _texts(m)):
         raise RowError(BAD_ENCODING, "invalid UTF-8 in a message")
     longest = max(sum(map(len, _texts(m))) for m in messages)
     if longest > cfg.max_message_chars:
-        raise RowError(TOO_LONG, f"a message has {longest} chars > normalize.max_message_chars={cfg.max_message_chars}")
+        raise RowError(
+            TOO_LONG,
+            f"a message has {longest} chars > normalize.max_message_chars={cfg.max_message_chars}",
+        )
     msgs = [_nfc(m) for m in messages]
     system = [m for m in msgs[:1] if m["role"] == "system"]
     body = msgs[len(system) :]
     if cfg.system_prompt_policy == "drop" or (system and _blank(system[0]["content"])):
         system = []
     if cfg.system_prompt_policy == "replace":
-        system = [{"role": "system", "content": unicodedata.normalize("NFC", cfg.system_prompt or "")}]
+        system = [
+            {"role": "system", "content": unicodedata.normalize("NFC", cfg.system_prompt or "")}
+        ]
     if not body or any(_blank(m["content"]) for m in body if m["role"] != "assistant"):
-        raise RowError(EMPTY, "no turns besides the system prompt" if not body else
-                       "a user/tool turn has no printable characters (blank, control or invisible only)")
+        raise RowError(
+            EMPTY,
+            "no turns besides the system prompt"
+            if not body
+            else "a user/tool turn has no printable characters (blank, control or invisible only)",
+        )
     if not any(m["role"] == "user" for m in body):
         raise RowError(NO_USER_TURN, "no user turn")
     # a leading reply answers a question the row does not have (ShareGPT's split parts): dropped
@@ -170,26 +198,36 @@ def prompt_turns(messages: list[Message]) -> list[str]:
     return [m["content"] for m in messages if m["role"] != "assistant"]
 
 
-def sample_id(messages: list[Message], input_ids: list[int] | None = None, tools: str | None = None) -> str:
-    """Stable id: hash of the normalized non-assistant turns and tool declarations (or of the token ids for bare
-    pre-tokenized rows)."""
+def sample_id(
+    messages: list[Message], input_ids: list[int] | None = None, tools: str | None = None
+) -> str:
+    """Stable id: hash of the normalized non-assistant turns and tool declarations (or of the token
+    ids for bare pre-tokenized rows)."""
     prompt: list[Any] = [[m["role"], m["content"]] for m in messages if m["role"] != "assistant"]
     if tools:
         prompt.append(["tools", tools])
-    blob = json.dumps(prompt, ensure_ascii=False) if prompt else "ids:" + ",".join(map(str, input_ids or []))
+    blob = (
+        json.dumps(prompt, ensure_ascii=False)
+        if prompt
+        else "ids:" + ",".join(map(str, input_ids or []))
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
 
 def tokenizer_identity(config: PipelineConfig) -> str:
-    """Hash of the target tokenizer's vocabulary/merges and chat template (what too_long depends on)."""
+    """Hash of the target tokenizer's vocabulary/merges and chat template (what too_long depends
+    on)."""
     tok = load_tokenizer(config.target)
     backend = getattr(tok, "backend_tokenizer", None)
     vocab = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
-    return fingerprint(config.target.model_path, config.target.revision, vocab, tok.chat_template or "")
+    return fingerprint(
+        config.target.model_path, config.target.revision, vocab, tok.chat_template or ""
+    )
 
 
 def prompts_fingerprint(config: PipelineConfig, catalog_fp: str) -> str:
-    """Fingerprint of the prompts stage: catalog, sources (incl. caps), mix, normalize, tokenizer, gate sets."""
+    """Fingerprint of the prompts stage: catalog, sources (incl. caps), mix, normalize, tokenizer,
+    gate sets."""
     gate_sets = {
         k: v if v.startswith("hub:") else [v, Path(v).stat().st_size if Path(v).exists() else None]
         for k, v in config.gate.prompt_sets.items()
@@ -239,7 +277,12 @@ class _Books:
     def reject(self, index: int, reason: str, raw: Any) -> None:
         self.reasons[reason] += 1
         self.pending.append(
-            {"source": self.label, "source_row": str(index), "reason": reason, "raw": truncate_raw(raw)}
+            {
+                "source": self.label,
+                "source_row": str(index),
+                "reason": reason,
+                "raw": truncate_raw(raw),
+            }
         )
         if len(self.pending) >= BATCH:
             self.flush()
@@ -261,10 +304,14 @@ def _check_tokens(conv: Converted, config: PipelineConfig) -> None:
     if any(v not in (0, 1) for v in mask):
         raise RowError(BAD_TOKENS, "loss_mask values must be 0 or 1")
     if len(ids) > config.target.context_length:
-        raise RowError(TOO_LONG, f"{len(ids)} tokens > target.context_length={config.target.context_length}")
+        raise RowError(
+            TOO_LONG, f"{len(ids)} tokens > target.context_length={config.target.context_length}"
+        )
 
 
-def _prepare(raw: RawRow, entry: catalog.DatasetEntry, columns: dict[str, str], config: PipelineConfig) -> Converted:
+def _prepare(
+    raw: RawRow, entry: catalog.DatasetEntry, columns: dict[str, str], config: PipelineConfig
+) -> Converted:
     if raw.error is not None:
         raise RowError(raw.error, "unreadable row")
     conv = convert_row(entry, columns, raw.value)
@@ -291,14 +338,25 @@ def _row(label: str, index: int, conv: Converted) -> dict[str, Any]:
     }
 
 
-def _flush(batch: list[tuple[RawRow, Converted]], books: _Books, writer: ShardWriter, config: PipelineConfig) -> None:
-    """Token-length and contamination checks for a batch of converted rows, then write the survivors."""
+def _flush(
+    batch: list[tuple[RawRow, Converted]],
+    books: _Books,
+    writer: ShardWriter,
+    config: PipelineConfig,
+) -> None:
+    """Token-length and contamination checks for a batch of converted rows, then write the
+    survivors."""
     limit = config.normalize.max_prompt_tokens
-    texts = ["\n".join([*prompt_turns(c.messages), *([c.tools] if c.tools else [])]) for _r, c in batch]
-    long_idx = [i for i, t in enumerate(texts) if _utf8_len(t) > limit and batch[i][1].input_ids is None]
+    texts = [
+        "\n".join([*prompt_turns(c.messages), *([c.tools] if c.tools else [])]) for _r, c in batch
+    ]
+    long_idx = [
+        i for i, t in enumerate(texts) if _utf8_len(t) > limit and batch[i][1].input_ids is None
+    ]
     lengths = dict.fromkeys(range(len(batch)), 0)
     if long_idx:
-        with _TOKENIZER_LOCK:  # per-source tasks share one tokenizer across threads; HF tokenizers are not reentrant
+        # per-source tasks share one tokenizer across threads; HF tokenizers are not reentrant
+        with _TOKENIZER_LOCK:
             tokenizer = load_tokenizer(config.target)
             enc = tokenizer([texts[i] for i in long_idx], add_special_tokens=False)["input_ids"]
         lengths.update({i: len(ids) for i, ids in zip(long_idx, enc, strict=True)})
@@ -379,10 +437,14 @@ def _run_source(
     out: Path,
     on_progress: Callable[[int], None] | None,
 ) -> dict[str, Any]:
-    selector = Selector(available=record["rows"], planned=planned, seed=config.mix.seed, source=source.label)
+    selector = Selector(
+        available=record["rows"], planned=planned, seed=config.mix.seed, source=source.label
+    )
     files = [Path(f["path"]) for f in record["files"]]
     with ShardWriter(out, PROMPT_SCHEMA, prefix="spill", row_group_bytes=ROW_GROUP_BYTES) as writer:
-        with ShardWriter(out, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=ROW_GROUP_BYTES) as qwriter:
+        with ShardWriter(
+            out, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=ROW_GROUP_BYTES
+        ) as qwriter:
             books = _Books(source.label, qwriter)
             filters = _stream(config, source, files, selector, books, writer, on_progress)
             books.flush()
@@ -411,10 +473,12 @@ def normalize_source(
     *,
     on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Normalize one source into ``<out_dir>/spill/<source>/`` (prompt rows + quarantine) and return its counts.
+    """Normalize one source into ``<out_dir>/spill/<source>/`` (prompt rows + quarantine) and return
+    its counts.
 
-    ``out_dir`` is the prompts stage directory; when its manifest exists the stage is done and the recorded counts
-    are returned without work. A finished source (``counts.json`` written last) is not redone either.
+    ``out_dir`` is the prompts stage directory; when its manifest exists the stage is done and the
+    recorded counts are returned without work. A finished source (``counts.json`` written last) is
+    not redone either.
     """
     done = source_counts(out_dir, source.label)
     if done is not None:
@@ -422,9 +486,21 @@ def normalize_source(
     counts_path = spill_counts_path(out_dir, source.label)
     doc = load_catalog(catalog_dir)
     line = next(m for m in mix_lines(config, doc) if m.source == source.label)
-    counts = _run_source(config, source, source_record(doc, source.label), line.planned, counts_path.parent,
-                         on_progress)  # fmt: skip
+    counts = _run_source(
+        config,
+        source,
+        source_record(doc, source.label),
+        line.planned,
+        counts_path.parent,
+        on_progress,
+    )
     counts |= {"available": line.available, "planned": line.planned}
     atomic_write_json(counts_path, counts)
-    logger.info("%s: %d in, %d kept, quarantined %s", source.label, counts["in"], counts["kept"], counts["quarantined"])
+    logger.info(
+        "%s: %d in, %d kept, quarantined %s",
+        source.label,
+        counts["in"],
+        counts["kept"],
+        counts["quarantined"],
+    )
     return counts

@@ -3,14 +3,15 @@
 * explicit schema, footer key-value metadata (strings),
 * row groups sized by bytes, not rows (hidden-state rows are MBs, prompt rows are KBs),
 * shard rotation by row count, file names ``<prefix>-NNNNN.parquet``,
-* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written, its sha256
-  hashed as it is written and each row group synced as it is written (``_ShardFile``),
-* a CRC32 in every page header (``write_page_checksum``), so a reader can check each page as it reads it
-  (``page_checksum_verification``) and the footer, which no page checksum covers, by ``footer_sha256``,
+* each shard written as ``*.tmp`` and renamed when complete; ``close()`` returns what was written,
+  its sha256 hashed as it is written and each row group synced as it is written (``_ShardFile``),
+* a CRC32 in every page header (``write_page_checksum``), so a reader can check each page as it
+  reads it (``page_checksum_verification``) and the footer, which no page checksum covers, by
+  ``footer_sha256``,
 * no dictionary and no statistics on binary columns (``value_columns``).
 
-Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the caller
-rebuilds it instead of trusting it.
+Readers validate the footer and the schema: a truncated or foreign file raises ``ShardError`` so the
+caller rebuilds it instead of trusting it.
 """
 
 from __future__ import annotations
@@ -31,14 +32,17 @@ from eagle3.rundir.runroot import atomic_path, footer_sha256, fsync_dir, sha256_
 
 
 def value_columns(schema: pa.Schema) -> list[str]:
-    """The Parquet leaf columns that hold values, not opaque blobs: all but top-level binary columns (hidden
-    states, one distinct multi-KB value per row). Only these get a dictionary and statistics; by default Arrow tries
-    both on every column (BENCHMARKS.md, "Capture writer"):
+    """The Parquet leaf columns that hold values, not opaque blobs: all but top-level binary columns
+    (hidden states, one distinct multi-KB value per row). Only these get a dictionary and
+    statistics; by default Arrow tries both on every column (BENCHMARKS.md, "Capture writer"):
 
-    * a dictionary on a state column is hashed until its page overflows, then falls back to plain, which leaves
-      the chunk in two encodings: 13-30% more CPU to write than plain alone, a few percent more to read;
-    * statistics on it compare every multi-MB value with the running min and max, for a min and max that are
-      then too long to store: 3.5x the CPU of writing the column without them (347 vs 982 MiB/s uncompressed)."""
+    * a dictionary on a state column is hashed until its page overflows, then falls back to plain,
+      which leaves the chunk in two encodings: 13-30% more CPU to write than plain alone, a few
+      percent more to read;
+    * statistics on it compare every multi-MB value with the running min and max, for a min and max
+      that are then too long to store: 3.5x the CPU of writing the column without them (347 vs 982
+      MiB/s uncompressed)."""
+
     def leaves(name: str, kind: pa.DataType) -> list[str]:
         if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # Arrow's compliant nested names
             return leaves(f"{name}.list.element", kind.value_type)
@@ -47,17 +51,28 @@ def value_columns(schema: pa.Schema) -> list[str]:
         return [name]
 
     blob = (pa.types.is_binary, pa.types.is_large_binary)
-    return [leaf for f in schema if not any(is_(f.type) for is_ in blob) for leaf in leaves(f.name, f.type)]
+    return [
+        leaf
+        for f in schema
+        if not any(is_(f.type) for is_ in blob)
+        for leaf in leaves(f.name, f.type)
+    ]
 
 
 def parquet_writer(
     where: Path | _ShardFile, schema: pa.Schema, compression: str | Mapping[str, str]
 ) -> pq.ParquetWriter:
-    """The project's Parquet writer settings (``value_columns``) for one file (a path, or a file Arrow writes to
-    but does not close)."""
+    """The project's Parquet writer settings (``value_columns``) for one file (a path, or a file
+    Arrow writes to but does not close)."""
     values = value_columns(schema)
-    return pq.ParquetWriter(where, schema, compression=compression, use_dictionary=values, write_statistics=values,
-                            write_page_checksum=True)
+    return pq.ParquetWriter(
+        where,
+        schema,
+        compression=compression,
+        use_dictionary=values,
+        write_statistics=values,
+        write_page_checksum=True,
+    )
 
 
 class _ShardFile:
@@ -130,7 +145,10 @@ class ShardWriter:
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        meta = {**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}
+        meta = {
+            **(schema.metadata or {}),
+            **{k.encode(): v.encode() for k, v in (metadata or {}).items()},
+        }
         self.schema = schema.with_metadata(meta)
         self.prefix = prefix
         self.rows_per_shard = rows_per_shard
@@ -149,7 +167,10 @@ class ShardWriter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
             self.close()
@@ -175,7 +196,10 @@ class ShardWriter:
             offset += room
             if self._buffer_bytes >= self.row_group_bytes:
                 self._flush_row_group()
-            if self.rows_per_shard is not None and self._rows_in_shard + self._buffered_rows() >= self.rows_per_shard:
+            if (
+                self.rows_per_shard is not None
+                and self._rows_in_shard + self._buffered_rows() >= self.rows_per_shard
+            ):
                 self._finish_shard()
 
     def close(self) -> list[ShardInfo]:
@@ -192,7 +216,13 @@ class ShardWriter:
             self._file.close()
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
-        self._writer, self._file, self._tmp, self._buffer, self._buffer_bytes = None, None, None, [], 0
+        self._writer, self._file, self._tmp, self._buffer, self._buffer_bytes = (
+            None,
+            None,
+            None,
+            [],
+            0,
+        )
 
     def _buffered_rows(self) -> int:
         return sum(b.num_rows for b in self._buffer)
@@ -217,7 +247,8 @@ class ShardWriter:
 
     def _finish_shard(self) -> None:
         self._flush_row_group()
-        writer, file = self._open()  # an empty single-file writer still produces a valid, empty file
+        # an empty single-file writer still produces a valid, empty file
+        writer, file = self._open()
         writer.close()  # the footer
         file.sync()
         file.close()
@@ -225,34 +256,53 @@ class ShardWriter:
         final = self._tmp.with_suffix("")  # strip ".tmp"
         os.replace(self._tmp, final)
         fsync_dir(self.out_dir)
-        self._written.append(ShardInfo(final, self._rows_in_shard, final.stat().st_size, file.hexdigest(),
-                                       footer_sha256(final)))
+        self._written.append(
+            ShardInfo(
+                final,
+                self._rows_in_shard,
+                final.stat().st_size,
+                file.hexdigest(),
+                footer_sha256(final),
+            )
+        )
         self._writer, self._file, self._tmp, self._rows_in_shard = None, None, None, 0
         self._index += 1
 
 
-def write_table(path: Path, table: pa.Table, *, metadata: Mapping[str, str] | None = None) -> ShardInfo:
+def write_table(
+    path: Path, table: pa.Table, *, metadata: Mapping[str, str] | None = None
+) -> ShardInfo:
     """Write one small table to exactly ``path`` (atomically), e.g. ``quarantine.parquet``."""
     path = Path(path)
-    meta = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}
+    meta = {
+        **(table.schema.metadata or {}),
+        **{k.encode(): v.encode() for k, v in (metadata or {}).items()},
+    }
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp, parquet_writer(tmp, table.schema, "zstd") as writer:
         writer.write_table(table)
-    return ShardInfo(path, table.num_rows, path.stat().st_size, sha256_file(path), footer_sha256(path))
+    return ShardInfo(
+        path, table.num_rows, path.stat().st_size, sha256_file(path), footer_sha256(path)
+    )
 
 
 def open_shard(path: Path, *, schema: pa.Schema | None = None) -> pq.ParquetFile:
-    """Open a shard after checking its footer and (optionally) that it has every field of ``schema``. Its reads
-    check each page's checksum (an ``OSError`` on a damaged page, where an unchecked read decodes wrong values)."""
+    """Open a shard after checking its footer and (optionally) that it has every field of
+    ``schema``. Its reads check each page's checksum (an ``OSError`` on a damaged page, where an
+    unchecked read decodes wrong values)."""
     try:
         pf = pq.ParquetFile(path, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise ShardError(f"{path}: unreadable Parquet footer ({exc}); delete it so the stage rebuilds it") from exc
+        raise ShardError(
+            f"{path}: unreadable Parquet footer ({exc}); delete it so the stage rebuilds it"
+        ) from exc
     if schema is not None:
         have = pf.schema_arrow
         missing = [f.name for f in schema if have.get_field_index(f.name) < 0]
         wrong = [
-            f.name for f in schema if f.name not in missing and not have.field(f.name).type.equals(f.type)
+            f.name
+            for f in schema
+            if f.name not in missing and not have.field(f.name).type.equals(f.type)
         ]
         if missing or wrong:
             raise ShardError(f"{path}: schema mismatch (missing {missing}, wrong type {wrong})")
@@ -264,7 +314,9 @@ def shard_metadata(path: Path) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
 
 
-def iter_batches(path: Path, *, columns: list[str] | None = None, batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    path: Path, *, columns: list[str] | None = None, batch_size: int = 1024
+) -> Iterator[pa.RecordBatch]:
     yield from open_shard(path).iter_batches(batch_size=batch_size, columns=columns)
 
 

@@ -1,11 +1,13 @@
-"""Dedup + shard: the per-source spills -> ``<root>/prompts/<fp>/shard-NNNNN.parquet`` + ``quarantine.parquet``.
+"""Dedup + shard: the per-source spills -> ``<root>/prompts/<fp>/shard-NNNNN.parquet`` +
+``quarantine.parquet``.
 
-One pass over the spills, interleaved in proportion to their sizes (rows in file order within a source), so
-"first occurrence wins" is deterministic, the shards are byte-identical for a config, and every prefix of the
-shards mixes all sources. Exact and near duplicates (``eagle3.data.dedup``)
-join the per-source quarantine rows in ``quarantine.parquet``. The books are checked per source before the manifest
-is written: rows in = rows kept in shards + rows quarantined (by reason); a mismatch raises instead of losing rows.
-The spills are deleted once the manifest is written (the manifest is the stage's only "done" signal).
+One pass over the spills, interleaved in proportion to their sizes (rows in file order within a
+source), so "first occurrence wins" is deterministic, the shards are byte-identical for a config,
+and every prefix of the shards mixes all sources. Exact and near duplicates (``eagle3.data.dedup``)
+join the per-source quarantine rows in ``quarantine.parquet``. The books are checked per source
+before the manifest is written: rows in = rows kept in shards + rows quarantined (by reason); a
+mismatch raises instead of losing rows. The spills are deleted once the manifest is written (the
+manifest is the stage's only "done" signal).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ def _spill_rows(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _interleaved(spills: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Rows of every spill, interleaved in proportion to the spills' sizes, streaming and deterministic.
+    """Rows of every spill, interleaved in proportion to the spills' sizes, streaming and
+    deterministic.
 
-    Any prefix of the shards is then a representative mix of the sources, so a nightly run that takes only the
-    first shards (``--scale``) trains on every source, and shard k keeps its content as later nights add shards.
+    Any prefix of the shards is then a representative mix of the sources, so a nightly run that
+    takes only the first shards (``--scale``) trains on every source, and shard k keeps its content
+    as later nights add shards.
     """
     paths = [Path(s["spill"]) if s["spill"] else None for s in spills]
     totals = [open_shard(p).metadata.num_rows if p else 0 for p in paths]
@@ -102,7 +106,14 @@ def _dedup_spills(
         else:
             dropped[reason] += 1
             raw = truncate_raw({"sample_id": row["sample_id"], "messages": row["messages"]})
-            rejects.append({"source": row["source"], "source_row": row["source_row"], "reason": reason, "raw": raw})
+            rejects.append(
+                {
+                    "source": row["source"],
+                    "source_row": row["source_row"],
+                    "reason": reason,
+                    "raw": raw,
+                }
+            )
         if len(rows) >= chunk or len(rejects) >= chunk:
             writer.write_rows(rows)
             qwriter.write_rows(rejects)
@@ -133,12 +144,17 @@ def _balance(spill: dict[str, Any], kept: int, dropped: Counter[str]) -> dict[st
         "duplicates": dropped.get("duplicate", 0) + dropped.get("near_duplicate", 0),
     } | ({"filters": spill["filters"]} if "filters" in spill else {})
     if spill["in"] != kept + sum(quarantined.values()):
-        raise BooksError(f"{spill['source']}: {spill['in']} rows in but {kept} kept + {dict(quarantined)} quarantined")
+        raise BooksError(
+            f"{spill['source']}: {spill['in']} rows in but {kept} kept + {dict(quarantined)} quarantined"
+        )
     return record
 
 
-def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
-    """Dedup the spills across sources, write prompt shards + quarantine + manifest; returns the manifest's stats.
+def build_prompt_shards(
+    config: PipelineConfig, spills: list[dict[str, Any]], out_dir: Path
+) -> dict[str, Any]:
+    """Dedup the spills across sources, write prompt shards + quarantine + manifest; returns the
+    manifest's stats.
 
     A finished stage (manifest present) is left untouched.
     """
@@ -146,15 +162,24 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     done = Manifest.read(out_dir)
     if done is not None:
         logger.info("prompts %s are up to date (manifest hit): nothing to do", out_dir)
-        shutil.rmtree(out_dir / "spill", ignore_errors=True)  # left by a kill between the manifest and the rmtree
+        # left by a kill between the manifest and the rmtree
+        shutil.rmtree(out_dir / "spill", ignore_errors=True)
         return done.stats
     n = config.normalize
     deduper = Deduper(threshold=n.near_dup_threshold, num_perm=n.minhash_num_perm)
-    meta = {"stage": "prompts", "fingerprint": out_dir.name, "system_prompt_policy": n.system_prompt_policy}
+    meta = {
+        "stage": "prompts",
+        "fingerprint": out_dir.name,
+        "system_prompt_policy": n.system_prompt_policy,
+    }
     per_source: dict[str, Any] = {}
     rg = ROW_GROUP_BYTES
-    with ShardWriter(out_dir, PROMPT_SCHEMA, rows_per_shard=n.shard_size, row_group_bytes=rg, metadata=meta) as writer:
-        with ShardWriter(out_dir, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=rg, metadata=meta) as qwriter:
+    with ShardWriter(
+        out_dir, PROMPT_SCHEMA, rows_per_shard=n.shard_size, row_group_bytes=rg, metadata=meta
+    ) as writer:
+        with ShardWriter(
+            out_dir, QUARANTINE_SCHEMA, prefix="quarantine", row_group_bytes=rg, metadata=meta
+        ) as qwriter:
             served = served_labels(config)
             first = {i for i, spill in enumerate(spills) if spill["source"] in served}
             counted = _dedup_spills(spills, deduper, writer, qwriter, first=first)
@@ -179,7 +204,13 @@ def build_prompt_shards(config: PipelineConfig, spills: list[dict[str, Any]], ou
     config_doc = {k: config.model_dump(mode="json")[k] for k in ("sources", "mix", "normalize")}
     Manifest("prompts", out_dir.name, files=files, config=config_doc, stats=stats).write(out_dir)
     shutil.rmtree(out_dir / "spill", ignore_errors=True)
-    logger.info("prompts %s: %d kept in %d shards, %d quarantined", out_dir, stats["kept"], len(shards), q_rows)
+    logger.info(
+        "prompts %s: %d kept in %d shards, %d quarantined",
+        out_dir,
+        stats["kept"],
+        len(shards),
+        q_rows,
+    )
     return stats
 
 

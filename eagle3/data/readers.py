@@ -1,18 +1,21 @@
-"""Streaming row readers for local files: JSON arrays, JSONL and Parquet, never a whole dataset in memory.
+"""Streaming row readers for local files: JSON arrays, JSONL and Parquet, never a whole dataset in
+memory.
 
-* JSONL: one row per line, read line by line. Bytes are decoded with ``surrogateescape`` so invalid UTF-8 survives
-  as lone surrogates and is quarantined as ``bad_encoding`` by normalization instead of failing the file.
-* JSON arrays: an incremental reader over 1 MiB chunks with ``json.JSONDecoder.raw_decode``; the buffer only ever
-  holds the current element plus one chunk. A file whose top level is an object is read as JSONL (a common
-  mislabelling). A truncated or broken element ends the file: the rest is one ``malformed`` row (JSON has no
-  resynchronisation point inside an array).
-* Parquet: record batches of ``batch_size`` rows; a batch whose strings are not valid UTF-8 is retried row by row so
-  only the bad rows are reported ``bad_encoding``.
+* JSONL: one row per line, read line by line. Bytes are decoded with ``surrogateescape`` so invalid
+  UTF-8 survives as lone surrogates and is quarantined as ``bad_encoding`` by normalization instead
+  of failing the file.
+* JSON arrays: an incremental reader over 1 MiB chunks with ``json.JSONDecoder.raw_decode``; the
+  buffer only ever holds the current element plus one chunk. A file whose top level is an object is
+  read as JSONL (a common mislabelling). A truncated or broken element ends the file: the rest is
+  one ``malformed`` row (JSON has no resynchronisation point inside an array).
+* Parquet: record batches of ``batch_size`` rows; a batch whose strings are not valid UTF-8 is
+  retried row by row so only the bad rows are reported ``bad_encoding``.
 * gzip: a JSON or JSONL file may be gzip-compressed (``x.jsonl.gz``, as HumanEval ships): it is
   recognised by its magic bytes, whatever its name, and read through the same streaming readers.
 
-Every reader yields ``RawRow(index, value, error, raw)``; ``index`` counts rows across the source's files in
-order (the ``source_row`` key), ``error`` is a quarantine reason when the row could not be parsed.
+Every reader yields ``RawRow(index, value, error, raw)``; ``index`` counts rows across the source's
+files in order (the ``source_row`` key), ``error`` is a quarantine reason when the row could not be
+parsed.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import pyarrow.parquet as pq
 from eagle3.data.schema import BAD_ENCODING, MALFORMED, RAW_MAX_BYTES
 
 CHUNK_CHARS = 1 << 20
-MAX_ELEMENT_CHARS = 256 << 20  # a JSON element larger than this is reported malformed instead of buffered
+# a JSON element larger than this is reported malformed instead of buffered
+MAX_ELEMENT_CHARS = 256 << 20
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -44,7 +48,8 @@ class RawRow:
 
 
 def truncate_raw(value: Any, limit: int = RAW_MAX_BYTES) -> str:
-    """A JSON rendering of ``value`` cut to ``limit`` UTF-8 bytes (invalid text escaped, never raising)."""
+    """A JSON rendering of ``value`` cut to ``limit`` UTF-8 bytes (invalid text escaped, never
+    raising)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=True, default=repr)
     data = text.encode("utf-8", "backslashreplace")
     if len(data) <= limit:
@@ -80,10 +85,10 @@ _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, co
 
 
 def file_problem(path: Path) -> str | None:
-    """Why a data file cannot be read as a whole (one line naming the file, what and the fix), else None: an empty
-    file, text that is not UTF-8 (a UTF-16/32 byte-order mark, or every other byte NUL), a Parquet file whose
-    footer does not read (cut short, or not Parquet). Bad rows inside a readable file are not this: they are
-    quarantined."""
+    """Why a data file cannot be read as a whole (one line naming the file, what and the fix), else
+    None: an empty file, text that is not UTF-8 (a UTF-16/32 byte-order mark, or every other byte
+    NUL), a Parquet file whose footer does not read (cut short, or not Parquet). Bad rows inside a
+    readable file are not this: they are quarantined."""
     path = Path(path)
     if path.stat().st_size == 0:
         return f"{path}: empty file (0 bytes); re-download it or remove it from sources"
@@ -91,16 +96,21 @@ def file_problem(path: Path) -> str | None:
         try:
             pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
-            return f"{path}: not a readable Parquet file ({exc}); re-download it (it may be cut short)"
+            return (
+                f"{path}: not a readable Parquet file ({exc}); re-download it (it may be cut short)"
+            )
         return None
     try:
         with open_binary(path) as fh:
             head = fh.read(4096)
     except (OSError, EOFError) as exc:  # gzip magic, but not a readable gzip stream
         return f"{path}: not a readable gzip file ({exc}); re-download it (it may be cut short)"
-    if head.startswith(_UTF16_BOMS) or head.count(b"\x00") > len(head) // 4:  # BOM, or UTF-16 without one
-        return (f"{path}: text is UTF-16/32, not UTF-8; convert it, e.g. `iconv -f UTF-16 -t UTF-8 {path} > "
-                f"{path.with_suffix('.utf8' + path.suffix)}`, and point sources at the result")
+    # BOM, or UTF-16 without one
+    if head.startswith(_UTF16_BOMS) or head.count(b"\x00") > len(head) // 4:
+        return (
+            f"{path}: text is UTF-16/32, not UTF-8; convert it, e.g. `iconv -f UTF-16 -t UTF-8 {path} > "
+            f"{path.with_suffix('.utf8' + path.suffix)}`, and point sources at the result"
+        )
     return None
 
 
@@ -108,7 +118,9 @@ def iter_rows(files: Sequence[Path], *, batch_size: int = 1024) -> Iterator[RawR
     """Rows of ``files`` in order, indexed across files."""
     offset = 0
     for path in files:
-        reader = {"jsonl": _iter_jsonl, "json": _iter_json, "parquet": _iter_parquet}[file_format(path)]
+        reader = {"jsonl": _iter_jsonl, "json": _iter_json, "parquet": _iter_parquet}[
+            file_format(path)
+        ]
         count = 0
         for row in reader(Path(path), batch_size):
             count = row.index + 1
@@ -117,7 +129,8 @@ def iter_rows(files: Sequence[Path], *, batch_size: int = 1024) -> Iterator[RawR
 
 
 def count_rows(path: Path) -> int:
-    """Row count of one file: Parquet footer, JSONL non-blank lines, or JSON array elements (streamed)."""
+    """Row count of one file: Parquet footer, JSONL non-blank lines, or JSON array elements
+    (streamed)."""
     fmt = file_format(path)
     if fmt == "parquet":
         return pq.ParquetFile(path).metadata.num_rows
@@ -225,7 +238,8 @@ def _iter_array(chunks: _Chunks, buf: str, pos: int) -> Iterator[RawRow]:
             value, end = decoder.raw_decode(buf, pos)
         except (json.JSONDecodeError, RecursionError):
             end = -1
-        if end == -1 or (end == len(buf) and not chunks.eof):  # incomplete element: read on, or give up
+        # incomplete element: read on, or give up
+        if end == -1 or (end == len(buf) and not chunks.eof):
             if chunks.eof or len(buf) - pos > MAX_ELEMENT_CHARS:
                 yield RawRow(index, None, MALFORMED, truncate_raw(buf[pos : pos + RAW_MAX_BYTES]))
                 return

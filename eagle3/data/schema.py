@@ -1,12 +1,14 @@
 """Column contracts of the prompts stage (docs/DESIGN.md, "Prompts") and the quarantine reasons.
 
-Every stage that reads prompts imports ``PROMPT_SCHEMA`` from here; nobody re-declares it. ``input_ids`` and
-``loss_mask`` are null except for pre-tokenized rows (already in the target's token space), which skip regeneration.
+Every stage that reads prompts imports ``PROMPT_SCHEMA`` from here; nobody re-declares it.
+``input_ids`` and ``loss_mask`` are null except for pre-tokenized rows (already in the target's
+token space), which skip regeneration.
 
-A message is ``role`` + ``content``, and where a conversation calls tools (``eagle3.data.toolcalls``): an
-assistant's ``tool_calls`` (``id``, ``name``, ``arguments`` as JSON text) and ``reasoning_content`` (its thinking,
-kept apart from the content as the OpenAI API and the chat templates of thinking models keep it), a tool result's
-``tool_call_id``. ``tools`` is the conversation's tool declarations (JSON text of a list), null when it has none.
+A message is ``role`` + ``content``, and where a conversation calls tools
+(``eagle3.data.toolcalls``): an assistant's ``tool_calls`` (``id``, ``name``, ``arguments`` as JSON
+text) and ``reasoning_content`` (its thinking, kept apart from the content as the OpenAI API and the
+chat templates of thinking models keep it), a tool result's ``tool_call_id``. ``tools`` is the
+conversation's tool declarations (JSON text of a list), null when it has none.
 """
 
 from __future__ import annotations
@@ -53,15 +55,19 @@ ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 EMPTY = "empty"  # no messages, or a user/tool turn with blank content
 NO_USER_TURN = "no_user_turn"
 UNKNOWN_ROLE = "unknown_role"
-NOT_ALTERNATING = "not_alternating"  # user/assistant order broken (tool turns may follow an assistant turn)
-TOO_LONG = "too_long"  # prompt over normalize.max_prompt_tokens (target tokenizer) or a message over max_message_chars
+# user/assistant order broken (tool turns may follow an assistant turn)
+NOT_ALTERNATING = "not_alternating"
+# prompt over normalize.max_prompt_tokens (target tokenizer) or a message over max_message_chars
+TOO_LONG = "too_long"
 BAD_ENCODING = "bad_encoding"  # invalid UTF-8 / lone surrogates
 DUPLICATE = "duplicate"  # same sample_id (normalized prompt content) as an earlier row
 NEAR_DUPLICATE = "near_duplicate"  # MinHash/LSH estimated Jaccard >= normalize.near_dup_threshold
 CONTAMINATED = "contaminated"  # overlaps a gate benchmark prompt
 MALFORMED = "malformed"  # not parseable, wrong types, missing keys
-BAD_TOKENS = "bad_tokens"  # pre-tokenized row: ids outside the target vocab, or input_ids/loss_mask lengths differ
-BAD_TOOL_CALL = "bad_tool_call"  # arguments not a JSON object, a result answering no call, a call left unanswered
+# pre-tokenized row: ids outside the target vocab, or input_ids/loss_mask lengths differ
+BAD_TOKENS = "bad_tokens"
+# arguments not a JSON object, a result answering no call, a call left unanswered
+BAD_TOOL_CALL = "bad_tool_call"
 # Served traffic (SGLang request logs, eagle3.data.served_log and eagle3.data.served)
 PARTIAL = "partial"  # a log line cut at the end of its file (copied or read while written)
 UNFINISHED = "unfinished"  # received, never finished in the files read

@@ -1,20 +1,22 @@
-"""Speculative-decoding counters of a server's answers, read across SGLang releases, and pooled over requests.
+"""Speculative-decoding counters of a server's answers, read across SGLang releases, and pooled over
+requests.
 
 Design choices:
-- SGLang renames these fields between releases. 0.5.23 sends ``spec_verify_ct``, ``spec_accept_length``
-  (completion tokens / verify passes, the bonus token included), ``spec_accept_rate``, ``spec_num_correct_drafts``,
-  ``spec_num_proposed_drafts`` and ``spec_correct_drafts_histogram``
-  (``python/sglang/srt/managers/tokenizer_manager.py``, ``_calculate_spec_decoding_metrics``); older 0.5.x releases
-  send ``spec_accept_token_num`` / ``spec_draft_token_num``, and the aliases ``spec_accepted_drafts`` /
-  ``spec_proposed_drafts`` / ``spec_accept_histogram`` exist. Each counter is read from the first of its names
-  present, and the names read are kept, so a report says which fields its numbers come from.
+- SGLang renames these fields between releases. 0.5.23 sends ``spec_verify_ct``,
+  ``spec_accept_length`` (completion tokens / verify passes, the bonus token included),
+  ``spec_accept_rate``, ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` and
+  ``spec_correct_drafts_histogram`` (``python/sglang/srt/managers/tokenizer_manager.py``,
+  ``_calculate_spec_decoding_metrics``); older 0.5.x releases send ``spec_accept_token_num`` /
+  ``spec_draft_token_num``, and the aliases ``spec_accepted_drafts`` / ``spec_proposed_drafts`` /
+  ``spec_accept_histogram`` exist. Each counter is read from the first of its names present, and the
+  names read are kept, so a report says which fields its numbers come from.
 - The server's own accept length is preferred: a level's accept length is the verify-weighted mean
   of the requests' ``spec_accept_length`` when every speculating request sent one (the server's
   definition, whatever a release makes it), else ``sum(completion_tokens) / sum(spec_verify_ct)``
   (docs/DESIGN.md, "Accept length"), computed here. Never the server's cumulative
   ``avg_spec_accept_length``, which counts every request since start.
-- The accept rate (accepted / proposed draft tokens, no bonus) and the histogram (verify passes by accepted drafts)
-  are pooled only when every speculating request sent them.
+- The accept rate (accepted / proposed draft tokens, no bonus) and the histogram (verify passes by
+  accepted drafts) are pooled only when every speculating request sent them.
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from typing import Any
 
 VERIFY_FIELD = "spec_verify_ct"
 ACCEPT_LENGTH_FIELD = "spec_accept_length"
-ACCEPTED_FIELDS: tuple[str, ...] = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
-PROPOSED_FIELDS: tuple[str, ...] = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+ACCEPTED_FIELDS: tuple[str, ...] = (
+    "spec_num_correct_drafts",
+    "spec_accepted_drafts",
+    "spec_accept_token_num",
+)
+PROPOSED_FIELDS: tuple[str, ...] = (
+    "spec_num_proposed_drafts",
+    "spec_proposed_drafts",
+    "spec_draft_token_num",
+)
 HISTOGRAM_FIELDS: tuple[str, ...] = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 COMPUTED = "completion_tokens/spec_verify_ct"  # the source of an accept length computed here
 
@@ -40,7 +50,8 @@ def _first(meta: Mapping[str, Any], names: Sequence[str]) -> tuple[str | None, A
 
 @dataclass(frozen=True)
 class SpecCounts:
-    """One answer's speculative counters; ``fields`` names the ``meta_info`` keys they were read from."""
+    """One answer's speculative counters; ``fields`` names the ``meta_info`` keys they were read
+    from."""
 
     completion_tokens: int = 0
     verify_ct: int = 0
@@ -74,7 +85,8 @@ class SpecCounts:
 
 @dataclass(frozen=True)
 class AcceptSummary:
-    """Counters pooled over answers: the accept length and where it came from, the accept rate, the histogram."""
+    """Counters pooled over answers: the accept length and where it came from, the accept rate, the
+    histogram."""
 
     verify_ct: int = 0
     accept_length: float | None = None
@@ -101,13 +113,17 @@ def _sum_histograms(histograms: Iterable[Sequence[int]]) -> list[int]:
 
 
 def pool(counts: Sequence[SpecCounts]) -> AcceptSummary:
-    """The counters of many answers pooled (see the module docstring for which numbers are preferred)."""
+    """The counters of many answers pooled (see the module docstring for which numbers are
+    preferred)."""
     spec = [c for c in counts if c.verify_ct > 0]
     verify = sum(c.verify_ct for c in spec)
     if not spec:
         return AcceptSummary()
     if all(c.accept_length is not None for c in spec):
-        accept, source = sum(c.accept_length * c.verify_ct for c in spec) / verify, ACCEPT_LENGTH_FIELD  # type: ignore[operator]
+        accept, source = (
+            sum(c.accept_length * c.verify_ct for c in spec) / verify,
+            ACCEPT_LENGTH_FIELD,
+        )  # type: ignore[operator]
     else:
         accept, source = sum(c.completion_tokens for c in spec) / verify, COMPUTED
     rated = all(c.accepted_drafts is not None and c.proposed_drafts is not None for c in spec)
@@ -125,24 +141,32 @@ def pool(counts: Sequence[SpecCounts]) -> AcceptSummary:
 
 def _set_entry(counts: Sequence[SpecCounts], *, prompts: int, requests: int) -> dict[str, Any]:
     spec = pool(counts)
-    return {"accept_length": spec.accept_length, "completion_tokens": sum(c.completion_tokens for c in counts),
-            "spec_verify_ct": spec.verify_ct, "prompts": prompts, "requests": requests,
-            "accept_source": spec.source}  # fmt: skip
+    return {
+        "accept_length": spec.accept_length,
+        "completion_tokens": sum(c.completion_tokens for c in counts),
+        "spec_verify_ct": spec.verify_ct,
+        "prompts": prompts,
+        "requests": requests,
+        "accept_source": spec.source,
+    }
 
 
 def set_row(counts: Sequence[SpecCounts]) -> dict[str, Any]:
-    """One prompt set's entry of a ``by_set`` mapping (``eagle3.gate.report``) from its answers, one per prompt."""
+    """One prompt set's entry of a ``by_set`` mapping (``eagle3.gate.report``) from its answers, one
+    per prompt."""
     return _set_entry(counts, prompts=len(counts), requests=len(counts))
 
 
 def pool_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Entries of one set (rounds, levels) pooled into one: the counters pooled as answers are, the requests
-    summed, the prompts the set has (the most any entry saw)."""
+    """Entries of one set (rounds, levels) pooled into one: the counters pooled as answers are, the
+    requests summed, the prompts the set has (the most any entry saw)."""
     counts = [
         SpecCounts(
             completion_tokens=int(row["completion_tokens"]),
             verify_ct=int(row["spec_verify_ct"]),
-            accept_length=row["accept_length"] if row.get("accept_source") == ACCEPT_LENGTH_FIELD else None,
+            accept_length=row["accept_length"]
+            if row.get("accept_source") == ACCEPT_LENGTH_FIELD
+            else None,
         )
         for row in rows
     ]

@@ -2,28 +2,36 @@
 (docs/DESIGN.md, "Preflight").
 
 Design choices:
-- Every check returns ``Check(name, ok, message)``; a failing message is one line that names the problem and the
-  fix. Checks never raise on bad input: a missing file is a failed check, so one run lists every problem.
-- The export format (file names, key set and shapes, the d2t/t2d rules) is ``eagle3.model.export_format``, the one
-  definition for writing and checking; preflight splits it into named checks (``draft_keys``, ``fc_shape``,
-  ``draft_shapes``, ``d2t_order``...) so a failure names its fix.
-- EAGLE 3.1 (``draft_variant``): the ``fc_norm``/``norm_before_fc`` flags must match the norm weights in the file,
-  both ways; SGLang loads either mismatch without a word and serves another draft than the trained one.
-- A NaN-trained or damaged draft has the right keys and shapes: ``weights_finite`` loads every tensor, and, given
-  the features, ``offline_accept`` runs the draft on a few captured rows (CPU, the target's saved states) and
-  requires ``gate.min_accept`` (simulated), so such a draft fails here, not after a GPU benchmark.
-- Static checks read only files: the export dir (``config.json`` + the safetensors header for shapes; ``d2t``/``t2d``
-  are the only tensors loaded), the target's ``config.json`` when it is a local dir, the capture footer, and the
-  two launch commands. Runtime checks ask a live server (``/server_info``) and run a smoke benchmark.
-- The real failure this exists for: a good EAGLE-3 draft served with ``--speculative-algorithm EAGLE``. SGLang then
-  sends the draft the last hidden state only (H wide), silently skips ``fc`` because widths match, and accept
-  length falls to ~1.0. The algorithm check catches the flag; the smoke accept-length check catches it live.
-- Layer ids: the capture footer records ids in ``input_of_layer`` (SGLang's capture convention); a draft's
-  ``eagle_aux_hidden_state_layer_ids`` are ``output_of_layer``, which SGLang maps back by the target family's rule
-  (``eagle3.config.aux_layers.served_layer_ids``: Llama-like +1 always, DeepSeek/Kimi +1 only when the first id is 1).
-  The served layers must equal the captured ones, or the draft sees other layers than it was trained on.
-- Batch limit: both arms must pass the same ``--max-running-requests``; left out, SGLang caps only the speculative
-  arm (at 48), and the comparison at high concurrency measures the cap, not speculation.
+- Every check returns ``Check(name, ok, message)``; a failing message is one line that names the
+  problem and the fix. Checks never raise on bad input: a missing file is a failed check, so one run
+  lists every problem.
+- The export format (file names, key set and shapes, the d2t/t2d rules) is
+  ``eagle3.model.export_format``, the one definition for writing and checking; preflight splits it
+  into named checks (``draft_keys``, ``fc_shape``, ``draft_shapes``, ``d2t_order``...) so a failure
+  names its fix.
+- EAGLE 3.1 (``draft_variant``): the ``fc_norm``/``norm_before_fc`` flags must match the norm
+  weights in the file, both ways; SGLang loads either mismatch without a word and serves another
+  draft than the trained one.
+- A NaN-trained or damaged draft has the right keys and shapes: ``weights_finite`` loads every
+  tensor, and, given the features, ``offline_accept`` runs the draft on a few captured rows (CPU,
+  the target's saved states) and requires ``gate.min_accept`` (simulated), so such a draft fails
+  here, not after a GPU benchmark.
+- Static checks read only files: the export dir (``config.json`` + the safetensors header for
+  shapes; ``d2t``/``t2d`` are the only tensors loaded), the target's ``config.json`` when it is a
+  local dir, the capture footer, and the two launch commands. Runtime checks ask a live server
+  (``/server_info``) and run a smoke benchmark.
+- The real failure this exists for: a good EAGLE-3 draft served with ``--speculative-algorithm
+  EAGLE``. SGLang then sends the draft the last hidden state only (H wide), silently skips ``fc``
+  because widths match, and accept length falls to ~1.0. The algorithm check catches the flag; the
+  smoke accept-length check catches it live.
+- Layer ids: the capture footer records ids in ``input_of_layer`` (SGLang's capture convention); a
+  draft's ``eagle_aux_hidden_state_layer_ids`` are ``output_of_layer``, which SGLang maps back by
+  the target family's rule (``eagle3.config.aux_layers.served_layer_ids``: Llama-like +1 always,
+  DeepSeek/Kimi +1 only when the first id is 1). The served layers must equal the captured ones, or
+  the draft sees other layers than it was trained on.
+- Batch limit: both arms must pass the same ``--max-running-requests``; left out, SGLang caps only
+  the speculative arm (at 48), and the comparison at high concurrency measures the cap, not
+  speculation.
 """
 
 from __future__ import annotations
@@ -109,11 +117,16 @@ def check_algorithm(spec: LaunchCommand) -> Check:
 
 
 def check_arms_match(baseline: LaunchCommand, spec: LaunchCommand) -> Check:
-    """The arms may differ only in ``--speculative-*`` flags (and where they listen), and both set the batch limit."""
+    """The arms may differ only in ``--speculative-*`` flags (and where they listen), and both set
+    the batch limit."""
     base_shared, base_spec = split_speculative(without_address(baseline.server_args()))
     spec_shared, _ = split_speculative(without_address(spec.server_args()))
     if base_spec:
-        return Check("arms_match", False, f"baseline arm carries speculative flags {sorted(base_spec)}: drop them")
+        return Check(
+            "arms_match",
+            False,
+            f"baseline arm carries speculative flags {sorted(base_spec)}: drop them",
+        )
     if _flag(spec_shared, MAX_RUNNING_FLAG) is None:
         return Check(
             "arms_match",
@@ -122,7 +135,9 @@ def check_arms_match(baseline: LaunchCommand, spec: LaunchCommand) -> Check:
             "baseline; pass the same server.max_running_requests to both arms (`eagle3 launch-sglang` does)",
         )
     if base_shared == spec_shared:
-        return Check("arms_match", True, "baseline and speculative arms share every non-speculative flag")
+        return Check(
+            "arms_match", True, "baseline and speculative arms share every non-speculative flag"
+        )
     only_base = [t for t in base_shared if t not in spec_shared]
     only_spec = [t for t in spec_shared if t not in base_shared]
     return Check(
@@ -138,7 +153,11 @@ def check_draft_path(spec: LaunchCommand, export_dir: Path) -> Check:
     served = flags.get(DRAFT_FLAG)
     if served and Path(served).expanduser().resolve() == Path(export_dir).resolve():
         return Check("draft_path", True, f"{DRAFT_FLAG} {served}")
-    return Check("draft_path", False, f"{DRAFT_FLAG} is {served!r}, not the checked export {export_dir}: fix the path")
+    return Check(
+        "draft_path",
+        False,
+        f"{DRAFT_FLAG} is {served!r}, not the checked export {export_dir}: fix the path",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,8 +169,12 @@ def check_architecture(export: DraftExport) -> Check:
     arch, layers = export.config.get("architectures"), export.config.get("num_hidden_layers")
     if arch in ([ARCHITECTURE], [MLA_ARCHITECTURE]) and layers == 1:
         return Check("architecture", True, f"{arch[0]}, 1 layer")
-    return Check("architecture", False, f"config.json has architectures={arch}, num_hidden_layers={layers}: "
-                 f're-export with architectures ["{ARCHITECTURE}"] and num_hidden_layers 1')
+    return Check(
+        "architecture",
+        False,
+        f"config.json has architectures={arch}, num_hidden_layers={layers}: "
+        f're-export with architectures ["{ARCHITECTURE}"] and num_hidden_layers 1',
+    )
 
 
 def check_keys(export: DraftExport) -> Check:
@@ -187,25 +210,40 @@ def check_fc(export: DraftExport, target_hidden: int) -> Check:
 
 
 def check_variant(export: DraftExport) -> Check:
-    """The EAGLE 3.1 flags against the norm weights in the file (``export_format.variant_problems``)."""
+    """The EAGLE 3.1 flags against the norm weights in the file
+    (``export_format.variant_problems``)."""
     problems = variant_problems(export.config, export.shapes)
     if problems:
         return Check("draft_variant", False, "; ".join(problems))
     on = [flag for flag, value in served_flags(export.config).items() if value]
-    return Check("draft_variant", True, f"EAGLE 3.1: {', '.join(on)}" if on else "EAGLE-3 (no 3.1 flags)")
+    return Check(
+        "draft_variant", True, f"EAGLE 3.1: {', '.join(on)}" if on else "EAGLE-3 (no 3.1 flags)"
+    )
 
 
 def check_shapes(export: DraftExport) -> Check:
     try:
         want = expected_shapes(export.config)
     except KeyError as exc:
-        return Check("draft_shapes", False, f"config.json lacks {exc.args[0]!r}: re-export the draft")
-    bad = {k: (export.shapes[k], v) for k, v in want.items() if k in export.shapes and export.shapes[k] != v}
+        return Check(
+            "draft_shapes", False, f"config.json lacks {exc.args[0]!r}: re-export the draft"
+        )
+    bad = {
+        k: (export.shapes[k], v)
+        for k, v in want.items()
+        if k in export.shapes and export.shapes[k] != v
+    }
     bad.pop("fc.weight", None)  # reported by fc_shape with its own fix
     if not bad:
         return Check("draft_shapes", True, "every tensor matches config.json")
-    detail = ", ".join(f"{k} {list(have)} != {list(need)}" for k, (have, need) in sorted(bad.items()))
-    return Check("draft_shapes", False, f"tensor shapes disagree with config.json ({detail}): re-export the draft")
+    detail = ", ".join(
+        f"{k} {list(have)} != {list(need)}" for k, (have, need) in sorted(bad.items())
+    )
+    return Check(
+        "draft_shapes",
+        False,
+        f"tensor shapes disagree with config.json ({detail}): re-export the draft",
+    )
 
 
 def check_vocab(export: DraftExport, target_vocab: int) -> Check:
@@ -228,20 +266,33 @@ def check_d2t(export: DraftExport, target_vocab: int) -> Check:
     if export.d2t is None and full_vocab(export.config):
         return Check("d2t_order", True, "full vocab: the draft's ids are the target's (no d2t)")
     if export.d2t is None:
-        return Check("d2t_order", False, "d2t is missing: export the vocab mapping (d2t, t2d) with the draft")
+        return Check(
+            "d2t_order", False, "d2t is missing: export the vocab mapping (d2t, t2d) with the draft"
+        )
     problems = vocab_problems(export.d2t, export.t2d, target_vocab)
     if problems:
-        return Check("d2t_order", False, f"{'; '.join(problems)}: rebuild the vocab stage and re-export")
-    return Check("d2t_order", True, f"{export.d2t.numel()} draft ids map to ascending target ids inside the vocab")
+        return Check(
+            "d2t_order", False, f"{'; '.join(problems)}: rebuild the vocab stage and re-export"
+        )
+    return Check(
+        "d2t_order",
+        True,
+        f"{export.d2t.numel()} draft ids map to ascending target ids inside the vocab",
+    )
 
 
 def capture_layer_ids(features_dir: Path) -> list[int]:
-    """The capture's aux layer ids in ``input_of_layer`` convention, from the first shard's footer."""
+    """The capture's aux layer ids in ``input_of_layer`` convention, from the first shard's
+    footer."""
     shards = list(shard_files(features_dir).values())
     if not shards:
-        raise FileNotFoundError(f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)")
+        raise FileNotFoundError(
+            f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)"
+        )
     meta = shard_metadata(shards[0])
-    return to_sglang_ids(json.loads(meta["layer_ids"]), meta.get("layer_convention", "input_of_layer"))
+    return to_sglang_ids(
+        json.loads(meta["layer_ids"]), meta.get("layer_convention", "input_of_layer")
+    )
 
 
 def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str, family: str) -> Check:
@@ -265,15 +316,25 @@ def check_layer_ids(export: DraftExport, capture_ids: list[int], source: str, fa
             f"{[i - 1 for i in capture_ids]} (and, for a deepseek target, capture from layer 2)",
         )
     if not eagle.get("use_aux_hidden_state", False):
-        return Check("layer_ids", False, "eagle_config.use_aux_hidden_state is not true: set it in the export")
-    return Check("layer_ids", True, f"draft ids {ids} = capture {list(capture_ids)} (input_of_layer)")
+        return Check(
+            "layer_ids",
+            False,
+            "eagle_config.use_aux_hidden_state is not true: set it in the export",
+        )
+    return Check(
+        "layer_ids", True, f"draft ids {ids} = capture {list(capture_ids)} (input_of_layer)"
+    )
 
 
 def check_tied(export: DraftExport) -> Check:
     if export.config.get("tie_word_embeddings") is False:
         return Check("tie_word_embeddings", True, "false")
-    return Check("tie_word_embeddings", False, f"tie_word_embeddings is {export.config.get('tie_word_embeddings')!r}"
-                 ": the draft lm_head is its own (draft vocab), set tie_word_embeddings false in config.json")
+    return Check(
+        "tie_word_embeddings",
+        False,
+        f"tie_word_embeddings is {export.config.get('tie_word_embeddings')!r}"
+        ": the draft lm_head is its own (draft vocab), set tie_word_embeddings false in config.json",
+    )
 
 
 def check_context(export: DraftExport, served_context: int) -> Check:
@@ -294,7 +355,8 @@ def _heads(cfg: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def check_tp_heads(export: DraftExport, target_config: dict[str, Any] | None, tp: int) -> Check:
-    """Attention heads of target and draft must split evenly over tp (kv heads may be replicated instead)."""
+    """Attention heads of target and draft must split evenly over tp (kv heads may be replicated
+    instead)."""
     problems = []
     for who, cfg in (("target", target_config), ("draft", export.config)):
         if cfg is None:
@@ -307,7 +369,9 @@ def check_tp_heads(export: DraftExport, target_config: dict[str, Any] | None, tp
     if not problems:
         return Check("tp_heads", True, f"heads divide tp={tp}")
     return Check(
-        "tp_heads", False, f"{', '.join(problems)} not divisible by tp={tp}: set server.tp to a divisor of the heads"
+        "tp_heads",
+        False,
+        f"{', '.join(problems)} not divisible by tp={tp}: set server.tp to a divisor of the heads",
     )
 
 
@@ -328,30 +392,42 @@ def _target_config(config: PipelineConfig) -> dict[str, Any] | None:
 def check_weights_finite(export: DraftExport) -> Check:
     bad = non_finite_tensors(export.path / WEIGHTS_FILE)
     if bad:
-        return Check("weights_finite", False, f"NaN/inf in {', '.join(bad[:5])}: the draft is damaged or was trained on"
-                     " damaged data; retrain (the trainer names the bad batch) and re-export")
+        return Check(
+            "weights_finite",
+            False,
+            f"NaN/inf in {', '.join(bad[:5])}: the draft is damaged or was trained on"
+            " damaged data; retrain (the trainer names the bad batch) and re-export",
+        )
     return Check("weights_finite", True, "every floating-point tensor is finite")
 
 
 def check_offline_accept(config: PipelineConfig, export: DraftExport, features_dir: Path) -> Check:
-    """The draft's simulated accept length on a few captured rows (CPU, the target's states, no server), so a
-    damaged draft fails before any GPU time is spent."""
+    """The draft's simulated accept length on a few captured rows (CPU, the target's states, no
+    server), so a damaged draft fails before any GPU time is spent."""
     from eagle3.train.evaluate import accept_on_features
 
     shard = next(iter(shard_files(features_dir).values()), None)
     if shard is None:
-        raise FileNotFoundError(f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)")
+        raise FileNotFoundError(
+            f"no feature shards in {features_dir}: pass the capture stage dir (features/<fp>)"
+        )
     accept = accept_on_features(config, export.path, shard, rows=OFFLINE_ROWS)
     where, floor = f"{OFFLINE_ROWS} rows of {shard}", config.gate.min_accept
     if accept >= floor:
-        return Check("offline_accept", True, f"simulated accept length {accept:.2f} >= {floor} on {where}")
-    return Check("offline_accept", False, f"simulated accept length {accept:.2f} < gate.min_accept "
-                 f"{config.gate.min_accept} on {where}: the draft is damaged or untrained; retrain and re-export")
+        return Check(
+            "offline_accept", True, f"simulated accept length {accept:.2f} >= {floor} on {where}"
+        )
+    return Check(
+        "offline_accept",
+        False,
+        f"simulated accept length {accept:.2f} < gate.min_accept "
+        f"{config.gate.min_accept} on {where}: the draft is damaged or untrained; retrain and re-export",
+    )
 
 
 def run_offline(config: PipelineConfig, export_dir: Path, features_dir: Path) -> list[Check]:
-    """The offline acceptance smoke (loads the draft, the target's embedding and head, a few captured rows);
-    run after the static checks pass, never raises on a bad export."""
+    """The offline acceptance smoke (loads the draft, the target's embedding and head, a few
+    captured rows); run after the static checks pass, never raises on a bad export."""
     try:
         export = load_export(export_dir)
     except (OSError, ValueError) as exc:
@@ -363,7 +439,8 @@ def run_offline(config: PipelineConfig, export_dir: Path, features_dir: Path) ->
 
 
 def _guard(name: str, fn: Callable[[], Check]) -> Check:
-    """Run one check; a file it cannot read is that check's failure, not a crash of the whole preflight."""
+    """Run one check; a file it cannot read is that check's failure, not a crash of the whole
+    preflight."""
     try:
         return fn()
     except (OSError, ValueError, KeyError, ShardError) as exc:
@@ -379,14 +456,24 @@ def run_static(
     features_dir: Path | None = None,
 ) -> list[Check]:
     """Every static check (docs/DESIGN.md, "Preflight"); read-only, never raises on a bad export."""
-    checks = [check_algorithm(spec), check_arms_match(baseline, spec), check_draft_path(spec, export_dir)]
+    checks = [
+        check_algorithm(spec),
+        check_arms_match(baseline, spec),
+        check_draft_path(spec, export_dir),
+    ]
     try:
         export = load_export(export_dir)
     except (OSError, ValueError) as exc:
         return [*checks, Check("export_files", False, str(exc))]
-    capture_source = f"the capture footer in {features_dir}" if features_dir else "config capture.aux_layers"
+    capture_source = (
+        f"the capture footer in {features_dir}" if features_dir else "config capture.aux_layers"
+    )
     args = spec.server_args()
-    context = _flag(args, "--context-length") or config.server.context_length or config.target.context_length
+    context = (
+        _flag(args, "--context-length")
+        or config.server.context_length
+        or config.target.context_length
+    )
     served_context = int(context)
     tp = int(_flag(args, "--tp-size") or config.server.tp)
     checks += [
@@ -453,15 +540,21 @@ def check_server_info(info: dict[str, Any], export_dir: Path | str | None) -> li
         checks.append(
             Check("server_draft", True, f"server draft {served}")
             if same
-            else Check("server_draft", False, f"server serves draft {served!r}, not {export_dir}: relaunch with it")
+            else Check(
+                "server_draft",
+                False,
+                f"server serves draft {served!r}, not {export_dir}: relaunch with it",
+            )
         )
     return checks
 
 
-def check_smoke(counts: list[SpecCounts], *, min_accept: float = SMOKE_MIN_ACCEPT, algorithm: str | None = None
-                ) -> Check:  # fmt: skip
-    """The smoke requests' accept length (``eagle3.gate.accept``: the server's own when it sends it) against
-    ``min_accept``; a server running another algorithm than EAGLE3 is named with the flag to fix."""
+def check_smoke(
+    counts: list[SpecCounts], *, min_accept: float = SMOKE_MIN_ACCEPT, algorithm: str | None = None
+) -> Check:
+    """The smoke requests' accept length (``eagle3.gate.accept``: the server's own when it sends it)
+    against ``min_accept``; a server running another algorithm than EAGLE3 is named with the flag to
+    fix."""
     summary = pool(counts)
     if summary.accept_length is None:
         return Check(
@@ -469,15 +562,19 @@ def check_smoke(counts: list[SpecCounts], *, min_accept: float = SMOKE_MIN_ACCEP
             False,
             "smoke requests report spec_verify_ct 0: the server is not speculating; launch it with --speculative-*",
         )
-    measured = (f"accept length {summary.accept_length:.2f} measured ({summary.source}, "
-                f"{sum(c.completion_tokens for c in counts)} tokens / {summary.verify_ct} verify passes)")  # fmt: skip
+    measured = (
+        f"accept length {summary.accept_length:.2f} measured ({summary.source}, "
+        f"{sum(c.completion_tokens for c in counts)} tokens / {summary.verify_ct} verify passes)"
+    )
     if summary.accept_length >= min_accept:
         return Check("smoke_accept", True, f"{measured} >= {min_accept} expected")
-    why = (f"the server runs --speculative-algorithm {algorithm}, which drops the draft's 3-layer aux hidden states: "
-           f"relaunch with --speculative-algorithm {EXPECTED_ALGORITHM}"
-           if algorithm and algorithm != EXPECTED_ALGORITHM
-           else f"~1.0 means the draft gets no aux hidden states: check --speculative-algorithm {EXPECTED_ALGORITHM} "
-           "and the layer ids")  # fmt: skip
+    why = (
+        f"the server runs --speculative-algorithm {algorithm}, which drops the draft's 3-layer aux hidden states: "
+        f"relaunch with --speculative-algorithm {EXPECTED_ALGORITHM}"
+        if algorithm and algorithm != EXPECTED_ALGORITHM
+        else f"~1.0 means the draft gets no aux hidden states: check --speculative-algorithm {EXPECTED_ALGORITHM} "
+        "and the layer ids"
+    )
     return Check("smoke_accept", False, f"{measured}, expected >= {min_accept}: {why}")
 
 
@@ -490,20 +587,39 @@ def run_runtime(
     min_accept: float = SMOKE_MIN_ACCEPT,
     timeout_s: float = 300.0,
 ) -> list[Check]:
-    """Ask a live speculative server what it runs, then a smoke run of ``prompt_ids`` (greedy, one at a time)."""
+    """Ask a live speculative server what it runs, then a smoke run of ``prompt_ids`` (greedy, one
+    at a time)."""
     from eagle3.gate.prompts import send_prompts
 
     try:
         info = get_json(f"{url.rstrip('/')}/server_info")
         checks = check_server_info(info, export_dir)
     except (OSError, ValueError) as exc:
-        return [Check("server_info", False, f"GET {url}/server_info failed ({exc}): is the server up at {url}?")]
-    results = send_prompts(url, prompt_ids, concurrency=1, max_new_tokens=max_new_tokens, timeout_s=timeout_s)
+        return [
+            Check(
+                "server_info",
+                False,
+                f"GET {url}/server_info failed ({exc}): is the server up at {url}?",
+            )
+        ]
+    results = send_prompts(
+        url, prompt_ids, concurrency=1, max_new_tokens=max_new_tokens, timeout_s=timeout_s
+    )
     errors = [r.error for r in results if r.error]
     if errors:
-        return [*checks, Check("smoke_requests", False, f"{len(errors)} smoke requests failed, first: {errors[0]}")]
-    checks.append(check_smoke([r.spec for r in results], min_accept=min_accept, algorithm=info.get(
-        "speculative_algorithm")))  # fmt: skip
+        return [
+            *checks,
+            Check(
+                "smoke_requests", False, f"{len(errors)} smoke requests failed, first: {errors[0]}"
+            ),
+        ]
+    checks.append(
+        check_smoke(
+            [r.spec for r in results],
+            min_accept=min_accept,
+            algorithm=info.get("speculative_algorithm"),
+        )
+    )
     for check in failed(checks):
         logger.warning("preflight %s", check.line())
     return checks

@@ -40,7 +40,15 @@ from eagle3.gate.accept import SpecCounts
 logger = logging.getLogger(__name__)
 
 HUB_PREFIX = "hub:"
-PROMPT_COLUMNS: tuple[str, ...] = ("prompt", "question", "instruction", "problem", "input", "turns", "text")
+PROMPT_COLUMNS: tuple[str, ...] = (
+    "prompt",
+    "question",
+    "instruction",
+    "problem",
+    "input",
+    "turns",
+    "text",
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,8 @@ class BenchPrompt:
     prompt_id: str
     prompt: str
     input_ids: tuple[int, ...] = ()
-    messages: tuple[dict[str, Any], ...] = ()  # the conversation to continue; empty: one user turn, ``prompt``
+    # the conversation to continue; empty: one user turn, ``prompt``
+    messages: tuple[dict[str, Any], ...] = ()
     tools: tuple[dict[str, Any], ...] = ()
 
 
@@ -124,7 +133,8 @@ def load_prompt_set(set_name: str, source: str, *, limit: int | None = None) -> 
 
 
 def render_prompts(tokenizer: Any, prompts: list[BenchPrompt]) -> list[BenchPrompt]:
-    """The same prompts with ``input_ids`` from the project's one renderer (messages + generation prompt)."""
+    """The same prompts with ``input_ids`` from the project's one renderer (messages + generation
+    prompt)."""
     out = []
     for p in prompts:
         messages = list(p.messages) or [{"role": "user", "content": p.prompt}]
@@ -133,10 +143,15 @@ def render_prompts(tokenizer: Any, prompts: list[BenchPrompt]) -> list[BenchProm
     return out
 
 
-def load_gate_prompts(prompt_sets: dict[str, str], tokenizer: Any, *, per_set: int) -> list[BenchPrompt]:
-    """Every configured set, ``per_set`` prompts each, rendered; sets in sorted order for a stable prompt list."""
+def load_gate_prompts(
+    prompt_sets: dict[str, str], tokenizer: Any, *, per_set: int
+) -> list[BenchPrompt]:
+    """Every configured set, ``per_set`` prompts each, rendered; sets in sorted order for a stable
+    prompt list."""
     if not prompt_sets:
-        raise ValueError("gate.prompt_sets is empty: set e.g. gate.prompt_sets.chat=path/to/chat.jsonl")
+        raise ValueError(
+            "gate.prompt_sets is empty: set e.g. gate.prompt_sets.chat=path/to/chat.jsonl"
+        )
     prompts: list[BenchPrompt] = []
     for name in sorted(prompt_sets):
         prompts += load_prompt_set(name, prompt_sets[name], limit=per_set)

@@ -119,17 +119,26 @@ def serving(command: LaunchCommand | None, url: str | None, log_path: Path) -> I
         yield server.url
 
 
-def _static_preflight(config: PipelineConfig, draft: Path, spec: SpeculativeConfig, features: Path | None) -> list:
+def _static_preflight(
+    config: PipelineConfig, draft: Path, spec: SpeculativeConfig, features: Path | None
+) -> list:
     port = config.server.port or 30000
     baseline = build_launch(config, "baseline", engine="sglang", port=port)
-    shipped = build_launch(config, "eagle3", engine="sglang", draft=draft, speculative=spec, port=port)
-    checks = preflight.run_static(config, draft, baseline=baseline, spec=shipped, features_dir=features)
-    if features is not None and not preflight.failed(checks):  # a damaged draft fails here, before any server
+    shipped = build_launch(
+        config, "eagle3", engine="sglang", draft=draft, speculative=spec, port=port
+    )
+    checks = preflight.run_static(
+        config, draft, baseline=baseline, spec=shipped, features_dir=features
+    )
+    # a damaged draft fails here, before any server
+    if features is not None and not preflight.failed(checks):
         checks += preflight.run_offline(config, draft, features)
     return checks
 
 
-def _runtime_preflight(arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig) -> None:
+def _runtime_preflight(
+    arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig
+) -> None:
     smoke = [list(p.input_ids) for p in prompts[:SMOKE_PROMPTS]]
     checks = preflight.run_runtime(
         url,
@@ -154,10 +163,13 @@ class _Plan:
 
 
 def _side_by_side(config: PipelineConfig, arms: int) -> PipelineConfig:
-    """The config of the launched arms: SGLang arms up together share the device (see the module docstring)."""
+    """The config of the launched arms: SGLang arms up together share the device (see the module
+    docstring)."""
     if config.server.engine != "sglang" or config.server.mem_fraction_static is not None:
         return config
-    return config.replace(server=config.server.replace(mem_fraction_static=round(SGLANG_MEMORY / arms, 3)))
+    return config.replace(
+        server=config.server.replace(mem_fraction_static=round(SGLANG_MEMORY / arms, 3))
+    )
 
 
 def _plan(
@@ -174,12 +186,21 @@ def _plan(
     arms = 1 + len(drafts) * len(config.gate.sweep or [config.speculative]) + champion_arm
     measured = _side_by_side(config, arms)
 
-    def add(arm: ArmResult, url: str | None, draft: Path | None, spec: SpeculativeConfig | None) -> None:
+    def add(
+        arm: ArmResult, url: str | None, draft: Path | None, spec: SpeculativeConfig | None
+    ) -> None:
         kind = "baseline" if spec is None else "eagle3"
-        command = None if url else build_launch(measured, kind, draft=draft, speculative=spec, port=0)
+        command = (
+            None if url else build_launch(measured, kind, draft=draft, speculative=spec, port=0)
+        )
         arm.launch_used = f"(given) {url}" if url or command is None else command.shell()
         arm.launch_sglang = build_launch(
-            config, kind, engine="sglang", draft=draft, speculative=spec, port=config.server.port or 30000
+            config,
+            kind,
+            engine="sglang",
+            draft=draft,
+            speculative=spec,
+            port=config.server.port or 30000,
         ).shell()
         plan.arms.append(arm)
         plan.commands[arm.name], plan.urls[arm.name] = command, url
@@ -187,16 +208,26 @@ def _plan(
     add(ArmResult("baseline", "baseline", baseline_url or ""), baseline_url, None, None)
     configs = [config.speculative] if spec_url else (config.gate.sweep or [config.speculative])
     if spec_url and config.gate.sweep:
-        logger.warning("gate.sweep needs launching the arms; with --spec-url only the running config is measured")
+        logger.warning(
+            "gate.sweep needs launching the arms; with --spec-url only the running config is measured"
+        )
     for i, draft in enumerate(drafts):
         for spec in configs:
             name = f"cand{i}:{config_label(spec)}"
-            arm = ArmResult(name, "candidate", spec_url or "", str(draft), draft_id(draft), config_label(spec))
+            arm = ArmResult(
+                name, "candidate", spec_url or "", str(draft), draft_id(draft), config_label(spec)
+            )
             arm.speculative = spec.model_dump(mode="json")
             add(arm, spec_url, draft, spec)
     if champion is not None and champion_arm:
-        spec = SpeculativeConfig(**champion.speculative) if champion.speculative else config.speculative
-        arm = ArmResult(f"champion:{config_label(spec)}", "champion", champion_url or "", champion.draft_dir)
+        spec = (
+            SpeculativeConfig(**champion.speculative)
+            if champion.speculative
+            else config.speculative
+        )
+        arm = ArmResult(
+            f"champion:{config_label(spec)}", "champion", champion_url or "", champion.draft_dir
+        )
         arm.draft_id, arm.config_label = champion.draft_id, config_label(spec)
         arm.speculative = spec.model_dump(mode="json")
         if spec_url and not champion_url:
@@ -211,8 +242,9 @@ def _plan(
 def gate_fingerprint(
     config: PipelineConfig, drafts: list[Path], champion: Promotion | None, urls: dict[str, Any]
 ) -> str:
-    """Identity of one gate. A champion that is one of the candidates is not measured as its own arm (``_plan``), so
-    it plays no part: re-gating the draft a gate just promoted reuses that gate's report instead of measuring again.
+    """Identity of one gate. A champion that is one of the candidates is not measured as its own arm
+    (``_plan``), so it plays no part: re-gating the draft a gate just promoted reuses that gate's
+    report instead of measuring again.
     """
     ids = [draft_id(d) for d in drafts]
     return fingerprint(
@@ -236,7 +268,9 @@ def _set_fields(section: StrictModel, later: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in dumped.items() if k not in later or v != defaults[k]}
 
 
-def _refusals(config: PipelineConfig, drafts: list[Path], features: Path | None) -> dict[str, list[str]]:
+def _refusals(
+    config: PipelineConfig, drafts: list[Path], features: Path | None
+) -> dict[str, list[str]]:
     refused: dict[str, list[str]] = {}
     for draft in drafts:
         for spec in config.gate.sweep or [config.speculative]:
@@ -283,7 +317,9 @@ def _measure_plan(
                 continue
             log = out_dir / "logs" / f"{arm.name.replace(':', '-')}.log"
             try:
-                arm.url = stack.enter_context(serving(plan.commands[arm.name], plan.urls[arm.name], log))
+                arm.url = stack.enter_context(
+                    serving(plan.commands[arm.name], plan.urls[arm.name], log)
+                )
                 if arm.role != "baseline":
                     _runtime_preflight(arm, arm.url, prompts, config)
             except (ArmError, LaunchError, OSError) as exc:
@@ -297,7 +333,8 @@ def _measure_plan(
 
 
 def _best_decision(decisions: list[Decision]) -> Decision | None:
-    """The promoted candidate: the fastest passing one on the profile; else the fastest measured one."""
+    """The promoted candidate: the fastest passing one on the profile; else the fastest measured
+    one."""
     measured = [d for d in decisions if d.best_arm is not None and d.speedup is not None]
     passing = [d for d in measured if d.passed]
     return max(passing or measured, key=lambda d: d.speedup or 0.0, default=None)
@@ -310,74 +347,127 @@ def _promote(registry: Registry, report: GateReport, out_dir: Path) -> dict[str,
     arm = next(a for a in report.arms if a.name == winner.best_arm)
     if registry.champion() is not None and registry.champion().draft_id == arm.draft_id:  # type: ignore[union-attr]
         return None
-    metrics = {"speedup": winner.speedup, "speedup_interval": winner.speedup_interval, "rounds": winner.rounds,
-               "accept_length": winner.accept_length, "traffic": report.thresholds.get("traffic"),
-               "sampling": report.sampling_rows(winner),
-               "levels": {lv.concurrency: lv.speedup for lv in winner.levels},
-               "output_tok_s": {lv.concurrency: lv.output_tok_s for lv in arm.levels}}  # fmt: skip
+    metrics = {
+        "speedup": winner.speedup,
+        "speedup_interval": winner.speedup_interval,
+        "rounds": winner.rounds,
+        "accept_length": winner.accept_length,
+        "traffic": report.thresholds.get("traffic"),
+        "sampling": report.sampling_rows(winner),
+        "levels": {lv.concurrency: lv.speedup for lv in winner.levels},
+        "output_tok_s": {lv.concurrency: lv.output_tok_s for lv in arm.levels},
+    }
     promotion = registry.promote(
-        Path(winner.draft), report=out_dir / "report.json", metrics=metrics, speculative=arm.speculative
+        Path(winner.draft),
+        report=out_dir / "report.json",
+        metrics=metrics,
+        speculative=arm.speculative,
     )
     return asdict(promotion)
 
 
-def _step_results(config: PipelineConfig, arms: list[ArmResult], draft: str) -> dict[int, list[StepResult]]:
+def _step_results(
+    config: PipelineConfig, arms: list[ArmResult], draft: str
+) -> dict[int, list[StepResult]]:
     """Each level's speedups of the draft's chain arms (SGLang adapts topk 1 only), from their level
     verdicts at the primary sampling profile."""
     first = profiles.primary(config.gate)
     arms, gate = profiles.of_profile(arms, first), config.gate.for_sampling(first)
     base = next((a for a in arms if a.role == "baseline" and a.error is None and a.rounds), None)
-    mine = [a for a in arms if a.role == "candidate" and a.draft == draft and a.error is None and a.speculative
-            and a.speculative.get("eagle_topk") == 1]  # fmt: skip
+    mine = [
+        a
+        for a in arms
+        if a.role == "candidate"
+        and a.draft == draft
+        and a.error is None
+        and a.speculative
+        and a.speculative.get("eagle_topk") == 1
+    ]
     levels: dict[int, list[StepResult]] = {c: [] for c in gate.levels}
     for arm in mine if base is not None else []:
         for lv in level_verdicts(arm, base, None, gate):  # type: ignore[arg-type]
             if lv.speedup is not None:
-                levels[lv.concurrency].append(StepResult(arm.speculative["num_steps"], lv.speedup, lv.speedup_interval))
+                levels[lv.concurrency].append(
+                    StepResult(arm.speculative["num_steps"], lv.speedup, lv.speedup_interval)
+                )
     return levels
 
 
-def serving_config(config: PipelineConfig, draft: str, tiers: list[Tier], out_dir: Path, *, note: str = "") -> dict:
-    """The serving configuration from adaptive ``tiers`` (``GateReport.adaptive``): their SGLang JSON written to
-    ``out_dir``, the SGLang command serving ``draft`` with it, starting at the first drafting tier's steps; the
-    baseline's command when no tier drafts."""
+def serving_config(
+    config: PipelineConfig, draft: str, tiers: list[Tier], out_dir: Path, *, note: str = ""
+) -> dict:
+    """The serving configuration from adaptive ``tiers`` (``GateReport.adaptive``): their SGLang
+    JSON written to ``out_dir``, the SGLang command serving ``draft`` with it, starting at the first
+    drafting tier's steps; the baseline's command when no tier drafts."""
     port, steps = config.server.port or 30000, initial_steps(tiers)
-    out: dict[str, Any] = {"draft": draft, "tiers": [asdict(t) for t in tiers], "config": None, "config_path": None}
+    out: dict[str, Any] = {
+        "draft": draft,
+        "tiers": [asdict(t) for t in tiers],
+        "config": None,
+        "config_path": None,
+    }
     if steps is None:
         launch = build_launch(config, "baseline", engine="sglang", port=port)
-        return out | {"launch_sglang": launch.shell(), "summary": "No measured level has a speedup estimate of 1 or "
-                      "more: serve the baseline (no adaptive tier would draft)."}  # fmt: skip
+        return out | {
+            "launch_sglang": launch.shell(),
+            "summary": "No measured level has a speedup estimate of 1 or "
+            "more: serve the baseline (no adaptive tier would draft).",
+        }
     path = out_dir / ADAPTIVE_JSON
     atomic_write_json(path, sglang_config(tiers))
     algorithm = config.speculative.algorithm
-    spec = SpeculativeConfig(algorithm=algorithm, num_steps=steps, eagle_topk=1, num_draft_tokens=steps + 1)
-    launch = build_launch(config, "eagle3", engine="sglang", draft=draft, speculative=spec, port=port,
-                          adaptive_config=path)  # fmt: skip
-    summary = (f"SGLang drafts per running batch size from these tiers (0 steps: no drafting), each from the static "
-               f"configs measured at its level for `{Path(draft).name}`; the adaptive server itself was not "
-               f"measured. {note}").strip()  # fmt: skip
-    return out | {"config": sglang_config(tiers), "config_path": str(path), "launch_sglang": launch.shell(),
-                  "summary": summary}  # fmt: skip
+    spec = SpeculativeConfig(
+        algorithm=algorithm, num_steps=steps, eagle_topk=1, num_draft_tokens=steps + 1
+    )
+    launch = build_launch(
+        config,
+        "eagle3",
+        engine="sglang",
+        draft=draft,
+        speculative=spec,
+        port=port,
+        adaptive_config=path,
+    )
+    summary = (
+        f"SGLang drafts per running batch size from these tiers (0 steps: no drafting), each from the static "
+        f"configs measured at its level for `{Path(draft).name}`; the adaptive server itself was not "
+        f"measured. {note}"
+    ).strip()
+    return out | {
+        "config": sglang_config(tiers),
+        "config_path": str(path),
+        "launch_sglang": launch.shell(),
+        "summary": summary,
+    }
 
 
-def _adaptive(config: PipelineConfig, arms: list[ArmResult], best: Decision | None, out_dir: Path) -> dict | None:
+def _adaptive(
+    config: PipelineConfig, arms: list[ArmResult], best: Decision | None, out_dir: Path
+) -> dict | None:
     """The serving configuration of the best draft (module docstring)."""
     tiers = adaptive_tiers(_step_results(config, arms, best.draft)) if best is not None else []
     if best is None or not tiers:
         return None
-    return serving_config(config, best.draft, tiers, out_dir, note=best.crossover["summary"] if best.crossover else "")
+    return serving_config(
+        config, best.draft, tiers, out_dir, note=best.crossover["summary"] if best.crossover else ""
+    )
 
 
 def _cost(arms: list[ArmResult], measure_s: float) -> dict[str, Any]:
     measured = [a for a in arms if a.rounds]
-    return {"rounds": len({r.round for a in measured for r in a.rounds}),
-            "levels": len({r.concurrency for a in measured for r in a.rounds}), "arms": len(measured),
-            "batches": sum(len(a.rounds) for a in measured), "measure_s": round(measure_s, 3)}  # fmt: skip
+    return {
+        "rounds": len({r.round for a in measured for r in a.rounds}),
+        "levels": len({r.concurrency for a in measured for r in a.rounds}),
+        "arms": len(measured),
+        "batches": sum(len(a.rounds) for a in measured),
+        "measure_s": round(measure_s, 3),
+    }
 
 
 @dataclass(frozen=True)
 class _Measured:
-    """What ``run_gate`` measured: the arms, their decisions, the prompts and the seconds the rounds took."""
+    """What ``run_gate`` measured: the arms, their decisions, the prompts and the seconds the rounds
+    took."""
 
     arms: list[ArmResult]
     decisions: list[Decision]
@@ -388,7 +478,8 @@ class _Measured:
 def _report(
     config: PipelineConfig, fp: str, measured: _Measured, champion: Promotion | None, out_dir: Path
 ) -> GateReport:
-    """The report; ``best`` is the best decision's arm with its launch commands, ``adaptive`` its serving config."""
+    """The report; ``best`` is the best decision's arm with its launch commands, ``adaptive`` its
+    serving config."""
     decisions, arms = measured.decisions, measured.arms
     winner = _best_decision(decisions)
     best = next((a for a in arms if winner is not None and a.name == winner.best_arm), None)
@@ -405,7 +496,10 @@ def _report(
         fingerprint=fp,
         target=config.target.model_path,
         thresholds=config.gate.model_dump(mode="json", exclude={"sweep", "prompt_sets"}),
-        prompts={name: sum(p.set_name == name for p in measured.prompts) for name in sorted(config.gate.prompt_sets)},
+        prompts={
+            name: sum(p.set_name == name for p in measured.prompts)
+            for name in sorted(config.gate.prompt_sets)
+        },
         arms=arms,
         decisions=decisions,
         passed=overall(decisions) == PASS,
@@ -421,7 +515,8 @@ def _report(
 
 @dataclass(frozen=True)
 class GateIdentity:
-    """What a gate measures and where it writes, known before measuring: a stage plan computes it cheaply."""
+    """What a gate measures and where it writes, known before measuring: a stage plan computes it
+    cheaply."""
 
     drafts: list[Path]
     champion: Promotion | None
@@ -431,12 +526,15 @@ class GateIdentity:
 
 
 def gate_identity(config: PipelineConfig, request: GateRequest) -> GateIdentity:
-    """The validated drafts, today's champion, the URLs, and the gate's fingerprint and directory."""
+    """The validated drafts, today's champion, the URLs, and the gate's fingerprint and
+    directory."""
     paths = [Path(d).expanduser().resolve() for d in request.drafts]
     if not paths:
         raise ValueError("pass at least one --draft <export dir>")
     if bool(request.baseline_url) != bool(request.spec_url):
-        raise ValueError("pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)")
+        raise ValueError(
+            "pass both --baseline-url and --spec-url (measure running servers) or neither (launch them)"
+        )
     champion = Registry(config.root_path).champion()
     urls = {
         "baseline": request.baseline_url,
@@ -495,7 +593,11 @@ def run_gate(config: PipelineConfig, request: GateRequest) -> GateResult:
         fp,
         files=[FileEntry.of(p, rows=0, base=out_dir) for p in files.values()],
         config={"gate": config.gate.model_dump(mode="json"), "urls": gate.urls},
-        stats={"passed": report.passed, "verdict": report.verdict, "promoted": bool(report.promotion)},
+        stats={
+            "passed": report.passed,
+            "verdict": report.verdict,
+            "promoted": bool(report.promotion),
+        },
     ).write(out_dir)
     logger.info("gate %s: %s (report %s)", fp, str(report.verdict).upper(), files["markdown"])
     return GateResult(out_dir, report, files)

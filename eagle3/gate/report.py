@@ -51,7 +51,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.gate.accept import ACCEPT_LENGTH_FIELD, AcceptSummary, SpecCounts, pool, pool_rows, set_row
+from eagle3.gate.accept import (
+    ACCEPT_LENGTH_FIELD,
+    AcceptSummary,
+    SpecCounts,
+    pool,
+    pool_rows,
+    set_row,
+)
 from eagle3.gate.plots import plot_accept, plot_throughput
 from eagle3.gate.prompts import RequestResult
 from eagle3.gate.report_md import to_markdown
@@ -74,25 +81,37 @@ class LevelStats:
     tpot_ms: float
     accept_length: float | None
     round: int | None = None  # None: pooled over the rounds
-    accept_source: str | None = None  # the server's spec_accept_length, or computed (eagle3.gate.accept)
-    accept_fields: list[str] = field(default_factory=list)  # the meta_info keys the counters came from
+    # the server's spec_accept_length, or computed (eagle3.gate.accept)
+    accept_source: str | None = None
+    # the meta_info keys the counters came from
+    accept_fields: list[str] = field(default_factory=list)
     accepted_drafts: int | None = None
     proposed_drafts: int | None = None
     accept_histogram: list[int] | None = None
-    by_set: dict[str, dict[str, Any]] = field(default_factory=dict)  # per prompt set (module docstring), if speculating
+    # per prompt set (module docstring), if speculating
+    by_set: dict[str, dict[str, Any]] = field(default_factory=dict)
     completion_lengths: list[int] = field(default_factory=list)  # a round's, in prompt order
     output_digest: str | None = None  # a round's output ids in prompt order, hashed (None pooled)
 
     @property
     def accept_rate(self) -> float | None:
-        return AcceptSummary(accepted_drafts=self.accepted_drafts, proposed_drafts=self.proposed_drafts).accept_rate
+        return AcceptSummary(
+            accepted_drafts=self.accepted_drafts, proposed_drafts=self.proposed_drafts
+        ).accept_rate
 
     def counts(self) -> SpecCounts:
         """This level's counters as one answer's, to pool levels the way answers are pooled."""
         own = self.accept_length if self.accept_source == ACCEPT_LENGTH_FIELD else None
         hist = tuple(self.accept_histogram) if self.accept_histogram is not None else None
-        return SpecCounts(self.completion_tokens, self.spec_verify_ct, own, self.accepted_drafts, self.proposed_drafts,
-                          hist, tuple(self.accept_fields))  # fmt: skip
+        return SpecCounts(
+            self.completion_tokens,
+            self.spec_verify_ct,
+            own,
+            self.accepted_drafts,
+            self.proposed_drafts,
+            hist,
+            tuple(self.accept_fields),
+        )
 
     @classmethod
     def _of(
@@ -107,18 +126,32 @@ class LevelStats:
     ) -> LevelStats:
         return cls(
             by_set=by_set if spec.verify_ct else {},
-            concurrency=concurrency, requests=requests, completion_tokens=tokens, spec_verify_ct=spec.verify_ct,
-            duration_s=duration, output_tok_s=tokens / duration if duration > 0 else 0.0, tpot_ms=tpot_ms,
-            accept_length=spec.accept_length, accept_source=spec.source, accept_fields=list(spec.fields),
-            accepted_drafts=spec.accepted_drafts, proposed_drafts=spec.proposed_drafts,
+            concurrency=concurrency,
+            requests=requests,
+            completion_tokens=tokens,
+            spec_verify_ct=spec.verify_ct,
+            duration_s=duration,
+            output_tok_s=tokens / duration if duration > 0 else 0.0,
+            tpot_ms=tpot_ms,
+            accept_length=spec.accept_length,
+            accept_source=spec.source,
+            accept_fields=list(spec.fields),
+            accepted_drafts=spec.accepted_drafts,
+            proposed_drafts=spec.proposed_drafts,
             accept_histogram=spec.histogram,
-        )  # fmt: skip
+        )
 
     @classmethod
     def of(
-        cls, concurrency: int, results: list[RequestResult], duration_s: float, *, sets: Sequence[str] = ()
+        cls,
+        concurrency: int,
+        results: list[RequestResult],
+        duration_s: float,
+        *,
+        sets: Sequence[str] = (),
     ) -> LevelStats:
-        """One batch's level; ``sets`` names each result's prompt set (in order) to fill ``by_set``."""
+        """One batch's level; ``sets`` names each result's prompt set (in order) to fill
+        ``by_set``."""
         tokens = sum(r.completion_tokens for r in results)
         per_token = [r.latency_s / r.completion_tokens for r in results if r.completion_tokens > 0]
         tpot_ms = 1000.0 * sum(per_token) / len(per_token) if per_token else 0.0
@@ -134,7 +167,8 @@ class LevelStats:
 
     @classmethod
     def pooled(cls, rounds: list[LevelStats]) -> LevelStats:
-        """One level from its rounds: token and time sums, request-weighted TPOT, the counters pooled."""
+        """One level from its rounds: token and time sums, request-weighted TPOT, the counters
+        pooled."""
         requests = sum(r.requests for r in rounds)
         tpot_ms = sum(r.tpot_ms * r.requests for r in rounds) / requests if requests else 0.0
         return cls._of(
@@ -155,14 +189,16 @@ def output_digest(outputs: Sequence[Sequence[int]]) -> str:
 
 
 def pool_sets(stats: Sequence[LevelStats]) -> dict[str, dict[str, Any]]:
-    """The ``by_set`` entries of many levels or rounds pooled per set (``eagle3.gate.accept.pool_rows``)."""
+    """The ``by_set`` entries of many levels or rounds pooled per set
+    (``eagle3.gate.accept.pool_rows``)."""
     names = sorted({name for s in stats for name in s.by_set})
     return {name: pool_rows([s.by_set[name] for s in stats if name in s.by_set]) for name in names}
 
 
 @dataclass
 class ArmResult:
-    """One measured server: ``role`` is baseline, candidate or champion; ``config_label`` names its spec config."""
+    """One measured server: ``role`` is baseline, candidate or champion; ``config_label`` names its
+    spec config."""
 
     name: str
     role: str
@@ -173,10 +209,13 @@ class ArmResult:
     speculative: dict[str, Any] | None = None
     launch_used: str | None = None
     launch_sglang: str | None = None
-    levels: list[LevelStats] = field(default_factory=list)  # pooled over rounds, one per concurrency
-    rounds: list[LevelStats] = field(default_factory=list)  # every round at every concurrency, in measuring order
+    # pooled over rounds, one per concurrency
+    levels: list[LevelStats] = field(default_factory=list)
+    # every round at every concurrency, in measuring order
+    rounds: list[LevelStats] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
-    flush_failures: list[str] = field(default_factory=list)  # rounds measured without a cache flush (bench.rounds)
+    # rounds measured without a cache flush (bench.rounds)
+    flush_failures: list[str] = field(default_factory=list)
     error: str | None = None
     sampling: str | None = None  # the gate.sampling profile these rounds were measured at
 
@@ -185,15 +224,21 @@ class ArmResult:
 
     def rounds_at(self, concurrency: int) -> dict[int, LevelStats]:
         """This arm's rounds at one concurrency, by round number."""
-        return {r.round: r for r in self.rounds if r.concurrency == concurrency and r.round is not None}
+        return {
+            r.round: r for r in self.rounds if r.concurrency == concurrency and r.round is not None
+        }
 
     def pool(self) -> None:
-        """Set ``levels`` from ``rounds``: one pooled level per concurrency, in the order first measured."""
+        """Set ``levels`` from ``rounds``: one pooled level per concurrency, in the order first
+        measured."""
         order = list(dict.fromkeys(r.concurrency for r in self.rounds))
-        self.levels = [LevelStats.pooled([r for r in self.rounds if r.concurrency == c]) for c in order]
+        self.levels = [
+            LevelStats.pooled([r for r in self.rounds if r.concurrency == c]) for c in order
+        ]
 
     def accept(self) -> AcceptSummary:
-        """The accept counters of every round at every level pooled (``min_accept`` is checked on it)."""
+        """The accept counters of every round at every level pooled (``min_accept`` is checked on
+        it)."""
         return pool([r.counts() for r in self.rounds])
 
     @classmethod
@@ -209,18 +254,22 @@ VERDICTS: tuple[str, ...] = (PASS, FAIL, INCONCLUSIVE)
 
 
 def _verdict_of(passed: bool, verdict: str | None) -> str:
-    """``verdict`` checked against ``passed``; a report written without a verdict is PASS or FAIL."""
+    """``verdict`` checked against ``passed``; a report written without a verdict is PASS or
+    FAIL."""
     verdict = verdict or (PASS if passed else FAIL)
     if verdict not in VERDICTS or passed != (verdict == PASS):
-        raise ValueError(f"verdict {verdict!r} contradicts passed={passed} (verdicts: {list(VERDICTS)})")
+        raise ValueError(
+            f"verdict {verdict!r} contradicts passed={passed} (verdicts: {list(VERDICTS)})"
+        )
     return verdict
 
 
 @dataclass
 class LevelVerdict:
-    """One level of the traffic profile for a draft's best arm, on its own: the paired speedup over the rounds of
-    that level, its t interval, the verdict the interval gives against ``min_speedup`` (and the level's checks),
-    and ``slower``: the interval lies below 1, the draft is significantly slower than the baseline there."""
+    """One level of the traffic profile for a draft's best arm, on its own: the paired speedup over
+    the rounds of that level, its t interval, the verdict the interval gives against ``min_speedup``
+    (and the level's checks), and ``slower``: the interval lies below 1, the draft is significantly
+    slower than the baseline there."""
 
     concurrency: int
     share: float
@@ -237,11 +286,12 @@ class LevelVerdict:
 class Decision:
     """The verdict for one candidate draft on the traffic profile (its best spec config).
 
-    ``speedup`` and ``gain_over_champion`` are weighted geometric means over the profile's levels of the per-round
-    paired ratios, ``*_interval`` their t intervals (``eagle3.gate.stats``); ``accept_length`` is pooled over every
-    level; ``checks`` are the physical sanity checks of every weighed level (name, ok, message, concurrency);
-    ``reasons`` say why it did not pass, ``warnings`` what a PASS does not cover; ``levels``, ``crossover`` and
-    ``by_set`` as in the module docstring.
+    ``speedup`` and ``gain_over_champion`` are weighted geometric means over the profile's levels of
+    the per-round paired ratios, ``*_interval`` their t intervals (``eagle3.gate.stats``);
+    ``accept_length`` is pooled over every level; ``checks`` are the physical sanity checks of every
+    weighed level (name, ok, message, concurrency); ``reasons`` say why it did not pass,
+    ``warnings`` what a PASS does not cover; ``levels``, ``crossover`` and ``by_set`` as in the
+    module docstring.
     """
 
     draft: str
@@ -292,8 +342,10 @@ class GateReport:
     promotion: dict[str, Any] | None = None
     created_at: float = 0.0
     verdict: str | None = None  # PASS if a draft passed, else INCONCLUSIVE if one was, else FAIL
-    adaptive: dict[str, Any] | None = None  # the SGLang adaptive config emitted from the levels (module docstring)
-    cost: dict[str, Any] | None = None  # rounds, levels, arms, batches measured and the measuring time
+    # the SGLang adaptive config emitted from the levels (module docstring)
+    adaptive: dict[str, Any] | None = None
+    # rounds, levels, arms, batches measured and the measuring time
+    cost: dict[str, Any] | None = None
     # gate.sampling as measured: {name: {"label", "decides", "traffic"}}
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -304,13 +356,24 @@ class GateReport:
         return asdict(self)
 
     def serving_summary(self) -> dict[str, Any]:
-        """What the gate says about serving, for summaries: the best candidate's levels (speedup, interval,
-        verdict), crossover and warnings, and the emitted adaptive config with its command."""
+        """What the gate says about serving, for summaries: the best candidate's levels (speedup,
+        interval, verdict), crossover and warnings, and the emitted adaptive config with its
+        command."""
         arm = (self.best or {}).get("arm")
-        decision = next((d for d in self.decisions if d.best_arm is not None and d.best_arm == arm), None)
-        levels = [{"concurrency": lv.concurrency, "share": lv.share, "speedup": lv.speedup,
-                   "interval": lv.speedup_interval, "verdict": lv.verdict, "slower": lv.slower}
-                  for lv in (decision.levels if decision else [])]  # fmt: skip
+        decision = next(
+            (d for d in self.decisions if d.best_arm is not None and d.best_arm == arm), None
+        )
+        levels = [
+            {
+                "concurrency": lv.concurrency,
+                "share": lv.share,
+                "speedup": lv.speedup,
+                "interval": lv.speedup_interval,
+                "verdict": lv.verdict,
+                "slower": lv.slower,
+            }
+            for lv in (decision.levels if decision else [])
+        ]
         adaptive = self.adaptive or {}
         return {
             "levels": levels,

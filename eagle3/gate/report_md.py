@@ -56,14 +56,22 @@ def _rounds_table(report: GateReport, c: int, sampling: str | None) -> list[str]
         return []
     base = next((a.rounds_at(c) for a in arms if a.role == "baseline"), {})
     title = f"### Concurrency {c}" + (f", {sampling}" if len(report.sampling) > 1 else "")
-    lines = [title, "", "| round | " + " | ".join(a.name for a in arms) + " | speedups |",
-             "|---:|" + "---:|" * (len(arms) + 1)]  # fmt: skip
+    lines = [
+        title,
+        "",
+        "| round | " + " | ".join(a.name for a in arms) + " | speedups |",
+        "|---:|" + "---:|" * (len(arms) + 1),
+    ]
     for r in sorted({r for a in arms for r in a.rounds_at(c)}):
         cells, ratios = [], []
         for a in arms:
             stats = a.rounds_at(c).get(r)
-            cells.append("-" if stats is None else f"{stats.output_tok_s:.1f}" + (
-                f" [{stats.accept_length:.2f}]" if stats.accept_length else ""))  # fmt: skip
+            cells.append(
+                "-"
+                if stats is None
+                else f"{stats.output_tok_s:.1f}"
+                + (f" [{stats.accept_length:.2f}]" if stats.accept_length else "")
+            )
             if stats and a.role != "baseline" and r in base and base[r].output_tok_s:
                 ratios.append(f"{stats.output_tok_s / base[r].output_tok_s:.3f}")
         lines.append(f"| {r} | " + " | ".join(cells) + f" | {', '.join(ratios) or '-'} |")
@@ -73,13 +81,18 @@ def _rounds_table(report: GateReport, c: int, sampling: str | None) -> list[str]
 def _levels_table(d: Decision) -> list[str]:
     if not d.levels:
         return []
-    lines = ["", "  | concurrency | share | rounds | speedup | interval | verdict | vs baseline |",
-             "  |---:|---:|---:|---:|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "  | concurrency | share | rounds | speedup | interval | verdict | vs baseline |",
+        "  |---:|---:|---:|---:|---|---|---|",
+    ]
     for lv in d.levels:
         faster = lv.speedup_interval is not None and lv.speedup_interval[0] > 1.0
         versus = "**slower**" if lv.slower else "faster" if faster else "not shown different"
-        lines.append(f"  | {lv.concurrency} | {lv.share:.0%} | {lv.rounds} | {_fmt(lv.speedup, '.3f')} | "
-                     f"{_span(lv.speedup_interval)} | {lv.verdict.upper()} | {versus} |")  # fmt: skip
+        lines.append(
+            f"  | {lv.concurrency} | {lv.share:.0%} | {lv.rounds} | {_fmt(lv.speedup, '.3f')} | "
+            f"{_span(lv.speedup_interval)} | {lv.verdict.upper()} | {versus} |"
+        )
     return [*lines, ""]
 
 
@@ -115,23 +128,31 @@ def _decision_lines(d: Decision, report: GateReport | None = None) -> list[str]:
     lines += [f"  - {reason}" for reason in d.reasons]
     lines += [f"  - warning: {warning}" for warning in d.warnings]
     lines += _levels_table(d)
-    lines += [f"  - check {'ok' if c['ok'] else 'FAILED'}: {c['name']}: {c['message']}" for c in d.checks]
+    lines += [
+        f"  - check {'ok' if c['ok'] else 'FAILED'}: {c['name']}: {c['message']}" for c in d.checks
+    ]
     return lines
 
 
 def _accept_lines(report: GateReport) -> list[str]:
-    """Where each speculative level's accept length came from: the server's own field or computed, with the rate
-    and histogram when the server sent them (``eagle3.gate.accept``)."""
+    """Where each speculative level's accept length came from: the server's own field or computed,
+    with the rate and histogram when the server sent them (``eagle3.gate.accept``)."""
     rows = [(arm, lv) for arm in report.arms for lv in arm.levels if lv.accept_source]
     if not rows:
         return []
-    lines = ["", "## Accept counters (from the servers' answers)", "",
-             "| arm | concurrency | accept length | from | accept rate | verify passes by accepted drafts | fields |",
-             "|---|---:|---:|---|---:|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## Accept counters (from the servers' answers)",
+        "",
+        "| arm | concurrency | accept length | from | accept rate | verify passes by accepted drafts | fields |",
+        "|---|---:|---:|---|---:|---|---|",
+    ]
     for arm, lv in rows:
         hist = " ".join(map(str, lv.accept_histogram)) if lv.accept_histogram else "-"
-        lines.append(f"| {arm.name} | {lv.concurrency} | {_fmt(lv.accept_length)} | {lv.accept_source} | "
-                     f"{_fmt(lv.accept_rate)} | {hist} | {', '.join(lv.accept_fields)} |")  # fmt: skip
+        lines.append(
+            f"| {arm.name} | {lv.concurrency} | {_fmt(lv.accept_length)} | {lv.accept_source} | "
+            f"{_fmt(lv.accept_rate)} | {hist} | {', '.join(lv.accept_fields)} |"
+        )
     return lines
 
 
@@ -139,12 +160,18 @@ def _by_set_lines(report: GateReport) -> list[str]:
     rows = [(d, name, row) for d in report.decisions for name, row in d.by_set.items()]
     if not rows:
         return []
-    lines = ["", "## Accept length per prompt set (each draft's best arm, every level and round)", "",
-             "| draft | set | accept length | verify passes | completion tokens | prompts | requests |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "",
+        "## Accept length per prompt set (each draft's best arm, every level and round)",
+        "",
+        "| draft | set | accept length | verify passes | completion tokens | prompts | requests |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for d, name, row in rows:
-        lines.append(f"| {d.best_arm} | {name} | {_fmt(row['accept_length'])} | {row['spec_verify_ct']} | "
-                     f"{row['completion_tokens']} | {row['prompts']} | {row['requests']} |")  # fmt: skip
+        lines.append(
+            f"| {d.best_arm} | {name} | {_fmt(row['accept_length'])} | {row['spec_verify_ct']} | "
+            f"{row['completion_tokens']} | {row['prompts']} | {row['requests']} |"
+        )
     return lines
 
 
@@ -162,10 +189,18 @@ def _adaptive_lines(adaptive: dict[str, Any] | None) -> list[str]:
     ]
     for tier in adaptive["tiers"]:
         steps = ", ".join(map(str, tier["candidate_steps"]))
-        lines.append(f"| {tier['batch_size']} | {tier['concurrency']} | {steps} | {tier['reason']} |")
+        lines.append(
+            f"| {tier['batch_size']} | {tier['concurrency']} | {steps} | {tier['reason']} |"
+        )
     if adaptive.get("config") is not None:
-        lines += ["", f"`--speculative-adaptive-config` ({adaptive['config_path']}):", "", "```json",
-                  json.dumps(adaptive["config"]), "```"]  # fmt: skip
+        lines += [
+            "",
+            f"`--speculative-adaptive-config` ({adaptive['config_path']}):",
+            "",
+            "```json",
+            json.dumps(adaptive["config"]),
+            "```",
+        ]
     return [*lines, "", "SGLang launch command:", "", "```", str(adaptive["launch_sglang"]), "```"]
 
 
@@ -188,8 +223,10 @@ def _header(report: GateReport) -> list[str]:
         lines.append(f"sampling (each profile measured at its levels, own verdict): {profiles}")
     if report.cost:
         c = report.cost
-        lines.append(f"cost: {c['rounds']} rounds x {c['levels']} levels x {c['arms']} arms = {c['batches']} timed "
-                     f"batches, measured in {c['measure_s']:.0f} s")  # fmt: skip
+        lines.append(
+            f"cost: {c['rounds']} rounds x {c['levels']} levels x {c['arms']} arms = {c['batches']} timed "
+            f"batches, measured in {c['measure_s']:.0f} s"
+        )
     return lines
 
 
@@ -216,7 +253,11 @@ def to_markdown(report: GateReport) -> str:
     lines += _accept_lines(report)
     concurrencies = sorted({r.concurrency for a in report.arms for r in a.rounds})
     if concurrencies:
-        lines += ["", "## Rounds (output tok/s [accept length]; speedups = each speculative arm / baseline)", ""]
+        lines += [
+            "",
+            "## Rounds (output tok/s [accept length]; speedups = each speculative arm / baseline)",
+            "",
+        ]
         for sampling in dict.fromkeys(a.sampling for a in report.arms):
             for c in concurrencies:
                 lines += _rounds_table(report, c, sampling)
@@ -225,24 +266,38 @@ def to_markdown(report: GateReport) -> str:
     if unflushed:
         lines += ["", "## Rounds measured without a cache flush", "", *unflushed]
     if report.best:
-        lines += ["", "## Best static config", "", f"`{json.dumps(report.best.get('speculative'))}`", ""]
+        lines += [
+            "",
+            "## Best static config",
+            "",
+            f"`{json.dumps(report.best.get('speculative'))}`",
+            "",
+        ]
         lines += ["SGLang launch command:", "", "```", str(report.best.get("launch_sglang")), "```"]
     if report.promotion:
-        lines += ["", f"Promoted draft `{report.promotion['draft_id']}` to champion ({report.promotion['draft_dir']})."]
+        lines += [
+            "",
+            f"Promoted draft `{report.promotion['draft_id']}` to champion ({report.promotion['draft_dir']}).",
+        ]
     elif report.champion:
         lines += ["", f"Champion unchanged: `{report.champion.get('draft_id')}`."]
     return "\n".join(lines) + "\n"
 
 
 def serving_lines(summary: dict[str, Any]) -> list[str]:
-    """Markdown list lines of ``GateReport.serving_summary()`` (as found in the gate stage's summary): each level's
-    speedup and verdict, the crossover, the warnings and the command serving with the emitted adaptive config."""
+    """Markdown list lines of ``GateReport.serving_summary()`` (as found in the gate stage's
+    summary): each level's speedup and verdict, the crossover, the warnings and the command serving
+    with the emitted adaptive config."""
     levels = "; ".join(
         f"{lv['concurrency']} ({lv['share']:.0%}): {_fmt(lv['speedup'], '.2f')}x [{_span(lv['interval'])}] "
         f"{str(lv['verdict']).upper()}{', slower' if lv['slower'] else ''}"
         for lv in summary.get("levels") or []
     )
-    lines = [f"  - levels (concurrency (share): speedup [interval] verdict): {levels}"] if levels else []
+    lines = (
+        [f"  - levels (concurrency (share): speedup [interval] verdict): {levels}"]
+        if levels
+        else []
+    )
     lines += [
         f"  - at {row['name']} ({row['label']}, "
         f"{'decides' if row['decides'] else 'reported only'}): {str(row['verdict']).upper()}, "
@@ -254,6 +309,10 @@ def serving_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"  - crossover: {summary['crossover']['summary']}")
     lines += [f"  - warning: {w}" for w in summary.get("warnings") or []]
     if summary.get("adaptive_launch"):
-        where = f" (SGLang adaptive config `{summary['adaptive_config']}`)" if summary.get("adaptive_config") else ""
+        where = (
+            f" (SGLang adaptive config `{summary['adaptive_config']}`)"
+            if summary.get("adaptive_config")
+            else ""
+        )
         lines.append(f"  - serve{where}: `{summary['adaptive_launch']}`")
     return lines

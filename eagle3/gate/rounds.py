@@ -53,23 +53,29 @@ FLUSH_WAIT_S = 0.5
 
 
 class ArmError(RuntimeError):
-    """An arm could not be measured (launch, preflight or request failures); the message says which."""
+    """An arm could not be measured (launch, preflight or request failures); the message says
+    which."""
 
 
-def flush_cache(url: str, *, attempts: int = FLUSH_ATTEMPTS, wait_s: float = FLUSH_WAIT_S) -> str | None:
+def flush_cache(
+    url: str, *, attempts: int = FLUSH_ATTEMPTS, wait_s: float = FLUSH_WAIT_S
+) -> str | None:
     """POST ``/flush_cache``; ``None`` once flushed, else why it could not be.
 
     SGLang refuses to flush while requests are running or waiting (400; sgl-project/sglang
-    ``python/sglang/srt/entrypoints/http_server.py`` ``flush_cache``). Right after a batch the last replies may still
-    be leaving the server, so a 400 is retried a few times. Not flushing does not fail the arm (the numbers stay
-    real, a warm prefix cache only flatters the next batch), so the caller records it in the report instead.
+    ``python/sglang/srt/entrypoints/http_server.py`` ``flush_cache``). Right after a batch the last
+    replies may still be leaving the server, so a 400 is retried a few times. Not flushing does not
+    fail the arm (the numbers stay real, a warm prefix cache only flatters the next batch), so the
+    caller records it in the report instead.
     """
     last = "no attempt made"
     for attempt in range(attempts):
         if attempt:
             time.sleep(wait_s)
         try:
-            with urllib.request.urlopen(urllib.request.Request(f"{url}/flush_cache", method="POST"), timeout=30):
+            with urllib.request.urlopen(
+                urllib.request.Request(f"{url}/flush_cache", method="POST"), timeout=30
+            ):
                 return None
         except urllib.error.HTTPError as exc:
             last = f"HTTP {exc.code}: {exc.read().decode(errors='replace').strip()}"
@@ -107,7 +113,8 @@ class Batch:
 
 
 async def _batch(arm: ArmResult, url: str, batch: Batch, c: int, r: int, gate: GateConfig) -> None:
-    """One arm's turn in one round: warm-up, flush, then every prompt at concurrency ``c`` into ``arm.rounds``."""
+    """One arm's turn in one round: warm-up, flush, then every prompt at concurrency ``c`` into
+    ``arm.rounds``."""
     pairs = batch.pairs
     if gate.warmup_requests:
         warm = pairs[: gate.warmup_requests]
@@ -127,16 +134,20 @@ async def _batch(arm: ArmResult, url: str, batch: Batch, c: int, r: int, gate: G
     )
     errors = [res.error for res in sent.results if res.error]
     if errors:
-        raise ArmError(f"{len(errors)}/{len(pairs)} requests failed at concurrency {c}, first: {errors[0]}")
+        raise ArmError(
+            f"{len(errors)}/{len(pairs)} requests failed at concurrency {c}, first: {errors[0]}"
+        )
     stats = LevelStats.of(c, sent.results, sent.duration_s, sets=batch.sets)
     stats.round = r
     arm.rounds.append(stats)
     logger.info("%s concurrency %d round %d: %.1f tok/s", arm.name, c, r, stats.output_tok_s)
 
 
-async def _level(live: list[tuple[ArmResult, str]], batch: Batch, c: int, r: int, gate: GateConfig) -> None:
-    """Round ``r`` at concurrency ``c``: each arm still up takes its turn, in arm order on even rounds and reversed
-    on odd ones."""
+async def _level(
+    live: list[tuple[ArmResult, str]], batch: Batch, c: int, r: int, gate: GateConfig
+) -> None:
+    """Round ``r`` at concurrency ``c``: each arm still up takes its turn, in arm order on even
+    rounds and reversed on odd ones."""
     order = live if r % 2 == 0 else live[::-1]
     for arm, url in order:
         if arm.error is not None:

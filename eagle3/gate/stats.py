@@ -1,28 +1,33 @@
 """The gate's statistic: a Student-t confidence interval on the mean log of paired per-round ratios.
 
 Why t on logs, not a bootstrap:
-- A gate decides after 3 to 10 rounds. A percentile bootstrap of n values has at most n**n distinct resamples and
-  its interval undercovers badly below ~15 values (it never reaches beyond the observed extremes); the t interval
-  is exact when the log ratios are normal and degrades gently when they are not.
-- Logs make the statistic symmetric: a 1.25x speedup and a 0.8x slowdown are the same distance from 1, and the
-  back-transformed interval bounds the geometric mean ratio, which multiplies like speedups do.
-- Pairing per round (candidate and baseline measured back to back in one round) removes drift that both arms see:
-  only what differs between the two arms within a round widens the interval.
+- A gate decides after 3 to 10 rounds. A percentile bootstrap of n values has at most n**n distinct
+  resamples and its interval undercovers badly below ~15 values (it never reaches beyond the
+  observed extremes); the t interval is exact when the log ratios are normal and degrades gently
+  when they are not.
+- Logs make the statistic symmetric: a 1.25x speedup and a 0.8x slowdown are the same distance from
+  1, and the back-transformed interval bounds the geometric mean ratio, which multiplies like
+  speedups do.
+- Pairing per round (candidate and baseline measured back to back in one round) removes drift that
+  both arms see: only what differs between the two arms within a round widens the interval.
 
-A served-load profile (``gate.traffic``: levels with shares w_c) is combined per round, not per level: every level
-is measured in every round (``eagle3.gate.rounds``), so round r has a paired log speedup x_{c,r} at each level and
-one weighted log speedup y_r = sum_c w_c x_{c,r}; the interval is the same t interval over the y_r (n - 1 degrees
-of freedom). Its centre is the weighted mean of the levels' log speedups (mean_r y_r = sum_c w_c mean_r x_{c,r}),
-so the estimate is the weighted geometric mean of the levels' speedups; its variance is the sample variance of the
-y_r, which includes the covariance of the levels measured in the same round (a machine slower during a round slows
-every level of it), where combining per-level intervals as independent (sum_c w_c^2 s_c^2 / n with a Satterthwaite
-df) would assume it away. A level with no weight plays no part; a round missing a weighed level is left out. The
-weighted geometric mean is the symmetric summary of ratios; it lies between the weighted harmonic mean (the time a
-token mix with those shares saves) and the arithmetic mean, and the verdict's per-level floor
-(``gate.level_weight_floor``) keeps a heavy level's loss from hiding under the others' gains.
+A served-load profile (``gate.traffic``: levels with shares w_c) is combined per round, not per
+level: every level is measured in every round (``eagle3.gate.rounds``), so round r has a paired log
+speedup x_{c,r} at each level and one weighted log speedup y_r = sum_c w_c x_{c,r}; the interval is
+the same t interval over the y_r (n - 1 degrees of freedom). Its centre is the weighted mean of the
+levels' log speedups (mean_r y_r = sum_c w_c mean_r x_{c,r}), so the estimate is the weighted
+geometric mean of the levels' speedups; its variance is the sample variance of the y_r, which
+includes the covariance of the levels measured in the same round (a machine slower during a round
+slows every level of it), where combining per-level intervals as independent (sum_c w_c^2 s_c^2 / n
+with a Satterthwaite df) would assume it away. A level with no weight plays no part; a round missing
+a weighed level is left out. The weighted geometric mean is the symmetric summary of ratios; it lies
+between the weighted harmonic mean (the time a token mix with those shares saves) and the arithmetic
+mean, and the verdict's per-level floor (``gate.level_weight_floor``) keeps a heavy level's loss
+from hiding under the others' gains.
 
-The t quantile is computed here (bisection on the regularized incomplete beta, Numerical Recipes' ``betacf``
-continued fraction) because scipy is not a dependency; tests check it against table values.
+The t quantile is computed here (bisection on the regularized incomplete beta, Numerical Recipes'
+``betacf`` continued fraction) because scipy is not a dependency; tests check it against table
+values.
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     h = d
     for m in range(1, _MAX_ITER):
         m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+        for aa in (
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ):
             d = 1.0 + aa * d
             d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
             c = 1.0 + aa / c
@@ -60,7 +68,9 @@ def _betainc(a: float, b: float, x: float) -> float:
         return 0.0
     if x >= 1.0:
         return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
     if x < (a + 1.0) / (a + b + 2.0):
         return front * _betacf(a, b, x) / a
     return 1.0 - front * _betacf(b, a, 1.0 - x) / b
@@ -105,9 +115,11 @@ class Interval:
 
 
 def ratio_interval(ratios: Sequence[float], confidence: float) -> Interval | None:
-    """The t interval of the geometric mean of positive per-round ratios; None below 2 rounds (no spread known).
+    """The t interval of the geometric mean of positive per-round ratios; None below 2 rounds (no
+    spread known).
 
-    Rounds that agree exactly (zero spread) give a zero-width interval: the data show no noise to widen it.
+    Rounds that agree exactly (zero spread) give a zero-width interval: the data show no noise to
+    widen it.
     """
     if len(ratios) < 2:
         return None
@@ -121,9 +133,11 @@ def ratio_interval(ratios: Sequence[float], confidence: float) -> Interval | Non
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, confidence)
 
 
-def weighted_log_ratios(levels: Mapping[int, Mapping[int, float]], shares: Mapping[int, float]) -> list[float]:
-    """Per round (ascending), ``sum_c shares[c] * log(levels[c][round])`` over the levels with a share; only rounds
-    where every such level has a ratio (see the module docstring)."""
+def weighted_log_ratios(
+    levels: Mapping[int, Mapping[int, float]], shares: Mapping[int, float]
+) -> list[float]:
+    """Per round (ascending), ``sum_c shares[c] * log(levels[c][round])`` over the levels with a
+    share; only rounds where every such level has a ratio (see the module docstring)."""
     weighed = {c: w for c, w in shares.items() if w > 0}
     if not weighed:
         raise ValueError(f"no level has a share: {dict(shares)}")
@@ -140,5 +154,6 @@ def weighted_log_ratios(levels: Mapping[int, Mapping[int, float]], shares: Mappi
 def weighted_interval(
     levels: Mapping[int, Mapping[int, float]], shares: Mapping[int, float], confidence: float
 ) -> Interval | None:
-    """The t interval of the profile's weighted geometric mean speedup (module docstring); None below 2 rounds."""
+    """The t interval of the profile's weighted geometric mean speedup (module docstring); None
+    below 2 rounds."""
     return ratio_interval([math.exp(y) for y in weighted_log_ratios(levels, shares)], confidence)

@@ -2,48 +2,55 @@
 
 Design choices (docs/DESIGN.md, "The draft head", matching SGLang's ``LlamaForCausalLMEagle3``):
 
-* ``fc: Linear(3*H_target -> H, bias=False)`` fuses the target's three aux hidden states (low|mid|high). As in
-  SGLang, ``fc`` is applied only when the incoming hidden is not already ``H`` wide: inside a speculation chain the
-  hidden input is the draft's own previous output (``H`` wide). A target hidden of width ``H`` (SGLang's plain
-  ``EAGLE`` algorithm with an EAGLE-3 draft) therefore skips ``fc`` silently, which is exactly the misconfiguration
-  the reference decoder's ``last_hidden_only`` mode reproduces.
-* One decoder layer ``midlayer``: attention input is ``cat([input_layernorm(embed), hidden_norm(hidden)])`` (2H);
-  q/k/v project from 2H, ``o_proj`` and the SwiGLU MLP work at H. The residual stream is the *hidden* stream, not the
-  embedding: ``r1 = hidden + attn``, ``r2 = r1 + mlp(post_attention_layernorm(r1))``. ``r2`` is the pre-norm output:
-  ``lm_head(norm(r2))`` gives the draft logits and ``r2`` itself is the hidden input of the next step (TTT/chain).
-* Attention shape per target family (``attention_shape``). A Llama-like target gives heads, kv heads and
-  ``head_dim`` (or ``H // heads``) directly. A DeepSeek-V2/V3 or Kimi-K2/K2.5 target (multi-head latent attention,
-  recognised by ``kv_lora_rank`` in its config) has no plain attention to copy: transformers' ``DeepseekV3Config``
-  sets ``head_dim`` to the RoPE sub-dimension ``qk_rope_head_dim`` (64), half the width the draft needs. The draft
-  uses ``num_attention_heads`` query *and* kv heads of ``v_head_dim`` (128), SpecForge's shape for these targets
-  (sgl-project/SpecForge ``configs/kimi-k2-eagle3.json`` and ``configs/kimi-k25-eagle3.json``: 64 heads, 64 kv
-  heads, ``head_dim`` 128 on ``hidden_size`` 7168).
-* EAGLE 3.1 (``fc_norm``, ``norm_output``, ``norm_before_fc``; all off by default = EAGLE-3), as SGLang 0.5.23's
-  ``LlamaForCausalLMEagle3`` reads them (``srt/models/llama_eagle3.py``): ``norm_before_fc`` one RMSNorm
-  ``input_norm`` over the concatenated ``[3H_t]`` aux states, then ``fc_norm`` one RMSNorm ``fc_norm.{0,1,2}`` per
-  ``H_t`` aux chunk (low|mid|high), then ``fc``, in that order when both are on (both act only where ``fc`` does).
-  ``norm_output``: the hidden handed to the next step (TTT unroll, chain) is the post-norm ``norm(r2)``, the
-  "attention drift" fix of EAGLE 3.1, instead of the pre-norm ``r2``; the logits are the same either way.
+* ``fc: Linear(3*H_target -> H, bias=False)`` fuses the target's three aux hidden states
+  (low|mid|high). As in SGLang, ``fc`` is applied only when the incoming hidden is not already ``H``
+  wide: inside a speculation chain the hidden input is the draft's own previous output (``H`` wide).
+  A target hidden of width ``H`` (SGLang's plain ``EAGLE`` algorithm with an EAGLE-3 draft)
+  therefore skips ``fc`` silently, which is exactly the misconfiguration the reference decoder's
+  ``last_hidden_only`` mode reproduces.
+* One decoder layer ``midlayer``: attention input is ``cat([input_layernorm(embed),
+  hidden_norm(hidden)])`` (2H); q/k/v project from 2H, ``o_proj`` and the SwiGLU MLP work at H. The
+  residual stream is the *hidden* stream, not the embedding: ``r1 = hidden + attn``, ``r2 = r1 +
+  mlp(post_attention_layernorm(r1))``. ``r2`` is the pre-norm output: ``lm_head(norm(r2))`` gives
+  the draft logits and ``r2`` itself is the hidden input of the next step (TTT/chain).
+* Attention shape per target family (``attention_shape``). A Llama-like target gives heads, kv heads
+  and ``head_dim`` (or ``H // heads``) directly. A DeepSeek-V2/V3 or Kimi-K2/K2.5 target (multi-head
+  latent attention, recognised by ``kv_lora_rank`` in its config) has no plain attention to copy:
+  transformers' ``DeepseekV3Config`` sets ``head_dim`` to the RoPE sub-dimension
+  ``qk_rope_head_dim`` (64), half the width the draft needs. The draft uses ``num_attention_heads``
+  query *and* kv heads of ``v_head_dim`` (128), SpecForge's shape for these targets
+  (sgl-project/SpecForge ``configs/kimi-k2-eagle3.json`` and ``configs/kimi-k25-eagle3.json``: 64
+  heads, 64 kv heads, ``head_dim`` 128 on ``hidden_size`` 7168).
+* EAGLE 3.1 (``fc_norm``, ``norm_output``, ``norm_before_fc``; all off by default = EAGLE-3), as
+  SGLang 0.5.23's ``LlamaForCausalLMEagle3`` reads them (``srt/models/llama_eagle3.py``):
+  ``norm_before_fc`` one RMSNorm ``input_norm`` over the concatenated ``[3H_t]`` aux states, then
+  ``fc_norm`` one RMSNorm ``fc_norm.{0,1,2}`` per ``H_t`` aux chunk (low|mid|high), then ``fc``, in
+  that order when both are on (both act only where ``fc`` does). ``norm_output``: the hidden handed
+  to the next step (TTT unroll, chain) is the post-norm ``norm(r2)``, the "attention drift" fix of
+  EAGLE 3.1, instead of the pre-norm ``r2``; the logits are the same either way.
 * ``attention=mla`` (``DraftConfig.attention``) puts DeepSeek's multi-head latent attention in the
   layer instead (``eagle3.model.mla``, SGLang's ``Eagle3DeepseekV2ForCausalLM``); both attentions
   hand ``attend`` per-head keys and values, whose widths may differ (MLA), so every cache below
   serves both.
-* Token embeddings come from the frozen target ``embed_tokens`` and are passed in by the caller (``input_embeds``),
-  so the (possibly huge) embedding table is never part of the trained, sharded or exported module.
-* RoPE follows the target's rope settings (``default``, ``linear`` and ``llama3`` scaling are implemented; other
-  scalings such as yarn fall back to plain RoPE at the same theta, and the export writes ``rope_scaling: null`` so
-  serving computes what training computed).
-* Attention uses ``torch.nn.functional.scaled_dot_product_attention`` (GQA through ``enable_gqa``); flash-attn is
-  used when the ``gpu`` extra is installed, on CUDA, in half precision (guarded import).
+* Token embeddings come from the frozen target ``embed_tokens`` and are passed in by the caller
+  (``input_embeds``), so the (possibly huge) embedding table is never part of the trained, sharded
+  or exported module.
+* RoPE follows the target's rope settings (``default``, ``linear`` and ``llama3`` scaling are
+  implemented; other scalings such as yarn fall back to plain RoPE at the same theta, and the export
+  writes ``rope_scaling: null`` so serving computes what training computed).
+* Attention uses ``torch.nn.functional.scaled_dot_product_attention`` (GQA through ``enable_gqa``);
+  flash-attn is used when the ``gpu`` extra is installed, on CUDA, in half precision (guarded
+  import).
 
-Training-time test (TTT) attention. Step 0 runs over the whole sequence with real target features: position ``t``
-holds ``(hidden_t, token_{t+1})`` at RoPE position ``t`` and attends causally to positions ``<= t``. At unrolled step
-``k >= 1`` position ``t`` continues the chain that started at ``t``: it attends to the cached step-0 keys/values at
-positions ``<= t`` (its real context) plus its *own* diagonal entries from steps ``1..k`` (its earlier speculative
-tokens), with RoPE position ``t + k``. This is exactly what a chain of ``k`` draft tokens sees at inference after a
-prefix ending at ``t`` (SGLang and ``eagle3.serve.reference.spec_decoder``). The softmax over the union is computed
-exactly by merging the step-0 attention (output + log-sum-exp) with the ``k`` diagonal scores, so memory stays
-``O(T^2)`` per step instead of ``O(k T^2)``.
+Training-time test (TTT) attention. Step 0 runs over the whole sequence with real target features:
+position ``t`` holds ``(hidden_t, token_{t+1})`` at RoPE position ``t`` and attends causally to
+positions ``<= t``. At unrolled step ``k >= 1`` position ``t`` continues the chain that started at
+``t``: it attends to the cached step-0 keys/values at positions ``<= t`` (its real context) plus its
+*own* diagonal entries from steps ``1..k`` (its earlier speculative tokens), with RoPE position ``t
++ k``. This is exactly what a chain of ``k`` draft tokens sees at inference after a prefix ending at
+  ``t`` (SGLang and ``eagle3.serve.reference.spec_decoder``). The softmax over the union is computed
+exactly by merging the step-0 attention (output + log-sum-exp) with the ``k`` diagonal scores, so
+memory stays ``O(T^2)`` per step instead of ``O(k T^2)``.
 """
 
 from __future__ import annotations
@@ -109,7 +116,8 @@ class DraftConfig:
         attention: str = "mha",
         **mla_sizes: int | None,
     ) -> DraftConfig:
-        """Build from a transformers config (or its ``text_config``): H, heads, kv heads, head_dim, MLP, eps, rope.
+        """Build from a transformers config (or its ``text_config``): H, heads, kv heads, head_dim,
+        MLP, eps, rope.
 
         ``max_position_embeddings`` is raised to at least the target's context; the EAGLE 3.1
         flags and the attention (``mla_sizes``: ``q_lora_rank``... ``v_head_dim``, None for the
@@ -157,16 +165,23 @@ class DraftConfig:
 
 
 def attention_shape(target: Any) -> tuple[int, int, int]:
-    """(heads, kv heads, head_dim) of the draft's attention for a transformers target config (module docstring)."""
+    """(heads, kv heads, head_dim) of the draft's attention for a transformers target config (module
+    docstring)."""
     heads = int(target.num_attention_heads)
-    if getattr(target, "kv_lora_rank", None):  # DeepSeek-V2/V3, Kimi-K2/K2.5: latent attention, SpecForge's shape
+    # DeepSeek-V2/V3, Kimi-K2/K2.5: latent attention, SpecForge's shape
+    if getattr(target, "kv_lora_rank", None):
         return heads, heads, int(target.v_head_dim)
     kv_heads = int(getattr(target, "num_key_value_heads", None) or heads)
-    return heads, kv_heads, int(getattr(target, "head_dim", None) or int(target.hidden_size) // heads)
+    return (
+        heads,
+        kv_heads,
+        int(getattr(target, "head_dim", None) or int(target.hidden_size) // heads),
+    )
 
 
 def _rope_settings(target: Any) -> tuple[float, dict[str, Any] | None]:
-    """(theta, scaling) from either transformers-5 ``rope_parameters`` or legacy ``rope_theta``/``rope_scaling``."""
+    """(theta, scaling) from either transformers-5 ``rope_parameters`` or legacy
+    ``rope_theta``/``rope_scaling``."""
     params = dict(getattr(target, "rope_parameters", None) or {})
     legacy = dict(getattr(target, "rope_scaling", None) or {})
     theta = float(params.get("rope_theta") or getattr(target, "rope_theta", None) or 10000.0)
@@ -175,9 +190,16 @@ def _rope_settings(target: Any) -> tuple[float, dict[str, Any] | None]:
     if kind == "default":
         return theta, None
     if kind not in SUPPORTED_ROPE:
-        logger.warning("rope_type %r is not implemented for the draft; it uses plain RoPE (theta=%s)", kind, theta)
+        logger.warning(
+            "rope_type %r is not implemented for the draft; it uses plain RoPE (theta=%s)",
+            kind,
+            theta,
+        )
         return theta, None
-    return theta, {"rope_type": kind, **{k: v for k, v in scaling.items() if k not in ("rope_type", "type")}}
+    return theta, {
+        "rope_type": kind,
+        **{k: v for k, v in scaling.items() if k not in ("rope_type", "type")},
+    }
 
 
 def rope_inv_freq(config: DraftConfig) -> torch.Tensor:
@@ -202,7 +224,8 @@ def rope_inv_freq(config: DraftConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, heads, S, D]`` by ``positions [B, S]`` (half-split layout, as HF/SGLang Llama)."""
+    """Rotate ``x [B, heads, S, D]`` by ``positions [B, S]`` (half-split layout, as HF/SGLang
+    Llama)."""
     angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # [B, S] -> [B, S, D/2]
     cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None].to(x.dtype)  # [B, 1, S, D]
     sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None].to(x.dtype)
@@ -228,9 +251,10 @@ class DraftKVCache:
     """Keys/values of the draft's single layer for incremental decoding, ``[B, kv_heads, S, D_k]``
     and ``[B, kv_heads, S, D_v]`` (equal widths but for MLA).
 
-    ``key_mask`` (``[B, S]`` bool over every key, including those the next forward appends) lets a batch hold rows of
-    different lengths: a batched caller sets it before each forward and False keys (left padding) are never attended.
-    None means every key is real (one sequence, or rows of equal length).
+    ``key_mask`` (``[B, S]`` bool over every key, including those the next forward appends) lets a
+    batch hold rows of different lengths: a batched caller sets it before each forward and False
+    keys (left padding) are never attended. None means every key is real (one sequence, or rows of
+    equal length).
     """
 
     def __init__(self) -> None:
@@ -255,7 +279,8 @@ class DraftKVCache:
 
 @dataclass
 class TTTCache:
-    """Step-0 keys/values (full sequence) plus each later step's keys/values (one per position, the diagonal)."""
+    """Step-0 keys/values (full sequence) plus each later step's keys/values (one per position, the
+    diagonal)."""
 
     k0: torch.Tensor | None = None
     v0: torch.Tensor | None = None
@@ -264,7 +289,8 @@ class TTTCache:
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)  # [B, kv, S, D] -> [B, kv*g, S, D]
+    # [B, kv, S, D] -> [B, kv*g, S, D]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 def _causal_attention(
@@ -277,22 +303,28 @@ def _causal_attention(
 ) -> torch.Tensor:
     """Queries at positions ``offset..offset+S-1`` over keys ``0..offset+S-1``; ``[B, h, S, D_v]``.
 
-    ``key_mask [B, total]`` hides padding keys; a query always sees its own key, so a padding query's row is never
-    all masked (its output is unused, but an all -inf row would be NaN). ``scale`` None is
-    ``1/sqrt(D_k)``; values may be narrower or wider than keys (MLA)."""
+    ``key_mask [B, total]`` hides padding keys; a query always sees its own key, so a padding
+    query's row is never all masked (its output is unused, but an all -inf row would be NaN).
+    ``scale`` None is ``1/sqrt(D_k)``; values may be narrower or wider than keys (MLA)."""
     s, total = q.shape[2], k.shape[2]
     half = q.dtype in (torch.float16, torch.bfloat16)
     flash = _flash_attn_func is not None and q.is_cuda and half
     if key_mask is None and flash and k.shape[-1] == v.shape[-1]:
-        out = _flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
-                               softmax_scale=scale)
+        out = _flash_attn_func(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            causal=True,
+            softmax_scale=scale,
+        )
         return out.transpose(1, 2)  # flash-attn aligns the causal mask bottom-right, as we need
     groups = q.shape[1] // k.shape[1]
     if key_mask is None and offset == 0 and s == total:
         return F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=groups > 1, scale=scale
         )
-    mask = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(diagonal=total - s)  # [S, total]
+    # [S, total]
+    mask = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(diagonal=total - s)
     if key_mask is not None:
         own = torch.zeros(s, total, dtype=torch.bool, device=q.device)
         own[:, total - s :] = torch.eye(s, dtype=torch.bool, device=q.device)
@@ -303,7 +335,8 @@ def _causal_attention(
 
 
 def _ttt_attention(q: torch.Tensor, cache: TTTCache, scale: float | None = None) -> torch.Tensor:
-    """Exact softmax over step-0 keys ``<= t`` and the diagonal keys of steps ``1..k`` for each query ``t``."""
+    """Exact softmax over step-0 keys ``<= t`` and the diagonal keys of steps ``1..k`` for each
+    query ``t``."""
     groups = q.shape[1] // cache.k0.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     qf = q.float()
@@ -351,7 +384,11 @@ class DraftAttention(nn.Module):
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            d,
+        )
         self.q_proj = nn.Linear(2 * h, self.heads * d, bias=False)
         self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
@@ -360,8 +397,10 @@ class DraftAttention(nn.Module):
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)  # [B, S, 2H] -> [B, h, S, D]
-        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)  # -> [B, kv, S, D]
+        # [B, S, 2H] -> [B, h, S, D]
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        # -> [B, kv, S, D]
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, positions, self.inv_freq), apply_rope(k, positions, self.inv_freq), v
 
@@ -382,7 +421,8 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, S, H] -> [B, S, I] -> [B, S, H]
+        # [B, S, H] -> [B, S, I] -> [B, S, H]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftDecoderLayer(nn.Module):
@@ -408,14 +448,17 @@ class DraftDecoderLayer(nn.Module):
         positions: torch.Tensor,
         cache: DraftKVCache | TTTCache | None,
     ) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # 2 x [B, S, H] -> [B, S, 2H]
+        # 2 x [B, S, H] -> [B, S, 2H]
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         residual = hidden + self.self_attn(x, positions, cache)  # [B, S, H]
-        return residual + self.mlp(self.post_attention_layernorm(residual))  # pre-norm output [B, S, H]
+        # pre-norm output [B, S, H]
+        return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
 class DraftModel(nn.Module):
-    """``fc`` + ``midlayer`` + ``norm`` + ``lm_head`` (parameter names are the export's key names), plus the EAGLE 3.1
-    ``input_norm`` (``norm_before_fc``) and ``fc_norm.{0,1,2}`` (``fc_norm``) when the config turns them on."""
+    """``fc`` + ``midlayer`` + ``norm`` + ``lm_head`` (parameter names are the export's key names),
+    plus the EAGLE 3.1 ``input_norm`` (``norm_before_fc``) and ``fc_norm.{0,1,2}`` (``fc_norm``)
+    when the config turns them on."""
 
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
@@ -431,15 +474,17 @@ class DraftModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
 
     def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target aux hidden ``[B, S, 3H_t] -> [B, S, H]``; an ``H``-wide hidden passes through (SGLang's rule), the
-        EAGLE 3.1 norms included: they normalise the target's states only."""
+        """Target aux hidden ``[B, S, 3H_t] -> [B, S, H]``; an ``H``-wide hidden passes through
+        (SGLang's rule), the EAGLE 3.1 norms included: they normalise the target's states only."""
         if hidden.shape[-1] == self.config.hidden_size:
             return hidden
         if self.config.norm_before_fc:
             hidden = self.input_norm(hidden)  # [B, S, 3H_t], one norm over the concatenation
         if self.config.fc_norm:
             chunks = hidden.chunk(3, dim=-1)  # 3 x [B, S, H_t]: low | mid | high
-            hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+            hidden = torch.cat(
+                [norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1
+            )
         return self.fc(hidden)  # [B, S, 3H_t] -> [B, S, H]
 
     def forward(
@@ -451,11 +496,13 @@ class DraftModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft step: ``(logits [B, S, V_draft], next hidden [B, S, H])``.
 
-        ``hidden`` is the target's aux hidden (3H_t, fused by ``fc``) or the previous step's returned hidden (H).
-        The returned hidden is what the next step reads, as SGLang hands it on: the pre-norm output, or the post-norm
-        one with ``norm_output`` (EAGLE 3.1).
-        ``cache`` is a ``DraftKVCache`` for decoding, a ``TTTCache`` for the training unroll, or None (no cache).
+        ``hidden`` is the target's aux hidden (3H_t, fused by ``fc``) or the previous step's
+        returned hidden (H). The returned hidden is what the next step reads, as SGLang hands it on:
+        the pre-norm output, or the post-norm one with ``norm_output`` (EAGLE 3.1).
+        ``cache`` is a ``DraftKVCache`` for decoding, a ``TTTCache`` for the training unroll, or
+        None (no cache).
         """
         out = self.midlayer(input_embeds, self.fuse(hidden), positions, cache)  # pre-norm [B, S, H]
         normed = self.norm(out)  # [B, S, H]
-        return self.lm_head(normed), normed if self.config.norm_output else out  # [B, S, H] -> [B, S, V_draft]
+        # [B, S, H] -> [B, S, V_draft]
+        return self.lm_head(normed), normed if self.config.norm_output else out

@@ -2,11 +2,11 @@
 for the MLA draft, ``eagle3.model.export_mla``): the one definition that writing, checking and
 loading an export directory all use.
 
-Why it is this strict: SGLang silently drops unknown keys and silently skips ``fc`` when the hidden widths match, so
-a wrong export does not fail at load, it serves with accept length ~1. Hence:
+Why it is this strict: SGLang silently drops unknown keys and silently skips ``fc`` when the hidden
+widths match, so a wrong export does not fail at load, it serves with accept length ~1. Hence:
 
-* An export directory holds ``config.json`` and ``model.safetensors`` (the draft itself, ``EXPORT_FILES``) plus a
-  ``README.md`` model card.
+* An export directory holds ``config.json`` and ``model.safetensors`` (the draft itself,
+  ``EXPORT_FILES``) plus a ``README.md`` model card.
 * ``model.safetensors`` holds *exactly* the keys of ``expected_shapes`` (docs/DESIGN.md, "The
   export"), each with the shape the ``config.json`` implies. There is no ``embed_tokens``: SGLang
   takes the target's.
@@ -14,18 +14,20 @@ a wrong export does not fail at load, it serves with accept length ~1. Hence:
   (``d2t`` holds int64 offsets, SGLang's format); the target ids are strictly increasing and inside
   the target vocab; ``t2d`` is the bool mask over the target vocab of exactly those ids.
   ``vocab_maps`` builds the pair, ``vocab_problems`` checks it.
-* ``eagle_config.eagle_aux_hidden_state_layer_ids`` are 3 ids in the ``output_of_layer`` convention (SGLang adds 1).
-* EAGLE 3.1 (``served_flags``): ``fc_norm: true`` adds ``fc_norm.{0,1,2}.weight`` ``[H_t]``, ``eagle_config.
-  norm_before_fc: true`` adds ``input_norm.weight`` ``[3H_t]``, ``norm_output: true`` adds no weight. They are
-  written only when on, so an EAGLE-3 export is unchanged. SGLang 0.5.23 drops a norm weight whose flag is absent
-  without a word (a 3.1 draft then serves as a damaged 3.0 one), hence the key set follows the flags exactly.
+* ``eagle_config.eagle_aux_hidden_state_layer_ids`` are 3 ids in the ``output_of_layer`` convention
+  (SGLang adds 1).
+* EAGLE 3.1 (``served_flags``): ``fc_norm: true`` adds ``fc_norm.{0,1,2}.weight`` ``[H_t]``,
+  ``eagle_config. norm_before_fc: true`` adds ``input_norm.weight`` ``[3H_t]``, ``norm_output:
+  true`` adds no weight. They are written only when on, so an EAGLE-3 export is unchanged. SGLang
+  0.5.23 drops a norm weight whose flag is absent without a word (a 3.1 draft then serves as a
+  damaged 3.0 one), hence the key set follows the flags exactly.
 * A full-vocab draft (``vocab.draft_vocab_size`` = the target's vocab: ``draft_vocab_size ==
   vocab_size``) has no ``d2t``/``t2d``: its ids are the target's, as in the published Kimi MLA
   drafts, and SGLang then sees no reduced vocab (its rejection sampling refuses one).
 
-``load_export`` reads what checks need (config, tensor shapes from the safetensors header, the vocab maps) without
-judging it; ``validate_export`` lists every problem, each naming the file and the fix; ``load_draft`` gives a
-``DraftModel`` for evaluation and refuses an export with any problem.
+``load_export`` reads what checks need (config, tensor shapes from the safetensors header, the vocab
+maps) without judging it; ``validate_export`` lists every problem, each naming the file and the fix;
+``load_draft`` gives a ``DraftModel`` for evaluation and refuses an export with any problem.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ from eagle3.model.export_mla import (
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "README.md"
-EXPORT_FILES: tuple[str, ...] = (CONFIG_FILE, WEIGHTS_FILE)  # what the draft is (its content id hashes these)
+# what the draft is (its content id hashes these)
+EXPORT_FILES: tuple[str, ...] = (CONFIG_FILE, WEIGHTS_FILE)
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 CARD_TAGS: tuple[str, ...] = ("eagle3", "speculative-decoding", "sglang")
 CARD_LIBRARY = "sglang"  # the draft is served by SGLang, not loadable by transformers alone
@@ -68,9 +71,9 @@ REEXPORT = "re-export the draft with `eagle3 export`"
 
 
 def served_flags(cfg: dict[str, Any]) -> dict[str, bool]:
-    """The EAGLE 3.1 switches of an export ``config.json`` as SGLang 0.5.23 reads them (``llama_eagle3.py``):
-    ``fc_norm`` (or legacy ``use_aux_norm``), ``norm_output``, and ``norm_before_fc`` from ``eagle_config`` (or the
-    top level)."""
+    """The EAGLE 3.1 switches of an export ``config.json`` as SGLang 0.5.23 reads them
+    (``llama_eagle3.py``): ``fc_norm`` (or legacy ``use_aux_norm``), ``norm_output``, and
+    ``norm_before_fc`` from ``eagle_config`` (or the top level)."""
     eagle = cfg.get("eagle_config") or {}
     return {
         "fc_norm": bool(cfg.get("fc_norm") or cfg.get("use_aux_norm", False)),
@@ -80,35 +83,45 @@ def served_flags(cfg: dict[str, Any]) -> dict[str, bool]:
 
 
 FC_NORM_KEYS = ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")
-LEGACY_FC_NORM_KEYS = ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight")  # SGLang maps them
+# SGLang maps them
+LEGACY_FC_NORM_KEYS = ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight")
 
 
 def norm_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The EAGLE 3.1 norm weights (export key names) the config's flags imply, with their shapes."""
     th, flags = cfg.get("target_hidden_size", cfg["hidden_size"]), served_flags(cfg)
-    shapes: dict[str, tuple[int, ...]] = dict.fromkeys(FC_NORM_KEYS, (th,)) if flags["fc_norm"] else {}
+    shapes: dict[str, tuple[int, ...]] = (
+        dict.fromkeys(FC_NORM_KEYS, (th,)) if flags["fc_norm"] else {}
+    )
     if flags["norm_before_fc"]:
         shapes["input_norm.weight"] = (3 * th,)
     return shapes
 
 
 def variant_problems(cfg: dict[str, Any], keys: Iterable[str]) -> list[str]:
-    """Where the EAGLE 3.1 flags of ``config.json`` and the norm weights present disagree, each with its fix. SGLang
-    drops a norm weight whose flag is absent without an error (the draft serves as a damaged EAGLE-3 one) and runs
-    a flag without its weight on an untrained, all-ones norm; neither fails at load."""
+    """Where the EAGLE 3.1 flags of ``config.json`` and the norm weights present disagree, each with
+    its fix. SGLang drops a norm weight whose flag is absent without an error (the draft serves as a
+    damaged EAGLE-3 one) and runs a flag without its weight on an untrained, all-ones norm; neither
+    fails at load."""
     flags, keys = served_flags(cfg), set(keys)
     problems = []
-    for flag, names, fix in (("fc_norm", FC_NORM_KEYS + LEGACY_FC_NORM_KEYS, "train.architecture.fc_norm=true"),
-                             ("norm_before_fc", ("input_norm.weight",), "train.architecture.norm_before_fc=true")):
+    for flag, names, fix in (
+        ("fc_norm", FC_NORM_KEYS + LEGACY_FC_NORM_KEYS, "train.architecture.fc_norm=true"),
+        ("norm_before_fc", ("input_norm.weight",), "train.architecture.norm_before_fc=true"),
+    ):
         present = sorted(keys & set(names))
         where = "eagle_config.norm_before_fc" if flag == "norm_before_fc" else flag
         if present and not flags[flag]:
-            problems.append(f"weights {present} without {where}: true in config.json: SGLang 0.5.23 drops them "
-                            f"silently and serves another draft than the trained one; set {where}: true (re-export "
-                            f"the draft trained with {fix})")
+            problems.append(
+                f"weights {present} without {where}: true in config.json: SGLang 0.5.23 drops them "
+                f"silently and serves another draft than the trained one; set {where}: true (re-export "
+                f"the draft trained with {fix})"
+            )
         elif flags[flag] and not present:
-            problems.append(f"config.json sets {where} but the weights lack {list(names[:3])}: SGLang would run "
-                            f"untrained (all-ones) norms; re-export the draft trained with {fix}, or drop the flag")
+            problems.append(
+                f"config.json sets {where} but the weights lack {list(names[:3])}: SGLang would run "
+                f"untrained (all-ones) norms; re-export the draft trained with {fix}, or drop the flag"
+            )
     return problems
 
 
@@ -130,7 +143,8 @@ def _mha_attention_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """The exact key set of ``model.safetensors`` and each tensor's shape, implied by an export ``config.json``.
+    """The exact key set of ``model.safetensors`` and each tensor's shape, implied by an export
+    ``config.json``.
 
     Raises ``KeyError`` naming a size field the config lacks."""
     h, th = cfg["hidden_size"], cfg.get("target_hidden_size", cfg["hidden_size"])
@@ -145,11 +159,16 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     }
     maps = {"d2t": (cfg["draft_vocab_size"],), "t2d": (cfg["vocab_size"],)}
     maps = {} if full_vocab(cfg) else maps
-    return norm_shapes(cfg) | maps | {
-        "fc.weight": (h, 3 * th),  # [H, 3*H_target]: fuses the three aux layers
-        "lm_head.weight": (cfg["draft_vocab_size"], h),
-        "norm.weight": (h,),
-    } | {(EXPORT_LAYER if mla else MODEL_LAYER) + k: shape for k, shape in layer.items()}
+    return (
+        norm_shapes(cfg)
+        | maps
+        | {
+            "fc.weight": (h, 3 * th),  # [H, 3*H_target]: fuses the three aux layers
+            "lm_head.weight": (cfg["draft_vocab_size"], h),
+            "norm.weight": (h,),
+        }
+        | {(EXPORT_LAYER if mla else MODEL_LAYER) + k: shape for k, shape in layer.items()}
+    )
 
 
 def attention_summary(cfg: dict[str, Any]) -> str:
@@ -164,7 +183,9 @@ def attention_summary(cfg: dict[str, Any]) -> str:
     return f"MHA (`{cfg['architectures'][0]}`, {heads}); {vocab}"
 
 
-def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfloat16") -> dict[str, Any]:
+def export_config(
+    draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfloat16"
+) -> dict[str, Any]:
     """The ``config.json`` of an export: LlamaConfig fields of the draft plus the EAGLE-3 fields
     (the MLA draft: its DeepSeek fields instead, ``export_mla.mla_config_fields``)."""
     cfg: dict[str, Any] = {
@@ -187,7 +208,10 @@ def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfl
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(layer_ids),
+            "use_aux_hidden_state": True,
+        },
     }
     if draft.target_hidden_size != draft.hidden_size:
         cfg["target_hidden_size"] = draft.target_hidden_size
@@ -204,10 +228,16 @@ def export_config(draft: DraftConfig, layer_ids: list[int], *, dtype: str = "bfl
 
 
 def draft_config_from_export(cfg: dict[str, Any]) -> DraftConfig:
-    """The draft architecture an export ``config.json`` describes (the inverse of ``export_config``)."""
-    shape = mla_draft_fields(cfg) if is_mla(cfg) else {
-        "num_key_value_heads": cfg["num_key_value_heads"],
-        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]}
+    """The draft architecture an export ``config.json`` describes (the inverse of
+    ``export_config``)."""
+    shape = (
+        mla_draft_fields(cfg)
+        if is_mla(cfg)
+        else {
+            "num_key_value_heads": cfg["num_key_value_heads"],
+            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        }
+    )
     return DraftConfig(
         hidden_size=cfg["hidden_size"],
         target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
@@ -231,7 +261,8 @@ def draft_config_from_export(cfg: dict[str, Any]) -> DraftConfig:
 
 
 def vocab_maps(target_ids: torch.Tensor, target_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d2t, t2d)`` of a draft vocab given as ascending target ids: int64 offsets and the bool target mask."""
+    """``(d2t, t2d)`` of a draft vocab given as ascending target ids: int64 offsets and the bool
+    target mask."""
     target_ids = target_ids.to(torch.int64)
     t2d = torch.zeros(target_vocab, dtype=torch.bool)
     t2d[target_ids] = True
@@ -244,19 +275,30 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 
 def vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab: int) -> list[str]:
-    """What breaks the vocab-map rules (the caller adds the file and the fix); ``t2d`` None checks ``d2t`` only."""
+    """What breaks the vocab-map rules (the caller adds the file and the fix); ``t2d`` None checks
+    ``d2t`` only."""
     targets = target_ids(d2t)
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= target_vocab):
-        return [f"d2t maps to target ids in [{int(targets.min())}, {int(targets.max())}], outside the vocab "
-                f"[0, {target_vocab}): d2t must hold offsets target_id - draft_id"]
+        return [
+            f"d2t maps to target ids in [{int(targets.min())}, {int(targets.max())}], outside the vocab "
+            f"[0, {target_vocab}): d2t must hold offsets target_id - draft_id"
+        ]
     problems = []
     if targets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
-        problems.append("d2t target ids are not strictly increasing (draft ids are the selected target ids sorted "
-                        "ascending)")
-    if t2d is not None and (t2d.dtype != torch.bool or t2d.numel() != target_vocab
-                            or int(t2d.sum()) != targets.numel() or not bool(t2d[targets].all())):
-        problems.append(f"t2d and d2t disagree: t2d must be the bool mask over the {target_vocab} target ids of "
-                        "exactly the d2t targets")
+        problems.append(
+            "d2t target ids are not strictly increasing (draft ids are the selected target ids sorted "
+            "ascending)"
+        )
+    if t2d is not None and (
+        t2d.dtype != torch.bool
+        or t2d.numel() != target_vocab
+        or int(t2d.sum()) != targets.numel()
+        or not bool(t2d[targets].all())
+    ):
+        problems.append(
+            f"t2d and d2t disagree: t2d must be the bool mask over the {target_vocab} target ids of "
+            "exactly the d2t targets"
+        )
     return problems
 
 
@@ -267,7 +309,8 @@ def vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab: in
 
 @dataclass(frozen=True)
 class DraftExport:
-    """What checks need from an export dir: its config, every tensor's shape, and the vocab maps (when present)."""
+    """What checks need from an export dir: its config, every tensor's shape, and the vocab maps
+    (when present)."""
 
     path: Path
     config: dict[str, Any]
@@ -278,16 +321,22 @@ class DraftExport:
 
 def missing_files(export_dir: Path) -> list[Path]:
     """The files of ``EXPORT_FILES`` that ``export_dir`` lacks."""
-    return [Path(export_dir) / name for name in EXPORT_FILES if not (Path(export_dir) / name).exists()]
+    return [
+        Path(export_dir) / name for name in EXPORT_FILES if not (Path(export_dir) / name).exists()
+    ]
 
 
 def load_export(export_dir: Path) -> DraftExport:
-    """Read an export dir without judging it (only ``d2t``/``t2d`` are loaded; other shapes come from the header).
+    """Read an export dir without judging it (only ``d2t``/``t2d`` are loaded; other shapes come
+    from the header).
 
-    Raises ``FileNotFoundError`` naming the missing file and the fix when it is not an export dir."""
+    Raises ``FileNotFoundError`` naming the missing file and the fix when it is not an export
+    dir."""
     export_dir = Path(export_dir)
     for path in missing_files(export_dir):
-        raise FileNotFoundError(f"{path} is missing: point at an export dir written by `eagle3 export`")
+        raise FileNotFoundError(
+            f"{path} is missing: point at an export dir written by `eagle3 export`"
+        )
     config = json.loads((export_dir / CONFIG_FILE).read_text())
     try:
         with safe_open(str(export_dir / WEIGHTS_FILE), framework="pt") as fh:
@@ -297,17 +346,23 @@ def load_export(export_dir: Path) -> DraftExport:
             t2d = fh.get_tensor("t2d") if "t2d" in keys else None
     except SafetensorError as exc:  # zero bytes, cut short, a damaged header
         weights = export_dir / WEIGHTS_FILE
-        raise ValueError(f"{weights} is not a readable safetensors file ({exc}): {REEXPORT}") from None
+        raise ValueError(
+            f"{weights} is not a readable safetensors file ({exc}): {REEXPORT}"
+        ) from None
     return DraftExport(export_dir, config, shapes, d2t, t2d)
 
 
 def non_finite_tensors(path: Path) -> list[str]:
-    """Names of the floating-point tensors of a safetensors file holding NaN or inf (one tensor in memory at a
-    time). A NaN-trained draft has the right keys and shapes, so only this finds it."""
+    """Names of the floating-point tensors of a safetensors file holding NaN or inf (one tensor in
+    memory at a time). A NaN-trained draft has the right keys and shapes, so only this finds it."""
     try:
         with safe_open(str(path), framework="pt") as fh:
             names = list(fh.keys())
-            return [k for k in names if (t := fh.get_tensor(k)).is_floating_point() and not t.isfinite().all()]
+            return [
+                k
+                for k in names
+                if (t := fh.get_tensor(k)).is_floating_point() and not t.isfinite().all()
+            ]
     except SafetensorError as exc:
         raise ValueError(f"{path} is not a readable safetensors file ({exc}): {REEXPORT}") from None
 
@@ -320,18 +375,31 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
             f"(or [{MLA_ARCHITECTURE!r}] for an MLA draft)"
         )
     if cfg.get("num_hidden_layers") != 1:
-        problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, an EAGLE-3 draft has 1")
+        problems.append(
+            f"num_hidden_layers is {cfg.get('num_hidden_layers')}, an EAGLE-3 draft has 1"
+        )
     if cfg.get("tie_word_embeddings") is not False:
-        problems.append("tie_word_embeddings must be false (SGLang would replace lm_head by the embedding)")
+        problems.append(
+            "tie_word_embeddings must be false (SGLang would replace lm_head by the embedding)"
+        )
     eagle = cfg.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) for i in ids)):
-        problems.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}: write 3 ids (output_of_layer)")
+        problems.append(
+            f"eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}: write 3 ids (output_of_layer)"
+        )
     if eagle.get("use_aux_hidden_state") is not True:
         problems.append("eagle_config.use_aux_hidden_state must be true")
     sizes = MLA_SIZES if is_mla(cfg) else ("num_key_value_heads",)
-    needed = ("hidden_size", "num_attention_heads", *sizes, "intermediate_size", "vocab_size",
-              "draft_vocab_size", "max_position_embeddings")
+    needed = (
+        "hidden_size",
+        "num_attention_heads",
+        *sizes,
+        "intermediate_size",
+        "vocab_size",
+        "draft_vocab_size",
+        "max_position_embeddings",
+    )
     missing = [k for k in needed if k not in cfg]
     problems += [f"lacks {k}" for k in missing]
     return problems
@@ -340,18 +408,23 @@ def _config_problems(cfg: dict[str, Any]) -> list[str]:
 def _tensor_problems(export: DraftExport) -> list[str]:
     want = expected_shapes(export.config)
     problems = [f"missing tensor {k}" for k in sorted(set(want) - set(export.shapes))]
-    problems += [f"unexpected tensor {k} (SGLang would silently drop it)"
-                 for k in sorted(set(export.shapes) - set(want))]
-    problems += [f"{k} has shape {list(export.shapes[k])}, config.json implies {list(shape)}"
-                 for k, shape in want.items() if k in export.shapes and export.shapes[k] != shape]
+    problems += [
+        f"unexpected tensor {k} (SGLang would silently drop it)"
+        for k in sorted(set(export.shapes) - set(want))
+    ]
+    problems += [
+        f"{k} has shape {list(export.shapes[k])}, config.json implies {list(shape)}"
+        for k, shape in want.items()
+        if k in export.shapes and export.shapes[k] != shape
+    ]
     if problems or export.d2t is None:
         return problems
     return vocab_problems(export.d2t, export.t2d, export.config["vocab_size"])
 
 
 def validate_export(export_dir: Path) -> list[str]:
-    """Every problem that would make SGLang serve this draft wrongly, each naming its file and the fix; an empty
-    list means the export is sound."""
+    """Every problem that would make SGLang serve this draft wrongly, each naming its file and the
+    fix; an empty list means the export is sound."""
     export_dir = Path(export_dir)
     missing = missing_files(export_dir)
     if missing:
@@ -360,14 +433,17 @@ def validate_export(export_dir: Path) -> list[str]:
         export = load_export(export_dir)
     except ValueError as exc:  # unreadable config.json or weights: itself the problem
         return [str(exc)]
-    problems = [f"{export_dir / CONFIG_FILE}: {p}: {REEXPORT}" for p in _config_problems(export.config)]
+    problems = [
+        f"{export_dir / CONFIG_FILE}: {p}: {REEXPORT}" for p in _config_problems(export.config)
+    ]
     if problems:
         return problems
     return [f"{export_dir / WEIGHTS_FILE}: {p}: {REEXPORT}" for p in _tensor_problems(export)]
 
 
 def load_draft(export_dir: Path) -> tuple[DraftModel, torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """Load an export for evaluation: ``(DraftModel in eval mode, d2t, t2d, config.json)``; validates first."""
+    """Load an export for evaluation: ``(DraftModel in eval mode, d2t, t2d, config.json)``;
+    validates first."""
     export_dir = Path(export_dir)
     problems = validate_export(export_dir)
     if problems:
@@ -385,10 +461,14 @@ def load_draft(export_dir: Path) -> tuple[DraftModel, torch.Tensor, torch.Tensor
 
 
 def card_metadata(config: PipelineConfig) -> dict[str, Any]:
-    """The card's Hub YAML metadata; ``base_model`` is the target's Hub id (``export.base_model`` for a target
-    served from a local directory, which the Hub could not link)."""
+    """The card's Hub YAML metadata; ``base_model`` is the target's Hub id (``export.base_model``
+    for a target served from a local directory, which the Hub could not link)."""
     base = config.export.base_model or config.target.model_path
-    meta: dict[str, Any] = {"license": config.export.license, "library_name": CARD_LIBRARY, "tags": list(CARD_TAGS)}
+    meta: dict[str, Any] = {
+        "license": config.export.license,
+        "library_name": CARD_LIBRARY,
+        "tags": list(CARD_TAGS),
+    }
     if HUB_ID.match(base) and not Path(base).expanduser().exists():
         meta["base_model"] = base
     return meta

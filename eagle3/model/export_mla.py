@@ -75,8 +75,11 @@ def plain_rope_as_yarn(max_position_embeddings: int) -> dict[str, Any]:
     """Plain RoPE written as DeepSeek-YaRN with factor 1: the same rotation (no interpolation,
     mscale 1), and the one form SGLang 0.5.23 builds an MLA layer's RoPE from on CPU
     (``get_rope_cpu`` asserts a ``rope_scaling``)."""
-    return {"rope_type": "yarn", "factor": 1.0,
-            "original_max_position_embeddings": max_position_embeddings}
+    return {
+        "rope_type": "yarn",
+        "factor": 1.0,
+        "original_max_position_embeddings": max_position_embeddings,
+    }
 
 
 def mla_attention_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:

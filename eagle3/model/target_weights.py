@@ -1,11 +1,13 @@
-"""Read the frozen target ``embed_tokens`` and ``lm_head`` from its safetensors without loading the whole model.
+"""Read the frozen target ``embed_tokens`` and ``lm_head`` from its safetensors without loading the
+whole model.
 
-The draft needs two target tensors: the token embedding (its input) and the output head (to recompute target
-logits from the stored ``last_hidden``). For a 1T-parameter target these are a few GB inside hundreds of GB of
-shards, so we read ``model.safetensors.index.json`` (or a single ``model.safetensors``), find the shard holding each
-tensor and load only that tensor with ``safe_open``. Tied embeddings (no ``lm_head.weight`` stored, or
-``tie_word_embeddings: true``) reuse the embedding; a head missing from an untied checkpoint, or either tensor stored
-quantized, is refused rather than read as something it is not. Hub ids download only the index and the needed
+The draft needs two target tensors: the token embedding (its input) and the output head (to
+recompute target logits from the stored ``last_hidden``). For a 1T-parameter target these are a few
+GB inside hundreds of GB of shards, so we read ``model.safetensors.index.json`` (or a single
+``model.safetensors``), find the shard holding each tensor and load only that tensor with
+``safe_open``. Tied embeddings (no ``lm_head.weight`` stored, or ``tie_word_embeddings: true``)
+reuse the embedding; a head missing from an untied checkpoint, or either tensor stored quantized, is
+refused rather than read as something it is not. Hub ids download only the index and the needed
 shards.
 """
 
@@ -28,15 +30,27 @@ EMBED_NAMES = (
     "model.language_model.embed_tokens.weight",
     "language_model.model.embed_tokens.weight",
 )
-HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.language_model.lm_head.weight")
-# What a quantized checkpoint stores next to (or instead of) a ``.weight``: compressed-tensors' packed ints, scales
-# and zero points, DeepSeek-style block fp8's inverse scales. Read alone, such a weight is not the target's.
-QUANTIZED_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_scale_inv", "weight_global_scale")
+HEAD_NAMES = (
+    "lm_head.weight",
+    "language_model.lm_head.weight",
+    "model.language_model.lm_head.weight",
+)
+# What a quantized checkpoint stores next to (or instead of) a ``.weight``: compressed-tensors'
+# packed ints, scales and zero points, DeepSeek-style block fp8's inverse scales. Read alone, such a
+# weight is not the target's.
+QUANTIZED_SUFFIXES = (
+    "weight_packed",
+    "weight_scale",
+    "weight_zero_point",
+    "weight_scale_inv",
+    "weight_global_scale",
+)
 
 
 @dataclass
 class TargetHead:
-    """The frozen target tensors the draft trains against: ``embed [V, H]`` and ``lm_head [V, H]``."""
+    """The frozen target tensors the draft trains against: ``embed [V, H]`` and ``lm_head [V,
+    H]``."""
 
     embed: torch.Tensor
     lm_head: torch.Tensor
@@ -44,7 +58,8 @@ class TargetHead:
 
 
 def _locate(model_path: str, revision: str | None) -> tuple[Path, dict[str, str]]:
-    """The directory holding the shards and a ``tensor name -> shard file`` map (names of the two we need)."""
+    """The directory holding the shards and a ``tensor name -> shard file`` map (names of the two we
+    need)."""
     local = Path(model_path).expanduser()
     if local.is_dir():
         if (local / INDEX).exists():
@@ -83,8 +98,12 @@ def load_target_head(
 ) -> TargetHead:
     """Load only ``embed_tokens`` and ``lm_head`` of a target checkpoint (local dir or Hub id)."""
     base, weight_map = _locate(model_path, revision)
-    quantized = [f"{name.removesuffix('.weight')}.{suffix}" for name in (*EMBED_NAMES, *HEAD_NAMES)
-                 for suffix in QUANTIZED_SUFFIXES if f"{name.removesuffix('.weight')}.{suffix}" in weight_map]
+    quantized = [
+        f"{name.removesuffix('.weight')}.{suffix}"
+        for name in (*EMBED_NAMES, *HEAD_NAMES)
+        for suffix in QUANTIZED_SUFFIXES
+        if f"{name.removesuffix('.weight')}.{suffix}" in weight_map
+    ]
     if quantized:
         raise ValueError(
             f"{model_path} stores the target's embedding or lm_head quantized ({', '.join(quantized)}); the draft "
@@ -93,14 +112,23 @@ def load_target_head(
         )
     embed_name = next((n for n in EMBED_NAMES if n in weight_map), None)
     if embed_name is None:
-        raise KeyError(f"{model_path}: no embedding tensor among {EMBED_NAMES}; is this a causal LM checkpoint?")
+        raise KeyError(
+            f"{model_path}: no embedding tensor among {EMBED_NAMES}; is this a causal LM checkpoint?"
+        )
     embed = _read(base, weight_map[embed_name], embed_name, model_path, revision)
     head_name = next((n for n in HEAD_NAMES if n in weight_map), None)
     if head_name is None and tie_word_embeddings is False:
-        raise KeyError(f"{model_path}: no lm_head tensor among {HEAD_NAMES}, and its config says "
-                       "tie_word_embeddings=false, so the embedding is not its head")
+        raise KeyError(
+            f"{model_path}: no lm_head tensor among {HEAD_NAMES}, and its config says "
+            "tie_word_embeddings=false, so the embedding is not its head"
+        )
     tied = bool(tie_word_embeddings) or head_name is None
     lm_head = embed if tied else _read(base, weight_map[head_name], head_name, model_path, revision)
-    logger.info("target head from %s: embed %s, lm_head %s (tied=%s)", model_path, tuple(embed.shape),
-                tuple(lm_head.shape), tied)
+    logger.info(
+        "target head from %s: embed %s, lm_head %s (tied=%s)",
+        model_path,
+        tuple(embed.shape),
+        tuple(lm_head.shape),
+        tied,
+    )
     return TargetHead(embed=embed, lm_head=lm_head, tied=tied)

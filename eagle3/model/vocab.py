@@ -1,11 +1,11 @@
 """The draft vocabulary as a type (docs/DESIGN.md, "The draft vocab"): which target ids the draft's
 ``lm_head`` can emit.
 
-A ``DraftVocab`` is the pair of maps of the export format (``d2t`` int64 offsets, ``t2d`` bool mask; the rules live
-in ``eagle3.model.export_format``) plus the loss-masked ``counts`` they were selected from. It is saved as one
-safetensors file, ``vocab.safetensors``, that the trainer and export read; loading checks the maps against the
-format's rules, so a broken file fails where it is read, not at serving time. Building one from feature shards is
-the vocab stage's job (``eagle3.train.vocab``).
+A ``DraftVocab`` is the pair of maps of the export format (``d2t`` int64 offsets, ``t2d`` bool mask;
+the rules live in ``eagle3.model.export_format``) plus the loss-masked ``counts`` they were selected
+from. It is saved as one safetensors file, ``vocab.safetensors``, that the trainer and export read;
+loading checks the maps against the format's rules, so a broken file fails where it is read, not at
+serving time. Building one from feature shards is the vocab stage's job (``eagle3.train.vocab``).
 """
 
 from __future__ import annotations
@@ -43,15 +43,23 @@ class DraftVocab:
 
 def save_vocab(vocab: DraftVocab, path: Path) -> Path:
     """Write ``d2t``, ``t2d``, ``counts`` to ``path`` (safetensors, atomically)."""
-    meta = {"draft_vocab_size": str(vocab.draft_vocab_size), "target_vocab_size": str(vocab.target_vocab_size)}
-    tensors = {"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous(), "counts": vocab.counts.contiguous()}
+    meta = {
+        "draft_vocab_size": str(vocab.draft_vocab_size),
+        "target_vocab_size": str(vocab.target_vocab_size),
+    }
+    tensors = {
+        "d2t": vocab.d2t.contiguous(),
+        "t2d": vocab.t2d.contiguous(),
+        "counts": vocab.counts.contiguous(),
+    }
     with atomic_path(Path(path)) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
     return Path(path)
 
 
 def load_vocab(path: Path) -> DraftVocab:
-    """Load a vocab file (or a vocab stage directory) and check that ``d2t`` and ``t2d`` follow the format's rules."""
+    """Load a vocab file (or a vocab stage directory) and check that ``d2t`` and ``t2d`` follow the
+    format's rules."""
     path = Path(path)
     path = path / VOCAB_FILE if path.is_dir() else path
     tensors = load_file(str(path))

@@ -1,7 +1,7 @@
 """``python -m eagle3.regen``: run the regen stage in this process, without Prefect.
 
-Used by the resume test (which kills it with SIGKILL) and by the benchmarks; users run ``eagle3 regen``, which
-runs the Prefect flow. Prints the stage summary as JSON on stdout.
+Used by the resume test (which kills it with SIGKILL) and by the benchmarks; users run ``eagle3
+regen``, which runs the Prefect flow. Prints the stage summary as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -21,11 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eagle3.regen", description=__doc__)
     p.add_argument("--config", type=Path, default=None, help="YAML config (default: the recipe).")
     p.add_argument("--recipe", default="tiny")
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="a.b=value override")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="a.b=value override"
+    )
     p.add_argument("--prompts", type=Path, required=True, help="A finished prompts stage dir.")
     p.add_argument("--shards", type=int, nargs="*", default=None, help="Only these shard ids.")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     config = resolve(args.config or args.recipe, args.overrides)
     try:
         result = run_stage(RegenStage(), config, prompts_dir=args.prompts, shard_ids=args.shards)

@@ -1,30 +1,33 @@
 """Regenerate one conversation turn by turn and build its regen row.
 
-Turns: the original assistant turns are discarded; a reply is generated at each place the original had one (and
-after a trailing user turn), conditioned on the history regenerated so far. Every prompt is rendered once by the
-project (``render_prompt``) and sent as token ids.
+Turns: the original assistant turns are discarded; a reply is generated at each place the original
+had one (and after a trailing user turn), conditioned on the history regenerated so far. Every
+prompt is rendered once by the project (``render_prompt``) and sent as token ids.
 
-Stored ids: ``input_ids`` = the last turn's prompt ids exactly as sent + the output ids exactly as received, so
-capture never re-tokenizes model output. ``loss_mask`` = 1 on the earlier (regenerated) assistant spans of the
-prompt and on every output id. The prompt's mask comes from ``render_conversation`` of the history when its ids
-are a prefix of the sent ids (the normal case); otherwise (a BPE merge across the generation prompt) from the
-assistant character spans mapped onto the sent ids through the tokenizer's offsets ("mask_fallback" in meta).
+Stored ids: ``input_ids`` = the last turn's prompt ids exactly as sent + the output ids exactly as
+received, so capture never re-tokenizes model output. ``loss_mask`` = 1 on the earlier (regenerated)
+assistant spans of the prompt and on every output id. The prompt's mask comes from
+``render_conversation`` of the history when its ids are a prefix of the sent ids (the normal case);
+otherwise (a BPE merge across the generation prompt) from the assistant character spans mapped onto
+the sent ids through the tokenizer's offsets ("mask_fallback" in meta).
 
-Resume: every turn but the last is handed to ``SampleContext.on_turn`` as a turn record (the journal's turn line),
-and ``regenerate`` given a sample's earlier records replays them instead of asking again: a kill redoes only the
-turns in flight. The replayed history is what the server said, so the resumed sample is the one an unbroken run
-would have produced.
+Resume: every turn but the last is handed to ``SampleContext.on_turn`` as a turn record (the
+journal's turn line), and ``regenerate`` given a sample's earlier records replays them instead of
+asking again: a kill redoes only the turns in flight. The replayed history is what the server said,
+so the resumed sample is the one an unbroken run would have produced.
 
-Thinking, tool-calling targets (``regen.reasoning_parser``, ``regen.tool_call_parser``; ``eagle3.data.dialect``):
-a reply's text is kept in the history as the template's assistant message (``reasoning_content``, ``content``,
-``tool_calls``), so each next prompt shows the earlier turns by the template's own rule (a thinking template drops
-earlier turns' reasoning; ``meta.history`` says ``template`` when the last prompt's history was rewritten so, and
-``prompt_char_spans`` finds its turns). The last turn's output ids, thinking included, are the row's tail exactly as
-received. Tool results are replayed from the source (no tool is run), answering the regenerated calls in order; when
-the target calls a different number of tools than the source answered, the conversation ends at that turn
-(``meta.stopped``). ``regen.thinking`` reaches the template as ``chat_template_kwargs`` (both renderers: the
-project's, and the server's on the OpenAI path); there, the thinking a server's reasoning parser split off into
-``reasoning_content`` is joined back before the text is tokenized (``ReasoningFormat.join``).
+Thinking, tool-calling targets (``regen.reasoning_parser``, ``regen.tool_call_parser``;
+``eagle3.data.dialect``): a reply's text is kept in the history as the template's assistant message
+(``reasoning_content``, ``content``, ``tool_calls``), so each next prompt shows the earlier turns by
+the template's own rule (a thinking template drops earlier turns' reasoning; ``meta.history`` says
+``template`` when the last prompt's history was rewritten so, and ``prompt_char_spans`` finds its
+turns). The last turn's output ids, thinking included, are the row's tail exactly as received. Tool
+results are replayed from the source (no tool is run), answering the regenerated calls in order;
+when the target calls a different number of tools than the source answered, the conversation ends at
+that turn (``meta.stopped``). ``regen.thinking`` reaches the template as ``chat_template_kwargs``
+(both renderers: the project's, and the server's on the OpenAI path); there, the thinking a server's
+reasoning parser split off into ``reasoning_content`` is joined back before the text is tokenized
+(``ReasoningFormat.join``).
 """
 
 from __future__ import annotations
@@ -57,17 +60,20 @@ Message = dict[str, Any]
 
 @dataclass
 class SampleContext:
-    """What every sample of a run shares: the tokenizer, the client, the API, the truncation policy."""
+    """What every sample of a run shares: the tokenizer, the client, the API, the truncation
+    policy."""
 
     tokenizer: Any
     client: Client
     api: str = "generate"
     model: str = ""
     eos_id: int | None = None
-    on_turn: Callable[[dict[str, Any]], None] | None = None  # gets the record of every turn before the last
+    # gets the record of every turn before the last
+    on_turn: Callable[[dict[str, Any]], None] | None = None
     reasoning: ReasoningFormat | None = None  # regen.reasoning_parser
     calls: ToolCallFormat | None = None  # regen.tool_call_parser
-    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs (regen.thinking)
+    # chat_template_kwargs (regen.thinking)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int | None = None  # regen.max_turns: the first turns only
 
     def options(self, row: dict[str, Any]) -> ChatOptions:
@@ -76,14 +82,22 @@ class SampleContext:
         return ChatOptions(tools=tools, kwargs=dict(self.template_kwargs))
 
     def assistant(self, text: str) -> Message:
-        """A reply's text as the template's assistant message (thinking and calls apart when the dialect says so)."""
+        """A reply's text as the template's assistant message (thinking and calls apart when the
+        dialect says so)."""
         reasoning = None
         if self.reasoning is not None:
-            reasoning, text = self.reasoning.split(text, forced=self.reasoning.is_on(self.template_kwargs))
+            reasoning, text = self.reasoning.split(
+                text, forced=self.reasoning.is_on(self.template_kwargs)
+            )
         calls: list[dict[str, str]] = []
         if self.calls is not None:
             text, calls = self.calls.parse(text)
-        return {"role": "assistant", "content": text, "reasoning_content": reasoning, "tool_calls": calls or None}
+        return {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": reasoning,
+            "tool_calls": calls or None,
+        }
 
 
 @dataclass
@@ -107,14 +121,20 @@ class _Turns:
 @dataclass(frozen=True)
 class PromptMask:
     mask: list[int]
-    fallback: bool  # spans mapped through character offsets (a BPE merge across the generation prompt)
-    rewritten: bool  # the template showed earlier turns otherwise than generated (a thinking template's rule)
+    # spans mapped through character offsets (a BPE merge across the generation prompt)
+    fallback: bool
+    # the template showed earlier turns otherwise than generated (a thinking template's rule)
+    rewritten: bool
 
 
-def _offset_mask(tokenizer: Any, text: str, spans: list[tuple[int, int]], prompt_ids: list[int]) -> list[int]:
+def _offset_mask(
+    tokenizer: Any, text: str, spans: list[tuple[int, int]], prompt_ids: list[int]
+) -> list[int]:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if list(enc["input_ids"]) != prompt_ids:
-        raise ValueError("re-rendering the prompt did not reproduce the ids that were sent; is the template stable?")
+        raise ValueError(
+            "re-rendering the prompt did not reproduce the ids that were sent; is the template stable?"
+        )
     return span_mask(enc["offset_mapping"], spans)
 
 
@@ -139,12 +159,15 @@ def prompt_mask(
 
 def round_trips(tokenizer: Any, ids: list[int]) -> bool:
     """Whether decoding ``ids`` and encoding the text again gives the same ids."""
-    return list(tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]) == list(ids)
+    return list(tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]) == list(
+        ids
+    )
 
 
 def user_runs(messages: list[Message]) -> list[list[Message]]:
-    """The non-assistant messages before each reply to generate: one run per stretch between assistant turns (the
-    original assistant turns are discarded; a leading or repeated assistant turn asks nothing)."""
+    """The non-assistant messages before each reply to generate: one run per stretch between
+    assistant turns (the original assistant turns are discarded; a leading or repeated assistant
+    turn asks nothing)."""
     runs: list[list[Message]] = []
     after_assistant = True
     for message in messages:
@@ -162,30 +185,39 @@ def user_runs(messages: list[Message]) -> list[list[Message]]:
 
 
 def replay_results(state: _Turns, run: list[Message], turn: int, *, structured: bool) -> bool:
-    """Add ``run`` to the history; with ``structured`` calls (a tool-call parser), its leading tool results answer
-    the last regenerated turn's calls in order, and a different number of calls than results ends the conversation:
-    False, ``state.stopped`` says why."""
+    """Add ``run`` to the history; with ``structured`` calls (a tool-call parser), its leading tool
+    results answer the last regenerated turn's calls in order, and a different number of calls than
+    results ends the conversation: False, ``state.stopped`` says why."""
     results = len(run) - len(list(dropwhile(lambda m: m["role"] == "tool", run)))
     if results and structured:
         calls = (state.history[-1].get("tool_calls") or []) if state.history else []
         if len(calls) != results:
             state.stopped = f"turn {turn}: the target made {len(calls)} tool calls, the source has {results} results"
             return False
-        run = [{**m, "tool_call_id": call["id"]} for m, call in zip(run, calls, strict=False)] + run[results:]
+        run = [
+            {**m, "tool_call_id": call["id"]} for m, call in zip(run, calls, strict=False)
+        ] + run[results:]
     state.tool_results += results
     state.history.extend(run)
     return True
 
 
 async def _chat(ctx: SampleContext, base_rid: str, state: _Turns) -> Reply:
-    """One OpenAI-API turn: the history in OpenAI's shape, the text rebuilt from a reasoning parser's split."""
+    """One OpenAI-API turn: the history in OpenAI's shape, the text rebuilt from a reasoning
+    parser's split."""
     options = state.options
-    reply = await ctx.client.chat(base_rid, template_messages(state.history), ctx.model, tools=options.tools,
-                                  template_kwargs=options.kwargs)  # fmt: skip
+    reply = await ctx.client.chat(
+        base_rid,
+        template_messages(state.history),
+        ctx.model,
+        tools=options.tools,
+        template_kwargs=options.kwargs,
+    )
     if ctx.reasoning is not None:
         forced = ctx.reasoning.is_on(options.kwargs)
-        reply.text = ctx.reasoning.join(reply.reasoning, reply.text, forced=forced,
-                                        finished=reply.finish_reason == "stop")  # fmt: skip
+        reply.text = ctx.reasoning.join(
+            reply.reasoning, reply.text, forced=forced, finished=reply.finish_reason == "stop"
+        )
     return reply
 
 
@@ -203,15 +235,24 @@ async def _turn(ctx: SampleContext, sample_id: str, state: _Turns) -> dict[str, 
     else:
         reply = await ctx.client.generate(base_rid, state.prompt_ids)
     state.last = reply
-    record = {"sample_id": sample_id, TURN_KEY: state.turns, "text": reply.text, "finish_reason": reply.finish_reason,
-              "completion_tokens": len(reply.output_ids), "round_trip": round_trips(ctx.tokenizer, reply.output_ids),
-              "latency_s": reply.latency_s, "attempts": reply.attempts, "server": reply.server}  # fmt: skip
+    record = {
+        "sample_id": sample_id,
+        TURN_KEY: state.turns,
+        "text": reply.text,
+        "finish_reason": reply.finish_reason,
+        "completion_tokens": len(reply.output_ids),
+        "round_trip": round_trips(ctx.tokenizer, reply.output_ids),
+        "latency_s": reply.latency_s,
+        "attempts": reply.attempts,
+        "server": reply.server,
+    }
     _add_turn(ctx, state, record)
     return record
 
 
 def _add_turn(ctx: SampleContext, state: _Turns, record: dict[str, Any]) -> None:
-    """Count one finished turn (generated now or replayed from the journal) into the sample's state."""
+    """Count one finished turn (generated now or replayed from the journal) into the sample's
+    state."""
     state.turns += 1
     state.latency_s += record["latency_s"]
     state.attempts += record["attempts"]
@@ -224,13 +265,16 @@ def _add_turn(ctx: SampleContext, state: _Turns, record: dict[str, Any]) -> None
 async def regenerate(
     ctx: SampleContext, row: dict[str, Any], done_turns: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The regen row for one prompts row (failed rows carry the server's message in ``error``); ``done_turns``: the
-    records of its first turns from an earlier run, replayed rather than generated again."""
+    """The regen row for one prompts row (failed rows carry the server's message in ``error``);
+    ``done_turns``: the records of its first turns from an earlier run, replayed rather than
+    generated again."""
     if row.get("input_ids") is not None:
         return pretokenized_row(row)
     runs = user_runs(row["messages"])
     if not runs:
-        return failed_row(row, "no turn to regenerate (the conversation has no user turn)", attempts=0)
+        return failed_row(
+            row, "no turn to regenerate (the conversation has no user turn)", attempts=0
+        )
     state = _Turns(options=ctx.options(row))
     if ctx.max_turns is not None and len(runs) > ctx.max_turns:
         state.turns_cut, runs = len(runs) - ctx.max_turns, runs[: ctx.max_turns]
@@ -262,12 +306,20 @@ def _meta(ctx: SampleContext, state: _Turns, prompt: PromptMask) -> dict[str, An
     if state.turns_cut:
         meta["turns_cut"] = state.turns_cut
     if ctx.reasoning is not None or ctx.calls is not None or state.tool_results:
-        meta |= {"history": "template" if prompt.rewritten else "as_generated", "tool_results": state.tool_results,
-                 "stopped": state.stopped, "chat_template_kwargs": state.options.kwargs}  # fmt: skip
+        meta |= {
+            "history": "template" if prompt.rewritten else "as_generated",
+            "tool_results": state.tool_results,
+            "stopped": state.stopped,
+            "chat_template_kwargs": state.options.kwargs,
+        }
     if ctx.api == "openai":
-        meta["caveat"] = "OpenAI path: output ids re-tokenized from text; EOS appended on finish_reason=stop"
+        meta["caveat"] = (
+            "OpenAI path: output ids re-tokenized from text; EOS appended on finish_reason=stop"
+        )
         if ctx.reasoning is not None:
-            meta["caveat"] += "; thinking joined back from reasoning_content (think_end as a finished turn writes it)"
+            meta["caveat"] += (
+                "; thinking joined back from reasoning_content (think_end as a finished turn writes it)"
+            )
     return meta
 
 

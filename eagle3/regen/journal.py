@@ -1,14 +1,16 @@
 """Append-only per-shard journal: what makes regeneration resumable.
 
-One JSON line per finished sample (a regen row), and one per finished turn of a multi-turn sample before its last
-(a *turn line*, marked by ``TURN_KEY``), so a kill redoes only the turns in flight, never a finished one. Every line
-is written and flushed to the OS as soon as it is known, so ``kill -9`` of the client loses only the requests in
-flight; ``fsync`` runs every ``fsync_every`` lines and at close, which bounds what a machine crash can lose.
+One JSON line per finished sample (a regen row), and one per finished turn of a multi-turn sample
+before its last (a *turn line*, marked by ``TURN_KEY``), so a kill redoes only the turns in flight,
+never a finished one. Every line is written and flushed to the OS as soon as it is known, so ``kill
+-9`` of the client loses only the requests in flight; ``fsync`` runs every ``fsync_every`` lines and
+at close, which bounds what a machine crash can lose.
 
-Reading never stops at damage: a torn last line (the writer died mid-line) is cut off, and any other line that is
-not JSON, has no ``sample_id`` or has a field of the wrong type for ``REGEN_SCHEMA`` is skipped, so its sample is
-redone. Opening the journal for a run moves those lines, with their line number and the reason, to
-``<journal>.rejects`` beside it (``shard-NNNNN.journal.rejects``) and keeps every good line.
+Reading never stops at damage: a torn last line (the writer died mid-line) is cut off, and any other
+line that is not JSON, has no ``sample_id`` or has a field of the wrong type for ``REGEN_SCHEMA`` is
+skipped, so its sample is redone. Opening the journal for a run moves those lines, with their line
+number and the reason, to ``<journal>.rejects`` beside it (``shard-NNNNN.journal.rejects``) and
+keeps every good line.
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ from eagle3.regen.schema import REGEN_SCHEMA, STATUS_FAILED, STATUS_OK, STATUS_T
 
 logger = logging.getLogger(__name__)
 
-TIME_KEY = "_t"  # wall-clock finish time of the line (status: throughput and ETA); not a regen column
+# wall-clock finish time of the line (status: throughput and ETA); not a regen column
+TIME_KEY = "_t"
 TURN_KEY = "_turn"  # index of the finished turn a turn line records; regen rows have no such key
-TURN_FIELDS: dict[str, tuple[type, ...]] = {"text": (str,), "finish_reason": (str,), "completion_tokens": (int,),
-                                            "round_trip": (bool,), "latency_s": (int, float), "attempts": (int,),
-                                            "server": (str,)}  # fmt: skip
+TURN_FIELDS: dict[str, tuple[type, ...]] = {
+    "text": (str,),
+    "finish_reason": (str,),
+    "completion_tokens": (int,),
+    "round_trip": (bool,),
+    "latency_s": (int, float),
+    "attempts": (int,),
+    "server": (str,),
+}
 STATUSES = (STATUS_OK, STATUS_TRUNCATED, STATUS_FAILED)
 
 
@@ -47,7 +56,8 @@ def rejects_path(journal: Path) -> Path:
 
 @dataclass
 class JournalScan:
-    """A journal as read: finished rows, turn lines, damaged lines (line number, reason, bytes), good bytes."""
+    """A journal as read: finished rows, turn lines, damaged lines (line number, reason, bytes),
+    good bytes."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
@@ -88,7 +98,8 @@ def scan_journal(path: Path) -> JournalScan:
 
 
 def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """A line's object, or None and why it is damaged (row field types are checked by ``_type_errors``)."""
+    """A line's object, or None and why it is damaged (row field types are checked by
+    ``_type_errors``)."""
     try:
         obj = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -96,7 +107,12 @@ def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(obj, dict):
         return None, f"not a JSON object (a {type(obj).__name__})"
     if not isinstance(obj.get("sample_id"), str) or not obj["sample_id"]:
-        return None, "no sample_id" if "sample_id" not in obj else f"sample_id is {obj['sample_id']!r}, not a string"
+        return (
+            None,
+            "no sample_id"
+            if "sample_id" not in obj
+            else f"sample_id is {obj['sample_id']!r}, not a string",
+        )
     if TURN_KEY in obj:
         turn = obj[TURN_KEY]
         if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
@@ -104,15 +120,18 @@ def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
         for name, types in TURN_FIELDS.items():
             value = obj.get(name)
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                return None, f"turn field {name!r} is {type(value).__name__}, expected {types[0].__name__}"
+                return (
+                    None,
+                    f"turn field {name!r} is {type(value).__name__}, expected {types[0].__name__}",
+                )
     elif obj.get("status") not in STATUSES:
         return None, f"status is {obj.get('status')!r}, expected one of {list(STATUSES)}"
     return obj, ""
 
 
 def _type_errors(rows: list[dict[str, Any]]) -> dict[int, str]:
-    """``id(row)`` -> why it does not fit ``REGEN_SCHEMA`` (what compaction writes); one Arrow conversion when all
-    fit, field by field only to name the culprits."""
+    """``id(row)`` -> why it does not fit ``REGEN_SCHEMA`` (what compaction writes); one Arrow
+    conversion when all fit, field by field only to name the culprits."""
     try:
         pa.Table.from_pylist(rows, schema=REGEN_SCHEMA)
         return {}
@@ -124,7 +143,9 @@ def _type_errors(rows: list[dict[str, Any]]) -> dict[int, str]:
             try:
                 pa.array([row.get(schema_field.name)], type=schema_field.type)
             except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-                errors[id(row)] = f"field {schema_field.name!r} does not fit {schema_field.type} ({exc})"
+                errors[id(row)] = (
+                    f"field {schema_field.name!r} does not fit {schema_field.type} ({exc})"
+                )
                 break
     return errors
 
@@ -140,7 +161,11 @@ def repair_journal(path: Path) -> JournalScan:
     if scan.rejects:
         with open(rejects_path(path), "ab") as fh:
             for n, reason, line in scan.rejects:
-                entry = {"line": n, "reason": reason, "text": line.decode("utf-8", errors="replace")}
+                entry = {
+                    "line": n,
+                    "reason": reason,
+                    "text": line.decode("utf-8", errors="replace"),
+                }
                 fh.write(json.dumps(entry, ensure_ascii=False).encode() + b"\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -150,8 +175,14 @@ def repair_journal(path: Path) -> JournalScan:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        logger.warning("%s: %d damaged lines moved to %s (e.g. line %d: %s); their samples are redone",
-                       path, len(scan.rejects), rejects_path(path), scan.rejects[0][0], scan.rejects[0][1])  # fmt: skip
+        logger.warning(
+            "%s: %d damaged lines moved to %s (e.g. line %d: %s); their samples are redone",
+            path,
+            len(scan.rejects),
+            rejects_path(path),
+            scan.rejects[0][0],
+            scan.rejects[0][1],
+        )
     elif scan.torn:
         logger.warning("%s: cutting a torn last line (%d bytes)", path, scan.torn)
         with open(path, "r+b") as fh:
@@ -160,8 +191,9 @@ def repair_journal(path: Path) -> JournalScan:
 
 
 class Journal:
-    """Appends lines to a journal file (see module docstring); opening it repairs it. ``done``: finished sample ids;
-    ``turns``: for unfinished samples, the records of their first finished turns (0, 1, ... without a gap)."""
+    """Appends lines to a journal file (see module docstring); opening it repairs it. ``done``:
+    finished sample ids; ``turns``: for unfinished samples, the records of their first finished
+    turns (0, 1, ... without a gap)."""
 
     def __init__(self, path: Path, *, fsync_every: int) -> None:
         self.path = Path(path)
@@ -176,13 +208,18 @@ class Journal:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
     def append(self, line: dict[str, Any]) -> None:
         """A finished row, or a turn line (one with ``TURN_KEY``)."""
-        text = json.dumps({**line, TIME_KEY: time.time()}, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(
+            {**line, TIME_KEY: time.time()}, ensure_ascii=False, separators=(",", ":")
+        )
         self._fh.write(text.encode() + b"\n")
         self._fh.flush()
         if TURN_KEY not in line:
@@ -205,7 +242,8 @@ def _turn_prefixes(turns: list[dict[str, Any]], done: set[str]) -> dict[str, lis
     by_sample: dict[str, dict[int, dict[str, Any]]] = {}
     for t in turns:
         if t["sample_id"] not in done:
-            by_sample.setdefault(t["sample_id"], {}).setdefault(t[TURN_KEY], t)  # first record of a turn wins
+            # first record of a turn wins
+            by_sample.setdefault(t["sample_id"], {}).setdefault(t[TURN_KEY], t)
     prefixes = {}
     for sid, records in by_sample.items():
         n = 0

@@ -1,11 +1,12 @@
 """The regen stage's plan: where its input and output live, its fingerprint, and its shards.
 
-Stage fingerprint = hash(prompts fingerprint, sampling config, target model). The sampling config includes what
-changes the text a thinking, tool-calling target writes or how it is kept: ``regen.thinking`` (the template's switch)
-and the reasoning and tool-call parsers, each only when set, so a plain target's fingerprint is as before. The server
-URLs, concurrency,
-retry and timeout settings are deliberately not in it: moving a 50-hour job to other servers must resume it, not
-restart it. The plan is a frozen model: JSON on the wire (Prefect task parameters) and ``plan.json`` on disk.
+Stage fingerprint = hash(prompts fingerprint, sampling config, target model). The sampling config
+includes what changes the text a thinking, tool-calling target writes or how it is kept:
+``regen.thinking`` (the template's switch) and the reasoning and tool-call parsers, each only when
+set, so a plain target's fingerprint is as before. The server URLs, concurrency,
+retry and timeout settings are deliberately not in it: moving a 50-hour job to other servers must
+resume it, not restart it. The plan is a frozen model: JSON on the wire (Prefect task parameters)
+and ``plan.json`` on disk.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def sampling_fields(cfg: RegenConfig) -> dict[str, Any]:
 
 
 def template_kwargs(cfg: RegenConfig) -> dict[str, Any]:
-    """``chat_template_kwargs`` for every rendering and OpenAI request: the thinking switch when set."""
+    """``chat_template_kwargs`` for every rendering and OpenAI request: the thinking switch when
+    set."""
     if cfg.thinking is None or cfg.reasoning_parser is None:
         return {}
     return {reasoning_format(cfg.reasoning_parser).toggle: cfg.thinking}
@@ -63,8 +65,9 @@ def regen_fingerprint(prompts_fp: str, config: PipelineConfig) -> str:
 
 
 class RegenPlan(Plan):
-    """One run of the regen stage; ``plan.json`` in the stage directory (read by ``eagle3 regen status`` from
-    another terminal). The config it ran with is ``config.yaml`` beside it (``eagle3 retry-shards`` reruns with it)."""
+    """One run of the regen stage; ``plan.json`` in the stage directory (read by ``eagle3 regen
+    status`` from another terminal). The config it ran with is ``config.yaml`` beside it (``eagle3
+    retry-shards`` reruns with it)."""
 
     prompts_dir: Path
     prompts_fingerprint: str
@@ -81,7 +84,9 @@ class RegenPlan(Plan):
 def _prompts_manifest(prompts_dir: Path) -> Manifest:
     manifest = Manifest.read(Path(prompts_dir))
     if manifest is None:
-        raise RegenInputError(f"{prompts_dir} has no manifest.json: the prompts stage is not finished")
+        raise RegenInputError(
+            f"{prompts_dir} has no manifest.json: the prompts stage is not finished"
+        )
     return manifest
 
 
@@ -91,21 +96,34 @@ def regen_dir_for(config: PipelineConfig, prompts_dir: Path) -> Path:
     return stage_dir(config.root_path, "regen", fp)
 
 
-def plan_regen(config: PipelineConfig, prompts_dir: Path, shard_ids: Sequence[int] | None = None) -> RegenPlan:
-    """Plan the stage over a finished prompts stage: all its shards, or ``shard_ids`` (each must exist); writes
-    ``plan.json`` and ``config.yaml`` into the stage directory."""
+def plan_regen(
+    config: PipelineConfig, prompts_dir: Path, shard_ids: Sequence[int] | None = None
+) -> RegenPlan:
+    """Plan the stage over a finished prompts stage: all its shards, or ``shard_ids`` (each must
+    exist); writes ``plan.json`` and ``config.yaml`` into the stage directory."""
     prompts = Path(prompts_dir)
     manifest = _prompts_manifest(prompts)
-    shards = {i: entry.rows for entry in manifest.files if (i := shard_index(entry.path)) is not None}
+    shards = {
+        i: entry.rows for entry in manifest.files if (i := shard_index(entry.path)) is not None
+    }
     if not shards:
         raise RegenInputError(f"{prompts}: the manifest lists no shard-NNNNN.parquet files")
     unknown = sorted(set(shard_ids or ()) - set(shards))
     if unknown:
-        raise RegenInputError(f"shard ids {unknown} are not in this regen stage (it has {sorted(shards)})")
+        raise RegenInputError(
+            f"shard ids {unknown} are not in this regen stage (it has {sorted(shards)})"
+        )
     out = regen_dir_for(config, prompts)
     units = tuple(sorted(set(shard_ids))) if shard_ids is not None else tuple(sorted(shards))
-    plan = RegenPlan(stage="regen", fingerprint=out.name, out_dir=out, units=units, prompts_dir=prompts,
-                     prompts_fingerprint=manifest.fingerprint, shards=shards)  # fmt: skip
+    plan = RegenPlan(
+        stage="regen",
+        fingerprint=out.name,
+        out_dir=out,
+        units=units,
+        prompts_dir=prompts,
+        prompts_fingerprint=manifest.fingerprint,
+        shards=shards,
+    )
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG_FILE, config.to_yaml())
     atomic_write_text(out / PLAN_FILE, plan.model_dump_json(indent=2))

@@ -1,9 +1,10 @@
 """Server pool: bounded concurrency per server, least-outstanding routing, ejection and readmission.
 
-One pool object is shared by every shard running in the process (``shared_pool``), across threads and their
-event loops: the per-server cap (``regen.concurrency_per_server``) bounds what the whole client sends to a server,
-however many shards run at once, and a server ejected by one shard is ejected for all. State sits behind a
-``threading.Lock``; a waiter is an ``asyncio.Future`` of its own loop, woken with ``call_soon_threadsafe``.
+One pool object is shared by every shard running in the process (``shared_pool``), across threads
+and their event loops: the per-server cap (``regen.concurrency_per_server``) bounds what the whole
+client sends to a server, however many shards run at once, and a server ejected by one shard is
+ejected for all. State sits behind a ``threading.Lock``; a waiter is an ``asyncio.Future`` of its
+own loop, woken with ``call_soon_threadsafe``.
 
 Health: ``eject_after_failures`` consecutive failures (5xx, connection errors, timeouts) take a
 server out of rotation; every ``readmit_after_s`` one caller probes ``/health`` and readmits it on
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 class NoServerAvailable(RuntimeError):
-    """No server has been healthy for ``regen.no_server_timeout_s``; the message names each one and its last error."""
+    """No server has been healthy for ``regen.no_server_timeout_s``; the message names each one and
+    its last error."""
 
 
 @dataclass
@@ -57,10 +59,17 @@ class _Waiter:
 
 
 class ServerPool:
-    """See module docstring. ``outcome``: True = success, False = server failure, None = neutral (400, 503)."""
+    """See module docstring. ``outcome``: True = success, False = server failure, None = neutral
+    (400, 503)."""
 
     def __init__(
-        self, urls: list[str], *, concurrency: int, eject_after: int, readmit_after_s: float, no_server_timeout_s: float
+        self,
+        urls: list[str],
+        *,
+        concurrency: int,
+        eject_after: int,
+        readmit_after_s: float,
+        no_server_timeout_s: float,
     ) -> None:
         if not urls:
             raise ValueError("ServerPool needs at least one server URL (set regen.servers)")
@@ -69,7 +78,8 @@ class ServerPool:
         self.eject_after = eject_after
         self.readmit_after_s = readmit_after_s
         self.no_server_timeout_s = no_server_timeout_s
-        self._down_since: float | None = None  # monotonic start of the running outage (no server healthy)
+        # monotonic start of the running outage (no server healthy)
+        self._down_since: float | None = None
         self._down_since_wall = 0.0
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
@@ -84,14 +94,19 @@ class ServerPool:
         return min(ready, key=lambda s: s.outstanding) if ready else None
 
     def _due_probes(self, now: float) -> list[Server]:
-        due = [s for s in self.servers if not s.healthy and not s.probing and (s.ejected_until or 0) <= now]
+        due = [
+            s
+            for s in self.servers
+            if not s.healthy and not s.probing and (s.ejected_until or 0) <= now
+        ]
         for s in due:
             s.probing = True
         return due
 
     async def acquire(self, session: aiohttp.ClientSession) -> Server:
-        """A server with a free slot (the caller must ``release`` it); waits while all are busy or out, and raises
-        ``NoServerAvailable`` once no server has been healthy for ``no_server_timeout_s``."""
+        """A server with a free slot (the caller must ``release`` it); waits while all are busy or
+        out, and raises ``NoServerAvailable`` once no server has been healthy for
+        ``no_server_timeout_s``."""
         while True:
             now = time.monotonic()
             with self._lock:
@@ -105,7 +120,8 @@ class ServerPool:
                     waiter = _Waiter(loop, loop.create_future())
                     self._waiters.append(waiter)
                 down_since, probing = self._down_since, any(s.probing for s in self.servers)
-            for s in probes:  # in the background: a caller with a server goes on, a waiter is woken on readmission
+            # in the background: a caller with a server goes on, a waiter is woken on readmission
+            for s in probes:
                 task = asyncio.ensure_future(self._probe(session, s))
                 self._probe_tasks.add(task)
                 task.add_done_callback(self._probe_tasks.discard)
@@ -115,7 +131,8 @@ class ServerPool:
             wait_s = 1.0  # re-check readmission probes at least every second
             if down_since is not None:
                 left = down_since + self.no_server_timeout_s - now
-                if left <= 0 and not probing:  # a probe in flight may still readmit one: wait for its answer
+                # a probe in flight may still readmit one: wait for its answer
+                if left <= 0 and not probing:
                     self._forget(waiter)
                     raise NoServerAvailable(self._expired_message())
                 wait_s = min(wait_s, max(left, 0.05))
@@ -132,7 +149,8 @@ class ServerPool:
                 self._waiters.remove(waiter)
 
     def release(self, server: Server, outcome: bool | None, *, error: str = "") -> None:
-        """Return ``server``'s slot with the request's outcome (and its error message, shown when all are out)."""
+        """Return ``server``'s slot with the request's outcome (and its error message, shown when
+        all are out)."""
         with self._lock:
             server.outstanding -= 1
             if outcome is True:
@@ -157,7 +175,8 @@ class ServerPool:
             w.loop.call_soon_threadsafe(_wake, w.future)
 
     def _note_outage(self) -> None:
-        """Start the outage clock when the last healthy server is ejected (called under the lock)."""
+        """Start the outage clock when the last healthy server is ejected (called under the
+        lock)."""
         if self._down_since is None and not any(s.healthy for s in self.servers):
             self._down_since, self._down_since_wall = time.monotonic(), time.time()
             logger.warning(
@@ -174,7 +193,11 @@ class ServerPool:
                 ok = resp.status == 200
                 error = "" if ok else f"health probe: HTTP {resp.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            error = f"health probe: {type(exc).__name__}: {exc}" if str(exc) else f"health probe: {type(exc).__name__}"
+            error = (
+                f"health probe: {type(exc).__name__}: {exc}"
+                if str(exc)
+                else f"health probe: {type(exc).__name__}"
+            )
         except asyncio.CancelledError:  # its shard ended: the next caller probes again
             with self._lock:
                 server.probing = False
@@ -184,39 +207,52 @@ class ServerPool:
             if ok:
                 server.ejected_until, server.failures = None, 0
                 if self._down_since is not None:
-                    logger.info("%s is back after %.0fs without a healthy server", server.url,
-                                time.monotonic() - self._down_since)  # fmt: skip
+                    logger.info(
+                        "%s is back after %.0fs without a healthy server",
+                        server.url,
+                        time.monotonic() - self._down_since,
+                    )
                 self._down_since = None
                 logger.info("readmitted %s (health probe ok)", server.url)
             else:
                 server.ejected_until = time.monotonic() + self.readmit_after_s
                 server.last_error = error
-            waiters, self._waiters = self._waiters, []  # ok: take the slot; not ok: a waiter may now give up
+            # ok: take the slot; not ok: a waiter may now give up
+            waiters, self._waiters = self._waiters, []
         for w in waiters:
             w.loop.call_soon_threadsafe(_wake, w.future)
 
     def outage(self) -> dict[str, object] | None:
-        """The running outage (no server healthy): since when (wall clock), the timeout, and each server's state."""
+        """The running outage (no server healthy): since when (wall clock), the timeout, and each
+        server's state."""
         with self._lock:
             if self._down_since is None:
                 return None
-            return {"since": self._down_since_wall, "timeout_s": self.no_server_timeout_s, "servers": self._describe()}
+            return {
+                "since": self._down_since_wall,
+                "timeout_s": self.no_server_timeout_s,
+                "servers": self._describe(),
+            }
 
     def _expired_message(self) -> str:
         with self._lock:
-            return (f"no server healthy for {self.no_server_timeout_s:g}s (regen.no_server_timeout_s): "
-                    f"{self._describe()}; start the server(s) or point regen.servers at live ones, then re-run the "
-                    "shard")  # fmt: skip
+            return (
+                f"no server healthy for {self.no_server_timeout_s:g}s (regen.no_server_timeout_s): "
+                f"{self._describe()}; start the server(s) or point regen.servers at live ones, then re-run the "
+                "shard"
+            )
 
     def _describe(self) -> str:
         return ", ".join(
-            f"{s.url} ({s.failures} consecutive failures, last error: {s.last_error or 'none'})" for s in self.servers
+            f"{s.url} ({s.failures} consecutive failures, last error: {s.last_error or 'none'})"
+            for s in self.servers
         )
 
     def stats(self) -> list[dict[str, object]]:
         with self._lock:
             return [
-                {"url": s.url, "healthy": s.healthy, "completed": s.completed, "errors": s.errors} for s in self.servers
+                {"url": s.url, "healthy": s.healthy, "completed": s.completed, "errors": s.errors}
+                for s in self.servers
             ]
 
 
@@ -230,10 +266,15 @@ _POOLS_LOCK = threading.Lock()
 
 
 def shared_pool(urls: list[str], cfg: RegenConfig) -> ServerPool:
-    """The process-wide pool for these servers and ``cfg``'s pool settings (created on first use): the shards and
-    the stage's health view share it."""
-    key = (tuple(u.rstrip("/") for u in urls), cfg.concurrency_per_server, cfg.eject_after_failures,
-           cfg.readmit_after_s, cfg.no_server_timeout_s)  # fmt: skip
+    """The process-wide pool for these servers and ``cfg``'s pool settings (created on first use):
+    the shards and the stage's health view share it."""
+    key = (
+        tuple(u.rstrip("/") for u in urls),
+        cfg.concurrency_per_server,
+        cfg.eject_after_failures,
+        cfg.readmit_after_s,
+        cfg.no_server_timeout_s,
+    )
     with _POOLS_LOCK:
         if key not in _POOLS:
             _POOLS[key] = ServerPool(

@@ -1,7 +1,7 @@
-"""Columns of the regen stage's shards (docs/DESIGN.md, "Regenerated conversations"). Capture reads only ``sample_id, input_ids,
-loss_mask``; the rest is provenance. ``meta`` (JSON) records per-row facts that are not columns: the API used, the
-number of regenerated turns, whether the output round-trips through decode/encode, and what the OpenAI path could
-not guarantee (``retokenized``).
+"""Columns of the regen stage's shards (docs/DESIGN.md, "Regenerated conversations"). Capture reads
+only ``sample_id, input_ids, loss_mask``; the rest is provenance. ``meta`` (JSON) records per-row
+facts that are not columns: the API used, the number of regenerated turns, whether the output
+round-trips through decode/encode, and what the OpenAI path could not guarantee (``retokenized``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,16 @@ REGEN_COLUMNS: tuple[str, ...] = tuple(REGEN_SCHEMA.names)
 
 # Columns of a prompts shard that regeneration reads.
 PROMPT_COLUMNS: tuple[str, ...] = (
-    "sample_id", "source", "messages", "input_ids", "loss_mask", "tools", "meta"
+    "sample_id",
+    "source",
+    "messages",
+    "input_ids",
+    "loss_mask",
+    "tools",
+    "meta",
 )
-assert all(PROMPT_SCHEMA.get_field_index(c) >= 0 for c in PROMPT_COLUMNS), "PROMPT_SCHEMA lost a column regen reads"
+assert all(PROMPT_SCHEMA.get_field_index(c) >= 0 for c in PROMPT_COLUMNS), (
+    "PROMPT_SCHEMA lost a column regen reads"
+)
 
 STATUS_OK, STATUS_TRUNCATED, STATUS_FAILED = "ok", "truncated", "failed"

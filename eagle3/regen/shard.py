@@ -1,13 +1,15 @@
 """Regenerate one prompts shard: resume from its journal, fan out requests, compact into Parquet.
 
-A shard is done when ``shard-NNNNN.parquet`` (written last, via the shared ``ShardWriter``: tmp + rename) is
-valid; its journal is then removed. Resume = skip every sample id already in the journal and replay the journaled
-turns of unfinished multi-turn samples. The number of samples in flight is bounded by the pool's capacity
-(``concurrency_per_server * servers``), so memory does not grow with the shard. When a sample exhausts its retries or
-no server has been healthy for ``regen.no_server_timeout_s``, no new samples start, those in flight are cancelled
-(what finished is journaled) and ``ShardFailed`` is raised with that one line: the shard fails alone and a re-run
-picks up where it stopped. While no server is healthy, ``shard-NNNNN.waiting.json`` says since when and why
-(``regen status`` and the progress bar show "waiting for servers"); it is removed when one is back.
+A shard is done when ``shard-NNNNN.parquet`` (written last, via the shared ``ShardWriter``: tmp +
+rename) is valid; its journal is then removed. Resume = skip every sample id already in the journal
+and replay the journaled turns of unfinished multi-turn samples. The number of samples in flight is
+bounded by the pool's capacity (``concurrency_per_server * servers``), so memory does not grow with
+the shard. When a sample exhausts its retries or no server has been healthy for
+``regen.no_server_timeout_s``, no new samples start, those in flight are cancelled (what finished is
+journaled) and ``ShardFailed`` is raised with that one line: the shard fails alone and a re-run
+picks up where it stopped. While no server is healthy, ``shard-NNNNN.waiting.json`` says since when
+and why (``regen status`` and the progress bar show "waiting for servers"); it is removed when one
+is back.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ from eagle3.regen.conversation import (
 from eagle3.regen.journal import TIME_KEY, Journal, journal_name, read_journal
 from eagle3.regen.plan import RegenPlan, template_kwargs
 from eagle3.regen.pool import NoServerAvailable, ServerPool, shared_pool
-from eagle3.regen.schema import PROMPT_COLUMNS, REGEN_COLUMNS, REGEN_SCHEMA, STATUS_FAILED, STATUS_TRUNCATED
+from eagle3.regen.schema import (
+    PROMPT_COLUMNS,
+    REGEN_COLUMNS,
+    REGEN_SCHEMA,
+    STATUS_FAILED,
+    STATUS_TRUNCATED,
+)
 from eagle3.regen.stop import running_shard
 from eagle3.rundir.integrity import verify_files
 from eagle3.rundir.layout import shard_name
@@ -56,14 +64,15 @@ logger = logging.getLogger(__name__)
 STATS_KEY = "regen_stats"
 IN_FLIGHT_EVERY_S = 5.0  # how often a running shard rewrites its in-flight marker
 # The side files of a compacted shard: rows that exhausted their retries, and truncated rows that
-# ``regen.keep_truncated=false`` keeps out of training (kept here, with their ids and text, for inspection).
+# ``regen.keep_truncated=false`` keeps out of training (kept here, with their ids and text, for
+# inspection).
 FAILED, DROPPED = "failed", "dropped"
 OnResult = Callable[[dict[str, Any]], None]
 
 
 class ShardFailed(RuntimeError):
-    """A shard stopped because requests exhausted their retries or no server was healthy; what succeeded is
-    journaled."""
+    """A shard stopped because requests exhausted their retries or no server was healthy; what
+    succeeded is journaled."""
 
     def __init__(self, index: int, message: str) -> None:
         super().__init__(f"regen shard {index} failed: {message}")
@@ -84,8 +93,10 @@ class ShardReport:
     completion_tokens: int = 0
     round_trip_failures: int = 0
     mask_fallbacks: int = 0
-    history_rewritten: int = 0  # rows whose last prompt shows earlier turns by the template's rule, not as generated
-    tool_replay_stops: int = 0  # rows that ended where the target's calls did not match the source's results
+    # rows whose last prompt shows earlier turns by the template's rule, not as generated
+    history_rewritten: int = 0
+    # rows that ended where the target's calls did not match the source's results
+    tool_replay_stops: int = 0
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,21 +104,33 @@ class ShardReport:
 
 
 def regen_shard(
-    config: PipelineConfig, plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
+    config: PipelineConfig,
+    plan: RegenPlan,
+    index: int,
+    servers: list[str],
+    *,
+    on_result: OnResult | None = None,
 ) -> ShardReport:
-    """Run (or resume, or skip) one shard to completion; raises ``ShardFailed`` when servers are gone."""
+    """Run (or resume, or skip) one shard to completion; raises ``ShardFailed`` when servers are
+    gone."""
     return asyncio.run(regen_shard_async(config, plan, index, servers, on_result=on_result))
 
 
 async def regen_shard_async(
-    config: PipelineConfig, plan: RegenPlan, index: int, servers: list[str], *, on_result: OnResult | None = None
+    config: PipelineConfig,
+    plan: RegenPlan,
+    index: int,
+    servers: list[str],
+    *,
+    on_result: OnResult | None = None,
 ) -> ShardReport:
     out = plan.out_dir
     shard_path = out / shard_name(index)
     if shard_is_valid(shard_path, schema=REGEN_SCHEMA):
         (out / journal_name(index)).unlink(missing_ok=True)
         return report_from_shard(shard_path, index)
-    prompts = plan.prompt_shard(index)  # damaged prompts never reach the target; normalize redoes all or nothing
+    # damaged prompts never reach the target; normalize redoes all or nothing
+    prompts = plan.prompt_shard(index)
     verify_files([prompts], rebuild=f"rm {prompts.parent / MANIFEST} && eagle3 normalize")
     cfg, start = config.regen, time.monotonic()
     tokenizer = load_tokenizer(config.target)
@@ -120,14 +143,19 @@ async def regen_shard_async(
         return compact_shard(config, plan, index, template=template_hash(tokenizer))
     pool = shared_pool(servers, cfg)
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    with running_shard(index), Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal:
+    with (
+        running_shard(index),
+        Journal(out / journal_name(index), fsync_every=cfg.journal_fsync_every) as journal,
+    ):
         rows = _prompt_rows(plan, index, set(journal.done))
         context = config.server.context_length or config.target.context_length
         async with Client(cfg, pool, api_key=api_key, seed=index, context_length=context) as client:
             ctx = sample_context(config, tokenizer, client, on_turn=journal.append)
             starts: dict[str, float] = {}  # sample id -> wall time it was sent, while in flight
-            watchers = [asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index))),
-                        asyncio.ensure_future(_mark_in_flight(starts, out / in_flight_name(index)))]
+            watchers = [
+                asyncio.ensure_future(_mark_outages(pool, out / waiting_name(index))),
+                asyncio.ensure_future(_mark_in_flight(starts, out / in_flight_name(index))),
+            ]
             try:
                 error = await _run_samples(ctx, rows, journal, pool.capacity, on_result, starts)
             finally:
@@ -155,15 +183,24 @@ def _pass_through(
             on_result(result)
 
 
-def sample_context(config: PipelineConfig, tokenizer: Any, client: Client, **kwargs: Any) -> SampleContext:
-    """What every sample of the stage shares, from the config (api, dialect, the template's arguments)."""
+def sample_context(
+    config: PipelineConfig, tokenizer: Any, client: Client, **kwargs: Any
+) -> SampleContext:
+    """What every sample of the stage shares, from the config (api, dialect, the template's
+    arguments)."""
     cfg = config.regen
     return SampleContext(
-        tokenizer, client, cfg.api, config.target.model_path, tokenizer.eos_token_id,
+        tokenizer,
+        client,
+        cfg.api,
+        config.target.model_path,
+        tokenizer.eos_token_id,
         reasoning=reasoning_format(cfg.reasoning_parser) if cfg.reasoning_parser else None,
         calls=tool_call_format(cfg.tool_call_parser) if cfg.tool_call_parser else None,
-        template_kwargs=template_kwargs(cfg), max_turns=cfg.max_turns, **kwargs,
-    )  # fmt: skip
+        template_kwargs=template_kwargs(cfg),
+        max_turns=cfg.max_turns,
+        **kwargs,
+    )
 
 
 def _source_shard(
@@ -195,15 +232,18 @@ def waiting_name(index: int) -> str:
 
 
 def read_waiting(path: Path) -> dict[str, Any] | None:
-    """A shard's waiting marker (``since``, ``timeout_s``, ``servers``), or None when it is not waiting."""
+    """A shard's waiting marker (``since``, ``timeout_s``, ``servers``), or None when it is not
+    waiting."""
     try:
         return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):  # not waiting, or caught between write and rename
+    # not waiting, or caught between write and rename
+    except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
 async def _mark_outages(pool: ServerPool, marker: Path) -> None:
-    """Keep ``marker`` in step with the pool's outage (checked every second) until cancelled, then remove it."""
+    """Keep ``marker`` in step with the pool's outage (checked every second) until cancelled, then
+    remove it."""
     shown: dict[str, object] | None = None
     try:
         while True:
@@ -249,7 +289,9 @@ async def _mark_in_flight(starts: dict[str, float], marker: Path) -> None:
 
 
 def _prompt_rows(plan: RegenPlan, index: int, skip: set[str]) -> Iterator[dict[str, Any]]:
-    for batch in iter_batches(plan.prompt_shard(index), columns=list(PROMPT_COLUMNS), batch_size=256):
+    for batch in iter_batches(
+        plan.prompt_shard(index), columns=list(PROMPT_COLUMNS), batch_size=256
+    ):
         for row in batch.to_pylist():
             if row["sample_id"] not in skip:
                 yield row
@@ -263,8 +305,9 @@ async def _run_samples(
     on_result: OnResult | None,
     starts: dict[str, float] | None = None,
 ) -> str | None:
-    """Regenerate ``rows`` with at most ``capacity`` in flight; returns the error that stopped the shard, if any.
-    Samples still in flight when it stops (a failure, a cancellation) are cancelled before the journal closes."""
+    """Regenerate ``rows`` with at most ``capacity`` in flight; returns the error that stopped the
+    shard, if any. Samples still in flight when it stops (a failure, a cancellation) are cancelled
+    before the journal closes."""
     slots = asyncio.Semaphore(capacity)
     failure: list[str] = []
     tasks: set[asyncio.Task[None]] = set()
@@ -304,7 +347,9 @@ async def _run_samples(
     return failure[0] if failure else None
 
 
-def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: int) -> dict[str, int]:
+def _stats(
+    kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: int
+) -> dict[str, int]:
     metas = [json.loads(r["meta"]) for r in kept]
     return {
         "rows": len(kept),
@@ -322,22 +367,31 @@ def _stats(kept: list[dict[str, Any]], failed: list[dict[str, Any]], dropped: in
     }
 
 
-def compact_shard(config: PipelineConfig, plan: RegenPlan, index: int, *, template: str) -> ShardReport:
+def compact_shard(
+    config: PipelineConfig, plan: RegenPlan, index: int, *, template: str
+) -> ShardReport:
     """Journal -> ``shard-NNNNN.parquet`` (in prompts order), plus ``failed-NNNNN.parquet`` and
     ``dropped-NNNNN.parquet`` when any rows failed or were dropped as truncated."""
     out = plan.out_dir
     journal_path = out / journal_name(index)
     by_id: dict[str, dict[str, Any]] = {}
     for row in read_journal(journal_path):
-        by_id.setdefault(row["sample_id"], {k: row.get(k) for k in REGEN_COLUMNS})  # first result wins
+        # first result wins
+        by_id.setdefault(row["sample_id"], {k: row.get(k) for k in REGEN_COLUMNS})
     order = [
-        r["sample_id"] for b in iter_batches(plan.prompt_shard(index), columns=["sample_id"]) for r in b.to_pylist()
+        r["sample_id"]
+        for b in iter_batches(plan.prompt_shard(index), columns=["sample_id"])
+        for r in b.to_pylist()
     ]
     missing = [sid for sid in order if sid not in by_id]
     if missing:
-        raise RuntimeError(f"shard {index}: {len(missing)} samples have no journal line (e.g. {missing[:3]})")
+        raise RuntimeError(
+            f"shard {index}: {len(missing)} samples have no journal line (e.g. {missing[:3]})"
+        )
     rows = [by_id[sid] for sid in dict.fromkeys(order)]
-    set_aside = {STATUS_FAILED} if config.regen.keep_truncated else {STATUS_FAILED, STATUS_TRUNCATED}
+    set_aside = (
+        {STATUS_FAILED} if config.regen.keep_truncated else {STATUS_FAILED, STATUS_TRUNCATED}
+    )
     failed = [r for r in rows if r["status"] == STATUS_FAILED]
     dropped = [r for r in rows if r["status"] == STATUS_TRUNCATED and r["status"] in set_aside]
     kept = [r for r in rows if r["status"] not in set_aside]
@@ -349,12 +403,17 @@ def compact_shard(config: PipelineConfig, plan: RegenPlan, index: int, *, templa
         "chat_template_hash": template,
         "chat_template_kwargs": json.dumps(template_kwargs(config.regen)),
     }
-    for kind, side in ((DROPPED, dropped), (FAILED, failed)):  # never silent loss: set-aside rows keep their text
+    # never silent loss: set-aside rows keep their text
+    for kind, side in ((DROPPED, dropped), (FAILED, failed)):
         if side:
-            with ShardWriter(out, REGEN_SCHEMA, prefix=kind, start_index=index, metadata=meta) as writer:
+            with ShardWriter(
+                out, REGEN_SCHEMA, prefix=kind, start_index=index, metadata=meta
+            ) as writer:
                 writer.write_rows(side)
     if kept:
-        with ShardWriter(out, REGEN_SCHEMA, prefix="shard", start_index=index, metadata=meta) as writer:
+        with ShardWriter(
+            out, REGEN_SCHEMA, prefix="shard", start_index=index, metadata=meta
+        ) as writer:
             writer.write_rows(kept)
     else:  # every sample failed or was dropped: an empty shard still marks the shard done
         write_table(out / shard_name(index), REGEN_SCHEMA.empty_table(), metadata=meta)
@@ -372,7 +431,9 @@ def journal_progress(path: Path) -> tuple[int, int, list[float], float]:
     """(samples, generated tokens, finish times, seconds the samples took) of a live journal; for
     status and progress."""
     rows = read_journal(path)
-    tokens = sum(int(json.loads(r.get("meta") or "{}").get("total_completion_tokens", 0)) for r in rows)
+    tokens = sum(
+        int(json.loads(r.get("meta") or "{}").get("total_completion_tokens", 0)) for r in rows
+    )
     answered = [r for r in rows if r.get("status") != STATUS_FAILED]
     seconds = sum(float(r.get("latency_s") or 0.0) for r in answered)
     return len(rows), tokens, [float(r.get(TIME_KEY, 0.0)) for r in rows], seconds

@@ -1,16 +1,18 @@
-"""The regen stage (the stage contract of ``eagle3.stage``): prompts shards -> the target's own answers, one unit
-per shard.
+"""The regen stage (the stage contract of ``eagle3.stage``): prompts shards -> the target's own
+answers, one unit per shard.
 
-* ``resources``: the configured ``regen.servers``, or a server on the target model started for the length of the
-  stage run on ``server.engine`` (the tiny recipe: the project's reference server, or SGLang itself on this CPU);
-  SIGTERM and Ctrl-C stop the running shards first (``regen.stop``).
-* ``max_in_flight``: ``regen.shards_in_flight`` shards at once, so ``regen.concurrency_per_server`` is what a
-  server sees; ``concurrency_limits``: one orchestrator-wide slot per persistent server (a nightly run and a
-  re-trigger never double a server's load; a reference server started by this run has a fresh port and none).
+* ``resources``: the configured ``regen.servers``, or a server on the target model started for the
+  length of the stage run on ``server.engine`` (the tiny recipe: the project's reference server, or
+  SGLang itself on this CPU); SIGTERM and Ctrl-C stop the running shards first (``regen.stop``).
+* ``max_in_flight``: ``regen.shards_in_flight`` shards at once, so ``regen.concurrency_per_server``
+  is what a server sees; ``concurrency_limits``: one orchestrator-wide slot per persistent server (a
+  nightly run and a re-trigger never double a server's load; a reference server started by this run
+  has a fresh port and none).
 * ``progress``: samples done / planned over this run's shards, from the journals and shard footers;
   ``health``: each server's state in the shards' shared pool.
-* ``finalize``: ``failed_shards.json`` every time (empty when none), ``manifest.json`` only when every shard of the
-  prompts stage is compacted (a run over a subset of shards leaves the stage unfinished, not failed).
+* ``finalize``: ``failed_shards.json`` every time (empty when none), ``manifest.json`` only when
+  every shard of the prompts stage is compacted (a run over a subset of shards leaves the stage
+  unfinished, not failed).
 """
 
 from __future__ import annotations
@@ -39,14 +41,25 @@ from eagle3.target_io import tokenizer_imports
 logger = logging.getLogger(__name__)
 
 REPORT_FIELDS = (
-    "ok", "truncated", "dropped", "failed", "pretokenized", "served", "completion_tokens",
-    "round_trip_failures", "mask_fallbacks", "history_rewritten", "tool_replay_stops",
+    "ok",
+    "truncated",
+    "dropped",
+    "failed",
+    "pretokenized",
+    "served",
+    "completion_tokens",
+    "round_trip_failures",
+    "mask_fallbacks",
+    "history_rewritten",
+    "tool_replay_stops",
 )
 
 
 # What the lineage records about earlier turns (the rows' meta.history says which rows it rewrote).
-HISTORY_RULE = ("each prompt shows earlier turns as the target's chat template renders them (chat_template_hash, "
-                "sampling.chat_template_kwargs); a thinking template drops their reasoning")  # fmt: skip
+HISTORY_RULE = (
+    "each prompt shows earlier turns as the target's chat template renders them (chat_template_hash, "
+    "sampling.chat_template_kwargs); a thinking template drops their reasoning"
+)
 
 
 @contextmanager
@@ -85,8 +98,12 @@ def needs_generation(config: PipelineConfig, plan: RegenPlan) -> bool:
 
 
 def server_limit_names(servers: Sequence[str]) -> list[str]:
-    """Orchestrator-wide concurrency limit names, one per server (``deployments/deploy.py`` creates them)."""
-    return ["regen-server-" + re.sub(r"[^a-z0-9]+", "-", url.split("://", 1)[-1].lower()).strip("-") for url in servers]
+    """Orchestrator-wide concurrency limit names, one per server (``deployments/deploy.py`` creates
+    them)."""
+    return [
+        "regen-server-" + re.sub(r"[^a-z0-9]+", "-", url.split("://", 1)[-1].lower()).strip("-")
+        for url in servers
+    ]
 
 
 class RegenStage(Stage[RegenPlan]):
@@ -94,9 +111,12 @@ class RegenStage(Stage[RegenPlan]):
     unit_name = "shard"
     scale_out = True
     retries = 2
-    inputs: ClassVar[dict[str, str]] = {"prompts_dir": REGEN_INPUT}  # prompts, or the aimed nights' selection
+    # prompts, or the aimed nights' selection
+    inputs: ClassVar[dict[str, str]] = {"prompts_dir": REGEN_INPUT}
 
-    def plan(self, config: PipelineConfig, *, prompts_dir: Path, shard_ids: Sequence[int] | None = None) -> RegenPlan:
+    def plan(
+        self, config: PipelineConfig, *, prompts_dir: Path, shard_ids: Sequence[int] | None = None
+    ) -> RegenPlan:
         return plan_regen(config, prompts_dir, shard_ids)
 
     @contextmanager
@@ -121,11 +141,19 @@ class RegenStage(Stage[RegenPlan]):
         return server_limit_names(config.regen.servers)
 
     def run_unit(
-        self, config: PipelineConfig, plan: RegenPlan, unit: Unit, *, env: Any = None,
+        self,
+        config: PipelineConfig,
+        plan: RegenPlan,
+        unit: Unit,
+        *,
+        env: Any = None,
         on_progress: OnProgress | None = None,
-    ) -> UnitReport:  # fmt: skip
-        on_result = None if on_progress is None else (
-            lambda row: on_progress(1, int(row.get("completion_tokens") or 0)))  # fmt: skip
+    ) -> UnitReport:
+        on_result = (
+            None
+            if on_progress is None
+            else (lambda row: on_progress(1, int(row.get("completion_tokens") or 0)))
+        )
         report = regen_shard(config, plan, int(unit), list(env), on_result=on_result)
         return _unit_report(report)
 
@@ -133,39 +161,67 @@ class RegenStage(Stage[RegenPlan]):
         return plan.out_dir / shard_name(int(unit))
 
     def progress(self, plan: RegenPlan) -> Progress:
-        """Samples done / planned over this run's shards (``plan.units``: tonight's, a re-trigger's), never the
-        whole prompt pool."""
+        """Samples done / planned over this run's shards (``plan.units``: tonight's, a
+        re-trigger's), never the whole prompt pool."""
         return regen_status(plan.out_dir, shard_ids=[int(u) for u in plan.units]).progress
 
     def health(self, config: PipelineConfig, env: Any) -> list[dict[str, Any]]:
-        """Each server's state in this process's pool (the one the shards share on the thread runner)."""
+        """Each server's state in this process's pool (the one the shards share on the thread
+        runner)."""
         return shared_pool(list(env), config.regen).stats() if env else []
 
     def retrigger(self, plan: RegenPlan, failed: Sequence[Unit]) -> str:
-        """The exact command for these shards (it works mid-run too, before ``failed_shards.json`` is written)."""
-        return f"eagle3 retry-shards --run {plan.out_dir} " + " ".join(f"--shard {int(u)}" for u in sorted(failed))
+        """The exact command for these shards (it works mid-run too, before ``failed_shards.json``
+        is written)."""
+        return f"eagle3 retry-shards --run {plan.out_dir} " + " ".join(
+            f"--shard {int(u)}" for u in sorted(failed)
+        )
 
     def finalize(
-        self, config: PipelineConfig, plan: RegenPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+        self,
+        config: PipelineConfig,
+        plan: RegenPlan,
+        reports: Sequence[UnitReport],
+        failed: Sequence[Unit],
     ) -> StageResult:
         table, done = shard_table(plan, failed), _compacted(plan)
         pending = sorted(set(plan.shards) - set(done))
-        summary: dict[str, Any] = {k: sum(r.detail.get(k, 0) for r in done.values()) for k in REPORT_FIELDS}
-        summary |= {"regen_dir": str(plan.out_dir), "fingerprint": plan.fingerprint, "done": not pending,
-                    "shards_done": len(done), "shards_pending": pending, "failed_shards": sorted(map(int, failed))}
+        summary: dict[str, Any] = {
+            k: sum(r.detail.get(k, 0) for r in done.values()) for k in REPORT_FIELDS
+        }
+        summary |= {
+            "regen_dir": str(plan.out_dir),
+            "fingerprint": plan.fingerprint,
+            "done": not pending,
+            "shards_done": len(done),
+            "shards_pending": pending,
+            "failed_shards": sorted(map(int, failed)),
+        }
         markdown = _summary_markdown(plan, summary, self.retrigger(plan, failed) if failed else "")
         if failed:
             return self.failed_result(plan, failed, summary=summary, table=table, markdown=markdown)
         write_failed_shards(plan.out_dir, [])
         if not pending:
             _write_manifest(config, plan, done, summary)
-        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=not pending,
-                           summary=summary, table=table, markdown=markdown)  # fmt: skip
+        return StageResult(
+            stage=self.name,
+            fingerprint=plan.fingerprint,
+            out_dir=plan.out_dir,
+            done=not pending,
+            summary=summary,
+            table=table,
+            markdown=markdown,
+        )
 
 
 def _unit_report(report: ShardReport) -> UnitReport:
-    return UnitReport(unit=report.index, skipped=report.state == "skipped", rows=report.rows,
-                      tokens=report.completion_tokens, detail=report.to_dict())  # fmt: skip
+    return UnitReport(
+        unit=report.index,
+        skipped=report.state == "skipped",
+        rows=report.rows,
+        tokens=report.completion_tokens,
+        detail=report.to_dict(),
+    )
 
 
 def _compacted(plan: RegenPlan) -> dict[int, UnitReport]:
@@ -176,7 +232,8 @@ def _compacted(plan: RegenPlan) -> dict[int, UnitReport]:
 
 
 def shard_table(plan: RegenPlan, failed: Sequence[Unit]) -> list[dict[str, Any]]:
-    """One row per shard (the Prefect table artifact): state, prompts, outcome counts, generated tokens."""
+    """One row per shard (the Prefect table artifact): state, prompts, outcome counts, generated
+    tokens."""
     done = _compacted(plan)
     table = []
     for index in sorted(plan.shards):
@@ -194,32 +251,43 @@ def _write_manifest(
 ) -> None:
     files = []
     for index, report in done.items():
-        files.append(FileEntry.of(plan.out_dir / shard_name(index), rows=report.rows, base=plan.out_dir))
+        files.append(
+            FileEntry.of(plan.out_dir / shard_name(index), rows=report.rows, base=plan.out_dir)
+        )
         for kind in (FAILED, DROPPED):
             side = plan.out_dir / shard_name(index, kind)
             if side.exists():
                 files.append(FileEntry.of(side, rows=report.detail.get(kind, 0), base=plan.out_dir))
-    Manifest(stage="regen", fingerprint=plan.fingerprint, files=files, stats=stats, config={
-        "sampling": sampling_fields(config.regen),
-        "sampling_params": sampling_params(config.regen),
-        "target": target_fields(config),
-        "prompts_dir": str(plan.prompts_dir),
-        "prompts_fingerprint": plan.prompts_fingerprint,
-        "servers": list(config.regen.servers) or ["<local reference server>"],
-        "history": HISTORY_RULE,
-    }).write(plan.out_dir)  # fmt: skip
+    Manifest(
+        stage="regen",
+        fingerprint=plan.fingerprint,
+        files=files,
+        stats=stats,
+        config={
+            "sampling": sampling_fields(config.regen),
+            "sampling_params": sampling_params(config.regen),
+            "target": target_fields(config),
+            "prompts_dir": str(plan.prompts_dir),
+            "prompts_fingerprint": plan.prompts_fingerprint,
+            "servers": list(config.regen.servers) or ["<local reference server>"],
+            "history": HISTORY_RULE,
+        },
+    ).write(plan.out_dir)
 
 
 def _summary_markdown(plan: RegenPlan, summary: dict[str, Any], retrigger: str) -> str:
     failed = summary["failed_shards"]
-    return "\n".join([
-        f"# regen {plan.fingerprint}",
-        f"- stage dir: `{plan.out_dir}`",
-        f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
-        f"- served {summary['served']}, pre-tokenized {summary['pretokenized']} (passed through)",
-        f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
-        f"failed samples {summary['failed']}",
-        f"- outputs whose text re-encodes to other ids: {summary['round_trip_failures']} "
-        "(kept: rows hold the ids the engine generated, never a re-encoding)",
-        f"- failed shards: {failed or 'none'}" + (f" (re-run: `{retrigger}`)" if failed else ""),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"# regen {plan.fingerprint}",
+            f"- stage dir: `{plan.out_dir}`",
+            f"- done: {summary['done']} ({summary['shards_done']}/{len(plan.shards)} shards)",
+            f"- served {summary['served']}, pre-tokenized {summary['pretokenized']} (passed through)",
+            f"- ok {summary['ok']}, truncated {summary['truncated']}, dropped {summary['dropped']}, "
+            f"failed samples {summary['failed']}",
+            f"- outputs whose text re-encodes to other ids: {summary['round_trip_failures']} "
+            "(kept: rows hold the ids the engine generated, never a re-encoding)",
+            f"- failed shards: {failed or 'none'}"
+            + (f" (re-run: `{retrigger}`)" if failed else ""),
+        ]
+    )

@@ -1,9 +1,10 @@
-"""Progress of a regen stage computed from its files alone (usable from another terminal while the job runs).
+"""Progress of a regen stage computed from its files alone (usable from another terminal while the
+job runs).
 
-Done samples = rows of compacted shards (from their footer stats) + lines of live journals, over the shards the
-stage's last run planned (not the whole prompt pool: a night with ``--scale`` runs a subset). Throughput and ETA come
-from the journals' finish times over the last ``window_s`` seconds; right after a restart (or when only compacted
-shards exist) they are unknown rather than made up.
+Done samples = rows of compacted shards (from their footer stats) + lines of live journals, over the
+shards the stage's last run planned (not the whole prompt pool: a night with ``--scale`` runs a
+subset). Throughput and ETA come from the journals' finish times over the last ``window_s`` seconds;
+right after a restart (or when only compacted shards exist) they are unknown rather than made up.
 
 ``waiting_for_servers`` says since when no server has been healthy, and which, while a running shard
 waits for one (its ``shard-NNNNN.waiting.json``).
@@ -43,7 +44,8 @@ from eagle3.stage import Progress
 
 @dataclass
 class RegenStatus:
-    """The shards' states and this run's :class:`~eagle3.stage.Progress` (``progress``: percent, rates, ETA)."""
+    """The shards' states and this run's :class:`~eagle3.stage.Progress` (``progress``: percent,
+    rates, ETA)."""
 
     regen_dir: str
     total: int
@@ -56,15 +58,17 @@ class RegenStatus:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     finished: bool = False
-    waiting_for_servers: str | None = None  # "waiting for servers for 42s (fails at 300s): <servers, last errors>"
+    # "waiting for servers for 42s (fails at 300s): <servers, last errors>"
+    waiting_for_servers: str | None = None
     tokens_in_flight: int = 0  # estimated tokens of the samples in flight (part of ``tokens``)
     in_flight: int = 0  # samples in flight
     tokens_per_sample: float | None = None  # mean generated tokens of the finished samples
 
     @property
     def progress(self) -> Progress:
-        """While a shard waits for servers: "waiting for servers for 9s (fails at 300s)" instead of a rate and an
-        ETA (pre-tokenized samples, which need no request, still finish and would make one up)."""
+        """While a shard waits for servers: "waiting for servers for 9s (fails at 300s)" instead of
+        a rate and an ETA (pre-tokenized samples, which need no request, still finish and would make
+        one up)."""
         waiting = self.waiting_for_servers.split(":", 1)[0] if self.waiting_for_servers else None
         return Progress(
             done=self.done,
@@ -80,17 +84,33 @@ class RegenStatus:
 
     def to_dict(self) -> dict[str, Any]:
         progress = self.progress
-        return asdict(self) | {"percent": progress.percent, "eta_s": progress.eta_s, "eta": progress.eta}
+        return asdict(self) | {
+            "percent": progress.percent,
+            "eta_s": progress.eta_s,
+            "eta": progress.eta,
+        }
 
 
-def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_s: float = 300.0) -> RegenStatus:
-    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config names) over the
-    shards its last run planned (``plan.json``'s units: a night's subset, a re-trigger), or only ``shard_ids``."""
-    out = find_input(Path(regen_dir).parent.parent, "regen", None, explicit=regen_dir, option="--run",
-                     produce="eagle3 regen", marker=PLAN_FILE)  # fmt: skip
+def regen_status(
+    regen_dir: Path, *, shard_ids: list[int] | None = None, window_s: float = 300.0
+) -> RegenStatus:
+    """The status of a planned regen stage directory (``eagle3.lineage`` finds the one a config
+    names) over the shards its last run planned (``plan.json``'s units: a night's subset, a
+    re-trigger), or only ``shard_ids``."""
+    out = find_input(
+        Path(regen_dir).parent.parent,
+        "regen",
+        None,
+        explicit=regen_dir,
+        option="--run",
+        produce="eagle3 regen",
+        marker=PLAN_FILE,
+    )
     plan = json.loads((out / PLAN_FILE).read_text())
     wanted = set(plan.get("units") or plan["shards"]) if shard_ids is None else set(shard_ids)
-    shards = {int(k): int(v) for k, v in plan["shards"].items() if int(k) in {int(u) for u in wanted}}
+    shards = {
+        int(k): int(v) for k, v in plan["shards"].items() if int(k) in {int(u) for u in wanted}
+    }
     status = RegenStatus(
         regen_dir=str(out),
         total=sum(shards.values()),
@@ -117,8 +137,10 @@ def regen_status(regen_dir: Path, *, shard_ids: list[int] | None = None, window_
         status.shards_running.append(index)
         waiting = read_waiting(out / waiting_name(index))
         if waiting is not None:
-            status.waiting_for_servers = (f"waiting for servers for {now - float(waiting['since']):.0f}s (fails at "
-                                          f"{float(waiting['timeout_s']):g}s): {waiting['servers']}")  # fmt: skip
+            status.waiting_for_servers = (
+                f"waiting for servers for {now - float(waiting['since']):.0f}s (fails at "
+                f"{float(waiting['timeout_s']):g}s): {waiting['servers']}"
+            )
         samples, tokens, times, seconds = journal_progress(journal)
         status.done += samples
         status.tokens += tokens

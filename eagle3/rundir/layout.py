@@ -1,4 +1,5 @@
-"""The run root's layout: every stage directory and file name, the shard naming rule, and the one input rule.
+"""The run root's layout: every stage directory and file name, the shard naming rule, and the one
+input rule.
 
 A run root holds one directory per stage and fingerprint::
 
@@ -15,13 +16,15 @@ A run root holds one directory per stage and fingerprint::
     <root>/gate/<fp>/      gate        report.json, report.md, *.png
     <root>/scaling/        scaling     curve.jsonl, curve.png (one ledger per run root, no fingerprint)
 
-A stage directory is finished when its ``manifest.json`` exists (``eagle3.rundir.runroot.Manifest``). A stage run that
-succeeded also leaves ``result-<stage>-<plan key>.json`` in its directory: the result of that exact plan, read back
-instead of running it again (``eagle3.stage.recorded_result``).
+A stage directory is finished when its ``manifest.json`` exists
+(``eagle3.rundir.runroot.Manifest``). A stage run that succeeded also leaves ``result-<stage>-<plan
+key>.json`` in its directory: the result of that exact plan, read back instead of running it again
+(``eagle3.stage.recorded_result``).
 
-**The input rule.** A stage reads the directory of its upstream stage whose fingerprint is the one the resolved
-config gives (the caller computes it); an explicit path always wins; when no such directory is finished, the error
-lists what exists under that stage and how to point at it. Nothing is ever picked "newest by mtime".
+**The input rule.** A stage reads the directory of its upstream stage whose fingerprint is the one
+the resolved config gives (the caller computes it); an explicit path always wins; when no such
+directory is finished, the error lists what exists under that stage and how to point at it. Nothing
+is ever picked "newest by mtime".
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ STAGE_DIRS: dict[str, str] = {
     "profile": "profile",  # the gate's served traffic profile (eagle3.gate.served_profile)
 }
 
-# The upstream a regen stage reads: the prompts stage, or the aimed nights' selection (``eagle3.lineage`` decides).
+# The upstream a regen stage reads: the prompts stage, or the aimed nights' selection
+# (``eagle3.lineage`` decides).
 REGEN_INPUT = "regen-input"
 CATALOG_FILE = "catalog.json"
 PLAN_FILE = "plan.json"
@@ -65,22 +69,26 @@ SHARD_GLOB = "shard-[0-9][0-9][0-9][0-9][0-9].parquet"
 
 
 def stage_result_file(stage: str, plan_key: str) -> str:
-    """``result-<stage>-<plan key>.json``: a finished run's result (train and export share a directory)."""
+    """``result-<stage>-<plan key>.json``: a finished run's result (train and export share a
+    directory)."""
     return f"result-{stage}-{plan_key}.json"
 
 
 def shard_name(index: int, kind: str = "shard") -> str:
-    """``shard-00003.parquet`` (or ``failed-00003.parquet``, ``quarantine-00003.parquet`` for ``kind``)."""
+    """``shard-00003.parquet`` (or ``failed-00003.parquet``, ``quarantine-00003.parquet`` for
+    ``kind``)."""
     return f"{kind}-{index:05d}.parquet"
 
 
 def parts_dir_name(index: int) -> str:
-    """``parts-00003``: the directory holding shard ``index``'s capture part files while it is captured."""
+    """``parts-00003``: the directory holding shard ``index``'s capture part files while it is
+    captured."""
     return f"parts-{index:05d}"
 
 
 def hashes_file_name(index: int) -> str:
-    """``hashes-00003.json``: the sizes and hashes capture shard ``index``'s writer computed for its files."""
+    """``hashes-00003.json``: the sizes and hashes capture shard ``index``'s writer computed for its
+    files."""
     return f"hashes-{index:05d}.json"
 
 
@@ -93,7 +101,8 @@ def shard_index(path: Path | str, kind: str = "shard") -> int | None:
 
 
 def shard_files(directory: Path | str) -> dict[int, Path]:
-    """The ``shard-NNNNN.parquet`` files of a directory by index (on disk; finished or not is the caller's check)."""
+    """The ``shard-NNNNN.parquet`` files of a directory by index (on disk; finished or not is the
+    caller's check)."""
     directory = Path(directory)
     found = {shard_index(p): p for p in directory.glob(SHARD_GLOB)} if directory.is_dir() else {}
     return {i: p for i, p in sorted(found.items()) if i is not None}
@@ -112,11 +121,13 @@ def stage_dir(root: Path | str, stage: str, fp: str) -> Path:
 
 
 class StageInputError(FileNotFoundError):
-    """A stage's input is missing or unfinished; the message lists what exists and how to point at it."""
+    """A stage's input is missing or unfinished; the message lists what exists and how to point at
+    it."""
 
 
 def describe_existing(root: Path | str, stage: str) -> str:
-    """One line per fingerprint directory of ``stage`` under ``root``: finished or not (for error messages)."""
+    """One line per fingerprint directory of ``stage`` under ``root``: finished or not (for error
+    messages)."""
     base = stage_root(root, stage)
     dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     if not dirs:
@@ -141,16 +152,23 @@ def find_input(
 ) -> Path:
     """The directory of ``stage`` that a downstream stage reads.
 
-    ``explicit`` (a path the user gave) wins; otherwise the directory named by ``fp`` (the fingerprint the resolved
-    config gives). Either must be ready: finished (its manifest), or holding ``marker`` when a downstream stage may
-    read it while it runs (capture reads the ready shards of a planned regen stage). ``option`` names the flag that
-    points at another directory, ``produce`` the command that makes this one.
+    ``explicit`` (a path the user gave) wins; otherwise the directory named by ``fp`` (the
+    fingerprint the resolved config gives). Either must be ready: finished (its manifest), or
+    holding ``marker`` when a downstream stage may read it while it runs (capture reads the ready
+    shards of a planned regen stage). ``option`` names the flag that points at another directory,
+    ``produce`` the command that makes this one.
     """
-    what = f"a planned {stage} stage directory (no {marker})" if marker else f"a finished {stage} stage directory"
+    what = (
+        f"a planned {stage} stage directory (no {marker})"
+        if marker
+        else f"a finished {stage} stage directory"
+    )
     if explicit is not None:
         path = Path(explicit)
         if not _is_ready(path, marker):
-            raise StageInputError(f"{path} is not {what}: run `{produce}` for it or pass another {option}")
+            raise StageInputError(
+                f"{path} is not {what}: run `{produce}` for it or pass another {option}"
+            )
         return path
     if fp is not None and _is_ready(stage_dir(root, stage, fp), marker):
         return stage_dir(root, stage, fp)
@@ -163,9 +181,11 @@ def find_input(
 
 
 def write_failed_shards(out_dir: Path | str, units: Sequence[int | str]) -> None:
-    """``failed_shards.json``: the units (shard ids, or source names) of a stage that failed in its last run (``[]``
-    when none)."""
-    atomic_write_json(Path(out_dir) / FAILED_SHARDS_FILE, sorted(set(units), key=lambda u: (str(type(u)), u)))
+    """``failed_shards.json``: the units (shard ids, or source names) of a stage that failed in its
+    last run (``[]`` when none)."""
+    atomic_write_json(
+        Path(out_dir) / FAILED_SHARDS_FILE, sorted(set(units), key=lambda u: (str(type(u)), u))
+    )
 
 
 def read_failed_shards(out_dir: Path | str) -> list[int | str]:
@@ -174,12 +194,13 @@ def read_failed_shards(out_dir: Path | str) -> list[int | str]:
 
 
 def feature_set_fingerprint(features_dir: Path | str) -> str:
-    """Identity of the feature shards a features manifest lists: the directory's fingerprint plus each file's
-    checksum.
+    """Identity of the feature shards a features manifest lists: the directory's fingerprint plus
+    each file's checksum.
 
-    One features directory serves every night (each night adds shards to it), so the stages after capture (vocab,
-    then train through the vocab fingerprint) key on this, not on the directory name: otherwise night 2 would
-    reuse night 1's vocab and draft. Re-running a night lists the same shards, hence the same fingerprint.
+    One features directory serves every night (each night adds shards to it), so the stages after
+    capture (vocab, then train through the vocab fingerprint) key on this, not on the directory
+    name: otherwise night 2 would reuse night 1's vocab and draft. Re-running a night lists the same
+    shards, hence the same fingerprint.
     """
     features_dir = Path(features_dir)
     manifest = Manifest.read(features_dir)

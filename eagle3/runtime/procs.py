@@ -1,15 +1,16 @@
-"""Child processes of the pipeline: free ports, servers and workers that never outlive the process that started
-them, and helper threads that yield the CPU to a process's compute.
+"""Child processes of the pipeline: free ports, servers and workers that never outlive the process
+that started them, and helper threads that yield the CPU to a process's compute.
 
-A reference server, an SGLang arm or a training worker left running after ``eagle3 run`` is killed holds a port,
-a GPU and, on a laptop, both CPU cores; the next run then starts a second copy next to it. ``die_with_parent`` is a
-``preexec_fn`` asking Linux to SIGTERM the child when its parent dies (``PR_SET_PDEATHSIG``), even on SIGKILL.
-Elsewhere it does nothing and an orphan is cleaned up by its own next write to a closed pipe or by hand.
-How a run stops on a signal (its children first) is ``eagle3.runtime.stop``.
+A reference server, an SGLang arm or a training worker left running after ``eagle3 run`` is killed
+holds a port, a GPU and, on a laptop, both CPU cores; the next run then starts a second copy next to
+it. ``die_with_parent`` is a ``preexec_fn`` asking Linux to SIGTERM the child when its parent dies
+(``PR_SET_PDEATHSIG``), even on SIGKILL. Elsewhere it does nothing and an orphan is cleaned up by
+its own next write to a closed pipe or by hand. How a run stops on a signal (its children first) is
+``eagle3.runtime.stop``.
 
-``yield_cpu`` is for the threads that decode and encode next to a compute step on the same CPU (the loader's
-readers, the capture's writer): a step of several intra-op threads waits for the slowest one, so a helper thread
-that takes a core from it costs the step about twice its own CPU time.
+``yield_cpu`` is for the threads that decode and encode next to a compute step on the same CPU (the
+loader's readers, the capture's writer): a step of several intra-op threads waits for the slowest
+one, so a helper thread that takes a core from it costs the step about twice its own CPU time.
 """
 
 from __future__ import annotations
@@ -31,16 +32,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def yield_cpu() -> None:
-    """Run the calling thread at the lowest CPU priority (nice 19), so it uses what the compute threads leave idle.
-    Linux only (the nice value there is per thread; elsewhere it is the whole process's, so nothing changes)."""
+    """Run the calling thread at the lowest CPU priority (nice 19), so it uses what the compute
+    threads leave idle. Linux only (the nice value there is per thread; elsewhere it is the whole
+    process's, so nothing changes)."""
     if sys.platform.startswith("linux"):
         os.setpriority(os.PRIO_PROCESS, 0, 19)
 
 
 def die_with_parent() -> None:
-    """``preexec_fn``: SIGTERM this child when the thread that spawned it dies (Linux; a no-op elsewhere).
+    """``preexec_fn``: SIGTERM this child when the thread that spawned it dies (Linux; a no-op
+    elsewhere).
 
-    Spawn from a thread that outlives the child (the flow's thread, or a task thread that waits for it).
+    Spawn from a thread that outlives the child (the flow's thread, or a task thread that waits for
+    it).
     """
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,19 +1,23 @@
-"""Start a server as a child process for the length of a ``with`` block: the one launcher of the project.
+"""Start a server as a child process for the length of a ``with`` block: the one launcher of the
+project.
 
-The reference server (regen, tests, benchmarks) and both SGLang arms of the gate start through ``ServerProcess``, so
-there is one health poll, one error and one way to stop a server. It lives in ``serve``, below the gate and regen;
-the commands it launches are built by ``eagle3.serve.launch_commands``.
+The reference server (regen, tests, benchmarks) and both SGLang arms of the gate start through
+``ServerProcess``, so there is one health poll, one error and one way to stop a server. It lives in
+``serve``, below the gate and regen; the commands it launches are built by
+``eagle3.serve.launch_commands``.
 
 Design choices:
 - The launcher owns where a server listens: it appends ``--host``/``--port`` (the spelling both
 ``eagle3.serve.reference`` and
-  ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage never choose one.
+  ``sglang.launch_server`` take) and picks a free port for port 0, so tests and the regen stage
+  never choose one.
 - The child is started by ``eagle3.runtime.stop.spawn``: it dies with its parent and runs in its own
   process group, which is stopped as a whole (SIGTERM, then SIGKILL) on exit, on error and as soon
   as the run is stopped (Ctrl-C, SIGTERM): no server, nor a worker it spawned, outlives the command
   that started it.
-- Output goes to a log file, never a pipe, so a chatty server cannot block on a full pipe; a server that exits or
-  stays unhealthy during start-up raises ``LaunchError`` naming the log and quoting its tail.
+- Output goes to a log file, never a pipe, so a chatty server cannot block on a full pipe; a server
+  that exits or stays unhealthy during start-up raises ``LaunchError`` naming the log and quoting
+  its tail.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 
 class LaunchError(RuntimeError):
-    """A server exited or did not become healthy in time; the message names its log and quotes the tail."""
+    """A server exited or did not become healthy in time; the message names its log and quotes the
+    tail."""
 
 
 def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
@@ -52,7 +57,8 @@ def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
 
 
 class ServerProcess:
-    """Context manager around one server process (see module docstring); ``.url`` is where it listens."""
+    """Context manager around one server process (see module docstring); ``.url`` is where it
+    listens."""
 
     def __init__(
         self,
@@ -88,12 +94,16 @@ class ServerProcess:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
     def start(self) -> None:
-        """Start the process and return once ``/health`` answers; stop it and raise ``LaunchError`` otherwise."""
+        """Start the process and return once ``/health`` answers; stop it and raise ``LaunchError``
+        otherwise."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting %s: %s (log %s)", self.name, " ".join(self.argv), self.log_path)
         with open(self.log_path, "ab") as log:
@@ -160,7 +170,8 @@ def reference_server(
     log_path: Path | None = None,
     health_timeout_s: float = 300.0,
 ) -> ServerProcess:
-    """The project's reference server (``python -m eagle3.serve.reference`` in this interpreter) on a free local port.
+    """The project's reference server (``python -m eagle3.serve.reference`` in this interpreter) on
+    a free local port.
 
     ``model_path`` None is for ``--synthetic-tokens`` (no model) in ``extra_args``.
     """
@@ -168,5 +179,8 @@ def reference_server(
     if model_path is not None:
         argv += ["--model", str(model_path)]
     return ServerProcess(
-        [*argv, *extra_args], name="reference server", log_path=log_path, health_timeout_s=health_timeout_s
+        [*argv, *extra_args],
+        name="reference server",
+        log_path=log_path,
+        health_timeout_s=health_timeout_s,
     )

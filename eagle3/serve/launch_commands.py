@@ -1,32 +1,38 @@
-"""Server launch commands, generated from config, never hand-typed (docs/DESIGN.md, "Launch"): the gate's arms, regen's server.
+"""Server launch commands, generated from config, never hand-typed (docs/DESIGN.md, "Launch"): the
+gate's arms, regen's server.
 
 Design choices:
-- One function builds every arm. The arms share one argument list (model, tp, dtype, context length, memory
-  fraction, max running requests, CUDA graph batch size, extra args) and the speculative arm only appends the five
-  ``--speculative-*`` flags, so "baseline and speculative differ only in speculation" holds by construction;
-  preflight still diffs the two lists in case either was edited by hand.
-- ``--max-running-requests`` is always emitted, the same for both arms: without it SGLang 0.5.23 caps only the
-  speculative server at 48 (``ServerArgs._handle_speculative_decoding`` in ``python/sglang/srt/server_args.py``), so
-  the arms would compare different batch limits at high concurrency. Preflight checks both arms carry it.
-- Flag spellings are those of the pinned SGLang (``SGLANG_VERSION``, the ``sglang`` extra). In 0.5.23 the CUDA graph
-  cap is ``--cuda-graph-max-bs-decode`` (the older ``--cuda-graph-max-bs`` is gone; argparse would reject it as an
-  ambiguous prefix) and tensor parallelism is ``--tp-size``.
-- Two engines (``server.engine``): ``sglang`` (``python -m sglang.launch_server``) and ``reference`` (``python -m
-  eagle3.serve.reference``, the project's CPU server). The reference engine carries the same model, context, batch and
-  speculative flags; GPU/Hub-only flags (tp, memory fraction, CUDA graphs, revision, remote code, extra args) are
-  SGLang's alone and are left out, identically for both arms.
-- SGLang with ``server.device=cpu`` is SGLang itself on this CPU: the same command with the interpreter of the
-  project's SGLang runtime (``infra/dev.sh sglang``; ``EAGLE3_SGLANG_PYTHON`` names another), SGLang's entry point
-  replaced by the project's launcher (``eagle3.serve.sglang_cpu.launch``: the same steps, after installing the torch
-  ports of the CPU kernels), ``SGLANG_USE_CPU_ENGINE=1``, and only the CPU flags (``CPU_FLAGS``) appended. Both arms
-  run on ``intel_amx`` attention, the one CPU backend with a draft backend, so the gate compares speculation, not two
-  attention implementations.
-- SGLang's adaptive speculation (``adaptive_config``: a ``--speculative-adaptive-config`` JSON file, written by the
-  gate from its per-level measurement, ``eagle3.gate.serving``) appends ``--speculative-adaptive`` and the file to
-  the speculative flags; the reference server has no such mode and refuses it.
-- A command names a concrete port (port 0 becomes a free one here), so a printed line can be pasted. It is run by
-  the project's one launcher (``eagle3.serve.launch.ServerProcess``), which owns where a server listens: it gets
-  the line without ``--host``/``--port`` and adds them back, last.
+- One function builds every arm. The arms share one argument list (model, tp, dtype, context length,
+  memory fraction, max running requests, CUDA graph batch size, extra args) and the speculative arm
+  only appends the five ``--speculative-*`` flags, so "baseline and speculative differ only in
+  speculation" holds by construction; preflight still diffs the two lists in case either was edited
+  by hand.
+- ``--max-running-requests`` is always emitted, the same for both arms: without it SGLang 0.5.23
+  caps only the speculative server at 48 (``ServerArgs._handle_speculative_decoding`` in
+  ``python/sglang/srt/server_args.py``), so the arms would compare different batch limits at high
+  concurrency. Preflight checks both arms carry it.
+- Flag spellings are those of the pinned SGLang (``SGLANG_VERSION``, the ``sglang`` extra). In
+  0.5.23 the CUDA graph cap is ``--cuda-graph-max-bs-decode`` (the older ``--cuda-graph-max-bs`` is
+  gone; argparse would reject it as an ambiguous prefix) and tensor parallelism is ``--tp-size``.
+- Two engines (``server.engine``): ``sglang`` (``python -m sglang.launch_server``) and ``reference``
+  (``python -m eagle3.serve.reference``, the project's CPU server). The reference engine carries the
+  same model, context, batch and speculative flags; GPU/Hub-only flags (tp, memory fraction, CUDA
+  graphs, revision, remote code, extra args) are SGLang's alone and are left out, identically for
+  both arms.
+- SGLang with ``server.device=cpu`` is SGLang itself on this CPU: the same command with the
+  interpreter of the project's SGLang runtime (``infra/dev.sh sglang``; ``EAGLE3_SGLANG_PYTHON``
+  names another), SGLang's entry point replaced by the project's launcher
+  (``eagle3.serve.sglang_cpu.launch``: the same steps, after installing the torch ports of the CPU
+  kernels), ``SGLANG_USE_CPU_ENGINE=1``, and only the CPU flags (``CPU_FLAGS``) appended. Both arms
+  run on ``intel_amx`` attention, the one CPU backend with a draft backend, so the gate compares
+  speculation, not two attention implementations.
+- SGLang's adaptive speculation (``adaptive_config``: a ``--speculative-adaptive-config`` JSON file,
+  written by the gate from its per-level measurement, ``eagle3.gate.serving``) appends
+  ``--speculative-adaptive`` and the file to the speculative flags; the reference server has no such
+  mode and refuses it.
+- A command names a concrete port (port 0 becomes a free one here), so a printed line can be pasted.
+  It is run by the project's one launcher (``eagle3.serve.launch.ServerProcess``), which owns where
+  a server listens: it gets the line without ``--host``/``--port`` and adds them back, last.
 """
 
 from __future__ import annotations
@@ -51,13 +57,15 @@ Arm = Literal["baseline", "eagle3"]
 ARMS: tuple[str, ...] = ("baseline", "eagle3")
 ENGINES: tuple[str, ...] = ("reference", "sglang")
 MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "reference": "eagle3.serve.reference"}
-# torch intra-op threads of a server on a CPU, both engines: servers up side by side on one shared CPU with torch's
-# default (a thread per core) oversubscribe it as soon as anything else runs, and one arm's throughput swings 10x
-# (measured on the reference server: 8-77 vs 124-135 tok/s with one thread; SGLang's decode attention on a loaded
-# 2-core box: 66 ms a call with two threads, 1.5 ms with one).
+# torch intra-op threads of a server on a CPU, both engines: servers up side by side on one shared
+# CPU with torch's default (a thread per core) oversubscribe it as soon as anything else runs, and
+# one arm's throughput swings 10x (measured on the reference server: 8-77 vs 124-135 tok/s with one
+# thread; SGLang's decode attention on a loaded 2-core box: 66 ms a call with two threads, 1.5 ms
+# with one).
 CPU_THREADS = 1
 CPU_ENV: dict[str, str] = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": str(CPU_THREADS)}
-HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}  # SGLang loads a large target and captures CUDA graphs
+# SGLang loads a large target and captures CUDA graphs
+HEALTH_TIMEOUT_S = {"reference": 180.0, "sglang": 1800.0}
 
 ALGORITHM_FLAG = "--speculative-algorithm"
 DRAFT_FLAG = "--speculative-draft-model-path"
@@ -70,13 +78,15 @@ SPECULATIVE_FLAGS: tuple[str, ...] = (
 )
 ADAPTIVE_FLAGS: tuple[str, ...] = ("--speculative-adaptive", "--speculative-adaptive-config")
 MAX_RUNNING_FLAG = "--max-running-requests"
-# Flags whose value differs per launch by design (where the server listens), ignored when arms are compared.
+# Flags whose value differs per launch by design (where the server listens), ignored when arms are
+# compared.
 ADDRESS_FLAGS: tuple[str, ...] = ("--host", "--port")
 
 
 @dataclass(frozen=True)
 class LaunchCommand:
-    """One server launch: ``argv`` starts with ``python -m <module>``; ``url`` is where it will listen."""
+    """One server launch: ``argv`` starts with ``python -m <module>``; ``url`` is where it will
+    listen."""
 
     arm: str
     engine: str
@@ -92,14 +102,19 @@ class LaunchCommand:
         return f"http://{self.host}:{self.port}"
 
     def shell(self) -> str:
-        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
+        return " ".join(
+            [*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)]
+        )
 
     def server_args(self) -> list[str]:
         """The arguments after ``python -m <module>`` (what the server's own parser sees)."""
         return self.argv[3:]
 
-    def server(self, *, log_path: Path | None = None, health_timeout_s: float | None = None) -> ServerProcess:
-        """This command under the launcher; ``python`` is this interpreter (the one with the packages).
+    def server(
+        self, *, log_path: Path | None = None, health_timeout_s: float | None = None
+    ) -> ServerProcess:
+        """This command under the launcher; ``python`` is this interpreter (the one with the
+        packages).
 
         ``health_timeout_s`` defaults to the engine's (``HEALTH_TIMEOUT_S``)."""
         python = sys.executable if self.argv[0] == "python" else self.argv[0]
@@ -117,36 +132,47 @@ class LaunchCommand:
 
 
 def sglang_runtime_python() -> Path:
-    """The interpreter of the SGLang CPU runtime: ``EAGLE3_SGLANG_PYTHON``, else the one ``infra/dev.sh sglang``
-    installs (``$EAGLE3_HOME/sglang-cpu``, or ``EAGLE3_SGLANG_RUNTIME``)."""
+    """The interpreter of the SGLang CPU runtime: ``EAGLE3_SGLANG_PYTHON``, else the one
+    ``infra/dev.sh sglang`` installs (``$EAGLE3_HOME/sglang-cpu``, or ``EAGLE3_SGLANG_RUNTIME``)."""
     if os.environ.get("EAGLE3_SGLANG_PYTHON"):
         return Path(os.environ["EAGLE3_SGLANG_PYTHON"])
     home = Path(os.environ.get("EAGLE3_HOME", "~/.eagle3")).expanduser()
-    return Path(os.environ.get("EAGLE3_SGLANG_RUNTIME", home / "sglang-cpu")).expanduser() / "bin" / "python"
+    return (
+        Path(os.environ.get("EAGLE3_SGLANG_RUNTIME", home / "sglang-cpu")).expanduser()
+        / "bin"
+        / "python"
+    )
 
 
 class EngineUnavailable(LaunchError):
-    """The configured engine is not installed where the launcher looks; the message says how to install it."""
+    """The configured engine is not installed where the launcher looks; the message says how to
+    install it."""
 
 
 @cache
 def check_sglang_runtime(python: Path) -> None:
-    """Raise ``EngineUnavailable`` (one line: how to install) unless ``python`` runs SGLang ``SGLANG_VERSION``."""
+    """Raise ``EngineUnavailable`` (one line: how to install) unless ``python`` runs SGLang
+    ``SGLANG_VERSION``."""
     install = "install it with `bash infra/dev.sh sglang` (or set EAGLE3_SGLANG_PYTHON to an interpreter that has it)"
     if not python.exists():
-        raise EngineUnavailable(f"server.engine=sglang on a CPU needs the SGLang {SGLANG_VERSION} runtime, not "
-                                f"found at {python}: {install}")  # fmt: skip
+        raise EngineUnavailable(
+            f"server.engine=sglang on a CPU needs the SGLang {SGLANG_VERSION} runtime, not "
+            f"found at {python}: {install}"
+        )
     probe = "import importlib.metadata as m; print(m.version('sglang'))"
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
     found = done.stdout.strip() or "no SGLang"
     if done.returncode != 0 or found != SGLANG_VERSION:
-        raise EngineUnavailable(f"{python} has {found if done.returncode == 0 else 'no SGLang'}, the CPU runtime "
-                                f"needs SGLang {SGLANG_VERSION}: {install}")  # fmt: skip
+        raise EngineUnavailable(
+            f"{python} has {found if done.returncode == 0 else 'no SGLang'}, the CPU runtime "
+            f"needs SGLang {SGLANG_VERSION}: {install}"
+        )
 
 
 def check_engine(config: PipelineConfig, engine: str | None = None) -> None:
-    """Raise ``EngineUnavailable`` (one line) when ``engine`` (default ``server.engine``) cannot start here: SGLang on
-    a CPU without the project's runtime. Commands call it before any work, not when the first server starts."""
+    """Raise ``EngineUnavailable`` (one line) when ``engine`` (default ``server.engine``) cannot
+    start here: SGLang on a CPU without the project's runtime. Commands call it before any work, not
+    when the first server starts."""
     if (engine or config.server.engine) == "sglang" and config.server.device == "cpu":
         check_sglang_runtime(sglang_runtime_python())
 
@@ -220,9 +246,10 @@ def build_launch(
     port: int | None = None,
     adaptive_config: str | Path | None = None,
 ) -> LaunchCommand:
-    """The launch command of one arm on ``engine`` (default ``server.engine``). ``speculative`` defaults to
-    ``config.speculative``; port 0 picks a free one; ``adaptive_config`` (SGLang only) turns on SGLang's adaptive
-    speculation with that JSON file (``speculative.num_steps`` must be one of its candidate steps)."""
+    """The launch command of one arm on ``engine`` (default ``server.engine``). ``speculative``
+    defaults to ``config.speculative``; port 0 picks a free one; ``adaptive_config`` (SGLang only)
+    turns on SGLang's adaptive speculation with that JSON file (``speculative.num_steps`` must be
+    one of its candidate steps)."""
     engine = engine or config.server.engine
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: use one of {list(ARMS)}")
@@ -236,22 +263,41 @@ def build_launch(
     if arm == "baseline":
         return LaunchCommand(arm, engine, argv, host, port, env=env)
     if draft is None:
-        raise ValueError("the eagle3 arm needs a draft: pass --draft <export dir> (an SGLang-ready draft directory)")
+        raise ValueError(
+            "the eagle3 arm needs a draft: pass --draft <export dir> (an SGLang-ready draft directory)"
+        )
     spec = speculative or config.speculative
-    draft_path = str(Path(draft).expanduser().resolve()) if Path(draft).expanduser().exists() else str(draft)
+    draft_path = (
+        str(Path(draft).expanduser().resolve()) if Path(draft).expanduser().exists() else str(draft)
+    )
     argv += speculative_args(spec, draft_path)
     if adaptive_config is not None:
         if engine != "sglang":
-            raise ValueError("adaptive speculation (--speculative-adaptive-config) is SGLang's: build it with "
-                             "engine='sglang'")  # fmt: skip
-        argv += [ADAPTIVE_FLAGS[0], ADAPTIVE_FLAGS[1], str(Path(adaptive_config).expanduser().resolve())]
-    return LaunchCommand(arm, engine, argv, host, port, draft=draft_path, speculative=spec.model_dump(mode="json"),
-                         env=env)  # fmt: skip
+            raise ValueError(
+                "adaptive speculation (--speculative-adaptive-config) is SGLang's: build it with "
+                "engine='sglang'"
+            )
+        argv += [
+            ADAPTIVE_FLAGS[0],
+            ADAPTIVE_FLAGS[1],
+            str(Path(adaptive_config).expanduser().resolve()),
+        ]
+    return LaunchCommand(
+        arm,
+        engine,
+        argv,
+        host,
+        port,
+        draft=draft_path,
+        speculative=spec.model_dump(mode="json"),
+        env=env,
+    )
 
 
 def split_speculative(args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Split server args into the non-speculative ones and a ``{flag: value}`` dict of ``--speculative-*`` flags (a
-    switch such as ``--speculative-adaptive``, followed by another flag or nothing, has the value ``""``)."""
+    """Split server args into the non-speculative ones and a ``{flag: value}`` dict of
+    ``--speculative-*`` flags (a switch such as ``--speculative-adaptive``, followed by another flag
+    or nothing, has the value ``""``)."""
     shared: list[str] = []
     spec: dict[str, str] = {}
     i = 0
@@ -269,7 +315,8 @@ def split_speculative(args: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def without_address(args: list[str]) -> list[str]:
-    """``args`` without ``--host``/``--port`` and their values (where a server listens is not a served setting)."""
+    """``args`` without ``--host``/``--port`` and their values (where a server listens is not a
+    served setting)."""
     out: list[str] = []
     skip = False
     for token in args:

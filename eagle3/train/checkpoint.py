@@ -1,12 +1,13 @@
 """Full training state on disk without pickle: safetensors for tensors, JSON for everything else.
 
 Layout: ``<out>/ckpt/step-NNNNNN/`` holding ``model.safetensors`` (draft weights, export key names),
-``optimizer.safetensors`` + ``optimizer.json`` (the optimizer state tree with tensors replaced by references),
-``trainer.json`` (step, scheduler, metrics, draft config) and ``rank-R.json`` per rank (RNG states of python, numpy,
-torch (+cuda) as base64/lists, and that rank's data-loader position). A checkpoint is written into
-``.tmp-step-NNNNNN`` and renamed into place, then the ``latest`` pointer file is replaced atomically, then all but
-the newest ``keep_last`` checkpoints are deleted. A kill at any moment leaves ``latest`` naming a complete
-checkpoint (or no checkpoint at all). Nothing here unpickles: loading is ``safetensors`` + ``json``.
+``optimizer.safetensors`` + ``optimizer.json`` (the optimizer state tree with tensors replaced by
+references), ``trainer.json`` (step, scheduler, metrics, draft config) and ``rank-R.json`` per rank
+(RNG states of python, numpy, torch (+cuda) as base64/lists, and that rank's data-loader position).
+A checkpoint is written into ``.tmp-step-NNNNNN`` and renamed into place, then the ``latest``
+pointer file is replaced atomically, then all but the newest ``keep_last`` checkpoints are deleted.
+A kill at any moment leaves ``latest`` naming a complete checkpoint (or no checkpoint at all).
+Nothing here unpickles: loading is ``safetensors`` + ``json``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _TUPLE = "__tuple__"
 
 
 def flatten_tensors(tree: Any, prefix: str = "t") -> tuple[Any, dict[str, torch.Tensor]]:
-    """Replace every tensor in a nested dict/list/tuple by ``{"__tensor__": key}``; return (structure, tensors)."""
+    """Replace every tensor in a nested dict/list/tuple by ``{"__tensor__": key}``; return
+    (structure, tensors)."""
     tensors: dict[str, torch.Tensor] = {}
 
     def walk(node: Any, path: str) -> Any:
@@ -125,7 +127,8 @@ def save_checkpoint(
     keep_last: int = 3,
     barrier: Callable[[], None] = lambda: None,
 ) -> Path:
-    """Write one checkpoint collectively: every rank writes its ``rank-R.json``; rank 0 the rest and the pointer.
+    """Write one checkpoint collectively: every rank writes its ``rank-R.json``; rank 0 the rest and
+    the pointer.
 
     ``model``/``optimizer``/``trainer`` are the full (gathered) states, needed on rank 0 only.
     """
@@ -137,7 +140,10 @@ def save_checkpoint(
     barrier()
     atomic_write_json(tmp / f"rank-{rank}.json", rank_state)
     if rank == 0:
-        save_file({k: v.detach().cpu().contiguous() for k, v in (model or {}).items()}, str(tmp / "model.safetensors"))
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in (model or {}).items()},
+            str(tmp / "model.safetensors"),
+        )
         structure, tensors = flatten_tensors(optimizer or {})
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         atomic_write_json(tmp / "optimizer.json", structure)
@@ -167,7 +173,9 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
         return None
     path = Path(ckpt_root) / pointer.read_text().strip()
     if not (path / "trainer.json").exists():
-        raise FileNotFoundError(f"{pointer} names {path}, which is incomplete: delete {pointer} to start over")
+        raise FileNotFoundError(
+            f"{pointer} names {path}, which is incomplete: delete {pointer} to start over"
+        )
     return path
 
 
@@ -178,7 +186,9 @@ def load_checkpoint(path: Path, *, rank: int = 0) -> Checkpoint:
     optimizer = unflatten_tensors(structure, load_file(str(path / "optimizer.safetensors")))
     rank_file = path / f"rank-{rank}.json"
     if not rank_file.exists():
-        raise FileNotFoundError(f"{rank_file} missing: resume with the same number of processes as the checkpoint")
+        raise FileNotFoundError(
+            f"{rank_file} missing: resume with the same number of processes as the checkpoint"
+        )
     return Checkpoint(
         path=path,
         step=int(trainer["step"]),

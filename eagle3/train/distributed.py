@@ -1,9 +1,11 @@
-"""Process groups and parallel wrappers, kept apart from the model file (torchtitan's ``parallelize.py`` idea).
+"""Process groups and parallel wrappers, kept apart from the model file (torchtitan's
+``parallelize.py`` idea).
 
-Workers are started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment); without those
-variables everything runs as a single process and no process group is created. Backend: NCCL on CUDA, gloo on CPU.
-Parallelism: DDP for drafts that fit on a device (the usual case: a few hundred MB), FSDP2 (``fully_shard``) for
-large ones (``train.parallel=fsdp``), with bf16 parameters and fp32 gradient reduction on GPU.
+Workers are started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment);
+without those variables everything runs as a single process and no process group is created.
+Backend: NCCL on CUDA, gloo on CPU. Parallelism: DDP for drafts that fit on a device (the usual
+case: a few hundred MB), FSDP2 (``fully_shard``) for large ones (``train.parallel=fsdp``), with bf16
+parameters and fp32 gradient reduction on GPU.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def init_distributed(device_name: str) -> DistInfo:
-    """Join the torchrun process group when the environment asks for one; otherwise a single process."""
+    """Join the torchrun process group when the environment asks for one; otherwise a single
+    process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local_rank)
@@ -80,7 +83,8 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def gather_lines(lines: list[str]) -> list[str]:
-    """Every rank's ``lines``, in rank order, on every rank (the lines themselves in a single process)."""
+    """Every rank's ``lines``, in rank order, on every rank (the lines themselves in a single
+    process)."""
     if not dist.is_initialized():
         return lines
     gathered: list[list[str] | None] = [None] * dist.get_world_size()
@@ -88,8 +92,11 @@ def gather_lines(lines: list[str]) -> list[str]:
     return [line for rank_lines in gathered for line in rank_lines or []]
 
 
-def wrap_for_training(objective: nn.Module, *, parallel: str, info: DistInfo, bf16: bool) -> nn.Module:
-    """Wrap the TTT objective: nothing (one process), DDP, or FSDP2 on the draft's decoder layer and the draft."""
+def wrap_for_training(
+    objective: nn.Module, *, parallel: str, info: DistInfo, bf16: bool
+) -> nn.Module:
+    """Wrap the TTT objective: nothing (one process), DDP, or FSDP2 on the draft's decoder layer and
+    the draft."""
     if not info.distributed:
         return objective
     if parallel == "ddp":
@@ -100,7 +107,11 @@ def wrap_for_training(objective: nn.Module, *, parallel: str, info: DistInfo, bf
     if parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else None
+        )
         kwargs = {"mp_policy": policy} if policy is not None else {}
         fully_shard(objective.draft.midlayer, **kwargs)
         fully_shard(objective.draft, **kwargs)
@@ -108,16 +119,25 @@ def wrap_for_training(objective: nn.Module, *, parallel: str, info: DistInfo, bf
     raise ValueError(f"train.parallel={parallel!r} is unknown: set it to 'ddp' or 'fsdp'")
 
 
-def run_workers(command: list[str], on_line: Callable[[str], None], *, env: dict[str, str] | None = None) -> int:
-    """Run the training command, handing every output line (stdout and stderr merged) to ``on_line``.
+def run_workers(
+    command: list[str], on_line: Callable[[str], None], *, env: dict[str, str] | None = None
+) -> int:
+    """Run the training command, handing every output line (stdout and stderr merged) to
+    ``on_line``.
 
-    Returns the exit code; the caller decides whether a non-zero code is a failure to retry (a retry resumes from
-    the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps).
+    Returns the exit code; the caller decides whether a non-zero code is a failure to retry (a retry
+    resumes from the ``latest`` checkpoint, so it loses at most ``train.save_every`` steps).
     Raises ``Stopped`` when the run was stopped (``eagle3.runtime.stop``: the workers got SIGTERM),
     which is never retried.
     """
-    with spawn(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-               env={**os.environ, **(env or {})}) as proc:
+    with spawn(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env={**os.environ, **(env or {})},
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))

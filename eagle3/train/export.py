@@ -3,12 +3,12 @@ MLA draft's ``Eagle3DeepseekV2ForCausalLM``, ``eagle3.model.export_mla``), plus 
 (with the Hub's metadata; ``eagle3 push`` publishes the gated champion, ``eagle3.gate.publish``).
 
 The format itself (file names, exact key set and shapes, the vocab maps, validation) is
-``eagle3.model.export_format``; this module only fills it. The export is written into ``<dir>.tmp``, validated
-there, and renamed, so a broken export is never left where SGLang or the gate could pick it up.
-``eagle_config.eagle_aux_hidden_state_layer_ids`` is in the ``output_of_layer`` convention, taken from the capture
-manifest and checked against the config, whose validation has already refused any set SGLang would map back to other
-layers on this target family (``eagle3.config.aux_layers.served_layer_ids``), so training and serving read the same
-layers.
+``eagle3.model.export_format``; this module only fills it. The export is written into ``<dir>.tmp``,
+validated there, and renamed, so a broken export is never left where SGLang or the gate could pick
+it up. ``eagle_config.eagle_aux_hidden_state_layer_ids`` is in the ``output_of_layer`` convention,
+taken from the capture manifest and checked against the config, whose validation has already refused
+any set SGLang would map back to other layers on this target family
+(``eagle3.config.aux_layers.served_layer_ids``), so training and serving read the same layers.
 """
 
 from __future__ import annotations
@@ -47,11 +47,13 @@ from eagle3.train.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
 
-CKPT_WEIGHTS = "model.safetensors"  # a checkpoint step's draft weights (eagle3.train.checkpoint, export key names)
+# a checkpoint step's draft weights (eagle3.train.checkpoint, export key names)
+CKPT_WEIGHTS = "model.safetensors"
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A step directory from itself, from ``<out>/ckpt`` or from the training output directory (``latest``)."""
+    """A step directory from itself, from ``<out>/ckpt`` or from the training output directory
+    (``latest``)."""
     path = Path(path)
     if (path / "trainer.json").exists():
         return path
@@ -60,22 +62,29 @@ def resolve_checkpoint(path: Path) -> Path:
             found = latest_checkpoint(root)
             if found is not None:
                 return found
-    raise FileNotFoundError(f"no checkpoint under {path}: train first (`eagle3 train`) or pass a step-NNNNNN dir")
+    raise FileNotFoundError(
+        f"no checkpoint under {path}: train first (`eagle3 train`) or pass a step-NNNNNN dir"
+    )
 
 
 def export_layer_ids(config: PipelineConfig, features_manifest: Path | None) -> list[int]:
-    """Aux layer ids in the ``output_of_layer`` convention, from the capture manifest (checked against config)."""
+    """Aux layer ids in the ``output_of_layer`` convention, from the capture manifest (checked
+    against config)."""
     expected = config.export_layer_ids
     if features_manifest is None:
         return expected
     path = Path(features_manifest)
     manifest = Manifest.read(path if path.is_dir() else path.parent)
     if manifest is None:
-        raise FileNotFoundError(f"no manifest.json at {path}: pass the finished features stage directory")
+        raise FileNotFoundError(
+            f"no manifest.json at {path}: pass the finished features stage directory"
+        )
     ids = to_export_ids(manifest.config["layer_ids"], manifest.config["layer_convention"])
     if ids != expected:
-        raise ConfigError(f"capture used layers {ids} (output_of_layer) but the config says {expected}: "
-                          "export with the config the features were captured with")
+        raise ConfigError(
+            f"capture used layers {ids} (output_of_layer) but the config says {expected}: "
+            "export with the config the features were captured with"
+        )
     return ids
 
 
@@ -94,8 +103,10 @@ def _model_card(config: PipelineConfig, cfg: dict[str, Any], summary: dict[str, 
         f"- hidden size {cfg['hidden_size']}, vocab {cfg['vocab_size']}, draft vocab {cfg['draft_vocab_size']}",
         "",
         "## Data",
-        *[f"- {s.label}: weight {s.weight}" + (f", max {s.max_rows} rows" if s.max_rows else "")
-          for s in config.sources],
+        *[
+            f"- {s.label}: weight {s.weight}" + (f", max {s.max_rows} rows" if s.max_rows else "")
+            for s in config.sources
+        ],
         f"- prompts in total: {config.mix.total or 'all'}; training samples: {summary.get('samples', 'n/a')}, "
         f"tokens: {summary.get('feature_tokens', 'n/a')}",
         "",
@@ -123,7 +134,8 @@ def _variant(cfg: dict[str, Any]) -> str:
 
 
 def _training_summary(step_path: Path, step: int, features_manifest: Path | None) -> dict[str, Any]:
-    """Last logged metrics of the run and the training-set size (from the features manifest when given)."""
+    """Last logged metrics of the run and the training-set size (from the features manifest when
+    given)."""
     records = read_metrics(step_path.parent.parent / METRICS_FILE)
     summary = {"step": step, **(records[-1] if records else {})}
     path = Path(features_manifest) if features_manifest else None
@@ -133,8 +145,11 @@ def _training_summary(step_path: Path, step: int, features_manifest: Path | None
     return summary
 
 
-def _write_validated(export_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], card: str) -> Path:
-    """Write into ``<dir>.tmp``, validate, then rename over ``export_dir``; a broken export is never left behind."""
+def _write_validated(
+    export_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], card: str
+) -> Path:
+    """Write into ``<dir>.tmp``, validate, then rename over ``export_dir``; a broken export is never
+    left behind."""
     tmp = export_dir.with_name(export_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -144,7 +159,9 @@ def _write_validated(export_dir: Path, tensors: dict[str, torch.Tensor], cfg: di
     problems = validate_export(tmp)
     if problems:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"refusing to write a broken export to {export_dir}:\n  " + "\n  ".join(problems))
+        raise ValueError(
+            f"refusing to write a broken export to {export_dir}:\n  " + "\n  ".join(problems)
+        )
     shutil.rmtree(export_dir, ignore_errors=True)
     os.replace(tmp, export_dir)
     return export_dir
@@ -157,27 +174,38 @@ def export_draft(
     features_manifest: Path | None,
     export_dir: Path,
 ) -> Path:
-    """Write the SGLang directory (config.json, model.safetensors, README.md) after validating it in a tmp dir."""
+    """Write the SGLang directory (config.json, model.safetensors, README.md) after validating it in
+    a tmp dir."""
     step_path = resolve_checkpoint(Path(ckpt_dir_or_out_dir))
     trainer_state = json.loads((step_path / "trainer.json").read_text())
     draft = DraftConfig(**trainer_state["draft_config"])
-    served = (config.export.max_position_embeddings, config.server.context_length, config.target.context_length)
+    served = (
+        config.export.max_position_embeddings,
+        config.server.context_length,
+        config.target.context_length,
+    )
     draft.max_position_embeddings = max(draft.max_position_embeddings, *(n or 0 for n in served))
     weights = load_file(str(step_path / CKPT_WEIGHTS))
     bad = [k for k, v in weights.items() if v.is_floating_point() and not v.isfinite().all()]
     if bad:
-        raise DataError(f"{step_path / CKPT_WEIGHTS}: NaN/inf in {len(bad)} tensor(s) ({', '.join(bad[:5])}); not "
-                        "exported. Train again from an earlier checkpoint (delete the bad step-* directories and "
-                        "ckpt/latest) after finding the bad data (the trainer names it)")
+        raise DataError(
+            f"{step_path / CKPT_WEIGHTS}: NaN/inf in {len(bad)} tensor(s) ({', '.join(bad[:5])}); not "
+            "exported. Train again from an earlier checkpoint (delete the bad step-* directories and "
+            "ckpt/latest) after finding the bad data (the trainer names it)"
+        )
     vocab = load_file(str(vocab_path))
     dtype = "float32" if config.train.precision == "fp32" else "bfloat16"
-    tensors = {k: v.to(torch.float32 if dtype == "float32" else torch.bfloat16) for k, v in weights.items()}
+    tensors = {
+        k: v.to(torch.float32 if dtype == "float32" else torch.bfloat16) for k, v in weights.items()
+    }
     cfg = export_config(draft, export_layer_ids(config, features_manifest), dtype=dtype)
     if is_mla(cfg):
         tensors = rename_layer(tensors, to_export=True)
     if not full_vocab(cfg):
         tensors |= {"d2t": vocab["d2t"].long(), "t2d": vocab["t2d"].bool()}
-    card = _model_card(config, cfg, _training_summary(step_path, trainer_state["step"], features_manifest))
+    card = _model_card(
+        config, cfg, _training_summary(step_path, trainer_state["step"], features_manifest)
+    )
     export_dir = _write_validated(Path(export_dir), tensors, cfg, card)
     logger.info("exported draft %s (%s) to %s", step_path.name, cfg["architectures"][0], export_dir)
     return export_dir

@@ -1,8 +1,10 @@
-"""Training metrics: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard scalars and a PNG plot.
+"""Training metrics: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard scalars and a
+PNG plot.
 
-Only rank 0 writes (the caller passes ``enabled=False`` elsewhere). JSONL is the source of truth (the Prefect task
-reads it for progress; a resumed run appends and drops lines past the resumed step so the file never holds two
-records for one step). The PNG (matplotlib, Agg backend) shows the loss and each TTT step's accuracy.
+Only rank 0 writes (the caller passes ``enabled=False`` elsewhere). JSONL is the source of truth
+(the Prefect task reads it for progress; a resumed run appends and drops lines past the resumed step
+so the file never holds two records for one step). The PNG (matplotlib, Agg backend) shows the loss
+and each TTT step's accuracy.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class MetricsWriter:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"), purge_step=resume_step + 1)
+        self._tb = SummaryWriter(
+            log_dir=str(self.out_dir / "tensorboard"), purge_step=resume_step + 1
+        )
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -81,8 +85,9 @@ class MetricsWriter:
 
 
 def plot_metrics(records: list[dict[str, Any]], path: Path) -> Path | None:
-    """Loss (weighted and per TTT step) and per-step accuracy against the training step, as a PNG (the Prefect UI
-    shows it on the nightly run: ``tasks.pipeline.night_plots_task``); None when there is nothing to plot."""
+    """Loss (weighted and per TTT step) and per-step accuracy against the training step, as a PNG
+    (the Prefect UI shows it on the nightly run: ``tasks.pipeline.night_plots_task``); None when
+    there is nothing to plot."""
     if not records:
         return None
     import matplotlib

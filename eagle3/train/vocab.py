@@ -37,25 +37,33 @@ from eagle3.stage import OnProgress, Plan, Stage, StageResult, Unit, UnitReport
 
 logger = logging.getLogger(__name__)
 
-_COUNT_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])
+_COUNT_SCHEMA = pa.schema(
+    [("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))]
+)
 
 
 def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) -> torch.Tensor:
-    """Occurrences of each target id at loss-masked positions over the shards (footer and schema validated).
+    """Occurrences of each target id at loss-masked positions over the shards (footer and schema
+    validated).
 
-    ``vocab_size`` fixes the length (an id beyond it is an error); None sizes it to the largest id seen + 1."""
+    ``vocab_size`` fixes the length (an id beyond it is an error); None sizes it to the largest id
+    seen + 1."""
     counts = np.zeros(vocab_size or 0, dtype=np.int64)
     for path in shard_paths:
         for batch in _batches(path):
             ids = pc.list_flatten(batch.column("input_ids")).to_numpy()
             mask = pc.list_flatten(batch.column("loss_mask")).to_numpy().astype(bool)
             if ids.shape != mask.shape:
-                raise ValueError(f"{path}: input_ids and loss_mask lengths differ; rebuild the shard")
+                raise ValueError(
+                    f"{path}: input_ids and loss_mask lengths differ; rebuild the shard"
+                )
             ids = ids[mask]
             if ids.size and ids.min() < 0:
                 raise ValueError(f"{path}: negative token id {ids.min()}")
             if vocab_size is not None and ids.size and ids.max() >= vocab_size:
-                raise ValueError(f"{path}: token id {ids.max()} >= target.vocab_size={vocab_size}; fix the config")
+                raise ValueError(
+                    f"{path}: token id {ids.max()} >= target.vocab_size={vocab_size}; fix the config"
+                )
             found = np.bincount(ids, minlength=len(counts))
             if len(found) > len(counts):
                 counts = np.pad(counts, (0, len(found) - len(counts)))
@@ -64,14 +72,16 @@ def count_tokens(shard_paths: Iterable[Path], *, vocab_size: int | None = None) 
 
 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
-    """The token columns of a feature shard, each page checked against its checksum as it is read: these columns
-    are a sliver of a shard's bytes, so the shards are not hashed whole first (``eagle3.rundir.integrity``)."""
+    """The token columns of a feature shard, each page checked against its checksum as it is read:
+    these columns are a sliver of a shard's bytes, so the shards are not hashed whole first
+    (``eagle3.rundir.integrity``)."""
     with checked_read(path, rebuild="eagle3 capture"):
         yield from open_shard(path, schema=_COUNT_SCHEMA).iter_batches(columns=_COUNT_SCHEMA.names)
 
 
 def build_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
-    """Top ``draft_vocab_size`` ids by count (ties: lower id), padded with the lowest unseen ids, ascending."""
+    """Top ``draft_vocab_size`` ids by count (ties: lower id), padded with the lowest unseen ids,
+    ascending."""
     counts = counts.to(torch.int64)
     target_vocab = int(counts.numel())
     if draft_vocab_size > target_vocab:
@@ -79,14 +89,19 @@ def build_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
             f"vocab.draft_vocab_size={draft_vocab_size} exceeds the target vocab ({target_vocab}); "
             f"set vocab.draft_vocab_size <= {target_vocab}"
         )
-    # sort by count descending, then id ascending: a stable sort by -count over ids already in ascending order
+    # sort by count descending, then id ascending: a stable sort by -count over ids already in
+    # ascending order
     order = torch.sort(-counts, stable=True).indices
-    chosen = order[:draft_vocab_size]  # unseen ids (count 0) come last, lowest first: the padding rule
+    # unseen ids (count 0) come last, lowest first: the padding rule
+    chosen = order[:draft_vocab_size]
     d2t, t2d = vocab_maps(torch.sort(chosen).values, target_vocab)
     seen = int((counts > 0).sum())
     if seen < draft_vocab_size:
-        logger.warning("only %d distinct ids seen; padded the draft vocab with %d unseen ids",
-                       seen, draft_vocab_size - seen)
+        logger.warning(
+            "only %d distinct ids seen; padded the draft vocab with %d unseen ids",
+            seen,
+            draft_vocab_size - seen,
+        )
     return DraftVocab(d2t=d2t, t2d=t2d, counts=counts)
 
 
@@ -103,7 +118,9 @@ def top_tokens(counts: torch.Tensor, k: int = 20) -> list[tuple[int, int]]:
 
 
 def vocab_fingerprint(config: PipelineConfig, features_fp: str) -> str:
-    return fingerprint("vocab", features_fp, config.vocab.draft_vocab_size, config.target.vocab_size)
+    return fingerprint(
+        "vocab", features_fp, config.vocab.draft_vocab_size, config.target.vocab_size
+    )
 
 
 def loss_token_counts(config: PipelineConfig, features: FeatureSource) -> torch.Tensor:
@@ -153,7 +170,11 @@ def build_vocab_stage(config: PipelineConfig, features: FeatureSource) -> Path:
         stage="vocab", fingerprint=fp, files=[entry], config=config_record, stats=stats
     )
     manifest.write(out_dir)
-    logger.info("draft vocab: %d ids, coverage %.4f of loss tokens", vocab.draft_vocab_size, stats["coverage"])
+    logger.info(
+        "draft vocab: %d ids, coverage %.4f of loss tokens",
+        vocab.draft_vocab_size,
+        stats["coverage"],
+    )
     return path
 
 
@@ -174,22 +195,41 @@ class VocabStage(Stage[VocabPlan]):
         return VocabPlan(stage=self.name, fingerprint=fp, out_dir=out_dir, features=features)
 
     def run_unit(
-        self, config: PipelineConfig, plan: VocabPlan, unit: Unit, *, env: Any = None,
+        self,
+        config: PipelineConfig,
+        plan: VocabPlan,
+        unit: Unit,
+        *,
+        env: Any = None,
         on_progress: OnProgress | None = None,
-    ) -> UnitReport:  # fmt: skip
+    ) -> UnitReport:
         skipped = Manifest.read(plan.out_dir) is not None
         path = build_vocab_stage(config, plan.features)
-        return UnitReport(unit=unit, skipped=skipped, rows=config.vocab.draft_vocab_size, detail={"path": str(path)})
+        return UnitReport(
+            unit=unit,
+            skipped=skipped,
+            rows=config.vocab.draft_vocab_size,
+            detail={"path": str(path)},
+        )
 
     def unit_output(self, plan: VocabPlan, unit: Unit) -> Path:
         return plan.out_dir / VOCAB_FILE
 
     def finalize(
-        self, config: PipelineConfig, plan: VocabPlan, reports: Sequence[UnitReport], failed: Sequence[Unit]
+        self,
+        config: PipelineConfig,
+        plan: VocabPlan,
+        reports: Sequence[UnitReport],
+        failed: Sequence[Unit],
     ) -> StageResult:
         if failed:
             return self.failed_result(plan, failed)
         manifest = Manifest.read(plan.out_dir)
         stats = manifest.stats if manifest is not None else {}
-        return StageResult(stage=self.name, fingerprint=plan.fingerprint, out_dir=plan.out_dir, done=True,
-                           summary={"vocab": str(plan.out_dir / VOCAB_FILE), **stats})  # fmt: skip
+        return StageResult(
+            stage=self.name,
+            fingerprint=plan.fingerprint,
+            out_dir=plan.out_dir,
+            done=True,
+            summary={"vocab": str(plan.out_dir / VOCAB_FILE), **stats},
+        )

@@ -1,20 +1,24 @@
-"""The thinking world's sample datasets, in the layouts agentic data ships in, with planted bad rows.
+"""The thinking world's sample datasets, in the layouts agentic data ships in, with planted bad
+rows.
 
 Design choices:
-- Four sources: ``openai_tools.jsonl`` (OpenAI messages: ``tool_calls`` with JSON-text arguments, ``tool``
-  results, some ``reasoning_content``, a ``tools`` list), ``sharegpt_tools.json`` (ShareGPT with function calls,
-  LLaMA-Factory's layout: ``function_call`` / ``observation`` turns, ``system``, ``tools`` as JSON text),
-  ``coderforge.parquet`` and ``swe_agent.parquet`` (the catalog's agentic-coding datasets as they are on the Hub:
-  CoderForge-Preview's JSON-text ``messages``/``tools`` with a per-row license; nebius SWE-agent-trajectories'
-  ``trajectory`` structs with system/user/ai turns and commands written as text).
-- Bad rows sit at seeded positions and are listed in ``bad_rows.json`` (``{adapter: [{"row", "reason",
-  "detail"}]}``) as the tiny world lists its own: each tool-call defect the normalizer must catch is planted at least
-  once (arguments that are not JSON, a result answering no call, a call left unanswered, an observation with no
-  call, ``tool_calls`` of the wrong type), with the plain ones (duplicate, bad encoding, unknown role, empty, ...).
-- Bench sets: ``think`` (chat, math and code prompts: the target thinks before it answers) and ``tools`` (tool-use
-  prompts with their tools; half stop after the first tool result, so the set also measures the turn after a
-  result). Drawn first from the same factory, so no training row repeats a bench prompt, and their tool arguments
-  from held-out pools (``HELD_OUT_POOLS``), so none shares its city, numbers or function.
+- Four sources: ``openai_tools.jsonl`` (OpenAI messages: ``tool_calls`` with JSON-text arguments,
+  ``tool`` results, some ``reasoning_content``, a ``tools`` list), ``sharegpt_tools.json`` (ShareGPT
+  with function calls, LLaMA-Factory's layout: ``function_call`` / ``observation`` turns,
+  ``system``, ``tools`` as JSON text), ``coderforge.parquet`` and ``swe_agent.parquet`` (the
+  catalog's agentic-coding datasets as they are on the Hub: CoderForge-Preview's JSON-text
+  ``messages``/``tools`` with a per-row license; nebius SWE-agent-trajectories' ``trajectory``
+  structs with system/user/ai turns and commands written as text).
+- Bad rows sit at seeded positions and are listed in ``bad_rows.json`` (``{adapter: [{"row",
+  "reason", "detail"}]}``) as the tiny world lists its own: each tool-call defect the normalizer
+  must catch is planted at least once (arguments that are not JSON, a result answering no call, a
+  call left unanswered, an observation with no call, ``tool_calls`` of the wrong type), with the
+  plain ones (duplicate, bad encoding, unknown role, empty, ...).
+- Bench sets: ``think`` (chat, math and code prompts: the target thinks before it answers) and
+  ``tools`` (tool-use prompts with their tools; half stop after the first tool result, so the set
+  also measures the turn after a result). Drawn first from the same factory, so no training row
+  repeats a bench prompt, and their tool arguments from held-out pools (``HELD_OUT_POOLS``), so none
+  shares its city, numbers or function.
 """
 
 from __future__ import annotations
@@ -40,11 +44,20 @@ from eagle3.worlds.samples import (
 
 AGENTIC_VERSION = "1"
 ADAPTERS = ("openai_tools", "sharegpt_tools", "coderforge", "swe_agent")
-FILE_NAMES = {"openai_tools": "openai_tools.jsonl", "sharegpt_tools": "sharegpt_tools.json",
-              "coderforge": "coderforge.parquet", "swe_agent": "swe_agent.parquet"}  # fmt: skip
-KINDS_BY_ADAPTER = {"openai_tools": KINDS, "sharegpt_tools": ("weather", "calc", "chat", "math"),
-                    "coderforge": ("coding",), "swe_agent": ("coding",)}  # fmt: skip
-BENCH_SETS = {"think": ("chat", "math"), "tools": TOOL_KINDS}  # code prompts share their templates' 13-grams
+FILE_NAMES = {
+    "openai_tools": "openai_tools.jsonl",
+    "sharegpt_tools": "sharegpt_tools.json",
+    "coderforge": "coderforge.parquet",
+    "swe_agent": "swe_agent.parquet",
+}
+KINDS_BY_ADAPTER = {
+    "openai_tools": KINDS,
+    "sharegpt_tools": ("weather", "calc", "chat", "math"),
+    "coderforge": ("coding",),
+    "swe_agent": ("coding",),
+}
+# code prompts share their templates' 13-grams
+BENCH_SETS = {"think": ("chat", "math"), "tools": TOOL_KINDS}
 BENCH_PER_SET = 16
 _SYSTEM = "You are a careful assistant. Use the tools when they help."
 _AGENT_SYSTEM = "You are a coding agent. Run the tests, read the code, fix it and report."
@@ -58,7 +71,11 @@ def _openai(conv: Agentic, i: int) -> Row:
             m["content"] = None  # OpenAI writes no text for a turn that only calls
         if i % 2 and m["role"] == "assistant":
             m.pop("reasoning_content", None)  # half the rows carry the thinking, half do not
-    return {"id": f"oa-{i:04d}", "messages": messages, **({"tools": conv.tools} if conv.tools else {})}
+    return {
+        "id": f"oa-{i:04d}",
+        "messages": messages,
+        **({"tools": conv.tools} if conv.tools else {}),
+    }
 
 
 def _sharegpt(conv: Agentic, i: int) -> Row:
@@ -66,12 +83,24 @@ def _sharegpt(conv: Agentic, i: int) -> Row:
     turns = []
     for m in conv.messages:
         if m.get("tool_calls"):
-            calls = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in m["tool_calls"]]
-            turns.append({"from": "function_call", "value": json.dumps(calls[0] if len(calls) == 1 else calls)})
+            calls = [
+                {"name": c["name"], "arguments": json.loads(c["arguments"])}
+                for c in m["tool_calls"]
+            ]
+            turns.append(
+                {
+                    "from": "function_call",
+                    "value": json.dumps(calls[0] if len(calls) == 1 else calls),
+                }
+            )
         elif m["role"] != "system":
             role = {"user": "human", "assistant": "gpt", "tool": "observation"}[m["role"]]
             turns.append({"from": role, "value": m["content"]})
-    return {"conversations": turns, "system": system, "tools": json.dumps(conv.tools) if conv.tools else ""}
+    return {
+        "conversations": turns,
+        "system": system,
+        "tools": json.dumps(conv.tools) if conv.tools else "",
+    }
 
 
 def _coderforge(conv: Agentic, i: int) -> Row:
@@ -84,34 +113,66 @@ def _coderforge(conv: Agentic, i: int) -> Row:
             call["id"] = ids[call["id"]]
         if m["role"] == "tool":
             m["tool_call_id"] = ids[m["tool_call_id"]]
-    return {"trajectory_id": f"tiny__agent-{i}_run1", "finish_reason": "tool_calls", "image": "tiny/sandbox:1",
-            "messages": json.dumps(messages), "reward": 1.0, "tools": json.dumps(conv.tools),
-            "license": "Apache-2.0"}  # fmt: skip
+    return {
+        "trajectory_id": f"tiny__agent-{i}_run1",
+        "finish_reason": "tool_calls",
+        "image": "tiny/sandbox:1",
+        "messages": json.dumps(messages),
+        "reward": 1.0,
+        "tools": json.dumps(conv.tools),
+        "license": "Apache-2.0",
+    }
 
 
-_COMMANDS = {"run_tests": "pytest {path}", "read_file": "cat {path}", "write_file": "cat > {path} <<EOF\n{content}EOF"}
+_COMMANDS = {
+    "run_tests": "pytest {path}",
+    "read_file": "cat {path}",
+    "write_file": "cat > {path} <<EOF\n{content}EOF",
+}
 
 
 def _swe_agent(conv: Agentic, i: int) -> Row:
     def turn(role: str, text: str) -> Row:
         prompt = _AGENT_SYSTEM if role == "system" else None
-        return {"cutoff_date": "01.01.2024", "mask": role == "ai", "role": role, "system_prompt": prompt, "text": text}
+        return {
+            "cutoff_date": "01.01.2024",
+            "mask": role == "ai",
+            "role": role,
+            "system_prompt": prompt,
+            "text": text,
+        }
 
     trajectory = [turn("system", _AGENT_SYSTEM)]
     for m in conv.messages:
         if m["role"] == "assistant":
             calls = m.get("tool_calls") or []
-            command = _COMMANDS[calls[0]["name"]].format(**json.loads(calls[0]["arguments"])) if calls else "submit"
-            trajectory.append(turn("ai", f"DISCUSSION\n{m['reasoning_content']}\n\n```\n{command}\n```"))
+            command = (
+                _COMMANDS[calls[0]["name"]].format(**json.loads(calls[0]["arguments"]))
+                if calls
+                else "submit"
+            )
+            trajectory.append(
+                turn("ai", f"DISCUSSION\n{m['reasoning_content']}\n\n```\n{command}\n```")
+            )
         else:
             trajectory.append(turn("user", m["content"]))
-    return {"instance_id": f"tiny__agent-{i}", "model_name": "tiny-agent", "target": True, "trajectory": trajectory,
-            "exit_status": "submitted", "generated_patch": "", "eval_logs": ""}  # fmt: skip
+    return {
+        "instance_id": f"tiny__agent-{i}",
+        "model_name": "tiny-agent",
+        "target": True,
+        "trajectory": trajectory,
+        "exit_status": "submitted",
+        "generated_patch": "",
+        "eval_logs": "",
+    }
 
 
 _TO_ROW: dict[str, Callable[[Agentic, int], Row]] = {
-    "openai_tools": _openai, "sharegpt_tools": _sharegpt, "coderforge": _coderforge, "swe_agent": _swe_agent,
-}  # fmt: skip
+    "openai_tools": _openai,
+    "sharegpt_tools": _sharegpt,
+    "coderforge": _coderforge,
+    "swe_agent": _swe_agent,
+}
 
 
 def _first_call(messages: list[Row]) -> int:
@@ -120,7 +181,9 @@ def _first_call(messages: list[Row]) -> int:
 
 def _openai_breakers() -> list[tuple[str, str, Callable[[Row], Row | str]]]:
     def args(row: Row) -> Row:
-        row["messages"][_first_call(row["messages"])]["tool_calls"][0]["function"]["arguments"] = '{"city": "Oslo"'
+        row["messages"][_first_call(row["messages"])]["tool_calls"][0]["function"]["arguments"] = (
+            '{"city": "Oslo"'
+        )
         return row
 
     def orphan(row: Row) -> Row:
@@ -136,18 +199,26 @@ def _openai_breakers() -> list[tuple[str, str, Callable[[Row], Row | str]]]:
         return row
 
     def bad_text(row: Row) -> Row:
-        row["messages"][0]["content"] = row["messages"][0]["content"][:10] + BAD_TEXT + row["messages"][0]["content"]
+        row["messages"][0]["content"] = (
+            row["messages"][0]["content"][:10] + BAD_TEXT + row["messages"][0]["content"]
+        )
         return row
 
-    return [("bad_tool_call", "arguments_not_json", args), ("bad_tool_call", "result_answers_no_call", orphan),
-            ("malformed", "tool_calls_is_string", calls_string), ("not_alternating", "tool_result_after_user",
-            tool_after_user), ("malformed", "truncated_json_line", lambda row: json.dumps(row)[:50]),
-            ("bad_encoding", "bad_encoding", bad_text)]  # fmt: skip
+    return [
+        ("bad_tool_call", "arguments_not_json", args),
+        ("bad_tool_call", "result_answers_no_call", orphan),
+        ("malformed", "tool_calls_is_string", calls_string),
+        ("not_alternating", "tool_result_after_user", tool_after_user),
+        ("malformed", "truncated_json_line", lambda row: json.dumps(row)[:50]),
+        ("bad_encoding", "bad_encoding", bad_text),
+    ]
 
 
 def _sharegpt_breakers() -> list[tuple[str, str, Callable[[Row], Row | str]]]:
     def call_not_json(row: Row) -> Row:
-        next(t for t in row["conversations"] if t["from"] == "function_call")["value"] = "get_weather(city=Oslo)"
+        next(t for t in row["conversations"] if t["from"] == "function_call")["value"] = (
+            "get_weather(city=Oslo)"
+        )
         return row
 
     def observation_first(row: Row) -> Row:
@@ -176,12 +247,21 @@ def _coderforge_breakers() -> list[tuple[str, str, Callable[[Row], Row | str]]]:
         return messages
 
     def unanswered(messages: list[Row]) -> list[Row]:
-        return [*messages[: _first_call(messages) + 1], {"role": "user", "content": "Stop, just tell me the plan."}]
+        return [
+            *messages[: _first_call(messages) + 1],
+            {"role": "user", "content": "Stop, just tell me the plan."},
+        ]
 
-    return [("malformed", "messages_json_truncated", lambda row: {**row, "messages": row["messages"][:60]}),
-            ("bad_tool_call", "result_answers_no_call", edit(orphan)),
-            ("bad_tool_call", "call_unanswered", edit(unanswered)),
-            ("no_user_turn", "no_user_turn", edit(lambda ms: [m for m in ms if m["role"] != "user"]))]  # fmt: skip
+    return [
+        (
+            "malformed",
+            "messages_json_truncated",
+            lambda row: {**row, "messages": row["messages"][:60]},
+        ),
+        ("bad_tool_call", "result_answers_no_call", edit(orphan)),
+        ("bad_tool_call", "call_unanswered", edit(unanswered)),
+        ("no_user_turn", "no_user_turn", edit(lambda ms: [m for m in ms if m["role"] != "user"])),
+    ]
 
 
 def _swe_agent_breakers() -> list[tuple[str, str, Callable[[Row], Row | str]]]:
@@ -193,16 +273,24 @@ def _swe_agent_breakers() -> list[tuple[str, str, Callable[[Row], Row | str]]]:
         row["trajectory"].insert(2, dict(row["trajectory"][2]))
         return row
 
-    return [("unknown_role", "unknown_role", narrator), ("empty", "empty", lambda row: {**row, "trajectory": []}),
-            ("not_alternating", "two_ai_turns", twice)]  # fmt: skip
+    return [
+        ("unknown_role", "unknown_role", narrator),
+        ("empty", "empty", lambda row: {**row, "trajectory": []}),
+        ("not_alternating", "two_ai_turns", twice),
+    ]
 
 
-BREAKERS = {"openai_tools": _openai_breakers, "sharegpt_tools": _sharegpt_breakers,
-            "coderforge": _coderforge_breakers, "swe_agent": _swe_agent_breakers}  # fmt: skip
+BREAKERS = {
+    "openai_tools": _openai_breakers,
+    "sharegpt_tools": _sharegpt_breakers,
+    "coderforge": _coderforge_breakers,
+    "swe_agent": _swe_agent_breakers,
+}
 
 
 def _build(adapter: str, n: int, factory: AgenticFactory) -> tuple[list[Row | str], list[Row]]:
-    """Rows of one file and their bad-row records: good rows, the planted breakages and one duplicate."""
+    """Rows of one file and their bad-row records: good rows, the planted breakages and one
+    duplicate."""
     rng = factory.rng
     breakers = BREAKERS[adapter]()
     spots = sorted(rng.sample(range(4, n), len(breakers) + 1))
@@ -230,14 +318,29 @@ def _tool_kinds(adapter: str) -> tuple[str, ...]:
 
 
 _STEP = pa.struct(
-    [("cutoff_date", pa.string()), ("mask", pa.bool_()), ("role", pa.string()), ("system_prompt", pa.string()),
-     ("text", pa.string())]
-)  # fmt: skip
+    [
+        ("cutoff_date", pa.string()),
+        ("mask", pa.bool_()),
+        ("role", pa.string()),
+        ("system_prompt", pa.string()),
+        ("text", pa.string()),
+    ]
+)
 _CODERFORGE = ("trajectory_id", "finish_reason", "image", "messages", "reward", "tools", "license")
-_SWE_AGENT = ("instance_id", "model_name", "target", "trajectory", "exit_status", "generated_patch", "eval_logs")
+_SWE_AGENT = (
+    "instance_id",
+    "model_name",
+    "target",
+    "trajectory",
+    "exit_status",
+    "generated_patch",
+    "eval_logs",
+)
 _TYPES = {"reward": pa.float64(), "target": pa.bool_(), "trajectory": pa.list_(_STEP)}
-_PARQUET = {name: pa.schema([(c, _TYPES.get(c, pa.string())) for c in columns])
-            for name, columns in (("coderforge", _CODERFORGE), ("swe_agent", _SWE_AGENT))}  # fmt: skip
+_PARQUET = {
+    name: pa.schema([(c, _TYPES.get(c, pa.string())) for c in columns])
+    for name, columns in (("coderforge", _CODERFORGE), ("swe_agent", _SWE_AGENT))
+}
 
 
 def _bench_row(name: str, j: int, conv: Agentic) -> Row:
@@ -252,13 +355,18 @@ def _bench_row(name: str, j: int, conv: Agentic) -> Row:
 def _write_bench(bench_dir: Path, factory: AgenticFactory) -> None:
     bench_dir.mkdir(parents=True, exist_ok=True)
     for name, kinds in BENCH_SETS.items():
-        rows = [_bench_row(name, j, factory.make(kinds[j % len(kinds)], held_out=True)) for j in range(BENCH_PER_SET)]
+        rows = [
+            _bench_row(name, j, factory.make(kinds[j % len(kinds)], held_out=True))
+            for j in range(BENCH_PER_SET)
+        ]
         write_jsonl(bench_dir / f"{name}.jsonl", rows)
 
 
-def write_agentic_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int = 120) -> dict[str, Path]:
-    """Every agentic source file, the bench sets, ``bad_rows.json`` and ``samples.json``; returns adapter -> path
-    and ``"bench"`` -> the bench directory. Same seed, same bytes."""
+def write_agentic_samples(
+    out_dir: Path, *, seed: int = 0, rows_per_source: int = 120
+) -> dict[str, Path]:
+    """Every agentic source file, the bench sets, ``bad_rows.json`` and ``samples.json``; returns
+    adapter -> path and ``"bench"`` -> the bench directory. Same seed, same bytes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     factory = AgenticFactory(seed)
@@ -271,8 +379,15 @@ def write_agentic_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int 
         counts = {"rows": len(rows), "bad_rows": len(bad_rows[adapter])}
         files[adapter] = {"path": FILE_NAMES[adapter], **counts, **file_stats(paths[adapter])}
     (out_dir / BAD_ROWS_FILE).write_text(json.dumps(bad_rows, indent=1) + "\n")
-    manifest = {"version": AGENTIC_VERSION, "seed": seed, "rows_per_source": rows_per_source, "files": files,
-                "bench": {name: {"path": f"bench/{name}.jsonl", "rows": BENCH_PER_SET} for name in BENCH_SETS},
-                "bad_rows": BAD_ROWS_FILE}  # fmt: skip
+    manifest = {
+        "version": AGENTIC_VERSION,
+        "seed": seed,
+        "rows_per_source": rows_per_source,
+        "files": files,
+        "bench": {
+            name: {"path": f"bench/{name}.jsonl", "rows": BENCH_PER_SET} for name in BENCH_SETS
+        },
+        "bad_rows": BAD_ROWS_FILE,
+    }
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
     return paths | {"bench": out_dir / "bench"}

@@ -38,8 +38,8 @@ def greedy_answers(
 ) -> list[list[int]]:
     """The target's greedy continuation of each prompt, cut after the first ``eos_id``.
 
-    ``batch_size > 1`` left-pads prompts into one ``generate`` call (fast; padding may flip a near tie), ``1``
-    decodes each prompt alone (exactly what a speculative decoder must reproduce).
+    ``batch_size > 1`` left-pads prompts into one ``generate`` call (fast; padding may flip a near
+    tie), ``1`` decodes each prompt alone (exactly what a speculative decoder must reproduce).
     """
     answers: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):

@@ -1,4 +1,5 @@
-"""A CPU world whose domains differ in what the target does, not only in their labels (the aimed-scaling benchmark).
+"""A CPU world whose domains differ in what the target does, not only in their labels (the
+aimed-scaling benchmark).
 
 The tiny world's sources are the same three kinds of conversation (chat, math, code) under eight
 dataset formats: as domains they differ by label only, and even its three kinds learn alike
@@ -8,16 +9,19 @@ tiny chat target (``eagle3.worlds.tiny_target``, 300 steps) is trained on four d
 a draft's job differ, and what the trained target then does (its greedy answers) is what the
 benchmark meets:
 
-* ``recite``: "recite the <title> passage" -> one of eight fixed ~40-word passages. The target recites them word
-  for word: eight long answers, the same whatever the wording of the request.
-* ``copy``: "repeat these words" + 6-9 words from a list of 96, trained on the same words said back. The tiny target
-  did not learn to copy: it answers 6-9 list words of its own, loosely tied to the prompt (hard to predict).
-* ``noise``: "draw a code for ticket N" -> 10 symbols drawn afresh for every training conversation (a flat target
-  distribution). Greedy decoding of it collapses to nearly one code ("Your code is U7R7M9F."): short and easy.
+* ``recite``: "recite the <title> passage" -> one of eight fixed ~40-word passages. The target
+  recites them word for word: eight long answers, the same whatever the wording of the request.
+* ``copy``: "repeat these words" + 6-9 words from a list of 96, trained on the same words said back.
+  The tiny target did not learn to copy: it answers 6-9 list words of its own, loosely tied to the
+  prompt (hard to predict).
+* ``noise``: "draw a code for ticket N" -> 10 symbols drawn afresh for every training conversation
+  (a flat target distribution). Greedy decoding of it collapses to nearly one code ("Your code is
+  U7R7M9F."): short and easy.
 * ``chat``: the tiny world's advice conversations (templated tips): in between.
 
-Everything is a pure function of ``DomainsWorldSpec`` and built once under ``<cache>/domains-world-<fp>``
-(``world.json`` written last, the directory renamed into place), like the tiny world.
+Everything is a pure function of ``DomainsWorldSpec`` and built once under
+``<cache>/domains-world-<fp>`` (``world.json`` written last, the directory renamed into place), like
+the tiny world.
 """
 
 from __future__ import annotations
@@ -47,12 +51,31 @@ _WORDS = tuple(_WORD_LIST.split())
 _TITLES = ("harbor", "mountain", "library", "orchard", "lighthouse", "market", "winter", "railway")
 _CODE_SYMBOLS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 _ASKS = {
-    "copy": ("Repeat these words exactly:", "Please say these words back:", "Echo the following words:"),
-    "recite": ("Please recite the {t} passage.", "Recite the {t} passage for me.", "Can you recite the {t} passage?"),
-    "noise": ("Draw a code for ticket {n}.", "Give me a fresh code for ticket {n}.", "Ticket {n} needs a code."),
+    "copy": (
+        "Repeat these words exactly:",
+        "Please say these words back:",
+        "Echo the following words:",
+    ),
+    "recite": (
+        "Please recite the {t} passage.",
+        "Recite the {t} passage for me.",
+        "Can you recite the {t} passage?",
+    ),
+    "noise": (
+        "Draw a code for ticket {n}.",
+        "Give me a fresh code for ticket {n}.",
+        "Ticket {n} needs a code.",
+    ),
 }
 _OPENERS = ("", "Hi! ", "Hello. ", "Quick one: ", "Hey, ")
-_CLOSERS = ("", " Thanks!", " Go slowly.", " Word for word, please.", " I am practicing.", " It is for a class.")
+_CLOSERS = (
+    "",
+    " Thanks!",
+    " Go slowly.",
+    " Word for word, please.",
+    " I am practicing.",
+    " It is for a class.",
+)
 
 
 def _passage(title: str) -> str:
@@ -62,8 +85,11 @@ def _passage(title: str) -> str:
     return f"The {title} passage: " + " ".join(words[:18]) + ". " + " ".join(words[18:]) + "."
 
 
-def domain_conversation(domain: str, rng: random.Random, chat: ConversationFactory) -> tuple[Conversation, str]:
-    """One single-turn conversation of ``domain`` and its prompt key (distinct prompts have distinct keys)."""
+def domain_conversation(
+    domain: str, rng: random.Random, chat: ConversationFactory
+) -> tuple[Conversation, str]:
+    """One single-turn conversation of ``domain`` and its prompt key (distinct prompts have distinct
+    keys)."""
     if domain == "chat":
         conv = chat.make(kind="chat", multi_turn=False, system=False)[1]
         return conv, conv[0]["content"]
@@ -78,14 +104,18 @@ def domain_conversation(domain: str, rng: random.Random, chat: ConversationFacto
     elif domain == "noise":
         ticket = rng.randint(100, 99999)
         code = "".join(rng.choice(_CODE_SYMBOLS) for _ in range(10))
-        prompt, answer = opener + rng.choice(_ASKS["noise"]).format(n=ticket), f"Your code is {code}."
+        prompt, answer = (
+            opener + rng.choice(_ASKS["noise"]).format(n=ticket),
+            f"Your code is {code}.",
+        )
     else:
         raise ValueError(f"unknown domain {domain!r}: use one of {DOMAINS}")
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], prompt
 
 
 def domain_prompts(domain: str, n: int, *, seed: int, distinct: bool = True) -> list[Conversation]:
-    """``n`` conversations of ``domain`` (their user turn is the prompt); ``distinct``: no prompt twice."""
+    """``n`` conversations of ``domain`` (their user turn is the prompt); ``distinct``: no prompt
+    twice."""
     rng, chat, seen = random.Random(f"{seed}:{domain}"), ConversationFactory(seed), set()
     out: list[Conversation] = []
     for _ in range(100 * n):
@@ -114,8 +144,9 @@ class DomainsWorldSpec:
 
 
 def build_domains_world(cache_dir: Path, spec: DomainsWorldSpec = DomainsWorldSpec()) -> Path:
-    """The target's directory (model + tokenizer) of the world for ``spec``, built once and cached (built aside and
-    renamed into place, ``world.json`` last: ``eagle3.worlds.world.build_cached``)."""
+    """The target's directory (model + tokenizer) of the world for ``spec``, built once and cached
+    (built aside and renamed into place, ``world.json`` last:
+    ``eagle3.worlds.world.build_cached``)."""
     final = Path(cache_dir) / f"domains-world-{spec.fingerprint()}"
     build_cached(final, lambda tmp: _build_into(tmp, spec))
     return final / "model"
@@ -128,13 +159,31 @@ def _build_into(root: Path, spec: DomainsWorldSpec) -> None:
     per = spec.train_conversations // len(DOMAINS)
     convs = [c for d in DOMAINS for c in domain_prompts(d, per, seed=spec.seed + 1, distinct=False)]
     random.Random(spec.seed).shuffle(convs)
-    tokenizer = build_tokenizer((m["content"] for c in convs for m in c), vocab_size=spec.vocab_size)
-    model = build_model(tokenizer, num_layers=spec.num_layers, hidden_size=spec.hidden_size,
-                        vocab_size=spec.vocab_size, seed=spec.seed)  # fmt: skip
-    losses = train_model(model, tokenizer, convs, steps=spec.train_steps, seq_len=spec.train_seq_len,
-                         seed=spec.seed, num_threads=default_threads())  # fmt: skip
+    tokenizer = build_tokenizer(
+        (m["content"] for c in convs for m in c), vocab_size=spec.vocab_size
+    )
+    model = build_model(
+        tokenizer,
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        vocab_size=spec.vocab_size,
+        seed=spec.seed,
+    )
+    losses = train_model(
+        model,
+        tokenizer,
+        convs,
+        steps=spec.train_steps,
+        seq_len=spec.train_seq_len,
+        seed=spec.seed,
+        num_threads=default_threads(),
+    )
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
-    report = {"spec": asdict(spec), "loss_first": losses[0], "loss_last": losses[-1],
-              "build_seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    report = {
+        "spec": asdict(spec),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "build_seconds": round(time.perf_counter() - started, 1),
+    }
     (root / WORLD_FILE).write_text(json.dumps(report, indent=1) + "\n")

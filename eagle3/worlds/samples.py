@@ -1,16 +1,20 @@
 """Deterministic sample datasets in each real source's on-disk format, with planted bad rows.
 
 Design choices:
-- Template pools plus one seeded `random.Random`: a seed gives byte-identical files. Good rows have distinct prompts
-  across all sources and bench sets; any two good conversations have word 5-gram Jaccard < 0.8.
-- Bad rows sit at deterministic positions (about 5% of each file, at least one per reason the format can express)
-  and are listed in `bad_rows.json` as `{adapter: [{"row": i, "reason": r, "detail": d}]}`, `row` being the
-  0-based position in the file (list index, line number or Parquet row). `local_jsonl` (question/answer pairs)
-  cannot express the role-level reasons: see `REASONS_BY_ADAPTER`.
-- Bad text is held in Python as lone surrogates: JSON files carry `\\udcff` escapes, JSONL and Parquet files the
-  raw invalid bytes (surrogateescape). A Parquet file with such a row still opens with `pq.read_table`; only turning
-  that row into Python raises `UnicodeDecodeError`, the way broken real data behaves.
-- sharegpt also holds 3 well-formed rows whose user turn is a bench prompt verbatim (reason `contaminated`).
+- Template pools plus one seeded `random.Random`: a seed gives byte-identical files. Good rows have
+  distinct prompts across all sources and bench sets; any two good conversations have word 5-gram
+  Jaccard < 0.8.
+- Bad rows sit at deterministic positions (about 5% of each file, at least one per reason the format
+  can express) and are listed in `bad_rows.json` as `{adapter: [{"row": i, "reason": r, "detail":
+  d}]}`, `row` being the 0-based position in the file (list index, line number or Parquet row).
+  `local_jsonl` (question/answer pairs) cannot express the role-level reasons: see
+  `REASONS_BY_ADAPTER`.
+- Bad text is held in Python as lone surrogates: JSON files carry `\\udcff` escapes, JSONL and
+  Parquet files the raw invalid bytes (surrogateescape). A Parquet file with such a row still opens
+  with `pq.read_table`; only turning that row into Python raises `UnicodeDecodeError`, the way
+  broken real data behaves.
+- sharegpt also holds 3 well-formed rows whose user turn is a bench prompt verbatim (reason
+  `contaminated`).
 """
 
 from __future__ import annotations
@@ -39,9 +43,19 @@ ALL_REASONS = (
     *("empty", "no_user_turn", "unknown_role", "not_alternating"),
     *("too_long", "bad_encoding", "malformed", "duplicate"),
 )
-ADAPTERS = ("sharegpt", "ultrachat", "perfect_blend", "openhermes", "magpie", "tulu3", "local_jsonl")
+ADAPTERS = (
+    "sharegpt",
+    "ultrachat",
+    "perfect_blend",
+    "openhermes",
+    "magpie",
+    "tulu3",
+    "local_jsonl",
+)
 _EXTS = ("json", "parquet", "parquet", "json", "jsonl", "parquet", "jsonl")
-FILE_NAMES = {name: f"{name.removesuffix('_jsonl')}.{ext}" for name, ext in zip(ADAPTERS, _EXTS, strict=True)}
+FILE_NAMES = {
+    name: f"{name.removesuffix('_jsonl')}.{ext}" for name, ext in zip(ADAPTERS, _EXTS, strict=True)
+}
 REASONS_BY_ADAPTER = {name: ALL_REASONS for name in ADAPTERS} | {
     "local_jsonl": ("empty", "too_long", "bad_encoding", "malformed", "duplicate"),
 }
@@ -54,7 +68,8 @@ def _pool(text: str) -> tuple[str, ...]:
 
 
 def _topics(text: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """Parse `# topic` lines followed by `Q questions` and `T tips` lines (entries split by ` | `)."""
+    """Parse `# topic` lines followed by `Q questions` and `T tips` lines (entries split by ` |
+    `)."""
     topics: dict[str, tuple[list[str], list[str]]] = {}
     for line in (raw.strip() for raw in text.strip().splitlines()):
         if line.startswith("# "):
@@ -64,8 +79,12 @@ def _topics(text: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     return {name: (tuple(q), tuple(t)) for name, (q, t) in topics.items()}
 
 
-_NAMES = _pool("Maya | Omar | Lena | Ravi | Sofia | Kenji | Amara | Lucas | Ines | Tariq | Greta | Noah | Priya")
-_ITEMS = _pool("apples | marbles | stickers | books | pencils | coins | shells | cards | cookies | stamps")
+_NAMES = _pool(
+    "Maya | Omar | Lena | Ravi | Sofia | Kenji | Amara | Lucas | Ines | Tariq | Greta | Noah | Priya"
+)
+_ITEMS = _pool(
+    "apples | marbles | stickers | books | pencils | coins | shells | cards | cookies | stamps"
+)
 _SLOTS = {
     "city": _pool("Lisbon | Kyoto | Oslo | Lima | Cairo | Quebec | Hanoi | Porto"),
     "language": _pool("Spanish | Japanese | German | Swahili | Italian | Korean"),
@@ -116,7 +135,11 @@ _CONTEXTS = _pool("""
 """)
 _OPENERS = ("", "Good question! ", "Sure. ", "Here are a few ideas. ", "Happy to help. ")
 _CLOSERS = ("", " I hope this helps!", " Let me know if you want more detail.", " Good luck!")
-_FOLLOW_UPS = ("Thanks! Can you give me one more tip?", "What should I avoid?", "Could you add one more idea?")
+_FOLLOW_UPS = (
+    "Thanks! Can you give me one more tip?",
+    "What should I avoid?",
+    "Could you add one more idea?",
+)
 _SYSTEMS = _pool("""
     You are a helpful assistant. | You are a friendly tutor. Keep answers short.
     You are a careful assistant. Explain your reasoning. | You are a concise coding assistant.
@@ -132,7 +155,12 @@ _MATH_INTROS = _pool("""
     - | Quick math question: | Can you help me with this? | Solve this step by step.
     Here is a word problem. | My homework asks:
 """)
-_MATH_CLOSERS = ("", " Please show your work.", " Explain briefly.", " Give the final number at the end.")
+_MATH_CLOSERS = (
+    "",
+    " Please show your work.",
+    " Explain briefly.",
+    " Give the final number at the end.",
+)
 _CODE = {  # task -> (request, body lines); {k} is a small integer, {arg} the parameter name
     "sum_above": (
         "returns the sum of the numbers in a list that are greater than {k}",
@@ -140,15 +168,37 @@ _CODE = {  # task -> (request, body lines); {k} is a small integer, {arg} the pa
     ),
     "scale_all": ("multiplies every number in a list by {k}", ("return [x * {k} for x in {arg}]",)),
     "shift_all": ("adds {k} to every number in a list", ("return [x + {k} for x in {arg}]",)),
-    "long_words": ("keeps only the words longer than {k} letters", ("return [w for w in {arg} if len(w) > {k}]",)),
+    "long_words": (
+        "keeps only the words longer than {k} letters",
+        ("return [w for w in {arg} if len(w) > {k}]",),
+    ),
     "count_divisible": (
         "counts how many numbers in a list are divisible by {k}",
-        ("count = 0", "for x in {arg}:", "    if x % {k} == 0:", "        count += 1", "return count"),
+        (
+            "count = 0",
+            "for x in {arg}:",
+            "    if x % {k} == 0:",
+            "        count += 1",
+            "return count",
+        ),
     ),
-    "repeat_text": ("repeats a string {k} times with a space between copies", ('return " ".join([{arg}] * {k})',)),
+    "repeat_text": (
+        "repeats a string {k} times with a space between copies",
+        ('return " ".join([{arg}] * {k})',),
+    ),
 }
-_CODE_ASKS = ("Write a Python function", "Please write a Python function", "I need a Python function")
-_CODE_CLOSERS = ("", " Keep it short.", " Use plain Python.", " Explain it briefly.", " No imports, please.")
+_CODE_ASKS = (
+    "Write a Python function",
+    "Please write a Python function",
+    "I need a Python function",
+)
+_CODE_CLOSERS = (
+    "",
+    " Keep it short.",
+    " Use plain Python.",
+    " Explain it briefly.",
+    " No imports, please.",
+)
 _CODE_ARGS = ("values", "items", "data", "xs", "nums")
 
 
@@ -187,7 +237,9 @@ def _math(rng: random.Random, turns: int) -> tuple[Conversation, str]:
         "two": (f"{a} + {b} - {c}", a + b - c),
     }[op]
     question = template.format(name=name, item=item, a=a, b=b, c=c, p=a * b)
-    prompt = " ".join(filter(None, (rng.choice(_MATH_INTROS), question))) + rng.choice(_MATH_CLOSERS)
+    prompt = " ".join(filter(None, (rng.choice(_MATH_INTROS), question))) + rng.choice(
+        _MATH_CLOSERS
+    )
     answer = f"We compute {expr} = {ans}. So {name} ends up with {ans} {item}. The answer is {ans}."
     conv = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
     if turns > 1:
@@ -199,13 +251,16 @@ def _math(rng: random.Random, turns: int) -> tuple[Conversation, str]:
 
 
 def _code(rng: random.Random, turns: int) -> tuple[Conversation, str]:
-    """A tiny Python function task; the answer is a fenced code block plus one sentence. Each task keeps one
-    function name: a small model learns to write it, where copying a made-up name from the prompt degenerated."""
+    """A tiny Python function task; the answer is a fenced code block plus one sentence. Each task
+    keeps one function name: a small model learns to write it, where copying a made-up name from the
+    prompt degenerated."""
     fname = rng.choice(sorted(_CODE))
     request, body = _CODE[fname]
     k, arg = rng.randint(2, 99), rng.choice(_CODE_ARGS)
     prompt = f"{rng.choice(_CODE_ASKS)} `{fname}({arg})` that {request.format(k=k)}.{rng.choice(_CODE_CLOSERS)}"
-    code = "\n".join([f"def {fname}({arg}):", *("    " + line.format(k=k, arg=arg) for line in body)])
+    code = "\n".join(
+        [f"def {fname}({arg}):", *("    " + line.format(k=k, arg=arg) for line in body)]
+    )
     answer = f"Here is one way to do it:\n\n```python\n{code}\n```\n\nThe function `{fname}` {request.format(k=k)}."
     conv = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
     if turns > 1:
@@ -224,8 +279,9 @@ _KINDS: dict[str, Callable[[random.Random, int], tuple[Conversation, str]]] = {
 
 
 class ConversationFactory:
-    """Seeded source of conversations whose prompts never repeat: each generator returns a core key (the prompt
-    without greetings and intros, or the code task and its constant) and a repeated key is drawn again."""
+    """Seeded source of conversations whose prompts never repeat: each generator returns a core key
+    (the prompt without greetings and intros, or the code task and its constant) and a repeated key
+    is drawn again."""
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -246,23 +302,33 @@ class ConversationFactory:
             if system and self.rng.random() < 0.25:
                 conv.insert(0, {"role": "system", "content": self.rng.choice(_SYSTEMS)})
             return kind_, conv
-        raise RuntimeError(f"template pools exhausted for kind={kind!r}: lower rows_per_source or add templates")
+        raise RuntimeError(
+            f"template pools exhausted for kind={kind!r}: lower rows_per_source or add templates"
+        )
 
 
 def generate_conversations(n: int, *, seed: int = 0) -> list[Conversation]:
-    """`n` distinct chat/math/code conversations (1-3 turns, some with a system prompt), e.g. to train a target."""
+    """`n` distinct chat/math/code conversations (1-3 turns, some with a system prompt), e.g. to
+    train a target."""
     factory = ConversationFactory(seed)
     return [factory.make()[1] for _ in range(n)]
 
 
-def _bad_conversation(reason: str, conv: Conversation, occurrence: int, *, single: bool) -> Conversation:
-    """A conversation-level defect made from a fresh `conv`; `malformed` and `duplicate` are row-level."""
+def _bad_conversation(
+    reason: str, conv: Conversation, occurrence: int, *, single: bool
+) -> Conversation:
+    """A conversation-level defect made from a fresh `conv`; `malformed` and `duplicate` are
+    row-level."""
     conv = [m for m in conv if m["role"] != "system"]
     user, reply = conv[0]["content"], conv[1]["content"]
     if reason == "empty":
-        return [] if occurrence % 2 == 0 and not single else [{"role": "user", "content": ""}, conv[1]]
+        return (
+            [] if occurrence % 2 == 0 and not single else [{"role": "user", "content": ""}, conv[1]]
+        )
     if reason == "no_user_turn":
-        return [{"role": "system", "content": _SYSTEMS[0]}, conv[1]] if occurrence % 2 else [conv[1]]
+        return (
+            [{"role": "system", "content": _SYSTEMS[0]}, conv[1]] if occurrence % 2 else [conv[1]]
+        )
     if reason == "unknown_role":
         return [{"role": "narrator", "content": "The scene opens in a quiet kitchen."}, *conv]
     if reason == "not_alternating":
@@ -271,7 +337,10 @@ def _bad_conversation(reason: str, conv: Conversation, occurrence: int, *, singl
         filler = (user + " ") * (TOO_LONG_CHARS // (len(user) + 1) + 1)
         return [{"role": "user", "content": filler[:TOO_LONG_CHARS]}, conv[1]]
     if reason == "bad_encoding":
-        return [{"role": "user", "content": user[:20] + BAD_TEXT + user[20:]}, {"role": "assistant", "content": reply}]
+        return [
+            {"role": "user", "content": user[:20] + BAD_TEXT + user[20:]},
+            {"role": "assistant", "content": reply},
+        ]
     return conv
 
 
@@ -279,7 +348,9 @@ _SHAREGPT_ROLES = {"user": "human", "assistant": "gpt"}
 
 
 def _sharegpt_turns(conv: Conversation) -> list[dict[str, Any]]:
-    return [{"from": _SHAREGPT_ROLES.get(m["role"], m["role"]), "value": m["content"]} for m in conv]
+    return [
+        {"from": _SHAREGPT_ROLES.get(m["role"], m["role"]), "value": m["content"]} for m in conv
+    ]
 
 
 def _first(conv: Conversation, role: str) -> str:
@@ -297,13 +368,21 @@ def _to_row(adapter: str, conv: Conversation, i: int, kind: str) -> dict[str, An
         return {"id": f"{sid[:8]}_{i}", "conversations": _sharegpt_turns(conv)}
     if adapter == "ultrachat":
         prompt = _first(conv, "user")
-        return {"prompt": prompt, "prompt_id": _stable_id(prompt), "messages": [dict(m) for m in conv]}
+        return {
+            "prompt": prompt,
+            "prompt_id": _stable_id(prompt),
+            "messages": [dict(m) for m in conv],
+        }
     if adapter == "perfect_blend":
         return {"conversations": _sharegpt_turns(conv), "source": f"tiny/{kind}"}
     if adapter == "openhermes":
         turns = [t | {"weight": 1.0 if t["from"] == "gpt" else None} for t in _sharegpt_turns(conv)]
         source = {"chat": "airoboros2.2", "math": "metamath", "code": "glaive-code-assist"}[kind]
-        return {"conversations": turns, "source": source, "category": None if kind == "code" else kind}
+        return {
+            "conversations": turns,
+            "source": source,
+            "category": None if kind == "code" else kind,
+        }
     if adapter == "magpie":
         category = {"chat": "Advice seeking", "math": "Math", "code": "Coding & Debugging"}[kind]
         return {
@@ -315,15 +394,21 @@ def _to_row(adapter: str, conv: Conversation, i: int, kind: str) -> dict[str, An
             "task_category": category,
         }
     if adapter == "tulu3":
-        return {"id": f"tiny_{kind}_{i}", "messages": [dict(m) for m in conv], "source": f"tiny-sft/{kind}"}
+        return {
+            "id": f"tiny_{kind}_{i}",
+            "messages": [dict(m) for m in conv],
+            "source": f"tiny-sft/{kind}",
+        }
     if adapter == "local_jsonl":
         return {"question": _first(conv, "user"), "answer": _first(conv, "assistant"), "uid": i}
     raise ValueError(f"unknown adapter {adapter!r}; known: {', '.join(ADAPTERS)}")
 
 
-def _break_row(adapter: str, row: dict[str, Any], occurrence: int) -> tuple[dict[str, Any] | str, str]:
-    """A `malformed` variant of a row: wrong types or missing keys (JSON), nulls (Parquet), truncated lines
-    (JSONL). Returns the row (or a raw line) and a short description."""
+def _break_row(
+    adapter: str, row: dict[str, Any], occurrence: int
+) -> tuple[dict[str, Any] | str, str]:
+    """A `malformed` variant of a row: wrong types or missing keys (JSON), nulls (Parquet),
+    truncated lines (JSONL). Returns the row (or a raw line) and a short description."""
     turns_key = "messages" if adapter in ("ultrachat", "tulu3") else "conversations"
     text_key = "value" if turns_key == "conversations" else "content"
     if adapter in ("magpie", "local_jsonl") and occurrence % 3 == 0:
@@ -332,7 +417,8 @@ def _break_row(adapter: str, row: dict[str, Any], occurrence: int) -> tuple[dict
         return {**row, "question": ["not", "a", "string"]}, "question_is_list"
     if adapter == "local_jsonl":
         return {k: v for k, v in row.items() if k != "answer"}, "missing_answer"
-    if adapter in ("ultrachat", "perfect_blend", "tulu3"):  # typed Parquet columns: breakage is a null
+    # typed Parquet columns: breakage is a null
+    if adapter in ("ultrachat", "perfect_blend", "tulu3"):
         if occurrence % 2 == 0:
             return {**row, turns_key: None}, f"null_{turns_key}"
         turns = [dict(t) for t in row[turns_key]]
@@ -351,7 +437,9 @@ def _plan_bad_rows(adapter: str, n: int, rng: random.Random) -> dict[int, str]:
     reasons = REASONS_BY_ADAPTER[adapter]
     k = max(len(reasons), round(0.05 * n))
     if n < 2 * k + 8:
-        raise ValueError(f"rows_per_source={n} is too small to plant {k} bad rows; use at least {2 * k + 8}")
+        raise ValueError(
+            f"rows_per_source={n} is too small to plant {k} bad rows; use at least {2 * k + 8}"
+        )
     extra = [rng.choice([r for r in reasons if r != "too_long"]) for _ in range(k - len(reasons))]
     order = [*reasons, *extra]
     rng.shuffle(order)
@@ -359,9 +447,13 @@ def _plan_bad_rows(adapter: str, n: int, rng: random.Random) -> dict[int, str]:
 
 
 def _build_rows(
-    adapter: str, n: int, factory: ConversationFactory, contaminated: dict[int, tuple[str, Conversation]]
+    adapter: str,
+    n: int,
+    factory: ConversationFactory,
+    contaminated: dict[int, tuple[str, Conversation]],
 ) -> tuple[list[dict[str, Any] | str], list[dict[str, Any]]]:
-    """All rows of one file (dicts, or raw strings for broken JSONL lines) and their bad-row records."""
+    """All rows of one file (dicts, or raw strings for broken JSONL lines) and their bad-row
+    records."""
     rng = factory.rng
     plan = _plan_bad_rows(adapter, n, rng)
     single = adapter in ("magpie", "local_jsonl")
@@ -376,7 +468,13 @@ def _build_rows(
         detail = reason or ""
         if i in contaminated:
             kind, conv = contaminated[i]
-            records.append({"row": i, "reason": "contaminated", "detail": f"user turn is bench prompt {kind}-000"})
+            records.append(
+                {
+                    "row": i,
+                    "reason": "contaminated",
+                    "detail": f"user turn is bench prompt {kind}-000",
+                }
+            )
         elif reason == "duplicate":
             source, kind, conv = good[rng.randrange(len(good))]
             conv, detail = [dict(m) for m in conv], f"copy of row {source}"
@@ -398,9 +496,13 @@ def _build_rows(
 _MSG = pa.struct([("content", pa.string()), ("role", pa.string())])
 _TURN = pa.struct([("from", pa.string()), ("value", pa.string())])
 PARQUET_SCHEMAS = {
-    "ultrachat": pa.schema([("prompt", pa.string()), ("prompt_id", pa.string()), ("messages", pa.list_(_MSG))]),
+    "ultrachat": pa.schema(
+        [("prompt", pa.string()), ("prompt_id", pa.string()), ("messages", pa.list_(_MSG))]
+    ),
     "perfect_blend": pa.schema([("conversations", pa.list_(_TURN)), ("source", pa.string())]),
-    "tulu3": pa.schema([("id", pa.string()), ("messages", pa.list_(_MSG)), ("source", pa.string())]),
+    "tulu3": pa.schema(
+        [("id", pa.string()), ("messages", pa.list_(_MSG)), ("source", pa.string())]
+    ),
 }
 
 
@@ -426,8 +528,12 @@ def _to_bytes(value: Any) -> Any:
 
 
 def write_parquet(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
-    """Strings go in as bytes and are viewed as strings without validation, so bad UTF-8 survives as is."""
-    columns = [pa.array([_to_bytes(r[f.name]) for r in rows], type=_binary_type(f.type)).view(f.type) for f in schema]
+    """Strings go in as bytes and are viewed as strings without validation, so bad UTF-8 survives as
+    is."""
+    columns = [
+        pa.array([_to_bytes(r[f.name]) for r in rows], type=_binary_type(f.type)).view(f.type)
+        for f in schema
+    ]
     pq.write_table(pa.Table.from_arrays(columns, schema=schema), path)
 
 
@@ -441,7 +547,8 @@ def write_jsonl(path: Path, rows: list[Any]) -> None:
 
 
 def write_rows(path: Path, rows: list[Any], schema: pa.Schema | None = None) -> None:
-    """One sample file: Parquet of ``schema`` when given, else JSONL or JSON by the file's suffix."""
+    """One sample file: Parquet of ``schema`` when given, else JSONL or JSON by the file's
+    suffix."""
     if schema is not None:
         write_parquet(path, rows, schema)
     elif path.suffix == ".jsonl":
@@ -451,12 +558,18 @@ def write_rows(path: Path, rows: list[Any], schema: pa.Schema | None = None) -> 
 
 
 def _write_bench(bench_dir: Path, factory: ConversationFactory) -> dict[str, list[Conversation]]:
-    """16 single-turn prompts per set; returns the full conversations (prompt + reference answer)."""
+    """16 single-turn prompts per set; returns the full conversations (prompt + reference
+    answer)."""
     bench_dir.mkdir(parents=True, exist_ok=True)
     sets = {}
     for name in BENCH_SETS:
-        sets[name] = [factory.make(kind=name, multi_turn=False, system=False)[1] for _ in range(BENCH_PER_SET)]
-        rows = [{"id": f"{name}-{j:03d}", "prompt": conv[0]["content"]} for j, conv in enumerate(sets[name])]
+        sets[name] = [
+            factory.make(kind=name, multi_turn=False, system=False)[1] for _ in range(BENCH_PER_SET)
+        ]
+        rows = [
+            {"id": f"{name}-{j:03d}", "prompt": conv[0]["content"]}
+            for j, conv in enumerate(sets[name])
+        ]
         write_jsonl(bench_dir / f"{name}.jsonl", rows)
     return sets
 
@@ -466,7 +579,8 @@ def file_stats(path: Path) -> dict[str, Any]:
 
 
 def write_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int = 200) -> dict[str, Path]:
-    """Write every adapter's sample file, the bench sets, `bad_rows.json` and the `samples.json` manifest.
+    """Write every adapter's sample file, the bench sets, `bad_rows.json` and the `samples.json`
+    manifest.
 
     Returns adapter name -> file path, plus `"bench"` -> the bench directory. Same seed, same bytes.
     """
@@ -480,8 +594,11 @@ def write_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int = 200) -
     for adapter in ADAPTERS:
         contaminated: dict[int, tuple[str, Conversation]] = {}
         if adapter == "sharegpt":
-            spots = factory.rng.sample(range(1, 4), len(BENCH_SETS))  # rows 0-3 are never planted bad rows
-            contaminated = {i: (name, bench[name][0]) for i, name in zip(spots, BENCH_SETS, strict=True)}
+            # rows 0-3 are never planted bad rows
+            spots = factory.rng.sample(range(1, 4), len(BENCH_SETS))
+            contaminated = {
+                i: (name, bench[name][0]) for i, name in zip(spots, BENCH_SETS, strict=True)
+            }
         rows, bad_rows[adapter] = _build_rows(adapter, rows_per_source, factory, contaminated)
         paths[adapter] = out_dir / FILE_NAMES[adapter]
         write_rows(paths[adapter], rows, PARQUET_SCHEMAS.get(adapter))
@@ -493,7 +610,9 @@ def write_samples(out_dir: Path, *, seed: int = 0, rows_per_source: int = 200) -
         "seed": seed,
         "rows_per_source": rows_per_source,
         "files": files,
-        "bench": {name: {"path": f"bench/{name}.jsonl", "rows": BENCH_PER_SET} for name in BENCH_SETS},
+        "bench": {
+            name: {"path": f"bench/{name}.jsonl", "rows": BENCH_PER_SET} for name in BENCH_SETS
+        },
         "bad_rows": BAD_ROWS_FILE,
     }
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -1,21 +1,31 @@
-"""The thinking world's tokenizer and chat template: shaped like Kimi-K2.5's (thinking block, tool calls, results).
+"""The thinking world's tokenizer and chat template: shaped like Kimi-K2.5's (thinking block, tool
+calls, results).
 
-Design choices (what Kimi-K2.5's published ``chat_template.jinja`` does, kept where the pipeline meets it):
-- Roles open with ``<|im_system|>`` / ``<|im_user|>`` / ``<|im_assistant|>`` + name + ``<|im_middle|>`` and close with
-  ``<|im_end|>``, the chat model's ``eos_token``. Tools are declared first, ``<|im_system|>tool_declare<|im_middle|>``
-  + the tools as compact JSON; a tool result is ``<|im_system|>tool<|im_middle|>## Return of <id>\\n<content>``.
-- An assistant turn is ``<think>reasoning</think>content`` then its calls, ``<|tool_calls_section_begin|>``
-  ``<|tool_call_begin|>functions.<name>:<k><|tool_call_argument_begin|><arguments><|tool_call_end|>`` ...
-  ``<|tool_calls_section_end|>`` (``eagle3.data.dialect`` ``kimi_k2``). The arguments are written as given when a
-  string (OpenAI messages carry a JSON string) and as JSON otherwise (SGLang hands the template parsed arguments).
-- The template's own rule for earlier turns: every turn up to the last assistant turn without tool calls is history
-  and renders ``<think></think>``, its reasoning dropped; the turns after it (the tool chain in flight) keep theirs.
-- ``thinking`` (default on; ``chat_template_kwargs={"thinking": false}`` turns it off) opens the block in the
-  generation prompt (``<think>``) so the output starts inside it; off, the prompt closes it (``<think></think>``)
-  and every turn renders without reasoning. SGLang's template detection reads the switch from the
-  ``set thinking = thinking if thinking is defined else true`` line.
-- Role markers are special tokens (the model never writes them, ``skip_special_tokens`` drops them); the thinking and
-  tool-call markers are added but not special, so decoded text keeps them, as Kimi's tokenizer does.
+Design choices (what Kimi-K2.5's published ``chat_template.jinja`` does, kept where the pipeline
+meets it):
+- Roles open with ``<|im_system|>`` / ``<|im_user|>`` / ``<|im_assistant|>`` + name +
+  ``<|im_middle|>`` and close with ``<|im_end|>``, the chat model's ``eos_token``. Tools are
+  declared first, ``<|im_system|>tool_declare<|im_middle|>``
+  + the tools as compact JSON; a tool result is ``<|im_system|>tool<|im_middle|>## Return of
+    <id>\\n<content>``.
+- An assistant turn is ``<think>reasoning</think>content`` then its calls,
+  ``<|tool_calls_section_begin|>``
+  ``<|tool_call_begin|>functions.<name>:<k><|tool_call_argument_begin|><arguments><|tool_call_end|>``
+  ... ``<|tool_calls_section_end|>`` (``eagle3.data.dialect`` ``kimi_k2``). The arguments are
+  written as given when a
+  string (OpenAI messages carry a JSON string) and as JSON otherwise (SGLang hands the template
+  parsed arguments).
+- The template's own rule for earlier turns: every turn up to the last assistant turn without tool
+  calls is history and renders ``<think></think>``, its reasoning dropped; the turns after it (the
+  tool chain in flight) keep theirs.
+- ``thinking`` (default on; ``chat_template_kwargs={"thinking": false}`` turns it off) opens the
+  block in the generation prompt (``<think>``) so the output starts inside it; off, the prompt
+  closes it (``<think></think>``) and every turn renders without reasoning. SGLang's template
+  detection reads the switch from the ``set thinking = thinking if thinking is defined else true``
+  line.
+- Role markers are special tokens (the model never writes them, ``skip_special_tokens`` drops them);
+  the thinking and tool-call markers are added but not special, so decoded text keeps them, as
+  Kimi's tokenizer does.
 - No BOS in the template (Kimi renders none); the tokenizer still has one for transformers' sake.
 """
 
@@ -34,8 +44,12 @@ logger = logging.getLogger(__name__)
 DIALECT = "kimi_k2"  # the reasoning and tool-call parser names of this template (SGLang's)
 BOS, EOS, PAD = "[BOS]", "[EOS]", "[PAD]"
 IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE = (
-    "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
-)  # fmt: skip
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+)
 SPECIAL_TOKENS = (BOS, EOS, PAD, IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE)
 _REASONING, _CALLS = REASONING_FORMATS[DIALECT], TOOL_CALL_FORMATS[DIALECT]
 MARKERS = (
@@ -94,11 +108,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_think_tokenizer(corpus: Iterable[str], *, vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``corpus`` with the role tokens (special) and the thinking and tool-call
-    markers (added, not special) of the template above."""
+def build_think_tokenizer(
+    corpus: Iterable[str], *, vocab_size: int = 2048
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``corpus`` with the role tokens (special) and the
+    thinking and tool-call markers (added, not special) of the template above."""
     if vocab_size < len(SPECIAL_TOKENS) + len(MARKERS) + 256 + 1:
-        raise ValueError(f"vocab_size={vocab_size} is too small for the byte alphabet and the template's tokens")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for the byte alphabet and the template's tokens"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -111,8 +129,13 @@ def build_think_tokenizer(corpus: Iterable[str], *, vocab_size: int = 2048) -> P
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     tok.add_tokens([AddedToken(marker, special=False, normalized=False) for marker in MARKERS])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=IM_END, pad_token=PAD,
-                                        unk_token=None)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=IM_END, pad_token=PAD, unk_token=None
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
-    logger.info("trained the thinking world's tokenizer: %d entries (asked for %d)", len(tokenizer), vocab_size)
+    logger.info(
+        "trained the thinking world's tokenizer: %d entries (asked for %d)",
+        len(tokenizer),
+        vocab_size,
+    )
     return tokenizer

@@ -1,18 +1,22 @@
-"""A tiny chat target for CPU runs: byte-level BPE tokenizer, ChatML template, small Llama, short training.
+"""A tiny chat target for CPU runs: byte-level BPE tokenizer, ChatML template, small Llama, short
+training.
 
 Design choices:
-- Byte-level BPE (ByteLevel pre-tokenizer and decoder) so every string, emoji and code included, round-trips.
-  The tokenizer has no post-processor: `tokenizer(text)` adds nothing, and the chat template writes the single
-  `<|begin_of_text|>` itself, so encoding a rendered conversation never doubles the BOS.
-- ChatML template (`<|im_start|>{role}\\n{content}<|im_end|>\\n`). It has the prefix property the project renderer
-  relies on: rendering `messages[:i]` (with the generation prompt when `messages[i]` is the assistant's) is a
-  string prefix of rendering `messages[:i + 1]`. `{% generation %}` wraps assistant content plus its `<|im_end|>`,
-  so transformers' `return_assistant_tokens_mask` marks exactly the trained-on tokens.
-- `<|im_end|>` is the chat model's `eos_token` (generation stops at the end of a turn); the generation config
-  also stops at `<|end_of_text|>`.
-- Training packs rendered conversations into one token stream and samples windows that start at a conversation
-  start, so position 0 is always `<|begin_of_text|>` as at inference. It is deterministic for a seed and a thread
-  count (deterministic algorithms on, threads pinned, both restored afterwards).
+- Byte-level BPE (ByteLevel pre-tokenizer and decoder) so every string, emoji and code included,
+  round-trips. The tokenizer has no post-processor: `tokenizer(text)` adds nothing, and the chat
+  template writes the single `<|begin_of_text|>` itself, so encoding a rendered conversation never
+  doubles the BOS.
+- ChatML template (`<|im_start|>{role}\\n{content}<|im_end|>\\n`). It has the prefix property the
+  project renderer relies on: rendering `messages[:i]` (with the generation prompt when
+  `messages[i]` is the assistant's) is a string prefix of rendering `messages[:i + 1]`. `{%
+  generation %}` wraps assistant content plus its `<|im_end|>`, so transformers'
+  `return_assistant_tokens_mask` marks exactly the trained-on tokens.
+- `<|im_end|>` is the chat model's `eos_token` (generation stops at the end of a turn); the
+  generation config also stops at `<|end_of_text|>`.
+- Training packs rendered conversations into one token stream and samples windows that start at a
+  conversation start, so position 0 is always `<|begin_of_text|>` as at inference. It is
+  deterministic for a seed and a thread count (deterministic algorithms on, threads pinned, both
+  restored afterwards).
 """
 
 from __future__ import annotations
@@ -32,7 +36,13 @@ from eagle3.data.template import span_mask
 logger = logging.getLogger(__name__)
 Spans = list[tuple[int, int]]
 
-BOS, EOT, IM_START, IM_END, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"
+BOS, EOT, IM_START, IM_END, PAD = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|pad|>",
+)
 SPECIAL_TOKENS = (BOS, EOT, IM_START, IM_END, PAD)
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
@@ -50,13 +60,16 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer(corpus: Iterable[str], *, vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on `corpus` and wrap it with the special tokens and the chat template.
+    """Train a byte-level BPE tokenizer on `corpus` and wrap it with the special tokens and the chat
+    template.
 
-    The vocabulary holds the 5 special tokens (ids 0-4), the 256 byte symbols and merges up to `vocab_size`
-    (fewer when the corpus runs out of pairs seen at least twice).
+    The vocabulary holds the 5 special tokens (ids 0-4), the 256 byte symbols and merges up to
+    `vocab_size` (fewer when the corpus runs out of pairs seen at least twice).
     """
     if vocab_size < len(SPECIAL_TOKENS) + 256 + 1:
-        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 262 entries")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 262 entries"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -72,7 +85,9 @@ def build_tokenizer(corpus: Iterable[str], *, vocab_size: int = 2048) -> PreTrai
         tokenizer_object=tok, bos_token=BOS, eos_token=IM_END, pad_token=PAD, unk_token=None
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    logger.info("trained byte-level BPE tokenizer: %d entries (asked for %d)", len(tokenizer), vocab_size)
+    logger.info(
+        "trained byte-level BPE tokenizer: %d entries (asked for %d)", len(tokenizer), vocab_size
+    )
     return tokenizer
 
 
@@ -91,9 +106,10 @@ def build_model(
 ) -> LlamaForCausalLM:
     """A randomly initialised Llama with untied embeddings (as EAGLE-3 targets have).
 
-    The vocabulary is padded up to ``vocab_size`` (like real targets, whose embedding tables are larger than
-    their tokenizers), so the tiny recipe's ``target.vocab_size`` holds whatever size BPE training reaches.
-    BOS, EOS (the end of a turn) and PAD are the tokenizer's; generation also stops at ``stop_tokens``.
+    The vocabulary is padded up to ``vocab_size`` (like real targets, whose embedding tables are
+    larger than their tokenizers), so the tiny recipe's ``target.vocab_size`` holds whatever size
+    BPE training reaches. BOS, EOS (the end of a turn) and PAD are the tokenizer's; generation also
+    stops at ``stop_tokens``.
     """
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
     stops = [eos, *tokenizer.convert_tokens_to_ids(list(stop_tokens))]
@@ -112,7 +128,9 @@ def build_model(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=stops, pad_token_id=pad, do_sample=False)
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos, eos_token_id=stops, pad_token_id=pad, do_sample=False
+    )
     return model
 
 
@@ -125,8 +143,12 @@ def render_conversations(
 
 @contextmanager
 def _deterministic(num_threads: int | None) -> Iterator[None]:
-    """Deterministic kernels and a pinned thread count for the block; the previous settings come back after."""
-    was_deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    """Deterministic kernels and a pinned thread count for the block; the previous settings come
+    back after."""
+    was_deterministic, threads = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_num_threads(),
+    )
     torch.use_deterministic_algorithms(True)
     if num_threads:
         torch.set_num_threads(num_threads)
@@ -138,10 +160,13 @@ def _deterministic(num_threads: int | None) -> Iterator[None]:
 
 
 def _token_stream(
-    tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], seq_len: int, spans: Sequence[Spans] | None = None
+    tokenizer: PreTrainedTokenizerFast,
+    texts: Sequence[str],
+    seq_len: int,
+    spans: Sequence[Spans] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """All texts as one 1-D id stream, the offsets where a window of `seq_len` can start, and (with `spans`: the
-    character spans of each text to learn) a 0/1 stream of the tokens to learn."""
+    """All texts as one 1-D id stream, the offsets where a window of `seq_len` can start, and (with
+    `spans`: the character spans of each text to learn) a 0/1 stream of the tokens to learn."""
     enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=spans is not None)
     encoded = enc["input_ids"]
     lengths = torch.tensor([len(ids) for ids in encoded])
@@ -149,10 +174,16 @@ def _token_stream(
     stream = torch.tensor([i for ids in encoded for i in ids], dtype=torch.long)
     starts = starts[starts + seq_len <= len(stream)]
     if len(starts) == 0:
-        raise ValueError(f"conversations hold {len(stream)} tokens, fewer than one window of seq_len={seq_len}")
+        raise ValueError(
+            f"conversations hold {len(stream)} tokens, fewer than one window of seq_len={seq_len}"
+        )
     if spans is None:
         return stream, starts, None
-    learn = [bit for offsets, s in zip(enc["offset_mapping"], spans, strict=True) for bit in span_mask(offsets, s)]
+    learn = [
+        bit
+        for offsets, s in zip(enc["offset_mapping"], spans, strict=True)
+        for bit in span_mask(offsets, s)
+    ]
     return stream, starts, torch.tensor(learn, dtype=torch.bool)
 
 
@@ -177,13 +208,23 @@ def train_model(
     seed: int = 0,
     num_threads: int | None = None,
 ) -> list[float]:
-    """Next-token training on chat-rendered conversations (all tokens); returns the loss of every step.
+    """Next-token training on chat-rendered conversations (all tokens); returns the loss of every
+    step.
 
     AdamW (betas 0.9/0.95, weight decay 0.1), grad-norm clip 1.0, warm-up then cosine schedule.
     """
     texts = render_conversations(tokenizer, conversations)
-    return train_on_texts(model, tokenizer, texts, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
-                          seed=seed, num_threads=num_threads)  # fmt: skip
+    return train_on_texts(
+        model,
+        tokenizer,
+        texts,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        seed=seed,
+        num_threads=num_threads,
+    )
 
 
 def train_on_texts(
@@ -199,8 +240,9 @@ def train_on_texts(
     num_threads: int | None = None,
     spans: Sequence[Spans] | None = None,
 ) -> list[float]:
-    """``train_model`` on texts already rendered (windows start at a text's start); the losses of every step. With
-    ``spans`` (per text, the character spans the model wrote), only those tokens are predicted (SFT's loss mask)."""
+    """``train_model`` on texts already rendered (windows start at a text's start); the losses of
+    every step. With ``spans`` (per text, the character spans the model wrote), only those tokens
+    are predicted (SFT's loss mask)."""
     stream, starts, learn = _token_stream(tokenizer, texts, seq_len, spans)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -213,7 +255,9 @@ def train_on_texts(
             batch = torch.stack([stream[s : s + seq_len] for s in picks.tolist()])  # [B, T]
             labels = batch
             if learn is not None:
-                labels = batch.masked_fill(~torch.stack([learn[s : s + seq_len] for s in picks.tolist()]), -100)
+                labels = batch.masked_fill(
+                    ~torch.stack([learn[s : s + seq_len] for s in picks.tolist()]), -100
+                )
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, steps, lr)
             loss = model(input_ids=batch, labels=labels).loss

@@ -1,13 +1,17 @@
-"""The tiny offline world: sample datasets, a trained tiny chat target and pre-tokenized rows, built once and cached.
+"""The tiny offline world: sample datasets, a trained tiny chat target and pre-tokenized rows, built
+once and cached.
 
 Design choices:
-- A world is a pure function of its `TinyWorldSpec`; its directory is named by the spec's fingerprint (spec JSON
-  plus `WORLD_VERSION`), so a changed spec or a changed builder never reuses a stale world.
-- It is built in a hidden temporary directory, `world.json` is written last, and the directory is renamed into
-  place atomically: a world directory either holds `world.json` (done, a cache hit) or does not exist.
+- A world is a pure function of its `TinyWorldSpec`; its directory is named by the spec's
+  fingerprint (spec JSON plus `WORLD_VERSION`), so a changed spec or a changed builder never reuses
+  a stale world.
+- It is built in a hidden temporary directory, `world.json` is written last, and the directory is
+  renamed into place atomically: a world directory either holds `world.json` (done, a cache hit) or
+  does not exist.
 - `world.json` stores paths relative to the world root, so a cache directory can be moved or copied.
-- The target trains on conversations from the same templates as the sample rows (another seed), so its greedy
-  answers to the sample prompts are on-topic and low-entropy, which gives a draft something to learn.
+- The target trains on conversations from the same templates as the sample rows (another seed), so
+  its greedy answers to the sample prompts are on-topic and low-entropy, which gives a draft
+  something to learn.
 """
 
 from __future__ import annotations
@@ -52,13 +56,15 @@ MODEL_SEED_ENV = "EAGLE3_TINY_WORLD_MODEL_SEED"
 
 
 def model_seed_from_env() -> int | None:
-    """`EAGLE3_TINY_WORLD_MODEL_SEED`, the seed a world's target is initialised and trained from (unset: None)."""
+    """`EAGLE3_TINY_WORLD_MODEL_SEED`, the seed a world's target is initialised and trained from
+    (unset: None)."""
     value = os.environ.get(MODEL_SEED_ENV, "").strip()
     return int(value) if value else None
 
 
 class WorldSpec(Protocol):
-    """What ``build_world`` needs of a spec: a fingerprint and the name its directories start with."""
+    """What ``build_world`` needs of a spec: a fingerprint and the name its directories start
+    with."""
 
     DIR_PREFIX: ClassVar[str]
     VERSION: ClassVar[str]
@@ -68,9 +74,10 @@ class WorldSpec(Protocol):
 
 @dataclass(frozen=True)
 class TrainedWorldSpec:
-    """What a world with sample datasets and a trained tiny Llama target depends on: the rows per source, the
-    target's shape and its training. A world's spec sets its defaults, its directory prefix and ``VERSIONS``, the
-    builder versions its fingerprint hashes beside the fields (bump one when its builder's output changes)."""
+    """What a world with sample datasets and a trained tiny Llama target depends on: the rows per
+    source, the target's shape and its training. A world's spec sets its defaults, its directory
+    prefix and ``VERSIONS``, the builder versions its fingerprint hashes beside the fields (bump one
+    when its builder's output changes)."""
 
     DIR_PREFIX: ClassVar[str]
     VERSION: ClassVar[str]
@@ -89,14 +96,14 @@ class TrainedWorldSpec:
     train_batch_size: int = 8
     train_seq_len: int = 256
     train_lr: float = 3e-3
-    # The target's init and training seed (None: `seed`), read from EAGLE3_TINY_WORLD_MODEL_SEED: the same data and
-    # tokenizer, a differently trained target, as another machine's floats give; the suite runs against it to find
-    # tests that hold one machine's trained values.
+    # The target's init and training seed (None: `seed`), read from EAGLE3_TINY_WORLD_MODEL_SEED:
+    # the same data and tokenizer, a differently trained target, as another machine's floats give;
+    # the suite runs against it to find tests that hold one machine's trained values.
     model_seed: int | None = field(default_factory=model_seed_from_env)
 
     def fingerprint(self) -> str:
-        """First 16 hex chars of sha256 over the spec JSON and ``VERSIONS``. An unset ``model_seed`` is left out: a
-        default world keeps the fingerprint it had before the field."""
+        """First 16 hex chars of sha256 over the spec JSON and ``VERSIONS``. An unset ``model_seed``
+        is left out: a default world keeps the fingerprint it had before the field."""
         spec = {k: v for k, v in asdict(self).items() if not (k == "model_seed" and v is None)}
         payload = json.dumps({**self.VERSIONS, **spec}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -104,11 +111,15 @@ class TrainedWorldSpec:
 
 @dataclass(frozen=True)
 class TinyWorldSpec(TrainedWorldSpec):
-    """Everything a tiny world depends on; the defaults are the world the tiny recipe and the e2e tests use."""
+    """Everything a tiny world depends on; the defaults are the world the tiny recipe and the e2e
+    tests use."""
 
     DIR_PREFIX: ClassVar[str] = "tiny-world"
     VERSION: ClassVar[str] = WORLD_VERSION
-    VERSIONS: ClassVar[dict[str, str]] = {"world_version": WORLD_VERSION, "samples_version": SAMPLES_VERSION}
+    VERSIONS: ClassVar[dict[str, str]] = {
+        "world_version": WORLD_VERSION,
+        "samples_version": SAMPLES_VERSION,
+    }
     pretokenized_rows: int = 50
 
 
@@ -172,9 +183,9 @@ def world_dir_for(cache_dir: Path, spec: WorldSpec) -> Path:
 
 
 def default_threads() -> int:
-    """Up to 4 threads on an idle machine, 1 on a busy one (load above the core count): there, OpenMP threads that
-    wait on each other made a training step ~7x slower than one thread. Training gave bit-identical weights with
-    1 and 2 threads, so the thread count is not part of the spec."""
+    """Up to 4 threads on an idle machine, 1 on a busy one (load above the core count): there,
+    OpenMP threads that wait on each other made a training step ~7x slower than one thread. Training
+    gave bit-identical weights with 1 and 2 threads, so the thread count is not part of the spec."""
     cores = os.cpu_count() or 1
     busy = hasattr(os, "getloadavg") and os.getloadavg()[0] > cores
     return 1 if busy else min(4, cores)
@@ -183,12 +194,20 @@ def default_threads() -> int:
 def _pretokenized_rows(
     tokenizer: Any, conversations: list[Conversation], *, vocab_size: int, seed: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Chat-template rows with the assistant mask, plus 2 planted `malformed` rows (an id outside the vocab;
-    `input_ids` and `loss_mask` of different lengths)."""
+    """Chat-template rows with the assistant mask, plus 2 planted `malformed` rows (an id outside
+    the vocab; `input_ids` and `loss_mask` of different lengths)."""
     rows = []
     for i, conv in enumerate(conversations):
-        enc = tokenizer.apply_chat_template(conv, return_dict=True, return_assistant_tokens_mask=True)
-        rows.append({"id": f"pretok-{i:04d}", "input_ids": enc["input_ids"], "loss_mask": enc["assistant_masks"]})
+        enc = tokenizer.apply_chat_template(
+            conv, return_dict=True, return_assistant_tokens_mask=True
+        )
+        rows.append(
+            {
+                "id": f"pretok-{i:04d}",
+                "input_ids": enc["input_ids"],
+                "loss_mask": enc["assistant_masks"],
+            }
+        )
     rng = random.Random(seed)
     bad_id, bad_len = (dict(r) for r in rng.sample(rows, 2))
     bad_id["input_ids"] = [*bad_id["input_ids"][:-1], vocab_size + 7]
@@ -204,16 +223,22 @@ def _pretokenized_rows(
     return rows, sorted(records, key=lambda r: r["row"])
 
 
-def _write_pretokenized(world_root: Path, tokenizer: Any, spec: TinyWorldSpec, vocab_size: int) -> Path:
+def _write_pretokenized(
+    world_root: Path, tokenizer: Any, spec: TinyWorldSpec, vocab_size: int
+) -> Path:
     """Write `pretokenized.parquet` and add its rows to `bad_rows.json` and `samples.json`."""
     data_dir = world_root / "data"
     conversations = generate_conversations(spec.pretokenized_rows, seed=spec.seed + 2)
-    rows, records = _pretokenized_rows(tokenizer, conversations, vocab_size=vocab_size, seed=spec.seed)
+    rows, records = _pretokenized_rows(
+        tokenizer, conversations, vocab_size=vocab_size, seed=spec.seed
+    )
     path = data_dir / PRETOKENIZED_FILE
     table = pa.Table.from_pylist(rows, schema=PRETOKENIZED_SCHEMA)
     pq.write_table(table.replace_schema_metadata({"vocab_size": str(vocab_size)}), path)
     bad_rows = json.loads((data_dir / BAD_ROWS_FILE).read_text())
-    (data_dir / BAD_ROWS_FILE).write_text(json.dumps(bad_rows | {"pretokenized": records}, indent=1) + "\n")
+    (data_dir / BAD_ROWS_FILE).write_text(
+        json.dumps(bad_rows | {"pretokenized": records}, indent=1) + "\n"
+    )
     manifest = json.loads((data_dir / MANIFEST_FILE).read_text())
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     manifest["files"]["pretokenized"] = {
@@ -227,9 +252,13 @@ def _write_pretokenized(world_root: Path, tokenizer: Any, spec: TinyWorldSpec, v
     return path
 
 
-def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], threads: int) -> TinyWorld:
-    """Build every part of a world under `root` (a fresh directory) and return it, `world.json` not yet written."""
-    import torch  # only to build: resolving a recipe (every `eagle3 --recipe tiny` command) must not load them
+def _build_into(
+    root: Path, spec: TinyWorldSpec, say: Callable[[str], None], threads: int
+) -> TinyWorld:
+    """Build every part of a world under `root` (a fresh directory) and return it, `world.json` not
+    yet written."""
+    # only to build: resolving a recipe (every `eagle3 --recipe tiny` command) must not load them
+    import torch
     import transformers
 
     from eagle3.worlds.tiny_target import build_model, build_tokenizer, train_model
@@ -239,7 +268,9 @@ def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], thr
     samples = write_samples(root / "data", seed=spec.seed, rows_per_source=spec.rows_per_source)
     conversations = generate_conversations(spec.train_conversations, seed=spec.seed + 1)
     say(f"training tokenizer (vocab {spec.vocab_size})")
-    tokenizer = build_tokenizer((m["content"] for conv in conversations for m in conv), vocab_size=spec.vocab_size)
+    tokenizer = build_tokenizer(
+        (m["content"] for conv in conversations for m in conv), vocab_size=spec.vocab_size
+    )
     tokenizer.model_max_length = spec.max_position_embeddings
     model_seed = spec.seed if spec.model_seed is None else spec.model_seed
     model = build_model(
@@ -256,9 +287,16 @@ def _build_into(root: Path, spec: TinyWorldSpec, say: Callable[[str], None], thr
     say(f"training tiny target ({spec.train_steps} steps, {threads} threads)")
     train_started = time.perf_counter()
     losses = train_model(
-        model, tokenizer, conversations, steps=spec.train_steps, batch_size=spec.train_batch_size,
-        seq_len=spec.train_seq_len, lr=spec.train_lr, seed=model_seed, num_threads=threads,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        conversations,
+        steps=spec.train_steps,
+        batch_size=spec.train_batch_size,
+        seq_len=spec.train_seq_len,
+        lr=spec.train_lr,
+        seed=model_seed,
+        num_threads=threads,
+    )
     train_seconds = time.perf_counter() - train_started
     say("saving model and tokenizer")
     model_dir = root / "model"
@@ -298,20 +336,24 @@ def build_tiny_world(
     progress: Callable[[str], None] | None = None,
     num_threads: int | None = None,
 ) -> tuple[TinyWorld, bool]:
-    """Return the world for `spec` under `cache_dir` and whether it was a cache hit (nothing rebuilt).
+    """Return the world for `spec` under `cache_dir` and whether it was a cache hit (nothing
+    rebuilt).
 
-    `spec` defaults to `TinyWorldSpec()`; `progress` receives one line per build stage; `num_threads` defaults to
-    `default_threads()`.
+    `spec` defaults to `TinyWorldSpec()`; `progress` receives one line per build stage;
+    `num_threads` defaults to `default_threads()`.
     """
-    return build_world(cache_dir, spec or TinyWorldSpec(), _build_into, progress=progress, num_threads=num_threads)
+    return build_world(
+        cache_dir, spec or TinyWorldSpec(), _build_into, progress=progress, num_threads=num_threads
+    )
 
 
 Builder = Callable[[Path, Any, Callable[[str], None], int], TinyWorld]
 
 
 def world_builders() -> dict[str, Callable[..., tuple[TinyWorld, bool]]]:
-    """The dev worlds by name (``dev.world``, ``eagle3 dev build-tiny --world``): each builder takes the cache
-    directory, ``progress`` and ``num_threads`` and returns the world and whether it was a cache hit."""
+    """The dev worlds by name (``dev.world``, ``eagle3 dev build-tiny --world``): each builder takes
+    the cache directory, ``progress`` and ``num_threads`` and returns the world and whether it was a
+    cache hit."""
     from eagle3.worlds.served_traffic import build_served_traffic  # they build on this module
     from eagle3.worlds.smollm2_world import build_smollm2_world
     from eagle3.worlds.think_world import build_think_world
@@ -320,12 +362,15 @@ def world_builders() -> dict[str, Callable[..., tuple[TinyWorld, bool]]]:
     return builders | {"served": build_served_traffic, "smollm2": build_smollm2_world}
 
 
-def build_cached(final: Path, build_into: Callable[[Path], T], *, say: Callable[[str], None] = logger.info) -> T | None:
-    """Unless ``final/world.json`` exists, ``build_into(tmp)`` (which writes ``world.json`` last) in a hidden
-    temporary directory beside ``final``, renamed into place; what it returned, or None on a cache hit.
+def build_cached(
+    final: Path, build_into: Callable[[Path], T], *, say: Callable[[str], None] = logger.info
+) -> T | None:
+    """Unless ``final/world.json`` exists, ``build_into(tmp)`` (which writes ``world.json`` last) in
+    a hidden temporary directory beside ``final``, renamed into place; what it returned, or None on
+    a cache hit.
 
-    A world directory so only ever appears complete. A concurrent builder that finishes first wins the rename; this
-    call then uses its world and drops its own.
+    A world directory so only ever appears complete. A concurrent builder that finishes first wins
+    the rename; this call then uses its world and drops its own.
     """
     if (final / WORLD_FILE).exists():
         return None
@@ -334,7 +379,8 @@ def build_cached(final: Path, build_into: Callable[[Path], T], *, say: Callable[
     try:
         built = build_into(tmp)
         if final.exists() and not (final / WORLD_FILE).exists():
-            shutil.rmtree(final)  # an empty or foreign leftover: world dirs only ever appear complete
+            # an empty or foreign leftover: world dirs only ever appear complete
+            shutil.rmtree(final)
         try:
             tmp.rename(final)
         except OSError:
@@ -354,8 +400,8 @@ def build_world(
     progress: Callable[[str], None] | None = None,
     num_threads: int | None = None,
 ) -> tuple[TinyWorld, bool]:
-    """The world ``build_into(root, spec, say, threads)`` builds for ``spec``, cached under ``cache_dir`` by the
-    spec's fingerprint (``build_cached``), and whether it was a cache hit."""
+    """The world ``build_into(root, spec, say, threads)`` builds for ``spec``, cached under
+    ``cache_dir`` by the spec's fingerprint (``build_cached``), and whether it was a cache hit."""
 
     def say(message: str) -> None:
         logger.info("%s %s: %s", spec.DIR_PREFIX.replace("-", " "), spec.fingerprint(), message)

@@ -32,8 +32,12 @@ def _capture_poll(regen_dir: Path, features_dir: Path, shard_ids: list[int] | No
 
 
 def capture(
-    regen_dir: Path | None = typer.Option(None, "--regen-dir", help="Regen stage dir (default: this config's)."),
-    shard_ids: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
+    regen_dir: Path | None = typer.Option(
+        None, "--regen-dir", help="Regen stage dir (default: this config's)."
+    ),
+    shard_ids: list[int] | None = typer.Option(
+        None, "--shard", help="Only these shard ids (repeatable)."
+    ),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
@@ -47,8 +51,10 @@ def capture(
     features_dir = features_dir_for(cfg, regen)
     ids = list(shard_ids) if shard_ids else None
     console.print(f"regen {regen} -> features {features_dir}")
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.capture")), \
-            watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0):  # fmt: skip
+    with (
+        prefect_api(meanwhile=lambda: importlib.import_module("flows.capture")),
+        watch_progress("capture", _capture_poll(regen, features_dir, ids), every_s=1.0),
+    ):
         from flows.capture import capture_flow
 
         state = capture_flow(cfg, shard_ids=ids, regen_dir=str(regen), return_state=True)

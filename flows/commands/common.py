@@ -89,16 +89,21 @@ EXIT_INCONCLUSIVE = 3
 # descendant is SIGKILLed and the command exits at once (what the pipeline writes survives kill -9).
 EXIT_WITHIN_S = 30.0
 
-# Seconds a temporary Prefect API server may take to answer (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
-# when set, wins): Prefect's own 20 s default fails stage commands on a busy machine.
+# Seconds a temporary Prefect API server may take to answer
+# (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``, when set, wins): Prefect's own 20 s default
+# fails stage commands on a busy machine.
 PREFECT_STARTUP_TIMEOUT_S = 120
 
 console = Console(stderr=True)  # progress and status
 results = Console(soft_wrap=True)  # never wrapped or cut, so `| grep` sees whole lines
 
-RecipeOption = typer.Option("tiny", "--recipe", "-r", help="Named recipe (tiny, llama3_8b, kimi_k2_5).")
+RecipeOption = typer.Option(
+    "tiny", "--recipe", "-r", help="Named recipe (tiny, llama3_8b, kimi_k2_5)."
+)
 ConfigOption = typer.Option(None, "--config", "-c", help="A YAML config file instead of a recipe.")
-SetOption = typer.Option(None, "--set", "-s", help="Override a config value: --set train.lr=2e-4 (repeatable).")
+SetOption = typer.Option(
+    None, "--set", "-s", help="Override a config value: --set train.lr=2e-4 (repeatable)."
+)
 JsonOption = typer.Option(False, "--json", help="Print JSON (for scripts).")
 
 
@@ -110,18 +115,25 @@ class CliError(Exception):
         self.code = code
 
 
-# The exit-code table of the library's expected exceptions: (module, class name, exit code), checked in order.
+# The exit-code table of the library's expected exceptions: (module, class name, exit code), checked
+# in order.
 EXPECTED_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("eagle3.config.base", "ConfigError", EXIT_USAGE),
-    ("builtins", "FileNotFoundError", EXIT_USAGE),  # includes eagle3.rundir.layout.StageInputError: a missing input dir
-    ("eagle3.data.catalog", "CatalogError", EXIT_USAGE),  # an unknown dataset adapter in the config's sources
+    # includes eagle3.rundir.layout.StageInputError: a missing input dir
+    ("builtins", "FileNotFoundError", EXIT_USAGE),
+    # an unknown dataset adapter in the config's sources
+    ("eagle3.data.catalog", "CatalogError", EXIT_USAGE),
     ("eagle3.regen.plan", "RegenInputError", EXIT_USAGE),
     ("eagle3.data.hub", "HubError", EXIT_FAILED),
-    ("eagle3.serve.launch_commands", "EngineUnavailable", EXIT_USAGE),  # server.engine=sglang without its runtime
+    # server.engine=sglang without its runtime
+    ("eagle3.serve.launch_commands", "EngineUnavailable", EXIT_USAGE),
     ("eagle3.serve.launch", "LaunchError", EXIT_FAILED),
-    ("eagle3.errors", "DataError", EXIT_USAGE),  # damaged or unusable input data: the message names file and fix
-    ("eagle3.stage", "UnitsFailed", EXIT_FAILED),  # units failed: the message ends with their errors
-    ("eagle3.regen.shard", "ShardFailed", EXIT_FAILED),  # no server answered (a unit's error: its stage fails)
+    # damaged or unusable input data: the message names file and fix
+    ("eagle3.errors", "DataError", EXIT_USAGE),
+    # units failed: the message ends with their errors
+    ("eagle3.stage", "UnitsFailed", EXIT_FAILED),
+    # no server answered (a unit's error: its stage fails)
+    ("eagle3.regen.shard", "ShardFailed", EXIT_FAILED),
     # a pinned wheel absent, unreachable or altered; no gguf package, or a conversion that differs
     ("eagle3.worlds.packaged", "PackagedFileError", EXIT_USAGE),
     ("eagle3.worlds.gguf_target", "GGUFError", EXIT_USAGE),
@@ -149,7 +161,8 @@ class ErrorHandlingGroup(TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except Exception as exc:  # click's own Exit/UsageError are not in the table and pass through unchanged
+        # click's own Exit/UsageError are not in the table and pass through unchanged
+        except Exception as exc:
             code = exit_code_for(exc)
             if code is None:
                 raise
@@ -169,7 +182,8 @@ class _WithoutExpectedTracebacks(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, Exception) and exit_code_for(error) is not None:
-            record = copy.copy(record)  # the record's other handlers (Prefect's API: the UI) keep the traceback
+            # the record's other handlers (Prefect's API: the UI) keep the traceback
+            record = copy.copy(record)
             record.exc_info, record.exc_text = None, None
         return self.inner.format(record)
 
@@ -181,7 +195,11 @@ def console_tracebacks_for_bugs_only() -> Iterator[None]:
     (a unit's ``DataError``, a stage's ``UnitsFailed``: two to four of them above the one ``error:`` line of a
     damaged shard). Its other handlers, Prefect's API among them, keep the record whole; a bug keeps its traceback
     everywhere."""
-    handlers = [h for h in logging.getLogger().handlers if not isinstance(h.formatter, _WithoutExpectedTracebacks)]
+    handlers = [
+        h
+        for h in logging.getLogger().handlers
+        if not isinstance(h.formatter, _WithoutExpectedTracebacks)
+    ]
     saved = [handler.formatter for handler in handlers]
     for handler in handlers:
         handler.setFormatter(_WithoutExpectedTracebacks(handler.formatter))
@@ -253,21 +271,25 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
-# A stage's progress now (``eagle3.stage.Progress``) and extra text for the bar (loss, accept length), or None
-# while the stage has nothing to report yet.
+# A stage's progress now (``eagle3.stage.Progress``) and extra text for the bar (loss, accept
+# length), or None while the stage has nothing to report yet.
 Poll = Callable[[], tuple[StageProgress, str] | None]
 
 
 @contextmanager
 def spinner(text: str) -> Iterator[None]:
     """A transient spinner with the elapsed time on stderr while a quick step with no progress of its own runs."""
-    with Progress(SpinnerColumn(), TextColumn(text), TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(
+        SpinnerColumn(), TextColumn(text), TimeElapsedColumn(), console=console, transient=True
+    ) as bar:
         bar.add_task(text, total=None)
         yield
 
 
 @contextmanager
-def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0, window_s: float = 300.0) -> Iterator[None]:
+def watch_progress(
+    label: str, poll: Poll, *, every_s: float = 2.0, window_s: float = 300.0
+) -> Iterator[None]:
     """A progress bar on stderr for the block: a thread calls ``poll`` every ``every_s`` seconds (and once more when
     the block exits, so the last count shows) and draws the percent bar, done / total, this run's rate over the last
     ``window_s`` seconds, the extra text and a human ETA (the same ``Progress`` the Prefect artifacts show).
@@ -275,7 +297,9 @@ def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0, window_s: fl
     stop, rates = threading.Event(), RateWindow(window_s)
 
     def draw() -> None:
-        with Progress(TextColumn(label), BarColumn(), TextColumn("{task.fields[line]}"), console=console) as bar:
+        with Progress(
+            TextColumn(label), BarColumn(), TextColumn("{task.fields[line]}"), console=console
+        ) as bar:
             task = bar.add_task(label, total=None, line="")
             while True:
                 stopping = stop.wait(every_s)
@@ -283,7 +307,9 @@ def watch_progress(label: str, poll: Poll, *, every_s: float = 2.0, window_s: fl
                 if polled is not None:
                     progress, extra = rates.observe(polled[0]), polled[1]
                     line = " - ".join(part for part in (progress.describe(), extra) if part)
-                    bar.update(task, completed=progress.done, total=max(progress.total, 1), line=line)
+                    bar.update(
+                        task, completed=progress.done, total=max(progress.total, 1), line=line
+                    )
                 if stopping:
                     return
 
@@ -303,9 +329,13 @@ def prefect_logs_on(target: Console) -> Iterator[None]:
     draws them above itself instead of being cut by them (Prefect's handler owns another console on stderr)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(v, logging.Logger))]  # fmt: skip
-    handlers = {id(h): h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    handlers = {
+        id(h): h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)
+    }
     saved = {key: handler.console for key, handler in handlers.items()}
     for handler in handlers.values():
         handler.console = target
@@ -376,8 +406,10 @@ def stopping(*, resumable: bool = True) -> Iterator[None]:
             line = f"stopped by {request.reason} in {took:.1f} s"
             line += f" (also ended: {', '.join(left)})" if left else ""
             if resumable:
-                line += (": no unit started and nothing was promoted after the signal. Finished "
-                         f"work is kept; the same command resumes: {resume_command()}")
+                line += (
+                    ": no unit started and nothing was promoted after the signal. Finished "
+                    f"work is kept; the same command resumes: {resume_command()}"
+                )
             console.print(line, soft_wrap=True)
             raise typer.Exit(request.exit_code) from None
 
@@ -390,14 +422,39 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
     from prefect.settings import get_current_settings
 
     port = free_port()
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-           "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}  # fmt: skip
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-               "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-               "--log-level", "error", "--lifespan", "on"]  # fmt: skip
-    timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", PREFECT_STARTUP_TIMEOUT_S))
+    env = {
+        **os.environ,
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        str(prefect.__module_path__.parent),
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
+    timeout_s = float(
+        os.environ.get(
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", PREFECT_STARTUP_TIMEOUT_S
+        )
+    )
     api_url = f"http://127.0.0.1:{port}/api"
-    console.print(f"prefect: starting a temporary API server on {api_url} (set PREFECT_API_URL to reuse one)")
+    console.print(
+        f"prefect: starting a temporary API server on {api_url} (set PREFECT_API_URL to reuse one)"
+    )
     server = subprocess.Popen(command, env=env, preexec_fn=die_with_parent, start_new_session=True)
     watching = threading.Event()
     try:
@@ -406,12 +463,18 @@ def _temporary_server(meanwhile: Callable[[], object] | None) -> Iterator[str]:
             meanwhile()
         while not is_healthy(api_url, timeout_s=5):
             if server.poll() is not None:
-                raise CliError(f"Prefect's temporary API server exited with code {server.returncode} before it "
-                               "answered; set PREFECT_API_URL to a running server", code=EXIT_FAILED)  # fmt: skip
+                raise CliError(
+                    f"Prefect's temporary API server exited with code {server.returncode} before it "
+                    "answered; set PREFECT_API_URL to a running server",
+                    code=EXIT_FAILED,
+                )
             if time.monotonic() > deadline:
-                raise CliError(f"Prefect's temporary API server did not answer within {timeout_s:.0f} s; raise "
-                               "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS or set PREFECT_API_URL to a "
-                               "running server", code=EXIT_FAILED)  # fmt: skip
+                raise CliError(
+                    f"Prefect's temporary API server did not answer within {timeout_s:.0f} s; raise "
+                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS or set PREFECT_API_URL to a "
+                    "running server",
+                    code=EXIT_FAILED,
+                )
             time.sleep(0.2)
         watching.set()
         watch = threading.Thread(target=_exit_if_lost, args=(server, watching), daemon=True)
@@ -463,4 +526,3 @@ def _drain_to(server: subprocess.Popen[bytes]) -> None:
     if server.poll() is None:
         APILogWorker.drain_all(timeout=10)
         EventsWorker.drain_all(timeout=10)
-

@@ -12,7 +12,9 @@ from flows.commands.common import CliError, console, results
 
 
 def build_tiny_cmd(
-    cache_dir: Path | None = typer.Option(None, help="Where to cache it (default: $EAGLE3_HOME/cache)."),
+    cache_dir: Path | None = typer.Option(
+        None, help="Where to cache it (default: $EAGLE3_HOME/cache)."
+    ),
     world_name: str = typer.Option(
         "tiny",
         "--world",

@@ -30,7 +30,8 @@ def _list_datasets(as_json: bool = JsonOption) -> None:
     """Print the dataset catalog: every registered adapter with its Hub id, format, license, size and tier."""
     from eagle3.data.catalog import entries, table_rows
 
-    if as_json:  # typed values (rows as a number, domains as a list), not the table's formatted strings
+    # typed values (rows as a number, domains as a list), not the table's formatted strings
+    if as_json:
         print_json([dataclasses.asdict(e) | {"tier": e.tier} for e in entries()])
         return
     print_table("dataset adapters", table_rows())
@@ -40,7 +41,8 @@ def _search(query: str, min_rows: int, licenses: str | None, limit: int) -> None
     from eagle3.data.hub import search_hub
 
     wanted = [x.strip() for x in licenses.split(",")] if licenses else None
-    with spinner(f"searching the Hub for {query!r}"):  # a HubError exits 1 (the common exit-code table)
+    # a HubError exits 1 (the common exit-code table)
+    with spinner(f"searching the Hub for {query!r}"):
         found = search_hub(query, min_rows=min_rows, licenses=wanted, limit=limit)
     if not found:
         console.print(f"no Hub datasets match {query!r}")
@@ -52,9 +54,13 @@ def discover_cmd(
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
-    search: str | None = typer.Option(None, "--search", help="Search the Hub instead (e.g. 'instruct')."),
+    search: str | None = typer.Option(
+        None, "--search", help="Search the Hub instead (e.g. 'instruct')."
+    ),
     min_rows: int = typer.Option(0, "--min-rows", help="With --search: at least this many rows."),
-    license_: str | None = typer.Option(None, "--license", help="With --search: allowed licenses, a,b."),
+    license_: str | None = typer.Option(
+        None, "--license", help="With --search: allowed licenses, a,b."
+    ),
     limit: int = typer.Option(20, "--limit", help="With --search: at most this many results."),
 ) -> None:
     """Resolve the configured sources into the catalog (revision, files, rows, format, license)."""
@@ -62,7 +68,10 @@ def discover_cmd(
         _search(search, min_rows, license_, limit)
         return
     cfg = resolve_config(recipe, config, set_)
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.discover")), spinner("discover"):
+    with (
+        prefect_api(meanwhile=lambda: importlib.import_module("flows.discover")),
+        spinner("discover"),
+    ):
         from flows.discover import discover_flow
 
         out = discover_flow(cfg)

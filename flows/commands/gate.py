@@ -22,13 +22,20 @@ from flows.commands.common import (
     stopping,
 )
 
-if TYPE_CHECKING:  # eagle3.gate.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
+# eagle3.gate.preflight imports torch: 9 s that every `eagle3` command would pay at start-up
+if TYPE_CHECKING:
     from eagle3.config.pipeline import PipelineConfig
     from eagle3.gate.preflight import Check
 
-DraftOption = typer.Option(None, "--draft", "-d", help="Draft export dir (config.json + model.safetensors).")
-EngineOption = typer.Option("sglang", "--engine", help="sglang (SGLang: on GPUs, or this CPU's runtime when "
-                            "server.device=cpu) or reference (the project's server).")
+DraftOption = typer.Option(
+    None, "--draft", "-d", help="Draft export dir (config.json + model.safetensors)."
+)
+EngineOption = typer.Option(
+    "sglang",
+    "--engine",
+    help="sglang (SGLang: on GPUs, or this CPU's runtime when "
+    "server.device=cpu) or reference (the project's server).",
+)
 
 
 def _default_draft(root: Path) -> Path | None:
@@ -42,7 +49,9 @@ def launch_sglang(
     arm: str = typer.Option(..., "--arm", help="baseline or eagle3."),
     draft: Path | None = DraftOption,
     engine: str = EngineOption,
-    run: bool = typer.Option(False, "--run/--print", help="Start the server and wait (default: print the command)."),
+    run: bool = typer.Option(
+        False, "--run/--print", help="Start the server and wait (default: print the command)."
+    ),
     port: int | None = typer.Option(None, help="Port (default: server.port; 0 picks a free one)."),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
@@ -68,7 +77,9 @@ def launch_sglang(
     try:
         # Ctrl-C or `kill` stops the server, then exits 130 / 143
         with stopping(resumable=False), command.server() as server:
-            console.print(f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it")
+            console.print(
+                f"{arm} arm healthy at {server.url} (log {server.log_path}); Ctrl-C stops it"
+            )
             code = server.wait()
     except LaunchError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -78,13 +89,19 @@ def launch_sglang(
 
 def preflight(
     draft: Path = typer.Option(..., "--draft", "-d", help="Draft export dir to check."),
-    features: Path | None = typer.Option(None, help="Capture stage dir (features/<fp>) whose footer names the layers."),
-    url: str | None = typer.Option(None, help="A live speculative server: also run the runtime checks against it."),
+    features: Path | None = typer.Option(
+        None, help="Capture stage dir (features/<fp>) whose footer names the layers."
+    ),
+    url: str | None = typer.Option(
+        None, help="A live speculative server: also run the runtime checks against it."
+    ),
     baseline_url: str | None = typer.Option(
         None, help="With --url, its baseline: probe that --url samples as gate.sampling does."
     ),
     smoke_prompts: int = typer.Option(4, help="Prompts in the runtime smoke run."),
-    min_accept: float = typer.Option(1.5, help="Smoke accept length below this fails (a broken aux path gives ~1)."),
+    min_accept: float = typer.Option(
+        1.5, help="Smoke accept length below this fails (a broken aux path gives ~1)."
+    ),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
@@ -110,7 +127,9 @@ def preflight(
         checks += _runtime(cfg, url, draft, smoke_prompts, min_accept, baseline_url)
     for check in checks:
         colour = "green" if check.ok else "red"
-        results.print(f"[{colour}]{'PASS' if check.ok else 'FAIL'}[/{colour}] {check.name}: {check.message}")
+        results.print(
+            f"[{colour}]{'PASS' if check.ok else 'FAIL'}[/{colour}] {check.name}: {check.message}"
+        )
     failed = pf.failed(checks)
     if failed:
         raise CliError(f"{len(failed)} of {len(checks)} preflight checks failed", code=EXIT_FAILED)
@@ -136,12 +155,22 @@ def _runtime(
 
 
 def gate(
-    draft: list[Path] = typer.Option(..., "--draft", "-d", help="Candidate draft export dir (repeat to compare)."),
-    baseline_url: str | None = typer.Option(None, help="Running baseline server (with --spec-url)."),
-    spec_url: str | None = typer.Option(None, help="Running speculative server (with --baseline-url)."),
-    champion_url: str | None = typer.Option(None, help="Running server of the champion draft (URL mode)."),
+    draft: list[Path] = typer.Option(
+        ..., "--draft", "-d", help="Candidate draft export dir (repeat to compare)."
+    ),
+    baseline_url: str | None = typer.Option(
+        None, help="Running baseline server (with --spec-url)."
+    ),
+    spec_url: str | None = typer.Option(
+        None, help="Running speculative server (with --baseline-url)."
+    ),
+    champion_url: str | None = typer.Option(
+        None, help="Running server of the champion draft (URL mode)."
+    ),
     features: Path | None = typer.Option(None, help="Capture stage dir for the layer-id check."),
-    promote: bool = typer.Option(True, "--promote/--no-promote", help="Promote the best passing draft."),
+    promote: bool = typer.Option(
+        True, "--promote/--no-promote", help="Promote the best passing draft."
+    ),
     force: bool = typer.Option(False, help="Measure again even if this exact gate already ran."),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
@@ -151,8 +180,10 @@ def gate(
     exits 1, INCONCLUSIVE (noise or a failed sanity check: measure again on a quieter machine) exits 3."""
     launches = () if baseline_url else ("gate",)  # the arms are launched on server.engine
     cfg = resolve_config(recipe, config, set_, stages=launches)
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")), \
-            console.status("running the gate (see the Prefect UI for progress)"):  # fmt: skip
+    with (
+        prefect_api(meanwhile=lambda: importlib.import_module("flows.gate")),
+        console.status("running the gate (see the Prefect UI for progress)"),
+    ):
         from flows.gate import gate_flow
 
         result = gate_flow(
@@ -168,8 +199,10 @@ def gate(
     typer.echo(Path(result.markdown).read_text())
     typer.echo(f"report: {result.out_dir}")
     if result.verdict == "inconclusive":
-        raise CliError(f"the gate was inconclusive, nothing promoted (report: {result.out_dir})",
-                       code=EXIT_INCONCLUSIVE)  # fmt: skip
+        raise CliError(
+            f"the gate was inconclusive, nothing promoted (report: {result.out_dir})",
+            code=EXIT_INCONCLUSIVE,
+        )
     if not result.passed:
         raise CliError(f"the gate passed no draft (report: {result.out_dir})", code=EXIT_FAILED)
 

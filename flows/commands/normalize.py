@@ -38,23 +38,32 @@ def _print_plan(cfg: Any) -> None:
 
 
 def normalize_cmd(
-    recipe: str = RecipeOption, config: Path | None = ConfigOption, set_: list[str] | None = SetOption
+    recipe: str = RecipeOption,
+    config: Path | None = ConfigOption,
+    set_: list[str] | None = SetOption,
 ) -> None:
     """Normalize, dedup and decontaminate the sources into prompt shards (prints the mix plan first)."""
     cfg = resolve_config(recipe, config, set_)
     _print_plan(cfg)
     from eagle3.rundir.runroot import Manifest
 
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.normalize")), spinner("normalize"):
+    with (
+        prefect_api(meanwhile=lambda: importlib.import_module("flows.normalize")),
+        spinner("normalize"),
+    ):
         from flows.normalize import prompts_flow
 
         out = Path(prompts_flow(cfg))
     manifest = Manifest.read(out)
     stats = manifest.stats if manifest is not None else {}
-    rows = [{k: s[k] for k in ("source", "in", "kept", "duplicates", "quarantined")} for s in
-            stats.get("sources", {}).values()]  # fmt: skip
+    rows = [
+        {k: s[k] for k in ("source", "in", "kept", "duplicates", "quarantined")}
+        for s in stats.get("sources", {}).values()
+    ]
     print_table("per-source counts", rows)
-    typer.echo(f"prompts: {out} ({stats.get('kept', 0):,} prompts in {stats.get('shards', 0)} shards)")
+    typer.echo(
+        f"prompts: {out} ({stats.get('kept', 0):,} prompts in {stats.get('shards', 0)} shards)"
+    )
 
 
 def register(app: typer.Typer) -> None:

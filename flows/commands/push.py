@@ -12,12 +12,21 @@ from pathlib import Path
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, console, resolve_config, results
+from flows.commands.common import (
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    console,
+    resolve_config,
+    results,
+)
 
 
 def push_cmd(
     repo: str = typer.Option(..., "--repo", help="Hub repo id <owner>/<name>."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Write the card and list the files; upload nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Write the card and list the files; upload nothing."
+    ),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,

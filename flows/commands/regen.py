@@ -40,7 +40,10 @@ def _regen_poll(regen_dir: Path, shard_ids: list[int] | None) -> Poll:
             status = regen_status(regen_dir, shard_ids=shard_ids)
         except StageInputError:
             return None  # the flow has not written plan.json yet
-        return status.progress, f"failed shards {status.failed_shards}" if status.failed_shards else ""
+        return (
+            status.progress,
+            f"failed shards {status.failed_shards}" if status.failed_shards else "",
+        )
 
     return poll
 
@@ -59,25 +62,33 @@ def _warm_up(config: PipelineConfig) -> None:
         load_tokenizer(config.target)
 
 
-def run_flow(config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None) -> StageResult:
+def run_flow(
+    config: PipelineConfig, shard_ids: list[int] | None, prompts: Path | None
+) -> StageResult:
     """Run the regen flow with a CLI progress bar; exit 1 when shards failed."""
     from eagle3.lineage import Lineage
     from eagle3.regen.plan import regen_dir_for
     from eagle3.rundir.layout import REGEN_INPUT
 
     prompts_dir = Lineage(config).input(REGEN_INPUT, prompts)
-    with prefect_api(meanwhile=lambda: _warm_up(config)), \
-            watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)):  # fmt: skip
+    with (
+        prefect_api(meanwhile=lambda: _warm_up(config)),
+        watch_progress("regen", _regen_poll(regen_dir_for(config, prompts_dir), shard_ids)),
+    ):
         from flows.regen import regen_flow
 
-        state = regen_flow(config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True)
+        state = regen_flow(
+            config, shard_ids=shard_ids, prompts_dir=str(prompts_dir), return_state=True
+        )
     result = flow_result(state)  # failed shards: their list and the re-trigger command
     typer.echo(f"regen stage: {result.out_dir} (done: {result.done})")
     return result
 
 
 def _status(
-    run: Path | None = typer.Option(None, "--run", help="A regen stage dir (default: the one this config names)."),
+    run: Path | None = typer.Option(
+        None, "--run", help="A regen stage dir (default: the one this config names)."
+    ),
     as_json: bool = JsonOption,
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
@@ -104,8 +115,12 @@ def regen(
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
-    prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: this config's)."),
-    shard: list[int] | None = typer.Option(None, "--shard", help="Only these shard ids (repeatable)."),
+    prompts: Path | None = typer.Option(
+        None, "--prompts", help="Prompts stage dir (default: this config's)."
+    ),
+    shard: list[int] | None = typer.Option(
+        None, "--shard", help="Only these shard ids (repeatable)."
+    ),
 ) -> None:
     """Run the regen flow (without a subcommand)."""
     if ctx.invoked_subcommand is None:
@@ -116,7 +131,9 @@ def regen(
 def retry_shards(
     run: Path = RunOption,
     failed: bool = typer.Option(False, "--failed", help="Rerun the shards in failed_shards.json."),
-    shard: list[int] | None = typer.Option(None, "--shard", help="Rerun these shard ids (repeatable)."),
+    shard: list[int] | None = typer.Option(
+        None, "--shard", help="Rerun these shard ids (repeatable)."
+    ),
     set_: list[str] | None = SetOption,
 ) -> None:
     """Rerun failed (or given) regen shards with the stage's saved config."""
@@ -124,8 +141,15 @@ def retry_shards(
     from eagle3.regen.plan import read_plan
     from eagle3.rundir.layout import CONFIG_FILE, PLAN_FILE, find_input, read_failed_shards
 
-    regen_dir = find_input(run.parent.parent, "regen", None, explicit=run, option="--run", produce="eagle3 regen",
-                           marker=PLAN_FILE)  # fmt: skip
+    regen_dir = find_input(
+        run.parent.parent,
+        "regen",
+        None,
+        explicit=run,
+        option="--run",
+        produce="eagle3 regen",
+        marker=PLAN_FILE,
+    )
     ids = list(shard or [])
     if failed:
         ids += read_failed_shards(regen_dir)
@@ -137,7 +161,9 @@ def retry_shards(
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Regenerate the prompts with the target (the regen flow).", invoke_without_command=True)
+    group = typer.Typer(
+        help="Regenerate the prompts with the target (the regen flow).", invoke_without_command=True
+    )
     group.callback()(regen)
     group.command("status")(_status)
     app.add_typer(group, name="regen")

@@ -32,9 +32,14 @@ from flows.commands.common import (
 )
 
 ScaleOption = typer.Option(
-    None, "--scale", min=1, help="Grow the cumulative training set by this many prompts (default: use them all)."
+    None,
+    "--scale",
+    min=1,
+    help="Grow the cumulative training set by this many prompts (default: use them all).",
 )
-ShardsOption = typer.Option(None, "--shard", help="Only these prompt shard ids (repeatable); default: planned.")
+ShardsOption = typer.Option(
+    None, "--shard", help="Only these prompt shard ids (repeatable); default: planned."
+)
 
 
 def run(
@@ -54,8 +59,10 @@ def run(
     if cfg.dev.tiny_world:
         built = "built (or reused) by the run's first task, which logs where"
         console.print(f"{cfg.dev.world} world: {built}")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per Prefect API call otherwise
-    with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):  # imports while it starts
+    # one INFO line per Prefect API call otherwise
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # imports while it starts
+    with prefect_api(meanwhile=lambda: importlib.import_module("flows.pipeline")):
         from flows.pipeline import data_scaling
 
         state = data_scaling(
@@ -78,7 +85,9 @@ def plan(
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
     scale: int | None = ScaleOption,
-    prompts: Path | None = typer.Option(None, "--prompts", help="Prompts stage dir (default: this config's)."),
+    prompts: Path | None = typer.Option(
+        None, "--prompts", help="Prompts stage dir (default: this config's)."
+    ),
 ) -> None:
     """Print tonight's plan, what `eagle3 run` with the same options would select, without running or selecting
     anything. Needs the prompts stage (`eagle3 normalize`). Under scaling.policy=aimed: the table of domains (pool
@@ -88,7 +97,10 @@ def plan(
     from eagle3.scaling.night import plan_tonight
 
     prompts = Lineage(cfg).input("normalize", prompts)
-    with bad_input(ValueError), console.status("planning tonight (aimed: measuring the champion per domain, CPU)"):
+    with (
+        bad_input(ValueError),
+        console.status("planning tonight (aimed: measuring the champion per domain, CPU)"),
+    ):
         night = plan_tonight(cfg, prompts, scale, write=False)
     typer.echo(night.plan_markdown)
 

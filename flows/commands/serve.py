@@ -20,6 +20,10 @@ def serve(ctx: typer.Context) -> None:
 def register(app: typer.Typer) -> None:
     app.command(
         "serve",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+        context_settings={
+            "allow_extra_args": True,
+            "ignore_unknown_options": True,
+            "help_option_names": [],
+        },
         add_help_option=False,
     )(serve)

@@ -27,12 +27,18 @@ from flows.commands.common import (
     watch_progress,
 )
 
-FeaturesOption = typer.Option(None, "--features", help="Finished features stage dir (default: this config's).")
-VocabOption = typer.Option(None, "--vocab", help="vocab.safetensors or its dir (default: this config's).")
+FeaturesOption = typer.Option(
+    None, "--features", help="Finished features stage dir (default: this config's)."
+)
+VocabOption = typer.Option(
+    None, "--vocab", help="vocab.safetensors or its dir (default: this config's)."
+)
 
 
 def train(
-    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Processes (GPUs) per node (train.nproc)."),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=1, help="Processes (GPUs) per node (train.nproc)."
+    ),
     features: Path | None = FeaturesOption,
     vocab: Path | None = VocabOption,
     recipe: str = RecipeOption,
@@ -75,10 +81,14 @@ def _train_poll(cfg: PipelineConfig, features: FeatureSource, vocab: Path) -> Po
 
 
 def export(
-    draft_dir: Path = typer.Option(..., "--draft-dir", help="Training output dir, its ckpt/ or a step-NNNNNN dir."),
+    draft_dir: Path = typer.Option(
+        ..., "--draft-dir", help="Training output dir, its ckpt/ or a step-NNNNNN dir."
+    ),
     out: Path = typer.Option(..., "--out", help="Export directory to write."),
     vocab: Path = typer.Option(..., "--vocab", help="vocab.safetensors used in training."),
-    features: Path | None = typer.Option(None, "--features", help="Features dir (its manifest gives layer ids)."),
+    features: Path | None = typer.Option(
+        None, "--features", help="Features dir (its manifest gives layer ids)."
+    ),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
     set_: list[str] | None = SetOption,
@@ -88,7 +98,8 @@ def export(
     from eagle3.train.stage import vocab_file
 
     cfg = resolve_config(recipe, config, set_)
-    with bad_input(ValueError):  # a checkpoint, vocab or features dir that does not make a valid export
+    # a checkpoint, vocab or features dir that does not make a valid export
+    with bad_input(ValueError):
         path = export_draft(cfg, draft_dir, vocab_file(vocab), features, out)
     console.print(f"[green]exported[/green] {path}")
 
@@ -104,7 +115,9 @@ def evaluate(
     ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
-    aux: str = typer.Option("eagle3", "--aux", help="eagle3 or last_hidden_only (the EAGLE misconfiguration)."),
+    aux: str = typer.Option(
+        "eagle3", "--aux", help="eagle3 or last_hidden_only (the EAGLE misconfiguration)."
+    ),
     temperature: float | None = typer.Option(
         None, "--temperature", min=0, help="Also at this temperature (default: the gate's)."
     ),
@@ -127,9 +140,12 @@ def evaluate(
     from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
     from eagle3.target_io import load_causal_lm, load_tokenizer
 
-    problems = validate_export(draft)  # before loading the target: a broken export fails in a second
+    # before loading the target: a broken export fails in a second
+    problems = validate_export(draft)
     if problems:
-        console.print(f"[red]error:[/red] {draft} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems))
+        console.print(
+            f"[red]error:[/red] {draft} is not a valid EAGLE-3 export:\n  " + "\n  ".join(problems)
+        )
         raise typer.Exit(1)
     cfg = resolve_config(recipe, config, set_)
     with bad_input(ValueError):

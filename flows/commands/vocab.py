@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flows.commands.common import ConfigOption, RecipeOption, SetOption, bad_input, print_table, resolve_config, results
+from flows.commands.common import (
+    ConfigOption,
+    RecipeOption,
+    SetOption,
+    bad_input,
+    print_table,
+    resolve_config,
+    results,
+)
 
 if TYPE_CHECKING:
     from eagle3.config.target import TargetConfig
@@ -18,8 +26,12 @@ if TYPE_CHECKING:
 
 
 def vocab(
-    features: Path | None = typer.Option(None, "--features", help="Features stage dir (default: this config's)."),
-    stats: bool = typer.Option(False, "--stats", help="Print coverage and the most frequent tokens."),
+    features: Path | None = typer.Option(
+        None, "--features", help="Features stage dir (default: this config's)."
+    ),
+    stats: bool = typer.Option(
+        False, "--stats", help="Print coverage and the most frequent tokens."
+    ),
     top: int = typer.Option(20, help="How many top tokens --stats shows."),
     recipe: str = RecipeOption,
     config: Path | None = ConfigOption,
@@ -51,13 +63,20 @@ def _print_stats(target: TargetConfig, vocab: DraftVocab, top: int) -> None:
     tokenizer = load_tokenizer(target)
     counts = vocab.counts
     seen = int((counts > 0).sum())
-    results.print(f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "
-                  f"{seen} distinct ids seen in {int(counts.sum()):,} loss-masked tokens; "
-                  f"coverage {coverage(counts, vocab):.4%}")
+    results.print(
+        f"draft vocab {vocab.draft_vocab_size} of {vocab.target_vocab_size} target ids; "
+        f"{seen} distinct ids seen in {int(counts.sum()):,} loss-masked tokens; "
+        f"coverage {coverage(counts, vocab):.4%}"
+    )
     total = max(int(counts.sum()), 1)
     rows = [
-        {"rank": rank, "id": token_id, "token": repr(tokenizer.decode([token_id])), "count": f"{count:,}",
-         "share": f"{count / total:.2%}"}
+        {
+            "rank": rank,
+            "id": token_id,
+            "token": repr(tokenizer.decode([token_id])),
+            "count": f"{count:,}",
+            "share": f"{count / total:.2%}",
+        }
         for rank, (token_id, count) in enumerate(top_tokens(counts, top), start=1)
     ]
     print_table(f"top {top} target tokens", rows)

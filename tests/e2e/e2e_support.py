@@ -1,8 +1,9 @@
-"""End-to-end helpers (imported by ``conftest.py`` and the e2e tests): a real Prefect server on a free port with a
-fresh PREFECT_HOME, REST helpers, a worker, the ``eagle3`` CLI as a subprocess, headless Chromium screenshots.
+"""End-to-end helpers (imported by ``conftest.py`` and the e2e tests): a real Prefect server on a
+free port with a fresh PREFECT_HOME, REST helpers, a worker, the ``eagle3`` CLI as a subprocess,
+headless Chromium screenshots.
 
-Every child process gets the same environment (``e2e_env``): telemetry off, the API and UI URLs of this server,
-and the session's EAGLE3_HOME so the tiny world built once is reused.
+Every child process gets the same environment (``e2e_env``): telemetry off, the API and UI URLs of
+this server, and the session's EAGLE3_HOME so the tiny world built once is reused.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ BIN = Path(sys.executable).parent
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 
-# Overrides that keep a tiny pipeline run to a couple of minutes on 2 cores (fewer epochs, prompts and tokens). The gate
-# keeps the recipe's traffic profile (concurrency 1 and 4: the night's report shows both levels, the crossover and the
-# adaptive config) with half the tokens per request, which keeps its wall time that of a single
-# level at full length (1.01x, measured side by side: BENCHMARKS.md, "The gate on a traffic
-# profile").
+# Overrides that keep a tiny pipeline run to a couple of minutes on 2 cores (fewer epochs, prompts
+# and tokens). The gate keeps the recipe's traffic profile (concurrency 1 and 4: the night's report
+# shows both levels, the crossover and the adaptive config) with half the tokens per request, which
+# keeps its wall time that of a single level at full length (1.01x, measured side by side:
+# BENCHMARKS.md, "The gate on a traffic profile").
 FAST_TINY = [
     "train.epochs=2",
     "gate.prompts_per_set=4",
@@ -67,17 +68,20 @@ class PrefectServer:
     url: str  # http://127.0.0.1:P
     env: dict[str, str]  # for every child process that talks to this server
     home: Path
-    proc: subprocess.Popen[bytes] | None = None  # the server process (replaced by ``start`` after a kill)
+    # the server process (replaced by ``start`` after a kill)
+    proc: subprocess.Popen[bytes] | None = None
     server_env: dict[str, str] | None = None  # what ``infra/prefect-server.sh`` was started with
 
     def kill9(self) -> None:
-        """``kill -9`` the server, as a crash or an OOM kill would (its database is left as it is)."""
+        """``kill -9`` the server, as a crash or an OOM kill would (its database is left as it
+        is)."""
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
 
     def start(self) -> None:
-        """Start ``infra/prefect-server.sh`` on this server's port and state; returns once ``/api/health`` answers."""
+        """Start ``infra/prefect-server.sh`` on this server's port and state; returns once
+        ``/api/health`` answers."""
         assert self.server_env is not None
         script = ["bash", str(REPO / "infra" / "prefect-server.sh")]
         self.proc = _start(script, self.server_env, self.home / "server.log")
@@ -90,7 +94,9 @@ class PrefectServer:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 stop(self.proc)
-                pytest.fail(f"prefect server did not start:\n{(self.home / 'server.log').read_text()[-3000:]}")
+                pytest.fail(
+                    f"prefect server did not start:\n{(self.home / 'server.log').read_text()[-3000:]}"
+                )
             time.sleep(0.5)
 
     @property
@@ -114,7 +120,9 @@ class PrefectServer:
             if run["state_type"] in TERMINAL:
                 return run
             time.sleep(2)
-        raise AssertionError(f"flow run {run_id} not finished after {timeout_s:.0f}s: {run['state_type']}")
+        raise AssertionError(
+            f"flow run {run_id} not finished after {timeout_s:.0f}s: {run['state_type']}"
+        )
 
     def child_runs(self, parent_id: str) -> list[dict[str, Any]]:
         task_runs = self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [parent_id]}}})
@@ -129,7 +137,9 @@ class PrefectServer:
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
-        return subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        return subprocess.Popen(
+            args, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
 
 
 def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 20) -> None:
@@ -145,12 +155,18 @@ def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 20) -> None:
 
 
 def launch_prefect_server(home: Path, port: int, **extra: str) -> PrefectServer:
-    """``infra/prefect-server.sh`` (API + UI) on loopback with state in ``home``, once its health endpoint answers;
-    ``extra`` is its environment (``EAGLE3_PREFECT_DB`` ...)."""
+    """``infra/prefect-server.sh`` (API + UI) on loopback with state in ``home``, once its health
+    endpoint answers; ``extra`` is its environment (``EAGLE3_PREFECT_DB`` ...)."""
     url = f"http://127.0.0.1:{port}"
-    env = base_env(PREFECT_HOME=str(home), PREFECT_API_URL=f"{url}/api", PREFECT_UI_API_URL=f"{url}/api")
-    server_env = env | {"EAGLE3_PREFECT_HOST": "127.0.0.1", "EAGLE3_PREFECT_PORT": str(port),
-                        "EAGLE3_PREFECT_PUBLIC_URL": url, **extra}  # fmt: skip
+    env = base_env(
+        PREFECT_HOME=str(home), PREFECT_API_URL=f"{url}/api", PREFECT_UI_API_URL=f"{url}/api"
+    )
+    server_env = env | {
+        "EAGLE3_PREFECT_HOST": "127.0.0.1",
+        "EAGLE3_PREFECT_PORT": str(port),
+        "EAGLE3_PREFECT_PUBLIC_URL": url,
+        **extra,
+    }
     server = PrefectServer(url, env, home, server_env=server_env)
     server.start()
     return server
@@ -158,31 +174,48 @@ def launch_prefect_server(home: Path, port: int, **extra: str) -> PrefectServer:
 
 @pytest.fixture(scope="module")
 def process_worker(prefect_server: PrefectServer) -> Iterator[subprocess.Popen[bytes]]:
-    """``infra/prefect-worker.sh`` on the ``e2e`` pool (polls every 2 s), running each flow run in a subprocess.
+    """``infra/prefect-worker.sh`` on the ``e2e`` pool (polls every 2 s), running each flow run in a
+    subprocess.
 
-    The script sets the 60 s flow-run heartbeat the zombie automation (created by ``deploy.py apply``) expects:
-    a bare ``prefect worker start`` heartbeats every 180 s (Prefect 3.9's default), so any run longer than the
-    automation's 180 s window was marked Crashed mid-way."""
-    env = prefect_server.env | {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
-    proc = _start(["bash", str(REPO / "infra" / "prefect-worker.sh"), "e2e"], env, prefect_server.home / "worker.log")
+    The script sets the 60 s flow-run heartbeat the zombie automation (created by ``deploy.py
+    apply``) expects: a bare ``prefect worker start`` heartbeats every 180 s (Prefect 3.9's
+    default), so any run longer than the automation's 180 s window was marked Crashed mid-way."""
+    env = prefect_server.env | {
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+    }
+    proc = _start(
+        ["bash", str(REPO / "infra" / "prefect-worker.sh"), "e2e"],
+        env,
+        prefect_server.home / "worker.log",
+    )
     yield proc
     stop(proc)
 
 
 def screenshot(url: str, out: Path) -> Path:
     """Headless Chromium screenshot of a UI page (the settings MACHINE.md found to work offline)."""
-    subprocess.run([*_chromium_args(), f"--screenshot={out}", url], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [*_chromium_args(), f"--screenshot={out}", url],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return out
 
 
 def dump_dom(url: str) -> str:
-    done = subprocess.run([*_chromium_args(), "--dump-dom", url], check=True, capture_output=True, timeout=120)
+    done = subprocess.run(
+        [*_chromium_args(), "--dump-dom", url], check=True, capture_output=True, timeout=120
+    )
     return done.stdout.decode(errors="replace")
 
 
 def _chromium_args() -> list[str]:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: install it (infra/dev.sh test does: apt-get install chromium)")
+        pytest.skip(
+            f"no Chromium at {CHROMIUM}: install it (infra/dev.sh test does: apt-get install chromium)"
+        )
     return [
         CHROMIUM,
         "--headless",
@@ -200,21 +233,29 @@ def _chromium_args() -> list[str]:
 
 
 class Browser:
-    """Headless Chromium driven over the DevTools protocol: open a page, wait for text or images, read the page's
-    text and its images' natural sizes (0 when the browser could not load one), take screenshots."""
+    """Headless Chromium driven over the DevTools protocol: open a page, wait for text or images,
+    read the page's text and its images' natural sizes (0 when the browser could not load one), take
+    screenshots."""
 
     def __init__(self) -> None:
         from websockets.sync.client import connect
 
         port = free_port()
         args = [arg for arg in _chromium_args() if not arg.startswith("--virtual-time-budget")]
-        self.proc = subprocess.Popen([*args, f"--remote-debugging-port={port}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*args, f"--remote-debugging-port={port}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline, pages = time.monotonic() + 60, []
         while not pages and time.monotonic() < deadline:
             try:
-                pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
-                         if t["type"] == "page"]
+                pages = [
+                    t
+                    for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+                    if t["type"] == "page"
+                ]
             except httpx.HTTPError:
                 time.sleep(0.5)
         assert pages, "Chromium's DevTools endpoint did not come up"
@@ -232,33 +273,51 @@ class Browser:
                 return message.get("result", {})
 
     def evaluate(self, expression: str) -> Any:
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)[
+            "result"
+        ].get("value")
 
     def open(self, url: str, *, until: str = "true", timeout_s: float = 60) -> str:
-        """Navigate, wait until the JavaScript condition ``until`` holds (or ``timeout_s``), return the page text."""
+        """Navigate, wait until the JavaScript condition ``until`` holds (or ``timeout_s``), return
+        the page text."""
         self.call("Page.navigate", url=url)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self.evaluate(f"document.readyState === 'complete' && ({until})"):
+        while time.monotonic() < deadline and not self.evaluate(
+            f"document.readyState === 'complete' && ({until})"
+        ):
             time.sleep(1)
         return self.evaluate("document.body.innerText") or ""
 
     def click_tab(self, label: str, *, until: str = "true", timeout_s: float = 60) -> str:
         """Click the UI tab named ``label``, wait until ``until`` holds, return the page text."""
-        self.evaluate("Array.from(document.querySelectorAll('.p-tab')).find(e => e.textContent.trim() === "
-                      f"{label!r}).click()")  # fmt: skip
+        self.evaluate(
+            "Array.from(document.querySelectorAll('.p-tab')).find(e => e.textContent.trim() === "
+            f"{label!r}).click()"
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.evaluate(until):
             time.sleep(1)
         return self.evaluate("document.body.innerText") or ""
 
     def images(self) -> list[dict[str, Any]]:
-        return self.evaluate("Array.from(document.images).map(i => ({src: i.src.slice(0, 40), "
-                             "width: i.naturalWidth, height: i.naturalHeight}))") or []
+        return (
+            self.evaluate(
+                "Array.from(document.images).map(i => ({src: i.src.slice(0, 40), "
+                "width: i.naturalWidth, height: i.naturalHeight}))"
+            )
+            or []
+        )
 
     def screenshot(self, out: Path) -> Path:
         import base64
 
-        self.call("Emulation.setDeviceMetricsOverride", width=1400, height=1600, deviceScaleFactor=1, mobile=False)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1400,
+            height=1600,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         out.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
         return out
 
@@ -269,7 +328,8 @@ class Browser:
 
 
 class WebhookReceiver:
-    """A loopback HTTP server that records the JSON bodies POSTed to it (the alert automation's target)."""
+    """A loopback HTTP server that records the JSON bodies POSTed to it (the alert automation's
+    target)."""
 
     def __init__(self) -> None:
         import json
@@ -322,8 +382,15 @@ def marked_processes(marker: str) -> list[Any]:
     return found
 
 
-def eagle3(args: list[str], env: dict[str, str], *, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+def eagle3(
+    args: list[str], env: dict[str, str], *, timeout_s: float = 900
+) -> subprocess.CompletedProcess[str]:
     """Run the ``eagle3`` CLI to completion (output captured for assertions)."""
     return subprocess.run(
-        [str(BIN / "eagle3"), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s
+        [str(BIN / "eagle3"), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )

@@ -1,7 +1,8 @@
-"""The alert automation on a real Prefect server (its trigger and action services): a nightly run that fails posts
-one notification, with the run's name, state and link, to a webhook receiver on loopback; a run of a deployment
-the automation does not watch posts nothing. No worker and no pipeline: the runs are moved to Failed over REST, as
-a worker's flow run would report it (the full night's alert is in ``test_prefect_ui.py``)."""
+"""The alert automation on a real Prefect server (its trigger and action services): a nightly run
+that fails posts one notification, with the run's name, state and link, to a webhook receiver on
+loopback; a run of a deployment the automation does not watch posts nothing. No worker and no
+pipeline: the runs are moved to Failed over REST, as a worker's flow run would report it (the full
+night's alert is in ``test_prefect_ui.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def webhook() -> Iterator[WebhookReceiver]:
 
 def _failed_run(server: PrefectServer, deployment_id: str, name: str) -> str:
     run = server.post(f"/deployments/{deployment_id}/create_flow_run", {"name": name})
-    for state in ({"type": "RUNNING", "name": "Running"}, {"type": "FAILED", "name": "Failed", "message": "boom"}):
+    for state in (
+        {"type": "RUNNING", "name": "Running"},
+        {"type": "FAILED", "name": "Failed", "message": "boom"},
+    ):
         server.post(f"/flow_runs/{run['id']}/set_state", {"state": state, "force": True})
     return run["id"]
 
@@ -38,7 +42,8 @@ def test_a_failing_nightly_run_posts_one_notification_with_name_state_and_link(
     flow = prefect_server.post("/flows/", {"name": "data-scaling"})
     nightly = prefect_server.post("/deployments/", {"name": "tiny", "flow_id": flow["id"]})
     other = prefect_server.post("/deployments/", {"name": "other", "flow_id": flow["id"]})
-    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api}):  # what deploy.py apply talks to
+    # what deploy.py apply talks to
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api}):
         block = ensure_webhook_block(webhook.url)
         first = ensure_alert_automation("tiny", [nightly["id"]], block)
         assert ensure_alert_automation("tiny", [nightly["id"]], block).id == first.id  # idempotent

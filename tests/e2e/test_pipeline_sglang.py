@@ -1,6 +1,7 @@
-"""`eagle3 run --recipe tiny --set server.engine=sglang --set capture.backend=sglang`: the whole night on real SGLang
-0.5.23 on this CPU, as a user runs it: every server (regen's, the gate's baseline and EAGLE3 arms) and the capture
-(SGLang's model runner, ``eagle3.capture.sglang``), the gate measuring a draft trained on SGLang's own states."""
+"""`eagle3 run --recipe tiny --set server.engine=sglang --set capture.backend=sglang`: the whole
+night on real SGLang 0.5.23 on this CPU, as a user runs it: every server (regen's, the gate's
+baseline and EAGLE3 arms) and the capture (SGLang's model runner, ``eagle3.capture.sglang``), the
+gate measuring a draft trained on SGLang's own states."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ from e2e_support import (
 from eagle3.gate.accept import ACCEPT_LENGTH_FIELD
 from eagle3.serve.launch_commands import CPU_LAUNCHER
 
-# The night runs in the module's fixture, inside its first test's time: ~15 min on a 2-core box loaded by other work.
+# The night runs in the module's fixture, inside its first test's time: ~15 min on a 2-core box
+# loaded by other work.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.sglang, pytest.mark.timeout(2700)]
 
 
 @pytest.fixture(scope="module")
-def night(tiny_world: Any, sglang_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def night(
+    tiny_world: Any, sglang_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("sglang-night")
     args = [str(BIN / "eagle3"), "run", "--recipe", "tiny"]
     for override in [f"root={root}", "server.engine=sglang", "capture.backend=sglang", *FAST_TINY]:
@@ -45,8 +49,9 @@ def night(tiny_world: Any, sglang_python: Path, tmp_path_factory: pytest.TempPat
 
 
 def test_the_night_ends_with_the_gates_verdict_never_a_crash(night):
-    """0 PASS, 1 FAIL, 3 INCONCLUSIVE: all are measurements. On this CPU SGLang's plain decode is bound by its Python
-    scheduler, so the verdict moves with the machine's load (1.51x and 0.47x at concurrency 1 in two runs)."""
+    """0 PASS, 1 FAIL, 3 INCONCLUSIVE: all are measurements. On this CPU SGLang's plain decode is
+    bound by its Python scheduler, so the verdict moves with the machine's load (1.51x and 0.47x at
+    concurrency 1 in two runs)."""
     done = night["done"]
     assert done.returncode in (0, 1, 3), done.stderr[-4000:]
     assert "Traceback" not in done.stderr and "report" in done.stdout + done.stderr
@@ -55,15 +60,20 @@ def test_the_night_ends_with_the_gates_verdict_never_a_crash(night):
 def test_regen_ran_on_sglang_and_wrote_each_sample_once(night):
     (regen,) = [d for d in (night["root"] / "regen").iterdir() if d.is_dir()]
     assert (regen / "sglang-server.log").exists() and not (regen / "reference-server.log").exists()
-    ids = [sid for p in sorted(regen.glob("shard-*.parquet"))
-           for sid in pq.read_table(p, columns=["sample_id"]).column("sample_id").to_pylist()]  # fmt: skip
+    ids = [
+        sid
+        for p in sorted(regen.glob("shard-*.parquet"))
+        for sid in pq.read_table(p, columns=["sample_id"]).column("sample_id").to_pylist()
+    ]
     assert ids and max(Counter(ids).values()) == 1
 
 
 def test_the_features_came_from_sglangs_model_runner(night):
     (features,) = [d for d in (night["root"] / "features").iterdir() if d.is_dir()]
     manifest = json.loads((features / "manifest.json").read_text())
-    assert manifest["stats"]["rows"] > 0 and manifest["stats"]["footer"]["capture_backend"] == "sglang"
+    assert (
+        manifest["stats"]["rows"] > 0 and manifest["stats"]["footer"]["capture_backend"] == "sglang"
+    )
     assert manifest["config"]["capture"]["backend"] == "sglang"
 
 
@@ -79,18 +89,25 @@ def test_the_gate_measured_real_sglang_arms_with_sglangs_own_accept_counters(nig
     assert all(CPU_LAUNCHER in arm["launch_used"] for arm in arms.values())
     levels = arms["candidate"]["levels"]
     assert levels and all(lv["accept_source"] == ACCEPT_LENGTH_FIELD for lv in levels)
-    assert all({"spec_num_correct_drafts", "spec_correct_drafts_histogram"} <= set(lv["accept_fields"])
-               for lv in levels)  # fmt: skip
-    # served right, SGLang's accept length is nearer what the project's decoder gets with the aux layers than blind
-    served, reference = min(lv["accept_length"] for lv in levels), _reference_accepts(night["root"], arms)
+    assert all(
+        {"spec_num_correct_drafts", "spec_correct_drafts_histogram"} <= set(lv["accept_fields"])
+        for lv in levels
+    )
+    # served right, SGLang's accept length is nearer what the project's decoder gets with the aux
+    # layers than blind
+    served, reference = (
+        min(lv["accept_length"] for lv in levels),
+        _reference_accepts(night["root"], arms),
+    )
     assert served >= (reference["eagle3"] + reference["last_hidden_only"]) / 2, (levels, reference)
     assert "spec_accept_length" in (gate / "report.md").read_text()
 
 
 def _reference_accepts(root: Path, arms: dict[str, Any]) -> dict[str, float]:
-    """The night's draft on the project's own speculative decoder (the HF target, greedy, the gate's prompts and
-    length), with its aux layers (``eagle3``) and blind to them as an ``EAGLE`` server serves it
-    (``last_hidden_only``): this machine's own measures of the draft served right and served wrong."""
+    """The night's draft on the project's own speculative decoder (the HF target, greedy, the gate's
+    prompts and length), with its aux layers (``eagle3``) and blind to them as an ``EAGLE`` server
+    serves it (``last_hidden_only``): this machine's own measures of the draft served right and
+    served wrong."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -101,17 +118,29 @@ def _reference_accepts(root: Path, arms: dict[str, Any]) -> dict[str, float]:
 
     config = load_recipe("tiny", [f"root={root}", *FAST_TINY])
     tokenizer = AutoTokenizer.from_pretrained(config.target.model_path)
-    target = AutoModelForCausalLM.from_pretrained(config.target.model_path, dtype=torch.float32).eval()
-    prompts = [list(p.input_ids) for p in load_gate_prompts(config.gate.prompt_sets, tokenizer,
-                                                            per_set=config.gate.prompts_per_set)]  # fmt: skip
+    target = AutoModelForCausalLM.from_pretrained(
+        config.target.model_path, dtype=torch.float32
+    ).eval()
+    prompts = [
+        list(p.input_ids)
+        for p in load_gate_prompts(
+            config.gate.prompt_sets, tokenizer, per_set=config.gate.prompts_per_set
+        )
+    ]
     accepts = {}
     for aux in ("eagle3", "last_hidden_only"):
-        decoder = SpeculativeDecoder(target, tokenizer, Path(arms["candidate"]["draft"]),
-                                     config.speculative.num_steps, aux)  # fmt: skip
-        result = evaluate_acceptance(decoder, prompts, max_new_tokens=config.gate.max_new_tokens,
-                                     eos_ids=[tokenizer.eos_token_id])  # fmt: skip
+        decoder = SpeculativeDecoder(
+            target, tokenizer, Path(arms["candidate"]["draft"]), config.speculative.num_steps, aux
+        )
+        result = evaluate_acceptance(
+            decoder,
+            prompts,
+            max_new_tokens=config.gate.max_new_tokens,
+            eos_ids=[tokenizer.eos_token_id],
+        )
         accepts[aux] = result["accept_length"]
-    assert accepts["eagle3"] > accepts["last_hidden_only"], accepts  # the draft learned from the aux layers
+    # the draft learned from the aux layers
+    assert accepts["eagle3"] > accepts["last_hidden_only"], accepts
     return accepts
 
 

@@ -200,8 +200,9 @@ def test_losing_the_temporary_prefect_server_ends_the_night_in_one_line(story: N
         server.kill()  # as an out-of-memory kill does
 
     rows = _regen_rows(story.root)
-    log = _stop_when(story, lambda _: _regen_rows(story.root) >= rows + 3, kill_the_api_server,
-                     expect=1)
+    log = _stop_when(
+        story, lambda _: _regen_rows(story.root) >= rows + 3, kill_the_api_server, expect=1
+    )
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "temporary API server" in errors[0] and "SIGKILL" in errors[0]
 

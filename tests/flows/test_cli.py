@@ -1,5 +1,6 @@
-"""The ``eagle3`` command's contract: one exit-code table (0 ok, 1 negative verdict, 2 bad usage/config/input), one
-``error: <message>`` line on stderr and no traceback for expected failures, results on stdout whole enough to grep.
+"""The ``eagle3`` command's contract: one exit-code table (0 ok, 1 negative verdict, 2 bad
+usage/config/input), one ``error: <message>`` line on stderr and no traceback for expected failures,
+results on stdout whole enough to grep.
 
 Fast on purpose: every command here fails before any stage runs, or only reads the dataset catalog.
 """
@@ -29,7 +30,8 @@ def _invoke(*args: str) -> Result:
 
 
 def _assert_one_error_line(result: Result, code: int = EXIT_USAGE) -> str:
-    """The failure exits with ``code`` and says so in exactly one ``error:`` line on stderr, without a traceback."""
+    """The failure exits with ``code`` and says so in exactly one ``error:`` line on stderr, without
+    a traceback."""
     assert result.exit_code == code, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -53,7 +55,9 @@ def test_the_exit_code_table_maps_input_errors_to_2_and_leaves_bugs_alone():
 
 
 @pytest.mark.parametrize(("module", "name", "code"), EXPECTED_ERRORS)
-def test_every_entry_of_the_exit_code_table_names_an_exception_class(module: str, name: str, code: int):
+def test_every_entry_of_the_exit_code_table_names_an_exception_class(
+    module: str, name: str, code: int
+):
     kind = getattr(importlib.import_module(module), name)
     assert issubclass(kind, Exception) and code in (EXIT_FAILED, EXIT_USAGE)
 
@@ -65,18 +69,29 @@ def test_an_unknown_key_in_set_exits_2_with_one_error_line():
 
 
 def test_the_console_script_exits_with_the_apps_code_and_output():
-    """``flows.cli.main`` (the installed ``eagle3``) wraps the app for its exit; the table and the streams hold."""
+    """``flows.cli.main`` (the installed ``eagle3``) wraps the app for its exit; the table and the
+    streams hold."""
     command = [sys.executable, "-m", "flows.cli", "config", "show", "--recipe", "tiny"]
     shown = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[2])
-    refused = subprocess.run([*command, "--set", "trainer.lr=1"], capture_output=True, text=True,
-                             cwd=Path(__file__).parents[2])  # fmt: skip
+    refused = subprocess.run(
+        [*command, "--set", "trainer.lr=1"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
     assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["name"], shown.stderr
-    assert refused.returncode == EXIT_USAGE and refused.stdout == "" and refused.stderr.startswith("error: ")
+    assert (
+        refused.returncode == EXIT_USAGE
+        and refused.stdout == ""
+        and refused.stderr.startswith("error: ")
+    )
 
 
 def test_an_override_without_equals_and_a_missing_config_file_exit_2():
     assert "a.b=value" in _assert_one_error_line(_invoke("config", "show", "--set", "train.lr"))
-    assert "does not exist" in _assert_one_error_line(_invoke("config", "show", "--config", "/nonexistent.yaml"))
+    assert "does not exist" in _assert_one_error_line(
+        _invoke("config", "show", "--config", "/nonexistent.yaml")
+    )
 
 
 def test_config_show_resolves_a_recipe_and_its_yaml_file_to_the_same_config(tmp_path: Path):
@@ -93,21 +108,33 @@ def test_config_show_resolves_a_recipe_and_its_yaml_file_to_the_same_config(tmp_
 def test_config_show_prints_the_sglang_capture_memory_plan_per_gpu():
     shown = _invoke("config", "show", "--recipe", "kimi_k2_5")
     assert shown.exit_code == 0, shown.output
-    derived = yaml.safe_load("\n".join(line.removeprefix("# ") for line in shown.stdout.split("# derived")[1]
-                                       .splitlines()[1:]))  # fmt: skip
+    derived = yaml.safe_load(
+        "\n".join(
+            line.removeprefix("# ") for line in shown.stdout.split("# derived")[1].splitlines()[1:]
+        )
+    )
     assert derived["capture_memory_per_gpu"] == {
-        "ranks": 8, "weights_per_gpu": "74.38 GB", "capture_buffers_per_gpu": "1.28 GB", "per_gpu": "75.65 GB",
-        "weights_from": "target.checkpoint_bytes"}  # fmt: skip
+        "ranks": 8,
+        "weights_per_gpu": "74.38 GB",
+        "capture_buffers_per_gpu": "1.28 GB",
+        "per_gpu": "75.65 GB",
+        "weights_from": "target.checkpoint_bytes",
+    }
 
 
 def test_retry_shards_and_regen_status_on_a_missing_run_exit_2_in_one_line():
-    for args in (["retry-shards", "--run", "/nonexistent"], ["regen", "status", "--run", "/nonexistent"]):
+    for args in (
+        ["retry-shards", "--run", "/nonexistent"],
+        ["regen", "status", "--run", "/nonexistent"],
+    ):
         result = _invoke(*args)
         assert "/nonexistent" in _assert_one_error_line(result)
         assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
-def test_vocab_export_and_train_agree_that_missing_input_is_exit_2(root_override: str, tmp_path: Path):
+def test_vocab_export_and_train_agree_that_missing_input_is_exit_2(
+    root_override: str, tmp_path: Path
+):
     missing = str(tmp_path / "missing")
     _assert_one_error_line(_invoke("vocab", "--features", missing, "--set", root_override))
     export = ["export", "--draft-dir", missing, "--out", str(tmp_path / "out"), "--vocab", missing]
@@ -125,7 +152,10 @@ def test_data_errors_and_units_failed_on_damaged_input_exit_2_and_other_failed_u
     assert exit_code_for(DiscoveryError("empty file")) == EXIT_USAGE
     assert exit_code_for(UnitsFailed("train", "/run", [0], "eagle3 train")) == EXIT_FAILED
     damaged = {"0": UnitFailure(message="x.parquet: sha256 differs", damaged=True)}
-    assert exit_code_for(UnitsDamaged("capture", "/run", [0, 1], "eagle3 capture", causes=damaged)) == EXIT_USAGE
+    assert (
+        exit_code_for(UnitsDamaged("capture", "/run", [0, 1], "eagle3 capture", causes=damaged))
+        == EXIT_USAGE
+    )
     assert exit_code_for(ShardFailed(0, "no server healthy for 300s")) == EXIT_FAILED
 
 
@@ -149,10 +179,16 @@ def test_serve_on_a_taken_port_is_bad_usage_exit_2_in_one_line_before_loading_an
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = _invoke("serve", "--synthetic-tokens", "4", "--host", "127.0.0.1", "--port", str(port))
+        result = _invoke(
+            "serve", "--synthetic-tokens", "4", "--host", "127.0.0.1", "--port", str(port)
+        )
     assert result.exit_code == EXIT_USAGE and "Traceback" not in result.output
     (line,) = result.output.strip().splitlines()
-    assert line.startswith("error: ") and f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
+    assert (
+        line.startswith("error: ")
+        and f"cannot listen on 127.0.0.1:{port}" in line
+        and "--port" in line
+    )
 
 
 def test_a_click_usage_error_is_also_exit_2():
@@ -164,8 +200,12 @@ def test_datasets_list_prints_every_full_name_on_stdout_one_row_per_line():
     assert result.exit_code == 0 and result.stderr == "", result.output
     rows = {line.split("\t")[0]: line for line in result.stdout.splitlines()[1:]}
     assert set(rows) == {e.name for e in entries()}
-    sharegpt = [line for line in result.stdout.splitlines() if "sharegpt" in line]  # `| grep sharegpt`
-    assert "anon8231489123/ShareGPT_Vicuna_unfiltered" in rows["sharegpt"] and rows["sharegpt"] in sharegpt
+    # `| grep sharegpt`
+    sharegpt = [line for line in result.stdout.splitlines() if "sharegpt" in line]
+    assert (
+        "anon8231489123/ShareGPT_Vicuna_unfiltered" in rows["sharegpt"]
+        and rows["sharegpt"] in sharegpt
+    )
     assert "…" not in result.stdout
 
 
@@ -175,7 +215,9 @@ def test_datasets_list_json_is_parseable_with_typed_values():
     listed = {row["name"]: row for row in json.loads(result.stdout)}
     assert set(listed) == {e.name for e in entries()}
     assert listed["sharegpt"]["hub_id"] == "anon8231489123/ShareGPT_Vicuna_unfiltered"
-    assert isinstance(listed["sharegpt"]["rows"], int) and isinstance(listed["sharegpt"]["domains"], list)
+    assert isinstance(listed["sharegpt"]["rows"], int) and isinstance(
+        listed["sharegpt"]["domains"], list
+    )
 
 
 def test_watch_progress_polls_until_the_block_exits_and_once_more_after():
@@ -206,16 +248,22 @@ def test_a_configured_prefect_api_is_reused_and_nothing_is_started(monkeypatch: 
 
     from flows.commands.common import prefect_api
 
-    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started a server next to a configured one"))
+    monkeypatch.setattr(
+        subprocess,
+        "Popen",
+        lambda *a, **k: pytest.fail("started a server next to a configured one"),
+    )
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}), prefect_api():
         assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
 
 
 @pytest.mark.parametrize(("configured", "expected"), [(None, None), (60, 60)])
-def test_flow_runs_on_a_temporary_server_send_no_heartbeats_unless_configured(monkeypatch: pytest.MonkeyPatch,
-                                                                               configured, expected):  # fmt: skip
-    """Nothing watches a temporary server's heartbeats, and each flow run's end waits for Prefect's heartbeat
-    thread; a configured frequency is kept, and so is Prefect's default on a reused server."""
+def test_flow_runs_on_a_temporary_server_send_no_heartbeats_unless_configured(
+    monkeypatch: pytest.MonkeyPatch, configured, expected
+):
+    """Nothing watches a temporary server's heartbeats, and each flow run's end waits for Prefect's
+    heartbeat thread; a configured frequency is kept, and so is Prefect's default on a reused
+    server."""
     from contextlib import contextmanager, nullcontext
 
     from prefect.settings import (
@@ -232,13 +280,19 @@ def test_flow_runs_on_a_temporary_server_send_no_heartbeats_unless_configured(mo
         yield "http://127.0.0.1:9/api"
 
     monkeypatch.setattr(common, "_temporary_server", started)
-    asked = temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: configured}) if configured else nullcontext()
+    asked = (
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: configured})
+        if configured
+        else nullcontext()
+    )
     with asked, temporary_settings({PREFECT_API_URL: None}), common.prefect_api():
         assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
         assert get_current_settings().flows.heartbeat_frequency == expected
     prefect_default = get_current_settings().flows.heartbeat_frequency
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}), common.prefect_api():
-        assert get_current_settings().flows.heartbeat_frequency == prefect_default, "a reused server keeps it"
+        assert get_current_settings().flows.heartbeat_frequency == prefect_default, (
+            "a reused server keeps it"
+        )
 
 
 _HOLD_A_TEMPORARY_API = """
@@ -262,10 +316,14 @@ def test_the_temporary_prefect_server_answers_and_dies_with_a_kill_9_of_its_comm
     import psutil
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= {"PREFECT_HOME": str(tmp_path), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
-    command = subprocess.Popen([sys.executable, "-c", _HOLD_A_TEMPORARY_API], env=env, stdout=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    env |= {
+        "PREFECT_HOME": str(tmp_path),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    command = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_TEMPORARY_API], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         api_url = command.stdout.readline().strip()  # printed once the server answered
         assert httpx.get(f"{api_url}/health", timeout=10).status_code == 200
@@ -275,7 +333,9 @@ def test_the_temporary_prefect_server_answers_and_dies_with_a_kill_9_of_its_comm
         command.wait()
     deadline = time.monotonic() + 30
     while server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, f"Prefect's temporary server {server.pid} outlived its command"
+        assert time.monotonic() < deadline, (
+            f"Prefect's temporary server {server.pid} outlived its command"
+        )
         time.sleep(0.2)
 
 
@@ -302,10 +362,15 @@ def test_prefect_log_lines_go_through_the_bars_console_while_it_draws():
 
 @pytest.mark.parametrize(
     "command",
-    [["run", "--recipe", "tiny"], ["gate", "--recipe", "tiny", "--draft", "d"],
-     ["launch-sglang", "--arm", "baseline", "--run", "--recipe", "tiny"]],
-)  # fmt: skip
-def test_sglang_on_a_cpu_without_its_runtime_exits_2_in_one_line_before_any_work(command, tmp_path, monkeypatch):
+    [
+        ["run", "--recipe", "tiny"],
+        ["gate", "--recipe", "tiny", "--draft", "d"],
+        ["launch-sglang", "--arm", "baseline", "--run", "--recipe", "tiny"],
+    ],
+)
+def test_sglang_on_a_cpu_without_its_runtime_exits_2_in_one_line_before_any_work(
+    command, tmp_path, monkeypatch
+):
     monkeypatch.setenv("EAGLE3_SGLANG_PYTHON", str(tmp_path / "no-runtime" / "bin" / "python"))
     result = _invoke(*command, "--set", f"root={tmp_path / 'run'}", "--set", "server.engine=sglang")
     line = _assert_one_error_line(result)
@@ -330,10 +395,14 @@ MODES = {
     "auto-features": (["train.features=auto"], ["ray"], "ray"),
     "ray-task-runner": (["orchestration.task_runner=ray"], ["prefect_ray"], "ray"),
     "sglang-servers-on-gpus": (
-        ["server.engine=sglang", "server.device=cuda"], ["sglang"], "sglang"
+        ["server.engine=sglang", "server.device=cuda"],
+        ["sglang"],
+        "sglang",
     ),
     "sglang-capture-on-gpus": (
-        ["capture.backend=sglang", "capture.device=cuda"], ["sglang"], "sglang"
+        ["capture.backend=sglang", "capture.device=cuda"],
+        ["sglang"],
+        "sglang",
     ),
     "target-spread-over-gpus": (["capture.device=auto"], ["accelerate"], "multigpu"),
     "int4-target": (["target.model_path={int4}"], ["compressed_tensors"], "quantized"),

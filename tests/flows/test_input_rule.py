@@ -1,5 +1,6 @@
-"""The one input rule: without explicit paths, `eagle3 train` and `eagle3 vocab` read the features stage that their
-config names (never the newest one), and with no match the error lists what exists and how to point at it."""
+"""The one input rule: without explicit paths, `eagle3 train` and `eagle3 vocab` read the features
+stage that their config names (never the newest one), and with no match the error lists what exists
+and how to point at it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _capture(config, regen: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def two_features(tiny_config, write_regen_stage, tmp_path_factory):
-    """One run root, one regen stage, two features stages from two configs; the *other* config's is newer."""
+    """One run root, one regen stage, two features stages from two configs; the *other* config's is
+    newer."""
     root = tmp_path_factory.mktemp("input-rule")
     ours = with_overrides(tiny_config, [f"root={root}", *OVERRIDES])
     theirs = with_overrides(ours, ["capture.max_seq_len=200"])
@@ -53,8 +55,12 @@ def test_train_and_vocab_read_the_features_stage_their_config_names(two_features
     assert Manifest.read(vocab.parent).config["features"] == str(mine)
 
     calls = []
-    monkeypatch.setattr("flows.train.train_flow", lambda config, features, vocab: calls.append(
-        (str(features.features_dir), vocab)) or SimpleNamespace(export="x"))
+    monkeypatch.setattr(
+        "flows.train.train_flow",
+        lambda config, features, vocab: (
+            calls.append((str(features.features_dir), vocab)) or SimpleNamespace(export="x")
+        ),
+    )
     result = _cli("train", *sets)
     assert result.exit_code == 0, result.output
     assert calls == [(str(mine), str(vocab))]
@@ -64,7 +70,9 @@ def test_without_a_matching_stage_the_error_lists_what_exists(two_features):
     root, mine, other = two_features
     result = _cli("vocab", "--set", f"root={root}", "--set", "capture.max_seq_len=300")
     assert result.exit_code == 2
-    assert str(mine) in result.output and str(other) in result.output and "--features" in result.output
+    assert (
+        str(mine) in result.output and str(other) in result.output and "--features" in result.output
+    )
 
 
 def test_an_explicit_path_wins_and_must_be_finished(two_features, tiny_config, tmp_path):

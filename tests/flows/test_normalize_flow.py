@@ -18,12 +18,15 @@ def _config(root: Path) -> dict:
     corpus = [m["content"] for conv in generate_conversations(100, seed=1) for m in conv]
     build_tokenizer(corpus, vocab_size=1024).save_pretrained(root / "model")
     sources = [
-        SourceConfig(adapter=name, path=str(root / "data" / FILE_NAMES[name])) for name in ("ultrachat", "magpie")
+        SourceConfig(adapter=name, path=str(root / "data" / FILE_NAMES[name]))
+        for name in ("ultrachat", "magpie")
     ]
     config = PipelineConfig(
         name="normalize-flow",
         root=str(root / "run"),
-        target=TargetConfig(model_path=str(root / "model"), num_layers=8, hidden_size=64, vocab_size=1024),
+        target=TargetConfig(
+            model_path=str(root / "model"), num_layers=8, hidden_size=64, vocab_size=1024
+        ),
         sources=sources,
     )
     return config

@@ -1,4 +1,5 @@
-"""Task runners from config: threads by default, Ray for shard scale-out (a real local Ray cluster, slow)."""
+"""Task runners from config: threads by default, Ray for shard scale-out (a real local Ray cluster,
+slow)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_capture_shards_ask_ray_for_one_gpu_on_cuda_and_for_every_gpu_they_sprea
     ray_gpu = load_recipe("kimi_k2_5", [*hf, "capture.device=cuda"])
     ray_cpu = load_recipe("kimi_k2_5", [*hf, "capture.device=cpu"])
     ray_spread = load_recipe("kimi_k2_5", [*hf, "capture.device=auto"])  # capture.gpus=8
-    ray_sglang = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])  # sglang on cuda, a rank per GPU
+    # sglang on cuda, a rank per GPU
+    ray_sglang = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])
     threads = load_recipe("kimi_k2_5", ["capture.backend=hf", "capture.device=cuda"])
     assert shard_resources(ray_sglang, "capture") == {"num_gpus": 8}
     assert shard_resources(ray_gpu, "capture") == {"num_gpus": 1}
@@ -60,23 +62,31 @@ def test_shard_runner_runs_shard_tasks_on_threads_in_this_process_by_default(pre
     config = load_recipe("tiny", ["orchestration.max_workers=2"])
     results = _shards(config, [0, 1, 2])
     assert sorted(shard for shard, _ in results) == [0, 1, 2]
-    assert all(pid == os.getpid() for _, pid in results), "the thread runner runs shard tasks in this process"
+    assert all(pid == os.getpid() for _, pid in results), (
+        "the thread runner runs shard tasks in this process"
+    )
 
 
 @pytest.mark.slow
 def test_ray_runner_runs_shard_tasks_in_ray_worker_processes(prefect_harness):
     pytest.importorskip("prefect_ray", reason="needs the [ray] extra")
-    config = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray", "orchestration.max_workers=2"])
+    config = load_recipe(
+        "kimi_k2_5", ["orchestration.task_runner=ray", "orchestration.max_workers=2"]
+    )
     results = _shards(config, [0, 1, 2])
     assert sorted(shard for shard, _ in results) == [0, 1, 2]
-    assert all(pid != os.getpid() for _, pid in results), "shard tasks ran in the flow process, not on Ray"
+    assert all(pid != os.getpid() for _, pid in results), (
+        "shard tasks ran in the flow process, not on Ray"
+    )
 
 
 @task
 def _placement() -> tuple[float, str | None]:
     import ray
 
-    return ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0), os.environ.get("CUDA_VISIBLE_DEVICES")
+    return ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0), os.environ.get(
+        "CUDA_VISIBLE_DEVICES"
+    )
 
 
 @flow
@@ -87,14 +97,17 @@ def _placed(config: PipelineConfig, stage: str) -> tuple[float, str | None]:
 
 @pytest.mark.slow
 def test_on_ray_a_spread_capture_task_holds_every_gpu_of_its_node(prefect_harness):
-    """A local Ray node that declares 8 GPUs (Ray assigns declared GPUs as it does real ones): the Kimi recipe's
-    capture task holds all 8 and sees them; a regen task holds none, and Ray does not hide the GPUs from it, which
-    is why a spread capture that asked for none would share them with every other task."""
+    """A local Ray node that declares 8 GPUs (Ray assigns declared GPUs as it does real ones): the
+    Kimi recipe's capture task holds all 8 and sees them; a regen task holds none, and Ray does not
+    hide the GPUs from it, which is why a spread capture that asked for none would share them with
+    every other task."""
     ray = pytest.importorskip("ray", reason="needs the [ray] extra")
     config = load_recipe("kimi_k2_5", ["orchestration.task_runner=ray"])
     sigterm = signal.getsignal(signal.SIGTERM)
-    ray.init(num_cpus=2, num_gpus=8, include_dashboard=False)  # the runner uses a Ray that is already up
-    signal.signal(signal.SIGTERM, sigterm)  # ray.init on the main thread makes SIGTERM exit(15), for later tests too
+    # the runner uses a Ray that is already up
+    ray.init(num_cpus=2, num_gpus=8, include_dashboard=False)
+    # ray.init on the main thread makes SIGTERM exit(15), for later tests too
+    signal.signal(signal.SIGTERM, sigterm)
     try:
         capture, regen = _placed(config, "capture"), _placed(config, "regen")
     finally:

@@ -1,4 +1,5 @@
-"""The tiny world's real regen and capture stages on a local Ray cluster write the thread runner's shards."""
+"""The tiny world's real regen and capture stages on a local Ray cluster write the thread runner's
+shards."""
 
 from __future__ import annotations
 
@@ -39,13 +40,23 @@ def test_regen_and_capture_on_local_ray_write_the_same_shards_as_threads(
 
     small = ["mix.total=24", "normalize.shard_size=8", "regen.max_new_tokens=4"]  # 3 prompt shards
     with reference_server(None, extra_args=["--synthetic-tokens", "4"]) as server:
-        base = with_overrides(tiny_config, [*small, f"regen.servers=[{server.url}]", f"root={tmp_path / 'threads'}"])
+        base = with_overrides(
+            tiny_config, [*small, f"regen.servers=[{server.url}]", f"root={tmp_path / 'threads'}"]
+        )
         prompts = normalize_flow(base, discover_flow(base))
         threads = _regen_then_capture(base, prompts)
-        ray_config = with_overrides(base, [f"root={tmp_path / 'ray'}", "orchestration.task_runner=ray",
-                                           "orchestration.max_workers=2"])  # fmt: skip
+        ray_config = with_overrides(
+            base,
+            [
+                f"root={tmp_path / 'ray'}",
+                "orchestration.task_runner=ray",
+                "orchestration.max_workers=2",
+            ],
+        )
         on_ray = _regen_then_capture(ray_config, prompts)
     for thread_dir, ray_dir in zip(threads, on_ray, strict=True):
         assert thread_dir.name == ray_dir.name, "same inputs, same fingerprint"
         expected = _rows(thread_dir)
-        assert expected and _rows(ray_dir) == expected, f"{ray_dir.parent.name} shards differ on Ray"
+        assert expected and _rows(ray_dir) == expected, (
+            f"{ray_dir.parent.name} shards differ on Ray"
+        )

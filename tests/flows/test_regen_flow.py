@@ -1,4 +1,5 @@
-"""The regen flow: one task per shard, shard_ids reruns only those, progress reaches 100, shard table published."""
+"""The regen flow: one task per shard, shard_ids reruns only those, progress reaches 100, shard
+table published."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def model_dir(request, tmp_path_factory) -> Path:
         from eagle3.worlds.tiny_target import build_model, build_tokenizer
 
         out = tmp_path_factory.mktemp("tiny-target")
-        tokenizer = build_tokenizer([f"question {i} about topic {i % 5}" for i in range(300)], vocab_size=400)
+        tokenizer = build_tokenizer(
+            [f"question {i} about topic {i % 5}" for i in range(300)], vocab_size=400
+        )
         build_model(tokenizer, num_layers=4, max_position_embeddings=256).save_pretrained(out)
         tokenizer.save_pretrained(out)
         return out
@@ -30,9 +33,19 @@ def model_dir(request, tmp_path_factory) -> Path:
 
 
 def _questions(shards: int = 2, rows: int = 6) -> list[list[dict]]:
-    """``rows`` one-turn prompts rows in each of ``shards`` shards (``write_prompts_stage`` writes them)."""
-    return [[{"sample_id": f"{s}-{i}", "source": "t", "messages": [{"role": "user", "content": f"question {s} {i}"}]}
-             for i in range(rows)] for s in range(shards)]  # fmt: skip
+    """``rows`` one-turn prompts rows in each of ``shards`` shards (``write_prompts_stage`` writes
+    them)."""
+    return [
+        [
+            {
+                "sample_id": f"{s}-{i}",
+                "source": "t",
+                "messages": [{"role": "user", "content": f"question {s} {i}"}],
+            }
+            for i in range(rows)
+        ]
+        for s in range(shards)
+    ]
 
 
 def _artifacts(flow_run_id) -> list:
@@ -43,16 +56,21 @@ def _artifacts(flow_run_id) -> list:
 
 
 @pytest.mark.slow
-def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(prefect_harness, tmp_path, model_dir,
-                                                                          write_prompts_stage):  # fmt: skip
+def test_regen_flow_runs_only_requested_shards_then_completes_with_progress(
+    prefect_harness, tmp_path, model_dir, write_prompts_stage
+):
     from flows.regen import regen_flow
 
     prompts = write_prompts_stage(tmp_path, _questions())
-    with reference_server(None, extra_args=["--synthetic-tokens", "3", "--synthetic-delay", "0.01"]) as server:
+    with reference_server(
+        None, extra_args=["--synthetic-tokens", "3", "--synthetic-delay", "0.01"]
+    ) as server:
         config = PipelineConfig(
             name="flow-test",
             root=str(tmp_path),
-            target=TargetConfig(model_path=str(model_dir), num_layers=8, hidden_size=128, vocab_size=2048),
+            target=TargetConfig(
+                model_path=str(model_dir), num_layers=8, hidden_size=128, vocab_size=2048
+            ),
             regen=RegenConfig(servers=[server.url], concurrency_per_server=4, max_new_tokens=3),
         )
         first = regen_flow(config, shard_ids=[1], prompts_dir=str(prompts))

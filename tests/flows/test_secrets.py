@@ -1,5 +1,5 @@
-"""Secrets: read from the environment or a Prefect Secret block, and never written anywhere a run leaves records
-(run root, Prefect home and database, persisted results, captured output)."""
+"""Secrets: read from the environment or a Prefect Secret block, and never written anywhere a run
+leaves records (run root, Prefect home and database, persisted results, captured output)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,25 @@ KEY_SECRET = "sk-regen-LeakCanary9876543210"
 
 def _prompts(root: Path, rows: int = 6) -> Path:
     out = root / "prompts" / fingerprint("secret-prompts", rows)
-    data = [{"sample_id": f"s-{i}", "source": "t", "source_row": str(i), "n_user_turns": 1, "meta": "{}",
-             "messages": [{"role": "user", "content": f"question {i}"}], "input_ids": None, "loss_mask": None}
-            for i in range(rows)]  # fmt: skip
+    data = [
+        {
+            "sample_id": f"s-{i}",
+            "source": "t",
+            "source_row": str(i),
+            "n_user_turns": 1,
+            "meta": "{}",
+            "messages": [{"role": "user", "content": f"question {i}"}],
+            "input_ids": None,
+            "loss_mask": None,
+        }
+        for i in range(rows)
+    ]
     with ShardWriter(out, PROMPT_SCHEMA, start_index=0) as writer:
         writer.write_rows(data)
     [info] = writer.close()
-    Manifest(stage="prompts", fingerprint=out.name, files=[FileEntry.of(info.path, rows=rows, base=out)]).write(out)
+    Manifest(
+        stage="prompts", fingerprint=out.name, files=[FileEntry.of(info.path, rows=rows, base=out)]
+    ).write(out)
     return out
 
 
@@ -60,21 +72,36 @@ def test_regen_run_with_tokens_set_leaves_them_nowhere(
     root = tmp_path / "root"
     prompts = _prompts(root)
     with reference_server(None, extra_args=["--synthetic-tokens", "3"]) as server:
-        overrides = [f"root={root}", f"regen.servers=[{server.url}]", "regen.api_key_env=EAGLE3_REGEN_KEY",
-                     "regen.max_new_tokens=3"]  # fmt: skip
-        state = regen_flow(ConfigRef(recipe="tiny", overrides=overrides), prompts_dir=str(prompts), return_state=True)
+        overrides = [
+            f"root={root}",
+            f"regen.servers=[{server.url}]",
+            "regen.api_key_env=EAGLE3_REGEN_KEY",
+            "regen.max_new_tokens=3",
+        ]
+        state = regen_flow(
+            ConfigRef(recipe="tiny", overrides=overrides),
+            prompts_dir=str(prompts),
+            return_state=True,
+        )
     assert state.is_completed(), state.message
     assert state.result().summary["ok"] + state.result().summary["truncated"] == 6
     settings = get_current_settings()
     database = Path(settings.server.database.connection_url.get_secret_value().split("///", 1)[1])
     places = [root, database.parent, Path(settings.home), Path(settings.results.local_storage_path)]
     needles = [HF_SECRET.encode(), KEY_SECRET.encode()]
-    leaks = [leak for place in places if place.exists() for leak in _files_containing(place, needles)]
+    leaks = [
+        leak for place in places if place.exists() for leak in _files_containing(place, needles)
+    ]
     assert not leaks, leaks
     out, err = capfd.readouterr()
-    output = out + err + caplog.text  # the run's logs, wherever the session's Prefect handlers send them
-    assert not [s for s in (HF_SECRET, KEY_SECRET) if s in output], "a secret reached stdout/stderr or the logs"
-    assert "EAGLE3_REGEN_KEY from environment" in output, "the run should say where its secrets came from"
+    # the run's logs, wherever the session's Prefect handlers send them
+    output = out + err + caplog.text
+    assert not [s for s in (HF_SECRET, KEY_SECRET) if s in output], (
+        "a secret reached stdout/stderr or the logs"
+    )
+    assert "EAGLE3_REGEN_KEY from environment" in output, (
+        "the run should say where its secrets came from"
+    )
 
 
 def test_secret_missing_from_the_environment_comes_from_its_prefect_secret_block(
@@ -97,5 +124,6 @@ def test_secret_missing_from_the_environment_comes_from_its_prefect_secret_block
         return os.environ.get("EAGLE3_BLOCK_KEY")
 
     assert resolve_and_read() == "from-the-block"
-    monkeypatch.setenv("EAGLE3_BLOCK_KEY", "from-the-environment")  # the environment wins over the block
+    # the environment wins over the block
+    monkeypatch.setenv("EAGLE3_BLOCK_KEY", "from-the-environment")
     assert resolve_and_read() == "from-the-environment"

@@ -1,5 +1,5 @@
-"""The library's log lines in a stage run: printed once on the console, and sent once to the Prefect UI, in the
-logs of the unit task that logged them, while other units run at the same time."""
+"""The library's log lines in a stage run: printed once on the console, and sent once to the Prefect
+UI, in the logs of the unit task that logged them, while other units run at the same time."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ library_logger = logging.getLogger("eagle3.toy_logs")  # a library logger: under
 
 
 class Talkative(Stage[Plan]):
-    """Three units that all run before any of them logs its line (a barrier), so their logging overlaps."""
+    """Three units that all run before any of them logs its line (a barrier), so their logging
+    overlaps."""
 
     name = "talkative"
     retries = 0
@@ -32,14 +33,26 @@ class Talkative(Stage[Plan]):
     def plan(self, config: PipelineConfig, **inputs: Any) -> Plan:
         return Plan(stage=self.name, fingerprint="fp", out_dir=Path(config.root), units=UNITS)
 
-    def run_unit(self, config: PipelineConfig, plan: Plan, unit: Unit, *, env: Any = None,
-                 on_progress: Any = None) -> UnitReport:  # fmt: skip
+    def run_unit(
+        self,
+        config: PipelineConfig,
+        plan: Plan,
+        unit: Unit,
+        *,
+        env: Any = None,
+        on_progress: Any = None,
+    ) -> UnitReport:
         self.together.wait()
         library_logger.info("unit %s says hello", unit)
         return UnitReport(unit=unit, rows=1)
 
-    def finalize(self, config: PipelineConfig, plan: Plan, reports: Sequence[UnitReport],
-                 failed: Sequence[Unit]) -> StageResult:  # fmt: skip
+    def finalize(
+        self,
+        config: PipelineConfig,
+        plan: Plan,
+        reports: Sequence[UnitReport],
+        failed: Sequence[Unit],
+    ) -> StageResult:
         return StageResult(stage=self.name, fingerprint="fp", out_dir=plan.out_dir, done=True)
 
 
@@ -63,7 +76,8 @@ def test_a_library_line_is_printed_once_and_reaches_its_own_unit_runs_logs_once(
     for unit in UNITS:
         line = f"unit {unit} says hello"
         printed = [r for r in caplog.records if line in r.getMessage()]
-        assert len(printed) == 1, [f"{r.name}: {r.getMessage()}" for r in printed]  # the console prints it once
+        # the console prints it once
+        assert len(printed) == 1, [f"{r.name}: {r.getMessage()}" for r in printed]
         sent = [log for log in logs if line in log.message]
         assert [log.message for log in sent] == [f"eagle3.toy_logs: {line}"]  # the UI has it once
         (reported,) = [log for log in logs if log.message.startswith(f"talkative unit {unit}: ")]

@@ -16,7 +16,9 @@ from test_train_tasks import TRAIN_OVERRIDES, train_stage_inputs
 
 
 @pytest.mark.slow
-def test_train_flow_trains_and_exports_a_valid_draft(tiny_config, write_regen_stage, tmp_path, prefect_harness):
+def test_train_flow_trains_and_exports_a_valid_draft(
+    tiny_config, write_regen_stage, tmp_path, prefect_harness
+):
     from flows.train import train_flow
 
     config = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", *TRAIN_OVERRIDES])
@@ -45,10 +47,13 @@ def test_train_on_a_damaged_feature_shard_exits_2_once_naming_it_and_its_fix_las
     config = with_overrides(tiny_config, [root, *TRAIN_OVERRIDES])
     features, vocab = train_stage_inputs(config, write_regen_stage)
     shard = Path(features) / "shard-00000.parquet"
-    column = pq.ParquetFile(shard).metadata.row_group(0).column(FEATURE_SCHEMA.names.index("aux_hidden"))
+    column = (
+        pq.ParquetFile(shard).metadata.row_group(0).column(FEATURE_SCHEMA.names.index("aux_hidden"))
+    )
     data = bytearray(shard.read_bytes())
     start = column.dictionary_page_offset or column.data_page_offset
-    at = start + column.total_compressed_size // 2  # inside the hidden states' pages; the footer stays intact
+    # inside the hidden states' pages; the footer stays intact
+    at = start + column.total_compressed_size // 2
     data[at : at + 64] = bytes(64)
     shard.write_bytes(bytes(data))
     caplog.set_level(logging.INFO, logger="eagle3")
@@ -57,10 +62,21 @@ def test_train_on_a_damaged_feature_shard_exits_2_once_naming_it_and_its_fix_las
     assert result.exit_code == EXIT_USAGE, result.output  # damaged input: a data error
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: train failed") and "Traceback" not in last
-    assert f"{shard} row group 0: does not read back" in last  # the writer's footer hash listed: pages are checked
-    # the fix that works comes first: a plain re-run of train would read the same damaged shard again
-    assert "Re-run only those" not in last and "read damaged input: rebuild it as said below, then re-run" in last
-    assert last.endswith("Fix: delete the damaged file(s), then run `eagle3 capture` to rebuild them")
-    starts = [r for r in caplog.records if r.name == "eagle3.train.stage" and r.getMessage().startswith("starting:")]
+    # the writer's footer hash listed: pages are checked
+    assert f"{shard} row group 0: does not read back" in last
+    # the fix that works comes first: a plain re-run of train would read the same damaged shard
+    # again
+    assert (
+        "Re-run only those" not in last
+        and "read damaged input: rebuild it as said below, then re-run" in last
+    )
+    assert last.endswith(
+        "Fix: delete the damaged file(s), then run `eagle3 capture` to rebuild them"
+    )
+    starts = [
+        r
+        for r in caplog.records
+        if r.name == "eagle3.train.stage" and r.getMessage().startswith("starting:")
+    ]
     assert len(starts) == 1  # a data error is not retried
     assert not list((tmp_path / "root" / "drafts").glob("*/export"))

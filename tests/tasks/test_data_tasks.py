@@ -1,5 +1,6 @@
-"""The discover and normalize stages through the generic stage tasks (``task.fn``): plan, units, finalize, the
-published tables and summary, resume/skip, the failure policy and the per-source unit cache key."""
+"""The discover and normalize stages through the generic stage tasks (``task.fn``): plan, units,
+finalize, the published tables and summary, resume/skip, the failure policy and the per-source unit
+cache key."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 
 @pytest.fixture(scope="module")
 def data_config(tmp_path_factory) -> PipelineConfig:
-    """Two sample sources (ShareGPT JSON, local Q/A JSONL) and a tiny tokenizer, no tiny world needed."""
+    """Two sample sources (ShareGPT JSON, local Q/A JSONL) and a tiny tokenizer, no tiny world
+    needed."""
     from eagle3.worlds.samples import FILE_NAMES, generate_conversations, write_samples
     from eagle3.worlds.tiny_target import build_tokenizer
 
@@ -31,7 +33,9 @@ def data_config(tmp_path_factory) -> PipelineConfig:
     return PipelineConfig(
         name="data-tasks",
         root=str(root / "run"),
-        target=TargetConfig(model_path=str(root / "model"), num_layers=8, hidden_size=64, vocab_size=1024),
+        target=TargetConfig(
+            model_path=str(root / "model"), num_layers=8, hidden_size=64, vocab_size=1024
+        ),
         sources=[
             SourceConfig(adapter="sharegpt", path=str(root / "data" / FILE_NAMES["sharegpt"])),
             SourceConfig(
@@ -50,8 +54,12 @@ def artifacts(monkeypatch) -> dict[str, list]:
     import tasks.stage as mod
 
     calls: dict[str, list] = {"tables": [], "markdown": []}
-    monkeypatch.setattr(mod, "publish_table", lambda key, rows, **kw: calls["tables"].append((key, rows)))
-    monkeypatch.setattr(mod, "publish_markdown", lambda key, md, **kw: calls["markdown"].append((key, md)))
+    monkeypatch.setattr(
+        mod, "publish_table", lambda key, rows, **kw: calls["tables"].append((key, rows))
+    )
+    monkeypatch.setattr(
+        mod, "publish_markdown", lambda key, md, **kw: calls["markdown"].append((key, md))
+    )
     return calls
 
 
@@ -64,25 +72,47 @@ def _run(stage, config, inputs, *, failed=()):
 def test_discover_then_normalize_through_the_generic_tasks(data_config, artifacts):
     with disable_run_logger():
         _plan, _reports, catalog = _run(DiscoverStage(), data_config, {})
-        assert json.loads((catalog.out_dir / "catalog.json").read_text())["datasets"][0]["rows"] == 40
+        assert (
+            json.loads((catalog.out_dir / "catalog.json").read_text())["datasets"][0]["rows"] == 40
+        )
         key, datasets = artifacts["tables"][-1]
-        assert key.startswith("discover-") and [d["name"] for d in datasets] == ["sharegpt", "local_qa"]
-        plan, reports, result = _run(NormalizeStage(), data_config, {"catalog_dir": str(catalog.out_dir)})
-        assert plan.units == ("sharegpt", "local_qa") and plan.planned == {"sharegpt": 40, "local_qa": 40}
-        assert all(r.detail["in"] == 40 == r.rows + sum(r.detail["quarantined"].values()) for r in reports)
+        assert key.startswith("discover-") and [d["name"] for d in datasets] == [
+            "sharegpt",
+            "local_qa",
+        ]
+        plan, reports, result = _run(
+            NormalizeStage(), data_config, {"catalog_dir": str(catalog.out_dir)}
+        )
+        assert plan.units == ("sharegpt", "local_qa") and plan.planned == {
+            "sharegpt": 40,
+            "local_qa": 40,
+        }
+        assert all(
+            r.detail["in"] == 40 == r.rows + sum(r.detail["quarantined"].values()) for r in reports
+        )
         assert not any(r.skipped for r in reports)
-        assert result.done and Manifest.read(result.out_dir) is not None and not (result.out_dir / "spill").exists()
+        assert (
+            result.done
+            and Manifest.read(result.out_dir) is not None
+            and not (result.out_dir / "spill").exists()
+        )
         key, rows = artifacts["tables"][-1]
-        assert key.startswith("normalize-sources-") and {r["source"] for r in rows} == {"sharegpt", "local_qa"}
+        assert key.startswith("normalize-sources-") and {r["source"] for r in rows} == {
+            "sharegpt",
+            "local_qa",
+        }
         key, markdown = artifacts["markdown"][-1]
         assert key.startswith("normalize-summary-") and "prompts" in markdown
         before = (result.out_dir / "manifest.json").read_text()
-        _plan, again, rerun = _run(NormalizeStage(), data_config, {})  # the catalog this config names
+        # the catalog this config names
+        _plan, again, rerun = _run(NormalizeStage(), data_config, {})
     assert rerun.out_dir == result.out_dir and all(r.skipped for r in again)
     assert (result.out_dir / "manifest.json").read_text() == before  # a manifest hit writes nothing
 
 
-def test_a_finished_source_is_skipped_and_a_failed_one_fails_the_stage(data_config, tmp_path, artifacts):
+def test_a_finished_source_is_skipped_and_a_failed_one_fails_the_stage(
+    data_config, tmp_path, artifacts
+):
     config = data_config.model_copy(update={"root": str(tmp_path / "run")})
     stage = NormalizeStage()
     with disable_run_logger():
@@ -92,7 +122,8 @@ def test_a_finished_source_is_skipped_and_a_failed_one_fails_the_stage(data_conf
         plan = plan_task.fn(stage, config, {})
         assert json.loads((plan.out_dir / FAILED_SHARDS_FILE).read_text()) == ["local_qa"]
         assert Manifest.read(plan.out_dir) is None and stage.progress(plan).done == 40
-        assert unit_task.fn(stage, config, plan, "sharegpt").skipped  # its spill is on disk: resumed, not redone
+        # its spill is on disk: resumed, not redone
+        assert unit_task.fn(stage, config, plan, "sharegpt").skipped
         assert stage.progress(plan).total == 80
 
 
@@ -102,7 +133,9 @@ def test_normalize_without_a_finished_catalog_names_discover(data_config, tmp_pa
         NormalizeStage().plan(config)
 
 
-def test_unit_cache_key_exists_only_once_the_sources_rows_are_on_disk(data_config, tmp_path, artifacts):
+def test_unit_cache_key_exists_only_once_the_sources_rows_are_on_disk(
+    data_config, tmp_path, artifacts
+):
     config = data_config.model_copy(update={"root": str(tmp_path / "run")})
     with disable_run_logger():
         _run(DiscoverStage(), config, {})
@@ -116,4 +149,5 @@ def test_unit_cache_key_exists_only_once_the_sources_rows_are_on_disk(data_confi
     done = unit_cache_key(None, params)
     assert done is not None and done.startswith(f"normalize-{plan.fingerprint}-sharegpt-")
     (plan.out_dir / "manifest.json").write_text("{}")
-    assert unit_cache_key(None, params) != done  # the finished stage's manifest now marks the rows on disk
+    # the finished stage's manifest now marks the rows on disk
+    assert unit_cache_key(None, params) != done

@@ -1,5 +1,6 @@
-"""Fixtures shared by the gate and scaling tests: the tiny gate world, a tiny target, bench prompt files, and a
-draft trained with the project's trainer (cached under ``EAGLE3_HOME``, keyed by the target's weights)."""
+"""Fixtures shared by the gate and scaling tests: the tiny gate world, a tiny target, bench prompt
+files, and a draft trained with the project's trainer (cached under ``EAGLE3_HOME``, keyed by the
+target's weights)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _target_dir(request: pytest.FixtureRequest) -> Path:
 
 
 def _bench_sets(out: Path) -> dict[str, str]:
-    """Bench prompt files (``{"id", "prompt"}`` JSONL) of user prompts the draft never trained on."""
+    """Bench prompt files (``{"id", "prompt"}`` JSONL) of user prompts the draft never trained
+    on."""
     from eagle3.worlds.samples import generate_conversations
 
     convs = generate_conversations(3 * BENCH_PER_SET * 3, seed=1234)
@@ -45,7 +47,8 @@ def _bench_sets(out: Path) -> dict[str, str]:
 
 
 def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path) -> Path:
-    """Distil a draft on the target's own greedy answers with the project's trainer, then export it."""
+    """Distil a draft on the target's own greedy answers with the project's trainer, then export
+    it."""
     from eagle3.data.template import render_prompt
     from eagle3.train.distributed import DistInfo
     from eagle3.train.export import export_draft
@@ -61,16 +64,29 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
     from eagle3.worlds.samples import generate_conversations
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    convs = [c for c in generate_conversations(TRAIN_PROMPTS * 2, seed=11) if c[0]["role"] == "user"][:TRAIN_PROMPTS]
+    convs = [
+        c for c in generate_conversations(TRAIN_PROMPTS * 2, seed=11) if c[0]["role"] == "user"
+    ][:TRAIN_PROMPTS]
     prompts = [render_prompt(tokenizer, [c[0]]) for c in convs]
     answers = greedy_answers(
-        target, prompts, max_new_tokens=ANSWER_TOKENS, eos_id=eos, pad_id=tokenizer.pad_token_id, batch_size=1
+        target,
+        prompts,
+        max_new_tokens=ANSWER_TOKENS,
+        eos_id=eos,
+        pad_id=tokenizer.pad_token_id,
+        batch_size=1,
     )
     sequences = answer_sequences(prompts, answers)
     vocab_size = config.target.vocab_size
-    write_draft_vocab(sequences, vocab_size=vocab_size, draft_vocab_size=GATE_DRAFT_VOCAB,
-                      path=root / "vocab.safetensors")
-    batches = batches_from_target(target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
+    write_draft_vocab(
+        sequences,
+        vocab_size=vocab_size,
+        draft_vocab_size=GATE_DRAFT_VOCAB,
+        path=root / "vocab.safetensors",
+    )
+    batches = batches_from_target(
+        target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4
+    )
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     inputs = load_inputs(config, root / "vocab.safetensors")
     train_on_source(config, ListBatchSource(batches), inputs, root / "draft", info)
@@ -78,11 +94,14 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
 
 
 def _cached_draft(config: PipelineConfig, target: Any, tokenizer: Any, scratch: Path) -> Path:
-    """The trained export, cached under EAGLE3_HOME by the target's weights hash (training takes a minute here)."""
+    """The trained export, cached under EAGLE3_HOME by the target's weights hash (training takes a
+    minute here)."""
     from eagle3.recipes import eagle3_home
     from eagle3.rundir.runroot import fingerprint, sha256_file
 
-    key = fingerprint("bench-draft-v1", sha256_file(Path(config.target.model_path) / "model.safetensors"))
+    key = fingerprint(
+        "bench-draft-v1", sha256_file(Path(config.target.model_path) / "model.safetensors")
+    )
     cached = eagle3_home() / "cache" / f"bench-draft-{key}"
     if not (cached / "model.safetensors").exists():
         export = _train_draft(config, target, tokenizer, scratch)
@@ -94,7 +113,8 @@ def _cached_draft(config: PipelineConfig, target: Any, tokenizer: Any, scratch: 
 
 @pytest.fixture(scope="session")
 def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Tiny target + bench sets + a trained, exported EAGLE-3 draft; ``config`` is set up for quick gates."""
+    """Tiny target + bench sets + a trained, exported EAGLE-3 draft; ``config`` is set up for quick
+    gates."""
     from types import SimpleNamespace
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -145,8 +165,11 @@ def gate_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             "gate.min_accept=1.2",
             "gate.min_rounds=2",
             "gate.max_rounds=3",
-            "gate.max_baseline_drift=1.0",  # rounds of 6 requests x ~16 tokens (< 1 s): 32-60% apart seen idle
+            # rounds of 6 requests x ~16 tokens (< 1 s): 32-60% apart seen idle
+            "gate.max_baseline_drift=1.0",
         ],
     )
     export = _cached_draft(config, target, tokenizer, root)
-    return SimpleNamespace(config=config, export=export, tokenizer=tokenizer, model_dir=model_dir, root=root)
+    return SimpleNamespace(
+        config=config, export=export, tokenizer=tokenizer, model_dir=model_dir, root=root
+    )

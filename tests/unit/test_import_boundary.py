@@ -39,12 +39,17 @@ def test_library_source_never_imports_prefect_or_upper_layers():
 
 
 def test_tasks_never_import_flows():
-    offenders = [str(p) for p in (REPO / "tasks").rglob("*.py") if _imported_roots(p) & {"flows", "deployments"}]
+    offenders = [
+        str(p)
+        for p in (REPO / "tasks").rglob("*.py")
+        if _imported_roots(p) & {"flows", "deployments"}
+    ]
     assert offenders == []
 
 
-# The SGLang CPU launcher is an entry point that installs its shim at import (in SGLang's interpreter, where every
-# process it spawns re-imports it; it cannot be a __main__ module for that reason): it is not imported here.
+# The SGLang CPU launcher is an entry point that installs its shim at import (in SGLang's
+# interpreter, where every process it spawns re-imports it; it cannot be a __main__ module for that
+# reason): it is not imported here.
 ENTRY = "eagle3.serve.sglang_cpu.launch"
 
 
@@ -57,36 +62,48 @@ def test_importing_the_library_does_not_load_prefect():
         "        importlib.import_module(m.name)\n"
         "print(sorted(k for k in sys.modules if k.split('.')[0] in {'prefect', 'typer'}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
     assert out.stdout.strip() == "[]"
 
 
-
-
-# The library's packages, lowest first: a package imports only packages of earlier rows (never a sibling or a row
-# above it), function-local imports included, so no import cycle can hide in a function body. A new package must be
-# placed here. ``__main__`` modules are entry points (they parse arguments and may resolve a recipe) and are exempt.
-LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(row) for row in (
-    {"config", "errors"},  # config: StrictModel, one module per section, PipelineConfig, the SGLang layer-id
-    # contract (config.aux_layers); errors: DataError (exit 2), Stopped
-    # rundir: the run root, its layout, integrity checks; runtime: processes, secrets, transfer;
-    # target_io: the one door to the target's tokenizer, config and weights
-    {"rundir", "runtime", "target_io"},
-    {"stage"},  # the stage contract
-    {"data", "model"},  # model: the draft architecture, the export format, the vocab mapping type
-    # serve: the one server launcher, its commands, the SGLang pin; serve.reference: the reference
-    # server; registry: the champion pointer and the promoted drafts (the gate writes, train reads)
-    {"serve", "registry"},
-    {"regen", "capture"},
-    {"train"},  # training (stored or online features: capture producers feed the trainer through Ray's object
-    # store), the vocab and export writers
-    {"gate"},  # the release gate: launches servers, measures, decides, promotes, publishes
-    {"scaling"},  # the night: the curve, uniform and aimed planning, the selection, domain eval, its stages
-    {"worlds"},  # the offline worlds (tiny, think, domains)
-    # configs by name (they name the worlds); which stage directory a config names; what packages a
-    # config's modes need
-    {"recipes", "lineage", "requirements"},
-))  # fmt: skip
+# The library's packages, lowest first: a package imports only packages of earlier rows (never a
+# sibling or a row above it), function-local imports included, so no import cycle can hide in a
+# function body. A new package must be placed here. ``__main__`` modules are entry points (they
+# parse arguments and may resolve a recipe) and are exempt.
+LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(row)
+    for row in (
+        # config: StrictModel, one module per section, PipelineConfig, the SGLang layer-id
+        {"config", "errors"},
+        # contract (config.aux_layers); errors: DataError (exit 2), Stopped
+        # rundir: the run root, its layout, integrity checks; runtime: processes, secrets, transfer;
+        # target_io: the one door to the target's tokenizer, config and weights
+        {"rundir", "runtime", "target_io"},
+        {"stage"},  # the stage contract
+        {
+            "data",
+            "model",
+        },  # model: the draft architecture, the export format, the vocab mapping type
+        # serve: the one server launcher, its commands, the SGLang pin; serve.reference: the
+        # reference server; registry: the champion pointer and the promoted drafts (the gate writes,
+        # train reads)
+        {"serve", "registry"},
+        {"regen", "capture"},
+        # training (stored or online features: capture producers feed the trainer through Ray's
+        # object
+        {"train"},
+        # store), the vocab and export writers
+        {"gate"},  # the release gate: launches servers, measures, decides, promotes, publishes
+        # the night: the curve, uniform and aimed planning, the selection, domain eval, its stages
+        {"scaling"},
+        {"worlds"},  # the offline worlds (tiny, think, domains)
+        # configs by name (they name the worlds); which stage directory a config names; what
+        # packages a config's modes need
+        {"recipes", "lineage", "requirements"},
+    )
+)
 
 
 def _package(module: str) -> str | None:
@@ -96,8 +113,11 @@ def _package(module: str) -> str | None:
 
 def test_every_library_package_has_a_layer():
     placed = set().union(*LAYERS)
-    found = {p.stem if p.is_file() else p.name for p in (REPO / "eagle3").iterdir()
-             if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.name != "__init__.py"}  # fmt: skip
+    found = {
+        p.stem if p.is_file() else p.name
+        for p in (REPO / "eagle3").iterdir()
+        if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.name != "__init__.py"
+    }
     assert found - placed == set(), "place each new package in LAYERS"
     assert placed - found == set(), "LAYERS names packages that no longer exist"
 
@@ -106,19 +126,24 @@ def test_library_packages_import_only_lower_layers():
     rank = {name: i for i, row in enumerate(LAYERS) for name in row}
     offenders = []
     for path in sorted((REPO / "eagle3").rglob("*.py")):
-        own = _package("eagle3." + ".".join(path.relative_to(REPO / "eagle3").with_suffix("").parts))
+        own = _package(
+            "eagle3." + ".".join(path.relative_to(REPO / "eagle3").with_suffix("").parts)
+        )
         if path.name == "__main__.py" or own is None:
             continue
         for module in sorted(_imported_modules(path)):
             other = _package(module)
             if other is not None and other != own and rank[other] >= rank[own]:
-                offenders.append(f"{path.relative_to(REPO)} imports {module} ({own} is not above {other})")
+                offenders.append(
+                    f"{path.relative_to(REPO)} imports {module} ({own} is not above {other})"
+                )
     assert offenders == []
 
 
 def test_the_regen_command_path_never_imports_torch(tiny_world):
-    """``eagle3 regen`` needs a tokenizer, not torch (~10 s of imports on a busy machine): the CLI, the flow, the
-    stage and the warm-up that loads the tokenizer while Prefect's server starts stay free of it."""
+    """``eagle3 regen`` needs a tokenizer, not torch (~10 s of imports on a busy machine): the CLI,
+    the flow, the stage and the warm-up that loads the tokenizer while Prefect's server starts stay
+    free of it."""
     code = (
         "import sys\n"
         "from eagle3.config.pipeline import PipelineConfig\n"
@@ -131,19 +156,25 @@ def test_the_regen_command_path_never_imports_torch(tiny_world):
         "torch = sorted(k for k in sys.modules if k.split('.')[0] == 'torch')\n"
         "print(_tokenizer.cache_info().currsize, torch)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    assert out.stdout.strip() == "1 []", "the tokenizer is loaded (and cached for the shards) without torch"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "1 []", (
+        "the tokenizer is loaded (and cached for the shards) without torch"
+    )
 
 
-# The SGLang CPU shim (eagle3/serve/sglang_cpu) replaces SGLang's kernel package in the process that imports it, so
-# it is imported only where SGLang runs on this CPU: its launchers (run in SGLang's interpreter) and the SGLang
-# capture worker. What others need of SGLang (the pinned version, the CPU flags) is in ``eagle3.serve.sglang``.
+# The SGLang CPU shim (eagle3/serve/sglang_cpu) replaces SGLang's kernel package in the process that
+# imports it, so it is imported only where SGLang runs on this CPU: its launchers (run in SGLang's
+# interpreter) and the SGLang capture worker. What others need of SGLang (the pinned version, the
+# CPU flags) is in ``eagle3.serve.sglang``.
 SHIM = "eagle3.serve.sglang_cpu"
 SHIM_IMPORTERS = ("eagle3/serve/sglang_cpu/launch*.py", "eagle3/capture/sglang/worker.py")
 
 
 def _imports_of(path: Path, package: str) -> list[str]:
-    """The imports of ``package`` (or a module of it) in ``path``, ``from parent import package`` included."""
+    """The imports of ``package`` (or a module of it) in ``path``, ``from parent import package``
+    included."""
     found = {m for m in _imported_modules(path) if m == package or m.startswith(package + ".")}
     parent, _, name = package.rpartition(".")
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -162,11 +193,14 @@ def test_only_the_launchers_and_the_capture_worker_import_the_sglang_cpu_shim():
         for p in sorted((REPO / top).rglob("*.py"))
         if p not in allowed and inside not in p.parents and _imports_of(p, SHIM)
     }
-    assert offenders == {}, "import the SGLang pin and CPU flags from eagle3.serve.sglang, not the shim"
+    assert offenders == {}, (
+        "import the SGLang pin and CPU flags from eagle3.serve.sglang, not the shim"
+    )
 
 
 def _architecture_map() -> dict[str, int]:
-    """docs/ARCHITECTURE.md's module map: every module it lists, with the layer (1 = lowest) of the row it is in."""
+    """docs/ARCHITECTURE.md's module map: every module it lists, with the layer (1 = lowest) of the
+    row it is in."""
     layers, layer = {}, 0
     for row in (REPO / "docs" / "ARCHITECTURE.md").read_text().splitlines():
         match = re.match(r"\| (\d*) \| [^|]* \| `(eagle3/[\w/]+\.py)` \|", row)
@@ -178,10 +212,17 @@ def _architecture_map() -> dict[str, int]:
 
 def test_the_architecture_map_lists_every_library_module_in_its_layer():
     listed = _architecture_map()
-    files = {str(p.relative_to(REPO)) for p in (REPO / "eagle3").rglob("*.py") if p.name != "__init__.py"}
+    files = {
+        str(p.relative_to(REPO)) for p in (REPO / "eagle3").rglob("*.py") if p.name != "__init__.py"
+    }
     assert files - set(listed) == set(), "add each new module to docs/ARCHITECTURE.md's module map"
-    assert set(listed) - files == set(), "docs/ARCHITECTURE.md's module map names modules that no longer exist"
+    assert set(listed) - files == set(), (
+        "docs/ARCHITECTURE.md's module map names modules that no longer exist"
+    )
     rank = {name: i + 1 for i, row in enumerate(LAYERS) for name in row}
-    misplaced = {path: layer for path, layer in listed.items()
-                 if rank[Path(path).parts[1].removesuffix(".py")] != layer}  # fmt: skip
+    misplaced = {
+        path: layer
+        for path, layer in listed.items()
+        if rank[Path(path).parts[1].removesuffix(".py")] != layer
+    }
     assert misplaced == {}, "the map's layer of each module is its package's row in LAYERS"

@@ -25,9 +25,15 @@ def test_every_recipe_loads_and_round_trips(name):
         ("tiny_think", 8, 128, 2048, [2, 4, 5], [1, 3, 4]),
     ],
 )
-def test_recipes_derive_aux_layers_from_the_target(name, layers, hidden, vocab, sglang_ids, export_ids):
+def test_recipes_derive_aux_layers_from_the_target(
+    name, layers, hidden, vocab, sglang_ids, export_ids
+):
     cfg = load_recipe(name)
-    assert (cfg.target.num_layers, cfg.target.hidden_size, cfg.target.vocab_size) == (layers, hidden, vocab)
+    assert (cfg.target.num_layers, cfg.target.hidden_size, cfg.target.vocab_size) == (
+        layers,
+        hidden,
+        vocab,
+    )
     assert cfg.sglang_layer_ids == sglang_ids
     assert cfg.export_layer_ids == export_ids
 
@@ -45,10 +51,18 @@ def test_recipe_paths_resolve_from_eagle3_home_not_cwd(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["kimi_k2_5", "glm_5"])
-def test_the_large_moe_targets_are_deepseek_family_and_captured_as_sglang_serves_them_on_8_gpus(name):
+def test_the_large_moe_targets_are_deepseek_family_and_captured_as_sglang_serves_them_on_8_gpus(
+    name,
+):
     cfg = load_recipe(name)
-    assert cfg.target.family == "deepseek" and cfg.capture.sglang.quantization is None  # as the checkpoint says
-    assert (cfg.capture.backend, cfg.capture.device, cfg.capture.gpus, cfg.server.tp) == ("sglang", "cuda", 8, 8)
+    # as the checkpoint says
+    assert cfg.target.family == "deepseek" and cfg.capture.sglang.quantization is None
+    assert (cfg.capture.backend, cfg.capture.device, cfg.capture.gpus, cfg.server.tp) == (
+        "sglang",
+        "cuda",
+        8,
+        8,
+    )
     assert load_recipe("llama3_8b").target.family == "llama"
 
 
@@ -59,9 +73,11 @@ def test_large_recipes_store_the_compact_features_that_met_the_storage_goals(nam
 
 
 def test_kimi_refuses_aux_layers_sglang_would_serve_verbatim():
-    """[3, 30, 58] exports as [2, 29, 57]; SGLang's DeepSeek path adds 1 only when the first id is 1, so it would
-    capture layers [2, 29, 57], not the trained [3, 30, 58]."""
-    with pytest.raises(ConfigError, match=r"input_of_layer \[2, 29, 57\].*first aux layer must be 2"):
+    """[3, 30, 58] exports as [2, 29, 57]; SGLang's DeepSeek path adds 1 only when the first id is
+    1, so it would capture layers [2, 29, 57], not the trained [3, 30, 58]."""
+    with pytest.raises(
+        ConfigError, match=r"input_of_layer \[2, 29, 57\].*first aux layer must be 2"
+    ):
         load_recipe("kimi_k2_5", ["capture.aux_layers=[3,30,58]"])
 
 
@@ -75,8 +91,13 @@ def test_tiny_think_is_the_tiny_recipe_on_the_thinking_world(monkeypatch, tmp_pa
     assert cfg.target.model_path == str(world / "model") and cfg.dev.world == "think"
     assert all(s.path.startswith(str(world / "data")) for s in cfg.sources)
     assert sorted(cfg.gate.prompt_sets) == ["think", "tools"]
-    assert (cfg.regen.reasoning_parser, cfg.regen.tool_call_parser, cfg.regen.thinking) == ("kimi_k2", "kimi_k2", True)
-    assert (cfg.train, cfg.capture, cfg.server) == (tiny.train, tiny.capture, tiny.server)  # a variant of tiny
+    assert (cfg.regen.reasoning_parser, cfg.regen.tool_call_parser, cfg.regen.thinking) == (
+        "kimi_k2",
+        "kimi_k2",
+        True,
+    )
+    # a variant of tiny
+    assert (cfg.train, cfg.capture, cfg.server) == (tiny.train, tiny.capture, tiny.server)
 
 
 def test_a_target_whose_checkpoint_has_other_layers_is_refused_and_odd_aux_layers_warned(

@@ -39,7 +39,9 @@ def test_no_champion_before_the_first_promotion(tmp_path):
 def test_promotion_copies_the_draft_and_points_at_the_copy(tmp_path, make_export):
     export = make_export("a")
     reg = Registry(tmp_path / "root")
-    promo = reg.promote(export, report="r.json", metrics={"speedup": 1.2}, speculative={"num_steps": 3})
+    promo = reg.promote(
+        export, report="r.json", metrics={"speedup": 1.2}, speculative={"num_steps": 3}
+    )
     champion = reg.champion()
     assert champion is not None and champion.draft_id == draft_id(export) == promo.draft_id
     assert (tmp_path / "root/registry/drafts" / promo.draft_id / "model.safetensors").exists()

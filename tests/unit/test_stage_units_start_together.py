@@ -1,5 +1,6 @@
-"""Units that start together on a fresh process: the first imports of lazily importing libraries (transformers)
-happen once, before the units, so no unit fails with "cannot import name 'AutoTokenizer' from 'transformers'"."""
+"""Units that start together on a fresh process: the first imports of lazily importing libraries
+(transformers) happen once, before the units, so no unit fails with "cannot import name
+'AutoTokenizer' from 'transformers'"."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 SHARDS = 8
 
-# A fresh interpreter (nothing of transformers imported) that captures every shard of a regen stage at once.
+# A fresh interpreter (nothing of transformers imported) that captures every shard of a regen stage
+# at once.
 _CAPTURE_ALL_AT_ONCE = """
 import json, sys
 from eagle3.capture.stage import CaptureStage
@@ -29,10 +31,23 @@ except UnitsFailed as exc:
 """
 
 
-def test_capture_shards_starting_at_once_on_a_fresh_process_all_finish(write_regen_stage, tmp_path: Path):
+def test_capture_shards_starting_at_once_on_a_fresh_process_all_finish(
+    write_regen_stage, tmp_path: Path
+):
     regen_dir = write_regen_stage(tmp_path / "regen" / "fresh0start0fp", shards=SHARDS, rows=2)
-    command = [sys.executable, "-c", _CAPTURE_ALL_AT_ONCE, str(tmp_path / "root"), str(regen_dir), str(SHARDS)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-c",
+        _CAPTURE_ALL_AT_ONCE,
+        str(tmp_path / "root"),
+        str(regen_dir),
+        str(SHARDS),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "OMP_NUM_THREADS": "1",
+    }
     ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert ran.returncode == 0, ran.stderr[-4000:]
     outcome = json.loads(ran.stdout.strip().splitlines()[-1])

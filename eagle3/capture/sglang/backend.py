@@ -1,26 +1,31 @@
-"""The ``sglang`` capture backend's capture-process side: it starts one worker per tensor-parallel rank in SGLang's
-interpreter (``eagle3.capture.sglang.worker``), sends every rank each batch's token ids, and hands the writer rank 0's
-states as views of the batch's shared-memory file (``eagle3.capture.sglang.channel``).
+"""The ``sglang`` capture backend's capture-process side: it starts one worker per tensor-parallel
+rank in SGLang's interpreter (``eagle3.capture.sglang.worker``), sends every rank each batch's token
+ids, and hands the writer rank 0's states as views of the batch's shared-memory file
+(``eagle3.capture.sglang.channel``).
 
 Design choices:
-- **Workers, not SGLang in this process.** The capture task runs where Prefect, pyarrow and the writer live; SGLang
-  runs where its runtime lives (on this CPU, a venv of its own: ``eagle3.serve.launch_commands.sglang_runtime_python``;
-  on a GPU node, this interpreter when the ``sglang`` extra is installed, or ``EAGLE3_SGLANG_PYTHON``). A rank per
-  process is how SGLang runs tensor parallelism anyway (its scheduler processes), and it keeps a CUDA context, a
-  ``torch.distributed`` group and SGLang's process-global state out of a process that runs other stages' threads.
-- **Every rank gets every batch from here.** Each rank reads the same ids on its stdin and answers on its own pipe,
-  so no rank waits on a broadcast from another, and a rank that dies or fails is seen at once: the backend then
-  stops every rank (a collective would otherwise hang the others) and raises with that rank's log; the next batch
-  (the shard's retry) starts them again.
-- **Layers checked, not assumed.** The workers receive the draft's layer ids (``export_layer_ids``), which SGLang
-  maps by the target's own ``set_eagle3_layers_to_capture`` exactly as when it serves the draft; the backend refuses
-  to capture unless the layers SGLang reports capturing are ``config.sglang_layer_ids``, the ids the manifest
-  records. Likewise the hidden size and the KV pool's room for the largest batch are checked before any batch.
-- **Top-k on the ranks.** For ``fp8_topk`` the ranks compute the target's top-k over their vocab shards and merge it
-  (``worker.Runner._topk``): this process never holds a Kimi-sized ``lm_head``, and the backend yields ``TopK``
-  final values instead of states.
-- **Memory checked before loading** (``eagle3.capture.footprint.served_plan``): served weights plus capture buffers
-  per GPU against the smallest free GPU (or RAM on a CPU), both numbers in the refusal.
+- **Workers, not SGLang in this process.** The capture task runs where Prefect, pyarrow and the
+  writer live; SGLang runs where its runtime lives (on this CPU, a venv of its own:
+  ``eagle3.serve.launch_commands.sglang_runtime_python``; on a GPU node, this interpreter when the
+  ``sglang`` extra is installed, or ``EAGLE3_SGLANG_PYTHON``). A rank per process is how SGLang runs
+  tensor parallelism anyway (its scheduler processes), and it keeps a CUDA context, a
+  ``torch.distributed`` group and SGLang's process-global state out of a process that runs other
+  stages' threads.
+- **Every rank gets every batch from here.** Each rank reads the same ids on its stdin and answers
+  on its own pipe, so no rank waits on a broadcast from another, and a rank that dies or fails is
+  seen at once: the backend then stops every rank (a collective would otherwise hang the others) and
+  raises with that rank's log; the next batch (the shard's retry) starts them again.
+- **Layers checked, not assumed.** The workers receive the draft's layer ids (``export_layer_ids``),
+  which SGLang maps by the target's own ``set_eagle3_layers_to_capture`` exactly as when it serves
+  the draft; the backend refuses to capture unless the layers SGLang reports capturing are
+  ``config.sglang_layer_ids``, the ids the manifest records. Likewise the hidden size and the KV
+  pool's room for the largest batch are checked before any batch.
+- **Top-k on the ranks.** For ``fp8_topk`` the ranks compute the target's top-k over their vocab
+  shards and merge it (``worker.Runner._topk``): this process never holds a Kimi-sized ``lm_head``,
+  and the backend yields ``TopK`` final values instead of states.
+- **Memory checked before loading** (``eagle3.capture.footprint.served_plan``): served weights plus
+  capture buffers per GPU against the smallest free GPU (or RAM on a CPU), both numbers in the
+  refusal.
 """
 
 from __future__ import annotations
@@ -71,24 +76,44 @@ class CaptureWorkerError(RuntimeError):
 
 
 def worker_args(config: PipelineConfig, *, nccl_port: int) -> list[str]:
-    """The SGLang flags of every rank: the target as a server of it takes them (model, revision, remote code,
-    quantization, tp/ep, memory fraction, extra args; on a CPU the same CPU flags as the project's servers) plus the
-    capture-only EAGLE-3 mode with the draft's layer ids, and a KV pool sized for the largest batch."""
+    """The SGLang flags of every rank: the target as a server of it takes them (model, revision,
+    remote code, quantization, tp/ep, memory fraction, extra args; on a CPU the same CPU flags as
+    the project's servers) plus the capture-only EAGLE-3 mode with the draft's layer ids, and a KV
+    pool sized for the largest batch."""
     target, capture, sglang = config.target, config.capture, config.capture.sglang
-    tokens = max(capture.batch_tokens, capture.max_seq_len)  # a planned batch, or one sample longer than one
-    args = ["--model-path", target.model_path, "--dtype", capture.dtype, "--context-length", str(capture.max_seq_len),
-            "--tp-size", str(sglang_ranks(capture, config.server.tp)), "--nccl-port", str(nccl_port),
-            "--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
-            "--return-aux-hidden-state-layer-ids", *map(str, config.export_layer_ids)]  # fmt: skip
+    # a planned batch, or one sample longer than one
+    tokens = max(capture.batch_tokens, capture.max_seq_len)
+    args = [
+        "--model-path",
+        target.model_path,
+        "--dtype",
+        capture.dtype,
+        "--context-length",
+        str(capture.max_seq_len),
+        "--tp-size",
+        str(sglang_ranks(capture, config.server.tp)),
+        "--nccl-port",
+        str(nccl_port),
+        "--enable-return-aux-hidden-states",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--return-aux-hidden-state-layer-ids",
+        *map(str, config.export_layer_ids),
+    ]
     args += ["--revision", target.revision] if target.revision else []
     args += ["--trust-remote-code"] if target.trust_remote_code else []
     args += ["--ep-size", str(sglang.ep)] if sglang.ep > 1 else []
     args += ["--quantization", sglang.quantization] if sglang.quantization else []
-    args += ["--mem-fraction-static", str(sglang.mem_fraction_static)] if sglang.mem_fraction_static else []
+    args += (
+        ["--mem-fraction-static", str(sglang.mem_fraction_static)]
+        if sglang.mem_fraction_static
+        else []
+    )
     if capture.device == "cpu":
         args += _with_value(CPU_FLAGS, "--max-total-tokens", str(tokens))
     else:
-        args.append("--disable-cuda-graph")  # prefill only: decode graphs would take memory and start-up time
+        # prefill only: decode graphs would take memory and start-up time
+        args.append("--disable-cuda-graph")
     return [*args, *sglang.extra_args]
 
 
@@ -99,14 +124,21 @@ def _with_value(flags: tuple[str, ...], flag: str, value: str) -> list[str]:
 
 
 def worker_env(config: PipelineConfig) -> dict[str, str]:
-    """The workers' environment: on a CPU, SGLang's CPU engine, this process's torch threads split over the ranks
-    and, for several ranks, SGLang's per-rank core binding (it refuses more ranks than NUMA nodes without one)."""
+    """The workers' environment: on a CPU, SGLang's CPU engine, this process's torch threads split
+    over the ranks and, for several ranks, SGLang's per-rank core binding (it refuses more ranks
+    than NUMA nodes without one)."""
     if config.capture.device != "cpu":
         return {}
     ranks = sglang_ranks(config.capture, config.server.tp)
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     share = max(1, len(cores) // ranks)
-    bind = "|".join(",".join(map(str, cores[r * share : (r + 1) * share] or cores[-1:])) for r in range(ranks))
+    bind = "|".join(
+        ",".join(map(str, cores[r * share : (r + 1) * share] or cores[-1:])) for r in range(ranks)
+    )
     return {
         "SGLANG_USE_CPU_ENGINE": "1",
         "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // ranks)),
@@ -115,7 +147,8 @@ def worker_env(config: PipelineConfig) -> dict[str, str]:
 
 
 def worker_python(config: PipelineConfig) -> Path:
-    """SGLang's interpreter: the CPU runtime on a CPU; on GPUs ``EAGLE3_SGLANG_PYTHON``, else this one."""
+    """SGLang's interpreter: the CPU runtime on a CPU; on GPUs ``EAGLE3_SGLANG_PYTHON``, else this
+    one."""
     if config.capture.device == "cpu":
         return sglang_runtime_python()
     return Path(os.environ.get("EAGLE3_SGLANG_PYTHON") or sys.executable)
@@ -153,7 +186,8 @@ class _Rank:
 
 
 class SGLangBackend:
-    """Capture on SGLang's model runner (module docstring). Thread-safe: shard tasks share one, batches in turn."""
+    """Capture on SGLang's model runner (module docstring). Thread-safe: shard tasks share one,
+    batches in turn."""
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
@@ -166,7 +200,9 @@ class SGLangBackend:
         self.facts: dict = {}
         self.dir = Path(shm_root()) / f"{DIR_PREFIX}{os.getpid()}-{id(self):x}"
         sweep_stale_dirs(shm_root())
-        check_served_fits(served_plan(config), free_gpu_bytes(config.capture.device, self.ranks), config=config)
+        check_served_fits(
+            served_plan(config), free_gpu_bytes(config.capture.device, self.ranks), config=config
+        )
         atexit.register(self.close)
         with self._lock:
             self._start()
@@ -178,10 +214,22 @@ class SGLangBackend:
         self.dir.mkdir(parents=True, exist_ok=True)
         args = worker_args(self.config, nccl_port=free_port())
         env = {**os.environ, **worker_env(self.config)}
-        logger.info("starting %d SGLang capture worker(s) (%s): %s", self.ranks, python, " ".join(args))
+        logger.info(
+            "starting %d SGLang capture worker(s) (%s): %s", self.ranks, python, " ".join(args)
+        )
         self._workers = [
             _Rank(
-                [str(python), "-m", WORKER, "--rank", str(r), "--out-dir", str(self.dir), "--", *args],
+                [
+                    str(python),
+                    "-m",
+                    WORKER,
+                    "--rank",
+                    str(r),
+                    "--out-dir",
+                    str(self.dir),
+                    "--",
+                    *args,
+                ],
                 env,
                 self.dir / f"rank-{r}.log",
             )
@@ -203,7 +251,9 @@ class SGLangBackend:
                 f"{self.config.export_layer_ids}, not the configured {expected}: check target.family"
             )
         if facts["hidden_size"] != self.hidden_size:
-            problems.append(f"the target's hidden size is {facts['hidden_size']}: set target.hidden_size to it")
+            problems.append(
+                f"the target's hidden size is {facts['hidden_size']}: set target.hidden_size to it"
+            )
         need = max(capture.batch_tokens, capture.max_seq_len)
         if facts["max_tokens"] < need:
             problems.append(
@@ -215,9 +265,9 @@ class SGLangBackend:
             raise CaptureWorkerError("capture.backend=sglang refused: " + "; ".join(problems))
 
     def _collect(self, timeout_s: float, what: str) -> list[dict]:
-        """Every rank's reply, in rank order, read as they come: a rank that fails or exits is reported at once,
-        not after the ranks waiting for it in a collective time out. On any failure every rank is stopped and the
-        error quotes that rank's log."""
+        """Every rank's reply, in rank order, read as they come: a rank that fails or exits is
+        reported at once, not after the ranks waiting for it in a collective time out. On any
+        failure every rank is stopped and the error quotes that rank's log."""
         replies: dict[int, dict] = {}
         deadline = time.monotonic() + timeout_s
         while len(replies) < len(self._workers):
@@ -229,7 +279,9 @@ class SGLangBackend:
                 except TimeoutError:
                     if worker.alive() and time.monotonic() < deadline:
                         continue
-                    reply = {"error": f"no answer in {timeout_s:.0f}s" if worker.alive() else "it exited"}
+                    reply = {
+                        "error": f"no answer in {timeout_s:.0f}s" if worker.alive() else "it exited"
+                    }
                 except ChannelClosed:
                     reply = {"error": f"its pipe closed (exit code {worker.proc.poll()})"}
                 if "error" in reply:
@@ -241,18 +293,24 @@ class SGLangBackend:
                 replies[rank] = reply
         return [replies[rank] for rank in range(len(self._workers))]
 
-    def forward(self, batch_ids: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor | TopK]]:
-        """Per sample, in order: ``(aux [T, 3H], last [T, H])``, or ``(aux, TopK)`` for ``fp8_topk``; CPU views of
-        the batch's shared-memory file."""
+    def forward(
+        self, batch_ids: list[list[int]]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor | TopK]]:
+        """Per sample, in order: ``(aux [T, 3H], last [T, H])``, or ``(aux, TopK)`` for
+        ``fp8_topk``; CPU views of the batch's shared-memory file."""
         with self._lock:
             if not self._workers or not all(w.alive() for w in self._workers):
-                self._start()  # the first batch after a failure (a retried shard) starts the ranks again
+                # the first batch after a failure (a retried shard) starts the ranks again
+                self._start()
             self._batch += 1
             message = {"op": "forward", "batch": self._batch, "ids": batch_ids, "topk": self.topk}
             for worker in self._workers:
-                with contextlib.suppress(ChannelClosed):  # a rank that is gone is reported by _collect, with its log
+                # a rank that is gone is reported by _collect, with its log
+                with contextlib.suppress(ChannelClosed):
                     send(worker.proc.stdin, message)
-            reply = self._collect(self.config.capture.sglang.batch_timeout_s, f"forward batch {self._batch}")[0]
+            reply = self._collect(
+                self.config.capture.sglang.batch_timeout_s, f"forward batch {self._batch}"
+            )[0]
         tensors = read_tensors(Path(reply["file"]), reply["layout"])
         return _samples(tensors, [len(ids) for ids in batch_ids])
 
@@ -262,7 +320,8 @@ class SGLangBackend:
         self._workers = []
 
     def close(self) -> None:
-        """Stop every rank and remove the batch directory (batches already read stay mapped until dropped)."""
+        """Stop every rank and remove the batch directory (batches already read stay mapped until
+        dropped)."""
         with self._lock:
             self._stop()
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -276,7 +335,9 @@ def _sglang_factory(config: PipelineConfig) -> SGLangBackend:
     return SGLangBackend(config)
 
 
-def _samples(tensors: dict[str, torch.Tensor], lengths: list[int]) -> Iterator[tuple[torch.Tensor, Final]]:
+def _samples(
+    tensors: dict[str, torch.Tensor], lengths: list[int]
+) -> Iterator[tuple[torch.Tensor, Final]]:
     aux = tensors["aux"].split(lengths)
     if "ids" in tensors:
         pairs = zip(tensors["ids"].split(lengths), tensors["probs"].split(lengths), strict=True)
@@ -287,7 +348,8 @@ def _samples(tensors: dict[str, torch.Tensor], lengths: list[int]) -> Iterator[t
 
 
 def sweep_stale_dirs(root: Path) -> None:
-    """Remove batch directories whose capture process is gone (a ``kill -9`` leaves its directory behind)."""
+    """Remove batch directories whose capture process is gone (a ``kill -9`` leaves its directory
+    behind)."""
     for path in root.glob(f"{DIR_PREFIX}*"):
         pid = path.name.removeprefix(DIR_PREFIX).split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):

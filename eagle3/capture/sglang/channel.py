@@ -1,15 +1,18 @@
-"""The wire between the capture process and its SGLang workers: JSON lines for control, one shared-memory file per
-batch for the states. Torch and the standard library only: both interpreters import it (the project's, and SGLang's
-runtime on this CPU), so neither side needs the other's packages, and nothing is pickled.
+"""The wire between the capture process and its SGLang workers: JSON lines for control, one
+shared-memory file per batch for the states. Torch and the standard library only: both interpreters
+import it (the project's, and SGLang's runtime on this CPU), so neither side needs the other's
+packages, and nothing is pickled.
 
-* Control: one JSON object per line, the capture process to each worker on the worker's stdin (``forward`` with the
-  batch's token ids, ``close``), each worker back on a pipe of its own (``ready``, ``done``, ``error``). A worker
-  whose stdin reaches end-of-file exits: its capture process is gone.
-* States: rank 0 writes a batch's tensors into one file under the backend's directory in ``/dev/shm`` (memory, not
-  disk), each at a 64-byte-aligned offset, and replies with the layout. The capture process maps the file and
-  unlinks it at once: the tensors it hands the writer are views of that mapping, which lives exactly as long as
-  they do (the writer holds a batch until its part file is written), so nothing is copied on this side and nothing
-  is left behind once the last view is dropped. A GPU worker's one copy is its device-to-host copy into the file.
+* Control: one JSON object per line, the capture process to each worker on the worker's stdin
+  (``forward`` with the batch's token ids, ``close``), each worker back on a pipe of its own
+  (``ready``, ``done``, ``error``). A worker whose stdin reaches end-of-file exits: its capture
+  process is gone.
+* States: rank 0 writes a batch's tensors into one file under the backend's directory in
+  ``/dev/shm`` (memory, not disk), each at a 64-byte-aligned offset, and replies with the layout.
+  The capture process maps the file and unlinks it at once: the tensors it hands the writer are
+  views of that mapping, which lives exactly as long as they do (the writer holds a batch until its
+  part file is written), so nothing is copied on this side and nothing is left behind once the last
+  view is dropped. A GPU worker's one copy is its device-to-host copy into the file.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class ChannelClosed(RuntimeError):
 
 
 def send(stream: IO[str], message: Mapping[str, Any]) -> None:
-    """Write ``message`` as one JSON line and flush it (raises ``ChannelClosed`` when the reader is gone)."""
+    """Write ``message`` as one JSON line and flush it (raises ``ChannelClosed`` when the reader is
+    gone)."""
     try:
         stream.write(json.dumps(message) + "\n")
         stream.flush()
@@ -42,16 +46,16 @@ def send(stream: IO[str], message: Mapping[str, Any]) -> None:
 
 
 class LineReader:
-    """JSON lines from a pipe's file descriptor, with a deadline (``select`` on the raw descriptor: a buffered file's
-    own buffer would hide lines from it)."""
+    """JSON lines from a pipe's file descriptor, with a deadline (``select`` on the raw descriptor:
+    a buffered file's own buffer would hide lines from it)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._buffer = b""
 
     def read(self, timeout_s: float | None = None, *, alive: Any = None) -> dict[str, Any]:
-        """The next message; ``TimeoutError`` after ``timeout_s``; ``ChannelClosed`` at end-of-file or when
-        ``alive()`` turns false (checked every second while waiting)."""
+        """The next message; ``TimeoutError`` after ``timeout_s``; ``ChannelClosed`` at end-of-file
+        or when ``alive()`` turns false (checked every second while waiting)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while b"\n" not in self._buffer:
             left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
@@ -71,7 +75,8 @@ class LineReader:
 
 
 def shm_root() -> Path:
-    """Where batch files live: ``/dev/shm`` (memory) when the system has it, else the temporary directory."""
+    """Where batch files live: ``/dev/shm`` (memory) when the system has it, else the temporary
+    directory."""
     if SHM_ROOT.is_dir() and os.access(SHM_ROOT, os.W_OK):
         return SHM_ROOT
     import tempfile
@@ -84,8 +89,9 @@ def _aligned(n: int) -> int:
 
 
 def write_tensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> list[dict[str, Any]]:
-    """Write ``tensors`` (any device) into the file ``path`` (through ``path.tmp``, renamed when complete) and return
-    the layout ``read_tensors`` needs: name, dtype, shape and byte offset of each."""
+    """Write ``tensors`` (any device) into the file ``path`` (through ``path.tmp``, renamed when
+    complete) and return the layout ``read_tensors`` needs: name, dtype, shape and byte offset of
+    each."""
     layout, offset = [], 0
     for name, tensor in tensors.items():
         dtype = str(tensor.dtype).removeprefix("torch.")
@@ -101,8 +107,8 @@ def write_tensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> list[dict[
 
 
 def read_tensors(path: Path, layout: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """The tensors of a file ``write_tensors`` wrote, as views of one shared mapping of it; the file is unlinked
-    before returning (the mapping keeps its memory until the last view is gone)."""
+    """The tensors of a file ``write_tensors`` wrote, as views of one shared mapping of it; the file
+    is unlinked before returning (the mapping keeps its memory until the last view is gone)."""
     size = max((_end(entry) for entry in layout), default=1)
     mapped = torch.from_file(str(path), shared=True, size=max(size, 1), dtype=torch.uint8)
     path.unlink()

@@ -1,24 +1,30 @@
-"""``python -m eagle3.capture.sglang.worker --rank R --out-dir DIR -- <SGLang server flags>``: one tensor-parallel
-rank of SGLang's model runner, doing capture forwards for the capture process (``eagle3.capture.sglang.backend``,
-which starts one per rank in SGLang's interpreter). Every SGLang symbol the capture backend uses is in this module.
+"""``python -m eagle3.capture.sglang.worker --rank R --out-dir DIR -- <SGLang server flags>``: one
+tensor-parallel rank of SGLang's model runner, doing capture forwards for the capture process
+(``eagle3.capture.sglang.backend``, which starts one per rank in SGLang's interpreter). Every SGLang
+symbol the capture backend uses is in this module.
 
-How it drives SGLang 0.5.23 (the steps of SGLang's own one-batch benchmark, ``sglang.benchmark.one_batch``, whose
-loader and helpers it calls, so the runner is set up exactly as SGLang sets up a scheduler's):
-- ``prepare_server_args`` parses the flags a server of this target takes (``eagle3.capture.sglang.backend.
-  worker_args``): its quantization, ``--tp-size``/``--ep-size``, dtype, and ``--enable-return-aux-hidden-states
-  --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``, SGLang's capture-only EAGLE-3 mode: the
-  target captures its aux states with ``set_eagle3_layers_to_capture`` (the draft's ids, mapped by the target
-  family's rule as when it serves a draft), no draft loads, and the logits processor keeps every token's post-norm
-  final state (``LogitsProcessorOutput.last_hidden_states``) next to the aux concatenation (``hidden_states``).
-- each batch is one prefill-only extend ``ScheduleBatch`` (no prefix cache: a tree cache that shares nothing),
-  forwarded with ``CaptureHiddenMode.FULL``; the request and KV pools are cleared after it, so no sample ever reads
-  another's KV. A batch with more samples than the request pool holds is forwarded in slices.
-- for ``fp8_topk`` each rank turns the final states into logits over its shard of the vocab-parallel ``lm_head``
-  (``quant_method.apply``, as SGLang's logits processor does), keeps its shard's top-k and log-sum-exp, and the
-  ranks all-gather those: the top-k of the union of the shards' top-k is the global top-k, and ``exp(logit -
-  logsumexp over every shard)`` is its full-vocab softmax. Nothing of ``[T, V]`` crosses between ranks.
-Rank 0 writes each batch's tensors into a shared-memory file (``eagle3.capture.sglang.channel``); every rank answers
-every message, so the capture process sees a failure on any rank.
+How it drives SGLang 0.5.23 (the steps of SGLang's own one-batch benchmark,
+``sglang.benchmark.one_batch``, whose loader and helpers it calls, so the runner is set up exactly
+as SGLang sets up a scheduler's):
+- ``prepare_server_args`` parses the flags a server of this target takes
+  (``eagle3.capture.sglang.backend. worker_args``): its quantization, ``--tp-size``/``--ep-size``,
+  dtype, and ``--enable-return-aux-hidden-states
+  --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``, SGLang's capture-only
+  EAGLE-3 mode: the target captures its aux states with ``set_eagle3_layers_to_capture`` (the
+  draft's ids, mapped by the target family's rule as when it serves a draft), no draft loads, and
+  the logits processor keeps every token's post-norm final state
+  (``LogitsProcessorOutput.last_hidden_states``) next to the aux concatenation (``hidden_states``).
+- each batch is one prefill-only extend ``ScheduleBatch`` (no prefix cache: a tree cache that shares
+  nothing), forwarded with ``CaptureHiddenMode.FULL``; the request and KV pools are cleared after
+  it, so no sample ever reads another's KV. A batch with more samples than the request pool holds is
+  forwarded in slices.
+- for ``fp8_topk`` each rank turns the final states into logits over its shard of the vocab-parallel
+  ``lm_head`` (``quant_method.apply``, as SGLang's logits processor does), keeps its shard's top-k
+  and log-sum-exp, and the ranks all-gather those: the top-k of the union of the shards' top-k is
+  the global top-k, and ``exp(logit - logsumexp over every shard)`` is its full-vocab softmax.
+  Nothing of ``[T, V]`` crosses between ranks.
+Rank 0 writes each batch's tensors into a shared-memory file (``eagle3.capture.sglang.channel``);
+every rank answers every message, so the capture process sees a failure on any rank.
 """
 
 from __future__ import annotations
@@ -54,15 +60,19 @@ class Runner:
         world_rank = spawn_world_rank(server_args, tp_rank=rank, pp_rank=0)
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=world_rank, gpu_id=rank))
         _init_process_global_configs()
-        bench_runner, _tokenizer = load_model(server_args, PortArgs.init_new(server_args), rank, rank)
+        bench_runner, _tokenizer = load_model(
+            server_args, PortArgs.init_new(server_args), rank, rank
+        )
         self.model_runner = bench_runner.torch_runner
         self.tp_size = server_args.tp_size
 
     def facts(self) -> dict[str, Any]:
-        """What the capture process checks before the first batch: the layers SGLang captures (``input_of_layer``),
-        the hidden size, and the pools' capacity (tokens of KV, requests)."""
+        """What the capture process checks before the first batch: the layers SGLang captures
+        (``input_of_layer``), the hidden size, and the pools' capacity (tokens of KV, requests)."""
         model = self.model_runner.model
-        layers = next((m.layers_to_capture for m in model.modules() if hasattr(m, "layers_to_capture")), None)
+        layers = next(
+            (m.layers_to_capture for m in model.modules() if hasattr(m, "layers_to_capture")), None
+        )
         return {
             "layers": list(layers or []),
             "hidden_size": int(self.model_runner.model_config.hidden_size),
@@ -73,8 +83,10 @@ class Runner:
 
     @torch.inference_mode()
     def capture(self, batch_ids: list[list[int]], *, topk: int | None) -> dict[str, torch.Tensor]:
-        """``aux [T, 3H]`` and ``last [T, H]`` (or ``ids``/``probs [T, k]``) of the batch, samples concatenated."""
-        size = self.model_runner.req_to_token_pool.size  # requests the pool holds (its padding slot 0 not counted)
+        """``aux [T, 3H]`` and ``last [T, H]`` (or ``ids``/``probs [T, k]``) of the batch, samples
+        concatenated."""
+        # requests the pool holds (its padding slot 0 not counted)
+        size = self.model_runner.req_to_token_pool.size
         parts = [self._extend(batch_ids[i : i + size]) for i in range(0, len(batch_ids), size)]
         aux = torch.cat([p[0] for p in parts])
         last = torch.cat([p[1] for p in parts])
@@ -97,18 +109,29 @@ class Runner:
             device=runner.device,
             token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
         )
-        batch = ScheduleBatch.init_new(reqs=reqs, req_to_token_pool=runner.req_to_token_pool,
-                                       token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-                                       tree_cache=no_prefix, model_config=runner.model_config, enable_overlap=False,
-                                       spec_algorithm=SpeculativeAlgorithm.NONE)  # fmt: skip
+        batch = ScheduleBatch.init_new(
+            reqs=reqs,
+            req_to_token_pool=runner.req_to_token_pool,
+            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+            tree_cache=no_prefix,
+            model_config=runner.model_config,
+            enable_overlap=False,
+            spec_algorithm=SpeculativeAlgorithm.NONE,
+        )
         try:
             batch.prepare_for_extend()
             _maybe_prepare_mlp_sync_batch(batch, runner)
-            if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
+            if (
+                batch.input_ids is None
+                and getattr(batch, "prefill_input_ids_cpu", None) is not None
+            ):
                 batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True)
                 batch.prefill_input_ids_cpu = None
             forward = ForwardBatch.init_new(
-                batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL, return_hidden_states_before_norm=False
+                batch,
+                runner,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                return_hidden_states_before_norm=False,
             )
             out = runner.forward(forward).logits_output
         finally:
@@ -122,27 +145,37 @@ class Runner:
         return out.hidden_states, out.last_hidden_states
 
     def _lm_head(self) -> torch.nn.Module:
-        heads = [m for name, m in self.model_runner.model.named_modules() if name.split(".")[-1] == "lm_head"]
+        heads = [
+            m
+            for name, m in self.model_runner.model.named_modules()
+            if name.split(".")[-1] == "lm_head"
+        ]
         if len(heads) != 1:
-            raise RuntimeError(f"expected one lm_head in {type(self.model_runner.model).__name__}, found {len(heads)}")
+            raise RuntimeError(
+                f"expected one lm_head in {type(self.model_runner.model).__name__}, found {len(heads)}"
+            )
         return heads[0]
 
     def _topk(self, last: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full-vocab top-``k`` ids (int64) and softmax probabilities (float32) of each token's next token."""
+        """Full-vocab top-``k`` ids (int64) and softmax probabilities (float32) of each token's next
+        token."""
         from sglang.srt.distributed import tensor_model_parallel_all_gather
 
         head = self._lm_head()
         start = head.shard_indices.org_vocab_start_index
-        rows = head.shard_indices.org_vocab_end_index - start  # this rank's real vocab rows (no padding)
+        # this rank's real vocab rows (no padding)
+        rows = head.shard_indices.org_vocab_end_index - start
         ids, probs = [], []
         for chunk in last.split(TOPK_CHUNK):
-            logits = head.quant_method.apply(head, chunk, None)[:, :rows].float()  # [n, H] -> [n, V/tp]
+            # [n, H] -> [n, V/tp]
+            logits = head.quant_method.apply(head, chunk, None)[:, :rows].float()
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [n, 1]
             values, index = logits.topk(min(k, rows), dim=-1)  # [n, k]
             index = index + start
             if self.tp_size > 1:  # [n, k] -> [n, tp * k]; [n, 1] -> [n, tp]
                 values, index, lse = (
-                    tensor_model_parallel_all_gather(t.contiguous(), dim=-1) for t in (values, index, lse)
+                    tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
+                    for t in (values, index, lse)
                 )
             top = values.topk(k, dim=-1)
             ids.append(index.gather(-1, top.indices))
@@ -151,7 +184,8 @@ class Runner:
 
 
 def _request(i: int, ids: list[int]) -> Any:
-    """One prefill-only request (SGLang's ``Req``): its whole input is extended, no logprobs, no decode."""
+    """One prefill-only request (SGLang's ``Req``): its whole input is extended, no logprobs, no
+    decode."""
     from array import array
 
     from sglang.srt.managers.schedule_batch import Req
@@ -169,9 +203,12 @@ def _request(i: int, ids: list[int]) -> Any:
     return req
 
 
-def serve(runner: Runner, requests: Iterable[str], replies: IO[str], *, rank: int, out_dir: Path) -> None:
-    """Answer ``forward`` messages until ``close`` or the end of ``requests`` (the capture process is gone). A failed
-    batch is answered with its error (the capture process then stops every rank), never left unanswered."""
+def serve(
+    runner: Runner, requests: Iterable[str], replies: IO[str], *, rank: int, out_dir: Path
+) -> None:
+    """Answer ``forward`` messages until ``close`` or the end of ``requests`` (the capture process
+    is gone). A failed batch is answered with its error (the capture process then stops every rank),
+    never left unanswered."""
     for line in requests:
         message = json.loads(line)
         if message.get("op") == "close":
@@ -182,15 +219,16 @@ def serve(runner: Runner, requests: Iterable[str], replies: IO[str], *, rank: in
             if rank == 0:
                 path = out_dir / f"batch-{message['batch']:08d}.bin"
                 reply |= {"file": str(path), "layout": write_tensors(path, tensors)}
-        except Exception as exc:  # the process boundary: the capture process raises it with this rank's log
+        # the process boundary: the capture process raises it with this rank's log
+        except Exception as exc:
             logger.exception("capture batch %s failed on rank %d", message.get("batch"), rank)
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         send(replies, reply)
 
 
 def _reply_stream() -> IO[str]:
-    """The control pipe is this process's stdout as started; from here on anything printed (SGLang prints) goes to
-    stderr, the rank's log."""
+    """The control pipe is this process's stdout as started; from here on anything printed (SGLang
+    prints) goes to stderr, the rank's log."""
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     return replies
@@ -198,7 +236,9 @@ def _reply_stream() -> IO[str]:
 
 def main(argv: list[str]) -> None:
     if "--" not in argv:
-        raise SystemExit("usage: python -m eagle3.capture.sglang.worker --rank R --out-dir DIR -- <SGLang flags>")
+        raise SystemExit(
+            "usage: python -m eagle3.capture.sglang.worker --rank R --out-dir DIR -- <SGLang flags>"
+        )
     cut = argv.index("--")
     own, sglang_args = dict(zip(argv[:cut:2], argv[1:cut:2], strict=True)), argv[cut + 1 :]
     replies = _reply_stream()

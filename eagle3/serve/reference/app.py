@@ -1,30 +1,36 @@
-"""The HTTP layer: SGLang's endpoint subset (docs/DESIGN.md, "HTTP") on aiohttp.web, as strict as SGLang 0.5.23 where a client
-can tell the difference.
+"""The HTTP layer: SGLang's endpoint subset (docs/DESIGN.md, "HTTP") on aiohttp.web, as strict as
+SGLang 0.5.23 where a client can tell the difference.
 
-Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are ``{"error": {"message"}}``
-(a sampling parameter that does not decode: ``{"error": "<message>"}``, as SGLang's decoder answers) with status 400
-(bad input, or a rid still in flight), 500 (injected or engine failure) or 503 (queue full, only with
-``--max-queued-requests``). Request checks and their messages are SGLang's (``eagle3.serve.reference.requests``); the
-conformance test (``tests/unit/serve/test_sglang_conformance.py``) holds both servers to the same answers, and
-docs/ARCHITECTURE.md ("The engines") lists where they still differ and why it does not matter. Streaming uses
-server-sent events, one ``data: {...}`` per step with the cumulative text and output ids, then ``data: [DONE]``.
+Shapes follow SGLang: ``/generate`` returns ``{text, output_ids, meta_info}``; errors are
+``{"error": {"message"}}`` (a sampling parameter that does not decode: ``{"error": "<message>"}``,
+as SGLang's decoder answers) with status 400 (bad input, or a rid still in flight), 500 (injected or
+engine failure) or 503 (queue full, only with ``--max-queued-requests``). Request checks and their
+messages are SGLang's (``eagle3.serve.reference.requests``); the conformance test
+(``tests/unit/serve/test_sglang_conformance.py``) holds both servers to the same answers, and
+docs/ARCHITECTURE.md ("The engines") lists where they still differ and why it does not matter.
+Streaming uses server-sent events, one ``data: {...}`` per step with the cumulative text and output
+ids, then ``data: [DONE]``.
 
 What mirrors SGLang's source (sgl-project/sglang, python/sglang/srt/):
 * A rid that is still in flight is refused with 400 and ``Duplicate request ID detected: <rid>``
-  (``managers/tokenizer_manager.py``, ``TokenizerManager`` registering the request state; the ``ValueError`` becomes a
-  400 in ``entrypoints/http_server.py`` ``generate_request`` via ``_create_error_response``). A client that resends a
-  timed-out request under the same rid meets exactly this answer (``eagle3.regen.client``).
-* ``/server_info`` and ``/model_info`` are the canonical info routes; ``/get_server_info`` and ``/get_model_info`` are
-  SGLang's deprecated aliases with the same payloads (``entrypoints/http_server.py``), served because external tools
-  still call them. Project code calls the canonical routes only.
-* ``/flush_cache`` answers 400 while requests are running or waiting and 200 when idle (``http_server.flush_cache``).
-* ``meta_info`` carries the speculative counters (``spec_verify_ct``, ``spec_accept_length``, ``spec_accept_rate``,
-  ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram``) only on a speculative
-  server, only on the final chunk, and only when the request had verify passes (``TokenizerManager`` adds them from
-  the batch output).
-* With ``--reasoning-parser``, a chat reply's thinking is split off into ``message.reasoning_content`` (SGLang's
-  ``ReasoningParser.parse_non_stream`` in ``entrypoints/openai/serving_chat.py``, ``separate_reasoning`` on by
-  default): forced on for a template whose switch is on, so ``reasoning</think>answer`` splits at ``</think>``.
+  (``managers/tokenizer_manager.py``, ``TokenizerManager`` registering the request state; the
+  ``ValueError`` becomes a 400 in ``entrypoints/http_server.py`` ``generate_request`` via
+  ``_create_error_response``). A client that resends a timed-out request under the same rid meets
+  exactly this answer (``eagle3.regen.client``).
+* ``/server_info`` and ``/model_info`` are the canonical info routes; ``/get_server_info`` and
+  ``/get_model_info`` are SGLang's deprecated aliases with the same payloads
+  (``entrypoints/http_server.py``), served because external tools still call them. Project code
+  calls the canonical routes only.
+* ``/flush_cache`` answers 400 while requests are running or waiting and 200 when idle
+  (``http_server.flush_cache``).
+* ``meta_info`` carries the speculative counters (``spec_verify_ct``, ``spec_accept_length``,
+  ``spec_accept_rate``, ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``,
+  ``spec_correct_drafts_histogram``) only on a speculative server, only on the final chunk, and only
+  when the request had verify passes (``TokenizerManager`` adds them from the batch output).
+* With ``--reasoning-parser``, a chat reply's thinking is split off into
+  ``message.reasoning_content`` (SGLang's ``ReasoningParser.parse_non_stream`` in
+  ``entrypoints/openai/serving_chat.py``, ``separate_reasoning`` on by default): forced on for a
+  template whose switch is on, so ``reasoning</think>answer`` splits at ``</think>``.
 * ``cached_tokens`` counts the prompt tokens the plain engine's prefix cache served
   (``prefix_cache``: whole finished sequences, not SGLang's radix tree; 0 on a speculative server,
   which has none); ``/flush_cache`` empties it, as SGLang's empties its radix cache.
@@ -66,8 +72,9 @@ def error_response(status: int, message: str, *, plain: bool = False) -> web.Res
 
 
 def meta_info(c: Completion, prompt_tokens: int, *, drafts_per_pass: int | None) -> dict[str, Any]:
-    """The final ``meta_info`` with SGLang 0.5.23's keys; speculative counters only where SGLang reports them (see
-    the module docstring). One weight version, no retractions, no reasoning parser, no data parallelism."""
+    """The final ``meta_info`` with SGLang 0.5.23's keys; speculative counters only where SGLang
+    reports them (see the module docstring). One weight version, no retractions, no reasoning
+    parser, no data parallelism."""
     n = len(c.output_ids)
     meta: dict[str, Any] = {
         "id": c.rid,
@@ -84,25 +91,33 @@ def meta_info(c: Completion, prompt_tokens: int, *, drafts_per_pass: int | None)
         "e2e_latency": c.e2e_latency,
         "response_sent_to_client_ts": time.time(),
     }
-    if drafts_per_pass and c.verify_ct > 0:  # as SGLang's TokenizerManager._calculate_spec_decoding_metrics
+    # as SGLang's TokenizerManager._calculate_spec_decoding_metrics
+    if drafts_per_pass and c.verify_ct > 0:
         proposed, correct = c.verify_ct * drafts_per_pass, sum(c.accepted_drafts)
         histogram = [0] * (drafts_per_pass + 1)
         for accepted in c.accepted_drafts:
             histogram[accepted] += 1
-        meta |= {"spec_accept_rate": correct / proposed, "spec_accept_length": n / c.verify_ct,
-                 "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
-                 "spec_verify_ct": c.verify_ct, "spec_correct_drafts_histogram": histogram}  # fmt: skip
+        meta |= {
+            "spec_accept_rate": correct / proposed,
+            "spec_accept_length": n / c.verify_ct,
+            "spec_num_correct_drafts": correct,
+            "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": c.verify_ct,
+            "spec_correct_drafts_histogram": histogram,
+        }
     return meta
 
 
 def _drafts_per_pass(request: web.Request) -> int | None:
-    """Draft tokens a verify pass checks on a speculative server (its chain of ``num_steps``), else None."""
+    """Draft tokens a verify pass checks on a speculative server (its chain of ``num_steps``), else
+    None."""
     args = request.app[ARGS]
     return (args.speculative_num_steps or DEFAULT_NUM_STEPS) if args.speculative_algorithm else None
 
 
 def _register(request: web.Request, rid: str) -> None:
-    """Mark ``rid`` in flight, or refuse it as SGLang's ``TokenizerManager`` does when it already is."""
+    """Mark ``rid`` in flight, or refuse it as SGLang's ``TokenizerManager`` does when it already
+    is."""
     in_flight = request.app[IN_FLIGHT]
     if rid in in_flight:
         raise BadRequest(f"Duplicate request ID detected: {rid}")
@@ -164,7 +179,8 @@ async def _in_flight(
     parse: Callable[[Any, Any], GenerateRequest],
     handle: Callable[[web.Request, GenerateRequest], Awaitable[web.StreamResponse]],
 ) -> web.StreamResponse:
-    """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is SGLang's 400)."""
+    """Parse the body, register its rid for the length of ``handle`` (a rid already in flight is
+    SGLang's 400)."""
     try:
         request[BODY] = await _read_json(request)
         req = parse(request[BODY], request.app[GENERATOR])
@@ -222,12 +238,17 @@ async def _generate(request: web.Request, req: GenerateRequest) -> web.StreamRes
 
 
 async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
-    """SSE: one event per engine step with the cumulative output, the final one with ``finish_reason``."""
+    """SSE: one event per engine step with the cumulative output, the final one with
+    ``finish_reason``."""
     generator = request.app[GENERATOR]
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await response.prepare(request)
     steps: asyncio.Queue[list[int]] = asyncio.Queue()
-    task = asyncio.ensure_future(generator.generate(req.rid, req.input_ids, req.params, on_tokens=steps.put_nowait))
+    task = asyncio.ensure_future(
+        generator.generate(req.rid, req.input_ids, req.params, on_tokens=steps.put_nowait)
+    )
     start = time.monotonic()
     try:
         while not task.done():
@@ -245,7 +266,9 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
                 "cached_tokens": 0,
                 "e2e_latency": time.monotonic() - start,
             }
-            await _sse(response, {"text": generator.decode(ids), "output_ids": ids, "meta_info": meta})
+            await _sse(
+                response, {"text": generator.decode(ids), "output_ids": ids, "meta_info": meta}
+            )
         c = task.result()
     except RuntimeError as exc:
         await _sse(response, {"error": {"message": f"generation failed: {exc}", "code": 500}})
@@ -254,7 +277,9 @@ async def _generate_stream(request: web.Request, req: GenerateRequest) -> web.St
     finally:
         task.cancel()
     meta = meta_info(c, len(req.input_ids), drafts_per_pass=_drafts_per_pass(request))
-    await _sse(response, {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta})
+    await _sse(
+        response, {"text": _text(generator, c), "output_ids": c.output_ids, "meta_info": meta}
+    )
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     _completed(request, req, c)
@@ -297,9 +322,9 @@ def _chat_body(request: web.Request, req: GenerateRequest, c: Completion) -> dic
 
 
 def _chat_message(args: argparse.Namespace, req: GenerateRequest, text: str) -> dict[str, Any]:
-    """The reply message; with ``--reasoning-parser``, the thinking apart in ``reasoning_content`` (None when
-    there is none) as SGLang's ``serving_chat`` returns it, its parser forced on unless the request turned the
-    template's thinking switch off."""
+    """The reply message; with ``--reasoning-parser``, the thinking apart in ``reasoning_content``
+    (None when there is none) as SGLang's ``serving_chat`` returns it, its parser forced on unless
+    the request turned the template's thinking switch off."""
     if not args.reasoning_parser or not req.separate_reasoning:
         return {"role": "assistant", "content": text}
     dialect = reasoning_format(args.reasoning_parser)
@@ -337,7 +362,9 @@ async def model_info(request: web.Request) -> web.Response:
         "server": "eagle3-reference",
     }
     if generator.synthetic:
-        info["note"] = "synthetic load mode for the client-scaling benchmark: no model, outputs are meaningless"
+        info["note"] = (
+            "synthetic load mode for the client-scaling benchmark: no model, outputs are meaningless"
+        )
     return web.json_response(info)
 
 
@@ -351,12 +378,15 @@ async def server_info_route(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    """200 when idle, 400 while requests run or wait: SGLang refuses to flush under load, so callers must retry."""
+    """200 when idle, 400 while requests run or wait: SGLang refuses to flush under load, so callers
+    must retry."""
     if request.app[IN_FLIGHT]:  # every /generate and chat request, queued or running
         return web.Response(status=400, text="Flush cache failed.\n")
     request.app[GENERATOR].flush()
-    return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-                        "waiting requests, the operation will not be performed.)\n")  # fmt: skip
+    return web.Response(
+        text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+        "waiting requests, the operation will not be performed.)\n"
+    )
 
 
 def build_app(args: argparse.Namespace, generator: Any) -> web.Application:

@@ -1,4 +1,5 @@
-"""``python -m eagle3.serve.reference`` / ``eagle3 serve``: parse flags, load the generator, serve until killed."""
+"""``python -m eagle3.serve.reference`` / ``eagle3 serve``: parse flags, load the generator, serve
+until killed."""
 
 from __future__ import annotations
 
@@ -29,15 +30,19 @@ def make_generator(args: argparse.Namespace) -> object:
 
 
 def _check_port_free(host: str, port: int) -> None:
-    """Exit with one line (code 2, bad usage, as argparse's own errors) when ``host:port`` cannot be bound, e.g.
-    another server already listens there."""
+    """Exit with one line (code 2, bad usage, as argparse's own errors) when ``host:port`` cannot be
+    bound, e.g. another server already listens there."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is no conflict
+        # as aiohttp binds: TIME_WAIT is no conflict
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
-            print(f"error: cannot listen on {host}:{port} ({exc.strerror}): another server uses the port; stop it or "
-                  "pass --port", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: cannot listen on {host}:{port} ({exc.strerror}): another server uses the port; stop it or "
+                "pass --port",
+                file=sys.stderr,
+            )
             raise SystemExit(USAGE_EXIT) from None
 
 
@@ -48,9 +53,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    _check_port_free(args.host, args.port)  # before the model loads: a taken port fails in a second, in one line
+    # before the model loads: a taken port fails in a second, in one line
+    _check_port_free(args.host, args.port)
     generator = make_generator(args)
     logger.info("eagle3 reference server on http://%s:%d", args.host, args.port)
     web.run_app(
-        build_app(args, generator), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=2.0
+        build_app(args, generator),
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+        shutdown_timeout=2.0,
     )

@@ -1,9 +1,11 @@
-"""What the HTTP layer generates with: a model (tokenizer + scheduler + engine) or the synthetic load generator.
+"""What the HTTP layer generates with: a model (tokenizer + scheduler + engine) or the synthetic
+load generator.
 
-``ModelGenerator`` loads a transformers causal LM and its tokenizer and runs them through the scheduler.
-``SyntheticGenerator`` has no model at all: every request sleeps ``--synthetic-delay`` seconds and returns
-``--synthetic-tokens`` ids cycling through a fixed range. It exists only so the client-scaling benchmark can push a
-million requests through a real HTTP server; ``/model_info`` and the log say so.
+``ModelGenerator`` loads a transformers causal LM and its tokenizer and runs them through the
+scheduler. ``SyntheticGenerator`` has no model at all: every request sleeps ``--synthetic-delay``
+seconds and returns ``--synthetic-tokens`` ids cycling through a fixed range. It exists only so the
+client-scaling benchmark can push a million requests through a real HTTP server; ``/model_info`` and
+the log say so.
 """
 
 from __future__ import annotations
@@ -44,12 +46,17 @@ class ModelGenerator:
         model = load_causal_lm(TargetRef(args.model_path), dtype=dtype).to(args.device).eval()
         self.architectures = list(model.config.architectures or [type(model).__name__])
         self.vocab_size = int(model.config.vocab_size)
-        self.context_length = int(args.context_length or getattr(model.config, "max_position_embeddings", 4096))
+        self.context_length = int(
+            args.context_length or getattr(model.config, "max_position_embeddings", 4096)
+        )
         self.speculative: Any = None
-        if args.speculative_algorithm:  # EAGLE3 / EAGLE with a draft: eagle3.serve.reference.spec_engine
+        # EAGLE3 / EAGLE with a draft: eagle3.serve.reference.spec_engine
+        if args.speculative_algorithm:
             from eagle3.serve.reference.spec_engine import build_speculative_engine
 
-            engine: Any = build_speculative_engine(model, self.tokenizer, args, context_length=self.context_length)
+            engine: Any = build_speculative_engine(
+                model, self.tokenizer, args, context_length=self.context_length
+            )
             self.speculative = engine
         else:
             engine = HFEngine(
@@ -62,7 +69,9 @@ class ModelGenerator:
             )
         self.scheduler = Scheduler(engine)
         self.scheduler.start()
-        logger.info("loaded %s (%s) context=%d", args.model_path, self.architectures, self.context_length)
+        logger.info(
+            "loaded %s (%s) context=%d", args.model_path, self.architectures, self.context_length
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -75,9 +84,14 @@ class ModelGenerator:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def chat_ids(
-        self, messages: list[dict[str, Any]], *, tools: list[Any] | None = None, kwargs: dict[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The chat template over OpenAI messages, with the request's tools and ``chat_template_kwargs``."""
+        """The chat template over OpenAI messages, with the request's tools and
+        ``chat_template_kwargs``."""
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **(kwargs or {})
         )
@@ -107,9 +121,12 @@ class ModelGenerator:
             "verify_ct": s.verify_ct,
             "avg_spec_accept_length": s.completion_tokens / s.verify_ct if s.verify_ct else 1.0,
         }
-        if self.speculative is not None:  # batched target verify forwards and the per-request passes they served
-            counters |= {"verify_forwards": self.speculative.verify_forwards,
-                         "verify_passes": self.speculative.verify_passes}  # fmt: skip
+        # batched target verify forwards and the per-request passes they served
+        if self.speculative is not None:
+            counters |= {
+                "verify_forwards": self.speculative.verify_forwards,
+                "verify_passes": self.speculative.verify_passes,
+            }
         return counters
 
     def flush(self) -> None:
@@ -123,7 +140,8 @@ class ModelGenerator:
 
 
 class SyntheticGenerator:
-    """No model: fixed delay, fixed number of cycling token ids. For the client-scaling benchmark only."""
+    """No model: fixed delay, fixed number of cycling token ids. For the client-scaling benchmark
+    only."""
 
     synthetic = True
     architectures: ClassVar[list[str]] = ["SyntheticLoadGenerator"]
@@ -144,7 +162,8 @@ class SyntheticGenerator:
 
     @property
     def num_waiting(self) -> int:
-        return self.in_flight  # no batch: every request in flight counts against --max-queued-requests
+        # no batch: every request in flight counts against --max-queued-requests
+        return self.in_flight
 
     def encode(self, text: str) -> list[int]:
         return [SYNTHETIC_FIRST_ID + (b % SYNTHETIC_CYCLE) for b in text.encode()]

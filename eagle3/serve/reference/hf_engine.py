@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 class FinishChecker:
-    """EOS, stop strings, max_new_tokens and the context length; sets ``seq.finish_reason`` SGLang-style."""
+    """EOS, stop strings, max_new_tokens and the context length; sets ``seq.finish_reason``
+    SGLang-style."""
 
     def __init__(self, tokenizer: Any, eos_ids: set[int], context_length: int) -> None:
         self.tokenizer = tokenizer
@@ -86,7 +87,8 @@ def prefill_groups(lengths: list[int], *, waste: float = PREFILL_PAD_WASTE) -> l
 
 
 def cache_keyword(model: Any) -> str:
-    """transformers renamed ``past_key_values`` to ``cache`` during 5.x: the keyword this model's forward takes."""
+    """transformers renamed ``past_key_values`` to ``cache`` during 5.x: the keyword this model's
+    forward takes."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -100,7 +102,8 @@ def left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 class HFEngine:
-    """A transformers causal LM decoding a continuously batched set of sequences (see module docstring)."""
+    """A transformers causal LM decoding a continuously batched set of sequences (see module
+    docstring)."""
 
     def __init__(
         self,
@@ -172,7 +175,9 @@ class HFEngine:
             self._drop_finished()
         return stepped, done
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -223,7 +228,8 @@ class HFEngine:
             return
         width = max(self._mask.shape[1], mask.shape[1])
         merged = []
-        for (k0, v0, _), (k1, v1, _) in zip(self._cache, cache, strict=True):  # [B, heads, S, D] per layer
+        # [B, heads, S, D] per layer
+        for (k0, v0, _), (k1, v1, _) in zip(self._cache, cache, strict=True):
             merged.append(
                 (
                     torch.cat([left_pad(k0, width, 2), left_pad(k1, width, 2)], dim=0),
@@ -237,7 +243,9 @@ class HFEngine:
         assert self._mask is not None
         ids = torch.tensor([[s.output_ids[-1]] for s in self._running], dtype=torch.long)  # [B, 1]
         positions = self._mask.sum(-1, keepdim=True)  # [B, 1]: real tokens so far = next position
-        self._mask = torch.cat([self._mask, torch.ones(len(self._running), 1, dtype=torch.long)], dim=1)
+        self._mask = torch.cat(
+            [self._mask, torch.ones(len(self._running), 1, dtype=torch.long)], dim=1
+        )
         logits = self._forward(ids, self._mask, positions, self._cache)
         self._advance(self._running, logits)
         return list(self._running)
@@ -266,8 +274,11 @@ class HFEngine:
         index = torch.tensor(keep, dtype=torch.long)
         cache_index = index.to(self.device)
         mask = self._mask[index]
-        first = int((mask.sum(0) > 0).nonzero()[0].item())  # leading columns that are padding in every row
+        # leading columns that are padding in every row
+        first = int((mask.sum(0) > 0).nonzero()[0].item())
         self._mask = mask[:, first:]
         self._cache = self._cache_cls(
-            ddp_cache_data=[(k[cache_index, :, first:], v[cache_index, :, first:]) for k, v, _ in self._cache]
+            ddp_cache_data=[
+                (k[cache_index, :, first:], v[cache_index, :, first:]) for k, v, _ in self._cache
+            ]
         )

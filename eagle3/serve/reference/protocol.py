@@ -1,7 +1,9 @@
-"""The types shared by the HTTP layer, the scheduler and the engines (torch-free, so synthetic mode stays light).
+"""The types shared by the HTTP layer, the scheduler and the engines (torch-free, so synthetic mode
+stays light).
 
-``Engine`` is the seam for a future speculative engine (EAGLE-3 draft + chain verification): it implements the
-same calls, may add several tokens to a sequence per step, and counts target forward passes in ``verify_ct``.
+``Engine`` is the seam for a future speculative engine (EAGLE-3 draft + chain verification): it
+implements the same calls, may add several tokens to a sequence per step, and counts target forward
+passes in ``verify_ct``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class SamplingParams:
 
 @dataclass
 class Sequence:
-    """One request inside the engine: prompt, generated ids, finish state, and its callbacks' payloads."""
+    """One request inside the engine: prompt, generated ids, finish state, and its callbacks'
+    payloads."""
 
     rid: str
     prompt_ids: list[int]
@@ -42,7 +45,8 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     verify_ct: int = 0
-    accepted_drafts: list[int] = field(default_factory=list)  # per verify pass (a speculative engine's)
+    # per verify pass (a speculative engine's)
+    accepted_drafts: list[int] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
     sampling: Any = None  # the engine's sampling state of it (``sampling.RowSampling``)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -61,7 +65,8 @@ class Engine(Protocol):
         """Queue sequences to join the running batch at the next ``step``."""
 
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
-        """One forward pass: returns (sequences that got new tokens, sequences that finished and left)."""
+        """One forward pass: returns (sequences that got new tokens, sequences that finished and
+        left)."""
 
     def num_running(self) -> int:
         """Sequences in the batch, admitted or running."""

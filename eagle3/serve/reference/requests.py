@@ -1,7 +1,8 @@
-"""Validation of request bodies: everything a client can get wrong becomes a ``BadRequest`` (HTTP 400).
+"""Validation of request bodies: everything a client can get wrong becomes a ``BadRequest`` (HTTP
+400).
 
-The message names the field and the fix, the way SGLang's 400s do, and the client stores it verbatim as the
-failed sample's ``error``.
+The message names the field and the fix, the way SGLang's 400s do, and the client stores it verbatim
+as the failed sample's ``error``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from eagle3.serve.reference.protocol import SamplingParams
 class BadRequest(ValueError):
     """A request the server refuses (400); the message is sent to the client.
 
-    ``plain`` bodies are SGLang's sampling-parameter decoding errors, ``{"error": "<message>"}``; the others are
-    ``{"error": {"message": "<message>"}}`` (``http_server._create_error_response``)."""
+    ``plain`` bodies are SGLang's sampling-parameter decoding errors, ``{"error": "<message>"}``;
+    the others are ``{"error": {"message": "<message>"}}``
+    (``http_server._create_error_response``)."""
 
     def __init__(self, message: str, *, plain: bool = False) -> None:
         super().__init__(message)
@@ -33,12 +35,15 @@ class GenerateRequest:
     input_ids: list[int]
     params: SamplingParams
     stream: bool
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: the template's arguments
-    separate_reasoning: bool = True  # chat: split the thinking into reasoning_content (with a reasoning parser)
+    # chat: the template's arguments
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # chat: split the thinking into reasoning_content (with a reasoning parser)
+    separate_reasoning: bool = True
 
 
-# SGLang 0.5.23's sampling parameters, in the order its decoder lists them in an unknown-field error; the reference
-# server implements the first group and takes the others only at their no-op value (anything else is a 400).
+# SGLang 0.5.23's sampling parameters, in the order its decoder lists them in an unknown-field
+# error; the reference server implements the first group and takes the others only at their no-op
+# value (anything else is a 400).
 IMPLEMENTED = (
     "max_new_tokens",
     "stop",
@@ -49,20 +54,53 @@ IMPLEMENTED = (
     "sampling_seed",
 )
 SGLANG_SAMPLING_FIELDS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
-    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
-)  # fmt: skip
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+)
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "min_p": (0, 0.0), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_new_tokens": (0,), "n": (1,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
-    "no_stop_trim": (False,), "stop_token_ids": ([],), "logit_bias": ({},),
-}  # fmt: skip
+    "min_p": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_new_tokens": (0,),
+    "n": (1,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "no_stop_trim": (False,),
+    "stop_token_ids": ([],),
+    "logit_bias": ({},),
+}
 
 
 def _serde_type(value: Any) -> str:
-    """How SGLang's sampling-parameter decoder names the JSON type of ``value`` in an ``invalid type`` error."""
+    """How SGLang's sampling-parameter decoder names the JSON type of ``value`` in an ``invalid
+    type`` error."""
     if isinstance(value, bool):
         return f"boolean `{str(value).lower()}`"
     if isinstance(value, int):
@@ -75,7 +113,8 @@ def _serde_type(value: Any) -> str:
 
 
 def _typed(raw: dict[str, Any], name: str, expected: str) -> Any:
-    """``raw[name]`` when it decodes as SGLang's decoder expects (``i64``, ``f64`` or ``a boolean``)."""
+    """``raw[name]`` when it decodes as SGLang's decoder expects (``i64``, ``f64`` or ``a
+    boolean``)."""
     value = raw[name]
     ok = {
         "i64": isinstance(value, int) and not isinstance(value, bool),
@@ -93,13 +132,20 @@ def _check_fields(raw: dict[str, Any]) -> None:
         expected = ", ".join(f"`{f}`" for f in SGLANG_SAMPLING_FIELDS)
         raise BadRequest(f"unknown field `{unknown[0]}`, expected one of {expected}", plain=True)
     for name, value in raw.items():
-        if name not in IMPLEMENTED and value is not None and value not in NO_OP_VALUES.get(name, ()):
-            raise BadRequest(f"sampling_params.{name}={value!r} is not supported by the reference server (SGLang "
-                             f"takes it): leave it out or use real SGLang")  # fmt: skip
+        if (
+            name not in IMPLEMENTED
+            and value is not None
+            and value not in NO_OP_VALUES.get(name, ())
+        ):
+            raise BadRequest(
+                f"sampling_params.{name}={value!r} is not supported by the reference server (SGLang "
+                f"takes it): leave it out or use real SGLang"
+            )
 
 
 def parse_sampling(raw: Any, *, default_max_new_tokens: int = 128) -> SamplingParams:
-    """SGLang's ``sampling_params`` with its checks and messages (``sampling/sampling_params.py`` ``verify``)."""
+    """SGLang's ``sampling_params`` with its checks and messages (``sampling/sampling_params.py``
+    ``verify``)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -113,7 +159,9 @@ def parse_sampling(raw: Any, *, default_max_new_tokens: int = 128) -> SamplingPa
     if raw.get("temperature") is not None:
         p.temperature = float(_typed(raw, "temperature", "f64"))
         if not 0 <= p.temperature < float("inf"):
-            raise BadRequest(f"temperature must be a non-negative finite number, got {raw['temperature']}.")
+            raise BadRequest(
+                f"temperature must be a non-negative finite number, got {raw['temperature']}."
+            )
     if raw.get("top_p") is not None:
         p.top_p = float(_typed(raw, "top_p", "f64"))
         if not 0 < p.top_p <= 1:
@@ -126,8 +174,11 @@ def parse_sampling(raw: Any, *, default_max_new_tokens: int = 128) -> SamplingPa
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise BadRequest(f"invalid type: {_serde_type(raw['stop'])}, expected a value or an array of values for "
-                             "StringOrList", plain=True)  # fmt: skip
+            raise BadRequest(
+                f"invalid type: {_serde_type(raw['stop'])}, expected a value or an array of values for "
+                "StringOrList",
+                plain=True,
+            )
         p.stop = stop
     if raw.get("ignore_eos") is not None:
         p.ignore_eos = _typed(raw, "ignore_eos", "a boolean")
@@ -146,20 +197,28 @@ def check_ids(ids: Any, generator: Any) -> list[int]:
     if not ids:
         raise BadRequest("input_ids cannot be empty.")
     if all(isinstance(i, list) for i in ids):
-        raise BadRequest("batched input_ids are not served by the reference server: send one prompt per request")
+        raise BadRequest(
+            "batched input_ids are not served by the reference server: send one prompt per request"
+        )
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise BadRequest("input_ids must contain integers only")
     bad = [i for i in ids if not 0 <= i < generator.vocab_size]
-    if bad:  # SGLang 0.5.23 has no such check: its scheduler dies on the embedding lookup (docs/ARCHITECTURE.md)
-        raise BadRequest(f"input_ids has {len(bad)} ids outside the vocabulary [0, {generator.vocab_size}): {bad[:5]}")
+    # SGLang 0.5.23 has no such check: its scheduler dies on the embedding lookup
+    # (docs/ARCHITECTURE.md)
+    if bad:
+        raise BadRequest(
+            f"input_ids has {len(bad)} ids outside the vocabulary [0, {generator.vocab_size}): {bad[:5]}"
+        )
     return ids
 
 
 def check_length(n: int, params: SamplingParams, raw: Any, context: int) -> None:
-    """SGLang's two length checks (``TokenizerManager._validate_one_request``): the prompt alone, then the prompt
-    plus an explicitly requested ``max_new_tokens``."""
+    """SGLang's two length checks (``TokenizerManager._validate_one_request``): the prompt alone,
+    then the prompt plus an explicitly requested ``max_new_tokens``."""
     if n >= context:
-        raise BadRequest(f"The input ({n} tokens) is longer than the model's context length ({context} tokens).")
+        raise BadRequest(
+            f"The input ({n} tokens) is longer than the model's context length ({context} tokens)."
+        )
     requested = raw.get("max_new_tokens") if isinstance(raw, dict) else None
     if requested is not None and requested + n > context:
         raise BadRequest(
@@ -177,7 +236,9 @@ def _duplicate_rids(body: dict[str, Any]) -> None:
         seen: set[Any] = set()
         dups = [r for r in rids if r in seen or seen.add(r)]
         if dups:
-            raise BadRequest(f"Duplicate request IDs detected within the request: {sorted(set(dups))}")
+            raise BadRequest(
+                f"Duplicate request IDs detected within the request: {sorted(set(dups))}"
+            )
 
 
 def _body(body: Any) -> dict[str, Any]:
@@ -194,8 +255,11 @@ def parse_generate(body: Any, generator: Any) -> GenerateRequest:
     if body.get("input_ids") is not None and body.get("text") is not None:
         raise BadRequest("give exactly one of input_ids or text")
     if body.get("text") is not None:
-        if not isinstance(body["text"], str) or not body["text"]:  # SGLang's CPU scheduler dies on "" (ARCHITECTURE)
-            raise BadRequest("text must be a non-empty string (batched text is not served by the reference server)")
+        # SGLang's CPU scheduler dies on "" (ARCHITECTURE)
+        if not isinstance(body["text"], str) or not body["text"]:
+            raise BadRequest(
+                "text must be a non-empty string (batched text is not served by the reference server)"
+            )
         ids = check_ids(generator.encode(body["text"]), generator)
     else:
         ids = check_ids(body["input_ids"], generator)
@@ -211,8 +275,9 @@ def parse_generate(body: Any, generator: Any) -> GenerateRequest:
 
 
 def _chat_message(m: Any) -> dict[str, Any]:
-    """One message as SGLang hands it to the template: an assistant turn that only calls may have no content, and
-    its calls' JSON-text arguments are parsed (SGLang's ``normalize_assistant_tool_call_arguments``)."""
+    """One message as SGLang hands it to the template: an assistant turn that only calls may have no
+    content, and its calls' JSON-text arguments are parsed (SGLang's
+    ``normalize_assistant_tool_call_arguments``)."""
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise BadRequest("every message needs a string role and a string content")
     calls = m.get("tool_calls") if m["role"] == "assistant" else None
@@ -220,9 +285,12 @@ def _chat_message(m: Any) -> dict[str, Any]:
         raise BadRequest("every message needs a string role and a string content")
     if not calls:
         return m
-    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                               for c in calls):  # fmt: skip
-        raise BadRequest("tool_calls must be a list of {id, type, function: {name, arguments}} objects")
+    if not isinstance(calls, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+    ):
+        raise BadRequest(
+            "tool_calls must be a list of {id, type, function: {name, arguments}} objects"
+        )
     parsed = []
     for call in calls:
         arguments = call["function"].get("arguments", "{}")
@@ -249,8 +317,8 @@ def _chat_options(body: dict[str, Any]) -> tuple[list[Any] | None, dict[str, Any
 
 
 def parse_chat(body: Any, generator: Any) -> GenerateRequest:
-    """An OpenAI chat request, rendered with the tokenizer's chat template (with the request's ``tools`` and
-    ``chat_template_kwargs``). Only ``n=1``, no streaming."""
+    """An OpenAI chat request, rendered with the tokenizer's chat template (with the request's
+    ``tools`` and ``chat_template_kwargs``). Only ``n=1``, no streaming."""
     body = _body(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -258,7 +326,9 @@ def parse_chat(body: Any, generator: Any) -> GenerateRequest:
     messages = [_chat_message(m) for m in messages]
     tools, kwargs, separate = _chat_options(body)
     if body.get("stream"):
-        raise BadRequest("stream=true is not supported on /v1/chat/completions by the reference server")
+        raise BadRequest(
+            "stream=true is not supported on /v1/chat/completions by the reference server"
+        )
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported")
     raw = {
@@ -271,7 +341,8 @@ def parse_chat(body: Any, generator: Any) -> GenerateRequest:
     }
     try:
         rendered = generator.chat_ids(messages, tools=tools, kwargs=kwargs)
-    except (TypeError, ValueError, TemplateError) as exc:  # the template refused the messages: 400, as in SGLang
+    # the template refused the messages: 400, as in SGLang
+    except (TypeError, ValueError, TemplateError) as exc:
         raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
     ids = check_ids(rendered, generator)
     rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"

@@ -1,10 +1,12 @@
-"""The scheduler: one worker thread that admits waiting requests into the engine's batch and steps it.
+"""The scheduler: one worker thread that admits waiting requests into the engine's batch and steps
+it.
 
-The HTTP handlers run on the asyncio loop; the model runs on this thread (torch releases the GIL in its kernels,
-so the loop stays responsive). Handlers ``submit`` a request and await an ``asyncio.Future`` (or read an
-``asyncio.Queue`` when streaming); the thread resolves them with ``loop.call_soon_threadsafe``. Every step admits
-as many waiting requests as the engine has room for (continuous batching): a request that arrives while others
-decode joins at the next step instead of waiting for the batch to drain.
+The HTTP handlers run on the asyncio loop; the model runs on this thread (torch releases the GIL in
+its kernels, so the loop stays responsive). Handlers ``submit`` a request and await an
+``asyncio.Future`` (or read an ``asyncio.Queue`` when streaming); the thread resolves them with
+``loop.call_soon_threadsafe``. Every step admits as many waiting requests as the engine has room for
+(continuous batching): a request that arrives while others decode joins at the next step instead of
+waiting for the batch to drain.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ class Scheduler:
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> asyncio.Future[Completion]:
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(Sequence(rid, list(prompt_ids), params), loop, loop.create_future(), on_tokens)
+        ticket = _Ticket(
+            Sequence(rid, list(prompt_ids), params), loop, loop.create_future(), on_tokens
+        )
         with self._cond:
             self._waiting.append(ticket)
             self._cond.notify()
@@ -97,7 +101,8 @@ class Scheduler:
             self._admit()
             try:
                 stepped, done = self.engine.step()
-            except Exception as exc:  # a model error fails the requests in the batch, never the server
+            # a model error fails the requests in the batch, never the server
+            except Exception as exc:
                 logger.exception("engine step failed; failing its requests")
                 self._fail_all(exc)
                 continue

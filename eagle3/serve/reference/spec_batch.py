@@ -48,18 +48,23 @@ from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 
 
 def _compact_index(mask: torch.Tensor) -> torch.Tensor:
-    """``[B, W]`` column index right-aligning each row's real columns in order (``W`` = the longest row)."""
-    order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices  # padding first, real columns last, in order
+    """``[B, W]`` column index right-aligning each row's real columns in order (``W`` = the longest
+    row)."""
+    # padding first, real columns last, in order
+    order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices
     return order[:, order.shape[1] - int(mask.sum(1).max()) :]
 
 
 def _take_columns(tensors: list[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
-    """Each ``[B, heads, S, D]`` tensor -> ``[B, heads, W, D]`` keeping columns ``index [B, W]`` per row; a slice (no
-    copy) when every row keeps the same contiguous columns (one row, or rows that all accepted alike)."""
+    """Each ``[B, heads, S, D]`` tensor -> ``[B, heads, W, D]`` keeping columns ``index [B, W]`` per
+    row; a slice (no copy) when every row keeps the same contiguous columns (one row, or rows that
+    all accepted alike)."""
     first, width = int(index[0, 0]), index.shape[1]
     if bool((index == torch.arange(first, first + width, device=index.device)).all()):
         return [x[:, :, first : first + width] for x in tensors]
-    return [x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])) for x in tensors]
+    return [
+        x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])) for x in tensors
+    ]
 
 
 def _cat_rows(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
@@ -68,12 +73,16 @@ def _cat_rows(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([left_pad(a, width, dim), left_pad(b, width, dim)], dim=0)
 
 
-def _cat_kv(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def _cat_kv(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
     return _cat_rows(a[0], b[0], 2), _cat_rows(a[1], b[1], 2)  # keys, values [B, kv, S, D]
 
 
 def _kv(draft: DraftKVCache) -> tuple[torch.Tensor, torch.Tensor]:
-    assert draft.k is not None and draft.v is not None, "the draft cache of a running batch holds every row's pairs"
+    assert draft.k is not None and draft.v is not None, (
+        "the draft cache of a running batch holds every row's pairs"
+    )
     return draft.k, draft.v
 
 
@@ -92,10 +101,12 @@ class Cycle(NamedTuple):
 
 
 class ChainBatch:
-    """The target and draft caches of the running rows and each row's draft state (see module docstring)."""
+    """The target and draft caches of the running rows and each row's draft state (see module
+    docstring)."""
 
     def __init__(self, decoder: SpeculativeDecoder) -> None:
-        from transformers import DynamicCache  # local: keeps `import eagle3.serve.reference` light for synthetic mode
+        # local: keeps `import eagle3.serve.reference` light for synthetic mode
+        from transformers import DynamicCache
 
         self.d = decoder
         self._cache_cls = DynamicCache
@@ -103,12 +114,17 @@ class ChainBatch:
         self.reset()
 
     def reset(self) -> None:
-        self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # target keys/values per layer [B, kv, S, D]
+        # target keys/values per layer [B, kv, S, D]
+        self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._draft = DraftKVCache()  # [B, kv, S, D]
-        self._mask = torch.zeros(0, 0, dtype=torch.bool)  # [B, S] real columns, the same in both caches between cycles
-        self._hidden: torch.Tensor | None = None  # [B, 1, H] draft pre-norm output at each row's last real pair
-        self._logits: torch.Tensor | None = None  # [B, V_draft] draft logits there: each row's next first draft
-        self._last = torch.zeros(0, dtype=torch.long)  # [B] each row's last token (not yet in the target cache)
+        # [B, S] real columns, the same in both caches between cycles
+        self._mask = torch.zeros(0, 0, dtype=torch.bool)
+        # [B, 1, H] draft pre-norm output at each row's last real pair
+        self._hidden: torch.Tensor | None = None
+        # [B, V_draft] draft logits there: each row's next first draft
+        self._logits: torch.Tensor | None = None
+        # [B] each row's last token (not yet in the target cache)
+        self._last = torch.zeros(0, dtype=torch.long)
         self._length = torch.zeros(0, dtype=torch.long)  # [B] tokens per row, prompt + output
         self._rows: list[RowSampling] = []  # each row's sampling and coin stream
 
@@ -117,18 +133,35 @@ class ChainBatch:
         return int(self._last.shape[0])
 
     def _target(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, *, last_only: bool = False
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        *,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits ``[B, S, V]`` (``[B, 1, V]`` with ``last_only``) and the draft's hidden input
-        ``[B, S, 3H or H]`` for ``ids [B, S]``."""
+        """Target logits ``[B, S, V]`` (``[B, 1, V]`` with ``last_only``) and the draft's hidden
+        input ``[B, S, 3H or H]`` for ``ids [B, S]``."""
         dev = self.d.device
-        out = self.d.target(input_ids=ids.to(dev), attention_mask=mask.long().to(dev), position_ids=positions.to(dev),
-                            **{self._cache_kw: cache}, use_cache=True, output_hidden_states=True,
-                            logits_to_keep=1 if last_only else 0)  # fmt: skip
+        out = self.d.target(
+            input_ids=ids.to(dev),
+            attention_mask=mask.long().to(dev),
+            position_ids=positions.to(dev),
+            **{self._cache_kw: cache},
+            use_cache=True,
+            output_hidden_states=True,
+            logits_to_keep=1 if last_only else 0,
+        )
         return out.logits.float().cpu(), self.d.draft_input(out.hidden_states)
 
     def _draft_step(
-        self, draft: DraftKVCache, mask: torch.Tensor, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+        self,
+        draft: DraftKVCache,
+        mask: torch.Tensor,
+        ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         draft.key_mask = mask.to(self.d.device)  # every key after this step's append
         logits, out = self.d.draft_step(ids, hidden, positions, draft)
@@ -150,7 +183,8 @@ class ChainBatch:
         logits, aux = self._target(ids, mask, positions, cache, last_only=True)
         first = torch.tensor(next_tokens(logits[:, -1], rows), dtype=torch.long)  # [B]
         draft = DraftKVCache()
-        pairs = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # (aux_t, token_{t+1}) at every prompt position t
+        # (aux_t, token_{t+1}) at every prompt position t
+        pairs = torch.cat([ids[:, 1:], first[:, None]], dim=1)
         draft_logits, hidden = self._draft_step(draft, mask, pairs, aux, positions)
         layers = [(k, v) for k, v, _ in cache]
         if self.size:  # join the running rows: both blocks left padded to a common width
@@ -172,14 +206,19 @@ class ChainBatch:
         steps, rows = self.d.num_steps, torch.arange(self.size)
         proposal = self._propose()  # [B, steps]
         offsets = torch.arange(steps + 1)
-        positions = (self._length - 1)[:, None] + offsets  # [B, steps + 1]: the last token, then the drafts
+        # [B, steps + 1]: the last token, then the drafts
+        positions = (self._length - 1)[:, None] + offsets
         mask = torch.cat([self._mask, torch.ones(self.size, steps + 1, dtype=torch.bool)], dim=1)
         cache = self._cache_cls(ddp_cache_data=self._layers)
-        logits, aux = self._target(torch.cat([self._last[:, None], proposal], dim=1), mask, positions, cache)
+        logits, aux = self._target(
+            torch.cat([self._last[:, None], proposal], dim=1), mask, positions, cache
+        )
         verified = self._verify(logits, proposal)
         accepted, new = verified.accepted, verified.tokens
-        keep = offsets[None] <= accepted[:, None]  # [B, steps + 1]: the last token and the accepted drafts
-        mask[:, -(steps + 1) :] = keep  # rejected target columns: masked now, dropped by the compaction below
+        # [B, steps + 1]: the last token and the accepted drafts
+        keep = offsets[None] <= accepted[:, None]
+        # rejected target columns: masked now, dropped by the compaction below
+        mask[:, -(steps + 1) :] = keep
         self._layers = [(k, v) for k, v, _ in cache]
         self._extend_draft(new, aux, positions, keep)
         self._compact_target(mask)
@@ -202,30 +241,42 @@ class ChainBatch:
         )
 
     def _propose(self) -> torch.Tensor:
-        """``num_steps`` draft tokens per row (target ids), chained in ``num_steps - 1`` batched draft forwards."""
+        """``num_steps`` draft tokens per row (target ids), chained in ``num_steps - 1`` batched
+        draft forwards."""
         assert self._hidden is not None and self._logits is not None
         tokens = [self.d.draft_ids[self._logits.argmax(-1).to(self.d.device)].cpu()]
         hidden, mask = self._hidden, self._mask
         for j in range(1, self.d.num_steps):
             mask = torch.cat([mask, torch.ones(self.size, 1, dtype=torch.bool)], dim=1)
-            positions = (self._length - 2 + j)[:, None]  # token n-1+j sits at n-2+j (pairs are shifted by one)
-            logits, hidden = self._draft_step(self._draft, mask, tokens[-1][:, None], hidden, positions)
+            # token n-1+j sits at n-2+j (pairs are shifted by one)
+            positions = (self._length - 2 + j)[:, None]
+            logits, hidden = self._draft_step(
+                self._draft, mask, tokens[-1][:, None], hidden, positions
+            )
             tokens.append(self.d.draft_ids[logits[:, -1].argmax(-1).to(self.d.device)].cpu())
         return torch.stack(tokens, dim=1)
 
-    def _extend_draft(self, new: torch.Tensor, aux: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor) -> None:
-        """Drop the speculative draft entries, append each row's accepted pairs (one batched, ragged extend)."""
-        self._draft.crop(self._mask.shape[1])  # the chain's entries: the same num_steps - 1 columns in every row
+    def _extend_draft(
+        self, new: torch.Tensor, aux: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor
+    ) -> None:
+        """Drop the speculative draft entries, append each row's accepted pairs (one batched, ragged
+        extend)."""
+        # the chain's entries: the same num_steps - 1 columns in every row
+        self._draft.crop(self._mask.shape[1])
         rows, accepted = torch.arange(self.size), keep.sum(1) - 1
         width = int(accepted.max()) + 1
         mask = torch.cat([self._mask, keep[:, :width]], dim=1)
-        logits, hidden = self._draft_step(self._draft, mask, new[:, :width], aux[:, :width], positions[:, :width])
+        logits, hidden = self._draft_step(
+            self._draft, mask, new[:, :width], aux[:, :width], positions[:, :width]
+        )
         last_pair = (rows.to(self.d.device), accepted.to(self.d.device))
         self._hidden, self._logits = hidden[last_pair][:, None], logits[rows, accepted]
         self._compact_draft(mask)
 
     def _compact_draft(self, mask: torch.Tensor) -> None:
-        self._draft.k, self._draft.v = _take_columns(list(_kv(self._draft)), _compact_index(mask).to(self.d.device))
+        self._draft.k, self._draft.v = _take_columns(
+            list(_kv(self._draft)), _compact_index(mask).to(self.d.device)
+        )
 
     def _compact_target(self, mask: torch.Tensor) -> None:
         index = _compact_index(mask)
@@ -234,7 +285,8 @@ class ChainBatch:
         self._layers = list(zip(flat[0::2], flat[1::2], strict=True))
 
     def select(self, keep: list[int]) -> None:
-        """Keep only rows ``keep`` (finished sequences leave); columns that were padding in every row go too."""
+        """Keep only rows ``keep`` (finished sequences leave); columns that were padding in every
+        row go too."""
         if not keep:
             self.reset()
             return

@@ -52,12 +52,14 @@ AuxMode = Literal["eagle3", "last_hidden_only"]
 
 @dataclass
 class _State:
-    """Per-sequence decoding state: target cache, draft cache, tokens so far (prompt + generated)."""
+    """Per-sequence decoding state: target cache, draft cache, tokens so far (prompt +
+    generated)."""
 
     target_cache: Any
     draft_cache: DraftKVCache
     tokens: list[int]
-    draft_hidden: torch.Tensor | None = None  # the draft hidden its next step reads (DraftModel.forward) [1, 1, H]
+    # the draft hidden its next step reads (DraftModel.forward) [1, 1, H]
+    draft_hidden: torch.Tensor | None = None
     next_draft_logits: torch.Tensor | None = None  # draft logits there [V_draft]
 
 
@@ -78,7 +80,12 @@ class SpeculativeDecoder:
     ) -> None:
         if aux_mode not in ("eagle3", "last_hidden_only"):
             raise ValueError(f"aux_mode={aux_mode!r}: use 'eagle3' or 'last_hidden_only'")
-        self.target, self.tokenizer, self.num_steps, self.aux_mode = target.eval(), tokenizer, num_steps, aux_mode
+        self.target, self.tokenizer, self.num_steps, self.aux_mode = (
+            target.eval(),
+            tokenizer,
+            num_steps,
+            aux_mode,
+        )
         self.draft, d2t, _t2d, cfg = load_draft(draft_dir)
         self.device = next(target.parameters()).device
         self.draft.to(self.device)
@@ -89,28 +96,41 @@ class SpeculativeDecoder:
         self.embed = target.get_input_embeddings()
 
     def _target_forward(self, ids: list[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits ``[S, V]`` and the draft's hidden input ``[1, S, 3H or H]`` for new tokens ``ids``."""
-        out = self.target(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache,
-                          use_cache=True, output_hidden_states=True)
+        """Target logits ``[S, V]`` and the draft's hidden input ``[1, S, 3H or H]`` for new tokens
+        ``ids``."""
+        out = self.target(
+            input_ids=torch.tensor([ids], device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
         return out.logits[0], self.draft_input(out.hidden_states)
 
     def draft_input(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The draft's hidden input from HF ``hidden_states``: ``[B, S, 3H]`` (EAGLE3) or ``[B, S, H]`` (EAGLE)."""
+        """The draft's hidden input from HF ``hidden_states``: ``[B, S, 3H]`` (EAGLE3) or ``[B, S,
+        H]`` (EAGLE)."""
         if self.aux_mode == "last_hidden_only":
             return hidden_states[-1]  # [B, S, H]: fc is skipped, as in SGLang's EAGLE algorithm
-        return torch.cat([hidden_states[i] for i in self.layer_ids], dim=-1)  # 3 x [B, S, H] -> [B, S, 3H]
+        # 3 x [B, S, H] -> [B, S, 3H]
+        return torch.cat([hidden_states[i] for i in self.layer_ids], dim=-1)
 
     def draft_step(
         self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: DraftKVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft forward over target ids ``[B, S]``: (draft logits ``[B, S, V_draft]``, hidden ``[B, S, H]``)."""
+        """One draft forward over target ids ``[B, S]``: (draft logits ``[B, S, V_draft]``, hidden
+        ``[B, S, H]``)."""
         embeds = self.embed(ids.to(self.device)).to(self.dtype)  # [B, S] -> [B, S, H]
         return self.draft(embeds, hidden.to(self.dtype), positions.to(self.device), cache)
 
-    def _draft_extend(self, state: _State, aux: torch.Tensor, next_tokens: list[int], start: int) -> None:
-        """Append real pairs ``(aux_t, token_{t+1})`` at positions ``start..`` to the draft cache."""
+    def _draft_extend(
+        self, state: _State, aux: torch.Tensor, next_tokens: list[int], start: int
+    ) -> None:
+        """Append real pairs ``(aux_t, token_{t+1})`` at positions ``start..`` to the draft
+        cache."""
         positions = torch.arange(start, start + len(next_tokens))[None]
-        logits, hidden = self.draft_step(torch.tensor([next_tokens]), aux, positions, state.draft_cache)
+        logits, hidden = self.draft_step(
+            torch.tensor([next_tokens]), aux, positions, state.draft_cache
+        )
         state.draft_hidden, state.next_draft_logits = hidden[:, -1:], logits[0, -1]
 
     def _propose(self, state: _State, length: int) -> list[int]:
@@ -119,7 +139,9 @@ class SpeculativeDecoder:
         hidden = state.draft_hidden
         for j in range(1, self.num_steps):
             position = torch.tensor([[length - 2 + j]])
-            logits, hidden = self.draft_step(torch.tensor([[proposal[-1]]]), hidden, position, state.draft_cache)
+            logits, hidden = self.draft_step(
+                torch.tensor([[proposal[-1]]]), hidden, position, state.draft_cache
+            )
             proposal.append(int(self.draft_ids[logits[0, -1].argmax()]))
         return proposal
 
@@ -196,7 +218,8 @@ class Decoded(NamedTuple):
 
 
 def _crop_target_cache(cache: Any, keep: int) -> None:
-    """Drop the rejected positions of an HF ``DynamicCache`` (a negative ``crop`` removes that many tokens)."""
+    """Drop the rejected positions of an HF ``DynamicCache`` (a negative ``crop`` removes that many
+    tokens)."""
     remove = cache.get_seq_length() - keep
     if remove > 0:
         cache.crop(-remove)

@@ -63,7 +63,8 @@ class SpeculativeEngine:
         self.finish = finish
         self.max_running = max_running
         self.verify_forwards = 0  # batched target verify forwards
-        self.verify_passes = 0  # per-request verify passes they served (the sum of every request's verify_ct)
+        # per-request verify passes they served (the sum of every request's verify_ct)
+        self.verify_passes = 0
         self._pending: list[Sequence] = []
         self._running: list[Sequence] = []
 
@@ -120,7 +121,8 @@ class SpeculativeEngine:
 
 
 def check_speculative_args(args: argparse.Namespace) -> str:
-    """The decoder's aux mode for the requested algorithm; ``ValueError`` naming the fix otherwise."""
+    """The decoder's aux mode for the requested algorithm; ``ValueError`` naming the fix
+    otherwise."""
     algorithm = args.speculative_algorithm
     if algorithm not in AUX_MODES:
         raise ValueError(
@@ -128,16 +130,21 @@ def check_speculative_args(args: argparse.Namespace) -> str:
             "EAGLE-3 draft without its aux layers)"
         )
     if not args.speculative_draft_model_path:
-        raise ValueError("--speculative-algorithm needs --speculative-draft-model-path <export dir>")
+        raise ValueError(
+            "--speculative-algorithm needs --speculative-draft-model-path <export dir>"
+        )
     if not Path(args.speculative_draft_model_path).is_dir():
-        raise ValueError(f"--speculative-draft-model-path {args.speculative_draft_model_path} is not a directory")
+        raise ValueError(
+            f"--speculative-draft-model-path {args.speculative_draft_model_path} is not a directory"
+        )
     for flag in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
         if not 0.0 <= getattr(args, flag, 1.0) <= 1.0:
             name = flag.replace("_", "-")
             raise ValueError(f"--{name} must be in [0, 1] (1.0, the default, verifies exactly)")
     if (args.speculative_eagle_topk or 1) > 1:
         logger.warning(
-            "--speculative-eagle-topk %s: the reference server drafts a chain (topk 1)", args.speculative_eagle_topk
+            "--speculative-eagle-topk %s: the reference server drafts a chain (topk 1)",
+            args.speculative_eagle_topk,
         )
     return AUX_MODES[algorithm]
 
@@ -148,7 +155,9 @@ def build_speculative_engine(
     """The engine ``ModelGenerator`` uses when ``--speculative-algorithm`` is given."""
     aux_mode = check_speculative_args(args)
     steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
-    decoder = SpeculativeDecoder(model, tokenizer, Path(args.speculative_draft_model_path), steps, aux_mode)
+    decoder = SpeculativeDecoder(
+        model, tokenizer, Path(args.speculative_draft_model_path), steps, aux_mode
+    )
     single = getattr(args, "speculative_accept_threshold_single", 1.0)
     acc = getattr(args, "speculative_accept_threshold_acc", 1.0)
     decoder.accept_thresholds = (single, acc)

@@ -1,25 +1,30 @@
-"""``torch.ops.sgl_kernel.{decode,extend}_attention_cpu`` for SGLang 0.5.23's ``intel_amx`` backend, in torch.
+"""``torch.ops.sgl_kernel.{decode,extend}_attention_cpu`` for SGLang 0.5.23's ``intel_amx`` backend,
+in torch.
 
-Kernels ported to CPU so that SGLang's real serving stack runs here (see the package docstring), pinned to the
-release in ``SGLANG_VERSION``: the positional signatures are the ones ``IntelAMXAttnBackend.forward_decode`` /
-``forward_extend`` (srt/layers/attention/intel_amx_backend.py) call. The computation is the one of SGLang's Triton
-kernels for the same jobs (kernels/ops/attention/decode_attention.py and extend_attention.py): per request, the
-keys are the cached tokens ``req_to_token[req_pool_indices[i], :len]``, scores are scaled by ``sm_scale``,
-soft-capped by ``logit_cap`` when it is positive, masked, softmaxed in float32 and applied to the values;
-grouped-query heads share their key-value head. The output is written in place in the query's dtype.
+Kernels ported to CPU so that SGLang's real serving stack runs here (see the package docstring),
+pinned to the release in ``SGLANG_VERSION``: the positional signatures are the ones
+``IntelAMXAttnBackend.forward_decode`` / ``forward_extend``
+(srt/layers/attention/intel_amx_backend.py) call. The computation is the one of SGLang's Triton
+kernels for the same jobs (kernels/ops/attention/decode_attention.py and extend_attention.py): per
+request, the keys are the cached tokens ``req_to_token[req_pool_indices[i], :len]``, scores are
+scaled by ``sm_scale``, soft-capped by ``logit_cap`` when it is positive, masked, softmaxed in
+float32 and applied to the values; grouped-query heads share their key-value head. The output is
+written in place in the query's dtype.
 
-Decode: one query token per request; when ``key``/``value`` are given they are first written into the KV cache at
-``loc`` (the backend leaves that write to the kernel). ``attn_logits`` is the C++ kernel's split-KV scratch: this
-port computes each request in one pass and leaves it untouched.
+Decode: one query token per request; when ``key``/``value`` are given they are first written into
+the KV cache at ``loc`` (the backend leaves that write to the kernel). ``attn_logits`` is the C++
+kernel's split-KV scratch: this port computes each request in one pass and leaves it untouched.
 
-Extend: request i's queries are ``extend_seq_lens[i]`` tokens from ``extend_start_loc[i]``; its keys are the cached
-prefix (``seq_lens[i] - extend_seq_lens[i]`` tokens) then its own new ``k_extend``/``v_extend`` rows. The prefix is
-always visible; among the new tokens the mask is causal (or none when ``is_causal`` is false), or, for a speculative
-tree, ``tree_mask``: a boolean ``[extend, extend]`` block per request, packed in batch order (the ``QLEN_ONLY``
-layout that ``build_tree_kernel_efficient`` writes on CPU; the buffer may be longer than the batch needs).
+Extend: request i's queries are ``extend_seq_lens[i]`` tokens from ``extend_start_loc[i]``; its keys
+are the cached prefix (``seq_lens[i] - extend_seq_lens[i]`` tokens) then its own new
+``k_extend``/``v_extend`` rows. The prefix is always visible; among the new tokens the mask is
+causal (or none when ``is_causal`` is false), or, for a speculative tree, ``tree_mask``: a boolean
+``[extend, extend]`` block per request, packed in batch order (the ``QLEN_ONLY`` layout that
+``build_tree_kernel_efficient`` writes on CPU; the buffer may be longer than the batch needs).
 
-What a Llama target and its EAGLE-3 draft need is ported; the rest is refused with an error naming it: sliding
-windows, attention sinks, cross-attention and encoder lengths, fp8 KV caches, KV-shared layers (no new k/v).
+What a Llama target and its EAGLE-3 draft need is ported; the rest is refused with an error naming
+it: sliding windows, attention sinks, cross-attention and encoder lengths, fp8 KV caches, KV-shared
+layers (no new k/v).
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ def _refuse_unported(
         "encoder lengths": encoder_lens is not None,
         "attention sinks": sinks is not None,
         f"a sliding window ({window - 1} tokens)": window > 0,
-        f"a {k_buffer.dtype} KV cache": not k_buffer.dtype.is_floating_point or k_buffer.element_size() < 2,
+        f"a {k_buffer.dtype} KV cache": not k_buffer.dtype.is_floating_point
+        or k_buffer.element_size() < 2,
         f"KV scales {scales}": scales != (1.0, 1.0),
     }
     found = [name for name, present in unported.items() if present]
@@ -71,9 +77,15 @@ def _refuse_unported(
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, sm_scale: float, logit_cap: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    sm_scale: float,
+    logit_cap: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v per head. q [M, H, D], k [N, Hkv, D], v [N, Hkv, Dv], visible [M, N] -> [M, H, Dv]."""
+    """softmax(q k^T * scale) v per head. q [M, H, D], k [N, Hkv, D], v [N, Hkv, Dv], visible [M, N]
+    -> [M, H, Dv]."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)  # [N, Hkv, D] -> [N, H, D]
     v = v.float().repeat_interleave(group, dim=1)
@@ -106,7 +118,8 @@ def decode_attention_cpu(
     encoder_lens: torch.Tensor | None,
     sinks: torch.Tensor | None,
 ) -> None:
-    """One decode step: write the new k/v at ``loc`` (when given), then attend over each request's cached tokens."""
+    """One decode step: write the new k/v at ``loc`` (when given), then attend over each request's
+    cached tokens."""
     _refuse_unported(
         op="decode_attention_cpu",
         k_buffer=k_buffer,
@@ -120,13 +133,15 @@ def decode_attention_cpu(
         slots = loc.reshape(-1).long()
         k_buffer[slots] = key.to(k_buffer.dtype)
         v_buffer[slots] = value.to(v_buffer.dtype)
-    # The whole batch at once (a handful of ops per layer, not per request): each request's cached tokens padded to
-    # the longest, the padding masked out.
+    # The whole batch at once (a handful of ops per layer, not per request): each request's cached
+    # tokens padded to the longest, the padding masked out.
     lens = seq_lens.long()
     width = int(lens.max())
     visible = torch.arange(width, device=lens.device)[None, :] < lens[:, None]  # [B, W]
-    table = req_to_token[req_pool_indices.long(), :width].long().masked_fill(~visible, 0)  # [B, W] KV slots
-    keys, values = k_buffer[table].float(), v_buffer[table].float()  # [B, W, Hkv, D], [B, W, Hkv, Dv]
+    # [B, W] KV slots
+    table = req_to_token[req_pool_indices.long(), :width].long().masked_fill(~visible, 0)
+    # [B, W, Hkv, D], [B, W, Hkv, Dv]
+    keys, values = k_buffer[table].float(), v_buffer[table].float()
     batch, heads, dim = query.shape
     groups = heads // keys.shape[2]  # query head h reads key-value head h // groups
     q = query.float().view(batch, keys.shape[2], groups, dim)  # [B, Hkv, G, D]
@@ -162,7 +177,8 @@ def extend_attention_cpu(
     tree_mask: torch.Tensor | None,
     is_causal: bool,
 ) -> None:
-    """Prefill, chunked prefill and speculative verify: each request's new tokens over its prefix and themselves."""
+    """Prefill, chunked prefill and speculative verify: each request's new tokens over its prefix
+    and themselves."""
     _refuse_unported(
         op="extend_attention_cpu",
         k_buffer=k_buffer,
@@ -173,19 +189,30 @@ def extend_attention_cpu(
         sinks=sinks,
     )
     if k_extend is None or v_extend is None:
-        raise NotPortedError("sgl_kernel.extend_attention_cpu (torch port) needs the new tokens' k and v")
+        raise NotPortedError(
+            "sgl_kernel.extend_attention_cpu (torch port) needs the new tokens' k and v"
+        )
     mask_start = 0
     batch = zip(
-        req_pool_indices.tolist(), seq_lens.tolist(), extend_seq_lens.tolist(), extend_start_loc.tolist(), strict=True
+        req_pool_indices.tolist(),
+        seq_lens.tolist(),
+        extend_seq_lens.tolist(),
+        extend_start_loc.tolist(),
+        strict=True,
     )
     for row, length, extend, start in batch:
         prefix = length - extend
         slots = req_to_token[row, :prefix].long()
         new = slice(start, start + extend)
-        k = torch.cat([k_buffer[slots].to(k_extend.dtype), k_extend[new]])  # [prefix + extend, Hkv, D]
+        # [prefix + extend, Hkv, D]
+        k = torch.cat([k_buffer[slots].to(k_extend.dtype), k_extend[new]])
         v = torch.cat([v_buffer[slots].to(v_extend.dtype), v_extend[new]])
         if tree_mask is not None:  # the draft tree's [extend, extend] block, after the prefix
-            block = tree_mask.reshape(-1)[mask_start : mask_start + extend * extend].view(extend, extend).bool()
+            block = (
+                tree_mask.reshape(-1)[mask_start : mask_start + extend * extend]
+                .view(extend, extend)
+                .bool()
+            )
             visible = torch.cat([torch.ones(extend, prefix, dtype=torch.bool), block], dim=1)
             mask_start += extend * extend
         elif is_causal:  # query j sits at position prefix + j and sees keys 0..prefix + j
@@ -197,7 +224,8 @@ def extend_attention_cpu(
 
 
 def register() -> torch.library.Library:
-    """Define the two ops under ``torch.ops.sgl_kernel`` (once per process) and return the library that holds them."""
+    """Define the two ops under ``torch.ops.sgl_kernel`` (once per process) and return the library
+    that holds them."""
     if not _LIBRARY:
         library = torch.library.Library("sgl_kernel", "DEF")
         library.define(DECODE_SCHEMA)

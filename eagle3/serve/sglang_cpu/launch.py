@@ -1,10 +1,12 @@
-"""``python -m eagle3.serve.sglang_cpu.launch <flags of sglang.launch_server>``: SGLang's server on this CPU.
+"""``python -m eagle3.serve.sglang_cpu.launch <flags of sglang.launch_server>``: SGLang's server on
+this CPU.
 
-The same steps as ``python -m sglang.launch_server`` (plugins, server args, ``run_server``, the process tree
-killed on the way out), after ``shim.install``. The shim is installed at import, not under ``__main__``: SGLang
-starts its scheduler and detokenizer with ``multiprocessing``'s spawn, which re-imports this module by name (as
-``__mp_main__``) in each child before anything of SGLang is unpickled there, so every process has it. A wrong or
-missing SGLang exits with one line (code 2) before anything loads.
+The same steps as ``python -m sglang.launch_server`` (plugins, server args, ``run_server``, the
+process tree killed on the way out), after ``shim.install``. The shim is installed at import, not
+under ``__main__``: SGLang starts its scheduler and detokenizer with ``multiprocessing``'s spawn,
+which re-imports this module by name (as ``__mp_main__``) in each child before anything of SGLang is
+unpickled there, so every process has it. A wrong or missing SGLang exits with one line (code 2)
+before anything loads.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ except RuntimeMismatch as exc:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """``argv`` parsed by SGLang's own parser (``ServerArgs.add_cli_args``), as ``sglang.launch_server`` parses it:
-    ``SystemExit`` (argparse's way) on an unknown flag or a bad value."""
+    """``argv`` parsed by SGLang's own parser (``ServerArgs.add_cli_args``), as
+    ``sglang.launch_server`` parses it: ``SystemExit`` (argparse's way) on an unknown flag or a bad
+    value."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang.launch_server")

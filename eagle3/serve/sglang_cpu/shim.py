@@ -1,19 +1,24 @@
-"""What SGLang ``SGLANG_VERSION`` needs to run on this CPU, applied in-process (see the package docstring).
+"""What SGLang ``SGLANG_VERSION`` needs to run on this CPU, applied in-process (see the package
+docstring).
 
 Design choices:
-- The version is checked first, from the installed distribution's metadata, before any SGLang module is imported:
-  the ports transcribe one release's kernels and call signatures, so any other release is refused in one line.
-- ``sgl_kernel`` is this package's ``kernels`` module, registered under that name in ``sys.modules`` before SGLang
-  imports it; its two attention ops are registered as ``torch.ops.sgl_kernel.*`` (``attention``). No
-  ``convert_weight_packed`` op is defined, so SGLang's AMX weight-packing path stays off and every linear layer
-  takes SGLang's own torch fallback (``cpu_has_amx_support()`` reads False).
-- ``intel_amx`` is the one attention backend of SGLang's CPU path with a draft backend (EAGLE-3 needs one), and it
-  is what drives the ported ops. SGLang rewrites it to ``torch_native`` on a CPU without AMX tiles; the platform
-  fact ``has_amx`` is overridden through SGLang's own ``override_platform``, which that rewrite reads. Other AMX
-  readers (weight packing, ``cpu_has_amx_support``) do not read it.
-- torchvision (imported unconditionally by SGLang's multimodal configs) registers fake kernels for two ops that its
-  CUDA build on the index cannot load on this machine (``torchvision::nms``, ``qnms``); defining their schemas
-  first lets ``import torchvision`` succeed. Nothing here calls them.
+- The version is checked first, from the installed distribution's metadata, before any SGLang module
+  is imported: the ports transcribe one release's kernels and call signatures, so any other release
+  is refused in one line.
+- ``sgl_kernel`` is this package's ``kernels`` module, registered under that name in ``sys.modules``
+  before SGLang imports it; its two attention ops are registered as ``torch.ops.sgl_kernel.*``
+  (``attention``). No ``convert_weight_packed`` op is defined, so SGLang's AMX weight-packing path
+  stays off and every linear layer takes SGLang's own torch fallback (``cpu_has_amx_support()``
+  reads False).
+- ``intel_amx`` is the one attention backend of SGLang's CPU path with a draft backend (EAGLE-3
+  needs one), and it is what drives the ported ops. SGLang rewrites it to ``torch_native`` on a CPU
+  without AMX tiles; the platform fact ``has_amx`` is overridden through SGLang's own
+  ``override_platform``, which that rewrite reads. Other AMX readers (weight packing,
+  ``cpu_has_amx_support``) do not read it.
+- torchvision (imported unconditionally by SGLang's multimodal configs) registers fake kernels for
+  two ops that its CUDA build on the index cannot load on this machine (``torchvision::nms``,
+  ``qnms``); defining their schemas first lets ``import torchvision`` succeed. Nothing here calls
+  them.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ class RuntimeMismatch(RuntimeError):
 
 
 def check_version() -> str:
-    """The installed SGLang's version; ``RuntimeMismatch`` (one line, how to install) unless it is the pinned one."""
+    """The installed SGLang's version; ``RuntimeMismatch`` (one line, how to install) unless it is
+    the pinned one."""
     try:
         found = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
@@ -53,7 +59,8 @@ def check_version() -> str:
 def _guard_torchvision() -> None:
     import torch
 
-    if "torchvision" in sys.modules or hasattr(torch.ops.torchvision, "nms"):  # imported, or its C++ ops loaded
+    # imported, or its C++ ops loaded
+    if "torchvision" in sys.modules or hasattr(torch.ops.torchvision, "nms"):
         return
     library = torch.library.Library("torchvision", "FRAGMENT")
     for schema in TORCHVISION_OPS:

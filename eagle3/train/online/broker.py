@@ -1,9 +1,11 @@
-"""The broker between capture producers and trainer ranks: who captures which batch, what the store holds, exactly once.
+"""The broker between capture producers and trainer ranks: who captures which batch, what the store
+holds, exactly once.
 
-One ``Broker`` per training run (a named, detached Ray actor: ``open_broker``) keeps the bookkeeping and owns the
-batches: a producer hands its batch to ``deliver``, which puts it in Ray's object store from the broker's process,
-so a batch a producer delivered outlives that producer (Ray frees an object when its owner dies; ``ray.put``'s
-``_owner`` argument, which would have saved that copy, is gone from Ray 2.56).
+One ``Broker`` per training run (a named, detached Ray actor: ``open_broker``) keeps the bookkeeping
+and owns the batches: a producer hands its batch to ``deliver``, which puts it in Ray's object store
+from the broker's process, so a batch a producer delivered outlives that producer (Ray frees an
+object when its owner dies; ``ray.put``'s ``_owner`` argument, which would have saved that copy, is
+gone from Ray 2.56).
 
 * **Order and memory bound.** Batches have global indices (``eagle3.train.online.plan``). A producer
   claims the lowest index that is neither delivered, consumed nor claimed, and only inside the
@@ -46,21 +48,27 @@ class BrokerStats:
     reclaimed: int = 0
     consumed_samples: int = 0
     per_producer: dict[str, int] = field(default_factory=dict)
-    released: dict[str, list[int]] = field(default_factory=dict)  # per producer: what its last restart released
-    registrations: dict[str, int] = field(default_factory=dict)  # per producer: loops started (1 + restarts)
+    # per producer: what its last restart released
+    released: dict[str, list[int]] = field(default_factory=dict)
+    # per producer: loops started (1 + restarts)
+    registrations: dict[str, int] = field(default_factory=dict)
 
 
 def _put(message: Any) -> Any:
-    """``message`` in Ray's object store when this runs in a Ray worker (the broker actor), else as is (tests)."""
+    """``message`` in Ray's object store when this runs in a Ray worker (the broker actor), else as
+    is (tests)."""
     import ray
 
     return ray.put(message) if ray.is_initialized() else message
 
 
 class Broker:
-    """The bookkeeping (module docstring); thread-safe, blocking calls time out so callers can notice a stop."""
+    """The bookkeeping (module docstring); thread-safe, blocking calls time out so callers can
+    notice a stop."""
 
-    def __init__(self, *, total: int, world_size: int, max_inflight: int, claim_timeout_s: float) -> None:
+    def __init__(
+        self, *, total: int, world_size: int, max_inflight: int, claim_timeout_s: float
+    ) -> None:
         self.total, self.world_size = total, world_size
         self.max_inflight, self.claim_timeout_s = max_inflight, claim_timeout_s
         self._next = list(range(world_size))  # per rank: the next global index it takes
@@ -79,7 +87,8 @@ class Broker:
         return index not in self._ready and index not in self._consumed
 
     def register(self, producer: str) -> int:
-        """A producer (re)starts: release its earlier claims (it died before delivering them); returns how many."""
+        """A producer (re)starts: release its earlier claims (it died before delivering them);
+        returns how many."""
         with self._cond:
             mine = [i for i, c in self._claims.items() if c.producer == producer]
             for i in mine:
@@ -92,14 +101,17 @@ class Broker:
             return len(mine)
 
     def claim(self, producer: str, timeout: float = 1.0) -> int:
-        """The next batch index for ``producer`` to capture, ``WAIT`` after ``timeout`` seconds, or ``DONE``."""
+        """The next batch index for ``producer`` to capture, ``WAIT`` after ``timeout`` seconds, or
+        ``DONE``."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 index = self._claimable(producer)
                 if index is not None:
                     return index
-                if self.low >= self.total or all(not self._open(i) for i in range(self.low, self.total)):
+                if self.low >= self.total or all(
+                    not self._open(i) for i in range(self.low, self.total)
+                ):
                     return DONE
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -142,13 +154,15 @@ class Broker:
             return True
 
     def take(self, rank: int, index: int, timeout: float = 1.0) -> tuple[Any, list[Any]] | None:
-        """Batch ``index`` for trainer ``rank`` (its next one), removed from the store's bookkeeping; None after
-        ``timeout`` seconds without it."""
+        """Batch ``index`` for trainer ``rank`` (its next one), removed from the store's
+        bookkeeping; None after ``timeout`` seconds without it."""
         deadline = time.monotonic() + timeout
         with self._cond:
             if index != self._next[rank]:
-                raise ValueError(f"rank {rank} asked for batch {index}, but its next batch is {self._next[rank]} "
-                                 "(a resumed rank seeks first)")
+                raise ValueError(
+                    f"rank {rank} asked for batch {index}, but its next batch is {self._next[rank]} "
+                    "(a resumed rank seeks first)"
+                )
             while index not in self._ready:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -166,11 +180,16 @@ class Broker:
             return entry
 
     def seek(self, rank: int, index: int) -> None:
-        """Trainer ``rank`` resumes at batch ``index``: what it took from there on is captured again."""
+        """Trainer ``rank`` resumes at batch ``index``: what it took from there on is captured
+        again."""
         with self._cond:
             if index % self.world_size != rank:
-                raise ValueError(f"batch {index} is not rank {rank}'s (world size {self.world_size})")
-            self._consumed = {i for i in self._consumed if not (i >= index and i % self.world_size == rank)}
+                raise ValueError(
+                    f"batch {index} is not rank {rank}'s (world size {self.world_size})"
+                )
+            self._consumed = {
+                i for i in self._consumed if not (i >= index and i % self.world_size == rank)
+            }
             self._next[rank] = index
             self._cond.notify_all()
 
@@ -178,16 +197,26 @@ class Broker:
         """Backlog and counters for the monitor (and the tests' "nothing left in the store")."""
         with self._cond:
             elapsed = max(time.monotonic() - self._started, 1e-9)
-            return {"total": self.total, "low": self.low, "ready": len(self._ready), "claimed": len(self._claims),
-                    "claims": {i: c.producer for i, c in self._claims.items()},
-                    "delivered": self.stats.delivered, "consumed": self.stats.consumed,
-                    "duplicates": self.stats.duplicates, "reclaimed": self.stats.reclaimed,
-                    "per_producer": dict(self.stats.per_producer), "released": dict(self.stats.released),
-                    "registrations": dict(self.stats.registrations),
-                    "consumed_samples": self.stats.consumed_samples, "max_inflight": self.max_inflight,
-                    "elapsed_s": elapsed, "delivered_per_s": self.stats.delivered / elapsed,
-                    "consumed_per_s": self.stats.consumed / elapsed,
-                    "samples_per_s": self.stats.consumed_samples / elapsed}
+            return {
+                "total": self.total,
+                "low": self.low,
+                "ready": len(self._ready),
+                "claimed": len(self._claims),
+                "claims": {i: c.producer for i, c in self._claims.items()},
+                "delivered": self.stats.delivered,
+                "consumed": self.stats.consumed,
+                "duplicates": self.stats.duplicates,
+                "reclaimed": self.stats.reclaimed,
+                "per_producer": dict(self.stats.per_producer),
+                "released": dict(self.stats.released),
+                "registrations": dict(self.stats.registrations),
+                "consumed_samples": self.stats.consumed_samples,
+                "max_inflight": self.max_inflight,
+                "elapsed_s": elapsed,
+                "delivered_per_s": self.stats.delivered / elapsed,
+                "consumed_per_s": self.stats.consumed / elapsed,
+                "samples_per_s": self.stats.consumed_samples / elapsed,
+            }
 
     def clear(self) -> int:
         """Drop every batch still held (a run that ends early); returns how many."""

@@ -1,4 +1,5 @@
-"""The online epoch plan: which samples each training batch holds, decided up front from the regen shards alone.
+"""The online epoch plan: which samples each training batch holds, decided up front from the regen
+shards alone.
 
 Online training (``train.features=online``) writes no feature shard, yet must train on the same
 batches, in the same order, as the stored path would on the shards capture writes from the same
@@ -6,20 +7,22 @@ regen shards: the same draft either way. The stored loader (``eagle3.train.data.
 plans an epoch over Parquet row groups: shuffled from ``seed + epoch``, dealt to ranks, rows
 shuffled inside each. So this module predicts those row groups:
 
-* capture keeps the admitted rows of a regen shard (``eagle3.capture.shard.admit``) in the order of its forward
-  batches (``plan_batches``: longest first), one part table per batch;
-* the shard writer (``eagle3.data.parquet.ShardWriter``) closes a row group after the part whose table brings its
-  buffer to ``capture.row_group_bytes`` (Arrow ``nbytes``, uncompressed), so row groups end on part boundaries;
+* capture keeps the admitted rows of a regen shard (``eagle3.capture.shard.admit``) in the order of
+  its forward batches (``plan_batches``: longest first), one part table per batch;
+* the shard writer (``eagle3.data.parquet.ShardWriter``) closes a row group after the part whose
+  table brings its buffer to ``capture.row_group_bytes`` (Arrow ``nbytes``, uncompressed), so row
+  groups end on part boundaries;
 * a part's ``nbytes`` is its small columns' Arrow size plus the two state columns' offsets and bytes
   (``bytes_per_token`` of each codec x tokens), computed here without any state.
 
-The planner then *is* the stored loader's: ``EpochPlanner`` borrows ``FeatureDataset``'s planning methods, so the
-two cannot drift apart (``tests/unit/online/test_plan.py`` checks the predicted groups against captured shards).
-A sample the stored capture quarantines as non-finite has no row there; online, the batch holding it fails its
-integrity check instead (a ``DataError`` naming it), as it would fail a stored step.
+The planner then *is* the stored loader's: ``EpochPlanner`` borrows ``FeatureDataset``'s planning
+methods, so the two cannot drift apart (``tests/unit/online/test_plan.py`` checks the predicted
+groups against captured shards). A sample the stored capture quarantines as non-finite has no row
+there; online, the batch holding it fails its integrity check instead (a ``DataError`` naming it),
+as it would fail a stored step.
 
-Each batch is keyed ``(epoch, step, rank, sample ids)``; its global index ``(epoch * steps + step) * ranks + rank``
-is what producers claim and the broker orders.
+Each batch is keyed ``(epoch, step, rank, sample ids)``; its global index ``(epoch * steps + step) *
+ranks + rank`` is what producers claim and the broker orders.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ Key = tuple[int, int, int, tuple[str, ...]]  # (epoch, step, rank, sample ids)
 
 
 def _part_nbytes(samples: Sequence[Sample], state_bytes_per_token: int) -> int:
-    """Arrow ``nbytes`` of the part table capture writes for ``samples`` (``eagle3.capture.schema.feature_table``):
-    the small columns built for real, the two binary state columns as offsets plus values."""
+    """Arrow ``nbytes`` of the part table capture writes for ``samples``
+    (``eagle3.capture.schema.feature_table``): the small columns built for real, the two binary
+    state columns as offsets plus values."""
     small = [
         pa.array([s.sample_id for s in samples], pa.string()),
         pa.array([s.input_ids for s in samples], pa.list_(pa.int32())),
@@ -58,20 +62,29 @@ def _part_nbytes(samples: Sequence[Sample], state_bytes_per_token: int) -> int:
         pa.array([len(s.input_ids) for s in samples], pa.int32()),
     ]
     tokens = sum(len(s.input_ids) for s in samples)
-    return sum(a.nbytes for a in small) + 2 * 4 * (len(samples) + 1) + tokens * state_bytes_per_token
+    return (
+        sum(a.nbytes for a in small) + 2 * 4 * (len(samples) + 1) + tokens * state_bytes_per_token
+    )
 
 
 def capture_order(config: PipelineConfig, samples: Sequence[Sample]) -> list[list[Sample]]:
-    """The admitted samples of one regen shard in capture's forward batches (what its part files hold)."""
-    keep, _ = admit(samples, max_seq_len=config.capture.max_seq_len, truncation=config.capture.truncation)
+    """The admitted samples of one regen shard in capture's forward batches (what its part files
+    hold)."""
+    keep, _ = admit(
+        samples, max_seq_len=config.capture.max_seq_len, truncation=config.capture.truncation
+    )
     plan = plan_batches([len(s.input_ids) for s in keep], config.capture.batch_tokens)
     return [[keep[i] for i in batch] for batch in plan]
 
 
-def predicted_row_groups(config: PipelineConfig, parts: Sequence[Sequence[Sample]]) -> list[list[Sample]]:
+def predicted_row_groups(
+    config: PipelineConfig, parts: Sequence[Sequence[Sample]]
+) -> list[list[Sample]]:
     """The row groups the feature shard of these capture parts gets (module docstring)."""
     capture = config.capture
-    aux, last = column_codecs(capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk)
+    aux, last = column_codecs(
+        capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk
+    )
     per_token = aux.bytes_per_token + last.bytes_per_token
     groups: list[list[Sample]] = []
     buffer: list[Sample] = []
@@ -92,43 +105,72 @@ def _row_group_ids(feature_shard: Path) -> list[list[str]]:
     import pyarrow.parquet as pq
 
     file = pq.ParquetFile(feature_shard)
-    return [file.read_row_group(rg, columns=["sample_id"]).column(0).to_pylist() for rg in range(file.num_row_groups)]
+    return [
+        file.read_row_group(rg, columns=["sample_id"]).column(0).to_pylist()
+        for rg in range(file.num_row_groups)
+    ]
 
 
 class EpochPlanner:
-    """``FeatureDataset``'s epoch planning (row groups shuffled from ``seed + epoch``, dealt to ranks by rows, rows
-    shuffled inside each group, the common step count), over given row groups: the same methods, not a copy."""
+    """``FeatureDataset``'s epoch planning (row groups shuffled from ``seed + epoch``, dealt to
+    ranks by rows, rows shuffled inside each group, the common step count), over given row groups:
+    the same methods, not a copy."""
 
     assignment = FeatureDataset.assignment
     _rank_batches = FeatureDataset._rank_batches
     _packs = FeatureDataset._packs
     plan = FeatureDataset.plan
 
-    def __init__(self, groups: list[RowGroup], *, batch_size: int, rank: int, world_size: int, seed: int,
-                 shuffle: bool = True, max_seq_len: int | None = None) -> None:
-        self.groups, self.batch_size, self.rank, self.world_size = groups, batch_size, rank, world_size
+    def __init__(
+        self,
+        groups: list[RowGroup],
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle: bool = True,
+        max_seq_len: int | None = None,
+    ) -> None:
+        self.groups, self.batch_size, self.rank, self.world_size = (
+            groups,
+            batch_size,
+            rank,
+            world_size,
+        )
         self.seed, self.shuffle, self.pack, self.max_seq_len = seed, shuffle, False, max_seq_len
         self._plans: dict[int, list] = {}
 
 
 @dataclass
 class OnlinePlan:
-    """Every epoch's batches for every rank, over the predicted row groups of ``regen_dir``'s shards."""
+    """Every epoch's batches for every rank, over the predicted row groups of ``regen_dir``'s
+    shards."""
 
     config: PipelineConfig
     groups: list[list[Sample]]  # row groups, shard order: predicted, or a stored shard's own
     world_size: int
     features_fp: str  # the features stage these batches stand in for (checked on every batch)
-    stored: dict[int, tuple[Path, int]] = field(default_factory=dict)  # group -> (feature shard, its row group)
+    # group -> (feature shard, its row group)
+    stored: dict[int, tuple[Path, int]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, config: PipelineConfig, regen_dir: Path, *, world_size: int,
-              stored_shards: dict[int, Path] | None = None) -> OnlinePlan:
-        """The plan over ``regen_dir``'s shards. ``stored_shards`` (regen shard index -> its finished feature shard,
-        e.g. from earlier stored nights): those shards' rows are read from their row groups, not captured."""
+    def build(
+        cls,
+        config: PipelineConfig,
+        regen_dir: Path,
+        *,
+        world_size: int,
+        stored_shards: dict[int, Path] | None = None,
+    ) -> OnlinePlan:
+        """The plan over ``regen_dir``'s shards. ``stored_shards`` (regen shard index -> its
+        finished feature shard, e.g. from earlier stored nights): those shards' rows are read from
+        their row groups, not captured."""
         shards = regen_shards(regen_dir)
         if not shards:
-            raise FileNotFoundError(f"{regen_dir}: no regen shards to train on online; run `eagle3 regen` first")
+            raise FileNotFoundError(
+                f"{regen_dir}: no regen shards to train on online; run `eagle3 regen` first"
+            )
         groups: list[list[Sample]] = []
         stored: dict[int, tuple[Path, int]] = {}
         for path in shards:
@@ -142,24 +184,30 @@ class OnlinePlan:
                 stored[len(groups)] = (Path(feature), row_group)
                 groups.append([by_id[i] for i in ids])
         fp = features_fingerprint(config, Path(regen_dir).name)
-        return cls(config=config, groups=groups, world_size=world_size, features_fp=fp, stored=stored)
+        return cls(
+            config=config, groups=groups, world_size=world_size, features_fp=fp, stored=stored
+        )
 
     @classmethod
     def for_night(cls, config: PipelineConfig, regen_dir: Path, *, world_size: int) -> OnlinePlan:
-        """The plan every party of an online run builds (trainer ranks, producers, vocab): the feature shards a
-        finished features stage of this config already holds (earlier stored nights) are read, the rest captured."""
+        """The plan every party of an online run builds (trainer ranks, producers, vocab): the
+        feature shards a finished features stage of this config already holds (earlier stored
+        nights) are read, the rest captured."""
         from eagle3.capture.shard import feature_shards
         from eagle3.rundir.layout import shard_index, stage_dir
         from eagle3.rundir.runroot import Manifest
 
-        features = stage_dir(config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name))
+        features = stage_dir(
+            config.root_path, "capture", features_fingerprint(config, Path(regen_dir).name)
+        )
         stored = {}
         if Manifest.read(features) is not None:
             stored = {shard_index(p): p for p in feature_shards(features)}
         return cls.build(config, regen_dir, world_size=world_size, stored_shards=stored)
 
     def stored_rows(self, index: int) -> list[tuple[Path, int, int] | None]:
-        """Per sample of batch ``index``: (feature shard, row group, row) when it is read from a stored shard."""
+        """Per sample of batch ``index``: (feature shard, row group, row) when it is read from a
+        stored shard."""
         epoch, step, rank = self.position(index)
         batch = self._planners[rank].plan(epoch)[step]
         out: list[tuple[Path, int, int] | None] = []
@@ -170,9 +218,17 @@ class OnlinePlan:
 
     def planner(self, rank: int) -> EpochPlanner:
         train = self.config.train
-        row_groups = [RowGroup(i, 0, tuple(len(s.input_ids) for s in g)) for i, g in enumerate(self.groups)]
-        return EpochPlanner(row_groups, batch_size=train.batch_size, rank=rank, world_size=self.world_size,
-                            seed=train.seed, max_seq_len=train.max_seq_len)
+        row_groups = [
+            RowGroup(i, 0, tuple(len(s.input_ids) for s in g)) for i, g in enumerate(self.groups)
+        ]
+        return EpochPlanner(
+            row_groups,
+            batch_size=train.batch_size,
+            rank=rank,
+            world_size=self.world_size,
+            seed=train.seed,
+            max_seq_len=train.max_seq_len,
+        )
 
     def __post_init__(self) -> None:
         self._planners = [self.planner(r) for r in range(self.world_size)]
@@ -213,11 +269,19 @@ class OnlinePlan:
         return epoch, step, rank, tuple(s.sample_id for s in self.samples(index))
 
     def fingerprint(self) -> str:
-        """What a trainer's position means: the groups' sample ids, the planning settings, the features."""
+        """What a trainer's position means: the groups' sample ids, the planning settings, the
+        features."""
         digest = hashlib.sha256()
         for g in self.groups:
             digest.update("\0".join(s.sample_id for s in g).encode())
             digest.update(b"\1")
         train = self.config.train
-        return fingerprint("online-plan", digest.hexdigest(), train.seed, train.batch_size, self.world_size,
-                           train.max_seq_len, self.features_fp)
+        return fingerprint(
+            "online-plan",
+            digest.hexdigest(),
+            train.seed,
+            train.batch_size,
+            self.world_size,
+            train.max_seq_len,
+            self.features_fp,
+        )

@@ -26,9 +26,18 @@ from eagle3.train.online.transport import deliver
 logger = logging.getLogger(__name__)
 
 
-def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str, *, backend: Any = None,
-            stop: Callable[[], bool] | None = None, on_batch: Callable[[int], None] | None = None) -> dict[str, int]:
-    """Capture and deliver batches until the broker says every batch is delivered; returns counts."""
+def produce(
+    config: PipelineConfig,
+    plan: OnlinePlan,
+    broker: Any,
+    producer: str,
+    *,
+    backend: Any = None,
+    stop: Callable[[], bool] | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict[str, int]:
+    """Capture and deliver batches until the broker says every batch is delivered; returns
+    counts."""
     import ray
 
     if backend is None:
@@ -36,11 +45,21 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
 
         backend = shared_backend(config)
     capture = config.capture
-    codecs = column_codecs(capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk)
+    codecs = column_codecs(
+        capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk
+    )
     released = ray.get(broker.register.remote(producer))
     if released:
-        logger.info("producer %s restarted: %d batches it had claimed are open again", producer, released)
-    counts = {"delivered": 0, "duplicates": 0, "tokens": 0, "samples_captured": 0, "samples_read": 0}
+        logger.info(
+            "producer %s restarted: %d batches it had claimed are open again", producer, released
+        )
+    counts = {
+        "delivered": 0,
+        "duplicates": 0,
+        "tokens": 0,
+        "samples_captured": 0,
+        "samples_read": 0,
+    }
     while stop is None or not stop():
         index = ray.get(broker.claim.remote(producer, 1.0))
         if index == DONE:
@@ -50,9 +69,15 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
         if on_batch is not None:
             on_batch(index)
         samples = plan.samples(index)
-        message = make_message(plan.key(index), plan.features_fp, samples,
-                               _states(backend, samples, plan.stored_rows(index), codecs),
-                               codecs=codecs, backend=backend, hidden_size=config.target.hidden_size)
+        message = make_message(
+            plan.key(index),
+            plan.features_fp,
+            samples,
+            _states(backend, samples, plan.stored_rows(index), codecs),
+            codecs=codecs,
+            backend=backend,
+            hidden_size=config.target.hidden_size,
+        )
         fresh = deliver(broker, producer, index, plan.key(index), message)
         counts["delivered" if fresh else "duplicates"] += 1
         counts["tokens"] += sum(len(s.input_ids) for s in samples)
@@ -63,7 +88,8 @@ def produce(config: PipelineConfig, plan: OnlinePlan, broker: Any, producer: str
 
 
 def _states(backend: Any, samples: list, stored: list, codecs: tuple) -> list:
-    """Each sample's states: read from its stored feature shard (earlier stored nights), else captured now."""
+    """Each sample's states: read from its stored feature shard (earlier stored nights), else
+    captured now."""
     capture = [s for s, where in zip(samples, stored, strict=True) if where is None]
     captured = iter(states_of(backend, capture) if capture else [])
     files: dict[tuple[Path, int], Any] = {}
@@ -81,9 +107,12 @@ def _states(backend: Any, samples: list, stored: list, codecs: tuple) -> list:
 
 
 class ProducerActor:
-    """``produce`` in a Ray actor (``run.py`` wraps it with ``ray.remote``): loads its backend once."""
+    """``produce`` in a Ray actor (``run.py`` wraps it with ``ray.remote``): loads its backend
+    once."""
 
-    def __init__(self, config_yaml: str, regen_dir: str, world_size: int, broker_name: str, producer: str) -> None:
+    def __init__(
+        self, config_yaml: str, regen_dir: str, world_size: int, broker_name: str, producer: str
+    ) -> None:
         import torch
         import yaml
 
@@ -101,6 +130,12 @@ class ProducerActor:
         return os.getpid()
 
     def run(self, slow_s: float = 0.0) -> dict[str, int]:
-        """The produce loop; ``slow_s`` sleeps before each batch (tests that kill a producer mid-batch)."""
-        return produce(self.config, self.plan, self.broker, self.producer,
-                       on_batch=(lambda _: time.sleep(slow_s)) if slow_s else None)
+        """The produce loop; ``slow_s`` sleeps before each batch (tests that kill a producer
+        mid-batch)."""
+        return produce(
+            self.config,
+            self.plan,
+            self.broker,
+            self.producer,
+            on_batch=(lambda _: time.sleep(slow_s)) if slow_s else None,
+        )

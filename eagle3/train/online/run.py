@@ -1,4 +1,5 @@
-"""Online training end to end: the broker, the producers (Ray actors, restarted when they die), the trainer.
+"""Online training end to end: the broker, the producers (Ray actors, restarted when they die), the
+trainer.
 
 ``online_feed`` is what the train stage's unit holds around its workers for
 ``train.features=online``. The trainer runs as with stored features, in ``python -m eagle3.train``
@@ -41,11 +42,12 @@ def broker_name(out_dir: Path) -> str:
 
 @dataclass
 class Producers:
-    """The run's producer actors and the thread that supervises their loops: an actor whose process died is
-    restarted by Ray (``train.online.producer_restarts``) and its loop submitted again; a loop that raised is
-    retried the same way, up to the same count, unless it raised a ``DataError`` (the same batch would fail again).
-    ``records`` say, per producer, its state, its restarts and the last error with the batch it held (the UI's
-    producer table, ``eagle3.train.online.status``)."""
+    """The run's producer actors and the thread that supervises their loops: an actor whose process
+    died is restarted by Ray (``train.online.producer_restarts``) and its loop submitted again; a
+    loop that raised is retried the same way, up to the same count, unless it raised a ``DataError``
+    (the same batch would fail again). ``records`` say, per producer, its state, its restarts and
+    the last error with the batch it held (the UI's producer table,
+    ``eagle3.train.online.status``)."""
 
     config: PipelineConfig
     actors: list[Any]
@@ -58,12 +60,15 @@ class Producers:
 
     def start(self) -> None:
         self.records.update({f"p{i}": ProducerRecord() for i in range(len(self.actors))})
-        self._thread = threading.Thread(target=self._supervise, name="online-producers", daemon=True)
+        self._thread = threading.Thread(
+            target=self._supervise, name="online-producers", daemon=True
+        )
         self._thread.start()
 
     def _submit(self, i: int) -> Any:
         record = self.records[f"p{i}"]
-        if record.state != "restarting":  # a restarting one runs again once its loop registers (status.py)
+        # a restarting one runs again once its loop registers (status.py)
+        if record.state != "restarting":
             record.state = "running"
         return self.actors[i].run.remote(self.slow_s)
 
@@ -78,11 +83,13 @@ class Producers:
                 try:
                     self.results[i] = ray.get(ref)
                     self.records[f"p{i}"].state = "done"
-                except ray.exceptions.ActorUnavailableError as exc:  # its process died; Ray is restarting it
+                # its process died; Ray is restarting it
+                except ray.exceptions.ActorUnavailableError as exc:
                     self._restart(i, exc, "its process died; Ray restarts it")
                     time.sleep(1.0)  # the call retried at once finds it still restarting
                     runs[self._submit(i)] = i
-                except ray.exceptions.RayActorError as exc:  # out of restarts (train.online.producer_restarts)
+                # out of restarts (train.online.producer_restarts)
+                except ray.exceptions.RayActorError as exc:
                     self._fail(i, exc, f"producer p{i} died for good: {exc}")
                 except ray.exceptions.RayTaskError as exc:  # its loop raised: retried like a unit
                     if self._retryable(i, exc):
@@ -92,8 +99,8 @@ class Producers:
                         self._fail(i, exc, f"producer p{i} failed: {exc}")
 
     def _held(self, i: int) -> tuple[int | None, bool]:
-        """(the batch producer ``i`` holds, claimed and not delivered; whether its current loop had started, i.e.
-        registered with the broker since its last restart), asked of the broker."""
+        """(the batch producer ``i`` holds, claimed and not delivered; whether its current loop had
+        started, i.e. registered with the broker since its last restart), asked of the broker."""
         if not self.broker:
             return None, True
         status = get_broker_status(self.broker)
@@ -102,8 +109,8 @@ class Producers:
         return held, status.get("registrations", {}).get(name, 0) > self.records[name].restarts
 
     def _restart(self, i: int, exc: BaseException, what: str) -> None:
-        """Count a restart of producer ``i``, unless its loop never started again since the last one (a call that
-        found the actor still restarting is the same restart)."""
+        """Count a restart of producer ``i``, unless its loop never started again since the last one
+        (a call that found the actor still restarting is the same restart)."""
         record = self.records[f"p{i}"]
         held, started = self._held(i)
         if not started:
@@ -111,7 +118,9 @@ class Producers:
             return
         record.failed_on(held, exc, state="restarting")
         record.restarts += 1
-        logger.warning("producer p%d restart %d (%s): %s", i, record.restarts, what, record.last_error)
+        logger.warning(
+            "producer p%d restart %d (%s): %s", i, record.restarts, what, record.last_error
+        )
 
     def _retryable(self, i: int, exc: BaseException) -> bool:
         from eagle3.errors import DataError
@@ -124,7 +133,8 @@ class Producers:
         self.errors.append(message)
 
     def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for the loops to return (they do once the broker says every batch is taken)."""
+        """Wait up to ``timeout`` s for the loops to return (they do once the broker says every
+        batch is taken)."""
         thread = getattr(self, "_thread", None)
         if thread is not None:
             thread.join(timeout)
@@ -146,32 +156,59 @@ def get_broker_status(name: str) -> dict[str, Any]:
     return ray.get(get_broker(name).status.remote())
 
 
-def start_producers(config: PipelineConfig, regen_dir: Path, world_size: int, name: str, *,
-                    slow_s: float = 0.0) -> Producers:
+def start_producers(
+    config: PipelineConfig, regen_dir: Path, world_size: int, name: str, *, slow_s: float = 0.0
+) -> Producers:
     import ray
 
     online = config.train.online
-    actor = ray.remote(ProducerActor).options(max_restarts=online.producer_restarts, num_cpus=0, max_concurrency=2,
-                                              namespace="eagle3-online")
-    actors = [actor.remote(config.to_yaml(), str(regen_dir), world_size, name, f"p{i}")
-              for i in range(online.producers)]
+    actor = ray.remote(ProducerActor).options(
+        max_restarts=online.producer_restarts,
+        num_cpus=0,
+        max_concurrency=2,
+        namespace="eagle3-online",
+    )
+    actors = [
+        actor.remote(config.to_yaml(), str(regen_dir), world_size, name, f"p{i}")
+        for i in range(online.producers)
+    ]
     producers = Producers(config, actors, broker=name, slow_s=slow_s)
     producers.start()
     return producers
 
 
-def open_run(config: PipelineConfig, regen_dir: Path, out_dir: Path, *, world_size: int,
-             ray_address: str | None = None) -> tuple[OnlinePlan, str]:
-    """Join Ray, plan, and open (or find, on a resumed run) the broker; returns the plan and the broker's name."""
+def open_run(
+    config: PipelineConfig,
+    regen_dir: Path,
+    out_dir: Path,
+    *,
+    world_size: int,
+    ray_address: str | None = None,
+) -> tuple[OnlinePlan, str]:
+    """Join Ray, plan, and open (or find, on a resumed run) the broker; returns the plan and the
+    broker's name."""
     connect(ray_address)
     plan = OnlinePlan.for_night(config, Path(regen_dir), world_size=world_size)
     name = broker_name(out_dir)
     online = config.train.online
-    open_broker(name, total=plan.total_batches, world_size=world_size, max_inflight=online.max_inflight,
-                claim_timeout_s=online.claim_timeout_s)
-    logger.info("online training: %d batches (%d epochs x %d steps x %d ranks), %d producers, at most %d in the "
-                "store (broker %s)", plan.total_batches, plan.epochs, plan.steps_per_epoch, world_size,
-                online.producers, online.max_inflight, name)
+    open_broker(
+        name,
+        total=plan.total_batches,
+        world_size=world_size,
+        max_inflight=online.max_inflight,
+        claim_timeout_s=online.claim_timeout_s,
+    )
+    logger.info(
+        "online training: %d batches (%d epochs x %d steps x %d ranks), %d producers, at most %d in the "
+        "store (broker %s)",
+        plan.total_batches,
+        plan.epochs,
+        plan.steps_per_epoch,
+        world_size,
+        online.producers,
+        online.max_inflight,
+        name,
+    )
     return plan, name
 
 
@@ -182,9 +219,21 @@ class StatusReporter:
     progress and live table read; the same numbers as one log line every ``log_every_s``
     (``monitor.log_every_s``) and at the end."""
 
-    def __init__(self, name: str, out_dir: Path, *, every_s: float, log_every_s: float,
-                 producers: Producers | None = None) -> None:
-        self.name, self.path, self.every_s, self.log_every_s = name, Path(out_dir) / STATUS_FILE, every_s, log_every_s
+    def __init__(
+        self,
+        name: str,
+        out_dir: Path,
+        *,
+        every_s: float,
+        log_every_s: float,
+        producers: Producers | None = None,
+    ) -> None:
+        self.name, self.path, self.every_s, self.log_every_s = (
+            name,
+            Path(out_dir) / STATUS_FILE,
+            every_s,
+            log_every_s,
+        )
         self.producers = producers
         self._logged = time.monotonic()
         self._stop = threading.Event()
@@ -218,14 +267,23 @@ class StatusReporter:
                 logger.warning("online status unavailable: %s", exc)
 
 
-def status_reporter(config: PipelineConfig, name: str, out_dir: Path, producers: Producers) -> StatusReporter:
-    """The run's reporter at the config's periods (``orchestration.progress_every_s``, ``monitor.log_every_s``)."""
-    return StatusReporter(name, out_dir, every_s=config.orchestration.progress_every_s,
-                          log_every_s=config.monitor.log_every_s, producers=producers)
+def status_reporter(
+    config: PipelineConfig, name: str, out_dir: Path, producers: Producers
+) -> StatusReporter:
+    """The run's reporter at the config's periods (``orchestration.progress_every_s``,
+    ``monitor.log_every_s``)."""
+    return StatusReporter(
+        name,
+        out_dir,
+        every_s=config.orchestration.progress_every_s,
+        log_every_s=config.monitor.log_every_s,
+        producers=producers,
+    )
 
 
 def finish_run(name: str) -> dict[str, Any]:
-    """The broker's final status (``ready`` must be 0: nothing left in the store), then the broker closed."""
+    """The broker's final status (``ready`` must be 0: nothing left in the store), then the broker
+    closed."""
     import ray
 
     status = ray.get(get_broker(name).status.remote())
@@ -266,11 +324,20 @@ def online_feed(config: PipelineConfig, regen_dir: Path, out_dir: Path) -> Itera
             logger.info("online store at the end: %s", {k: store[k] for k in counts})
 
 
-def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, out_dir: Path, *,
-                     ray_address: str | None = None, slow_s: float = 0.0, backend: Any = None,
-                     on_producers: Callable[[Producers], None] | None = None) -> dict[str, Any]:
-    """Online training with the trainer in this process (one rank): tests and benchmarks. ``backend``: an already
-    loaded capture backend, which one producer thread of this process uses instead of the producer actors."""
+def train_in_process(
+    config: PipelineConfig,
+    regen_dir: Path,
+    vocab_path: Path,
+    out_dir: Path,
+    *,
+    ray_address: str | None = None,
+    slow_s: float = 0.0,
+    backend: Any = None,
+    on_producers: Callable[[Producers], None] | None = None,
+) -> dict[str, Any]:
+    """Online training with the trainer in this process (one rank): tests and benchmarks.
+    ``backend``: an already loaded capture backend, which one producer thread of this process uses
+    instead of the producer actors."""
     from eagle3.train.online.source import broker_batches
     from eagle3.train.workers import train_rank
 
@@ -296,7 +363,9 @@ def train_in_process(config: PipelineConfig, regen_dir: Path, vocab_path: Path, 
     return {**summary, "store": status, "producers": dict(producers.results)}
 
 
-def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backend: Any) -> Producers:
+def _producer_thread(
+    config: PipelineConfig, plan: OnlinePlan, name: str, backend: Any
+) -> Producers:
     """One producer on a thread of this process, over ``backend``."""
     from eagle3.train.online.producer import produce
 
@@ -304,8 +373,9 @@ def _producer_thread(config: PipelineConfig, plan: OnlinePlan, name: str, backen
 
     def run() -> None:
         try:
-            producers.results[0] = produce(config, plan, get_broker(name), "p0", backend=backend,
-                                           stop=producers._stop.is_set)
+            producers.results[0] = produce(
+                config, plan, get_broker(name), "p0", backend=backend, stop=producers._stop.is_set
+            )
             producers.records["p0"].state = "done"
         except Exception as exc:  # handed to the trainer through failed(), which stops it waiting
             producers.records["p0"].failed_on(None, exc, state="failed")

@@ -1,10 +1,12 @@
-"""The trainer's side of online training: a ``BatchSource`` (``eagle3.train.trainer``) over the store.
+"""The trainer's side of online training: a ``BatchSource`` (``eagle3.train.trainer``) over the
+store.
 
-Its position is ``(epoch, step)`` like the stored loader's, saved in every checkpoint; a resumed rank ``seek``s the
-broker there, so the batches it had taken since that checkpoint are captured again and nothing before it is. It
-asks for one batch at a time, its next; every batch passes ``check_message`` before it trains. The sample ids of
-each batch handed out are appended to ``trained-rank<r>.jsonl`` in the draft directory, cut back to the checkpoint's
-position on resume: the log lists exactly what the final weights trained on (the kill tests count it).
+Its position is ``(epoch, step)`` like the stored loader's, saved in every checkpoint; a resumed
+rank ``seek``s the broker there, so the batches it had taken since that checkpoint are captured
+again and nothing before it is. It asks for one batch at a time, its next; every batch passes
+``check_message`` before it trains. The sample ids of each batch handed out are appended to
+``trained-rank<r>.jsonl`` in the draft directory, cut back to the checkpoint's position on resume:
+the log lists exactly what the final weights trained on (the kill tests count it).
 """
 
 from __future__ import annotations
@@ -32,12 +34,22 @@ LOG_NAME = "trained-rank{rank}.jsonl"
 class OnlineBatchSource:
     """Batches of ``plan`` for ``rank``, taken from ``broker`` in order (module docstring)."""
 
-    def __init__(self, plan: OnlinePlan, broker: Any, *, rank: int, log_dir: Path | None = None,
-                 hidden_dtype: torch.dtype | None = None, stop: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        plan: OnlinePlan,
+        broker: Any,
+        *,
+        rank: int,
+        log_dir: Path | None = None,
+        hidden_dtype: torch.dtype | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
         config = plan.config
         capture = config.capture
         self.plan, self.broker, self.rank, self.stop = plan, broker, rank, stop
-        self.codecs = column_codecs(capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk)
+        self.codecs = column_codecs(
+            capture.encoding, capture.dtype, config.target.hidden_size, topk=capture.topk
+        )
         self.hidden_dtype, self.max_seq_len = hidden_dtype, config.train.max_seq_len
         self.epoch, self.step = 0, 0
         self._fp = plan.fingerprint()
@@ -49,15 +61,23 @@ class OnlineBatchSource:
         return self.plan.steps_per_epoch
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if not self._positioned:  # a fresh start (no checkpoint): what a killed earlier attempt took is redone
+        # a fresh start (no checkpoint): what a killed earlier attempt took is redone
+        if not self._positioned:
             self._seek()
         while self.step < len(self):
             index = self.plan.index(self.epoch, self.step, self.rank)
             key = self.plan.key(index)
             _, message = take(self.broker, self.rank, index, stop=self.stop)
-            states = check_message(message, key=key, features_fp=self.plan.features_fp, codecs=self.codecs)
-            batch = collate(message, states, codecs=self.codecs, hidden_dtype=self.hidden_dtype,
-                            max_seq_len=self.max_seq_len)
+            states = check_message(
+                message, key=key, features_fp=self.plan.features_fp, codecs=self.codecs
+            )
+            batch = collate(
+                message,
+                states,
+                codecs=self.codecs,
+                hidden_dtype=self.hidden_dtype,
+                max_seq_len=self.max_seq_len,
+            )
             del message, states  # the store's object is freed once the batch is built
             self._last = key
             self._record(key)
@@ -83,10 +103,13 @@ class OnlineBatchSource:
         return {"epoch": self.epoch, "step": self.step, "plan_fingerprint": self._fp}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state``'s position: the broker re-opens what this rank took since, the log is cut back."""
+        """Resume at ``state``'s position: the broker re-opens what this rank took since, the log is
+        cut back."""
         if state.get("plan_fingerprint") not in (None, self._fp):
-            raise ValueError("the checkpoint's loader state is for another online plan (regen shards, seed, batch "
-                             f"size, ranks, features): resume with the same config, or start a new run: {state}")
+            raise ValueError(
+                "the checkpoint's loader state is for another online plan (regen shards, seed, batch "
+                f"size, ranks, features): resume with the same config, or start a new run: {state}"
+            )
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         if self.step >= len(self):
             self.epoch, self.step = self.epoch + 1, 0
@@ -95,12 +118,17 @@ class OnlineBatchSource:
     def _seek(self) -> None:
         import ray
 
-        ray.get(self.broker.seek.remote(self.rank, self.plan.index(self.epoch, self.step, self.rank)))
+        ray.get(
+            self.broker.seek.remote(self.rank, self.plan.index(self.epoch, self.step, self.rank))
+        )
         self._positioned = True
         if self.log is not None and self.log.exists():
             position = (self.epoch, self.step)
-            keep = [line for line in self.log.read_text().splitlines()
-                    if (json.loads(line)["epoch"], json.loads(line)["step"]) < position]
+            keep = [
+                line
+                for line in self.log.read_text().splitlines()
+                if (json.loads(line)["epoch"], json.loads(line)["step"]) < position
+            ]
             tmp = self.log.with_suffix(".tmp")
             tmp.write_text("".join(f"{line}\n" for line in keep))
             os.replace(tmp, self.log)

@@ -31,7 +31,8 @@ def capture_tokenizer(capture_model_dir):
 
 @pytest.fixture(scope="module")
 def hf_backend(capture_model_dir):
-    """The tiny target behind the hf capture backend (aux layers 2, 4, 5), float32 on one CPU thread."""
+    """The tiny target behind the hf capture backend (aux layers 2, 4, 5), float32 on one CPU
+    thread."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -44,7 +45,8 @@ def hf_backend(capture_model_dir):
 
 @pytest.fixture
 def make_config(capture_model_dir, tmp_path) -> Callable[..., PipelineConfig]:
-    """``make_config(*overrides)``: a float32 CPU capture config for the tiny target under ``tmp_path``."""
+    """``make_config(*overrides)``: a float32 CPU capture config for the tiny target under
+    ``tmp_path``."""
     from transformers import AutoConfig
 
     hf = AutoConfig.from_pretrained(capture_model_dir)
@@ -53,11 +55,20 @@ def make_config(capture_model_dir, tmp_path) -> Callable[..., PipelineConfig]:
         base = PipelineConfig(
             name="capture-test",
             root=str(tmp_path / "root"),
-            target=TargetConfig(model_path=str(capture_model_dir), num_layers=hf.num_hidden_layers,
-                                hidden_size=hf.hidden_size, vocab_size=hf.vocab_size, dtype="float32"),
+            target=TargetConfig(
+                model_path=str(capture_model_dir),
+                num_layers=hf.num_hidden_layers,
+                hidden_size=hf.hidden_size,
+                vocab_size=hf.vocab_size,
+                dtype="float32",
+            ),
         )
-        defaults = ["capture.dtype=float32", "capture.batch_tokens=512", "capture.max_seq_len=1024",
-                    "capture.row_group_bytes=262144"]
+        defaults = [
+            "capture.dtype=float32",
+            "capture.batch_tokens=512",
+            "capture.max_seq_len=1024",
+            "capture.row_group_bytes=262144",
+        ]
         return with_overrides(base, [*defaults, *overrides])
 
     return make
@@ -70,12 +81,23 @@ def regen_rows(tokenizer, n: int, *, seed: int = 0) -> list[dict]:
     for conv in generate_conversations(n, seed=seed):
         rendered = render_conversation(tokenizer, conv)
         sid = hashlib.sha256(rendered.text.encode()).hexdigest()[:16]
-        rows.append({
-            "sample_id": sid, "source": "test", "messages": conv, "input_ids": rendered.input_ids,
-            "loss_mask": rendered.loss_mask, "finish_reason": "stop", "prompt_tokens": 0,
-            "completion_tokens": sum(rendered.loss_mask), "server": "fixture", "latency_s": 0.0, "attempts": 1,
-            "status": "ok", "error": None,
-        })
+        rows.append(
+            {
+                "sample_id": sid,
+                "source": "test",
+                "messages": conv,
+                "input_ids": rendered.input_ids,
+                "loss_mask": rendered.loss_mask,
+                "finish_reason": "stop",
+                "prompt_tokens": 0,
+                "completion_tokens": sum(rendered.loss_mask),
+                "server": "fixture",
+                "latency_s": 0.0,
+                "attempts": 1,
+                "status": "ok",
+                "error": None,
+            }
+        )
     return rows
 
 
@@ -102,8 +124,9 @@ def two_regen_shards(capture_tokenizer, tmp_path) -> Path:
 
 
 def quantize_int4(src: Path, dst: Path, *, ignore: list[str]) -> Path:
-    """``src`` re-saved as Kimi-K2.5's INT4 checkpoint is (compressed-tensors ``pack-quantized``: symmetric 4-bit
-    weights in groups of 32 with a scale each, min-max calibrated), every Linear quantized but those in ``ignore``."""
+    """``src`` re-saved as Kimi-K2.5's INT4 checkpoint is (compressed-tensors ``pack-quantized``:
+    symmetric 4-bit weights in groups of 32 with a scale each, min-max calibrated), every Linear
+    quantized but those in ``ignore``."""
     import shutil
 
     import torch
@@ -113,9 +136,22 @@ def quantize_int4(src: Path, dst: Path, *, ignore: list[str]) -> Path:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
-    apply_quantization_config(model, QuantizationConfig.model_validate({
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}, "ignore": ignore}))
+    weights = {
+        "num_bits": 4,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "group",
+        "group_size": 32,
+    }
+    apply_quantization_config(
+        model,
+        QuantizationConfig.model_validate(
+            {
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+                "ignore": ignore,
+            }
+        ),
+    )
     for module in model.modules():
         scheme = getattr(module, "quantization_scheme", None)
         if scheme is not None and scheme.weights is not None:
@@ -134,6 +170,10 @@ def quantize_int4(src: Path, dst: Path, *, ignore: list[str]) -> Path:
 
 @pytest.fixture(scope="session")
 def int4_model_dir(capture_model_dir, tmp_path_factory) -> Path:
-    """The tiny target with its MLPs in INT4, attention and lm_head kept in bf16 (as Kimi-K2.5's experts are)."""
-    return quantize_int4(capture_model_dir, tmp_path_factory.mktemp("int4") / "model",
-                         ignore=["lm_head", "re:.*self_attn.*"])
+    """The tiny target with its MLPs in INT4, attention and lm_head kept in bf16 (as Kimi-K2.5's
+    experts are)."""
+    return quantize_int4(
+        capture_model_dir,
+        tmp_path_factory.mktemp("int4") / "model",
+        ignore=["lm_head", "re:.*self_attn.*"],
+    )

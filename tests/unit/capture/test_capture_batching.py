@@ -1,4 +1,5 @@
-"""Length-bucketed batches: every sample once, padded tokens bounded by capture.batch_tokens, little padding."""
+"""Length-bucketed batches: every sample once, padded tokens bounded by capture.batch_tokens, little
+padding."""
 
 from __future__ import annotations
 
@@ -27,4 +28,8 @@ def test_a_sample_longer_than_the_budget_gets_its_own_batch():
 def test_admit_quarantines_bad_inputs():
     samples = [Sample("a", [], []), Sample("b", [1, 2], [1]), Sample("c", [1, 2, 3], [0, 1, 1])]
     keep, quarantined = admit(samples, max_seq_len=2, truncation="quarantine")
-    assert keep == [] and [q["reason"] for q in quarantined] == ["bad_input", "bad_input", "too_long"]
+    assert keep == [] and [q["reason"] for q in quarantined] == [
+        "bad_input",
+        "bad_input",
+        "too_long",
+    ]

@@ -1,4 +1,5 @@
-"""The hf backend stores exactly the target's states: aux = output_hidden_states[i], last = post-norm final state."""
+"""The hf backend stores exactly the target's states: aux = output_hidden_states[i], last =
+post-norm final state."""
 
 from __future__ import annotations
 
@@ -27,21 +28,34 @@ def _stored(path, hidden: int) -> dict[str, tuple[list[int], torch.Tensor, torch
     aux = [v for v, _ in aux_codec.views(table.column("aux_hidden"))]
     last = [v for v, _ in last_codec.views(table.column("last_hidden"))]
     ids = table.column("input_ids").to_pylist()
-    return {sid: (ids[i], aux[i], last[i]) for i, sid in enumerate(table.column("sample_id").to_pylist())}
+    return {
+        sid: (ids[i], aux[i], last[i])
+        for i, sid in enumerate(table.column("sample_id").to_pylist())
+    }
 
 
 def _reference(model, ids: list[int]):
     pre_norm = {}
-    handle = model.model.layers[-1].register_forward_hook(lambda _m, _i, out: pre_norm.setdefault("x", out))
+    handle = model.model.layers[-1].register_forward_hook(
+        lambda _m, _i, out: pre_norm.setdefault("x", out)
+    )
     with torch.inference_mode():
         x = torch.tensor([ids])
-        out = model(input_ids=x, attention_mask=torch.ones_like(x), output_hidden_states=True, use_cache=False)
+        out = model(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            output_hidden_states=True,
+            use_cache=False,
+        )
     handle.remove()
     return out, pre_norm["x"][0]
 
 
-def test_unpadded_capture_equals_output_hidden_states_exactly(make_config, regen_shard, tiny_model, tmp_path):
-    config = make_config("capture.batch_tokens=1")  # one sample per batch: no padding, same shapes as reference
+def test_unpadded_capture_equals_output_hidden_states_exactly(
+    make_config, regen_shard, tiny_model, tmp_path
+):
+    # one sample per batch: no padding, same shapes as reference
+    config = make_config("capture.batch_tokens=1")
     backend = HFBackend(tiny_model, config.sglang_layer_ids, hidden_size=config.target.hidden_size)
     result = capture_shard(config, regen_shard, tmp_path / "features" / "fp", backend=backend)
     assert result["rows"] == 12 and result["quarantined"] == 0
@@ -50,7 +64,8 @@ def test_unpadded_capture_equals_output_hidden_states_exactly(make_config, regen
         out, pre_norm = _reference(tiny_model, ids)
         expected_aux = torch.cat([out.hidden_states[i][0] for i in config.sglang_layer_ids], dim=-1)
         assert torch.equal(aux, expected_aux), sid
-        assert torch.equal(last, tiny_model.model.norm(pre_norm)), sid  # post-norm, from the lm_head input
+        # post-norm, from the lm_head input
+        assert torch.equal(last, tiny_model.model.norm(pre_norm)), sid
         assert out.logits.shape[1] == len(ids)
         torch.testing.assert_close(tiny_model.lm_head(last), out.logits[0], atol=1e-5, rtol=0)
 
@@ -70,7 +85,9 @@ def test_padded_batches_match_single_sample_forward(make_config, regen_shard, ti
         torch.testing.assert_close(tiny_model.lm_head(last), out.logits[0], atol=1e-5, rtol=0)
 
 
-def test_shard_footer_records_lineage_and_layout(make_config, regen_shard, tiny_model, tmp_path, capture_tokenizer):
+def test_shard_footer_records_lineage_and_layout(
+    make_config, regen_shard, tiny_model, tmp_path, capture_tokenizer
+):
     from eagle3.data.template import template_hash
 
     config = make_config()

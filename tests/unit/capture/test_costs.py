@@ -1,4 +1,5 @@
-"""train.features: operational (the draft's fingerprint is the same either way), the cost table, the auto rule."""
+"""train.features: operational (the draft's fingerprint is the same either way), the cost table, the
+auto rule."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from eagle3.train.identity import draft_fingerprint
 
 def test_online_settings_leave_the_draft_fingerprint_as_stored_training_has_it():
     base = load_recipe("kimi_k2_5")
-    online = with_overrides(base, ["train.features=online", "train.online.max_inflight=2",
-                                   "train.online.producers=4"])
+    online = with_overrides(
+        base, ["train.features=online", "train.online.max_inflight=2", "train.online.producers=4"]
+    )
     assert draft_fingerprint(online, "f", "v") == draft_fingerprint(base, "f", "v")
     assert base.train.features == "stored"  # the default is today's path
 
@@ -32,14 +34,20 @@ def test_online_costs_no_disk_and_recaptures_every_epoch():
     table = cost_table(config)
     assert table["online"]["disk"] == "0 B" and "TB" in table["stored"]["disk"]
     slower = with_overrides(config, ["train.online.prefill_tokens_per_s=20000"])
-    assert night_costs(slower).capture_gpu_hours_per_epoch == pytest.approx(2 * costs.capture_gpu_hours_per_epoch)
+    assert night_costs(slower).capture_gpu_hours_per_epoch == pytest.approx(
+        2 * costs.capture_gpu_hours_per_epoch
+    )
 
 
 def test_auto_stores_what_fits_the_disk_budget_and_streams_what_does_not():
     config = load_recipe("kimi_k2_5")
     need = night_costs(config).stored_disk_bytes
-    roomy = with_overrides(config, ["train.features=auto", f"train.online.disk_budget_bytes={need * 2}"])
-    tight = with_overrides(config, ["train.features=auto", f"train.online.disk_budget_bytes={need // 2}"])
+    roomy = with_overrides(
+        config, ["train.features=auto", f"train.online.disk_budget_bytes={need * 2}"]
+    )
+    tight = with_overrides(
+        config, ["train.features=auto", f"train.online.disk_budget_bytes={need // 2}"]
+    )
     assert choose_features(roomy)[0] == "stored"
     mode, why = choose_features(tight)
     assert mode == "online" and "auto -> online" in why and "available" in why
@@ -47,22 +55,35 @@ def test_auto_stores_what_fits_the_disk_budget_and_streams_what_does_not():
 
 
 def test_auto_decides_from_the_regen_shards_real_tokens_and_estimates_only_before_regen_has_run(
-        tiny_config, write_regen_stage, tmp_path):
+    tiny_config, write_regen_stage, tmp_path
+):
     import pyarrow.parquet as pq
 
     from eagle3.capture.encoding import bytes_per_token
     from eagle3.capture.shard import features_fingerprint
     from eagle3.rundir.layout import stage_dir
 
-    base = with_overrides(tiny_config, [f"root={tmp_path / 'root'}", "train.features=auto", "mix.total=100000",
-                                        "capture.disk_reserve_bytes=0"])
+    base = with_overrides(
+        tiny_config,
+        [
+            f"root={tmp_path / 'root'}",
+            "train.features=auto",
+            "mix.total=100000",
+            "capture.disk_reserve_bytes=0",
+        ],
+    )
     regen = write_regen_stage(base.root_path / "regen" / "regenfp", shards=2, rows=5, seed=3)
     shards = sorted(regen.glob("shard-*.parquet"))
-    tokens = [sum(len(ids) for ids in pq.read_table(s, columns=["input_ids"]).column(0).to_pylist()) for s in shards]
+    tokens = [
+        sum(len(ids) for ids in pq.read_table(s, columns=["input_ids"]).column(0).to_pylist())
+        for s in shards
+    ]
     c = base.capture
     per_token = bytes_per_token(c.encoding, c.dtype, base.target.hidden_size, topk=c.topk)
-    assert sum(tokens) * per_token * 10 < night_costs(base).stored_disk_bytes  # the estimate is far off here
-    config = with_overrides(base, [f"train.online.disk_budget_bytes={sum(tokens) * per_token}"])  # counted: fits
+    # the estimate is far off here
+    assert sum(tokens) * per_token * 10 < night_costs(base).stored_disk_bytes
+    # counted: fits
+    config = with_overrides(base, [f"train.online.disk_budget_bytes={sum(tokens) * per_token}"])
 
     counted = choose_features(config, regen_dir=regen)
     assert counted.mode == "stored"
@@ -72,7 +93,8 @@ def test_auto_decides_from_the_regen_shards_real_tokens_and_estimates_only_befor
 
     features = stage_dir(config.root_path, "capture", features_fingerprint(config, regen.name))
     features.mkdir(parents=True)
-    (features / shards[0].name).write_bytes(b"")  # shard 0's features exist: their disk is already spent
+    # shard 0's features exist: their disk is already spent
+    (features / shards[0].name).write_bytes(b"")
     tight = with_overrides(config, [f"train.online.disk_budget_bytes={tokens[1] * per_token}"])
     again = choose_features(tight, regen_dir=regen)
     assert again.mode == "stored"

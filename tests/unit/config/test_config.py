@@ -80,7 +80,9 @@ def test_yaml_round_trip_and_overrides(tmp_path: Path):
     again = load_yaml(path, ["train.lr=2e-4", "regen.servers=[http://a:1, http://b:2]"])
     assert again.train.lr == 2e-4
     assert again.regen.servers == ["http://a:1", "http://b:2"]
-    assert again.model_dump(exclude={"train", "regen"}) == cfg.model_dump(exclude={"train", "regen"})
+    assert again.model_dump(exclude={"train", "regen"}) == cfg.model_dump(
+        exclude={"train", "regen"}
+    )
 
 
 def test_override_of_missing_section_names_it():
@@ -96,9 +98,15 @@ def test_override_with_bad_value_fails_like_a_bad_file():
 def test_a_typed_replace_is_validated_like_an_override_and_leaves_the_original_alone():
     cfg = load_recipe("kimi_k2_5")
     served = cfg.replace(server=cfg.server.replace(tp=4), capture=cfg.capture.replace(gpus=4))
-    assert (served.server.tp, served.capture.gpus) == (4, 4) and (cfg.server.tp, cfg.capture.gpus) == (8, 8)
-    assert served.model_dump(exclude={"server", "capture"}) == cfg.model_dump(exclude={"server", "capture"})
-    with pytest.raises(ValidationError, match=r"capture\.gpus"):  # a cross-section rule holds for code too
+    assert (served.server.tp, served.capture.gpus) == (4, 4) and (
+        cfg.server.tp,
+        cfg.capture.gpus,
+    ) == (8, 8)
+    assert served.model_dump(exclude={"server", "capture"}) == cfg.model_dump(
+        exclude={"server", "capture"}
+    )
+    # a cross-section rule holds for code too
+    with pytest.raises(ValidationError, match=r"capture\.gpus"):
         cfg.replace(capture=cfg.capture.replace(gpus=4))  # 8 tensor-parallel ranks need 8
     with pytest.raises(ValidationError, match="lr"):
         cfg.train.replace(lr=-1)
@@ -110,16 +118,28 @@ def test_deepseek_target_refuses_layers_sglang_would_serve_shifted():
     data = _base()
     data["target"]["family"] = "deepseek"
     assert validate(data).export_layer_ids == [1, 29, 57]
-    with pytest.raises(ConfigError, match=r"as input_of_layer \[2, 29, 57\], not the captured \[3, 30, 58\].*"
-                                          r"first aux layer must be 2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"as input_of_layer \[2, 29, 57\], not the captured \[3, 30, 58\].*"
+        r"first aux layer must be 2",
+    ):
         validate(data | {"capture": {"aux_layers": [3, 30, 58]}})
     with pytest.raises(ConfigError, match="first aux layer must be 2"):
-        validate(data | {"capture": {"aux_layers": [2, 29, 57], "layer_convention": "output_of_layer"}})
-    assert validate(_base() | {"capture": {"aux_layers": [3, 30, 58]}}).export_layer_ids == [2, 29, 57]  # llama
+        validate(
+            data | {"capture": {"aux_layers": [2, 29, 57], "layer_convention": "output_of_layer"}}
+        )
+    # llama
+    assert validate(_base() | {"capture": {"aux_layers": [3, 30, 58]}}).export_layer_ids == [
+        2,
+        29,
+        57,
+    ]
 
 
 def test_unknown_target_family_names_the_known_ones():
     data = _base()
     data["target"]["family"] = "qwen"
-    with pytest.raises(ConfigError, match=r"target.family: unknown target family 'qwen'.*\['llama', 'deepseek'\]"):
+    with pytest.raises(
+        ConfigError, match=r"target.family: unknown target family 'qwen'.*\['llama', 'deepseek'\]"
+    ):
         validate(data)

@@ -1,5 +1,5 @@
-"""The gate's config section (``eagle3.config.gate``): the traffic profile, and the removed keys refused at load with
-the ``gate.traffic`` that replaces them."""
+"""The gate's config section (``eagle3.config.gate``): the traffic profile, and the removed keys
+refused at load with the ``gate.traffic`` that replaces them."""
 
 from __future__ import annotations
 
@@ -21,13 +21,18 @@ def test_the_profile_is_sorted_and_its_shares_sum_to_one():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["gate.concurrency=[1, 4, 16]", "gate.decision_concurrency=4"],
-         r"gate\.concurrency and gate\.decision_concurrency were replaced by gate\.traffic.*"
-         r"set gate\.traffic=\{1: 0, 4: 1, 16: 0\} to decide as before"),
-        (["gate.decision_concurrency=1"], r"gate\.decision_concurrency was replaced by gate\.traffic.*remove "
-         r"gate\.decision_concurrency"),
+        (
+            ["gate.concurrency=[1, 4, 16]", "gate.decision_concurrency=4"],
+            r"gate\.concurrency and gate\.decision_concurrency were replaced by gate\.traffic.*"
+            r"set gate\.traffic=\{1: 0, 4: 1, 16: 0\} to decide as before",
+        ),
+        (
+            ["gate.decision_concurrency=1"],
+            r"gate\.decision_concurrency was replaced by gate\.traffic.*remove "
+            r"gate\.decision_concurrency",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_removed_keys_fail_at_load_naming_the_traffic_that_replaces_them(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         load_recipe("tiny", overrides)
@@ -43,9 +48,13 @@ def test_a_yaml_file_with_the_old_keys_fails_the_same_way(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("traffic", "needle"),
-    [("{}", "is empty"), ("{1: 0, 4: 0}", "weighs every level 0"), ("{0: 1}", "concurrencies must be >= 1"),
-     ("{1: -1}", "weights >= 0")],
-)  # fmt: skip
+    [
+        ("{}", "is empty"),
+        ("{1: 0, 4: 0}", "weighs every level 0"),
+        ("{0: 1}", "concurrencies must be >= 1"),
+        ("{1: -1}", "weights >= 0"),
+    ],
+)
 def test_a_profile_that_weighs_nothing_or_has_bad_levels_is_refused(traffic, needle):
     with pytest.raises(ConfigError, match=needle):
         load_recipe("tiny", [f"gate.traffic={traffic}"])

@@ -1,5 +1,6 @@
-"""Fixtures of the data-stage tests: sample files in every format (``eagle3.worlds.samples``), a tiny target tokenizer
-and a pretokenized file, plus a config builder pointing the tiny recipe's sources at them."""
+"""Fixtures of the data-stage tests: sample files in every format (``eagle3.worlds.samples``), a
+tiny target tokenizer and a pretokenized file, plus a config builder pointing the tiny recipe's
+sources at them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from eagle3.worlds.samples import generate_conversations, write_samples
 
 @pytest.fixture(scope="session")
 def data_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Sample files, bench sets and ``bad_rows.json`` (200 rows per source) + a tiny tokenizer directory."""
+    """Sample files, bench sets and ``bad_rows.json`` (200 rows per source) + a tiny tokenizer
+    directory."""
     from eagle3.worlds.tiny_target import build_tokenizer
 
     root = tmp_path_factory.mktemp("data-world")
@@ -43,8 +45,8 @@ def normalized_run(data_world: dict[str, Path], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="session")
 def think_tokenizer():
-    """The thinking world's tokenizer and chat template (``eagle3.worlds.think_target``), trained on a few hundred of
-    its conversations: no model, so it builds in a second."""
+    """The thinking world's tokenizer and chat template (``eagle3.worlds.think_target``), trained on
+    a few hundred of its conversations: no model, so it builds in a second."""
     from eagle3.worlds.agentic import AgenticFactory
     from eagle3.worlds.think_target import build_think_tokenizer
     from eagle3.worlds.think_world import tokenizer_corpus

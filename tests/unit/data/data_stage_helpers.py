@@ -1,4 +1,5 @@
-"""Helpers of the data-stage tests (a uniquely named module: ``conftest`` is ambiguous on sys.path)."""
+"""Helpers of the data-stage tests (a uniquely named module: ``conftest`` is ambiguous on
+sys.path)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,13 @@ def write_pretokenized(path: Path, tokenizer: Any, n: int = 20) -> None:
         elif i == 9:
             mask[0] = 7
         rows.append({"id": f"pt-{i}", "input_ids": ids, "loss_mask": mask})
-    schema = pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.uint8())),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
 
 
@@ -60,13 +67,19 @@ def sources_for(data: Path) -> list[SourceConfig]:
     return out
 
 
-def make_config(world: dict[str, Path], root: Path, overrides: list[str] | None = None) -> PipelineConfig:
+def make_config(
+    world: dict[str, Path], root: Path, overrides: list[str] | None = None
+) -> PipelineConfig:
     data = world["data"]
     config = PipelineConfig(
         name="data-test",
         root=str(root),
         target=TargetConfig(
-            model_path=str(world["model"]), num_layers=8, hidden_size=128, vocab_size=VOCAB, context_length=1024
+            model_path=str(world["model"]),
+            num_layers=8,
+            hidden_size=128,
+            vocab_size=VOCAB,
+            context_length=1024,
         ),
         sources=sources_for(data),
         gate=GateConfig(
@@ -74,15 +87,18 @@ def make_config(world: dict[str, Path], root: Path, overrides: list[str] | None 
             traffic={1: 1.0},
         ),
     )
-    return with_overrides(config, ["normalize.max_prompt_tokens=512", "normalize.shard_size=200", *(overrides or [])])
+    return with_overrides(
+        config, ["normalize.max_prompt_tokens=512", "normalize.shard_size=200", *(overrides or [])]
+    )
 
 
 def bad_rows(data: Path) -> dict[str, dict[int, str]]:
     """Ground truth: adapter -> {row: reason}; ``local_jsonl`` is the ``local_qa`` source."""
     doc = json.loads((data / "bad_rows.json").read_text())
-    return {("local_qa" if k == "local_jsonl" else k): {r["row"]: r["reason"] for r in v} for k, v in doc.items()} | {
-        "pretokenized": dict(PRETOKENIZED_BAD)
-    }
+    return {
+        ("local_qa" if k == "local_jsonl" else k): {r["row"]: r["reason"] for r in v}
+        for k, v in doc.items()
+    } | {"pretokenized": dict(PRETOKENIZED_BAD)}
 
 
 def discover(config: PipelineConfig) -> Path:
@@ -91,7 +107,8 @@ def discover(config: PipelineConfig) -> Path:
 
 
 def normalize(config: PipelineConfig) -> Path:
-    """Discover, then the prompts stage of ``config``, in this process; returns the prompts stage directory."""
+    """Discover, then the prompts stage of ``config``, in this process; returns the prompts stage
+    directory."""
     return run_stage(NormalizeStage(), config, catalog_dir=discover(config)).out_dir
 
 

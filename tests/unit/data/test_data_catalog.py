@@ -8,9 +8,20 @@ from eagle3.data import catalog
 from eagle3.recipes import _HUB_MIX
 
 RESEARCH_CATALOG = (
-    "sharegpt", "ultrachat", "openthoughts", "perfect_blend", "infinity_instruct", "opencodeinstruct", "magpie",
-    "openhermes", "tulu3", "slimorca", "capybara", "wildchat", "smoltalk",
-)  # fmt: skip
+    "sharegpt",
+    "ultrachat",
+    "openthoughts",
+    "perfect_blend",
+    "infinity_instruct",
+    "opencodeinstruct",
+    "magpie",
+    "openhermes",
+    "tulu3",
+    "slimorca",
+    "capybara",
+    "wildchat",
+    "smoltalk",
+)
 
 
 def test_catalog_holds_the_research_datasets_and_generic_local_adapters():

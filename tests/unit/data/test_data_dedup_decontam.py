@@ -44,7 +44,9 @@ def test_rows_without_prompt_text_are_deduped_on_ids_only():
 
 @pytest.fixture
 def decon():
-    return Decontaminator([("code/1", LONG), ("chat/2", "How can I sleep better at night?")], ngram=13, threshold=0.5)
+    return Decontaminator(
+        [("code/1", LONG), ("chat/2", "How can I sleep better at night?")], ngram=13, threshold=0.5
+    )
 
 
 def test_long_benchmark_prompt_inside_a_longer_turn_is_contaminated(decon):
@@ -55,7 +57,9 @@ def test_long_benchmark_prompt_inside_a_longer_turn_is_contaminated(decon):
 def test_short_benchmark_prompt_matches_only_a_near_identical_turn(decon):
     assert decon.match(["How can I sleep better at night?"]) == "chat/2"
     assert decon.match(["how can i sleep better at night"]) == "chat/2"
-    assert decon.match(["How can I sleep better at night? I am 23 years old and work shifts."]) is None
+    assert (
+        decon.match(["How can I sleep better at night? I am 23 years old and work shifts."]) is None
+    )
 
 
 def test_prompt_sets_load_local_files_and_skip_hub_entries(tmp_path, caplog):

@@ -1,4 +1,5 @@
-"""Golden files of normalized rows, one per sample format: a change in normalization is a visible diff.
+"""Golden files of normalized rows, one per sample format: a change in normalization is a visible
+diff.
 
 Regenerate with ``EAGLE3_UPDATE_GOLDEN=1 pytest tests/unit/data/test_data_golden.py``.
 """
@@ -13,13 +14,25 @@ import pyarrow.parquet as pq
 import pytest
 
 GOLDEN = Path(__file__).parent / "golden"
-SOURCES = ("sharegpt", "ultrachat", "perfect_blend", "openhermes", "magpie", "tulu3", "local_qa", "pretokenized")
+SOURCES = (
+    "sharegpt",
+    "ultrachat",
+    "perfect_blend",
+    "openhermes",
+    "magpie",
+    "tulu3",
+    "local_qa",
+    "pretokenized",
+)
 PER_SOURCE = 3
 
 
 def _set_fields(row: dict) -> dict:
-    """The row as written, without the tool-call fields a plain chat row leaves unset (null in every message)."""
-    messages = [{k: v for k, v in m.items() if v is not None or k == "content"} for m in row["messages"]]
+    """The row as written, without the tool-call fields a plain chat row leaves unset (null in every
+    message)."""
+    messages = [
+        {k: v for k, v in m.items() if v is not None or k == "content"} for m in row["messages"]
+    ]
     return {k: v for k, v in row.items() if k != "tools" or v is not None} | {"messages": messages}
 
 
@@ -29,7 +42,10 @@ def _first_rows(out: Path, source: str) -> list[dict]:
         for row in pq.read_table(path).to_pylist():
             if row["source"] == source and len(rows) < PER_SOURCE:
                 if row["input_ids"] is not None:
-                    row["input_ids"], row["loss_mask"] = row["input_ids"][:24], row["loss_mask"][:24]
+                    row["input_ids"], row["loss_mask"] = (
+                        row["input_ids"][:24],
+                        row["loss_mask"][:24],
+                    )
                 rows.append(_set_fields(row))
     return rows
 

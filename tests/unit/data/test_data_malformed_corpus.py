@@ -1,7 +1,7 @@
 """Crash-proofing: a corpus of malformed inputs per file format never crashes the prompts stage.
 
-Each case is one good row followed by bad rows; the stage must finish, keep only the good row, quarantine every bad
-row with a reason, and balance its books.
+Each case is one good row followed by bad rows; the stage must finish, keep only the good row,
+quarantine every bad row with a reason, and balance its books.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from data_stage_helpers import normalize
 from eagle3.rundir.runroot import Manifest
 
 GOOD = {
-    "conversations": [{"from": "human", "value": "What is a good name for a cat?"}, {"from": "gpt", "value": "Tom."}]
+    "conversations": [
+        {"from": "human", "value": "What is a good name for a cat?"},
+        {"from": "gpt", "value": "Tom."},
+    ]
 }
 BIG = "word " * (2 * 1024 * 1024)  # a 10 MB message
 
@@ -34,14 +37,26 @@ def _nested(depth: int) -> str:
 # JSONL: raw lines (bytes); the good row first.
 JSONL_CASES: dict[str, list[bytes]] = {
     "truncated_json": [json.dumps(GOOD)[:30].encode()],
-    "wrong_types": [json.dumps(_conv(("human", 42), ("gpt", "x"))).encode(), b'{"conversations": "nope"}'],
+    "wrong_types": [
+        json.dumps(_conv(("human", 42), ("gpt", "x"))).encode(),
+        b'{"conversations": "nope"}',
+    ],
     "missing_keys": [b'{"conversations": [{"from": "human"}]}', b'{"other": 1}'],
-    "empty_strings": [json.dumps(_conv(("human", ""), ("gpt", "x"))).encode(), b'{"conversations": []}'],
+    "empty_strings": [
+        json.dumps(_conv(("human", ""), ("gpt", "x"))).encode(),
+        b'{"conversations": []}',
+    ],
     "ten_mb_message": [json.dumps(_conv(("human", BIG), ("gpt", "x"))).encode()],
-    "invalid_utf8": [b'{"conversations": [{"from": "human", "value": "caf\xe9 \xff"}, {"from": "gpt", "value": "y"}]}'],
+    "invalid_utf8": [
+        b'{"conversations": [{"from": "human", "value": "caf\xe9 \xff"}, {"from": "gpt", "value": "y"}]}'
+    ],
     "not_alternating": [json.dumps(_conv(("human", "a"), ("human", "b"), ("gpt", "c"))).encode()],
     "unknown_role": [json.dumps(_conv(("narrator", "a"), ("human", "b"))).encode()],
-    "nested_garbage": [_nested(50_000).encode(), b'{"conversations": [[["x"]]]}', b'[1, {"a": [null]}]'],
+    "nested_garbage": [
+        _nested(50_000).encode(),
+        b'{"conversations": [[["x"]]]}',
+        b'[1, {"a": [null]}]',
+    ],
     "scalars": [b"42", b"null", b'"text"', b"true"],
     "turn_is_list": [b'{"conversations": [["human", "hi"]]}'],
     "no_user_turn": [json.dumps(_conv(("gpt", "hello"))).encode()],
@@ -55,13 +70,21 @@ def _json_file(bad: list[bytes]) -> bytes:
 # JSON array files: each case is the whole file after a good first element.
 JSON_CASES: dict[str, bytes] = {
     "truncated_array": _json_file([]).rstrip()[:-1] + b', {"conversations": [{"from": "hum',
-    "wrong_types": _json_file([b'{"conversations": 7}', json.dumps(_conv(("human", ["a"]), ("gpt", "b"))).encode()]),
+    "wrong_types": _json_file(
+        [b'{"conversations": 7}', json.dumps(_conv(("human", ["a"]), ("gpt", "b"))).encode()]
+    ),
     "missing_keys": _json_file([b'{"conversations": [{"value": "x"}]}', b"{}"]),
     "empty_strings": _json_file([json.dumps(_conv(("human", "   "), ("gpt", "b"))).encode()]),
     "ten_mb_message": _json_file([json.dumps(_conv(("human", BIG), ("gpt", "b"))).encode()]),
-    "invalid_utf8": _json_file([b'{"conversations": [{"from": "human", "value": "\xc3\x28 bad"}]}']),
-    "lone_surrogate_escape": _json_file([b'{"conversations": [{"from": "human", "value": "a\\udcff"}]}']),
-    "not_alternating": _json_file([json.dumps(_conv(("human", "a"), ("gpt", "b"), ("gpt", "c"))).encode()]),
+    "invalid_utf8": _json_file(
+        [b'{"conversations": [{"from": "human", "value": "\xc3\x28 bad"}]}']
+    ),
+    "lone_surrogate_escape": _json_file(
+        [b'{"conversations": [{"from": "human", "value": "a\\udcff"}]}']
+    ),
+    "not_alternating": _json_file(
+        [json.dumps(_conv(("human", "a"), ("gpt", "b"), ("gpt", "c"))).encode()]
+    ),
     "unknown_role": _json_file([json.dumps(_conv(("human", "a"), ("wizard", "b"))).encode()]),
     "nested_garbage": _json_file([_nested(50_000).encode()]),
     "broken_middle_element": _json_file([b'{"conversations": [,,]}', json.dumps(GOOD).encode()]),
@@ -83,16 +106,30 @@ def _bad_utf8_table() -> pa.Table:
 
 # Parquet: two-row tables, the first row good.
 PARQUET_CASES: dict[str, pa.Table] = {
-    "null_conversations": pa.table({"conversations": pa.array([_good_turns(), None], type=pa.list_(_TURN))}),
+    "null_conversations": pa.table(
+        {"conversations": pa.array([_good_turns(), None], type=pa.list_(_TURN))}
+    ),
     "null_value": pa.table(
-        {"conversations": pa.array([_good_turns(), [{"from": "human", "value": None}]], type=pa.list_(_TURN))}
+        {
+            "conversations": pa.array(
+                [_good_turns(), [{"from": "human", "value": None}]], type=pa.list_(_TURN)
+            )
+        }
     ),
     "empty_list": pa.table({"conversations": pa.array([_good_turns(), []], type=pa.list_(_TURN))}),
     "empty_strings": pa.table(
-        {"conversations": pa.array([_good_turns(), [{"from": "human", "value": ""}]], type=pa.list_(_TURN))}
+        {
+            "conversations": pa.array(
+                [_good_turns(), [{"from": "human", "value": ""}]], type=pa.list_(_TURN)
+            )
+        }
     ),
     "ten_mb_message": pa.table(
-        {"conversations": pa.array([_good_turns(), [{"from": "human", "value": BIG}]], type=pa.list_(_TURN))}
+        {
+            "conversations": pa.array(
+                [_good_turns(), [{"from": "human", "value": BIG}]], type=pa.list_(_TURN)
+            )
+        }
     ),
     "invalid_utf8": pa.table(
         {
@@ -106,7 +143,11 @@ PARQUET_CASES: dict[str, pa.Table] = {
         {"conversations": pa.array([_good_turns(), _good_turns()[:1] * 2], type=pa.list_(_TURN))}
     ),
     "unknown_role": pa.table(
-        {"conversations": pa.array([_good_turns(), [{"from": "ghost", "value": "boo"}]], type=pa.list_(_TURN))}
+        {
+            "conversations": pa.array(
+                [_good_turns(), [{"from": "ghost", "value": "boo"}]], type=pa.list_(_TURN)
+            )
+        }
     ),
     "missing_from_field": pa.table(
         {
@@ -117,17 +158,25 @@ PARQUET_CASES: dict[str, pa.Table] = {
         }
     ),
     "nested_garbage": pa.table(
-        {"conversations": pa.array([_good_turns(), None], type=pa.list_(_TURN)), "junk": [[[1]], [[2, 3], []]]}
+        {
+            "conversations": pa.array([_good_turns(), None], type=pa.list_(_TURN)),
+            "junk": [[[1]], [[2, 3], []]],
+        }
     ),
     "no_user_turn": pa.table(
-        {"conversations": pa.array([_good_turns(), [{"from": "gpt", "value": "hi"}]], type=pa.list_(_TURN))}
+        {
+            "conversations": pa.array(
+                [_good_turns(), [{"from": "gpt", "value": "hi"}]], type=pa.list_(_TURN)
+            )
+        }
     ),
 }
 
 
 def _run(config_factory, tmp_path: Path, adapter: str, path: Path) -> dict[str, Any]:
     config = config_factory(
-        ["gate.prompt_sets={}", f"sources=[{{adapter: {adapter}, path: '{path}'}}]"], root=tmp_path / "run"
+        ["gate.prompt_sets={}", f"sources=[{{adapter: {adapter}, path: '{path}'}}]"],
+        root=tmp_path / "run",
     )
     out = normalize(config)
     stats = Manifest.read(out).stats["sources"][adapter]
@@ -165,7 +214,10 @@ def test_parquet_row_with_invalid_utf8_in_any_column_is_bad_encoding(config_fact
     path = tmp_path / "rows.parquet"
     pq.write_table(_bad_utf8_table(), path)
     config = config_factory(
-        ["gate.prompt_sets={}", f"sources=[{{adapter: parquet, path: '{path}', columns: {{user: bad}}}}]"],
+        [
+            "gate.prompt_sets={}",
+            f"sources=[{{adapter: parquet, path: '{path}', columns: {{user: bad}}}}]",
+        ],
         root=tmp_path / "run",
     )
     stats = Manifest.read(normalize(config)).stats["sources"]["parquet"]

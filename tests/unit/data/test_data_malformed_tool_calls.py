@@ -1,7 +1,7 @@
-"""The malformed-input corpus, tool-call cases: every way a tool-calling row arrives (OpenAI messages, the legacy
-``function_call``, ShareGPT with function calls, JSON-text turn lists and tools) is either kept, its calls structured
-and tied to their results, or quarantined with its reason. One JSONL file holds every case; the prompts stage must
-finish and balance its books."""
+"""The malformed-input corpus, tool-call cases: every way a tool-calling row arrives (OpenAI
+messages, the legacy ``function_call``, ShareGPT with function calls, JSON-text turn lists and
+tools) is either kept, its calls structured and tied to their results, or quarantined with its
+reason. One JSONL file holds every case; the prompts stage must finish and balance its books."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ from data_stage_helpers import make_config, normalize
 
 from eagle3.rundir.runroot import Manifest
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+]
 KEPT = None
 
 
-def _call(name: str = "get_weather", args: Any = '{"city": "Oslo"}', cid: str | None = "c1") -> dict[str, Any]:
+def _call(
+    name: str = "get_weather", args: Any = '{"city": "Oslo"}', cid: str | None = "c1"
+) -> dict[str, Any]:
     call = {"type": "function", "function": {"name": name, "arguments": args}}
     return call | ({"id": cid} if cid is not None else {})
 
@@ -34,7 +38,11 @@ def _asks(*calls: dict[str, Any], content: Any = None) -> dict[str, Any]:
 
 
 def _result(cid: str | None = "c1", content: str = "Oslo: 3 C") -> dict[str, Any]:
-    return {"role": "tool", "content": content, **({"tool_call_id": cid} if cid is not None else {})}
+    return {
+        "role": "tool",
+        "content": content,
+        **({"tool_call_id": cid} if cid is not None else {}),
+    }
 
 
 ANSWER = {"role": "assistant", "content": "It is 3 C in Oslo."}
@@ -44,16 +52,34 @@ LATER = {"role": "user", "content": "Thanks!"}
 CASES: dict[str, tuple[Any, str | None]] = {
     "openai_call_and_result": (_row(_asks(_call()), _result(), ANSWER, tag="a"), KEPT),
     "parallel_calls": (
-        _row(_asks(_call(cid="c1"), _call(cid="c2")), _result("c1"), _result("c2"), ANSWER, tag="b"),
+        _row(
+            _asks(_call(cid="c1"), _call(cid="c2")), _result("c1"), _result("c2"), ANSWER, tag="b"
+        ),
         KEPT,
     ),
-    "results_without_ids_answer_in_order": (_row(_asks(_call()), _result(None), ANSWER, tag="c"), KEPT),
-    "calls_without_ids_get_kimis": (_row(_asks(_call(cid=None)), _result(None), ANSWER, tag="d"), KEPT),
-    "arguments_as_an_object": (_row(_asks(_call(args={"city": "Oslo"})), _result(), ANSWER, tag="e"), KEPT),
-    "content_text_beside_calls": (_row(_asks(_call(), content="Let me check."), _result(), ANSWER, tag="f"), KEPT),
+    "results_without_ids_answer_in_order": (
+        _row(_asks(_call()), _result(None), ANSWER, tag="c"),
+        KEPT,
+    ),
+    "calls_without_ids_get_kimis": (
+        _row(_asks(_call(cid=None)), _result(None), ANSWER, tag="d"),
+        KEPT,
+    ),
+    "arguments_as_an_object": (
+        _row(_asks(_call(args={"city": "Oslo"})), _result(), ANSWER, tag="e"),
+        KEPT,
+    ),
+    "content_text_beside_calls": (
+        _row(_asks(_call(), content="Let me check."), _result(), ANSWER, tag="f"),
+        KEPT,
+    ),
     "legacy_function_call_and_function_role": (
         _row(
-            {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": "{}"}},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_weather", "arguments": "{}"},
+            },
             {"role": "function", "name": "get_weather", "content": "Oslo: 3 C"},
             ANSWER,
             tag="g",
@@ -86,7 +112,10 @@ CASES: dict[str, tuple[Any, str | None]] = {
         {
             "conversations": [
                 {"from": "human", "value": "Weather in Oslo? (l)"},
-                {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}})},
+                {
+                    "from": "function_call",
+                    "value": json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}),
+                },
                 {"from": "observation", "value": "Oslo: 3 C"},
                 {"from": "gpt", "value": "3 C."},
             ],
@@ -94,13 +123,31 @@ CASES: dict[str, tuple[Any, str | None]] = {
         },
         KEPT,
     ),
-    "arguments_not_json": (_row(_asks(_call(args='{"city": "Oslo"')), _result(), tag="m"), "bad_tool_call"),
-    "arguments_a_json_list": (_row(_asks(_call(args='["Oslo"]')), _result(), tag="n"), "bad_tool_call"),
+    "arguments_not_json": (
+        _row(_asks(_call(args='{"city": "Oslo"')), _result(), tag="m"),
+        "bad_tool_call",
+    ),
+    "arguments_a_json_list": (
+        _row(_asks(_call(args='["Oslo"]')), _result(), tag="n"),
+        "bad_tool_call",
+    ),
     "arguments_a_number": (_row(_asks(_call(args=7)), _result(), tag="o"), "bad_tool_call"),
-    "result_answers_no_call": (_row(_asks(_call()), _result("c9"), ANSWER, tag="p"), "bad_tool_call"),
-    "more_results_than_calls": (_row(_asks(_call()), _result("c1"), _result(None), ANSWER, tag="q"), "bad_tool_call"),
-    "two_calls_one_id": (_row(_asks(_call(), _call()), _result(), _result(), tag="r"), "bad_tool_call"),
-    "call_unanswered_before_the_next_user_turn": (_row(_asks(_call()), LATER, tag="s"), "bad_tool_call"),
+    "result_answers_no_call": (
+        _row(_asks(_call()), _result("c9"), ANSWER, tag="p"),
+        "bad_tool_call",
+    ),
+    "more_results_than_calls": (
+        _row(_asks(_call()), _result("c1"), _result(None), ANSWER, tag="q"),
+        "bad_tool_call",
+    ),
+    "two_calls_one_id": (
+        _row(_asks(_call(), _call()), _result(), _result(), tag="r"),
+        "bad_tool_call",
+    ),
+    "call_unanswered_before_the_next_user_turn": (
+        _row(_asks(_call()), LATER, tag="s"),
+        "bad_tool_call",
+    ),
     "function_call_turn_not_json": (
         {
             "conversations": [
@@ -120,25 +167,41 @@ CASES: dict[str, tuple[Any, str | None]] = {
         "malformed",
     ),
     "call_a_number": (_row(_asks(5), _result(), tag="w"), "malformed"),
-    "tools_an_object": (_row(_asks(_call()), _result(), tools={"get_weather": {}}, tag="x"), "malformed"),
+    "tools_an_object": (
+        _row(_asks(_call()), _result(), tools={"get_weather": {}}, tag="x"),
+        "malformed",
+    ),
     "tools_broken_json_text": (_row(_asks(_call()), _result(), tools="[{", tag="y"), "malformed"),
-    "messages_json_text_cut_short": ({"messages": '[{"role": "user", "content": "Weath'}, "malformed"),
+    "messages_json_text_cut_short": (
+        {"messages": '[{"role": "user", "content": "Weath'},
+        "malformed",
+    ),
     "tool_result_right_after_the_user": (_row(_result(), ANSWER, tag="z"), "not_alternating"),
     "empty_tool_result": (_row(_asks(_call()), _result(content="  "), ANSWER, tag="aa"), "empty"),
 }
 
 
 @pytest.fixture(scope="module")
-def normalized(data_world, tmp_path_factory) -> tuple[dict[str, Any], dict[int, str], list[dict[str, Any]]]:
-    """The prompts stage over the corpus: (the source's counts, row -> quarantine reason, kept rows)."""
+def normalized(
+    data_world, tmp_path_factory
+) -> tuple[dict[str, Any], dict[int, str], list[dict[str, Any]]]:
+    """The prompts stage over the corpus: (the source's counts, row -> quarantine reason, kept
+    rows)."""
     tmp = tmp_path_factory.mktemp("tool-calls")
     path = tmp / "tool_calls.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row, _ in CASES.values()))
     out = normalize(
-        make_config(data_world, tmp / "run", ["gate.prompt_sets={}", f"sources=[{{adapter: jsonl, path: '{path}'}}]"])
+        make_config(
+            data_world,
+            tmp / "run",
+            ["gate.prompt_sets={}", f"sources=[{{adapter: jsonl, path: '{path}'}}]"],
+        )
     )
     stats = Manifest.read(out).stats["sources"]["jsonl"]
-    quarantine = {int(r["source_row"]): r["reason"] for r in pq.read_table(out / "quarantine.parquet").to_pylist()}
+    quarantine = {
+        int(r["source_row"]): r["reason"]
+        for r in pq.read_table(out / "quarantine.parquet").to_pylist()
+    }
     kept = [r for p in sorted(out.glob("shard-*.parquet")) for r in pq.read_table(p).to_pylist()]
     return stats, quarantine, kept
 
@@ -161,9 +224,9 @@ def test_kept_calls_are_structured_named_and_tied_to_their_results(normalized):
     assert [m["tool_call_id"] for m in parallel["messages"][2:4]] == ["c1", "c2"]
     kimi = by_row[names.index("calls_without_ids_get_kimis")]["messages"]
     assert kimi[1]["tool_calls"][0]["id"] == kimi[2]["tool_call_id"] == "functions.get_weather:0"
-    assert by_row[names.index("arguments_as_an_object")]["messages"][1]["tool_calls"][0]["arguments"] == (
-        '{"city": "Oslo"}'
-    )
+    assert by_row[names.index("arguments_as_an_object")]["messages"][1]["tool_calls"][0][
+        "arguments"
+    ] == ('{"city": "Oslo"}')
     sharegpt = by_row[names.index("sharegpt_function_call_and_observation")]
     assert [m["role"] for m in sharegpt["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert sharegpt["messages"][2]["tool_call_id"] == "functions.get_weather:0"

@@ -1,4 +1,5 @@
-"""Row-level normalization: role mapping per format, system-prompt policy, NFC, validation reasons, sample ids."""
+"""Row-level normalization: role mapping per format, system-prompt policy, NFC, validation reasons,
+sample ids."""
 
 from __future__ import annotations
 
@@ -33,14 +34,20 @@ def test_user_role_names_map_to_user(name):
 
 @pytest.mark.parametrize("name", ["gpt", "chatgpt", "bing", "bard", "assistant", "model"])
 def test_assistant_role_names_map_to_assistant(name):
-    conv = _convert("sharegpt", {"conversations": [{"from": "human", "value": "a"}, {"from": name, "value": "b"}]})
+    conv = _convert(
+        "sharegpt",
+        {"conversations": [{"from": "human", "value": "a"}, {"from": name, "value": "b"}]},
+    )
     assert conv.messages[1]["role"] == "assistant"
 
 
 def test_column_mapping_reads_flat_question_answer_rows():
     cols = {"user": "question", "assistant": "answer", "id": "uid"}
     conv = _convert("jsonl", {"question": "Q?", "answer": "A.", "uid": 7}, cols)
-    assert conv.messages == [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    assert conv.messages == [
+        {"role": "user", "content": "Q?"},
+        {"role": "assistant", "content": "A."},
+    ]
     assert conv.meta["id"] == 7
 
 
@@ -53,11 +60,18 @@ def test_generic_adapters_read_messages_or_conversations_columns():
 
 
 def test_system_column_and_capybara_pairs_and_openai_content_parts():
-    ot = _convert("openthoughts", {"system": "Think.", "conversations": [{"from": "user", "value": "q"}]})
+    ot = _convert(
+        "openthoughts", {"system": "Think.", "conversations": [{"from": "user", "value": "q"}]}
+    )
     assert ot.messages[0] == {"role": "system", "content": "Think."}
-    cap = _convert("capybara", {"conversation": [{"input": "q1", "output": "a1"}, {"input": "q2", "output": None}]})
+    cap = _convert(
+        "capybara",
+        {"conversation": [{"input": "q1", "output": "a1"}, {"input": "q2", "output": None}]},
+    )
     assert [m["role"] for m in cap.messages] == ["user", "assistant", "user"]
-    parts = _convert("tulu3", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    parts = _convert(
+        "tulu3", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    )
     assert parts.messages[0]["content"] == "hi"
 
 
@@ -96,12 +110,19 @@ def test_text_is_nfc_normalized():
     [("keep", ["system", "user"]), ("drop", ["user"]), ("replace", ["system", "user"])],
 )
 def test_system_prompt_policy(policy, expected):
-    cfg = NormalizeConfig(system_prompt_policy=policy, system_prompt="New." if policy == "replace" else None)
-    out = normalize_messages([{"role": "system", "content": "Old."}, {"role": "user", "content": "q"}], cfg)
+    cfg = NormalizeConfig(
+        system_prompt_policy=policy, system_prompt="New." if policy == "replace" else None
+    )
+    out = normalize_messages(
+        [{"role": "system", "content": "Old."}, {"role": "user", "content": "q"}], cfg
+    )
     assert [m["role"] for m in out] == expected
     if policy == "replace":
         assert out[0]["content"] == "New."
-        assert normalize_messages([{"role": "user", "content": "q"}], cfg)[0] == {"role": "system", "content": "New."}
+        assert normalize_messages([{"role": "user", "content": "q"}], cfg)[0] == {
+            "role": "system",
+            "content": "New.",
+        }
 
 
 def test_sample_id_depends_on_prompt_content_only():

@@ -1,4 +1,5 @@
-"""Streaming readers: JSON arrays are read incrementally, bad rows are reported with a reason, indices are stable."""
+"""Streaming readers: JSON arrays are read incrementally, bad rows are reported with a reason,
+indices are stable."""
 
 from __future__ import annotations
 

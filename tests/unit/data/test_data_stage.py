@@ -1,4 +1,5 @@
-"""The prompts stage end to end on the sample files of every format: ground truth, books, no-op reruns."""
+"""The prompts stage end to end on the sample files of every format: ground truth, books, no-op
+reruns."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ def _bench_prompts(data: Path) -> list[str]:
 def _truth_contradicts_row(data: Path, source: str, row: int, reason: str, got: str | None) -> bool:
     """Where the planted truth is not the only right answer.
 
-    * A planted ``no_user_turn`` row built from a conversation that starts with a system prompt keeps the user
-      turn (``[conv[1]]`` is the user turn then), so it is a valid prompt-only row.
-    * A planted ``duplicate`` of a row that quotes a benchmark prompt is contaminated first (decontamination runs
-      per source, before the cross-source dedup).
+    * A planted ``no_user_turn`` row built from a conversation that starts with a system prompt
+      keeps the user turn (``[conv[1]]`` is the user turn then), so it is a valid prompt-only row.
+    * A planted ``duplicate`` of a row that quotes a benchmark prompt is contaminated first
+      (decontamination runs per source, before the cross-source dedup).
     """
     if reason == "duplicate" and got == "contaminated":
         return True
@@ -46,14 +47,18 @@ def test_every_planted_bad_row_is_quarantined_with_its_reason(normalized_run, da
     for source, rows in bad_rows(data_world["data"]).items():
         for row, reason in rows.items():
             seen = got.get((source, row))
-            if seen != reason and not _truth_contradicts_row(data_world["data"], source, row, reason, seen):
+            if seen != reason and not _truth_contradicts_row(
+                data_world["data"], source, row, reason, seen
+            ):
                 wrong.append((source, row, reason, got.get((source, row))))
     assert wrong == []
 
 
-def test_rows_quarantined_beyond_the_ground_truth_are_real_contamination_or_near_duplicates(normalized_run, data_world):
-    """Generated rows share templates, so a few good rows quote a bench prompt or nearly repeat another prompt:
-    each such extra quarantine must be provably right."""
+def test_rows_quarantined_beyond_the_ground_truth_are_real_contamination_or_near_duplicates(
+    normalized_run, data_world
+):
+    """Generated rows share templates, so a few good rows quote a bench prompt or nearly repeat
+    another prompt: each such extra quarantine must be provably right."""
     config, out = normalized_run
     truth = bad_rows(data_world["data"])
     bench = _bench_prompts(data_world["data"])
@@ -63,8 +68,11 @@ def test_rows_quarantined_beyond_the_ground_truth_are_real_contamination_or_near
         for line in f.read_text().splitlines()
     }
     kept = [r for f in sorted(out.glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
-    prompt = ("user", "tool")  # near-duplicates are judged on these turns (eagle3.data.dedup: not the system prompt)
-    kept_shingles = [shingles([m["content"] for m in r["messages"] if m["role"] in prompt]) for r in kept]
+    # near-duplicates are judged on these turns (eagle3.data.dedup: not the system prompt)
+    prompt = ("user", "tool")
+    kept_shingles = [
+        shingles([m["content"] for m in r["messages"] if m["role"] in prompt]) for r in kept
+    ]
     for r in pq.read_table(out / "quarantine.parquet").to_pylist():
         if int(r["source_row"]) in truth[r["source"]]:
             continue
@@ -73,11 +81,13 @@ def test_rows_quarantined_beyond_the_ground_truth_are_real_contamination_or_near
             mine = shingles(turns)
             best = max(len(mine & k) / len(mine | k) for k in kept_shingles)
             t, perms = config.normalize.near_dup_threshold, config.normalize.minhash_num_perm
-            assert best >= t - 3 * (t * (1 - t) / perms) ** 0.5, r  # MinHash estimates Jaccard within ~3 sigma
+            # MinHash estimates Jaccard within ~3 sigma
+            assert best >= t - 3 * (t * (1 - t) / perms) ** 0.5, r
             continue
         assert r["reason"] == "contaminated", r
         text = " ".join(re.findall(r"\w+", r["raw"].lower()))
-        named = re.search(r'"benchmark": "\w+/([\w-]+)"', r["raw"])  # the raw row is truncated to 2 KB
+        # the raw row is truncated to 2 KB
+        named = re.search(r'"benchmark": "\w+/([\w-]+)"', r["raw"])
         assert any(p in text for p in bench) or (named and named.group(1) in bench_ids), r
 
 
@@ -92,7 +102,9 @@ def test_books_balance_per_source_and_shards_hold_exactly_the_kept_rows(normaliz
     for name, s in manifest.stats["sources"].items():
         assert kept_by_source[name] == s["kept"] == s["in"] - sum(s["quarantined"].values())
         assert quarantined_by_source[name] == sum(s["quarantined"].values())
-        assert s["duplicates"] == s["quarantined"].get("duplicate", 0) + s["quarantined"].get("near_duplicate", 0)
+        assert s["duplicates"] == s["quarantined"].get("duplicate", 0) + s["quarantined"].get(
+            "near_duplicate", 0
+        )
     assert len({r["sample_id"] for r in rows}) == len(rows)
     assert set(Counter(r["reason"] for r in quarantine)) <= set(REASONS)
 

@@ -1,4 +1,5 @@
-"""Dialects of thinking, tool-calling targets: SGLang's reasoning split, its inverse, Kimi's tool-call syntax."""
+"""Dialects of thinking, tool-calling targets: SGLang's reasoning split, its inverse, Kimi's
+tool-call syntax."""
 
 from __future__ import annotations
 
@@ -27,8 +28,13 @@ SECTION = (
         ("I should answer.</think>It is 4.", True, ("I should answer.", "It is 4.")),
         ("<think>I should answer.</think>It is 4.", False, ("I should answer.", "It is 4.")),
         ("It is 4.", False, (None, "It is 4.")),
-        ("still thinking when the budget ran out", True, ("still thinking when the budget ran out", "")),
-        ("I call the tool." + SECTION, True, ("I call the tool.", SECTION)),  # the tool section ends the thinking
+        (
+            "still thinking when the budget ran out",
+            True,
+            ("still thinking when the budget ran out", ""),
+        ),
+        # the tool section ends the thinking
+        ("I call the tool." + SECTION, True, ("I call the tool.", SECTION)),
         ("</think>It is 4.", True, ("", "It is 4.")),
     ],
 )
@@ -38,7 +44,12 @@ def test_split_is_sglangs_non_streaming_reasoning_parse(text, forced, split):
 
 @pytest.mark.parametrize(
     "text",
-    ["I should answer.</think>It is 4.", "</think>It is 4.", "Let me call it.</think>" + SECTION, "</think>"],
+    [
+        "I should answer.</think>It is 4.",
+        "</think>It is 4.",
+        "Let me call it.</think>" + SECTION,
+        "</think>",
+    ],
 )
 def test_join_rebuilds_what_a_finished_turn_wrote_from_the_servers_split(text):
     reasoning, content = KIMI.split(text, forced=True)
@@ -68,7 +79,11 @@ def test_tool_calls_parse_into_structured_calls_and_format_back_to_the_same_text
     assert content == "Checking."
     assert calls == [
         {"id": "functions.get_weather:0", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
-        {"id": "functions.calculator:1", "name": "calculator", "arguments": '{"expression": "2 * 3"}'},
+        {
+            "id": "functions.calculator:1",
+            "name": "calculator",
+            "arguments": '{"expression": "2 * 3"}',
+        },
     ]
     assert content + CALLS.format(calls) == "Checking." + two
     assert CALLS.parse("no calls here") == ("no calls here", [])

@@ -7,7 +7,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.data.parquet import ShardError, ShardWriter, open_shard, shard_is_valid, shard_metadata, write_table
+from eagle3.data.parquet import (
+    ShardError,
+    ShardWriter,
+    open_shard,
+    shard_is_valid,
+    shard_metadata,
+    write_table,
+)
 
 SCHEMA = pa.schema([("id", pa.string()), ("blob", pa.binary())])
 
@@ -20,7 +27,11 @@ def test_rotates_shards_by_rows_and_reports_what_it_wrote(tmp_path: Path):
     with ShardWriter(tmp_path, SCHEMA, rows_per_shard=40, metadata={"k": "v"}) as writer:
         writer.write_rows(_rows(100))
     infos = writer.close()
-    assert [i.path.name for i in infos] == ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+    assert [i.path.name for i in infos] == [
+        "shard-00000.parquet",
+        "shard-00001.parquet",
+        "shard-00002.parquet",
+    ]
     assert [i.rows for i in infos] == [40, 40, 20]
     assert all(i.bytes == i.path.stat().st_size for i in infos)
     assert shard_metadata(infos[0].path) == {"k": "v"}
@@ -64,14 +75,26 @@ def test_schema_mismatch_is_refused(tmp_path: Path):
     assert os.path.exists(info.path)
 
 
-def test_binary_columns_get_neither_dictionary_nor_statistics_and_the_others_keep_both(tmp_path: Path):
-    """A dictionary on a column of multi-KB blobs is hashed until it overflows and leaves the chunk in two
-    encodings, and its statistics compare every blob with the running min and max (3.5x the write's CPU): the
-    feature shard's states must be plain without statistics, its ids dictionary-encoded with statistics."""
+def test_binary_columns_get_neither_dictionary_nor_statistics_and_the_others_keep_both(
+    tmp_path: Path,
+):
+    """A dictionary on a column of multi-KB blobs is hashed until it overflows and leaves the chunk
+    in two encodings, and its statistics compare every blob with the running min and max (3.5x the
+    write's CPU): the feature shard's states must be plain without statistics, its ids
+    dictionary-encoded with statistics."""
     from eagle3.capture.schema import FEATURE_SCHEMA
 
-    rows = [{"sample_id": f"s{i}", "input_ids": [7] * 50, "loss_mask": [1] * 50, "seq_len": 50,
-             "aux_hidden": os.urandom(4096), "last_hidden": os.urandom(2048)} for i in range(64)]
+    rows = [
+        {
+            "sample_id": f"s{i}",
+            "input_ids": [7] * 50,
+            "loss_mask": [1] * 50,
+            "seq_len": 50,
+            "aux_hidden": os.urandom(4096),
+            "last_hidden": os.urandom(2048),
+        }
+        for i in range(64)
+    ]
     with ShardWriter(tmp_path, FEATURE_SCHEMA) as writer:
         writer.write_rows(rows)
     (info,) = writer.close()
@@ -83,12 +106,15 @@ def test_binary_columns_get_neither_dictionary_nor_statistics_and_the_others_kee
     for value in ("input_ids.list.element", "sample_id"):
         assert "RLE_DICTIONARY" in columns[value].encodings and columns[value].is_stats_set
     assert columns["seq_len"].statistics.min == 50 == columns["seq_len"].statistics.max
-    assert pq.read_table(info.path).column("aux_hidden").to_pylist() == [r["aux_hidden"] for r in rows]
+    assert pq.read_table(info.path).column("aux_hidden").to_pylist() == [
+        r["aux_hidden"] for r in rows
+    ]
 
 
 def test_a_shard_is_hashed_and_synced_as_it_is_written_not_read_back(tmp_path: Path, monkeypatch):
-    """A capture shard on a GPU node is tens of GB: its sha256 comes from the bytes on their way to the disk, and
-    each row group is synced when written, so finishing it waits for one row group, not the whole file."""
+    """A capture shard on a GPU node is tens of GB: its sha256 comes from the bytes on their way to
+    the disk, and each row group is synced when written, so finishing it waits for one row group,
+    not the whole file."""
     import hashlib
 
     import eagle3.data.parquet as parquet
@@ -112,12 +138,16 @@ def test_a_shard_is_hashed_and_synced_as_it_is_written_not_read_back(tmp_path: P
     assert info.sha256 == hashlib.sha256(info.path.read_bytes()).hexdigest()
     assert pq.ParquetFile(info.path).metadata.num_row_groups == 3
     file_syncs = synced[:-1]  # the last fsync is the directory's, after the rename
-    assert len(file_syncs) == 4 and file_syncs == sorted(set(file_syncs))  # each row group, then the footer
+    # each row group, then the footer
+    assert len(file_syncs) == 4 and file_syncs == sorted(set(file_syncs))
     assert file_syncs[0] > 12_000 and file_syncs[-1] == info.bytes
 
 
-def _flipped_reads(data: bytes, table: pa.Table, end: int, *, checked: bool) -> tuple[int, list[int]]:
-    """Each byte of ``data[4:end]`` flipped alone (all 8 bits): (how many reads refused, offsets read wrongly)."""
+def _flipped_reads(
+    data: bytes, table: pa.Table, end: int, *, checked: bool
+) -> tuple[int, list[int]]:
+    """Each byte of ``data[4:end]`` flipped alone (all 8 bits): (how many reads refused, offsets
+    read wrongly)."""
     import io
 
     refused, wrong = 0, []
@@ -135,18 +165,32 @@ def _flipped_reads(data: bytes, table: pa.Table, end: int, *, checked: bool) -> 
 
 
 def test_every_byte_a_read_uses_is_checked_by_a_page_checksum_or_the_footer_hash(tmp_path: Path):
-    """The loader hashes only footers before training and lets Arrow check each page's CRC32 as it reads it
-    (``eagle3.rundir.integrity``). That is only as strong as a whole-file sha256 if no damage can get past both: every
-    byte before the footer, flipped, is refused by a checked read or reads back unchanged (a page statistic, padding),
-    while an unchecked read of the same file decodes some flips into wrong rows; every byte of the footer, flipped,
-    changes ``footer_sha256``."""
+    """The loader hashes only footers before training and lets Arrow check each page's CRC32 as it
+    reads it (``eagle3.rundir.integrity``). That is only as strong as a whole-file sha256 if no
+    damage can get past both: every byte before the footer, flipped, is refused by a checked read or
+    reads back unchanged (a page statistic, padding), while an unchecked read of the same file
+    decodes some flips into wrong rows; every byte of the footer, flipped, changes
+    ``footer_sha256``."""
     from eagle3.rundir.runroot import footer_sha256
 
-    schema = pa.schema([("id", pa.string()), ("blob", pa.binary()), ("ids", pa.list_(pa.int32())),
-                        ("n", pa.int64())])
-    rows = [{"id": f"r{i}", "blob": os.urandom(200), "ids": list(range(i, i + 9)), "n": i} for i in range(6)]
-    with ShardWriter(tmp_path, schema, row_group_bytes=600, compression={"blob": "none", "id": "zstd",
-                                                                          "ids": "zstd", "n": "zstd"}) as writer:
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("blob", pa.binary()),
+            ("ids", pa.list_(pa.int32())),
+            ("n", pa.int64()),
+        ]
+    )
+    rows = [
+        {"id": f"r{i}", "blob": os.urandom(200), "ids": list(range(i, i + 9)), "n": i}
+        for i in range(6)
+    ]
+    with ShardWriter(
+        tmp_path,
+        schema,
+        row_group_bytes=600,
+        compression={"blob": "none", "id": "zstd", "ids": "zstd", "n": "zstd"},
+    ) as writer:
         for row in rows:
             writer.write_rows([row])
     (info,) = writer.close()

@@ -22,8 +22,17 @@ CONVERSATION = [
 
 def test_multi_turn_rendering_matches_golden(tiny_tokenizer):
     rendered = render_conversation(tiny_tokenizer, CONVERSATION)
-    spans = [tiny_tokenizer.decode([t for t, m in zip(rendered.input_ids, rendered.loss_mask, strict=True) if m])]
-    got = {"text": rendered.text, "input_ids": rendered.input_ids, "loss_mask": rendered.loss_mask, "masked": spans}
+    spans = [
+        tiny_tokenizer.decode(
+            [t for t, m in zip(rendered.input_ids, rendered.loss_mask, strict=True) if m]
+        )
+    ]
+    got = {
+        "text": rendered.text,
+        "input_ids": rendered.input_ids,
+        "loss_mask": rendered.loss_mask,
+        "masked": spans,
+    }
     if os.environ.get("EAGLE3_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
@@ -32,7 +41,9 @@ def test_multi_turn_rendering_matches_golden(tiny_tokenizer):
 
 def test_loss_mask_covers_exactly_the_assistant_turns(tiny_tokenizer):
     rendered = render_conversation(tiny_tokenizer, CONVERSATION)
-    masked = tiny_tokenizer.decode([t for t, m in zip(rendered.input_ids, rendered.loss_mask, strict=True) if m])
+    masked = tiny_tokenizer.decode(
+        [t for t, m in zip(rendered.input_ids, rendered.loss_mask, strict=True) if m]
+    )
     assert masked == "2 + 3 = 5.<|im_end|>5 * 4 = 20.<|im_end|>"
     assert tiny_tokenizer.decode(rendered.input_ids) == rendered.text
 

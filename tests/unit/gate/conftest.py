@@ -1,4 +1,5 @@
-"""Fixtures of the bench tests: a small pipeline config and a factory of programmatic draft exports."""
+"""Fixtures of the bench tests: a small pipeline config and a factory of programmatic draft
+exports."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def draft_config(**overrides: Any) -> dict[str, Any]:
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "hidden_act": "silu",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+            "use_aux_hidden_state": True,
+        },
     }
     cfg.update(overrides)
     return cfg
@@ -42,8 +46,12 @@ def draft_config(**overrides: Any) -> dict[str, Any]:
 
 def export_tensors(cfg: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    tensors = {k: torch.randn(shape, generator=gen) * 0.02 for k, shape in expected_shapes(cfg).items()}
-    targets = torch.randperm(cfg["vocab_size"], generator=gen)[: cfg["draft_vocab_size"]].sort().values
+    tensors = {
+        k: torch.randn(shape, generator=gen) * 0.02 for k, shape in expected_shapes(cfg).items()
+    }
+    targets = (
+        torch.randperm(cfg["vocab_size"], generator=gen)[: cfg["draft_vocab_size"]].sort().values
+    )
     tensors["d2t"] = targets - torch.arange(cfg["draft_vocab_size"])
     t2d = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
     t2d[targets] = True
@@ -60,9 +68,12 @@ def write_export(out: Path, cfg: dict[str, Any], tensors: dict[str, torch.Tensor
 
 @pytest.fixture
 def make_export(tmp_path: Path) -> Callable[..., Path]:
-    """``make_export(name, mutate=fn(cfg, tensors), **config_overrides)`` writes an export dir and returns it."""
+    """``make_export(name, mutate=fn(cfg, tensors), **config_overrides)`` writes an export dir and
+    returns it."""
 
-    def make(name: str = "export", mutate: Callable[[dict, dict], None] | None = None, **overrides: Any) -> Path:
+    def make(
+        name: str = "export", mutate: Callable[[dict, dict], None] | None = None, **overrides: Any
+    ) -> Path:
         cfg = draft_config(**overrides)
         tensors = export_tensors(cfg)
         if mutate is not None:
@@ -78,12 +89,23 @@ def bench_config(tmp_path: Path) -> PipelineConfig:
     model = tmp_path / "target"
     model.mkdir()
     (model / "config.json").write_text(
-        json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": H, "vocab_size": VOCAB})
+        json.dumps(
+            {
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": H,
+                "vocab_size": VOCAB,
+            }
+        )
     )
     return PipelineConfig(
         name="bench-test",
         root=str(tmp_path / "root"),
         target=TargetConfig(
-            model_path=str(model), num_layers=LAYERS, hidden_size=H, vocab_size=VOCAB, context_length=1024
+            model_path=str(model),
+            num_layers=LAYERS,
+            hidden_size=H,
+            vocab_size=VOCAB,
+            context_length=1024,
         ),
     )

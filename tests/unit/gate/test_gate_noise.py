@@ -1,6 +1,6 @@
-"""The gate against a noisy baseline server (the reference server's ``--fault-slow-*`` flags): a draft below the
-threshold whose baseline was slowed for part of the measurement is not promoted, and the report names the check
-that caught the noise."""
+"""The gate against a noisy baseline server (the reference server's ``--fault-slow-*`` flags): a
+draft below the threshold whose baseline was slowed for part of the measurement is not promoted, and
+the report names the check that caught the noise."""
 
 from __future__ import annotations
 
@@ -20,16 +20,35 @@ pytestmark = pytest.mark.slow
 SEED, PER_SET, WARMUP = 0, 2, 1
 
 
-def test_a_baseline_slowed_in_one_round_makes_a_slow_draft_inconclusive_not_promoted(gate_world, tmp_path):
-    cfg = with_overrides(gate_world.config, [
-        f"root={tmp_path / 'run'}", "gate.traffic={1: 1}", f"gate.prompts_per_set={PER_SET}",
-        f"gate.warmup_requests={WARMUP}", "gate.max_new_tokens=16", "gate.min_rounds=2", "gate.max_rounds=3",
-        "gate.min_speedup=1.5",  # above what the tiny draft really reaches: it must not pass
-    ])  # fmt: skip
-    per_round = WARMUP + 3 * PER_SET  # generation requests the baseline gets per round: one block each
+def test_a_baseline_slowed_in_one_round_makes_a_slow_draft_inconclusive_not_promoted(
+    gate_world, tmp_path
+):
+    cfg = with_overrides(
+        gate_world.config,
+        [
+            f"root={tmp_path / 'run'}",
+            "gate.traffic={1: 1}",
+            f"gate.prompts_per_set={PER_SET}",
+            f"gate.warmup_requests={WARMUP}",
+            "gate.max_new_tokens=16",
+            "gate.min_rounds=2",
+            "gate.max_rounds=3",
+            "gate.min_speedup=1.5",  # above what the tiny draft really reaches: it must not pass
+        ],
+    )
+    # generation requests the baseline gets per round: one block each
+    per_round = WARMUP + 3 * PER_SET
     assert slow_schedule(SEED, 0.5, 2) == [False, True]  # round 0 clean, round 1 slowed
-    noise = ["--fault-slow-s", "1.5", "--fault-slow-fraction", "0.5", "--fault-slow-block", str(per_round),
-             "--fault-seed", str(SEED)]  # fmt: skip
+    noise = [
+        "--fault-slow-s",
+        "1.5",
+        "--fault-slow-fraction",
+        "0.5",
+        "--fault-slow-block",
+        str(per_round),
+        "--fault-seed",
+        str(SEED),
+    ]
     baseline = build_launch(cfg, "baseline", engine="reference", port=0)
     noisy = replace(baseline, argv=[*baseline.argv, *noise])
     spec = build_launch(cfg, "eagle3", engine="reference", draft=gate_world.export, port=0)
@@ -41,7 +60,9 @@ def test_a_baseline_slowed_in_one_round_makes_a_slow_draft_inconclusive_not_prom
         request = GateRequest(drafts=[gate_world.export], **urls)
         result = run_gate(cfg, request)
     (decision,) = result.report.decisions
-    assert decision.verdict == INCONCLUSIVE and result.report.verdict == INCONCLUSIVE, decision.reasons
+    assert decision.verdict == INCONCLUSIVE and result.report.verdict == INCONCLUSIVE, (
+        decision.reasons
+    )
     assert decision.rounds == 2  # a failed sanity check settles it: no further round is measured
     failed = {c["name"] for c in decision.checks if not c["ok"]}
     assert {"accept_bound", "baseline_drift"} <= failed, decision.checks

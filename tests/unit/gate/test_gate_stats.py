@@ -1,5 +1,5 @@
-"""The gate's statistic (``eagle3.gate.stats``): Student-t quantiles against table values, and the interval of
-paired ratios on the log scale."""
+"""The gate's statistic (``eagle3.gate.stats``): Student-t quantiles against table values, and the
+interval of paired ratios on the log scale."""
 
 from __future__ import annotations
 
@@ -8,12 +8,24 @@ import random
 
 import pytest
 
-from eagle3.gate.stats import ratio_interval, t_cdf, t_quantile, weighted_interval, weighted_log_ratios
+from eagle3.gate.stats import (
+    ratio_interval,
+    t_cdf,
+    t_quantile,
+    weighted_interval,
+    weighted_log_ratios,
+)
 
 
 @pytest.mark.parametrize(
     ("p", "df", "table"),
-    [(0.95, 1, 6.313752), (0.95, 2, 2.919986), (0.975, 4, 2.776445), (0.95, 7, 1.894579), (0.995, 30, 2.749996)],
+    [
+        (0.95, 1, 6.313752),
+        (0.95, 2, 2.919986),
+        (0.975, 4, 2.776445),
+        (0.95, 7, 1.894579),
+        (0.995, 30, 2.749996),
+    ],
 )
 def test_t_quantile_matches_the_table(p, df, table):
     assert t_quantile(p, df) == pytest.approx(table, abs=1e-5)
@@ -45,7 +57,8 @@ def test_more_rounds_narrow_the_interval_and_one_round_gives_none():
     assert ratio_interval([1.2], 0.9) is None
     with pytest.raises(ValueError, match="positive and finite"):
         ratio_interval([1.0, 0.0], 0.9)
-    assert math.isclose(ratio_interval([1.2, 1.2], 0.9).lo, 1.2)  # no spread seen: nothing widens it
+    # no spread seen: nothing widens it
+    assert math.isclose(ratio_interval([1.2, 1.2], 0.9).lo, 1.2)
 
 
 def test_the_weighted_interval_is_the_t_interval_of_each_rounds_weighted_log_speedup():
@@ -67,14 +80,15 @@ def test_the_weighted_interval_is_the_t_interval_of_each_rounds_weighted_log_spe
 
 def test_a_level_without_share_plays_no_part_and_a_round_missing_a_weighed_level_is_left_out():
     levels = {1: {0: 1.5, 1: 1.4, 2: 1.6}, 4: {0: 0.6, 2: 0.62}, 16: {0: 0.1, 1: 0.2, 2: 0.3}}
-    assert len(weighted_log_ratios(levels, {1: 0.5, 4: 0.5, 16: 0.0})) == 2  # round 1 has no ratio at 4
+    # round 1 has no ratio at 4
+    assert len(weighted_log_ratios(levels, {1: 0.5, 4: 0.5, 16: 0.0})) == 2
     only_one = weighted_interval(levels, {1: 1.0, 4: 0.0, 16: 0.0}, 0.9)
     assert only_one == ratio_interval(list(levels[1].values()), 0.9)
 
 
 def test_the_weighted_interval_covers_the_profile_speedup_when_the_levels_of_a_round_share_its_noise():
-    """A round slower or faster for every level at once (the machine): the per-round combination keeps that
-    covariance, so the interval still covers about as often as its confidence says."""
+    """A round slower or faster for every level at once (the machine): the per-round combination
+    keeps that covariance, so the interval still covers about as often as its confidence says."""
     rng = random.Random(2)
     true = {1: 1.4, 4: 0.7}
     shares = {1: 0.6, 4: 0.4}

@@ -1,4 +1,5 @@
-"""The gate end to end on the tiny world: reference server arms, a trained draft, real measurements."""
+"""The gate end to end on the tiny world: reference server arms, a trained draft, real
+measurements."""
 
 from __future__ import annotations
 
@@ -34,25 +35,35 @@ def _runtime(world, algorithm: str, tmp_path: Path) -> dict[str, preflight.Check
     cfg = with_overrides(world.config, [f"speculative.algorithm={algorithm}"])
     cmd = build_launch(cfg, "eagle3", engine="reference", draft=world.export, port=0)
     with cmd.server(log_path=tmp_path / f"{algorithm}.log", health_timeout_s=120) as server:
-        checks = preflight.run_runtime(server.url, _smoke_prompts(world), export_dir=world.export, max_new_tokens=32)
+        checks = preflight.run_runtime(
+            server.url, _smoke_prompts(world), export_dir=world.export, max_new_tokens=32
+        )
     return {c.name: c for c in checks}
 
 
-def test_eagle_instead_of_eagle3_serves_accept_length_one_and_fails_runtime_preflight(gate_world, tmp_path):
+def test_eagle_instead_of_eagle3_serves_accept_length_one_and_fails_runtime_preflight(
+    gate_world, tmp_path
+):
     good = _runtime(gate_world, "EAGLE3", tmp_path)
     assert all(c.ok for c in good.values()), [c.line() for c in good.values()]
     bad = _runtime(gate_world, "EAGLE", tmp_path)
     assert not bad["server_algorithm"].ok and "'EAGLE'" in bad["server_algorithm"].message
     assert not bad["smoke_accept"].ok
     accept, served = (float(checks["smoke_accept"].message.split()[2]) for checks in (bad, good))
-    assert served - 1 > 2 * (accept - 1), (served, accept)  # blind, the draft adds under half its tokens per pass
+    # blind, the draft adds under half its tokens per pass
+    assert served - 1 > 2 * (accept - 1), (served, accept)
 
 
 def test_gate_flush_retries_while_the_server_is_busy_then_says_why_it_could_not():
-    """SGLang answers ``/flush_cache`` with 400 while requests run; the gate retries, then reports the refusal."""
-    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "3"]) as srv:
+    """SGLang answers ``/flush_cache`` with 400 while requests run; the gate retries, then reports
+    the refusal."""
+    with reference_server(
+        None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "3"]
+    ) as srv:
         assert flush_cache(srv.url) is None  # idle
-        busy = threading.Thread(target=urllib.request.urlopen, args=(srv.url + "/generate", b'{"input_ids": [5]}', 30))
+        busy = threading.Thread(
+            target=urllib.request.urlopen, args=(srv.url + "/generate", b'{"input_ids": [5]}', 30)
+        )
         busy.start()
         time.sleep(0.5)
         failure = flush_cache(srv.url, attempts=2, wait_s=0.1)
@@ -72,39 +83,75 @@ def test_gate_passes_promotes_and_reports_then_reuses_the_report_for_its_champio
     for arm in report.arms:
         assert arm.error is None and [lv.concurrency for lv in arm.levels] == [1, 2]
         assert arm.flush_failures == []  # the cache was flushed before every round
-        # a PASS takes every round, and every round measures every level of the profile (2: weight 0)
+        # a PASS takes every round, and every round measures every level of the profile (2: weight
+        # 0)
         assert sorted(arm.rounds_at(1)) == sorted(arm.rounds_at(2)) == list(range(gate.max_rounds))
-        assert all(r.requests == 12 and r.completion_tokens > 0 and r.output_tok_s > 0 for r in arm.rounds)
+        assert all(
+            r.requests == 12 and r.completion_tokens > 0 and r.output_tok_s > 0 for r in arm.rounds
+        )
         assert arm.level(1).requests == 12 * gate.max_rounds  # pooled
     (decision,) = report.decisions
     lo, hi = decision.speedup_interval
     assert decision.rounds == gate.max_rounds and gate.min_speedup <= lo <= decision.speedup <= hi
     assert {c["name"] for c in decision.checks} == {"accept_bound", "baseline_drift", "same_tokens"}
-    assert all(c["ok"] and c["concurrency"] == 1 for c in decision.checks), decision.checks  # 2 weighs nothing
-    assert [(lv.concurrency, lv.share, lv.rounds) for lv in decision.levels] == [(1, 1.0, 3), (2, 0.0, 3)]
+    # 2 weighs nothing
+    assert all(c["ok"] and c["concurrency"] == 1 for c in decision.checks), decision.checks
+    assert [(lv.concurrency, lv.share, lv.rounds) for lv in decision.levels] == [
+        (1, 1.0, 3),
+        (2, 0.0, 3),
+    ]
     assert decision.crossover is not None and decision.crossover["summary"]
     assert set(decision.by_set) == {"chat", "code", "math"}
-    assert all(row["prompts"] == 4 and row["requests"] == 4 * 2 * gate.max_rounds and row["accept_length"] > 1
-               for row in decision.by_set.values()), decision.by_set  # fmt: skip
-    assert report.cost == {**report.cost, "rounds": gate.max_rounds, "levels": 2, "arms": 2,
-                           "batches": 2 * 2 * gate.max_rounds}  # fmt: skip
+    assert all(
+        row["prompts"] == 4
+        and row["requests"] == 4 * 2 * gate.max_rounds
+        and row["accept_length"] > 1
+        for row in decision.by_set.values()
+    ), decision.by_set
+    assert report.cost == {
+        **report.cost,
+        "rounds": gate.max_rounds,
+        "levels": 2,
+        "arms": 2,
+        "batches": 2 * 2 * gate.max_rounds,
+    }
     adaptive = report.adaptive
     assert [t["batch_size"] for t in adaptive["tiers"]] == [1, 2]
     assert Path(adaptive["draft"]) == gate_world.export.resolve()
-    if adaptive["config"] is not None:  # some tier drafts: its JSON beside the report, in the manifest
-        assert json.loads((result.out_dir / "adaptive_config.json").read_text()) == adaptive["config"]
+    # some tier drafts: its JSON beside the report, in the manifest
+    if adaptive["config"] is not None:
+        assert (
+            json.loads((result.out_dir / "adaptive_config.json").read_text()) == adaptive["config"]
+        )
         assert "--speculative-adaptive --speculative-adaptive-config" in adaptive["launch_sglang"]
     markdown = (result.out_dir / "report.md").read_text()
-    assert "# EAGLE-3 gate: PASS" in markdown and "## Rounds" in markdown and f"interval {lo:.3f}..{hi:.3f}" in markdown
-    assert "## Serving configuration (SGLang adaptive speculation)" in markdown and "crossover: " in markdown
+    assert (
+        "# EAGLE-3 gate: PASS" in markdown
+        and "## Rounds" in markdown
+        and f"interval {lo:.3f}..{hi:.3f}" in markdown
+    )
+    assert (
+        "## Serving configuration (SGLang adaptive speculation)" in markdown
+        and "crossover: " in markdown
+    )
     assert "## Accept length per prompt set" in markdown and "| 2 | 0% | 3 |" in markdown
     cand = report.arms[1]
     assert cand.level(1).accept_length >= cfg.gate.min_accept
-    assert {c["name"] for c in cand.preflight} >= {"server_algorithm", "server_draft", "smoke_accept"}
+    assert {c["name"] for c in cand.preflight} >= {
+        "server_algorithm",
+        "server_draft",
+        "smoke_accept",
+    }
     assert "--speculative-algorithm EAGLE3" in report.best["launch_sglang"]
     assert report.best["launch_sglang"].startswith("python -m sglang.launch_server")
     assert "eagle3.serve.reference" in report.best["launch_used"]
-    for name in ("report.json", "report.md", "throughput.png", "accept_length.png", "manifest.json"):
+    for name in (
+        "report.json",
+        "report.md",
+        "throughput.png",
+        "accept_length.png",
+        "manifest.json",
+    ):
         assert (result.out_dir / name).exists()
     champion = Registry(cfg.root_path).champion()
     assert champion is not None and champion.draft_id == draft_id(gate_world.export)
@@ -130,8 +177,9 @@ def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
             "gate.prompts_per_set=2",
             "gate.max_new_tokens=16",
             "gate.min_gain_over_champion=1000",
-            # the physical checks measure the machine, not the champion rule: on a loaded machine the baseline's
-            # rounds drift past 20% and the verdict would be INCONCLUSIVE (test_gate_noise covers the checks)
+            # the physical checks measure the machine, not the champion rule: on a loaded machine
+            # the baseline's rounds drift past 20% and the verdict would be INCONCLUSIVE
+            # (test_gate_noise covers the checks)
             "gate.max_baseline_drift=1000",
             "gate.accept_bound_tolerance=1000",
         ],
@@ -149,7 +197,11 @@ def test_challenger_must_beat_the_champion_to_be_promoted(gate_world, tmp_path):
     assert roles == ["baseline", "candidate", "champion"]
     assert all(a.error is None and a.levels for a in result.report.arms)
     (decision,) = result.report.decisions
-    assert decision.verdict == FAIL and decision.gain_over_champion is not None and decision.gain_interval
+    assert (
+        decision.verdict == FAIL
+        and decision.gain_over_champion is not None
+        and decision.gain_interval
+    )
     assert any("below min_gain_over_champion" in r for r in decision.reasons), decision.reasons
     assert decision.rounds == cfg.gate.min_rounds  # a FAIL may stop as soon as min_rounds allow
     assert result.report.promotion is None

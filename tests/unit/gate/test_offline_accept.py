@@ -1,5 +1,5 @@
-"""Reference speculative decoding: output identical to plain greedy decoding, token for token, in both aux modes;
-accept length accounting (generated tokens / verify passes)."""
+"""Reference speculative decoding: output identical to plain greedy decoding, token for token, in
+both aux modes; accept length accounting (generated tokens / verify passes)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,10 @@ def draft_dir(target, tmp_path_factory) -> Path:
     targets = torch.arange(0, V, V // VD)
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[targets] = True
-    save_file({**draft.state_dict(), "d2t": targets - torch.arange(VD), "t2d": t2d}, str(out / "model.safetensors"))
+    save_file(
+        {**draft.state_dict(), "d2t": targets - torch.arange(VD), "t2d": t2d},
+        str(out / "model.safetensors"),
+    )
     (out / "config.json").write_text(json.dumps(export_config(cfg, [1, 3, 4], dtype="float32")))
     assert validate_export(out) == []
     return out
@@ -54,14 +57,19 @@ def draft_dir(target, tmp_path_factory) -> Path:
 def _prompts(n: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(2)
     return [
-        torch.randint(4, V, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+        torch.randint(4, V, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
     ]
 
 
 @torch.no_grad()
 def _greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = target.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOS, pad_token_id=0
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=EOS,
+        pad_token_id=0,
     )[0, len(prompt) :].tolist()
     return out[: out.index(EOS) + 1] if EOS in out else out
 
@@ -74,14 +82,17 @@ def test_speculative_output_equals_plain_greedy_on_20_prompts(target, draft_dir,
         assert output == _greedy(target, prompt, 24)
         assert len(output) >= 1 and passes <= len(output)
         assert len(accepted) == passes and all(0 <= a <= 3 for a in accepted)
-        assert len(output) <= 1 + passes + sum(accepted)  # the prefill token, one bonus per pass, the drafts kept
+        # the prefill token, one bonus per pass, the drafts kept
+        assert len(output) <= 1 + passes + sum(accepted)
 
 
 def test_accept_length_is_generated_tokens_over_verify_passes(target, draft_dir):
     decoder = SpeculativeDecoder(target, None, draft_dir, num_steps=2)
     prompts = _prompts(3)
     done: list[int] = []
-    result = evaluate_acceptance(decoder, prompts, max_new_tokens=16, eos_ids=[], on_prompt=lambda: done.append(1))
+    result = evaluate_acceptance(
+        decoder, prompts, max_new_tokens=16, eos_ids=[], on_prompt=lambda: done.append(1)
+    )
     assert result["tokens"] == 48 and len(done) == 3  # the progress hook fires once per prompt
     assert result["accept_length"] == pytest.approx(48 / result["verify_passes"])
     assert result["accept_length"] >= 1.0

@@ -1,5 +1,6 @@
-"""Static preflight on EAGLE 3.1 drafts: a sound one passes naming its flags, and each way the flags and the norm
-weights in the file can disagree (which SGLang loads without a word) fails ``draft_variant`` with the fix."""
+"""Static preflight on EAGLE 3.1 drafts: a sound one passes naming its flags, and each way the flags
+and the norm weights in the file can disagree (which SGLang loads without a word) fails
+``draft_variant`` with the fix."""
 
 from __future__ import annotations
 
@@ -24,16 +25,26 @@ def _fails(config: PipelineConfig, export: Path) -> dict[str, str]:
 
 def test_sound_eagle31_draft_passes_every_static_check(bench_config, make_export):
     assert _fails(bench_config, make_export(**EAGLE31)) == {}
-    before = make_export("before", eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 4],
-                                                 "use_aux_hidden_state": True, "norm_before_fc": True})
+    before = make_export(
+        "before",
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+            "use_aux_hidden_state": True,
+            "norm_before_fc": True,
+        },
+    )
     assert _fails(bench_config, before) == {}
 
 
 def test_fc_norm_weights_without_the_flag_are_refused(bench_config, make_export):
-    export = make_export(mutate=lambda cfg, t: cfg.pop("fc_norm"), **EAGLE31)  # written with the weights
+    # written with the weights
+    export = make_export(mutate=lambda cfg, t: cfg.pop("fc_norm"), **EAGLE31)
     fails = _fails(bench_config, export)
     assert "draft_variant" in fails and "fc_norm.0.weight" in fails["draft_variant"]
-    assert "without fc_norm: true" in fails["draft_variant"] and "drops them silently" in fails["draft_variant"]
+    assert (
+        "without fc_norm: true" in fails["draft_variant"]
+        and "drops them silently" in fails["draft_variant"]
+    )
 
 
 def test_fc_norm_flag_without_the_weights_is_refused(bench_config, make_export):

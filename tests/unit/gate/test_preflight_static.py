@@ -1,4 +1,5 @@
-"""Static preflight: one test per check, each on an export or launch pair broken in exactly that way."""
+"""Static preflight: one test per check, each on an export or launch pair broken in exactly that
+way."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from eagle3.gate.preflight import Check, failed, run_static
 from eagle3.serve.launch_commands import LaunchCommand, build_launch
 
 
-def _static(config: PipelineConfig, export: Path, *, features: Path | None = None, spec_config=None) -> list[Check]:
+def _static(
+    config: PipelineConfig, export: Path, *, features: Path | None = None, spec_config=None
+) -> list[Check]:
     baseline = build_launch(config, "baseline", engine="sglang", port=30000)
     spec = build_launch(spec_config or config, "eagle3", engine="sglang", draft=export, port=30000)
     return run_static(config, export, baseline=baseline, spec=spec, features_dir=features)
@@ -121,28 +124,35 @@ def _features(tmp_path: Path, ids: list[int], convention: str) -> Path:
     return out
 
 
-def test_layer_ids_in_the_wrong_convention_disagree_with_the_capture_footer(bench_config, make_export, tmp_path):
+def test_layer_ids_in_the_wrong_convention_disagree_with_the_capture_footer(
+    bench_config, make_export, tmp_path
+):
     features = _features(tmp_path, [2, 4, 5], "input_of_layer")
     good = make_export("good")
     assert "layer_ids" not in _failures(_static(bench_config, good, features=features))
     wrong = make_export(
-        "wrong", eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True}
+        "wrong",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True},
     )
     fails = _failures(_static(bench_config, wrong, features=features))
     assert set(fails) == {"layer_ids"}
     assert "eagle_aux_hidden_state_layer_ids=[1, 3, 4]" in fails["layer_ids"]
 
 
-def test_layer_ids_of_an_output_convention_capture_are_converted(bench_config, make_export, tmp_path):
+def test_layer_ids_of_an_output_convention_capture_are_converted(
+    bench_config, make_export, tmp_path
+):
     features = _features(tmp_path, [1, 3, 4], "output_of_layer")
     assert _failures(_static(bench_config, make_export(), features=features)) == {}
 
 
 def test_layer_ids_are_checked_by_the_target_familys_sglang_rule(bench_config, make_export):
-    """Ids [2, 4, 5] on a capture of [2, 4, 5]: Llama's SGLang path serves [3, 5, 6]; DeepSeek's serves them
-    verbatim (first id is not 1), so the same export fails on one family and passes on the other."""
+    """Ids [2, 4, 5] on a capture of [2, 4, 5]: Llama's SGLang path serves [3, 5, 6]; DeepSeek's
+    serves them verbatim (first id is not 1), so the same export fails on one family and passes on
+    the other."""
     verbatim = make_export(
-        "verbatim", eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True}
+        "verbatim",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True},
     )
     llama = _failures(_static(bench_config, verbatim))
     assert set(llama) == {"layer_ids"} and "input_of_layer [3, 5, 6]" in llama["layer_ids"]
@@ -153,7 +163,10 @@ def test_layer_ids_are_checked_by_the_target_familys_sglang_rule(bench_config, m
 
 def test_absent_or_two_layer_ids_fail(bench_config, make_export):
     absent = make_export("absent", eagle_config={"use_aux_hidden_state": True})
-    two = make_export("two", eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3], "use_aux_hidden_state": True})
+    two = make_export(
+        "two",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3], "use_aux_hidden_state": True},
+    )
     for export in (absent, two):
         fails = _failures(_static(bench_config, export))
         assert set(fails) == {"layer_ids"}
@@ -179,7 +192,9 @@ def test_heads_not_divisible_by_tp_fail(bench_config, make_export):
 
 
 def test_arms_differing_beyond_speculative_flags_fail(bench_config, make_export):
-    longer = with_overrides(bench_config, ["server.context_length=2048", "server.mem_fraction_static=0.8"])
+    longer = with_overrides(
+        bench_config, ["server.context_length=2048", "server.mem_fraction_static=0.8"]
+    )
     fails = _failures(_static(bench_config, make_export(), spec_config=longer))
     assert set(fails) == {"arms_match"}
     assert "'--mem-fraction-static'" in fails["arms_match"]
@@ -189,7 +204,9 @@ def test_speculative_arm_without_a_batch_limit_fails(bench_config, make_export):
     export = make_export()
     spec = build_launch(bench_config, "eagle3", engine="sglang", draft=export, port=30000)
     at = spec.argv.index("--max-running-requests")
-    uncapped = LaunchCommand(spec.arm, spec.engine, spec.argv[:at] + spec.argv[at + 2:], spec.host, spec.port)
+    uncapped = LaunchCommand(
+        spec.arm, spec.engine, spec.argv[:at] + spec.argv[at + 2 :], spec.host, spec.port
+    )
     baseline = build_launch(bench_config, "baseline", engine="sglang", port=30000)
     fails = _failures(run_static(bench_config, export, baseline=baseline, spec=uncapped))
     assert set(fails) == {"arms_match"}

@@ -1,5 +1,5 @@
-"""Gate report: level statistics, decision rules on measured arms (three identical rounds each: the interval has no
-width, so the rules act as on one number), and the report files."""
+"""Gate report: level statistics, decision rules on measured arms (three identical rounds each: the
+interval has no width, so the rules act as on one number), and the report files."""
 
 from __future__ import annotations
 
@@ -14,35 +14,60 @@ from eagle3.gate.verdict import decide
 
 def test_accept_length_is_total_tokens_over_total_verify_passes():
     results = [
-        RequestResult("a", completion_tokens=30, spec=SpecCounts(completion_tokens=30, verify_ct=10), latency_s=1.0),
-        RequestResult("b", completion_tokens=10, spec=SpecCounts(completion_tokens=10, verify_ct=10), latency_s=0.5),
+        RequestResult(
+            "a",
+            completion_tokens=30,
+            spec=SpecCounts(completion_tokens=30, verify_ct=10),
+            latency_s=1.0,
+        ),
+        RequestResult(
+            "b",
+            completion_tokens=10,
+            spec=SpecCounts(completion_tokens=10, verify_ct=10),
+            latency_s=0.5,
+        ),
     ]
     lv = LevelStats.of(4, results, duration_s=2.0)
-    assert lv.accept_length == pytest.approx(40 / 20)  # not the mean of per-request ratios (2.0 vs 3 and 1)
+    # not the mean of per-request ratios (2.0 vs 3 and 1)
+    assert lv.accept_length == pytest.approx(40 / 20)
     assert lv.output_tok_s == pytest.approx(20.0)
     assert lv.tpot_ms == pytest.approx(1000 * (1 / 30 + 0.5 / 10) / 2)
 
 
 def test_baseline_without_verify_passes_has_no_accept_length():
-    assert LevelStats.of(1, [RequestResult("a", completion_tokens=5, latency_s=1.0)], 1.0).accept_length is None
+    assert (
+        LevelStats.of(
+            1, [RequestResult("a", completion_tokens=5, latency_s=1.0)], 1.0
+        ).accept_length
+        is None
+    )
 
 
 def _arm(name, role, tok_s, accept=None, draft=None):
     verify = int(100 / accept) if accept else 0
-    rounds = [LevelStats(1, 4, 100, verify, 100 / tok_s, tok_s, 10.0, accept, round=r) for r in range(3)]
+    rounds = [
+        LevelStats(1, 4, 100, verify, 100 / tok_s, tok_s, 10.0, accept, round=r) for r in range(3)
+    ]
     arm = ArmResult(name, role, "http://x", draft=draft, rounds=rounds)
     arm.pool()
     return arm
 
 
 def test_pooled_rounds_sum_tokens_and_time():
-    arm = ArmResult("a", "candidate", "http://x", rounds=[
-        LevelStats(1, 4, 100, 50, 1.0, 100.0, 10.0, 2.0, round=0),
-        LevelStats(1, 4, 300, 100, 2.0, 150.0, 20.0, 3.0, round=1),
-    ])  # fmt: skip
+    arm = ArmResult(
+        "a",
+        "candidate",
+        "http://x",
+        rounds=[
+            LevelStats(1, 4, 100, 50, 1.0, 100.0, 10.0, 2.0, round=0),
+            LevelStats(1, 4, 300, 100, 2.0, 150.0, 20.0, 3.0, round=1),
+        ],
+    )
     arm.pool()
     (lv,) = arm.levels
-    assert lv.output_tok_s == pytest.approx(400 / 3.0) and lv.accept_length == pytest.approx(400 / 150)
+    assert lv.output_tok_s == pytest.approx(400 / 3.0) and lv.accept_length == pytest.approx(
+        400 / 150
+    )
     assert lv.requests == 8 and lv.tpot_ms == pytest.approx(15.0) and lv.round is None
 
 
@@ -50,14 +75,20 @@ GATE = GateConfig(traffic={1: 1.0}, min_speedup=1.05, min_accept=1.5, min_gain_o
 
 
 def test_slower_than_baseline_is_refused_even_with_a_good_accept_length():
-    arms = [_arm("baseline", "baseline", 90.0), _arm("cand0", "candidate", 82.3, accept=2.5, draft="d")]
+    arms = [
+        _arm("baseline", "baseline", 90.0),
+        _arm("cand0", "candidate", 82.3, accept=2.5, draft="d"),
+    ]
     (d,) = decide(arms, GATE)
     assert d.verdict == FAIL and d.speedup == pytest.approx(82.3 / 90)
     assert any("min_speedup" in r for r in d.reasons)
 
 
 def test_accept_length_near_one_is_refused_even_when_faster():
-    arms = [_arm("baseline", "baseline", 90.0), _arm("cand0", "candidate", 100.0, accept=1.0, draft="d")]
+    arms = [
+        _arm("baseline", "baseline", 90.0),
+        _arm("cand0", "candidate", 100.0, accept=1.0, draft="d"),
+    ]
     (d,) = decide(arms, GATE)
     assert d.verdict == FAIL and any("min_accept" in r for r in d.reasons)
 
@@ -85,7 +116,10 @@ def test_best_config_of_a_draft_decides():
 
 
 def test_report_files_round_trip(tmp_path):
-    arms = [_arm("baseline", "baseline", 90.0), _arm("cand0", "candidate", 100.0, accept=2.0, draft="d")]
+    arms = [
+        _arm("baseline", "baseline", 90.0),
+        _arm("cand0", "candidate", 100.0, accept=2.0, draft="d"),
+    ]
     report = GateReport(
         fingerprint="fp",
         target="t",
@@ -94,7 +128,11 @@ def test_report_files_round_trip(tmp_path):
         arms=arms,
         decisions=decide(arms, GATE),
         passed=True,
-        best={"arm": "cand0", "speculative": {"num_steps": 3}, "launch_sglang": "python -m sglang.launch_server"},
+        best={
+            "arm": "cand0",
+            "speculative": {"num_steps": 3},
+            "launch_sglang": "python -m sglang.launch_server",
+        },
     )
     paths = write_report(report, tmp_path)
     assert all(p.exists() and p.stat().st_size > 0 for p in paths.values())

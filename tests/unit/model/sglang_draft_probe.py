@@ -36,8 +36,18 @@ install()
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-FLAGS = ["--device", "cpu", "--attention-backend", "intel_amx", "--disable-cuda-graph", "--dtype", "float32",
-         "--max-total-tokens", "1024", "--skip-tokenizer-init"]
+FLAGS = [
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "intel_amx",
+    "--disable-cuda-graph",
+    "--dtype",
+    "float32",
+    "--max-total-tokens",
+    "1024",
+    "--skip-tokenizer-init",
+]
 
 
 def _runtime(export_dir: str):
@@ -52,10 +62,15 @@ def _runtime(export_dir: str):
     args = prepare_server_args(["--model-path", export_dir, *FLAGS])
     args.resolve_once()
     _set_envs_and_config(args)
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=spawn_world_rank(args, tp_rank=0, pp_rank=0),
-                                                     gpu_id=0))
+    publish(
+        args,
+        role="scheduler",
+        ranks=SpawnRanks(world_rank=spawn_world_rank(args, tp_rank=0, pp_rank=0), gpu_id=0),
+    )
     config = ModelConfig.from_server_args(args)
-    bootstrap.init_parallel_runtime(server_args=args, device="cpu", dist_port=PortArgs.init_new(args).nccl_port)
+    bootstrap.init_parallel_runtime(
+        server_args=args, device="cpu", dist_port=PortArgs.init_new(args).nccl_port
+    )
     bootstrap.init_layer_runtime(model_config=config)
     return config.hf_config
 
@@ -64,8 +79,14 @@ class CausalAttention(torch.nn.Module):
     """``RadixAttention``'s call ``(q, k, v, forward_batch)`` over one sequence ``[T, heads * D]``,
     causal; values may be ``v_dim`` wide and the softmax ``scale`` SGLang's (None: ``D^-0.5``)."""
 
-    def __init__(self, heads: int, kv_heads: int, head_dim: int, v_dim: int | None = None,
-                 scale: float | None = None) -> None:
+    def __init__(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        v_dim: int | None = None,
+        scale: float | None = None,
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.v_dim, self.scale = v_dim or head_dim, scale
@@ -107,8 +128,13 @@ def _serve_mla_attention_by_its_mha_path(attn) -> dict:
     AttnForwardMethod = forward_methods.AttnForwardMethod
 
     seen: dict = {}
-    attn.attn_mha = CausalAttention(attn.num_local_heads, attn.num_local_heads, attn.qk_head_dim,
-                                    attn.v_head_dim, scale=attn.scaling)
+    attn.attn_mha = CausalAttention(
+        attn.num_local_heads,
+        attn.num_local_heads,
+        attn.qk_head_dim,
+        attn.v_head_dim,
+        scale=attn.scaling,
+    )
     attn.attn_mha.kv_b_proj = None  # RadixAttention's slot, filled by forward_prepare
     attn.dispatch_attn_forward_method = lambda forward_batch: AttnForwardMethod.MHA
     attn._set_mla_kv_buffer = lambda *args: None  # the paged pool a scheduler owns
@@ -119,7 +145,8 @@ def _serve_mla_attention_by_its_mha_path(attn) -> dict:
 
         fused = get_attn_tp_context().fetch_qkv_latent()
         seen["q"] = attn.q_b_proj(attn.q_a_layernorm(fused[..., : attn.q_lora_rank]))[0].view(
-            -1, attn.num_local_heads, attn.qk_head_dim)
+            -1, attn.num_local_heads, attn.qk_head_dim
+        )
         seen["latent"], seen["positions"] = fused[..., attn.q_lora_rank :], positions
         return prepare(positions, hidden_states, forward_batch, zero_allocator)
 
@@ -153,7 +180,9 @@ def main(export_dir: str, inputs_path: str, out_path: str) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))
-    model.load_weights(safetensors_weights_iterator([os.path.join(export_dir, "model.safetensors")]))
+    model.load_weights(
+        safetensors_weights_iterator([os.path.join(export_dir, "model.safetensors")])
+    )
     if mla:
         seen = _serve_mla_attention_by_its_mha_path(model.model.midlayer.self_attn)
     for layer in [] if mla else model.model.layers:
@@ -166,20 +195,35 @@ def main(export_dir: str, inputs_path: str, out_path: str) -> None:
 
     # no paged backend: SGLang's attention reads only what the causal stand-ins above give it
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=SimpleNamespace())):
-        to_logits, aux = model.model(None, inputs["positions"], batch, input_embeds=inputs["embeds"])
-        rows = hf_config.draft_vocab_size  # ParallelLMHead pads its rows; the padding is never a draft token
+        to_logits, aux = model.model(
+            None, inputs["positions"], batch, input_embeds=inputs["embeds"]
+        )
+        # ParallelLMHead pads its rows; the padding is never a draft token
+        rows = hf_config.draft_vocab_size
         logits = to_logits @ model.lm_head.weight[:rows].T  # LogitsProcessor's matmul on one rank
         extra = {}
         if mla:
             attn = model.model.midlayer.self_attn
             latent = _latent_attention(attn, seen["q"], seen["latent"], seen["positions"])
             extra["latent_gap"] = (latent - seen["attn_out"]).abs().max()
-    report = {f"finite/{n}": torch.tensor(bool(p.isfinite().all())) for n, p in model.named_parameters()}
-    report |= {f"numel/{n}": torch.tensor(p[:rows].numel() if n == "lm_head.weight" else p.numel())
-               for n, p in model.named_parameters()}
+    report = {
+        f"finite/{n}": torch.tensor(bool(p.isfinite().all())) for n, p in model.named_parameters()
+    }
+    report |= {
+        f"numel/{n}": torch.tensor(p[:rows].numel() if n == "lm_head.weight" else p.numel())
+        for n, p in model.named_parameters()
+    }
     hot = model.get_hot_token_id()
-    save_file({"logits": logits.contiguous(), "next_hidden": aux[0].contiguous(), **extra, **report,
-               **({} if hot is None else {"hot_token_id": hot})}, out_path)
+    save_file(
+        {
+            "logits": logits.contiguous(),
+            "next_hidden": aux[0].contiguous(),
+            **extra,
+            **report,
+            **({} if hot is None else {"hot_token_id": hot}),
+        },
+        out_path,
+    )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,15 @@ def mla_export(
 ) -> tuple[Path, DraftModel]:
     """An MLA draft with random weights (norms off 1), checkpointed and exported through
     ``export_draft``; ``full``: the full vocab."""
-    return _export(tmp_path, target=target or mla_target(YARN), draft_vocab=V if full else VD,
-                   family=family, overrides=["train.architecture.attention=mla"], attention="mla",
-                   **flags)
+    return _export(
+        tmp_path,
+        target=target or mla_target(YARN),
+        draft_vocab=V if full else VD,
+        family=family,
+        overrides=["train.architecture.attention=mla"],
+        attention="mla",
+        **flags,
+    )
 
 
 def test_mla_export_is_the_deepseek_config_and_the_layer_names_sglang_loads(tmp_path):

@@ -1,4 +1,5 @@
-"""The draft vocab type: its maps follow the export format's d2t/t2d rules, and a file breaking them is refused."""
+"""The draft vocab type: its maps follow the export format's d2t/t2d rules, and a file breaking them
+is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from eagle3.model.vocab import DraftVocab, load_vocab, save_vocab
 def test_save_load_roundtrip_and_inconsistent_file_is_rejected(tmp_path):
     d2t, t2d = vocab_maps(torch.tensor([0, 2, 3]), 5)
     vocab = DraftVocab(d2t=d2t, t2d=t2d, counts=torch.tensor([4, 0, 3, 8, 1]))
-    assert vocab.target_ids.tolist() == [0, 2, 3] and d2t.tolist() == [0, 1, 1]  # target_id = draft_id + d2t
+    # target_id = draft_id + d2t
+    assert vocab.target_ids.tolist() == [0, 2, 3] and d2t.tolist() == [0, 1, 1]
     path = save_vocab(vocab, tmp_path / "vocab.safetensors")
     back = load_vocab(tmp_path)
     assert torch.equal(back.d2t, vocab.d2t) and torch.equal(back.t2d, vocab.t2d)

@@ -1,4 +1,5 @@
-"""Fixtures of the regen tests: a tiny target model directory, prompts rows, configs, a kill-and-resume run."""
+"""Fixtures of the regen tests: a tiny target model directory, prompts rows, configs, a
+kill-and-resume run."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ def chat(sample_id: str, *turns: str, system: str | None = None) -> dict:
     return {"sample_id": sample_id, "messages": messages}
 
 
-def regen_config(root: Path, model_dir: Path, servers: list[str], *, context_length: int = 256, **regen: object):
-    """A pipeline config for these tests: the tiny target (or another of its size), small generations, fast
-    backoff."""
+def regen_config(
+    root: Path, model_dir: Path, servers: list[str], *, context_length: int = 256, **regen: object
+):
+    """A pipeline config for these tests: the tiny target (or another of its size), small
+    generations, fast backoff."""
     from eagle3.config.pipeline import PipelineConfig
     from eagle3.config.regen import RegenConfig
     from eagle3.config.target import TargetConfig
@@ -62,8 +65,9 @@ def regen_config(root: Path, model_dir: Path, servers: list[str], *, context_len
 
 
 def agentic_rows(n_weather: int = 3, *, seed: int = 4242) -> list[dict]:
-    """Prompts rows of the thinking world's kinds, as normalize writes them: two-city weather conversations (two
-    user turns, a tool call and its result each), a coding agent (three calls in a row), a plain thinking answer."""
+    """Prompts rows of the thinking world's kinds, as normalize writes them: two-city weather
+    conversations (two user turns, a tool call and its result each), a coding agent (three calls in
+    a row), a plain thinking answer."""
     import json
 
     from eagle3.worlds.agentic import AgenticFactory
@@ -75,8 +79,14 @@ def agentic_rows(n_weather: int = 3, *, seed: int = 4242) -> list[dict]:
         if sum(m["role"] == "user" for m in conv.messages) == 2:
             convs.append(conv)
     convs += [factory.make("coding"), factory.make("math")]
-    return [{"sample_id": f"{c.kind}-{i}", "messages": c.messages, "tools": json.dumps(c.tools) if c.tools else None}
-            for i, c in enumerate(convs)]  # fmt: skip
+    return [
+        {
+            "sample_id": f"{c.kind}-{i}",
+            "messages": c.messages,
+            "tools": json.dumps(c.tools) if c.tools else None,
+        }
+        for i, c in enumerate(convs)
+    ]
 
 
 @dataclass
@@ -86,9 +96,12 @@ class KilledRun:
     at_kill: object  # scan_journal(journal) right after the kill
 
 
-def kill_and_resume(tmp_path: Path, config, prompts: Path, ready: Callable[[Path], bool], waiting: str) -> KilledRun:
-    """``python -m eagle3.regen`` on one shard, kill -9 once ``ready(journal)`` holds, then the same command again
-    to the end (exit 0). ``waiting`` says what never happened when the first client makes no progress."""
+def kill_and_resume(
+    tmp_path: Path, config, prompts: Path, ready: Callable[[Path], bool], waiting: str
+) -> KilledRun:
+    """``python -m eagle3.regen`` on one shard, kill -9 once ``ready(journal)`` holds, then the same
+    command again to the end (exit 0). ``waiting`` says what never happened when the first client
+    makes no progress."""
     from eagle3.regen.journal import scan_journal
     from eagle3.regen.plan import regen_fingerprint
     from eagle3.rundir.layout import stage_dir
@@ -96,9 +109,19 @@ def kill_and_resume(tmp_path: Path, config, prompts: Path, ready: Callable[[Path
 
     config_path = tmp_path / "config.yaml"
     config_path.write_text(config.to_yaml())
-    out = stage_dir(tmp_path, "regen", regen_fingerprint(Manifest.read(prompts).fingerprint, config))
+    out = stage_dir(
+        tmp_path, "regen", regen_fingerprint(Manifest.read(prompts).fingerprint, config)
+    )
     journal = out / "shard-00000.journal.jsonl"
-    cmd = [sys.executable, "-m", "eagle3.regen", "--config", str(config_path), "--prompts", str(prompts)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3.regen",
+        "--config",
+        str(config_path),
+        "--prompts",
+        str(prompts),
+    ]
     with open(tmp_path / "client1.log", "wb") as log:
         first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
@@ -116,9 +139,14 @@ def kill_and_resume(tmp_path: Path, config, prompts: Path, ready: Callable[[Path
 
 @pytest.fixture(scope="session")
 def regen_helpers(write_prompts_stage):
-    """The helpers above and the suite's prompts-stage writer, as a fixture (test files cannot import a conftest
-    module by name)."""
+    """The helpers above and the suite's prompts-stage writer, as a fixture (test files cannot
+    import a conftest module by name)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(write_prompts=write_prompts_stage, chat=chat, config=regen_config, agentic_rows=agentic_rows,
-                           kill_and_resume=kill_and_resume)  # fmt: skip
+    return SimpleNamespace(
+        write_prompts=write_prompts_stage,
+        chat=chat,
+        config=regen_config,
+        agentic_rows=agentic_rows,
+        kill_and_resume=kill_and_resume,
+    )

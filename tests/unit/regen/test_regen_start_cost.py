@@ -1,5 +1,6 @@
-"""The regen command's start cost: its flow and its tokenizer never import torch (~10 s of a busy machine's start-up
-before the first request), since a regen client needs a tokenizer and HTTP, not a tensor library."""
+"""The regen command's start cost: its flow and its tokenizer never import torch (~10 s of a busy
+machine's start-up before the first request), since a regen client needs a tokenizer and HTTP, not a
+tensor library."""
 
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ print(sorted(m for m in ("torch", "transformers.modeling_utils") if m in sys.mod
 
 
 def test_the_regen_flow_and_a_plain_fast_tokenizer_load_without_torch(tiny_world):
-    done = subprocess.run([sys.executable, "-c", _LOAD, str(tiny_world.model_dir)], capture_output=True, text=True,
-                          cwd=REPO, env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": ""})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(tiny_world.model_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": ""},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]"
-

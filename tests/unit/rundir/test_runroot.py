@@ -31,7 +31,12 @@ def test_stage_is_done_only_when_its_manifest_exists(tmp_path: Path):
     assert Manifest.read(d) is None
     (d / "shard-00000.parquet").parent.mkdir(parents=True)
     (d / "shard-00000.parquet").write_bytes(b"abc")
-    m = Manifest("prompts", "fp", files=[FileEntry.of(d / "shard-00000.parquet", rows=3, base=d)], stats={"in": 3})
+    m = Manifest(
+        "prompts",
+        "fp",
+        files=[FileEntry.of(d / "shard-00000.parquet", rows=3, base=d)],
+        stats={"in": 3},
+    )
     m.write(d)
     back = Manifest.read(d)
     assert back is not None and back.rows == 3 and back.stats == {"in": 3}
@@ -61,28 +66,41 @@ def test_run_root_gets_one_id_at_first_use_and_keeps_it(tmp_path: Path):
 def test_worker_without_the_shared_root_is_refused_with_the_requirement(tmp_path: Path):
     shared_id = claim_run_root(tmp_path / "shared")
     unmounted = tmp_path / "where-the-mount-should-be"
-    with pytest.raises(SharedStorageError, match=f"expected root id {shared_id}.*shared filesystem"):
+    with pytest.raises(
+        SharedStorageError, match=f"expected root id {shared_id}.*shared filesystem"
+    ):
         check_run_root(unmounted, shared_id)
     assert not unmounted.exists(), "a refused worker must not create a local run root"
     other = tmp_path / "another-root"
     other_id = claim_run_root(other)
-    with pytest.raises(SharedStorageError, match=f"is root id {other_id}, the run expects {shared_id}"):
+    with pytest.raises(
+        SharedStorageError, match=f"is root id {other_id}, the run expects {shared_id}"
+    ):
         check_run_root(other, shared_id)
 
 
-def test_a_directory_removed_in_background_is_gone_at_once_and_deleted_off_the_callers_thread(tmp_path, held_rmtree):
-    """Deleting a shard's tens of GB of parts can take a minute on NFS or a discard mount: the caller gets the
-    directory out of every reader's way by a rename and goes on while another thread deletes it."""
+def test_a_directory_removed_in_background_is_gone_at_once_and_deleted_off_the_callers_thread(
+    tmp_path, held_rmtree
+):
+    """Deleting a shard's tens of GB of parts can take a minute on NFS or a discard mount: the
+    caller gets the directory out of every reader's way by a rename and goes on while another thread
+    deletes it."""
     import threading
 
     parts = tmp_path / "parts-00003"
     parts.mkdir()
     (parts / "shard-00003.part-00000.parquet").write_bytes(b"x" * 1000)
     thread = remove_in_background(parts)
-    assert not parts.exists() and [p.name.startswith(".removed-parts-00003-") for p in tmp_path.iterdir()] == [True]
+    assert not parts.exists() and [
+        p.name.startswith(".removed-parts-00003-") for p in tmp_path.iterdir()
+    ] == [True]
     held_rmtree.release.set()
     wait_removals()
-    assert held_rmtree.deleters == [thread] and thread is not threading.current_thread() and not thread.is_alive()
+    assert (
+        held_rmtree.deleters == [thread]
+        and thread is not threading.current_thread()
+        and not thread.is_alive()
+    )
     assert list(tmp_path.iterdir()) == []
 
 

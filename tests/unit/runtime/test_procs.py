@@ -33,7 +33,9 @@ def _alive(pid: int) -> bool:
 
 
 def _orphan_survives(mode: str) -> bool:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE, text=True
+    )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     parent.send_signal(signal.SIGKILL)
@@ -59,7 +61,9 @@ def test_free_port_is_bindable():
         sock.bind(("127.0.0.1", port))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's"
+)
 def test_yield_cpu_lowers_only_the_calling_thread():
     import threading
 

@@ -78,8 +78,14 @@ def _start(script: str, *args: str, sigint: object = signal.SIG_DFL) -> subproce
     unless asked: tests running as a script's background job start with SIGINT ignored)."""
     argv = [sys.executable, "-c", script, *args]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
-    return subprocess.Popen(argv, **pipes, text=True, cwd=REPO, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    return subprocess.Popen(
+        argv,
+        **pipes,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+    )
 
 
 def _gone(pid: int) -> bool:

@@ -1,5 +1,5 @@
-"""Moves that do not stall the device: training batches to a GPU (pinned staging, a copy stream, the consumer
-waits) and captured states back to the host (pinned, waited for on the writer's side)."""
+"""Moves that do not stall the device: training batches to a GPU (pinned staging, a copy stream, the
+consumer waits) and captured states back to the host (pinned, waited for on the writer's side)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def test_a_gpu_consumer_stages_in_pinned_memory_on_its_own_gpu():
 
 @pytest.mark.gpu
 def test_a_gpu_consumer_reads_its_batch_only_after_the_copy_stream_wrote_it():
-    """The copy is held back on its stream by a spinning kernel; the consumer's stream, idle, would read the
-    destination at once if it did not wait for the copy's event, and see memory the copy has not written yet."""
+    """The copy is held back on its stream by a spinning kernel; the consumer's stream, idle, would
+    read the destination at once if it did not wait for the copy's event, and see memory the copy
+    has not written yet."""
     transfer = DeviceTransfer("cuda")
     for round_ in range(4):
         staged = transfer.empty(64, 1024, dtype=torch.float32)
@@ -54,10 +55,12 @@ def test_states_on_the_cpu_are_kept_as_they_are_by_the_host_copy():
 
 @pytest.mark.gpu
 def test_states_copied_to_the_host_are_whole_once_the_wait_returns():
-    """The state is computed behind a spinning kernel (a forward still running) and copied without waiting for it;
-    ``wait`` must block until the copy has run, or the pinned buffer is read before it is written."""
+    """The state is computed behind a spinning kernel (a forward still running) and copied without
+    waiting for it; ``wait`` must block until the copy has run, or the pinned buffer is read before
+    it is written."""
     x = torch.arange(64 * 1024, dtype=torch.float32, device="cuda").view(64, 1024)
-    torch.cuda._sleep(200_000_000)  # ~0.1 s on the current stream, like the forward that makes the states
+    # ~0.1 s on the current stream, like the forward that makes the states
+    torch.cuda._sleep(200_000_000)
     to_host = HostCopy()
     host = to_host(x * 2)
     to_host.record()

@@ -1,4 +1,5 @@
-"""Nightly data scaling: stable shard selection as the cumulative total grows, and the scaling-curve ledger."""
+"""Nightly data scaling: stable shard selection as the cumulative total grows, and the scaling-curve
+ledger."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from eagle3.scaling.curve import (
 )
 
 
-def _point(samples: int, accept: float, *, fp: str | None = None, total: int | None = None) -> ScalingPoint:
+def _point(
+    samples: int, accept: float, *, fp: str | None = None, total: int | None = None
+) -> ScalingPoint:
     return ScalingPoint(
         total_prompts=total or samples,
         train_samples=samples,
@@ -67,7 +70,12 @@ def test_shard_rows_reads_prompt_shards_in_order_and_skips_quarantine():
 
 def test_shard_rows_refuses_a_gap_that_would_shift_later_shards():
     with pytest.raises(ValueError, match="without gaps"):
-        shard_rows([FileEntry("shard-00000.parquet", 5, 1, "z"), FileEntry("shard-00002.parquet", 5, 1, "z")])
+        shard_rows(
+            [
+                FileEntry("shard-00000.parquet", 5, 1, "z"),
+                FileEntry("shard-00002.parquet", 5, 1, "z"),
+            ]
+        )
 
 
 def test_rerunning_a_night_replaces_its_point_instead_of_appending(tmp_path):
@@ -100,19 +108,30 @@ def test_curve_renders_a_table_and_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = curve_markdown(points, png=png)
     assert "| 2 | uniform | 200 | 200 | 1.700 | 1.100 | pass |" in md and "still data-limited" in md
-    assert "Per domain" not in md  # uniform nights have no held-out eval set, hence no per-domain points
+    # uniform nights have no held-out eval set, hence no per-domain points
+    assert "Per domain" not in md
 
 
-def test_an_aimed_night_keeps_its_policy_and_per_domain_points_and_older_lines_read_as_uniform(tmp_path):
+def test_an_aimed_night_keeps_its_policy_and_per_domain_points_and_older_lines_read_as_uniform(
+    tmp_path,
+):
     import dataclasses
     import json
 
-    aimed = dataclasses.replace(_point(300, 1.8), policy="aimed",
-                                domains={"chat": {"rows": 120, "tokens": 9000, "accept": 2.25}})  # fmt: skip
+    aimed = dataclasses.replace(
+        _point(300, 1.8),
+        policy="aimed",
+        domains={"chat": {"rows": 120, "tokens": 9000, "accept": 2.25}},
+    )
     record_point(tmp_path, aimed)
-    old = {k: v for k, v in dataclasses.asdict(_point(100, 1.5)).items() if k not in ("policy", "domains")}
+    old = {
+        k: v
+        for k, v in dataclasses.asdict(_point(100, 1.5)).items()
+        if k not in ("policy", "domains")
+    }
     lines = curve_path(tmp_path).read_text()
-    curve_path(tmp_path).write_text(json.dumps(old) + "\n" + lines)  # a line written before policies existed
+    # a line written before policies existed
+    curve_path(tmp_path).write_text(json.dumps(old) + "\n" + lines)
     first, second = read_curve(tmp_path)
     assert (first.policy, first.domains) == ("uniform", {}) and second == aimed
     md = curve_markdown([first, second])
@@ -130,7 +149,9 @@ def test_feature_set_fingerprint_follows_the_listed_shards_not_the_directory(tmp
     night1 = feature_set_fingerprint(features)
     Manifest("features", "abc", files=[shard0]).write(features)  # the same night again
     assert feature_set_fingerprint(features) == night1
-    Manifest("features", "abc", files=[shard0, FileEntry("shard-00001.parquet", 5, 10, "s1")]).write(features)
+    Manifest(
+        "features", "abc", files=[shard0, FileEntry("shard-00001.parquet", 5, 10, "s1")]
+    ).write(features)
     assert feature_set_fingerprint(features) != night1
     with pytest.raises(FileNotFoundError, match="eagle3 capture"):
         feature_set_fingerprint(tmp_path / "features" / "missing")

@@ -1,5 +1,6 @@
-"""Tonight's plan end to end (``eagle3.scaling.night``): the aimed night over a prompts stage, with and without a
-champion measured per domain, explicit shard ids, and the per-domain point an aimed night leaves on the curve."""
+"""Tonight's plan end to end (``eagle3.scaling.night``): the aimed night over a prompts stage, with
+and without a champion measured per domain, explicit shard ids, and the per-domain point an aimed
+night leaves on the curve."""
 
 from __future__ import annotations
 
@@ -24,47 +25,97 @@ DOMAINS = {"chat": 40, "code": 40, "math": 40}
 
 
 def _config(root: Path, *overrides: str, base: PipelineConfig | None = None) -> PipelineConfig:
-    base = base or PipelineConfig(name="t", root=str(root), target=TargetConfig(
-        model_path="m", num_layers=8, hidden_size=8, vocab_size=64))  # fmt: skip
-    return with_overrides(base, [f"root={root}", "scaling.policy=aimed", "scaling.eval_per_domain=2",
-                                 "scaling.eval_max_new_tokens=16", "normalize.shard_size=10", *overrides])  # fmt: skip
+    base = base or PipelineConfig(
+        name="t",
+        root=str(root),
+        target=TargetConfig(model_path="m", num_layers=8, hidden_size=8, vocab_size=64),
+    )
+    return with_overrides(
+        base,
+        [
+            f"root={root}",
+            "scaling.policy=aimed",
+            "scaling.eval_per_domain=2",
+            "scaling.eval_max_new_tokens=16",
+            "normalize.shard_size=10",
+            *overrides,
+        ],
+    )
 
 
 def _gate_report(root: Path) -> Path:
     out = root / "gate" / "g"
-    thresholds = {"decision_concurrency": 1, "min_speedup": 1.05, "min_accept": 1.5, "min_gain_over_champion": 1.0}
-    write_report(GateReport(fingerprint="g", target="tiny", thresholds=thresholds, prompts={}, arms=[],
-                            decisions=[Decision("d", True, "spec", 1.3, 2.2, None)], passed=True), out)  # fmt: skip
+    thresholds = {
+        "decision_concurrency": 1,
+        "min_speedup": 1.05,
+        "min_accept": 1.5,
+        "min_gain_over_champion": 1.0,
+    }
+    write_report(
+        GateReport(
+            fingerprint="g",
+            target="tiny",
+            thresholds=thresholds,
+            prompts={},
+            arms=[],
+            decisions=[Decision("d", True, "spec", 1.3, 2.2, None)],
+            passed=True,
+        ),
+        out,
+    )
     return out
 
 
-def test_the_first_aimed_night_splits_the_budget_evenly_and_selects_the_rows(tmp_path, write_prompt_pool):
+def test_the_first_aimed_night_splits_the_budget_evenly_and_selects_the_rows(
+    tmp_path, write_prompt_pool
+):
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS, free=4)
     config = _config(tmp_path)
     night = plan_tonight(config, prompts, 30)
     assert night.policy == "aimed" and Path(night.prompts_dir).parent.name == "selection"
-    assert {row["domain"]: row["allocation"] for row in night.plan} == {"chat": 10, "code": 10, "math": 10, FREE: 4}
+    assert {row["domain"]: row["allocation"] for row in night.plan} == {
+        "chat": 10,
+        "code": 10,
+        "math": 10,
+        FREE: 4,
+    }
     assert all("nothing measured yet" in row["why"] for row in night.plan if row["domain"] != FREE)
     assert night.total_prompts == 34 and night.new_shard_ids == night.shard_ids == [0, 1, 2, 3]
     header = "| domain | pool left | current accept | traffic share | allocation | bound by | why |"
-    assert header in night.plan_markdown and "| share |" in night.plan_markdown  # nothing measured: by share
-    preview = plan_tonight(config, prompts, 30, write=False)  # what `eagle3 plan` prints: the same, nothing written
+    # nothing measured: by share
+    assert header in night.plan_markdown and "| share |" in night.plan_markdown
+    # what `eagle3 plan` prints: the same, nothing written
+    preview = plan_tonight(config, prompts, 30, write=False)
     assert preview.plan == night.plan and len(read_nights(Path(night.prompts_dir))) == 1
 
 
-def test_without_a_champion_the_plan_uses_the_last_aimed_nights_measurements(tmp_path, write_prompt_pool):
+def test_without_a_champion_the_plan_uses_the_last_aimed_nights_measurements(
+    tmp_path, write_prompt_pool
+):
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS)
     config = _config(tmp_path)
     plan_tonight(config, prompts, 30)
     measured = {"chat": 3.5, "code": 1.5, "math": 2.5}
-    record_point(tmp_path, ScalingPoint(total_prompts=30, train_samples=30, accept_length=2.5, speedup=1.0,
-                                        passed=False, draft_fingerprint="d1", report="r1", policy="aimed",
-                                        domains={d: {"rows": 10, "tokens": 300, "accept": a}
-                                                 for d, a in measured.items()}))  # fmt: skip
-    night = plan_tonight(config, prompts, 30)  # night 2: the gate refused night 1, nothing was promoted
+    record_point(
+        tmp_path,
+        ScalingPoint(
+            total_prompts=30,
+            train_samples=30,
+            accept_length=2.5,
+            speedup=1.0,
+            passed=False,
+            draft_fingerprint="d1",
+            report="r1",
+            policy="aimed",
+            domains={d: {"rows": 10, "tokens": 300, "accept": a} for d, a in measured.items()},
+        ),
+    )
+    # night 2: the gate refused night 1, nothing was promoted
+    night = plan_tonight(config, prompts, 30)
     assert {row["domain"]: row["current_accept"] for row in night.plan} == measured
     allocation = {row["domain"]: row["allocation"] for row in night.plan}
-    assert allocation == {"chat": 10, "code": 10, "math": 10}  # one point each, no slope yet: rows by share
+    # one point each, no slope yet: rows by share
+    assert allocation == {"chat": 10, "code": 10, "math": 10}
     assert "no champion yet: the draft of r1" in night.plan_markdown
 
 
@@ -76,7 +127,9 @@ def test_uniform_keeps_the_prompt_shards_and_their_order(tmp_path, write_prompt_
     assert not (tmp_path / "selection").exists()
 
 
-def test_explicit_shard_ids_name_the_selections_shards_and_select_nothing_new(tmp_path, write_prompt_pool):
+def test_explicit_shard_ids_name_the_selections_shards_and_select_nothing_new(
+    tmp_path, write_prompt_pool
+):
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS)
     config = _config(tmp_path)
     with pytest.raises(ValueError, match="none yet"):
@@ -92,7 +145,8 @@ def test_explicit_shard_ids_name_the_selections_shards_and_select_nothing_new(tm
 
 @pytest.fixture
 def champion_world(tmp_path, write_prompt_pool, gate_world):
-    """The tiny target, its trained draft promoted as the champion, an aimed config over a small prompt pool."""
+    """The tiny target, its trained draft promoted as the champion, an aimed config over a small
+    prompt pool."""
     prompts = write_prompt_pool(tmp_path / "prompts" / "p", DOMAINS)
     config = _config(tmp_path, base=gate_world.config)
     Registry(config.root_path).promote(gate_world.export, report=str(tmp_path / "report.json"))
@@ -104,11 +158,14 @@ def test_the_plan_measures_the_champion_per_domain_once_and_shows_it(champion_wo
     night = plan_tonight(config, prompts, 24, write=False)
     accepts = {row["domain"]: row["current_accept"] for row in night.plan}
     assert set(accepts) == set(DOMAINS) and all(1.0 <= a <= 4.0 for a in accepts.values()), accepts
-    assert all("nothing measured yet" in row["why"] for row in night.plan)  # one point each: no slope yet
+    # one point each: no slope yet
+    assert all("nothing measured yet" in row["why"] for row in night.plan)
     (cache,) = (Path(night.prompts_dir) / "eval").glob("*.json")
     by_set = json.loads(cache.read_text())["by_set"]
     assert {d: s["prompts"] for d, s in by_set.items()} == {"chat": 2, "code": 2, "math": 2}
-    monkeypatch.setattr(domain_eval, "measure_offline", lambda *a: pytest.fail("measured the same draft twice"))
+    monkeypatch.setattr(
+        domain_eval, "measure_offline", lambda *a: pytest.fail("measured the same draft twice")
+    )
     assert plan_tonight(config, prompts, 24, write=False).plan == night.plan
 
 
@@ -130,11 +187,18 @@ def test_an_aimed_nights_point_keeps_its_policy_and_per_domain_rows_and_accept(c
     (point,) = read_curve(config.root_path)
     assert point.policy == "aimed" and set(point.domains) == set(DOMAINS)
     assert sum(row["rows"] for row in point.domains.values()) == 24
-    assert all(row["accept"] == pytest.approx(r["current_accept"], abs=1e-3)
-               for r in night.plan for d, row in point.domains.items() if d == r["domain"])  # fmt: skip
+    assert all(
+        row["accept"] == pytest.approx(r["current_accept"], abs=1e-3)
+        for r in night.plan
+        for d, row in point.domains.items()
+        if d == r["domain"]
+    )
     eval_ids = read_pool(Path(night.select_dir)).eval_ids
-    selected = [sid for p in Path(night.select_dir).glob("shard-*.parquet")
-                for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()]  # fmt: skip
+    selected = [
+        sid
+        for p in Path(night.select_dir).glob("shard-*.parquet")
+        for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()
+    ]
     assert len(selected) == 24 and not eval_ids & set(selected)
 
 

@@ -1,5 +1,5 @@
-"""The aimed nights' selection (``eagle3.scaling.selection``): the held-out eval set, the rows each night writes, the
-ledger, and what regen reads."""
+"""The aimed nights' selection (``eagle3.scaling.selection``): the held-out eval set, the rows each
+night writes, the ledger, and what regen reads."""
 
 from __future__ import annotations
 
@@ -26,14 +26,23 @@ DOMAINS = {"chat": 40, "code": 24, "math": 12}
 
 
 def _config(root: Path, *overrides: str) -> PipelineConfig:
-    base = PipelineConfig(name="t", root=str(root), target=TargetConfig(model_path="m", num_layers=8, hidden_size=8,
-                                                                         vocab_size=64))  # fmt: skip
-    return with_overrides(base, ["scaling.policy=aimed", "scaling.eval_per_domain=4", "normalize.shard_size=5",
-                                 *overrides])  # fmt: skip
+    base = PipelineConfig(
+        name="t",
+        root=str(root),
+        target=TargetConfig(model_path="m", num_layers=8, hidden_size=8, vocab_size=64),
+    )
+    return with_overrides(
+        base,
+        ["scaling.policy=aimed", "scaling.eval_per_domain=4", "normalize.shard_size=5", *overrides],
+    )
 
 
 def _ids(paths: list[Path]) -> list[str]:
-    return [sid for p in paths for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()]
+    return [
+        sid
+        for p in paths
+        for sid in pq.read_table(p, columns=["sample_id"])["sample_id"].to_pylist()
+    ]
 
 
 @pytest.fixture
@@ -45,37 +54,63 @@ def pool(tmp_path, write_prompt_pool):
 
 def test_each_domain_holds_out_a_fixed_eval_set_that_the_pool_never_offers(pool, tmp_path):
     config, built = pool
-    assert built.eval_domains == {"chat": 4, "code": 4, "math": 3}  # at most a quarter of the domain
+    # at most a quarter of the domain
+    assert built.eval_domains == {"chat": 4, "code": 4, "math": 3}
     assert len(built.eval_ids) == 11 and set(_ids([built.eval_path])) == built.eval_ids
     assert {d: len(r) for d, r in built.refs.items()} == {"chat": 36, "code": 20, "math": 9}
-    assert len(built.free) == 3 and build_pool(config, built.prompts_dir) == built  # read back, not redrawn
+    # read back, not redrawn
+    assert len(built.free) == 3 and build_pool(config, built.prompts_dir) == built
     reseeded = build_pool(_config(tmp_path, "scaling.eval_seed=1"), built.prompts_dir)
     assert reseeded.dir != built.dir and reseeded.eval_ids != built.eval_ids
 
 
 def test_nights_take_each_domains_next_rows_and_never_an_eval_row(pool):
     config, built = pool
-    one = write_night(config, built, night=1, rows={"chat": 7, "math": 2, FREE: 3}, budget=9, unit="prompts", plan=[])
-    two = write_night(config, built, night=2, rows={"chat": 29, "math": 7}, budget=36, unit="prompts", plan=[])
-    assert one.shards == {0: FREE, 1: "chat", 2: "chat", 3: "math"}  # one domain per shard, 7 chat rows in 5 + 2
+    one = write_night(
+        config,
+        built,
+        night=1,
+        rows={"chat": 7, "math": 2, FREE: 3},
+        budget=9,
+        unit="prompts",
+        plan=[],
+    )
+    two = write_night(
+        config, built, night=2, rows={"chat": 29, "math": 7}, budget=36, unit="prompts", plan=[]
+    )
+    # one domain per shard, 7 chat rows in 5 + 2
+    assert one.shards == {0: FREE, 1: "chat", 2: "chat", 3: "math"}
     shards = sorted(built.dir.glob("shard-*.parquet"))
     ids = _ids(shards)
     assert len(ids) == len(set(ids)) == 3 + 7 + 2 + 29 + 7 and not set(ids) & built.eval_ids
-    assert min(two.shards) == max(one.shards) + 1  # night 2 appends, never rewrites night 1's shards
+    # night 2 appends, never rewrites night 1's shards
+    assert min(two.shards) == max(one.shards) + 1
     assert pool_left(built, read_nights(built.dir)) == {"chat": 0, "code": 20, "math": 0, FREE: 0}
     for index, domain in {**one.shards, **two.shards}.items():
         table = pq.read_table(built.dir / f"shard-{index:05d}.parquet")
         assert table.schema.metadata[b"domain"].decode() == domain
         assert set(table["source"].to_pylist()) == {"pretokenized" if domain == FREE else domain}
     manifest = Manifest.read(built.dir)
-    assert [f.path for f in manifest.files] == [p.name for p in shards] and manifest.verify(built.dir) == []
+    assert [f.path for f in manifest.files] == [p.name for p in shards] and manifest.verify(
+        built.dir
+    ) == []
 
 
 def test_a_night_written_again_is_the_recorded_one_and_writes_nothing(pool):
     config, built = pool
-    first = write_night(config, built, night=1, rows={"code": 6}, budget=6, unit="prompts", plan=[{"domain": "code"}])
+    first = write_night(
+        config,
+        built,
+        night=1,
+        rows={"code": 6},
+        budget=6,
+        unit="prompts",
+        plan=[{"domain": "code"}],
+    )
     before = {p: p.stat().st_mtime_ns for p in built.dir.iterdir()}
-    again = write_night(config, built, night=1, rows={"chat": 99}, budget=99, unit="prompts", plan=[])
+    again = write_night(
+        config, built, night=1, rows={"chat": 99}, budget=99, unit="prompts", plan=[]
+    )
     assert again == first and {p: p.stat().st_mtime_ns for p in built.dir.iterdir()} == before
 
 

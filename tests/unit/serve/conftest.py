@@ -20,12 +20,24 @@ def serve_model_dir(tiny_world) -> Path:
 
 @pytest.fixture
 def launch_config(tmp_path: Path) -> PipelineConfig:
-    """A pipeline config of a small programmatic target (L=8, H=128, vocab 2048) served by SGLang on GPUs."""
+    """A pipeline config of a small programmatic target (L=8, H=128, vocab 2048) served by SGLang on
+    GPUs."""
     model = tmp_path / "target"
     model.mkdir()
     (model / "config.json").write_text(
-        json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128, "vocab_size": 2048})
+        json.dumps(
+            {
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 128,
+                "vocab_size": 2048,
+            }
+        )
     )
-    target = TargetConfig(model_path=str(model), num_layers=8, hidden_size=128, vocab_size=2048, context_length=1024)
+    target = TargetConfig(
+        model_path=str(model), num_layers=8, hidden_size=128, vocab_size=2048, context_length=1024
+    )
     server = ServerLaunchConfig(engine="sglang")
-    return PipelineConfig(name="launch-test", root=str(tmp_path / "root"), target=target, server=server)
+    return PipelineConfig(
+        name="launch-test", root=str(tmp_path / "root"), target=target, server=server
+    )

@@ -1,4 +1,5 @@
-"""The one launcher: a server that dies in start-up raises with its log, a healthy one is stopped with its children."""
+"""The one launcher: a server that dies in start-up raises with its log, a healthy one is stopped
+with its children."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from eagle3.serve.launch import LaunchError, ServerProcess
 
-# A stand-in server: answers 200 on every GET at the --port the launcher appends, after starting a child of its own.
+# A stand-in server: answers 200 on every GET at the --port the launcher appends, after starting a
+# child of its own.
 HEALTHY = """
 import argparse, http.server, subprocess, sys
 parser = argparse.ArgumentParser()
@@ -37,12 +39,16 @@ def _alive(pid: int) -> bool:
 
 def test_server_that_exits_before_healthy_raises_with_its_log(tmp_path):
     code = "import sys; print('boom: bad flag'); sys.exit(3)"
-    server = ServerProcess([sys.executable, "-c", code], log_path=tmp_path / "server.log", health_timeout_s=30)
+    server = ServerProcess(
+        [sys.executable, "-c", code], log_path=tmp_path / "server.log", health_timeout_s=30
+    )
     with pytest.raises(LaunchError, match=r"exited with code 3[\s\S]*boom: bad flag"):
         server.start()
 
 
-def test_port_zero_picks_a_free_port_and_the_server_is_stopped_with_its_process_group_on_exit(tmp_path):
+def test_port_zero_picks_a_free_port_and_the_server_is_stopped_with_its_process_group_on_exit(
+    tmp_path,
+):
     pid_file = tmp_path / "child.pid"
     argv = [sys.executable, "-c", HEALTHY, str(pid_file)]
     with ServerProcess(argv, log_path=tmp_path / "s.log", health_timeout_s=30) as server:

@@ -1,9 +1,11 @@
-"""The reference server against real SGLang 0.5.23, same tiny target, same requests: what keeps the stand-in honest.
+"""The reference server against real SGLang 0.5.23, same tiny target, same requests: what keeps the
+stand-in honest.
 
-Every case the reference server models is sent to both servers, started from one config through the one launcher
-(``build_launch``, engines ``reference`` and ``sglang``); status codes, error bodies, ``meta_info`` keys and greedy
-output ids must agree. Where they still differ on purpose, docs/ARCHITECTURE.md ("The engines") says why it does not
-matter; such cases are not sent here (an out-of-vocabulary id or an empty prompt kills SGLang 0.5.23's CPU scheduler).
+Every case the reference server models is sent to both servers, started from one config through the
+one launcher (``build_launch``, engines ``reference`` and ``sglang``); status codes, error bodies,
+``meta_info`` keys and greedy output ids must agree. Where they still differ on purpose,
+docs/ARCHITECTURE.md ("The engines") says why it does not matter; such cases are not sent here (an
+out-of-vocabulary id or an empty prompt kills SGLang 0.5.23's CPU scheduler).
 """
 
 from __future__ import annotations
@@ -35,13 +37,28 @@ BAD_REQUESTS: dict[str, dict[str, Any]] = {
     "top_p 0": {"input_ids": PROMPT, "sampling_params": {"top_p": 0}},
     "top_k 0": {"input_ids": PROMPT, "sampling_params": {"top_k": 0}},
     "negative max_new_tokens": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": -1}},
-    "unknown sampling field": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "bogus": 1}},
-    "max_new_tokens of the wrong type": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": "x"}},
-    "temperature of the wrong type": {"input_ids": PROMPT, "sampling_params": {"temperature": "hot"}},
+    "unknown sampling field": {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": 4, "bogus": 1},
+    },
+    "max_new_tokens of the wrong type": {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": "x"},
+    },
+    "temperature of the wrong type": {
+        "input_ids": PROMPT,
+        "sampling_params": {"temperature": "hot"},
+    },
     "stop of the wrong type": {"input_ids": PROMPT, "sampling_params": {"stop": 3}},
     "stream of the wrong type": {"input_ids": PROMPT, "stream": "yes"},
-    "prompt over the context length": {"input_ids": [5] * (CONTEXT + 76), "sampling_params": {"max_new_tokens": 4}},
-    "prompt + max_new_tokens over the context": {"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 100}},
+    "prompt over the context length": {
+        "input_ids": [5] * (CONTEXT + 76),
+        "sampling_params": {"max_new_tokens": 4},
+    },
+    "prompt + max_new_tokens over the context": {
+        "input_ids": [5] * 1000,
+        "sampling_params": {"max_new_tokens": 100},
+    },
     "no prompt": {"sampling_params": {"max_new_tokens": 4}},
     "empty input_ids": {"input_ids": [], "sampling_params": {"max_new_tokens": 4}},
     "duplicate rid in one batch": {"input_ids": [PROMPT, PROMPT], "rid": ["x1", "x1"]},
@@ -50,7 +67,9 @@ BAD_REQUESTS: dict[str, dict[str, Any]] = {
 
 def _request(url: str, path: str, body: Any = None, method: str = "POST") -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"}, method=method)
+    req = urllib.request.Request(
+        url + path, data=data, headers={"Content-Type": "application/json"}, method=method
+    )
     try:
         with urllib.request.urlopen(req, timeout=300) as resp:
             return resp.status, resp.read().decode()
@@ -61,8 +80,14 @@ def _request(url: str, path: str, body: Any = None, method: str = "POST") -> tup
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
     logs = tmp_path_factory.mktemp("conformance")
-    return load_recipe("tiny", [f"root={logs / 'run'}", f"server.context_length={CONTEXT}",
-                                "server.max_running_requests=8"])  # fmt: skip
+    return load_recipe(
+        "tiny",
+        [
+            f"root={logs / 'run'}",
+            f"server.context_length={CONTEXT}",
+            "server.max_running_requests=8",
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +115,9 @@ def servers(sglang_python, tiny_world, config, request_logs, tmp_path_factory):
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_a_bad_request_gets_sglangs_status_and_error_body(servers, case):
-    answers = {name: _request(url, "/generate", BAD_REQUESTS[case]) for name, url in servers.items()}
+    answers = {
+        name: _request(url, "/generate", BAD_REQUESTS[case]) for name, url in servers.items()
+    }
     status, body = answers["sglang"]
     assert status == 400, answers
     assert answers["reference"][0] == status
@@ -98,13 +125,29 @@ def test_a_bad_request_gets_sglangs_status_and_error_body(servers, case):
 
 
 def test_greedy_answers_have_the_same_output_ids_and_meta_info_keys(servers, tiny_tokenizer):
-    prompts = [render_prompt(tiny_tokenizer, [{"role": "user", "content": q}]) for q in
-               ("Hello there", "What is 12 + 7? Explain briefly.", "Write a short poem about rain.")]  # fmt: skip
+    prompts = [
+        render_prompt(tiny_tokenizer, [{"role": "user", "content": q}])
+        for q in (
+            "Hello there",
+            "What is 12 + 7? Explain briefly.",
+            "Write a short poem about rain.",
+        )
+    ]
     answers = {}
     for name, url in servers.items():
-        answers[name] = [json.loads(_request(url, "/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": 48, "temperature": 0}})[1]) for ids in prompts]  # fmt: skip
-    assert [a["output_ids"] for a in answers["reference"]] == [a["output_ids"] for a in answers["sglang"]]
+        answers[name] = [
+            json.loads(
+                _request(
+                    url,
+                    "/generate",
+                    {"input_ids": ids, "sampling_params": {"max_new_tokens": 48, "temperature": 0}},
+                )[1]
+            )
+            for ids in prompts
+        ]
+    assert [a["output_ids"] for a in answers["reference"]] == [
+        a["output_ids"] for a in answers["sglang"]
+    ]
     assert [a["text"] for a in answers["reference"]] == [a["text"] for a in answers["sglang"]]
     for ref, real in zip(answers["reference"], answers["sglang"], strict=True):
         assert set(ref["meta_info"]) == set(real["meta_info"])
@@ -113,14 +156,23 @@ def test_greedy_answers_have_the_same_output_ids_and_meta_info_keys(servers, tin
 
 def test_max_new_tokens_zero_answers_at_once_with_nothing(servers):
     for url in servers.values():
-        status, body = _request(url, "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})
+        status, body = _request(
+            url, "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}}
+        )
         reply = json.loads(body)
         assert (status, reply["output_ids"], reply["meta_info"]["finish_reason"]) == (
-            200, [], {"type": "length", "length": 0})  # fmt: skip
+            200,
+            [],
+            {"type": "length", "length": 0},
+        )
 
 
 async def _same_rid_twice(url: str) -> list[tuple[int, str]]:
-    body = {"input_ids": PROMPT, "rid": "same", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "rid": "same",
+        "sampling_params": {"max_new_tokens": 200, "ignore_eos": True},
+    }
     async with aiohttp.ClientSession() as session:
 
         async def post() -> tuple[int, str]:
@@ -134,19 +186,29 @@ def test_a_rid_in_flight_is_refused_and_free_again_once_done(servers):
     for url in servers.values():
         answers = sorted(asyncio.run(_same_rid_twice(url)))
         assert [status for status, _ in answers] == [200, 400]
-        assert json.loads(answers[1][1]) == {"error": {"message": "Duplicate request ID detected: same"}}
+        assert json.loads(answers[1][1]) == {
+            "error": {"message": "Duplicate request ID detected: same"}
+        }
         assert _request(url, "/generate", {"input_ids": PROMPT, "rid": "same"})[0] == 200
 
 
 async def _flush_while_busy(url: str) -> tuple[tuple[int, str], tuple[int, str]]:
-    """Flushes once the first streamed token proves the request runs; the rest of the context is still to generate.
+    """Flushes once the first streamed token proves the request runs; the rest of the context is
+    still to generate.
 
-    The request fills the context (ignore_eos), so the flush, sent the moment the first token arrives, lands about a
-    thousand decode steps before the request can end, on however fast a machine; a fixed sleep did not (the reference
-    server finished 300 tokens within it on a fast CI machine)."""
-    body = {"input_ids": PROMPT, "stream": True,
-            "sampling_params": {"max_new_tokens": CONTEXT - len(PROMPT), "ignore_eos": True}}  # fmt: skip
-    async with aiohttp.ClientSession() as session, session.post(f"{url}/generate", json=body) as resp:
+    The request fills the context (ignore_eos), so the flush, sent the moment the first token
+    arrives, lands about a thousand decode steps before the request can end, on however fast a
+    machine; a fixed sleep did not (the reference server finished 300 tokens within it on a fast CI
+    machine)."""
+    body = {
+        "input_ids": PROMPT,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": CONTEXT - len(PROMPT), "ignore_eos": True},
+    }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/generate", json=body) as resp,
+    ):
         while not (await resp.content.readline()).startswith(b"data: {"):
             pass
         busy = await asyncio.to_thread(_request, url, "/flush_cache")
@@ -163,7 +225,8 @@ def test_flush_cache_is_refused_while_busy_and_done_when_idle_with_sglangs_texts
 
 
 def _untrained_draft(model_dir: Path, out: Path) -> Path:
-    """An EAGLE-3 export of random weights for the tiny target: what is checked here is structure, not speed."""
+    """An EAGLE-3 export of random weights for the tiny target: what is checked here is structure,
+    not speed."""
     from transformers import AutoConfig
 
     torch.manual_seed(0)
@@ -192,19 +255,28 @@ async def _concurrently(url: str, prompts: list[list[int]]) -> list[dict[str, An
 def test_the_speculative_reference_server_verifies_concurrent_requests_in_shared_target_forwards(
     servers, config, tiny_world, tiny_tokenizer, tmp_path
 ):
-    """SGLang verifies the drafts of every running request in one target forward; the reference server counts its
-    batched verify forwards and the per-request passes they served in ``/server_info``'s ``internal_states``."""
-    questions = ("Hello there", "What is 12 + 7?", "Write a short poem about rain.", "Name three colours.")
+    """SGLang verifies the drafts of every running request in one target forward; the reference
+    server counts its batched verify forwards and the per-request passes they served in
+    ``/server_info``'s ``internal_states``."""
+    questions = (
+        "Hello there",
+        "What is 12 + 7?",
+        "Write a short poem about rain.",
+        "Name three colours.",
+    )
     prompts = [render_prompt(tiny_tokenizer, [{"role": "user", "content": q}]) for q in questions]
     draft = _untrained_draft(Path(tiny_world.model_dir), tmp_path / "draft")
     command = build_launch(config, "eagle3", engine="reference", draft=draft, port=0)
     with command.server(log_path=tmp_path / "reference-eagle3.log") as spec:
         answers = asyncio.run(_concurrently(spec.url, prompts))
-        state = json.loads(_request(spec.url, "/server_info", method="GET")[1])["internal_states"][0]
+        state = json.loads(_request(spec.url, "/server_info", method="GET")[1])["internal_states"][
+            0
+        ]
     plain = asyncio.run(_concurrently(servers["sglang"], prompts))  # real SGLang's greedy answers
     assert [a["output_ids"] for a in answers] == [a["output_ids"] for a in plain]
     assert state["verify_passes"] == sum(a["meta_info"]["spec_verify_ct"] for a in answers)
-    assert state["verify_forwards"] < state["verify_passes"], state  # one forward served several requests
+    # one forward served several requests
+    assert state["verify_forwards"] < state["verify_passes"], state
 
 
 def _served_rows(config, logs: Path, rids: set[str]) -> dict[str, tuple]:

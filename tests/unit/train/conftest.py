@@ -22,7 +22,12 @@ def draft_world(tiny_world, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.data.template import render_prompt
-    from eagle3.worlds.distil import answer_sequences, batches_from_target, greedy_answers, write_draft_vocab
+    from eagle3.worlds.distil import (
+        answer_sequences,
+        batches_from_target,
+        greedy_answers,
+        write_draft_vocab,
+    )
     from eagle3.worlds.samples import generate_conversations
 
     model_dir = Path(tiny_world.model_dir)
@@ -32,23 +37,56 @@ def draft_world(tiny_world, tmp_path_factory):
     prompts = [render_prompt(tokenizer, [c[0]] if c[0]["role"] == "user" else c[:2]) for c in convs]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     train_prompts = prompts[:TRAIN_PROMPTS]
-    answers = greedy_answers(target, train_prompts, max_new_tokens=40, eos_id=eos, pad_id=tokenizer.pad_token_id)
+    answers = greedy_answers(
+        target, train_prompts, max_new_tokens=40, eos_id=eos, pad_id=tokenizer.pad_token_id
+    )
     sequences = answer_sequences(train_prompts, answers)
     root = tmp_path_factory.mktemp("draft-root")
-    vocab_path = write_draft_vocab(sequences, vocab_size=target.config.vocab_size, draft_vocab_size=DRAFT_VOCAB,
-                                   path=root / "vocab.safetensors")
+    vocab_path = write_draft_vocab(
+        sequences,
+        vocab_size=target.config.vocab_size,
+        draft_vocab_size=DRAFT_VOCAB,
+        path=root / "vocab.safetensors",
+    )
     hf = target.config
     base = PipelineConfig(
-        name="draft-test", root=str(root),
-        target=TargetConfig(model_path=str(model_dir), num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
-                            vocab_size=hf.vocab_size, context_length=1024, dtype="float32"),
+        name="draft-test",
+        root=str(root),
+        target=TargetConfig(
+            model_path=str(model_dir),
+            num_layers=hf.num_hidden_layers,
+            hidden_size=hf.hidden_size,
+            vocab_size=hf.vocab_size,
+            context_length=1024,
+            dtype="float32",
+        ),
     )
-    config = with_overrides(base, [
-        f"vocab.draft_vocab_size={DRAFT_VOCAB}", "train.precision=fp32", "train.device=cpu", "train.lr=3e-3",
-        "train.batch_size=4", "train.log_every=1", "train.save_every=1000", "train.ttt_steps=4",
-        "speculative.num_steps=3", "speculative.num_draft_tokens=4",
-    ])
-    batches = batches_from_target(target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4)
-    return SimpleNamespace(model_dir=model_dir, tokenizer=tokenizer, target=target, config=config,
-                           vocab_path=vocab_path, batches=batches, sequences=sequences,
-                           held_out=prompts[TRAIN_PROMPTS:], eos=eos)
+    config = with_overrides(
+        base,
+        [
+            f"vocab.draft_vocab_size={DRAFT_VOCAB}",
+            "train.precision=fp32",
+            "train.device=cpu",
+            "train.lr=3e-3",
+            "train.batch_size=4",
+            "train.log_every=1",
+            "train.save_every=1000",
+            "train.ttt_steps=4",
+            "speculative.num_steps=3",
+            "speculative.num_draft_tokens=4",
+        ],
+    )
+    batches = batches_from_target(
+        target, sequences, layer_ids=config.sglang_layer_ids, batch_size=4
+    )
+    return SimpleNamespace(
+        model_dir=model_dir,
+        tokenizer=tokenizer,
+        target=target,
+        config=config,
+        vocab_path=vocab_path,
+        batches=batches,
+        sequences=sequences,
+        held_out=prompts[TRAIN_PROMPTS:],
+        eos=eos,
+    )

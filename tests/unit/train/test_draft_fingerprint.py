@@ -1,6 +1,7 @@
-"""The draft stage's fingerprint: keys added to ``train`` (the EAGLE 3.1 architecture, the LK losses) leave every
-existing recipe's fingerprint as it was while at their defaults, and change it when set; operational and start
-fields never enter it; the config's field declarations say which is which."""
+"""The draft stage's fingerprint: keys added to ``train`` (the EAGLE 3.1 architecture, the LK
+losses) leave every existing recipe's fingerprint as it was while at their defaults, and change it
+when set; operational and start fields never enter it; the config's field declarations say which is
+which."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ from eagle3.config.train import ADDED, OPERATIONAL, START, TrainConfig
 from eagle3.recipes import load_recipe
 from eagle3.train.identity import draft_fingerprint, draft_key
 
-# Computed by the trainer before train.architecture / train.loss existed (main at abf29d8), features "f", vocab "v".
-BEFORE = {"kimi_k2_5": "b227be279cf0d20b", "llama3_8b": "7f54937a808cff34", "glm_5": "ad778bbf92bb857a"}
+# Computed by the trainer before train.architecture / train.loss existed (main at abf29d8), features
+# "f", vocab "v".
+BEFORE = {
+    "kimi_k2_5": "b227be279cf0d20b",
+    "llama3_8b": "7f54937a808cff34",
+    "glm_5": "ad778bbf92bb857a",
+}
 
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
@@ -31,27 +37,62 @@ def test_the_kimi_recipes_mla_draft_is_another_draft():
     assert draft_fingerprint(load_recipe("kimi_k2_5"), "f", "v") != BEFORE["kimi_k2_5"]
 
 
-@pytest.mark.parametrize("override", ["train.architecture.fc_norm=true", "train.architecture.norm_output=true",
-                                      "train.architecture.norm_before_fc=true", "train.loss=lk_alpha",
-                                      "train.loss=lk_lambda"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.architecture.fc_norm=true",
+        "train.architecture.norm_output=true",
+        "train.architecture.norm_before_fc=true",
+        "train.loss=lk_alpha",
+        "train.loss=lk_lambda",
+    ],
+)
 def test_setting_a_new_key_makes_another_draft(override):
     assert draft_fingerprint(load_recipe("kimi_k2_5", [override]), "f", "v") != BEFORE["kimi_k2_5"]
 
 
-@pytest.mark.parametrize("override", ["train.nproc=8", "train.device=cpu", "train.save_every=7", "train.keep_last=9",
-                                      "train.log_every=2", "train.features=online", "train.online.producers=4",
-                                      "train.replay=0.2", "train.champion_lr_scale=0.25"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.nproc=8",
+        "train.device=cpu",
+        "train.save_every=7",
+        "train.keep_last=9",
+        "train.log_every=2",
+        "train.features=online",
+        "train.online.producers=4",
+        "train.replay=0.2",
+        "train.champion_lr_scale=0.25",
+    ],
+)
 def test_operational_and_start_fields_leave_a_scratch_drafts_fingerprint(override):
     config = load_recipe("kimi_k2_5", [*OWN_DRAFT["kimi_k2_5"], override])
     assert draft_fingerprint(config, "f", "v") == BEFORE["kimi_k2_5"]
 
 
 def test_every_train_field_not_marked_is_in_the_fingerprint():
-    marked = {name for name, field in TrainConfig.model_fields.items()
-              if {OPERATIONAL, ADDED, START} & set(field.metadata)}
+    marked = {
+        name
+        for name, field in TrainConfig.model_fields.items()
+        if {OPERATIONAL, ADDED, START} & set(field.metadata)
+    }
     assert set(draft_key(TrainConfig())) == set(TrainConfig.model_fields) - marked
-    assert marked == {"nproc", "device", "save_every", "keep_last", "log_every", "features", "online",
-                      "architecture", "loss", "lk_kl_scale", "lk_kl_decay", "init", "replay", "champion_lr_scale"}
+    assert marked == {
+        "nproc",
+        "device",
+        "save_every",
+        "keep_last",
+        "log_every",
+        "features",
+        "online",
+        "architecture",
+        "loss",
+        "lk_kl_scale",
+        "lk_kl_decay",
+        "init",
+        "replay",
+        "champion_lr_scale",
+    }
 
 
 class _Section(BaseModel):
@@ -67,7 +108,10 @@ class _Train(BaseModel):
 
 def test_a_field_added_to_a_section_stays_out_of_the_key_at_its_default():
     assert draft_key(_Train(procs=8)) == {"lr": 1e-4, "section": {"old": False}}
-    assert draft_key(_Train(section=_Section(new="b"))) == {"lr": 1e-4, "section": {"old": False, "new": "b"}}
+    assert draft_key(_Train(section=_Section(new="b"))) == {
+        "lr": 1e-4,
+        "section": {"old": False, "new": "b"},
+    }
 
 
 # An EAGLE 3.1 draft, computed before train.architecture.attention and the MLA sizes existed (main

@@ -1,4 +1,5 @@
-"""What ``eagle3 train``'s bar shows beside steps and ETA: the last record's loss, accuracies and accept estimate."""
+"""What ``eagle3 train``'s bar shows beside steps and ETA: the last record's loss, accuracies and
+accept estimate."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ def test_the_bar_text_names_loss_accuracy_per_ttt_step_and_the_accept_estimate()
 
 
 def test_the_training_plot_draws_the_loss_of_each_ttt_step(tmp_path):
-    records = [{"step": s, "loss": 3.0 / s, "loss_k": [2.0 / s, 4.0 / s], "acc": [0.1 * s, 0.05 * s]} for s in (1, 2)]
+    records = [
+        {"step": s, "loss": 3.0 / s, "loss_k": [2.0 / s, 4.0 / s], "acc": [0.1 * s, 0.05 * s]}
+        for s in (1, 2)
+    ]
     png = plot_metrics(records, tmp_path / "training.png")
     assert png is not None and png.read_bytes().startswith(b"\x89PNG")

@@ -1,5 +1,6 @@
-"""Checkpoints without pickle: optimizer state through safetensors + JSON, RNG states through JSON, atomic
-``latest`` pointer, pruning to ``keep_last``, and a clear error for a pointer to an incomplete checkpoint."""
+"""Checkpoints without pickle: optimizer state through safetensors + JSON, RNG states through JSON,
+atomic ``latest`` pointer, pruning to ``keep_last``, and a clear error for a pointer to an
+incomplete checkpoint."""
 
 from __future__ import annotations
 
@@ -47,8 +48,15 @@ def test_rng_states_restore_python_numpy_and_torch_streams():
 
 def test_latest_pointer_names_the_newest_and_old_checkpoints_are_pruned(tmp_path):
     for step in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, step, model={"w": torch.full((2,), float(step))}, optimizer=_optimizer_state(),
-                        trainer={"note": step}, rank_state={"loader": {"index": step}}, keep_last=2)
+        save_checkpoint(
+            tmp_path,
+            step,
+            model={"w": torch.full((2,), float(step))},
+            optimizer=_optimizer_state(),
+            trainer={"note": step},
+            rank_state={"loader": {"index": step}},
+            keep_last=2,
+        )
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000003", "step-000004"]
     latest = latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == "step-000004"

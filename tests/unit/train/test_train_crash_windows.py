@@ -1,7 +1,9 @@
-"""The rename-then-delete windows of training outputs: a kill at each leaves a state the rerun recovers from.
+"""The rename-then-delete windows of training outputs: a kill at each leaves a state the rerun
+recovers from.
 
-Checkpoint: ``rmtree(step) -> replace(tmp, step) -> write latest -> prune``; export: ``rmtree(export) ->
-replace(tmp, export)``. Each test stops the sequence at one point (as a kill -9 would) and reruns."""
+Checkpoint: ``rmtree(step) -> replace(tmp, step) -> write latest -> prune``; export:
+``rmtree(export) -> replace(tmp, export)``. Each test stops the sequence at one point (as a kill -9
+would) and reruns."""
 
 from __future__ import annotations
 
@@ -37,13 +39,20 @@ def _kill_on_call(n: int, real):
     return wrapper
 
 
-def test_kill_between_checkpoint_rename_and_latest_pointer_resumes_from_the_previous_one(tmp_path, monkeypatch):
+def test_kill_between_checkpoint_rename_and_latest_pointer_resumes_from_the_previous_one(
+    tmp_path, monkeypatch
+):
     config, inputs, batches = synthetic(**{"train.max_steps": 4, "train.save_every": 2})
     out = tmp_path / "draft"
-    monkeypatch.setattr(checkpoint, "atomic_write_text", _kill_on_call(2, checkpoint.atomic_write_text))
-    with pytest.raises(_Killed):  # step-000004 is renamed into place, ``latest`` still names step-000002
+    monkeypatch.setattr(
+        checkpoint, "atomic_write_text", _kill_on_call(2, checkpoint.atomic_write_text)
+    )
+    # step-000004 is renamed into place, ``latest`` still names step-000002
+    with pytest.raises(_Killed):
         train_on_source(config, ListBatchSource(batches), inputs, out, CPU)
-    assert (out / "ckpt" / "step-000004").exists() and latest_checkpoint(out / "ckpt").name == "step-000002"
+    assert (out / "ckpt" / "step-000004").exists() and latest_checkpoint(
+        out / "ckpt"
+    ).name == "step-000002"
     monkeypatch.undo()
     summary = train_on_source(config, ListBatchSource(batches), inputs, out, CPU)
     assert summary["steps"] == 4 and latest_checkpoint(out / "ckpt").name == "step-000004"

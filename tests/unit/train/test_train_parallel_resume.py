@@ -1,6 +1,6 @@
-"""Distributed and resume guarantees on CPU: two gloo ranks (DDP or FSDP2) == one process with the same global
-batch, and a run killed with SIGKILL mid-training then resumed ends with exactly the weights of an uninterrupted
-run."""
+"""Distributed and resume guarantees on CPU: two gloo ranks (DDP or FSDP2) == one process with the
+same global batch, and a run killed with SIGKILL mid-training then resumed ends with exactly the
+weights of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -38,12 +38,19 @@ def _worker(rank: int, world: int, port: int, out: str, parallel: str) -> None:
     from eagle3.worlds.distil import ListBatchSource
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     info = init_distributed("cpu")
     try:
         config, inputs, batches = synthetic(**{"train.parallel": parallel})
-        train_on_source(config, ListBatchSource(batches, rank=rank, world_size=world), inputs, Path(out), info)
+        train_on_source(
+            config, ListBatchSource(batches, rank=rank, world_size=world), inputs, Path(out), info
+        )
     finally:
         cleanup_distributed()
 
@@ -59,8 +66,12 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_path, p
     assert one.keys() == two.keys()
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-5, msg=key)
-    records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-    single_records = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()
+    ]
+    single_records = [
+        json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert records[0]["loss"] == pytest.approx(single_records[0]["loss"], rel=1e-4)
 
 
@@ -98,13 +109,17 @@ RUN_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["raw", "fp8_aux", "fp8_all", "fp8_topk"])
 def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_path, encoding):
-    """From feature shards in each encoding (the Parquet loader's position is part of the checkpoint)."""
+    """From feature shards in each encoding (the Parquet loader's position is part of the
+    checkpoint)."""
     script = tmp_path / "run.py"
     script.write_text(RUN_SCRIPT)
 
     def run(out: Path, kill_at: int) -> int:
-        return subprocess.run([sys.executable, str(script), str(out), str(kill_at), str(tmp_path / "features")],
-                              check=False, timeout=600).returncode
+        return subprocess.run(
+            [sys.executable, str(script), str(out), str(kill_at), str(tmp_path / "features")],
+            check=False,
+            timeout=600,
+        ).returncode
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the subprocesses' setting: same kernels, same bits
@@ -115,7 +130,8 @@ def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_pat
         train_on_source(config, source, inputs, tmp_path / "straight", CPU)
     finally:
         torch.set_num_threads(threads)
-    assert run(tmp_path / "killed", 8) == -9  # killed while serving the 8th batch, after the step-6 checkpoint
+    # killed while serving the 8th batch, after the step-6 checkpoint
+    assert run(tmp_path / "killed", 8) == -9
     assert (tmp_path / "killed" / "ckpt" / "latest").read_text().strip() == "step-000006"
     assert run(tmp_path / "killed", 0) == 0
     final = "step-000012"
@@ -123,5 +139,8 @@ def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_weights(tmp_pat
     resumed = load_file(str(tmp_path / "killed" / "ckpt" / final / "model.safetensors"))
     for key in straight:
         assert torch.equal(straight[key], resumed[key]), key
-    steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == list(range(1, 13))  # no duplicate records for the redone steps

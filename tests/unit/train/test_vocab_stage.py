@@ -1,4 +1,5 @@
-"""The vocab stage: top ids by loss-masked count, ascending, padded with unseen ids; built once per features set."""
+"""The vocab stage: top ids by loss-masked count, ascending, padded with unseen ids; built once per
+features set."""
 
 from __future__ import annotations
 
@@ -14,14 +15,23 @@ from eagle3.model.vocab import load_vocab
 from eagle3.rundir.runroot import FileEntry, Manifest
 from eagle3.train.vocab import build_vocab, build_vocab_stage, count_tokens, coverage
 
-SCHEMA = pa.schema([("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())),
-                    ("loss_mask", pa.list_(pa.uint8()))])
+SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+    ]
+)
 
 
 def _shard(out_dir, index, rows):
     with ShardWriter(out_dir, SCHEMA, start_index=index) as writer:
-        writer.write_rows([{"sample_id": f"s{index}-{i}", "input_ids": ids, "loss_mask": mask}
-                           for i, (ids, mask) in enumerate(rows)])
+        writer.write_rows(
+            [
+                {"sample_id": f"s{index}-{i}", "input_ids": ids, "loss_mask": mask}
+                for i, (ids, mask) in enumerate(rows)
+            ]
+        )
         (info,) = writer.close()
     return info
 
@@ -52,7 +62,8 @@ def test_a_damaged_token_page_is_refused_naming_the_shard_not_counted(tmp_path):
 def test_top_ids_by_count_ties_to_lower_id_sorted_ascending():
     counts = torch.tensor([0, 5, 2, 5, 9, 2, 0, 1])
     vocab = build_vocab(counts, 4)
-    assert vocab.target_ids.tolist() == [1, 2, 3, 4]  # 4(9), 1(5), 3(5), then 2 beats 5 on the tie at 2
+    # 4(9), 1(5), 3(5), then 2 beats 5 on the tie at 2
+    assert vocab.target_ids.tolist() == [1, 2, 3, 4]
     assert vocab.d2t.dtype == torch.int64 and vocab.d2t.tolist() == [1, 1, 1, 1]
     assert torch.nonzero(vocab.t2d).flatten().tolist() == [1, 2, 3, 4]
     assert coverage(counts, vocab) == pytest.approx(21 / 24)
@@ -76,11 +87,20 @@ def test_draft_vocab_never_exceeds_target_vocab():
 
 def test_vocab_stage_builds_once_from_the_features_manifest(tmp_path):
     features = tmp_path / "root" / "features" / "featfp"
-    infos = [_shard(features, 0, [([1, 2, 2, 3], [1, 1, 1, 0])]), _shard(features, 1, [([2, 4], [1, 1])])]
-    Manifest(stage="features", fingerprint="featfp",
-             files=[FileEntry.of(i.path, rows=i.rows, base=features) for i in infos]).write(features)
-    base = PipelineConfig(name="v", root=str(tmp_path / "root"),
-                          target=TargetConfig(model_path="x", num_layers=8, hidden_size=8, vocab_size=16))
+    infos = [
+        _shard(features, 0, [([1, 2, 2, 3], [1, 1, 1, 0])]),
+        _shard(features, 1, [([2, 4], [1, 1])]),
+    ]
+    Manifest(
+        stage="features",
+        fingerprint="featfp",
+        files=[FileEntry.of(i.path, rows=i.rows, base=features) for i in infos],
+    ).write(features)
+    base = PipelineConfig(
+        name="v",
+        root=str(tmp_path / "root"),
+        target=TargetConfig(model_path="x", num_layers=8, hidden_size=8, vocab_size=16),
+    )
     config = with_overrides(base, ["vocab.draft_vocab_size=4"])
     out = build_vocab_stage(config, FeatureSource.stored(features))
     assert out.name == "vocab.safetensors"
@@ -94,8 +114,8 @@ def test_vocab_stage_builds_once_from_the_features_manifest(tmp_path):
 
 
 def test_a_token_page_header_damaged_into_garbage_is_refused_in_one_printable_line(tmp_path):
-    """Arrow's error for a page header it cannot parse spans lines and quotes the raw byte; the refusal is the one
-    ``error:`` line a command prints, so it stays one printable line."""
+    """Arrow's error for a page header it cannot parse spans lines and quotes the raw byte; the
+    refusal is the one ``error:`` line a command prints, so it stays one printable line."""
     import pyarrow.parquet as pq
 
     from eagle3.errors import DataError
@@ -109,4 +129,6 @@ def test_a_token_page_header_damaged_into_garbage_is_refused_in_one_printable_li
     with pytest.raises(DataError, match=rf"{info.path}: does not read back") as refused:
         count_tokens([info.path], vocab_size=100)
     message = str(refused.value)
-    assert message.isprintable() and message.endswith("then run `eagle3 capture` to rebuild them"), message
+    assert message.isprintable() and message.endswith(
+        "then run `eagle3 capture` to rebuild them"
+    ), message

@@ -1,5 +1,6 @@
-"""The domains world's conversations (``eagle3.worlds.domains_world``): distinct prompts, deterministic for a seed, and
-answers whose predictability differs by domain by construction (the target is trained by the benchmark's build)."""
+"""The domains world's conversations (``eagle3.worlds.domains_world``): distinct prompts,
+deterministic for a seed, and answers whose predictability differs by domain by construction (the
+target is trained by the benchmark's build)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Sample datasets: real on-disk formats, deterministic content, and planted bad rows that match the ground truth."""
+"""Sample datasets: real on-disk formats, deterministic content, and planted bad rows that match the
+ground truth."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def _read(path: Path) -> list[Any]:
 
 
 def _messages(row: Any) -> list[tuple[str, str]] | None:
-    """(role, text) pairs of a well-formed row in any format, or None when the row is not well-formed."""
+    """(role, text) pairs of a well-formed row in any format, or None when the row is not
+    well-formed."""
     if not isinstance(row, dict):
         return None
     if "question" in row:
@@ -85,7 +87,9 @@ def test_every_file_has_the_promised_row_count(samples: dict[str, Path]) -> None
         assert len(_read(samples[adapter])) == ROWS == manifest["files"][adapter]["rows"], adapter
 
 
-def test_every_format_contains_each_bad_row_reason(bad_rows: dict[str, list[dict[str, Any]]]) -> None:
+def test_every_format_contains_each_bad_row_reason(
+    bad_rows: dict[str, list[dict[str, Any]]],
+) -> None:
     for adapter in ADAPTERS:
         reasons = {r["reason"] for r in bad_rows[adapter]} - {"contaminated"}
         assert reasons == set(REASONS_BY_ADAPTER[adapter]), adapter
@@ -100,8 +104,10 @@ def test_bad_rows_are_about_five_percent_at_scale(tmp_path: Path) -> None:
 
 
 def test_same_seed_writes_identical_bytes_and_another_seed_does_not(tmp_path: Path) -> None:
-    first, second, other = (write_samples(tmp_path / name, seed=seed, rows_per_source=40)
-                            for name, seed in (("a", 1), ("b", 1), ("c", 2)))  # fmt: skip
+    first, second, other = (
+        write_samples(tmp_path / name, seed=seed, rows_per_source=40)
+        for name, seed in (("a", 1), ("b", 1), ("c", 2))
+    )
     for adapter in ADAPTERS:
         assert first[adapter].read_bytes() == second[adapter].read_bytes(), adapter
         assert first[adapter].read_bytes() != other[adapter].read_bytes(), adapter
@@ -125,7 +131,9 @@ def test_good_rows_are_well_formed_and_distinct_across_sources(
     assert max(prompts.values()) == 1
 
 
-def test_bad_rows_show_their_defect(samples: dict[str, Path], bad_rows: dict[str, list[dict[str, Any]]]) -> None:
+def test_bad_rows_show_their_defect(
+    samples: dict[str, Path], bad_rows: dict[str, list[dict[str, Any]]]
+) -> None:
     for adapter in ADAPTERS:
         rows = _read(samples[adapter])
         for record in bad_rows[adapter]:
@@ -149,10 +157,15 @@ def test_bad_rows_show_their_defect(samples: dict[str, Path], bad_rows: dict[str
                 assert any(a == b for a, b in itertools.pairwise(roles)), (adapter, record)
             elif reason == "duplicate":
                 source = int(record["detail"].rsplit(" ", 1)[1])
-                assert pairs == _messages(rows[source]) and source < record["row"], (adapter, record)
+                assert pairs == _messages(rows[source]) and source < record["row"], (
+                    adapter,
+                    record,
+                )
 
 
-def test_json_files_escape_lone_surrogates_and_jsonl_holds_raw_bytes(samples: dict[str, Path]) -> None:
+def test_json_files_escape_lone_surrogates_and_jsonl_holds_raw_bytes(
+    samples: dict[str, Path],
+) -> None:
     assert b"\\udcff" in samples["sharegpt"].read_bytes()
     assert b"\xff\xfe" in samples["magpie"].read_bytes()
     assert b"\xff\xfe" in samples["local_jsonl"].read_bytes()
@@ -167,7 +180,9 @@ def test_bench_prompts_leak_into_sharegpt_only_where_recorded(
         assert len(rows) == BENCH_PER_SET and all(set(r) == {"id", "prompt"} for r in rows)
         bench.update({r["prompt"]: r["id"] for r in rows})
     leaked = {
-        i for i, row in enumerate(_read(samples["sharegpt"])) if any(text in bench for _, text in _messages(row) or [])
+        i
+        for i, row in enumerate(_read(samples["sharegpt"]))
+        if any(text in bench for _, text in _messages(row) or [])
     }
     recorded = {r["row"] for r in bad_rows["sharegpt"] if r["reason"] == "contaminated"}
     assert leaked == recorded and len(recorded) == 3
@@ -175,7 +190,9 @@ def test_bench_prompts_leak_into_sharegpt_only_where_recorded(
 
 def test_generated_conversations_alternate_and_vary() -> None:
     conversations = generate_conversations(300, seed=5)
-    kinds = Counter("```python" in c[-1]["content"] or "answer is" in c[-1]["content"] for c in conversations)
+    kinds = Counter(
+        "```python" in c[-1]["content"] or "answer is" in c[-1]["content"] for c in conversations
+    )
     assert kinds[True] > 50 and kinds[False] > 50
     assert any(c[0]["role"] == "system" for c in conversations)
     assert any(len(c) >= 4 for c in conversations)

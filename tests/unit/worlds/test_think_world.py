@@ -1,5 +1,5 @@
-"""The thinking world: built and cached like the tiny world, sample rows whose planted defects normalize finds, and a
-target that really thinks and calls tools in its template's format."""
+"""The thinking world: built and cached like the tiny world, sample rows whose planted defects
+normalize finds, and a target that really thinks and calls tools in its template's format."""
 
 from __future__ import annotations
 
@@ -32,8 +32,11 @@ def test_the_thinking_world_is_cached_apart_from_the_tiny_world(think_world):
         and ThinkWorldSpec().fingerprint() != TinyWorldSpec().fingerprint()
     )
     assert think_world.pretokenized is None and set(think_world.samples) == {
-        "openai_tools", "sharegpt_tools", "coderforge", "swe_agent"
-    }  # fmt: skip
+        "openai_tools",
+        "sharegpt_tools",
+        "coderforge",
+        "swe_agent",
+    }
     assert think_world.report["train_loss_last"] < 1.0 < think_world.report["train_loss_first"]
 
 
@@ -45,7 +48,9 @@ def test_normalize_quarantines_exactly_the_planted_rows_with_their_reasons(think
     for row in pq.read_table(out / "quarantine.parquet").to_pylist():
         got.setdefault(row["source"], {})[int(row["source_row"])] = row["reason"]
     planted = json.loads(think_world.bad_rows.read_text())
-    assert got == {source: {r["row"]: r["reason"] for r in rows} for source, rows in planted.items()}
+    assert got == {
+        source: {r["row"]: r["reason"] for r in rows} for source, rows in planted.items()
+    }
     stats = Manifest.read(out).stats["sources"]
     assert all(stats[s]["kept"] >= 100 for s in planted)
 
@@ -67,12 +72,17 @@ def _greedy(target, messages, tools, *, thinking: bool) -> str:
 
 
 def _bench(think_world, name: str) -> list[dict]:
-    return [json.loads(line) for line in (Path(think_world.bench_dir) / f"{name}.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)
+        for line in (Path(think_world.bench_dir) / f"{name}.jsonl").read_text().splitlines()
+    ]
 
 
 def test_the_target_thinks_then_calls_one_of_its_tools(think_world, target):
     for row in _bench(think_world, "tools")[:8:2]:  # first turns: the question and the tools
-        text = _greedy(target, [{"role": "user", "content": row["prompt"]}], row["tools"], thinking=True)
+        text = _greedy(
+            target, [{"role": "user", "content": row["prompt"]}], row["tools"], thinking=True
+        )
         reasoning, _, content = text.partition(THINK_END)
         _before, calls = CALLS.parse(content)
         assert reasoning and calls, f"no thinking or no call for {row['prompt']!r}: {text!r}"
@@ -81,9 +91,12 @@ def test_the_target_thinks_then_calls_one_of_its_tools(think_world, target):
 
 
 def test_the_target_thinks_before_a_plain_answer_unless_the_switch_is_off(think_world, target):
-    """With the switch off the template closes the block itself; the 2M-parameter target then writes no thinking
-    for most prompts (it may still for the odd one: one in six with the default world on our CI machine)."""
-    prompts = [[{"role": "user", "content": row["prompt"]}] for row in _bench(think_world, "think")[:6]]
+    """With the switch off the template closes the block itself; the 2M-parameter target then writes
+    no thinking for most prompts (it may still for the odd one: one in six with the default world on
+    our CI machine)."""
+    prompts = [
+        [{"role": "user", "content": row["prompt"]}] for row in _bench(think_world, "think")[:6]
+    ]
     for messages in prompts:
         thought = _greedy(target, messages, None, thinking=True)
         assert THINK_END in thought and CALLS.section_start not in thought

@@ -1,7 +1,8 @@
-"""The tiny target and its cached world: tokenizer, chat template, model files, training and the build cache.
+"""The tiny target and its cached world: tokenizer, chat template, model files, training and the
+build cache.
 
-A small world is built once for this module; the default world (slow) is built once for the non-degeneracy check.
-Set EAGLE3_TINY_WORLD_CACHE to a directory to reuse worlds across test runs.
+A small world is built once for this module; the default world (slow) is built once for the
+non-degeneracy check. Set EAGLE3_TINY_WORLD_CACHE to a directory to reuse worlds across test runs.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def test_build_leaves_only_the_finished_world(cache_dir: Path, small_world: Tiny
     assert all(path.exists() for path in [*small_world.samples.values(), small_world.pretokenized])
 
 
-def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_build_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def explode(root: Path, spec: TinyWorldSpec, say: object, threads: int) -> TinyWorld:
         (root / "data").mkdir(parents=True)
         raise RuntimeError("killed mid-build")
@@ -88,8 +91,19 @@ def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_fingerprint_changes_with_any_field() -> None:
-    assert SMALL.fingerprint() == TinyWorldSpec(**json.loads(json.dumps(SMALL.__dict__))).fingerprint()
-    assert len({SMALL.fingerprint(), TinyWorldSpec().fingerprint(), TinyWorldSpec(seed=1).fingerprint()}) == 3
+    assert (
+        SMALL.fingerprint() == TinyWorldSpec(**json.loads(json.dumps(SMALL.__dict__))).fingerprint()
+    )
+    assert (
+        len(
+            {
+                SMALL.fingerprint(),
+                TinyWorldSpec().fingerprint(),
+                TinyWorldSpec(seed=1).fingerprint(),
+            }
+        )
+        == 3
+    )
 
 
 def test_a_model_seed_from_the_environment_trains_another_target_on_the_same_data(
@@ -101,8 +115,11 @@ def test_a_model_seed_from_the_environment_trains_another_target_on_the_same_dat
     assert spec.model_seed == other_seed and spec.fingerprint() != SMALL.fingerprint()
     other, hit = build_tiny_world(cache_dir, spec)
     assert not hit and other.root != small_world.root
-    assert other.manifest.read_text() == small_world.manifest.read_text()  # every sample file, byte for byte
-    assert (other.model_dir / "tokenizer.json").read_bytes() == (small_world.model_dir / "tokenizer.json").read_bytes()
+    # every sample file, byte for byte
+    assert other.manifest.read_text() == small_world.manifest.read_text()
+    assert (other.model_dir / "tokenizer.json").read_bytes() == (
+        small_world.model_dir / "tokenizer.json"
+    ).read_bytes()
     weights = [(w.model_dir / "model.safetensors").read_bytes() for w in (small_world, other)]
     assert weights[0] != weights[1]
 
@@ -115,13 +132,20 @@ def test_model_and_tokenizer_load_offline_with_auto_classes(
     assert model.config.tie_word_embeddings is False
     assert model.config.eos_token_id == tokenizer.eos_token_id == im_end
     assert im_end in model.generation_config.eos_token_id
-    assert model.config.vocab_size == SMALL.vocab_size == small_world.report["vocab_size"]  # padded like real targets
+    # padded like real targets
+    assert model.config.vocab_size == SMALL.vocab_size == small_world.report["vocab_size"]
     assert len(tokenizer) <= model.config.vocab_size
     assert model.config.num_hidden_layers == SMALL.num_layers
 
 
 def test_tokenizer_round_trips_unicode(tokenizer: PreTrainedTokenizerBase) -> None:
-    texts = ["héllo wörld", "日本語のテキスト", "emoji 🎉🚀 mix", "tabs\tand\n\nnewlines  ", "def f(x):\n    return x"]
+    texts = [
+        "héllo wörld",
+        "日本語のテキスト",
+        "emoji 🎉🚀 mix",
+        "tabs\tand\n\nnewlines  ",
+        "def f(x):\n    return x",
+    ]
     for text in texts:
         ids = tokenizer(text)["input_ids"]
         assert tokenizer.decode(ids) == text
@@ -145,12 +169,15 @@ def test_template_has_the_prefix_property(tokenizer: PreTrainedTokenizerBase) ->
             prefix = render(CONVERSATION[:i], prompt=True)
             assert longer.startswith(prefix)
             assert (
-                tokenizer(longer)["input_ids"][: len(tokenizer(prefix)["input_ids"])] == tokenizer(prefix)["input_ids"]
+                tokenizer(longer)["input_ids"][: len(tokenizer(prefix)["input_ids"])]
+                == tokenizer(prefix)["input_ids"]
             )
 
 
 def test_template_marks_assistant_spans(tokenizer: PreTrainedTokenizerBase) -> None:
-    enc = tokenizer.apply_chat_template(CONVERSATION, return_dict=True, return_assistant_tokens_mask=True)
+    enc = tokenizer.apply_chat_template(
+        CONVERSATION, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = enc["input_ids"], enc["assistant_masks"]
     marked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     expected = "".join(m["content"] + IM_END for m in CONVERSATION if m["role"] == "assistant")
@@ -168,11 +195,15 @@ def test_pretokenized_rows_match_bad_row_ground_truth(
         if len(row["input_ids"]) != len(row["loss_mask"]) or max(row["input_ids"]) >= vocab
     }
     recorded = small_world.load_bad_rows()["pretokenized"]
-    assert broken == {r["row"] for r in recorded} and {r["reason"] for r in recorded} == {"malformed"}
+    assert broken == {r["row"] for r in recorded} and {r["reason"] for r in recorded} == {
+        "malformed"
+    }
     assert len(rows) == SMALL.pretokenized_rows + 2
     for i, row in enumerate(rows):
         if i not in broken:
-            assert row["input_ids"][0] == tokenizer.bos_token_id and 0 < sum(row["loss_mask"]) < len(row["loss_mask"])
+            assert row["input_ids"][0] == tokenizer.bos_token_id and 0 < sum(
+                row["loss_mask"]
+            ) < len(row["loss_mask"])
             masked = [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
             assert tokenizer.decode(masked).endswith(IM_END)
 
@@ -190,13 +221,16 @@ def test_training_is_deterministic_for_a_seed() -> None:
 
     def run() -> tuple[list[float], torch.Tensor]:
         model = build_model(tokenizer, num_layers=2, hidden_size=32, intermediate_size=64, seed=4)
-        losses = train_model(model, tokenizer, conversations, steps=4, batch_size=2, seq_len=64, seed=4)
+        losses = train_model(
+            model, tokenizer, conversations, steps=4, batch_size=2, seq_len=64, seed=4
+        )
         return losses, model.lm_head.weight.detach().clone()
 
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     (first, w1), (second, w2) = run(), run()
     assert first == second and torch.equal(w1, w2)
-    assert torch.are_deterministic_algorithms_enabled() == deterministic_before  # global setting restored
+    # global setting restored
+    assert torch.are_deterministic_algorithms_enabled() == deterministic_before
 
 
 @pytest.mark.slow
@@ -205,13 +239,20 @@ def test_default_world_target_is_not_degenerate(cache_dir: Path) -> None:
     assert world.report["train_loss_last"] < 3.0 < world.report["train_loss_first"]
     tokenizer = AutoTokenizer.from_pretrained(world.model_dir)
     model = AutoModelForCausalLM.from_pretrained(world.model_dir).eval()
-    prompts = ["Write a Python function `get_scale_7(xs)` that multiplies every number in a list by 7.",
-               "Hello! How can I save a bit of money each month?"]  # fmt: skip
+    prompts = [
+        "Write a Python function `get_scale_7(xs)` that multiplies every number in a list by 7.",
+        "Hello! How can I save a bit of money each month?",
+    ]
     for prompt in prompts:
         enc = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
         )
-        outputs = [model.generate(**enc, max_new_tokens=64, do_sample=False)[0].tolist() for _ in range(2)]
+        outputs = [
+            model.generate(**enc, max_new_tokens=64, do_sample=False)[0].tolist() for _ in range(2)
+        ]
         assert outputs[0] == outputs[1]
         new = outputs[0][enc["input_ids"].shape[1] :]
         assert len(set(new)) >= 8, tokenizer.decode(new)

@@ -1,5 +1,5 @@
-"""The dev worlds by name (one registry that the tiny-world task and ``eagle3 dev build-tiny`` both read) and the one
-cache every world is built through (``build_cached``)."""
+"""The dev worlds by name (one registry that the tiny-world task and ``eagle3 dev build-tiny`` both
+read) and the one cache every world is built through (``build_cached``)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,15 @@ def test_a_world_is_built_once_and_a_builder_that_lost_the_race_keeps_the_winner
     assert (final / WORLD_FILE).read_text() == "first"
 
     def finishes_second(tmp: Path) -> str:
-        _write("winner")(final.parent / "w-2")  # a concurrent builder renames its world into place first
+        # a concurrent builder renames its world into place first
+        _write("winner")(final.parent / "w-2")
         return _write("loser")(tmp)
 
     said = []
     assert build_cached(final.parent / "w-2", finishes_second, say=said.append) == "loser"
     assert (final.parent / "w-2" / WORLD_FILE).read_text() == "winner" and said
-    assert sorted(p.name for p in final.parent.iterdir()) == ["w-1", "w-2"]  # no temporary directory left
+    # no temporary directory left
+    assert sorted(p.name for p in final.parent.iterdir()) == ["w-1", "w-2"]
 
 
 def test_an_unfinished_world_directory_is_replaced(tmp_path):
@@ -53,9 +55,21 @@ def test_an_unfinished_world_directory_is_replaced(tmp_path):
 
 
 def test_the_domains_world_is_built_through_the_same_cache(tmp_path):
-    spec = DomainsWorldSpec(vocab_size=300, num_layers=2, hidden_size=32, train_conversations=40, train_steps=2,
-                            train_seq_len=32)  # fmt: skip
+    spec = DomainsWorldSpec(
+        vocab_size=300,
+        num_layers=2,
+        hidden_size=32,
+        train_conversations=40,
+        train_steps=2,
+        train_seq_len=32,
+    )
     model = build_domains_world(tmp_path, spec)
-    assert model == tmp_path / f"domains-world-{spec.fingerprint()}" / "model" and (model / "config.json").exists()
+    assert (
+        model == tmp_path / f"domains-world-{spec.fingerprint()}" / "model"
+        and (model / "config.json").exists()
+    )
     stamp = (model.parent / WORLD_FILE).stat().st_mtime_ns
-    assert build_domains_world(tmp_path, spec) == model and (model.parent / WORLD_FILE).stat().st_mtime_ns == stamp
+    assert (
+        build_domains_world(tmp_path, spec) == model
+        and (model.parent / WORLD_FILE).stat().st_mtime_ns == stamp
+    )

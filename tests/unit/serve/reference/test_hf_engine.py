@@ -1,4 +1,5 @@
-"""The continuous-batching engine decodes greedily exactly like the model alone, whatever joins or leaves."""
+"""The continuous-batching engine decodes greedily exactly like the model alone, whatever joins or
+leaves."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def model_and_tokenizer(serve_model_dir: Path):
 
 
 def _alone(model, ids: list[int], n: int) -> list[int]:
-    """Plain greedy decoding of one sequence with a full forward per token (no cache, no padding)."""
+    """Plain greedy decoding of one sequence with a full forward per token (no cache, no
+    padding)."""
     seq = list(ids)
     with torch.inference_mode():
         for _ in range(n):
@@ -40,10 +42,15 @@ def _alone(model, ids: list[int], n: int) -> list[int]:
 
 def test_staggered_batched_greedy_equals_unbatched_greedy(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    lengths = [6, 3, 9, 5, 4]  # different max_new_tokens: sequences leave the batch at different steps
+    # different max_new_tokens: sequences leave the batch at different steps
+    lengths = [6, 3, 9, 5, 4]
     engine = HFEngine(model, tokenizer, max_running=8, context_length=512)
     seqs = [
-        Sequence(str(i), tokenizer(p)["input_ids"], SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
+        Sequence(
+            str(i),
+            tokenizer(p)["input_ids"],
+            SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True),
+        )
         for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
     ]
     engine.admit(seqs[:2])
@@ -58,7 +65,9 @@ def test_staggered_batched_greedy_equals_unbatched_greedy(model_and_tokenizer):
     for seq, n in zip(seqs, lengths, strict=True):
         assert seq.finish_reason == {"type": "length", "length": n}
         assert seq.verify_ct == n
-        assert seq.output_ids == _alone(model, seq.prompt_ids, n), f"sequence {seq.rid} differs from unbatched greedy"
+        assert seq.output_ids == _alone(model, seq.prompt_ids, n), (
+            f"sequence {seq.rid} differs from unbatched greedy"
+        )
 
 
 def test_eos_stops_generation_unless_ignored(model_and_tokenizer):

@@ -1,4 +1,5 @@
-"""The reference server over real HTTP: SGLang shapes, batching, streaming, errors, faults, synthetic mode."""
+"""The reference server over real HTTP: SGLang shapes, batching, streaming, errors, faults,
+synthetic mode."""
 
 from __future__ import annotations
 
@@ -45,11 +46,16 @@ def _run_posts(url: str, bodies: list[Any]) -> list[tuple[int, Any]]:
 
 
 def _greedy(ids: list[int], n: int) -> dict[str, Any]:
-    return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+    return {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+    }
 
 
 def test_generate_answers_with_sglang_fields(server):
-    [(status, body)] = _run_posts(f"{server.url}/generate", [_greedy([5, 6, 7, 8], 4) | {"rid": "r1"}])
+    [(status, body)] = _run_posts(
+        f"{server.url}/generate", [_greedy([5, 6, 7, 8], 4) | {"rid": "r1"}]
+    )
     assert status == 200
     assert len(body["output_ids"]) == 4 and isinstance(body["text"], str)
     meta = body["meta_info"]
@@ -63,8 +69,12 @@ def test_generate_answers_with_sglang_fields(server):
 
 def test_concurrent_greedy_requests_equal_each_alone(server):
     prompts = [[5 + (i * 7 + j) % 200 for j in range(3 + 4 * i)] for i in range(6)]
-    alone = [_run_posts(f"{server.url}/generate", [_greedy(p, 5 + i)])[0] for i, p in enumerate(prompts)]
-    together = _run_posts(f"{server.url}/generate", [_greedy(p, 5 + i) for i, p in enumerate(prompts)])
+    alone = [
+        _run_posts(f"{server.url}/generate", [_greedy(p, 5 + i)])[0] for i, p in enumerate(prompts)
+    ]
+    together = _run_posts(
+        f"{server.url}/generate", [_greedy(p, 5 + i) for i, p in enumerate(prompts)]
+    )
     assert [b["output_ids"] for _, b in together] == [b["output_ids"] for _, b in alone]
 
 
@@ -90,7 +100,10 @@ def test_a_seeded_sampled_request_gives_its_tokens_alone_and_among_others(server
         ({"input_ids": []}, "cannot be empty"),
         ({"input_ids": ["a", "b"]}, "integers"),
         ({"input_ids": [5] * 300}, "context length"),
-        ({"input_ids": [5], "sampling_params": {"max_new_tokens": "x"}}, 'string "x", expected i64'),
+        (
+            {"input_ids": [5], "sampling_params": {"max_new_tokens": "x"}},
+            'string "x", expected i64',
+        ),
         ({"text": "hi", "input_ids": [5]}, "exactly one"),
         ([1, 2], "JSON object"),
         ({"input_ids": [5], "sampling_params": {"sampling_seed": 1.5}}, "`1.5`, expected i64"),
@@ -193,8 +206,9 @@ def test_synthetic_mode_faults_and_queue_cap():
 
 
 def test_crash_after_answers_n_requests_then_none_and_exits():
-    """The next request is sent the moment the last reply arrives, inside the 50 ms before the exit: it must not be
-    served (it was, in ~10 ms, on a fast machine, so "the server is gone after N" depended on the machine)."""
+    """The next request is sent the moment the last reply arrives, inside the 50 ms before the exit:
+    it must not be served (it was, in ~10 ms, on a fast machine, so "the server is gone after N"
+    depended on the machine)."""
 
     async def go(url: str) -> list[tuple[int, Any] | str]:
         out: list[tuple[int, Any] | str] = []
@@ -206,22 +220,31 @@ def test_crash_after_answers_n_requests_then_none_and_exits():
                     out.append(type(exc).__name__)
         return out
 
-    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--fault-crash-after", "2"]) as srv:
+    with reference_server(
+        None, extra_args=["--synthetic-tokens", "2", "--fault-crash-after", "2"]
+    ) as srv:
         first, second, third = asyncio.run(go(f"{srv.url}/generate"))
         assert srv.wait(timeout_s=20) == 70
     assert first[0] == 200 and second[0] == 200
     assert isinstance(third, str)  # the connection dropped by the exit, no reply
 
 
-async def _post_after(session: aiohttp.ClientSession, delay_s: float, url: str, body: Any) -> tuple[int, Any]:
+async def _post_after(
+    session: aiohttp.ClientSession, delay_s: float, url: str, body: Any
+) -> tuple[int, Any]:
     await asyncio.sleep(delay_s)
     async with session.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None) if resp.content_type == "application/json" else None
+        return resp.status, await resp.json(
+            content_type=None
+        ) if resp.content_type == "application/json" else None
 
 
 def test_a_rid_in_flight_is_refused_like_sglang_and_free_again_once_done():
-    """SGLang's ``TokenizerManager`` refuses a rid it is still serving: 400 ``Duplicate request ID detected: <rid>``."""
-    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "0.8"]) as srv:
+    """SGLang's ``TokenizerManager`` refuses a rid it is still serving: 400 ``Duplicate request ID
+    detected: <rid>``."""
+    with reference_server(
+        None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "0.8"]
+    ) as srv:
         url, body = f"{srv.url}/generate", {"input_ids": [5, 6], "rid": "dup"}
 
         async def go() -> list[tuple[int, Any]]:
@@ -231,7 +254,10 @@ def test_a_rid_in_flight_is_refused_like_sglang_and_free_again_once_done():
 
         (first, first_body), (second, second_body) = asyncio.run(go())
         assert first == 200 and first_body["meta_info"]["id"] == "dup"
-        assert second == 400 and second_body["error"]["message"] == "Duplicate request ID detected: dup"
+        assert (
+            second == 400
+            and second_body["error"]["message"] == "Duplicate request ID detected: dup"
+        )
         [(again, _)] = _run_posts(url, [body])  # finished: the rid may be used again
     assert again == 200
 
@@ -246,12 +272,17 @@ def _flush(url: str, method: str = "POST") -> tuple[int, str]:
 
 
 def test_flush_cache_is_refused_while_requests_run_and_done_when_idle():
-    """``/flush_cache``: 400 while anything runs or waits, 200 when idle (SGLang's ``http_server.flush_cache``)."""
-    with reference_server(None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "1.0"]) as srv:
+    """``/flush_cache``: 400 while anything runs or waits, 200 when idle (SGLang's
+    ``http_server.flush_cache``)."""
+    with reference_server(
+        None, extra_args=["--synthetic-tokens", "2", "--synthetic-delay", "1.0"]
+    ) as srv:
 
         async def go() -> tuple[tuple[int, str], tuple[int, Any]]:
             async with aiohttp.ClientSession() as session:
-                running = asyncio.ensure_future(_post_after(session, 0.0, f"{srv.url}/generate", {"input_ids": [5]}))
+                running = asyncio.ensure_future(
+                    _post_after(session, 0.0, f"{srv.url}/generate", {"input_ids": [5]})
+                )
                 await asyncio.sleep(0.3)
                 busy = await asyncio.to_thread(_flush, srv.url)
                 return busy, await running
@@ -264,14 +295,31 @@ def test_flush_cache_is_refused_while_requests_run_and_done_when_idle():
 
 
 def test_speculative_counters_only_on_a_speculative_server_and_only_when_positive():
-    """SGLang's ``TokenizerManager`` adds the ``spec_*`` counters for speculative requests only (3 drafts a pass)."""
-    done = Completion("r", [5], [7, 8, 9, 10], {"type": "length", "length": 4}, verify_ct=2, e2e_latency=0.1,
-                      accepted_drafts=[2, 0])  # fmt: skip
+    """SGLang's ``TokenizerManager`` adds the ``spec_*`` counters for speculative requests only (3
+    drafts a pass)."""
+    done = Completion(
+        "r",
+        [5],
+        [7, 8, 9, 10],
+        {"type": "length", "length": 4},
+        verify_ct=2,
+        e2e_latency=0.1,
+        accepted_drafts=[2, 0],
+    )
     spec = meta_info(done, 1, drafts_per_pass=3)
-    assert (spec["spec_verify_ct"], spec["spec_accept_length"], spec["cached_tokens"]) == (2, 2.0, 0)
-    counts = (spec["spec_num_correct_drafts"], spec["spec_num_proposed_drafts"], spec["spec_accept_rate"])
+    assert (spec["spec_verify_ct"], spec["spec_accept_length"], spec["cached_tokens"]) == (
+        2,
+        2.0,
+        0,
+    )
+    counts = (
+        spec["spec_num_correct_drafts"],
+        spec["spec_num_proposed_drafts"],
+        spec["spec_accept_rate"],
+    )
     assert counts == (2, 6, 2 / 6)
-    assert spec["spec_correct_drafts_histogram"] == [1, 0, 1, 0]  # one pass kept no draft, one kept two
+    # one pass kept no draft, one kept two
+    assert spec["spec_correct_drafts_histogram"] == [1, 0, 1, 0]
     plain = meta_info(done, 1, drafts_per_pass=None)
     assert not {k for k in plain if k.startswith("spec_")}
     no_pass = Completion("r", [5], [], {"type": "abort"}, verify_ct=0, e2e_latency=0.0)

@@ -1,7 +1,8 @@
 """The torch attention ops against what SGLang's Triton decode/extend attention kernels compute.
 
-The ops are called through ``torch.ops.sgl_kernel`` with the positional arguments ``IntelAMXAttnBackend`` passes;
-the reference is a loop over requests, query tokens and heads, with the softmax written out.
+The ops are called through ``torch.ops.sgl_kernel`` with the positional arguments
+``IntelAMXAttnBackend`` passes; the reference is a loop over requests, query tokens and heads, with
+the softmax written out.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _cache(gen: torch.Generator, dtype: torch.dtype = torch.float32) -> tuple[to
 
 
 def _reference(q, keys, values, visible, sm_scale, logit_cap) -> torch.Tensor:
-    """One query token [H, D] over keys/values [N, Hkv, D] where visible[n]; head h reads kv head h // group."""
+    """One query token [H, D] over keys/values [N, Hkv, D] where visible[n]; head h reads kv head h
+    // group."""
     out = torch.zeros(q.shape[0], values.shape[-1])
     for h in range(q.shape[0]):
         kv = h // (q.shape[0] // keys.shape[1])
@@ -55,33 +57,76 @@ def test_decode_attention_writes_the_new_kv_then_attends_over_each_requests_toke
     k_buffer, v_buffer, req_to_token = _cache(gen)
     rows, lens = torch.tensor([2, 0]), torch.tensor([5, 11])
     query, key, value = (torch.randn(2, h, DIM, generator=gen) for h in (HEADS, KV_HEADS, KV_HEADS))
-    loc = torch.stack([req_to_token[2, 4], req_to_token[0, 10]]).long()  # each request's newest token
+    # each request's newest token
+    loc = torch.stack([req_to_token[2, 4], req_to_token[0, 10]]).long()
     output = torch.empty_like(query)
     expected_k, expected_v = k_buffer.clone(), v_buffer.clone()
     expected_k[loc], expected_v[loc] = key, value
 
     torch.ops.sgl_kernel.decode_attention_cpu(
-        query, k_buffer, v_buffer, 1.0, 1.0, output, key, value, loc, torch.zeros(2, HEADS, 8, DIM + 1),
-        req_to_token, rows, lens, 0.3, logit_cap, False, 0, None, None,
-    )  # fmt: skip
+        query,
+        k_buffer,
+        v_buffer,
+        1.0,
+        1.0,
+        output,
+        key,
+        value,
+        loc,
+        torch.zeros(2, HEADS, 8, DIM + 1),
+        req_to_token,
+        rows,
+        lens,
+        0.3,
+        logit_cap,
+        False,
+        0,
+        None,
+        None,
+    )
 
     assert torch.equal(k_buffer, expected_k) and torch.equal(v_buffer, expected_v)
     for i in range(2):
         slots = req_to_token[rows[i], : lens[i]].long()
-        want = _reference(query[i], expected_k[slots], expected_v[slots], [True] * int(lens[i]), 0.3, logit_cap)
+        want = _reference(
+            query[i], expected_k[slots], expected_v[slots], [True] * int(lens[i]), 0.3, logit_cap
+        )
         torch.testing.assert_close(output[i], want, rtol=1e-5, atol=1e-5)
 
 
 def _extend(gen, *, tree_mask=None, is_causal=True, dtype=torch.float32, logit_cap=0.0):
     k_buffer, v_buffer, req_to_token = _cache(gen, dtype)
     rows, seq_lens = torch.tensor([1, 2]), torch.tensor([7, 4])
-    extend_lens, starts = torch.tensor([3, 4], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
+    extend_lens, starts = (
+        torch.tensor([3, 4], dtype=torch.int32),
+        torch.tensor([0, 3], dtype=torch.int32),
+    )
     q, k, v = (torch.randn(7, h, DIM, generator=gen).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
     out = torch.empty_like(q)
     torch.ops.sgl_kernel.extend_attention_cpu(
-        q, k, v, out, k_buffer, v_buffer, 1.0, 1.0, req_to_token, rows, seq_lens, extend_lens, starts, 4, 0.25,
-        logit_cap, False, 0, None, None, tree_mask, is_causal,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        k_buffer,
+        v_buffer,
+        1.0,
+        1.0,
+        req_to_token,
+        rows,
+        seq_lens,
+        extend_lens,
+        starts,
+        4,
+        0.25,
+        logit_cap,
+        False,
+        0,
+        None,
+        None,
+        tree_mask,
+        is_causal,
+    )
     return out, (q, k, v, k_buffer, v_buffer, req_to_token, rows, seq_lens, extend_lens, starts)
 
 
@@ -113,18 +158,23 @@ def test_extend_attention_sees_the_cached_prefix_and_the_new_tokens_causally(gen
 def test_extend_attention_without_causality_sees_every_token(gen):
     out, inputs = _extend(gen, is_causal=False)
 
-    torch.testing.assert_close(out, _extend_reference(inputs, lambda *_: True), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out, _extend_reference(inputs, lambda *_: True), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_extend_attention_sees_the_prefix_and_follows_the_tree_mask_packed_per_request(gen):
-    tree_mask = torch.rand(3 * 3 + 4 * 4 + 5, generator=gen) < 0.5  # QLEN_ONLY blocks; the buffer may be longer
+    # QLEN_ONLY blocks; the buffer may be longer
+    tree_mask = torch.rand(3 * 3 + 4 * 4 + 5, generator=gen) < 0.5
     offsets = [0, 3 * 3]
     tree_mask[[0, 4, 8, 9, 14, 19, 24]] = True  # as in a real tree, every node sees itself
 
     out, inputs = _extend(gen, tree_mask=tree_mask)
 
     lens = inputs[8]
-    want = _extend_reference(inputs, lambda b, p, j, n: n < p or bool(tree_mask[offsets[b] + j * int(lens[b]) + n - p]))
+    want = _extend_reference(
+        inputs, lambda b, p, j, n: n < p or bool(tree_mask[offsets[b] + j * int(lens[b]) + n - p])
+    )
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -138,18 +188,36 @@ def test_extend_attention_in_bfloat16_stays_close_to_float32(gen):
 
 @pytest.mark.parametrize(
     ("change", "named"),
-    [({"sliding_window_size": 9}, "sliding window"), ({"sinks": torch.zeros(HEADS)}, "attention sinks"),
-     ({"is_cross_attn": True}, "cross-attention"), ({"k_scale": 0.5}, "KV scales")],
-)  # fmt: skip
+    [
+        ({"sliding_window_size": 9}, "sliding window"),
+        ({"sinks": torch.zeros(HEADS)}, "attention sinks"),
+        ({"is_cross_attn": True}, "cross-attention"),
+        ({"k_scale": 0.5}, "KV scales"),
+    ],
+)
 def test_decode_attention_refuses_what_a_llama_model_does_not_need(gen, change, named):
     k_buffer, v_buffer, req_to_token = _cache(gen)
     args = {
-        "query": torch.randn(1, HEADS, DIM), "k_buffer": k_buffer, "v_buffer": v_buffer, "k_scale": 1.0,
-        "v_scale": 1.0, "output": torch.empty(1, HEADS, DIM), "key": None, "value": None, "loc": torch.tensor([0]),
-        "attn_logits": torch.empty(0), "req_to_token": req_to_token, "req_pool_indices": torch.tensor([0]),
-        "seq_lens": torch.tensor([3]), "sm_scale": 0.3, "logit_cap": 0.0, "is_cross_attn": False,
-        "sliding_window_size": 0, "encoder_lens": None, "sinks": None,
-    }  # fmt: skip
+        "query": torch.randn(1, HEADS, DIM),
+        "k_buffer": k_buffer,
+        "v_buffer": v_buffer,
+        "k_scale": 1.0,
+        "v_scale": 1.0,
+        "output": torch.empty(1, HEADS, DIM),
+        "key": None,
+        "value": None,
+        "loc": torch.tensor([0]),
+        "attn_logits": torch.empty(0),
+        "req_to_token": req_to_token,
+        "req_pool_indices": torch.tensor([0]),
+        "seq_lens": torch.tensor([3]),
+        "sm_scale": 0.3,
+        "logit_cap": 0.0,
+        "is_cross_attn": False,
+        "sliding_window_size": 0,
+        "encoder_lens": None,
+        "sinks": None,
+    }
 
     with pytest.raises(NotPortedError, match=named):
         torch.ops.sgl_kernel.decode_attention_cpu(*{**args, **change}.values())

@@ -1,7 +1,7 @@
 """The torch ports of SGLang's ``sgl_kernel`` CPU helpers against what the Triton kernels compute.
 
-Each reference below is a plain loop written from the Triton kernel named in the port's docstring, over flat
-memory and pointer arithmetic as the kernel does, on small random inputs.
+Each reference below is a plain loop written from the Triton kernel named in the port's docstring,
+over flat memory and pointer arithmetic as the kernel does, on small random inputs.
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ def _table(gen: torch.Generator, rows: int = 5, pool_len: int = 24) -> torch.Ten
 
 
 def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer_reading_before_writing(gen):
-    buffers = [torch.randn(10, 2, 4, generator=gen), torch.randn(10, 3, generator=gen).to(torch.bfloat16)]
+    buffers = [
+        torch.randn(10, 2, 4, generator=gen),
+        torch.randn(10, 3, generator=gen).to(torch.bfloat16),
+    ]
     before = [b.clone() for b in buffers]
     ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64)
     strides = torch.tensor([b.stride(0) * b.element_size() for b in buffers])
-    tgt, src = torch.tensor([2, 5, 9, 7]), torch.tensor([5, 2, 0, 7])  # 2 <-> 5 swap: all loads precede stores
+    # 2 <-> 5 swap: all loads precede stores
+    tgt, src = torch.tensor([2, 5, 9, 7]), torch.tensor([5, 2, 0, 7])
 
     kernels.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
 
@@ -42,7 +46,8 @@ def test_assign_req_to_token_pool_writes_each_requests_run_of_new_slots(gen):
     rows, start, end = torch.tensor([3, 0, 4]), torch.tensor([2, 0, 5]), torch.tensor([5, 4, 5])
     out_cache_loc = torch.randint(0, 999, (7,), generator=gen)
     expected = table.clone().view(-1)
-    for pid in range(3):  # assign_req_to_token_pool: out_offset = sum of the earlier requests' lengths
+    # assign_req_to_token_pool: out_offset = sum of the earlier requests' lengths
+    for pid in range(3):
         offset = sum(int(end[j] - start[j]) for j in range(pid))
         for j in range(int(start[pid]), int(end[pid])):
             expected[int(rows[pid]) * 24 + j] = out_cache_loc[offset + j - int(start[pid])]
@@ -69,14 +74,18 @@ def test_assign_extend_cache_locs_gathers_each_requests_slots_packed(gen):
 
 
 @pytest.mark.parametrize("topk", [1, 2])
-def test_assign_draft_cache_locs_contiguous_copies_topk_times_steps_slots_from_each_length(gen, topk):
+def test_assign_draft_cache_locs_contiguous_copies_topk_times_steps_slots_from_each_length(
+    gen, topk
+):
     table, steps = _table(gen), 3
     rows, seq_lens = torch.tensor([2, 0, 3]), torch.tensor([4, 9, 1])
     out = torch.empty(3 * topk * steps, dtype=torch.int64)
     expected = torch.empty_like(out)
     for pid in range(3):
         for j in range(topk * steps):
-            expected[pid * topk * steps + j] = table.view(-1)[int(rows[pid]) * 24 + int(seq_lens[pid]) + j]
+            expected[pid * topk * steps + j] = table.view(-1)[
+                int(rows[pid]) * 24 + int(seq_lens[pid]) + j
+            ]
 
     kernels.assign_draft_cache_locs_contiguous_cpu(rows, table, seq_lens, out, 24, topk, steps)
 
@@ -84,7 +93,9 @@ def test_assign_draft_cache_locs_contiguous_copies_topk_times_steps_slots_from_e
 
 
 def test_fill_accept_out_cache_loc_packs_the_slots_of_accepted_entries(gen):
-    accept_index = torch.tensor([[0, 1, -1, -1], [4, -1, -1, -1], [8, 9, 10, 11]], dtype=torch.int32)
+    accept_index = torch.tensor(
+        [[0, 1, -1, -1], [4, -1, -1, -1], [8, 9, 10, 11]], dtype=torch.int32
+    )
     out_cache_loc = torch.randint(0, 999, (12,), generator=gen)
     out = torch.zeros(12, dtype=torch.int64)
     expected = out.clone()
@@ -113,7 +124,11 @@ def test_fill_bonus_tokens_takes_each_requests_last_accepted_token(gen):
 @pytest.mark.parametrize("with_select", [False, True])
 def test_rotate_input_ids_shifts_each_segment_and_places_the_new_token(gen, with_select):
     ids = torch.randint(0, 2048, (9,), generator=gen)
-    starts, lens, new = torch.tensor([0, 4, 6]), torch.tensor([4, 0, 3]), torch.tensor([[11], [22], [33]])
+    starts, lens, new = (
+        torch.tensor([0, 4, 6]),
+        torch.tensor([4, 0, 3]),
+        torch.tensor([[11], [22], [33]]),
+    )
     select = torch.tensor([1, 5, 7]) if with_select else None
     expected = ids.clone()
     for pid in range(3):
@@ -144,10 +159,25 @@ def test_build_draft_decode_metadata_gives_each_branch_the_prefix_then_its_draft
 
 
 def _triton_build_tree(
-    parent_list, selected, seq_lens, mask, positions, r_index, r_next, r_sibling, topk, depth, n, mode
+    parent_list,
+    selected,
+    seq_lens,
+    mask,
+    positions,
+    r_index,
+    r_next,
+    r_sibling,
+    topk,
+    depth,
+    n,
+    mode,
 ):
     """``sgl_build_tree_kernel_efficient_triton``, one program per request, on flat lists."""
-    bs, par_stride, sel_stride = len(seq_lens), len(parent_list) // len(seq_lens), len(selected) // len(seq_lens)
+    bs, par_stride, sel_stride = (
+        len(seq_lens),
+        len(parent_list) // len(seq_lens),
+        len(selected) // len(seq_lens),
+    )
     prefix_sums = [sum(seq_lens[:b]) for b in range(bs)]
 
     def find(b, token):
@@ -195,17 +225,27 @@ def _triton_build_tree(
 
 
 def _draft_tree(gen, bs: int, topk: int, depth: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """parent_list and selected index shaped as EAGLE's ``organize_draft_results`` gives them (random choices)."""
+    """parent_list and selected index shaped as EAGLE's ``organize_draft_results`` gives them
+    (random choices)."""
     parents = [torch.arange(-1, topk).expand(bs, -1)]
-    for step in range(1, depth - 1):  # each level expands topk of the previous level's topk * topk candidates
+    # each level expands topk of the previous level's topk * topk candidates
+    for step in range(1, depth - 1):
         first = topk + (step - 1) * topk * topk
-        parents.append(torch.stack([torch.randperm(topk * topk, generator=gen)[:topk] + first for _ in range(bs)]))
+        parents.append(
+            torch.stack(
+                [torch.randperm(topk * topk, generator=gen)[:topk] + first for _ in range(bs)]
+            )
+        )
     width = topk + (depth - 1) * topk * topk
-    selected = torch.stack([torch.randperm(width, generator=gen)[: n - 1].sort().values for _ in range(bs)])
+    selected = torch.stack(
+        [torch.randperm(width, generator=gen)[: n - 1].sort().values for _ in range(bs)]
+    )
     return torch.cat(parents, dim=1), selected
 
 
-@pytest.mark.parametrize(("topk", "depth", "n", "mode"), [(1, 3, 4, 0), (2, 3, 6, 0), (4, 4, 8, 0), (2, 3, 6, 1)])
+@pytest.mark.parametrize(
+    ("topk", "depth", "n", "mode"), [(1, 3, 4, 0), (2, 3, 6, 0), (4, 4, 8, 0), (2, 3, 6, 1)]
+)
 def test_build_tree_kernel_efficient_matches_the_triton_kernel(gen, topk, depth, n, mode):
     bs, seq_lens = 3, torch.tensor([5, 2, 7])
     parent_list, selected = _draft_tree(gen, bs, topk, depth, n)
@@ -213,8 +253,16 @@ def test_build_tree_kernel_efficient_matches_the_triton_kernel(gen, topk, depth,
     mask, positions = torch.ones(size, dtype=torch.bool), torch.empty(bs * n, dtype=torch.long)
     retrieve = torch.full((3, bs, n), -1, dtype=torch.long)
     expected = [mask.tolist(), positions.tolist(), *(r.reshape(-1).tolist() for r in retrieve)]
-    _triton_build_tree(parent_list.reshape(-1).tolist(), selected.reshape(-1).tolist(), seq_lens.tolist(),
-                       *expected, topk, depth, n, mode)  # fmt: skip
+    _triton_build_tree(
+        parent_list.reshape(-1).tolist(),
+        selected.reshape(-1).tolist(),
+        seq_lens.tolist(),
+        *expected,
+        topk,
+        depth,
+        n,
+        mode,
+    )
 
     kernels.build_tree_kernel_efficient_cpu(
         parent_list, selected, seq_lens, mask, positions, *retrieve, topk, depth, n, mode
@@ -225,11 +273,17 @@ def test_build_tree_kernel_efficient_matches_the_triton_kernel(gen, topk, depth,
 
 
 def test_build_tree_of_a_chain_is_a_causal_chain_after_the_prefix():
-    parent_list, selected, seq_lens = torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([2])
+    parent_list, selected, seq_lens = (
+        torch.tensor([[-1, 0, 1]]),
+        torch.tensor([[0, 1, 2]]),
+        torch.tensor([2]),
+    )
     mask, positions = torch.ones(2 * 4 + 16, dtype=torch.bool), torch.empty(4, dtype=torch.long)
     retrieve = torch.full((3, 1, 4), -1, dtype=torch.long)
 
-    kernels.build_tree_kernel_efficient_cpu(parent_list, selected, seq_lens, mask, positions, *retrieve, 1, 3, 4, 0)
+    kernels.build_tree_kernel_efficient_cpu(
+        parent_list, selected, seq_lens, mask, positions, *retrieve, 1, 3, 4, 0
+    )
 
     assert positions.tolist() == [2, 3, 4, 5]
     assert retrieve.tolist() == [[[0, 1, 2, 3]], [[1, 2, 3, -1]], [[-1, -1, -1, -1]]]
@@ -240,12 +294,21 @@ def test_build_tree_of_a_chain_is_a_causal_chain_after_the_prefix():
 def test_build_tree_refuses_the_bit_packed_mask():
     with pytest.raises(kernels.NotPortedError, match="bit-packed"):
         kernels.build_tree_kernel_efficient_cpu(
-            *(torch.zeros(1, 4, dtype=torch.long),) * 2, torch.tensor([3]), torch.zeros(4, dtype=torch.uint8),
-            torch.empty(4, dtype=torch.long), *torch.full((3, 1, 4), -1), 1, 3, 4, kernels.QLEN_ONLY_BITPACKING,
-        )  # fmt: skip
+            *(torch.zeros(1, 4, dtype=torch.long),) * 2,
+            torch.tensor([3]),
+            torch.zeros(4, dtype=torch.uint8),
+            torch.empty(4, dtype=torch.long),
+            *torch.full((3, 1, 4), -1),
+            1,
+            3,
+            4,
+            kernels.QLEN_ONLY_BITPACKING,
+        )
 
 
-def _triton_verify(predicts, accept_index, accept_num, candidates, r_index, r_next, r_sibling, target, num_spec, n):
+def _triton_verify(
+    predicts, accept_index, accept_num, candidates, r_index, r_next, r_sibling, target, num_spec, n
+):
     """``verify_tree_greedy_kernel_triton``, one program per request, on flat lists."""
     for bx in range(len(accept_num)):
         last = r_index[bx * n]
@@ -283,7 +346,16 @@ def test_verify_tree_greedy_matches_the_triton_kernel(gen, topk, depth, n):
     mask = torch.ones(int(seq_lens.sum()) * n + n * n * bs, dtype=torch.bool)
     retrieve = torch.full((3, bs, n), -1, dtype=torch.long)
     kernels.build_tree_kernel_efficient_cpu(
-        parent_list, selected, seq_lens, mask, torch.empty(bs * n, dtype=torch.long), *retrieve, topk, depth, n, 0
+        parent_list,
+        selected,
+        seq_lens,
+        mask,
+        torch.empty(bs * n, dtype=torch.long),
+        *retrieve,
+        topk,
+        depth,
+        n,
+        0,
     )
     candidates = torch.randint(0, vocab, (bs, n), generator=gen)
     target = torch.randint(0, vocab, (bs, n), generator=gen)
@@ -291,8 +363,14 @@ def test_verify_tree_greedy_matches_the_triton_kernel(gen, topk, depth, n):
     accept_index = torch.full((bs, depth + 1), -1, dtype=torch.int32)
     accept_num = torch.zeros(bs, dtype=torch.int32)
     expected = [predicts.tolist(), accept_index.view(-1).tolist(), accept_num.tolist()]
-    _triton_verify(*expected, candidates.view(-1).tolist(), *(r.reshape(-1).tolist() for r in retrieve),
-                   target.view(-1).tolist(), depth + 1, n)  # fmt: skip
+    _triton_verify(
+        *expected,
+        candidates.view(-1).tolist(),
+        *(r.reshape(-1).tolist() for r in retrieve),
+        target.view(-1).tolist(),
+        depth + 1,
+        n,
+    )
 
     kernels.verify_tree_greedy_cpu(
         predicts=predicts,

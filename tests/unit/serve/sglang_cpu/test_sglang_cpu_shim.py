@@ -50,7 +50,11 @@ print(torch.ops.torchvision.nms.default._schema)
 
 @pytest.mark.parametrize("guarded", [False, True])
 def test_torchvision_fake_registrations_need_the_guard_when_its_ops_did_not_load(guarded):
-    guard = "from eagle3.serve.sglang_cpu.shim import _guard_torchvision; _guard_torchvision()" if guarded else ""
+    guard = (
+        "from eagle3.serve.sglang_cpu.shim import _guard_torchvision; _guard_torchvision()"
+        if guarded
+        else ""
+    )
     run = subprocess.run(
         [sys.executable, "-c", _REGISTER_FAKES.format(guard=guard)],
         capture_output=True,
@@ -60,6 +64,9 @@ def test_torchvision_fake_registrations_need_the_guard_when_its_ops_did_not_load
 
     if guarded:
         assert run.returncode == 0, run.stderr
-        assert "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor" in run.stdout
+        assert (
+            "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
+            in run.stdout
+        )
     else:
         assert run.returncode != 0 and "torchvision::nms does not exist" in run.stderr

@@ -1,4 +1,5 @@
-"""The broker's bookkeeping: bounded store, in-order claims, duplicates dropped, dead producers' claims reopened."""
+"""The broker's bookkeeping: bounded store, in-order claims, duplicates dropped, dead producers'
+claims reopened."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ from eagle3.train.online.broker import DONE, WAIT, Broker
 
 
 def _broker(total=6, world_size=1, max_inflight=2, claim_timeout_s=60.0):
-    return Broker(total=total, world_size=world_size, max_inflight=max_inflight, claim_timeout_s=claim_timeout_s)
+    return Broker(
+        total=total,
+        world_size=world_size,
+        max_inflight=max_inflight,
+        claim_timeout_s=claim_timeout_s,
+    )
 
 
 def test_a_producer_waits_while_the_store_holds_max_inflight_batches():
@@ -55,7 +61,8 @@ def test_a_resumed_trainer_gets_again_what_it_took_after_its_checkpoint():
     for i in range(3):
         b.take(0, i, 0)
     b.seek(0, 1)  # checkpoint after batch 0: batches 1 and 2 trained into lost weights
-    assert [b.claim("p0", 0), b.claim("p0", 0), b.claim("p0", 0)] == [1, 2, WAIT]  # 3 is still in the store
+    # 3 is still in the store
+    assert [b.claim("p0", 0), b.claim("p0", 0), b.claim("p0", 0)] == [1, 2, WAIT]
     for i in (1, 2):
         b.deliver("p0", i, f"k{i}", f"m{i}")
     assert [b.take(0, i, 0)[0] for i in (1, 2, 3)] == ["k1", "k2", "k3"]
