@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate.preflight import failed, run_static
 from eagle3.serve.launch_commands import build_launch
-from eagle3.serve.reference.hf_engine import SamplingParams, Sequence
+from eagle3.serve.reference.protocol import SamplingParams, Sequence
 from eagle3.serve.reference.spec_decoder import SpeculativeDecoder
 from eagle3.serve.reference.spec_engine import build_speculative_engine
 from eagle3.train.distributed import DistInfo
