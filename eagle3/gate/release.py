@@ -48,7 +48,7 @@ from typing import Any
 from eagle3.config.base import StrictModel
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.gate import preflight, profiles
+from eagle3.gate import preflight, preflight_runtime, profiles
 from eagle3.gate.prompts import BenchPrompt, load_gate_prompts
 from eagle3.gate.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
 from eagle3.gate.rounds import ArmError
@@ -140,7 +140,7 @@ def _runtime_preflight(
     arm: ArmResult, url: str, prompts: list[BenchPrompt], config: PipelineConfig
 ) -> None:
     smoke = [list(p.input_ids) for p in prompts[:SMOKE_PROMPTS]]
-    checks = preflight.run_runtime(
+    checks = preflight_runtime.run_runtime(
         url,
         smoke,
         export_dir=arm.draft,

@@ -138,13 +138,13 @@ def preflight(
 def _runtime(
     cfg: PipelineConfig, url: str, draft: Path, n: int, min_accept: float, baseline_url: str | None
 ) -> list[Check]:
-    from eagle3.gate import preflight as pf
+    from eagle3.gate.preflight_runtime import run_runtime
     from eagle3.gate.release import gate_prompts
 
     prompts = gate_prompts(cfg, per_set=max(1, n))[:n]
     ids = [list(p.input_ids) for p in prompts]
     with console.status(f"runtime preflight against {url}"):
-        checks = pf.run_runtime(url, ids, export_dir=draft, min_accept=min_accept)
+        checks = run_runtime(url, ids, export_dir=draft, min_accept=min_accept)
     if baseline_url:  # before a sampled gate: does the speculative server honour sampling?
         from eagle3.gate.sampling_probe import check_sampling
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config.pipeline import with_overrides
-from eagle3.gate import preflight
+from eagle3.gate import preflight, preflight_runtime
 from eagle3.gate.prompts import load_gate_prompts
 from eagle3.gate.release import GateRequest, run_gate
 from eagle3.gate.report import FAIL, PASS
@@ -35,7 +35,7 @@ def _runtime(world, algorithm: str, tmp_path: Path) -> dict[str, preflight.Check
     cfg = with_overrides(world.config, [f"speculative.algorithm={algorithm}"])
     cmd = build_launch(cfg, "eagle3", engine="reference", draft=world.export, port=0)
     with cmd.server(log_path=tmp_path / f"{algorithm}.log", health_timeout_s=120) as server:
-        checks = preflight.run_runtime(
+        checks = preflight_runtime.run_runtime(
             server.url, _smoke_prompts(world), export_dir=world.export, max_new_tokens=32
         )
     return {c.name: c for c in checks}

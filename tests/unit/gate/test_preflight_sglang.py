@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3.config.pipeline import with_overrides
-from eagle3.gate import preflight
+from eagle3.gate import preflight, preflight_runtime
 from eagle3.gate.prompts import load_gate_prompts
 from eagle3.serve.launch_commands import build_launch
 
@@ -23,7 +23,7 @@ def _live_checks(gate_world, algorithm: str, log) -> dict[str, preflight.Check]:
     with build_launch(config, "eagle3", draft=gate_world.export, port=0).server(
         log_path=log
     ) as server:
-        checks = preflight.run_runtime(
+        checks = preflight_runtime.run_runtime(
             server.url,
             [list(p.input_ids) for p in prompts],
             export_dir=gate_world.export,
