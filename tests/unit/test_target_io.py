@@ -157,8 +157,8 @@ def test_only_the_door_calls_from_pretrained_on_the_targets_files():
 
 def test_every_door_call_passes_a_configs_target():
     """A stage hands the door its config's ``target`` (revision and trust_remote_code with it);
-    only the reference server, which serves a local directory its flags name, builds a
-    ``TargetRef``."""
+    only the reference server, which serves a local directory its flags name, and the served-traffic
+    world, which renders requests for the tiny model it built itself, build a ``TargetRef``."""
     calls = [
         (path.relative_to(REPO), ast.unparse(call.args[0]) if call.args else "")
         for path in _sources()
@@ -176,6 +176,7 @@ def test_every_door_call_passes_a_configs_target():
             "TargetRef(args.tokenizer_path or args.model_path)",
         ),
         ("eagle3/serve/reference/generator.py", "TargetRef(args.model_path)"),
+        ("eagle3/worlds/served_traffic.py", "TargetRef(str(world.model_dir))"),
     }
 
 
