@@ -23,8 +23,8 @@ run root:
   rendered with the target's template, the first turn, as the regenerated rows), one night of
   ``--equal-size`` rows, gated and measured the same way.
 
-``--temperature`` sends ``gate.temperature`` to every night (the gate's sampled traffic; a config
-without that key refuses it at load); the offline accept length is greedy. Results per (seed, size,
+``--temperature T`` adds a sampled profile to every night's gate (``gate.sampling``: T, top_p
+0.95, reported beside the greedy verdict, which decides); the offline accept length is greedy. Results per (seed, size,
 arm) are kept in ``--out``'s folder as they finish, and a run killed anywhere and started again
 resumes: finished nights are skipped by the pipeline itself (their manifests), finished measurements
 from those files.
@@ -67,7 +67,8 @@ def night(
         *args.set,
     ]
     if args.temperature is not None:
-        sets.append(f"gate.temperature={args.temperature}")
+        sampled = {"temperature": args.temperature, "top_p": 0.95, "decides": False}
+        sets.append(f"gate.sampling={json.dumps({'greedy': {}, 'sampled': sampled})}")
     argv = [
         str(Path(sys.executable).parent / "eagle3"),
         "run",
@@ -189,7 +190,8 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean, mean
-    half = t_quantile(CONFIDENCE, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    half = t_quantile(0.5 + CONFIDENCE / 2, len(values) - 1) * statistics.stdev(values)
+    half /= len(values) ** 0.5
     return mean, mean - half, mean + half
 
 
@@ -233,7 +235,7 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=24)
     parser.add_argument("--eval-tokens", type=int, default=64)
     parser.add_argument(
-        "--temperature", type=float, default=None, help="gate.temperature (sampled gate)"
+        "--temperature", type=float, default=None, help="also gate at T, top_p 0.95 (reported)"
     )
     parser.add_argument("--root", type=Path, default=REPO / ".cache" / "real-scaling")
     parser.add_argument(
