@@ -15,6 +15,10 @@ from eagle3.gate.preflight import EXPECTED_ALGORITHM, SMOKE_MIN_ACCEPT, Check, f
 
 logger = logging.getLogger(__name__)
 
+# Below this smoke accept length the draft adds almost nothing: the signature of a draft that gets
+# no aux hidden states (EAGLE for EAGLE3, wrong layer ids). Above it, a draft that works but is weak.
+BLIND_ACCEPT = 1.1
+
 
 def get_json(url: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
     import urllib.request
@@ -73,13 +77,21 @@ def check_smoke(
     )
     if summary.accept_length >= min_accept:
         return Check("smoke_accept", True, f"{measured} >= {min_accept} expected")
-    why = (
-        f"the server runs --speculative-algorithm {algorithm}, which drops the draft's 3-layer aux hidden states: "
-        f"relaunch with --speculative-algorithm {EXPECTED_ALGORITHM}"
-        if algorithm and algorithm != EXPECTED_ALGORITHM
-        else f"~1.0 means the draft gets no aux hidden states: check --speculative-algorithm {EXPECTED_ALGORITHM} "
-        "and the layer ids"
-    )
+    if algorithm and algorithm != EXPECTED_ALGORITHM:
+        why = (
+            f"the server runs --speculative-algorithm {algorithm}, which drops the draft's 3-layer "
+            f"aux hidden states: relaunch with --speculative-algorithm {EXPECTED_ALGORITHM}"
+        )
+    elif summary.accept_length < BLIND_ACCEPT:
+        why = (
+            "~1.0 means the draft gets no aux hidden states: check --speculative-algorithm "
+            f"{EXPECTED_ALGORITHM} and the layer ids"
+        )
+    else:
+        why = (
+            "the draft speculates but accepts too little to pay for its draft steps: train it on "
+            "more data, or lower gate.min_accept to measure its speedup anyway"
+        )
     return Check("smoke_accept", False, f"{measured}, expected >= {min_accept}: {why}")
 
 
