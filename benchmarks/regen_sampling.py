@@ -29,13 +29,14 @@ from pathlib import Path
 import torch
 from objectives import t_interval
 
+from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.config.sampling import SamplingParams
 from eagle3.recipes import resolve
 
 
-def _stages(config: PipelineConfig) -> tuple[Path, Path]:
-    """Discover through vocab for ``config``; returns (features dir, vocab file)."""
+def _stages(config: PipelineConfig) -> tuple[FeatureSource, Path]:
+    """Discover through vocab for ``config``; returns (the features, vocab file)."""
     from eagle3.capture.stage import CaptureStage
     from eagle3.data.stage import DiscoverStage, NormalizeStage
     from eagle3.regen.stage import RegenStage
@@ -49,17 +50,17 @@ def _stages(config: PipelineConfig) -> tuple[Path, Path]:
     catalog = run_stage(DiscoverStage(), config).out_dir
     prompts = run_stage(NormalizeStage(), config, catalog_dir=catalog).out_dir
     regen = run_stage(RegenStage(), config, prompts_dir=prompts).out_dir
-    features = run_stage(CaptureStage(), config, regen_dir=regen).out_dir
-    vocab = run_stage(VocabStage(), config, features_dir=features).out_dir
+    features = FeatureSource.of(run_stage(CaptureStage(), config, regen_dir=regen))
+    vocab = run_stage(VocabStage(), config, features=features).out_dir
     return features, vocab_file(vocab)
 
 
-def _draft(config: PipelineConfig, features: Path, vocab: Path) -> Path:
+def _draft(config: PipelineConfig, features: FeatureSource, vocab: Path) -> Path:
     from eagle3.stage import run_stage
     from eagle3.train.stage import ExportStage, TrainStage
 
-    draft = run_stage(TrainStage(), config, features_dir=features, vocab=vocab).out_dir
-    export = run_stage(ExportStage(), config, draft_dir=draft, vocab=vocab, features_dir=features)
+    draft = run_stage(TrainStage(), config, features=features, vocab=vocab).out_dir
+    export = run_stage(ExportStage(), config, draft_dir=draft, vocab=vocab, features=features)
     return Path(export.summary["export"])
 
 

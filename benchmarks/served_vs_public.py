@@ -17,8 +17,9 @@ Both drafts are measured with the reference speculative decoder (greedy, ``specu
 on the served recipe's held-out prompts (``eagle3.gate.served_profile``: rendered back into exactly
 the ids that were served), ``--max-new`` tokens each. Reported: each arm's accept length (tokens /
 verify passes over the prompts) per seed, the mean with a 95% t interval over seeds, and the paired
-difference served - public. The recipes are arguments, so the same comparison runs on a real target
-(a recipe with a served source of that target's logs, and its public sources) as on the tiny world.
+difference served - public. The recipes are arguments (names or YAML files), so the same comparison
+runs on a real target (a recipe with a served source of that target's logs, and its public sources)
+as on the tiny world: ``real_served.py`` does it for SmolLM2-135M-Instruct.
 ``--set`` overrides apply to both arms (e.g. ``train.epochs=3``).
 """
 
@@ -34,13 +35,13 @@ from typing import Any
 from aimed_scaling import interval
 from common import publish, resumable
 
-from eagle3.capture.stage import CaptureStage
+from eagle3.capture.stage import CaptureStage, FeatureSource
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.stage import DiscoverStage, NormalizeStage
 from eagle3.data.template import render_prompt
 from eagle3.gate.offline_accept import evaluate_acceptance
 from eagle3.gate.served_profile import load_profile
-from eagle3.recipes import load_recipe, world_cache
+from eagle3.recipes import resolve, world_cache
 from eagle3.regen.stage import RegenStage
 from eagle3.stage import run_stage
 from eagle3.train.stage import ExportStage, TrainStage
@@ -52,11 +53,12 @@ def train_draft(config: PipelineConfig) -> tuple[Path, int]:
     catalog = run_stage(DiscoverStage(), config).out_dir
     prompts = run_stage(NormalizeStage(), config, catalog_dir=catalog).out_dir
     regen = run_stage(RegenStage(), config, prompts_dir=prompts).out_dir
-    features = run_stage(CaptureStage(), config, regen_dir=regen)
-    vocab = run_stage(VocabStage(), config, features_dir=features.out_dir).out_dir
-    draft = run_stage(TrainStage(), config, features_dir=features.out_dir, vocab=vocab).out_dir
-    run_stage(ExportStage(), config, draft_dir=draft, vocab=vocab, features_dir=features.out_dir)
-    return draft / "export", sum(int(row["rows"]) for row in features.table)
+    capture = run_stage(CaptureStage(), config, regen_dir=regen)
+    features = FeatureSource.of(capture)
+    vocab = run_stage(VocabStage(), config, features=features).out_dir
+    draft = run_stage(TrainStage(), config, features=features, vocab=vocab).out_dir
+    run_stage(ExportStage(), config, draft_dir=draft, vocab=vocab, features=features)
+    return draft / "export", sum(int(row["rows"]) for row in capture.table)
 
 
 def accept_on(
@@ -78,10 +80,10 @@ def accept_on(
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     started = time.monotonic()
     common = [f"train.seed={seed}", *args.set]
-    served = load_recipe(args.served_recipe, [f"root={work / f'served-{seed}'}", *common])
+    served = resolve(args.served_recipe, [f"root={work / f'served-{seed}'}", *common])
     served_export, rows = train_draft(served)
     public_root = work / f"public-{seed}"
-    public = load_recipe(
+    public = resolve(
         args.public_recipe,
         [f"root={public_root}", f"mix.total={rows}", f"mix.seed={seed}", *common],
     )
@@ -113,7 +115,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--resume", type=Path, default=None, help="keep finished seeds here")
     args = parser.parse_args()
-    probe = load_recipe(args.served_recipe, [f"root={args.work / 'probe'}"])
+    probe = resolve(args.served_recipe, [f"root={args.work / 'probe'}"])
     if probe.dev.tiny_world:
         from eagle3.worlds.world import world_builders
 
