@@ -184,11 +184,14 @@ def _stop_when(story: Night, ready: Ready, stop: Callable[[Proc], None], *, expe
     return log
 
 
-def _signalled(story: Night, ready: Ready, sig: signal.Signals) -> str:
-    """``_stop_when`` with ``sig`` to the run's process group; the night's run and its stage's
-    subflow are recorded Crashed, with the signal as the reason."""
+def _signalled(
+    story: Night, ready: Ready, sig: signal.Signals, *, stop: Callable[[Proc], None] | None = None
+) -> str:
+    """``_stop_when`` with ``sig`` to the run's process group (sent by ``stop`` when given); the
+    night's run and its stage's subflow are recorded Crashed, with the signal as the reason."""
     before = len(story.crashed())
-    log = _stop_when(story, ready, lambda proc: os.killpg(proc.pid, sig), expect=128 + sig)
+    stop = stop or (lambda proc: os.killpg(proc.pid, sig))
+    log = _stop_when(story, ready, stop, expect=128 + sig)
     crashed = story.crashed()[before:]
     assert len(crashed) >= 2, crashed
     assert set(crashed) == {f"Execution was aborted by {CRASHED[sig]}."}, crashed
@@ -196,8 +199,55 @@ def _signalled(story: Night, ready: Ready, sig: signal.Signals) -> str:
     return log
 
 
+def _mid_first_shard(root: Path) -> Ready:
+    """Regen's first shard has journaled three answers and is not compacted yet."""
+
+    def ready(_proc: Proc) -> bool:
+        journal = next(root.glob("regen/*/shard-00000.journal.jsonl"), None)
+        with contextlib.suppress(OSError):  # compacted meanwhile
+            return journal is not None and len(journal.read_text().splitlines()) >= 3
+        return False
+
+    return ready
+
+
+def _ctrl_c_with_the_server_held(root: Path, log: Path) -> Callable[[Proc], None]:
+    """SIGINT to the night while regen waits on its server, held (SIGSTOP) so that the signal surely
+    lands mid-shard: the tiny target answers a whole shard in well under a second, faster than a
+    loaded machine delivers the signal, and a real night's hours-long shards are always mid-way.
+    The server resumes (SIGCONT) once the night says it stops, so it takes the night's SIGTERM."""
+
+    def stop(proc: Proc) -> None:
+        (server,) = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "eagle3.serve.reference" in " ".join(p.cmdline())
+        ]
+        os.killpg(server.pid, signal.SIGSTOP)  # the server leads a process group of its own
+        try:
+            deadline, rows = time.monotonic() + 60, -1
+            while True:  # settled: no answer arrives any more, and a shard waits for some
+                now = _regen_rows(root)
+                assert now < 2 * SHARD_SIZE, "regen finished before its server was held"
+                if now == rows and any(root.glob("regen/*/*.inflight.json")):
+                    break
+                assert time.monotonic() < deadline, "no regen shard waits on the held server"
+                rows = now
+                time.sleep(1.0)
+            start = log.stat().st_size
+            os.killpg(proc.pid, signal.SIGINT)
+            while proc.poll() is None and b"stopping the run" not in log.read_bytes()[start:]:
+                time.sleep(0.1)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGCONT)
+
+    return stop
+
+
 def test_ctrl_c_during_regen_stops_the_night_and_its_server(story: Night):
-    log = _signalled(story, lambda _: _regen_rows(story.root) >= 3, signal.SIGINT)
+    stop = _ctrl_c_with_the_server_held(story.root, story.log)
+    log = _signalled(story, _mid_first_shard(story.root), signal.SIGINT, stop=stop)
     assert "ShardStopped" in log and not any(story.root.glob("regen/*/manifest.json"))
 
 
