@@ -24,7 +24,8 @@ from pathlib import Path
 
 from capture_writer import make_batches, writer_config
 
-from eagle3.capture.shard import finalize_features, shard_footer
+from eagle3.capture.manifest import finalize_features
+from eagle3.capture.shard import shard_footer
 from eagle3.capture.writer import PartWriter
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.recipes import world_cache

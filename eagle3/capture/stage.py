@@ -25,11 +25,11 @@ from typing import Any, ClassVar, Literal
 
 from eagle3.capture.budget import capture_estimate, check_disk_budget
 from eagle3.capture.costs import choose_features
+from eagle3.capture.manifest import finalize_features
 from eagle3.capture.shard import (
     REGEN_INPUT_SCHEMA,
     capture_shard,
     features_fingerprint,
-    finalize_features,
     output_paths,
     regen_shards,
     shard_index_of,

@@ -100,7 +100,7 @@ class RowGroup:
 
 def _resolve(shards: Path | str | Sequence[Path | str]) -> list[Path]:
     if isinstance(shards, (str, Path)) and Path(shards).is_dir():
-        from eagle3.capture.shard import feature_shards
+        from eagle3.capture.manifest import feature_shards
 
         return feature_shards(Path(shards))
     if isinstance(shards, (str, Path)):

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from eagle3.capture.shard import feature_shards
+from eagle3.capture.manifest import feature_shards
 from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.data.parquet import open_shard

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.capture.manifest import finalize_features
 from eagle3.capture.schema import FEATURE_SCHEMA
-from eagle3.capture.shard import capture_shard, finalize_features
+from eagle3.capture.shard import capture_shard
 from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import with_overrides
 from eagle3.data.parquet import ShardWriter

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from prefect.logging import disable_run_logger
 
-from eagle3.capture.shard import capture_shard, finalize_features
+from eagle3.capture.manifest import finalize_features
+from eagle3.capture.shard import capture_shard
 from eagle3.capture.stage import FeatureSource
 from eagle3.config.pipeline import with_overrides
 from eagle3.model.export_format import validate_export

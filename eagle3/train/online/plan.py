@@ -193,7 +193,7 @@ class OnlinePlan:
         """The plan every party of an online run builds (trainer ranks, producers, vocab): the
         feature shards a finished features stage of this config already holds (earlier stored
         nights) are read, the rest captured."""
-        from eagle3.capture.shard import feature_shards
+        from eagle3.capture.manifest import feature_shards
         from eagle3.rundir.layout import shard_index, stage_dir
         from eagle3.rundir.runroot import Manifest
 

@@ -200,7 +200,7 @@ def test_kill_between_merge_rename_and_parts_delete_recovers_on_rerun(
     make_config, regen_shard, hf_backend, tmp_path, monkeypatch
 ):
     from eagle3.capture import writer
-    from eagle3.capture.shard import finalize_features
+    from eagle3.capture.manifest import finalize_features
 
     config = make_config("capture.aux_layers=[2,4,5]")
     out_dir = tmp_path / "features" / "fp"

@@ -15,8 +15,9 @@ import torch
 
 import eagle3.rundir.integrity as integrity
 import eagle3.rundir.runroot as runroot
+from eagle3.capture.manifest import finalize_features
 from eagle3.capture.schema import FEATURE_SCHEMA
-from eagle3.capture.shard import capture_shard, finalize_features, output_paths, shard_index_of
+from eagle3.capture.shard import capture_shard, output_paths, shard_index_of
 from eagle3.capture.stage import CaptureStage
 from eagle3.errors import DataError
 from eagle3.rundir.integrity import verify_files

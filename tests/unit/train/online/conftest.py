@@ -78,12 +78,8 @@ def online_world(tiny_world, tiny_tokenizer, tmp_path_factory):
     a vocab."""
     import torch
 
-    from eagle3.capture.shard import (
-        capture_shard,
-        features_fingerprint,
-        finalize_features,
-        read_regen_shard,
-    )
+    from eagle3.capture.manifest import finalize_features
+    from eagle3.capture.shard import capture_shard, features_fingerprint, read_regen_shard
     from eagle3.data.parquet import ShardWriter
     from eagle3.regen.schema import REGEN_SCHEMA
     from eagle3.worlds.distil import write_draft_vocab

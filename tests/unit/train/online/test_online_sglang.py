@@ -26,8 +26,9 @@ def test_online_training_from_sglang_capture_follows_stored_training(
 ):
     import ray
 
+    from eagle3.capture.manifest import finalize_features
     from eagle3.capture.sglang.backend import SGLangBackend
-    from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
+    from eagle3.capture.shard import capture_shard, features_fingerprint
     from eagle3.train.online.run import train_in_process
     from eagle3.train.workers import train
 

@@ -160,7 +160,8 @@ def test_a_night_after_stored_nights_reads_their_shards_and_captures_only_the_ne
     """Night 1 was stored (shard 0's features are in this root's features stage); night 2 trains
     online on both regen shards: shard 0's rows are read from its feature shard, shard 1's captured,
     the curve is stored training's."""
-    from eagle3.capture.shard import capture_shard, features_fingerprint, finalize_features
+    from eagle3.capture.manifest import finalize_features
+    from eagle3.capture.shard import capture_shard, features_fingerprint
     from eagle3.config.pipeline import with_overrides
     from eagle3.train.online.plan import OnlinePlan
     from eagle3.train.online.run import train_in_process

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from eagle3.capture.shard import feature_shards
+from eagle3.capture.manifest import feature_shards
 from eagle3.train.data import FeatureDataset
 from eagle3.train.online.plan import OnlinePlan
 
