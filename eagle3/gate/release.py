@@ -24,11 +24,8 @@ Design choices:
   profile (``gate.traffic``) from the t intervals of the paired per-round speedups, per level and
   weighted, and the physical sanity checks. The gate passes iff some candidate passes; the best
   passing one is promoted; INCONCLUSIVE never promotes.
-- The serving configuration (``eagle3.gate.serving``): for the best candidate (the promoted one,
-  else the fastest on the profile), SGLang's adaptive tiers from its arms' per-level speedups (one
-  arm per ``gate.sweep`` setting), written as ``adaptive_config.json`` beside the report, and the
-  SGLang command that serves with it (``best`` keeps the fastest static config's command). The gate
-  measured the static configs, not the adaptive server.
+- The serving configuration (``eagle3.gate.recommend``): for the best candidate, SGLang's adaptive
+  tiers and the command that serves with them (``best`` keeps the fastest static config's command).
 - Output ``<root>/gate/<fp>/`` with a manifest written last; a finished gate (manifest present) is
   read back, not re-measured, unless ``force``.
 - The fingerprint and directory are known before measuring (``gate_identity``), so the gate stage's
@@ -50,14 +47,14 @@ from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import PipelineConfig
 from eagle3.gate import preflight, preflight_runtime, profiles
 from eagle3.gate.prompts import BenchPrompt, load_gate_prompts
+from eagle3.gate.recommend import recommend
 from eagle3.gate.report import PASS, ArmResult, Decision, GateReport, read_report, write_report
 from eagle3.gate.rounds import ArmError
 from eagle3.gate.sampling_probe import check_sampling
-from eagle3.gate.serving import StepResult, Tier, adaptive_tiers, initial_steps, sglang_config
-from eagle3.gate.verdict import level_verdicts, overall
+from eagle3.gate.verdict import overall
 from eagle3.registry import Promotion, Registry, draft_id
 from eagle3.rundir.layout import stage_dir
-from eagle3.rundir.runroot import FileEntry, Manifest, atomic_write_json, fingerprint
+from eagle3.rundir.runroot import FileEntry, Manifest, fingerprint
 from eagle3.runtime.stop import raise_if_stopped
 from eagle3.serve.launch import LaunchError
 from eagle3.serve.launch_commands import LaunchCommand, build_launch
@@ -69,7 +66,6 @@ logger = logging.getLogger(__name__)
 SMOKE_PROMPTS = 4
 SMOKE_TOKENS = 32
 SGLANG_MEMORY = 0.85  # of the device, split over the SGLang arms the gate launches side by side
-ADAPTIVE_JSON = "adaptive_config.json"
 
 
 class GateRequest(Frozen):
@@ -366,93 +362,6 @@ def _promote(registry: Registry, report: GateReport, out_dir: Path) -> dict[str,
     return asdict(promotion)
 
 
-def _step_results(
-    config: PipelineConfig, arms: list[ArmResult], draft: str
-) -> dict[int, list[StepResult]]:
-    """Each level's speedups of the draft's chain arms (SGLang adapts topk 1 only), from their level
-    verdicts at the primary sampling profile."""
-    first = profiles.primary(config.gate)
-    arms, gate = profiles.of_profile(arms, first), config.gate.for_sampling(first)
-    base = next((a for a in arms if a.role == "baseline" and a.error is None and a.rounds), None)
-    mine = [
-        a
-        for a in arms
-        if a.role == "candidate"
-        and a.draft == draft
-        and a.error is None
-        and a.speculative
-        and a.speculative.get("eagle_topk") == 1
-    ]
-    levels: dict[int, list[StepResult]] = {c: [] for c in gate.levels}
-    for arm in mine if base is not None else []:
-        for lv in level_verdicts(arm, base, None, gate):  # type: ignore[arg-type]
-            if lv.speedup is not None:
-                levels[lv.concurrency].append(
-                    StepResult(arm.speculative["num_steps"], lv.speedup, lv.speedup_interval)
-                )
-    return levels
-
-
-def serving_config(
-    config: PipelineConfig, draft: str, tiers: list[Tier], out_dir: Path, *, note: str = ""
-) -> dict:
-    """The serving configuration from adaptive ``tiers`` (``GateReport.adaptive``): their SGLang
-    JSON written to ``out_dir``, the SGLang command serving ``draft`` with it, starting at the first
-    drafting tier's steps; the baseline's command when no tier drafts."""
-    port, steps = config.server.port or 30000, initial_steps(tiers)
-    out: dict[str, Any] = {
-        "draft": draft,
-        "tiers": [asdict(t) for t in tiers],
-        "config": None,
-        "config_path": None,
-    }
-    if steps is None:
-        launch = build_launch(config, "baseline", engine="sglang", port=port)
-        return out | {
-            "launch_sglang": launch.shell(),
-            "summary": "No measured level has a speedup estimate of 1 or "
-            "more: serve the baseline (no adaptive tier would draft).",
-        }
-    path = out_dir / ADAPTIVE_JSON
-    atomic_write_json(path, sglang_config(tiers))
-    algorithm = config.speculative.algorithm
-    spec = SpeculativeConfig(
-        algorithm=algorithm, num_steps=steps, eagle_topk=1, num_draft_tokens=steps + 1
-    )
-    launch = build_launch(
-        config,
-        "eagle3",
-        engine="sglang",
-        draft=draft,
-        speculative=spec,
-        port=port,
-        adaptive_config=path,
-    )
-    summary = (
-        f"SGLang drafts per running batch size from these tiers (0 steps: no drafting), each from the static "
-        f"configs measured at its level for `{Path(draft).name}`; the adaptive server itself was not "
-        f"measured. {note}"
-    ).strip()
-    return out | {
-        "config": sglang_config(tiers),
-        "config_path": str(path),
-        "launch_sglang": launch.shell(),
-        "summary": summary,
-    }
-
-
-def _adaptive(
-    config: PipelineConfig, arms: list[ArmResult], best: Decision | None, out_dir: Path
-) -> dict | None:
-    """The serving configuration of the best draft (module docstring)."""
-    tiers = adaptive_tiers(_step_results(config, arms, best.draft)) if best is not None else []
-    if best is None or not tiers:
-        return None
-    return serving_config(
-        config, best.draft, tiers, out_dir, note=best.crossover["summary"] if best.crossover else ""
-    )
-
-
 def _cost(arms: list[ArmResult], measure_s: float) -> dict[str, Any]:
     measured = [a for a in arms if a.rounds]
     return {
@@ -507,7 +416,7 @@ def _report(
         best=best_info,
         champion=asdict(champion) if champion else None,
         created_at=time.time(),
-        adaptive=_adaptive(config, arms, winner, out_dir),
+        adaptive=recommend(config, arms, winner, out_dir),
         cost=_cost(arms, measured.measure_s),
         sampling=profiles.describe(config.gate),
     )

@@ -13,7 +13,7 @@ import pytest
 from eagle3.config.gate import SpeculativeConfig
 from eagle3.config.pipeline import with_overrides
 from eagle3.gate.prompts import load_gate_prompts, send_prompts
-from eagle3.gate.release import serving_config
+from eagle3.gate.recommend import serving_config
 from eagle3.gate.serving import StepResult, adaptive_tiers
 from eagle3.serve.launch_commands import build_launch, split_speculative
 

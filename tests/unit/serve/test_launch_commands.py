@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config.pipeline import with_overrides
-from eagle3.gate.release import serving_config
+from eagle3.gate.recommend import serving_config
 from eagle3.gate.serving import StepResult, adaptive_tiers
 from eagle3.recipes import load_recipe
 from eagle3.serve.launch_commands import (
@@ -266,7 +266,7 @@ def test_both_arms_of_every_recipe_parse_with_sglang_and_share_every_other_argum
 def test_the_recommended_adaptive_command_parses_with_sglang_and_routes_each_tier_to_its_steps(
     recipe, parsed_by_sglang
 ):
-    """The gate's recommended command (``eagle3.gate.release.serving_config``) parses in SGLang
+    """The gate's recommended command (``eagle3.gate.recommend.serving_config``) parses in SGLang
     0.5.23 with adaptive speculation on and the written config, differs from the baseline only in
     speculation, and SGLang's own ``AdaptiveSpeculativeParams``
     (srt/speculative/adaptive_spec_params.py) reads the config and runs, at each tier's first batch
