@@ -32,6 +32,7 @@ from eagle3.data.readers import iter_rows
 from eagle3.data.served_log import log_flags
 from eagle3.recipes import resolve, world_cache
 from eagle3.serve.launch import reference_server
+from eagle3.worlds.served_traffic import send_requests
 from eagle3.worlds.world import world_builders
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,28 +50,11 @@ def first_turns(sharegpt: Path, count: int) -> list[str]:
     return turns[-count:]
 
 
-async def serve(url: str, prompts: list[str], max_new: int, concurrency: int) -> dict[str, int]:
-    """Send every prompt as a chat request; counts by HTTP status."""
-    import aiohttp
-
-    statuses: dict[str, int] = {}
-    slots = asyncio.Semaphore(concurrency)
-    timeout = aiohttp.ClientTimeout(total=1800)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-
-        async def one(prompt: str) -> None:
-            body = {
-                "model": "default",
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_new,
-                "temperature": 0,
-            }
-            async with slots, session.post(f"{url}/v1/chat/completions", json=body) as response:
-                await response.read()
-                statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
-
-        await asyncio.gather(*(one(p) for p in prompts))
-    return statuses
+def chat(prompt: str, max_new: int) -> dict[str, Any]:
+    """A greedy chat request for ``prompt`` (body and headers)."""
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": "default", "messages": messages, "max_tokens": max_new, "temperature": 0}
+    return {"body": body, "headers": {}}
 
 
 def build_traffic(args: argparse.Namespace) -> Path:
@@ -93,8 +77,9 @@ def build_traffic(args: argparse.Namespace) -> Path:
     ]
     model = config.target.model_path
     with reference_server(model, extra_args=extra, log_path=args.work / "server.log") as server:
+        requests = [("/v1/chat/completions", chat(p, config.regen.max_new_tokens)) for p in prompts]
         statuses = asyncio.run(
-            serve(server.url, prompts, config.regen.max_new_tokens, args.concurrency)
+            send_requests(server.url, requests, (args.concurrency,), timeout_s=1800)
         )
     done.write_text(json.dumps({"requests": len(prompts), "statuses": statuses}) + "\n")
     print(f"traffic: {len(prompts)} requests, statuses {statuses}", flush=True)

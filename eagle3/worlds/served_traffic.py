@@ -123,15 +123,20 @@ def _requests(spec: ServedTrafficSpec, world: TinyWorld) -> list[tuple[str, dict
     return out
 
 
-async def _send(
-    url: str, requests: list[tuple[str, dict[str, Any]]], phases: tuple[int, ...]
-) -> dict[str, Any]:
-    """Send ``requests`` in consecutive phases, each at its concurrency; counts by HTTP status."""
+async def send_requests(
+    url: str,
+    requests: list[tuple[str, dict[str, Any]]],
+    phases: tuple[int, ...],
+    *,
+    timeout_s: float = 600.0,
+) -> dict[str, int]:
+    """Send ``requests`` (``(path, {"body", "headers"})``; ``/health_generate`` is a GET) in
+    consecutive phases, each at its concurrency; counts by HTTP status."""
     import aiohttp
 
     statuses: dict[str, int] = {}
     per_phase = -(-len(requests) // len(phases))
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
 
         async def one(path: str, item: dict[str, Any], slots: asyncio.Semaphore) -> None:
             async with slots:
@@ -177,7 +182,7 @@ def _build_into(
     requests = _requests(spec, world)
     say(f"serving {len(requests)} requests at concurrency {list(spec.phases)}")
     with reference_server(world.model_dir, extra_args=args, log_path=root / "server.log") as server:
-        statuses = asyncio.run(_send(server.url, requests, spec.phases))
+        statuses = asyncio.run(send_requests(server.url, requests, spec.phases))
     report = {
         "requests": len(requests),
         "statuses": statuses,
