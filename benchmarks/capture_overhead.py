@@ -40,7 +40,7 @@ from eagle3.rundir.runroot import wait_removals
 
 def build_target(out: Path, *, hidden: int, layers: int) -> Path:
     """A random Llama of the given size + the tiny byte-level BPE tokenizer, saved under ``out``."""
-    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.conversations import generate_conversations
     from eagle3.worlds.tiny_target import build_model, build_tokenizer
 
     tokenizer = build_tokenizer([m["content"] for c in generate_conversations(200) for m in c])

@@ -73,6 +73,7 @@ from eagle3.train.export import export_draft
 from eagle3.train.identity import load_inputs
 from eagle3.train.metrics import read_metrics
 from eagle3.train.trainer import train_on_source
+from eagle3.worlds.conversations import generate_conversations
 from eagle3.worlds.distil import (
     ListBatchSource,
     answer_sequences,
@@ -80,7 +81,6 @@ from eagle3.worlds.distil import (
     greedy_answers,
     write_draft_vocab,
 )
-from eagle3.worlds.samples import generate_conversations
 from eagle3.worlds.world import build_tiny_world
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

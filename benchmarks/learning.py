@@ -48,6 +48,7 @@ from eagle3.train.distributed import DistInfo
 from eagle3.train.export import export_draft
 from eagle3.train.identity import load_inputs
 from eagle3.train.trainer import build_draft, train_on_source
+from eagle3.worlds.conversations import generate_conversations
 from eagle3.worlds.distil import (
     ListBatchSource,
     answer_sequences,
@@ -55,7 +56,6 @@ from eagle3.worlds.distil import (
     greedy_answers,
     write_draft_vocab,
 )
-from eagle3.worlds.samples import generate_conversations
 
 
 def _default_model_dir() -> Path:

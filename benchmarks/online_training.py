@@ -53,7 +53,7 @@ def _world(root: Path, rows: int, epochs: int, batch_size: int):
     from eagle3.data.template import render_conversation
     from eagle3.recipes import eagle3_home
     from eagle3.regen.schema import REGEN_SCHEMA
-    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.conversations import generate_conversations
     from eagle3.worlds.world import TinyWorldSpec, build_tiny_world
 
     world, _ = build_tiny_world(eagle3_home() / "cache", TinyWorldSpec())

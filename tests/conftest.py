@@ -134,7 +134,7 @@ def write_regen_stage(tiny_tokenizer):
     from eagle3.regen.schema import REGEN_SCHEMA
     from eagle3.rundir.layout import PLAN_FILE
     from eagle3.rundir.runroot import atomic_write_text
-    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.conversations import generate_conversations
 
     def write(regen_dir: Path, *, shards: int = 2, rows: int = 5, seed: int = 3) -> Path:
         convs = generate_conversations(shards * rows, seed=seed)

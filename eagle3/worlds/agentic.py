@@ -33,7 +33,7 @@ from typing import Any
 
 from eagle3.data.dialect import REASONING_FORMATS, TOOL_CALL_FORMATS
 from eagle3.data.template import ChatOptions, prompt_char_spans
-from eagle3.worlds.samples import ConversationFactory
+from eagle3.worlds.conversations import ConversationFactory
 from eagle3.worlds.think_target import DIALECT
 
 Message = dict[str, Any]

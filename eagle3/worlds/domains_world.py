@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagle3.worlds.samples import Conversation, ConversationFactory
+from eagle3.worlds.conversations import Conversation, ConversationFactory
 from eagle3.worlds.world import WORLD_FILE, build_cached, default_threads
 
 DOMAINS_VERSION = "1"

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.worlds.samples import Conversation, ConversationFactory
+from eagle3.worlds.conversations import Conversation, ConversationFactory
 from eagle3.worlds.world import WORLD_FILE, TinyWorld, TinyWorldSpec, build_cached, build_tiny_world
 
 TRAFFIC_VERSION = "1"

@@ -32,14 +32,8 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3.worlds.samples import (
-    BAD_ROWS_FILE,
-    MANIFEST_FILE,
-    SAMPLES_VERSION,
-    Conversation,
-    generate_conversations,
-    write_samples,
-)
+from eagle3.worlds.conversations import Conversation, generate_conversations
+from eagle3.worlds.samples import BAD_ROWS_FILE, MANIFEST_FILE, SAMPLES_VERSION, write_samples
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

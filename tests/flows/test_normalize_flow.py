@@ -11,7 +11,8 @@ from eagle3.rundir.runroot import Manifest
 
 
 def _config(root: Path) -> dict:
-    from eagle3.worlds.samples import FILE_NAMES, generate_conversations, write_samples
+    from eagle3.worlds.conversations import generate_conversations
+    from eagle3.worlds.samples import FILE_NAMES, write_samples
     from eagle3.worlds.tiny_target import build_tokenizer
 
     write_samples(root / "data", rows_per_source=40)

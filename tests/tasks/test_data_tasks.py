@@ -23,7 +23,8 @@ from tasks.stage import finalize_task, plan_task, unit_cache_key, unit_task
 def data_config(tmp_path_factory) -> PipelineConfig:
     """Two sample sources (ShareGPT JSON, local Q/A JSONL) and a tiny tokenizer, no tiny world
     needed."""
-    from eagle3.worlds.samples import FILE_NAMES, generate_conversations, write_samples
+    from eagle3.worlds.conversations import generate_conversations
+    from eagle3.worlds.samples import FILE_NAMES, write_samples
     from eagle3.worlds.tiny_target import build_tokenizer
 
     root = tmp_path_factory.mktemp("data-tasks")

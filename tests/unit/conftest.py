@@ -30,7 +30,7 @@ def _target_dir(request: pytest.FixtureRequest) -> Path:
 def _bench_sets(out: Path) -> dict[str, str]:
     """Bench prompt files (``{"id", "prompt"}`` JSONL) of user prompts the draft never trained
     on."""
-    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.conversations import generate_conversations
 
     convs = generate_conversations(3 * BENCH_PER_SET * 3, seed=1234)
     sets = {}
@@ -54,6 +54,7 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
     from eagle3.train.export import export_draft
     from eagle3.train.identity import load_inputs
     from eagle3.train.trainer import train_on_source
+    from eagle3.worlds.conversations import generate_conversations
     from eagle3.worlds.distil import (
         ListBatchSource,
         answer_sequences,
@@ -61,7 +62,6 @@ def _train_draft(config: PipelineConfig, target: Any, tokenizer: Any, root: Path
         greedy_answers,
         write_draft_vocab,
     )
-    from eagle3.worlds.samples import generate_conversations
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     convs = [

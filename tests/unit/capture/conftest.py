@@ -75,7 +75,7 @@ def make_config(capture_model_dir, tmp_path) -> Callable[..., PipelineConfig]:
 
 
 def regen_rows(tokenizer, n: int, *, seed: int = 0) -> list[dict]:
-    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.conversations import generate_conversations
 
     rows = []
     for conv in generate_conversations(n, seed=seed):

@@ -10,7 +10,8 @@ import pytest
 from data_stage_helpers import VOCAB, make_config, normalize, write_pretokenized
 
 from eagle3.config.pipeline import PipelineConfig
-from eagle3.worlds.samples import generate_conversations, write_samples
+from eagle3.worlds.conversations import generate_conversations
+from eagle3.worlds.samples import write_samples
 
 
 @pytest.fixture(scope="session")

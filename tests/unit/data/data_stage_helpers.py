@@ -16,7 +16,8 @@ from eagle3.config.pipeline import PipelineConfig, with_overrides
 from eagle3.config.target import TargetConfig
 from eagle3.data.stage import DiscoverStage, NormalizeStage
 from eagle3.stage import run_stage
-from eagle3.worlds.samples import FILE_NAMES, generate_conversations
+from eagle3.worlds.conversations import generate_conversations
+from eagle3.worlds.samples import FILE_NAMES
 
 VOCAB = 2048
 # Pretokenized rows: index -> expected quarantine reason (None = kept).

@@ -22,13 +22,13 @@ def draft_world(tiny_world, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.data.template import render_prompt
+    from eagle3.worlds.conversations import generate_conversations
     from eagle3.worlds.distil import (
         answer_sequences,
         batches_from_target,
         greedy_answers,
         write_draft_vocab,
     )
-    from eagle3.worlds.samples import generate_conversations
 
     model_dir = Path(tiny_world.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.worlds.conversations import generate_conversations
 from eagle3.worlds.samples import (
     ADAPTERS,
     BAD_ROWS_FILE,
@@ -20,7 +21,6 @@ from eagle3.worlds.samples import (
     MANIFEST_FILE,
     REASONS_BY_ADAPTER,
     TOO_LONG_CHARS,
-    generate_conversations,
     write_samples,
 )
 

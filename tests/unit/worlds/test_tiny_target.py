@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from eagle3.worlds import world as world_module
-from eagle3.worlds.samples import generate_conversations
+from eagle3.worlds.conversations import generate_conversations
 from eagle3.worlds.tiny_target import BOS, IM_END, build_model, build_tokenizer, train_model
 from eagle3.worlds.world import TinyWorld, TinyWorldSpec, build_tiny_world, world_dir_for
 

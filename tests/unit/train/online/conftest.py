@@ -16,7 +16,7 @@ from eagle3.config.target import TargetConfig
 
 def _regen_rows(tokenizer, n: int, *, seed: int) -> list[dict]:
     from eagle3.data.template import render_conversation
-    from eagle3.worlds.samples import generate_conversations
+    from eagle3.worlds.conversations import generate_conversations
 
     rows = []
     for conv in generate_conversations(n, seed=seed):
