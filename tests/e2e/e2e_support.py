@@ -8,6 +8,7 @@ this server, and the session's EAGLE3_HOME so the tiny world built once is reuse
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,6 +366,40 @@ def sigint_as_on_a_terminal() -> None:
     the tests run in the background (a script's ``cmd &`` starts them with SIGINT ignored, which
     children inherit)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def reference_server(proc: subprocess.Popen[bytes]) -> Any:
+    """The ``psutil.Process`` of a reference server that ``proc`` started (a descendant), or
+    None."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "eagle3.serve.reference" in " ".join(child.cmdline()):
+                    return child
+    return None
+
+
+def run_in_slices(server: Any, enough: Callable[[], bool], *, timeout_s: float) -> None:
+    """Let ``server`` (a process group leader, held with SIGSTOP) run 0.1 s at a time until
+    ``enough()``, and leave it held. The tiny target answers a regen shard in about 0.2 s, faster
+    than a test polls: a test that must act between two answers holds the server from its start
+    and steps it."""
+    deadline = time.monotonic() + timeout_s
+    os.killpg(server.pid, signal.SIGSTOP)
+    while not enough():
+        assert time.monotonic() < deadline, f"not there after {timeout_s:.0f} s of slices"
+        os.killpg(server.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        os.killpg(server.pid, signal.SIGSTOP)
+        time.sleep(0.1)  # the client takes in what the slice answered
+
+
+def resume(server: Any) -> None:
+    """SIGCONT a held server's process group, if it is still there."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGCONT)
 
 
 def marked_processes(marker: str) -> list[Any]:

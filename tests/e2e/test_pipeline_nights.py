@@ -31,7 +31,16 @@ from typing import Any
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from e2e_support import BIN, FAST_TINY, REPO, base_env, stop
+from e2e_support import (
+    BIN,
+    FAST_TINY,
+    REPO,
+    base_env,
+    reference_server,
+    resume,
+    run_in_slices,
+    stop,
+)
 
 from eagle3.regen.journal import TURN_KEY
 
@@ -98,14 +107,15 @@ def test_killed_during_regen_then_the_same_command_resumes(story: dict[str, Any]
             start_new_session=True,
         )
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while _journal_rows(root) < 5:
-        assert proc.poll() is None, (
-            f"run ended before regen journaled anything:\n{story['log'].read_text()[-3000:]}"
-        )
-        assert time.monotonic() < deadline, "regen never started"
-        time.sleep(0.5)
+    while (server := reference_server(proc)) is None:
+        assert proc.poll() is None, f"run ended before regen:\n{story['log'].read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "regen's server never started"
+        time.sleep(0.1)
+    # held and stepped: a tiny shard is answered faster than a poll, so the kill lands mid-shard
+    run_in_slices(server, lambda: _journal_rows(root) >= 5, timeout_s=RUN_TIMEOUT_S)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+    resume(server)  # it takes the SIGTERM its parent's death sent it
     stop(proc)
     lines = [
         json.loads(line)

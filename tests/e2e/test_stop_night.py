@@ -37,6 +37,9 @@ from e2e_support import (
     REPO,
     base_env,
     marked_processes,
+    reference_server,
+    resume,
+    run_in_slices,
     sigint_as_on_a_terminal,
 )
 from safetensors.torch import load_file
@@ -199,37 +202,18 @@ def _signalled(
     return log
 
 
-def _reference_server(proc: Proc) -> psutil.Process | None:
-    """The night's reference server process, once started."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                if "eagle3.serve.reference" in " ".join(child.cmdline()):
-                    return child
-    return None
-
-
 def _ctrl_c_mid_shard(root: Path, log: Path) -> Callable[[Proc], None]:
-    """SIGINT to the night while a regen shard, three answers in, waits on its server. The tiny
-    target answers a whole shard in about 0.2 s, faster than the test polls, so the server is held
-    (SIGSTOP) from its start and let run in 0.1 s slices until three answers are journaled; then,
-    still held, every shard that started waits on it and the signal surely lands mid-shard, as it
-    does in a real night's hours-long shards. The server resumes (SIGCONT) once the night says it
-    stops, so it takes the night's SIGTERM."""
+    """SIGINT to the night while a regen shard, three answers in, waits on its server: the server is
+    held from its start and stepped until three answers are journaled (``run_in_slices``); held,
+    every shard that started waits on it, so the signal surely lands mid-shard, as it does in a real
+    night's hours-long shards. The server resumes once the night says it stops, so it takes the
+    night's SIGTERM."""
 
     def stop(proc: Proc) -> None:
-        server = _reference_server(proc)
-        assert server is not None
-        os.killpg(server.pid, signal.SIGSTOP)  # the server leads a process group of its own
+        server = reference_server(proc)
         try:
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while _regen_rows(root) < 3:  # let it run a slice at a time
-                assert proc.poll() is None and time.monotonic() < deadline, "regen never answered"
-                os.killpg(server.pid, signal.SIGCONT)
-                time.sleep(0.1)
-                os.killpg(server.pid, signal.SIGSTOP)
-                time.sleep(0.1)
-            rows = -1
+            run_in_slices(server, lambda: _regen_rows(root) >= 3, timeout_s=RUN_TIMEOUT_S)
+            rows, deadline = -1, time.monotonic() + 60
             while True:  # settled: no answer arrives any more, and a shard waits for some
                 now = _regen_rows(root)
                 assert now < 2 * SHARD_SIZE, "regen finished within one slice of its server"
@@ -243,8 +227,7 @@ def _ctrl_c_mid_shard(root: Path, log: Path) -> Callable[[Proc], None]:
             while proc.poll() is None and b"stopping the run" not in log.read_bytes()[start:]:
                 time.sleep(0.1)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGCONT)
+            resume(server)
 
     return stop
 
@@ -252,7 +235,7 @@ def _ctrl_c_mid_shard(root: Path, log: Path) -> Callable[[Proc], None]:
 def test_ctrl_c_during_regen_stops_the_night_and_its_server(story: Night):
     stop = _ctrl_c_mid_shard(story.root, story.log)
     log = _signalled(
-        story, lambda proc: _reference_server(proc) is not None, signal.SIGINT, stop=stop
+        story, lambda proc: reference_server(proc) is not None, signal.SIGINT, stop=stop
     )
     assert "ShardStopped" in log and not any(story.root.glob("regen/*/manifest.json"))
 
