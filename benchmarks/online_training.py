@@ -117,12 +117,8 @@ def _dir_bytes(path: Path) -> int:
 def bench_training(rows: int, epochs: int, batch_size: int) -> dict[str, Any]:
     import torch
 
-    from eagle3.capture.shard import (
-        capture_shard,
-        features_fingerprint,
-        finalize_features,
-        read_regen_shard,
-    )
+    from eagle3.capture.manifest import finalize_features
+    from eagle3.capture.shard import capture_shard, features_fingerprint, read_regen_shard
     from eagle3.train.online.run import train_in_process
     from eagle3.train.workers import train
     from eagle3.worlds.distil import write_draft_vocab
