@@ -103,6 +103,12 @@ VENDOR_SAMPLING = {
     "served": SamplingProfile(temperature=1.0, top_p=0.95),
     "greedy": SamplingProfile(decides=False),
 }
+# Regen's sampling for the real targets: their answers at the sampling they are served with, not
+# greedy. Greedy answers of a real model loop (SmolLM2: 29% of their 4-grams repeat, against 2%
+# sampled), and on SmolLM2 a draft trained on sampled answers accepts more both greedily and at T=1
+# (BENCHMARKS.md, "Greedy-regen vs sampled-regen"). The tiny recipes keep greedy regen: their
+# target does not loop, and sampled answers cost its drafts accept length greedily.
+SERVED_REGEN = {"temperature": 1.0, "top_p": 0.95}
 
 
 def tiny() -> PipelineConfig:
@@ -257,8 +263,9 @@ def smollm2() -> PipelineConfig:
     (``normalize.system_prompt_policy=keep``: the template adds it to a conversation without one, as
     a chat server does); EOS ``<|im_end|>`` (id 2, the checkpoint's ``generation_config``). Sizes:
     ``mix.total`` conversations, their first ``regen.max_turns`` turns, answers of at most
-    ``regen.max_new_tokens``; the draft vocabulary covers what that data uses (BENCHMARKS.md, the
-    real target). Train and gate sizes are set for a 2-core CPU (README gives the measured time)."""
+    ``regen.max_new_tokens`` sampled at T=1, top_p 0.95 (``SERVED_REGEN``); the draft vocabulary
+    covers what that data uses (BENCHMARKS.md, the real target). Train and gate sizes are set for a
+    2-core CPU (README gives the measured time)."""
     from eagle3.worlds.smollm2_world import HUB_ID, SmolLM2WorldSpec, world_paths
     from eagle3.worlds.world import world_dir_for
 
@@ -278,7 +285,9 @@ def smollm2() -> PipelineConfig:
         sources=[SourceConfig(adapter="sharegpt", path=str(paths["sharegpt"]))],
         mix=MixConfig(total=128, seed=0),
         normalize=NormalizeConfig(max_prompt_tokens=1024, shard_size=128),
-        regen=RegenConfig(concurrency_per_server=16, max_new_tokens=128, max_turns=1),
+        regen=RegenConfig(
+            concurrency_per_server=16, max_new_tokens=128, max_turns=1, **SERVED_REGEN
+        ),
         capture=CaptureConfig(
             dtype="float32", batch_tokens=8192, max_seq_len=2048, row_group_bytes=16 << 20
         ),
@@ -359,8 +368,9 @@ SGLANG_CAPTURE = {"backend": "sglang", "device": "cuda", "gpus": 8}
 
 def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
     """A large MoE target served and captured with SGLang on one 8-GPU node (tp 8, FSDP training
-    over its 8 GPUs), the Hub mix and gate sets, features in fp8_topk: the Kimi-K2.5 and GLM-5
-    recipes, which differ only in target."""
+    over its 8 GPUs), the Hub mix and gate sets, features in fp8_topk, regen and the deciding gate
+    profile at the vendors' served sampling: the Kimi-K2.5 and GLM-5 recipes, which differ only in
+    target."""
     return PipelineConfig(
         name=name,
         root=_run_root(name),
@@ -368,6 +378,7 @@ def _served_moe(name: str, target: TargetConfig) -> PipelineConfig:
         sources=_hub_sources(),
         mix=MixConfig(total=88_088),
         capture=CaptureConfig(**SGLANG_CAPTURE, **LARGE_FEATURES),
+        regen=RegenConfig(**SERVED_REGEN),
         train=TrainConfig(nproc=8, parallel="fsdp"),
         server=ServerLaunchConfig(engine="sglang", tp=8),
         gate=GateConfig(prompt_sets=_gate_sets(), sampling=VENDOR_SAMPLING),
