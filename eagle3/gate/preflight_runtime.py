@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.gate.accept import SpecCounts, pool
-from eagle3.gate.preflight import EXPECTED_ALGORITHM, SMOKE_MIN_ACCEPT, Check, failed
+from eagle3.gate.preflight import (
+    BLIND_ACCEPT,
+    EXPECTED_ALGORITHM,
+    SMOKE_MIN_ACCEPT,
+    WEAK_DRAFT,
+    Check,
+    failed,
+)
 
 logger = logging.getLogger(__name__)
-
-# Below this smoke accept length the draft adds almost nothing: the signature of a draft that gets
-# no aux hidden states (EAGLE for EAGLE3, wrong layer ids). Above it, a draft that works but is weak.
-BLIND_ACCEPT = 1.1
 
 
 def get_json(url: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -88,10 +91,7 @@ def check_smoke(
             f"{EXPECTED_ALGORITHM} and the layer ids"
         )
     else:
-        why = (
-            "the draft speculates but accepts too little to pay for its draft steps: train it on "
-            "more data, or lower gate.min_accept to measure its speedup anyway"
-        )
+        why = WEAK_DRAFT
     return Check("smoke_accept", False, f"{measured}, expected >= {min_accept}: {why}")
 
 
