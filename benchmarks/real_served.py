@@ -128,6 +128,9 @@ def main() -> None:
         str(Path(__file__).with_name("served_vs_public.py")),
         *("--served-recipe", str(recipe), "--public-recipe", "smollm2"),
         *("--seeds", args.seeds, "--max-new", str(args.max_new)),
+        # the traffic was answered greedily: the public arm regenerates the same way (the served
+        # arm skips regen, so this moves nothing of its own)
+        *("--set", "regen.temperature=0"),
         *("--work", str(args.work), "--resume", str(args.work)),
         *(("--out", str(args.out)) if args.out else ()),
     ]
