@@ -368,15 +368,18 @@ def sigint_as_on_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def reference_server(proc: subprocess.Popen[bytes]) -> Any:
-    """The ``psutil.Process`` of a reference server that ``proc`` started (a descendant), or
-    None."""
+REFERENCE_SERVER = "-m eagle3.serve.reference"  # in the reference server's command line
+
+
+def descendant(proc: subprocess.Popen[bytes], words: str) -> Any:
+    """The live ``psutil.Process`` of a descendant of ``proc`` whose command line contains
+    ``words`` (e.g. ``REFERENCE_SERVER``), or None."""
     import psutil
 
     with contextlib.suppress(psutil.NoSuchProcess):
         for child in psutil.Process(proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if "eagle3.serve.reference" in " ".join(child.cmdline()):
+                if child.is_running() and words in " ".join(child.cmdline()):
                     return child
     return None
 

@@ -34,9 +34,10 @@ import pytest
 from e2e_support import (
     BIN,
     FAST_TINY,
+    REFERENCE_SERVER,
     REPO,
     base_env,
-    reference_server,
+    descendant,
     resume,
     run_in_slices,
     stop,
@@ -107,7 +108,7 @@ def test_killed_during_regen_then_the_same_command_resumes(story: dict[str, Any]
             start_new_session=True,
         )
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while (server := reference_server(proc)) is None:
+    while (server := descendant(proc, REFERENCE_SERVER)) is None:
         assert proc.poll() is None, f"run ended before regen:\n{story['log'].read_text()[-3000:]}"
         assert time.monotonic() < deadline, "regen's server never started"
         time.sleep(0.1)

@@ -34,10 +34,11 @@ from e2e_support import (
     BIN,
     FAST_TINY,
     MARKER,
+    REFERENCE_SERVER,
     REPO,
     base_env,
+    descendant,
     marked_processes,
-    reference_server,
     resume,
     run_in_slices,
     sigint_as_on_a_terminal,
@@ -127,15 +128,6 @@ def _regen_rows(root: Path) -> int:
     return rows
 
 
-def _descendant(proc: Proc, words: str) -> bool:
-    """A descendant of ``proc`` runs a command line that contains ``words``."""
-    try:
-        children = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return False
-    return any(words in " ".join(child.cmdline()) for child in children if child.is_running())
-
-
 def _capturing(root: Path) -> Ready:
     """A capture unit has started (its feature directory exists) and the stage is not done."""
     return lambda _: any(root.glob("features/*/")) and not any(root.glob("features/*/manifest.*"))
@@ -143,7 +135,7 @@ def _capturing(root: Path) -> Ready:
 
 def _training(proc: Proc) -> bool:
     """The trainer (``python -m eagle3.train``) is running."""
-    return _descendant(proc, "-m eagle3.train")
+    return descendant(proc, "-m eagle3.train") is not None
 
 
 def _gating(log: Path) -> Ready:
@@ -210,7 +202,7 @@ def _ctrl_c_mid_shard(root: Path, log: Path) -> Callable[[Proc], None]:
     night's SIGTERM."""
 
     def stop(proc: Proc) -> None:
-        server = reference_server(proc)
+        server = descendant(proc, REFERENCE_SERVER)
         try:
             run_in_slices(server, lambda: _regen_rows(root) >= 3, timeout_s=RUN_TIMEOUT_S)
             rows, deadline = -1, time.monotonic() + 60
@@ -235,7 +227,7 @@ def _ctrl_c_mid_shard(root: Path, log: Path) -> Callable[[Proc], None]:
 def test_ctrl_c_during_regen_stops_the_night_and_its_server(story: Night):
     stop = _ctrl_c_mid_shard(story.root, story.log)
     log = _signalled(
-        story, lambda proc: reference_server(proc) is not None, signal.SIGINT, stop=stop
+        story, lambda proc: descendant(proc, REFERENCE_SERVER) is not None, signal.SIGINT, stop=stop
     )
     assert "ShardStopped" in log and not any(story.root.glob("regen/*/manifest.json"))
 
